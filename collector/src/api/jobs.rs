@@ -1,0 +1,157 @@
+//! `GET /api/v1/jobs` (filtered, paginated by job id) and `GET /api/v1/jobs/{job_id}`.
+
+use super::json::{attrs_detail, event_json, job_summary, parse_time, timeline_detail};
+use super::{ApiError, ApiState};
+use crate::job::{JobRecord, JobState};
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde_json::{json, Value};
+use startline_proto::labels::Label;
+use startline_proto::pb;
+use std::collections::HashMap;
+use std::ops::Bound;
+
+/// Filters of a job listing.
+#[derive(Debug, Default)]
+struct Filter {
+    pool_kind: Option<pb::PoolKind>,
+    provider: Option<String>,
+    pool: Option<String>,
+    priority: Option<pb::PriorityClass>,
+    state: Option<JobState>,
+    submitted_after: Option<i64>,
+    submitted_before: Option<i64>,
+}
+
+impl Filter {
+    fn matches(&self, rec: &JobRecord) -> bool {
+        let t = &rec.timeline;
+        if self.state.is_some_and(|s| s != t.state) {
+            return false;
+        }
+        if let Some(after) = self.submitted_after {
+            if t.submitted_at.is_none_or(|s| s < after) {
+                return false;
+            }
+        }
+        if let Some(before) = self.submitted_before {
+            if t.submitted_at.is_none_or(|s| s >= before) {
+                return false;
+            }
+        }
+        let attr_filtered = self.pool_kind.is_some()
+            || self.provider.is_some()
+            || self.pool.is_some()
+            || self.priority.is_some();
+        if !attr_filtered {
+            return true;
+        }
+        let Some(a) = &t.attrs else { return false };
+        self.pool_kind.is_none_or(|k| k == a.pool_kind)
+            && self.provider.as_deref().is_none_or(|p| p == a.provider)
+            && self.pool.as_deref().is_none_or(|p| p == a.pool)
+            && self.priority.is_none_or(|p| p == a.priority)
+    }
+}
+
+fn enum_param<T: Label>(name: &str, v: &str) -> Result<T, ApiError> {
+    T::from_label(v).ok_or_else(|| {
+        let names: Vec<&str> = T::all().iter().skip(1).map(|x| x.label()).collect();
+        ApiError::bad_request(format!("{name}: {v:?} is not one of {}", names.join(", ")))
+    })
+}
+
+/// `GET /api/v1/jobs?pool_kind=&provider=&pool=&priority=&state=&submitted_after=&submitted_before=&limit=&page_token=`
+pub async fn list(
+    State(s): State<ApiState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let mut f = Filter::default();
+    let mut limit = 100usize;
+    let mut page_token: Option<String> = None;
+    for (k, v) in &q {
+        match k.as_str() {
+            "pool_kind" => f.pool_kind = Some(enum_param(k, v)?),
+            "priority" => f.priority = Some(enum_param(k, v)?),
+            "provider" => f.provider = Some(v.clone()),
+            "pool" => f.pool = Some(v.clone()),
+            "state" => {
+                f.state = Some(JobState::from_label(v).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "state: {v:?} is not one of unsubmitted, queued, assigned, preparing, running, done"
+                    ))
+                })?)
+            }
+            "submitted_after" => f.submitted_after = Some(parse_time(v).map_err(|e| ApiError::bad_request(format!("{k}: {e}")))?),
+            "submitted_before" => {
+                f.submitted_before = Some(parse_time(v).map_err(|e| ApiError::bad_request(format!("{k}: {e}")))?)
+            }
+            "limit" => {
+                limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=s.max_page_size).contains(n))
+                    .ok_or_else(|| ApiError::bad_request(format!("limit: must be an integer in 1..={}", s.max_page_size)))?
+            }
+            "page_token" => page_token = Some(v.clone()),
+            other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
+        }
+    }
+    let now = startline_proto::time::now_ms();
+    let idx = s.index.read();
+    let start = match &page_token {
+        Some(t) => Bound::Excluded(t.clone()),
+        None => Bound::Unbounded,
+    };
+    let mut jobs = Vec::with_capacity(limit.min(1000));
+    let mut next = None;
+    for (id, rec) in idx.jobs.range((start, Bound::Unbounded)) {
+        if !f.matches(rec) {
+            continue;
+        }
+        if jobs.len() == limit {
+            // There is at least one more match: the page ends at the previous job.
+            next = jobs
+                .last()
+                .and_then(|j: &Value| j["job_id"].as_str().map(str::to_string));
+            break;
+        }
+        jobs.push(job_summary(id, rec, now));
+    }
+    Ok(Json(json!({ "jobs": jobs, "next_page_token": next })))
+}
+
+/// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events.
+pub async fn detail(
+    State(s): State<ApiState>,
+    Path(job_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let now = startline_proto::time::now_ms();
+    let (mut body, seqs) = {
+        let idx = s.index.read();
+        let rec = idx
+            .jobs
+            .get(&job_id)
+            .ok_or_else(|| ApiError::not_found(format!("job {job_id:?} is not known")))?;
+        let mut body = job_summary(&job_id, rec, now);
+        body["attributes"] = attrs_detail(&rec.timeline);
+        body["timeline"] = timeline_detail(&rec.timeline, now);
+        (body, rec.events.iter().map(|e| e.seq).collect::<Vec<_>>())
+    };
+    let store = s.store.clone();
+    let events =
+        tokio::task::spawn_blocking(move || -> Result<Vec<Value>, crate::store::StoreError> {
+            let mut out = Vec::with_capacity(seqs.len());
+            for seq in seqs {
+                if let Some(ev) = store.event(seq)? {
+                    out.push(event_json(seq, &ev));
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(ApiError::unavailable)?
+        .map_err(ApiError::unavailable)?;
+    body["events"] = Value::Array(events);
+    Ok(Json(body))
+}

@@ -1,0 +1,108 @@
+//! The HTTP side of the collector (axum): the JSON API over jobs, health and readiness. Every error is a 4xx
+//! (or 503) with a JSON body `{"error": "..."}`; internal error text never reaches clients.
+
+mod jobs;
+mod json;
+
+use crate::state::SharedIndex;
+use crate::store::Store;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+pub use json::{format_ms, parse_time};
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The job index.
+    pub index: SharedIndex,
+    /// The store, for raw events.
+    pub store: Store,
+    /// Set once the store is restored and the listeners are bound.
+    pub ready: Arc<AtomicBool>,
+    /// Cleared when the store fails.
+    pub healthy: Arc<AtomicBool>,
+    /// Page size cap for listings.
+    pub max_page_size: usize,
+}
+
+/// An error answer: a status and a message for the client.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    /// 400 with a message.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+    /// 404 with a message.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+        }
+    }
+    /// 503; the detail goes to the log, not the client.
+    pub fn unavailable(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(%detail, "request failed");
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "storage unavailable".into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(serde_json::json!({ "error": self.message })),
+        )
+            .into_response()
+    }
+}
+
+/// The API router. Tests call it without a socket.
+pub fn router(state: ApiState) -> Router {
+    Router::new()
+        .route("/api/v1/jobs", get(jobs::list))
+        .route("/api/v1/jobs/{*job_id}", get(jobs::detail))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .with_state(state)
+}
+
+async fn healthz(axum::extract::State(s): axum::extract::State<ApiState>) -> Response {
+    if s.healthy.load(Ordering::Relaxed) {
+        Json(serde_json::json!({"status": "ok"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "storage failed"})),
+        )
+            .into_response()
+    }
+}
+
+async fn readyz(axum::extract::State(s): axum::extract::State<ApiState>) -> Response {
+    if s.ready.load(Ordering::Relaxed) && s.healthy.load(Ordering::Relaxed) {
+        Json(serde_json::json!({"status": "ready"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "not ready"})),
+        )
+            .into_response()
+    }
+}

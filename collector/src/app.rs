@@ -1,0 +1,251 @@
+//! Builds the collector's tasks and channels and owns the shutdown order.
+//!
+//! Start: open and restore the store, start the committer thread, bind both listeners (so a bad address fails
+//! before anything is served), then serve gRPC and HTTP and report readiness.
+//!
+//! Shutdown, once the token is cancelled:
+//! 1. gRPC stops accepting; open streams stop reading new batches;
+//! 2. batches already read are committed and acknowledged (drain, with a grace timeout);
+//! 3. the committer sees its channel close, writes a final checkpoint and flushes;
+//! 4. HTTP stops last, so health and the API answer until the store is closed.
+
+use crate::api::{self, ApiState};
+use crate::config::Config;
+use crate::ingest::committer::{self, CommitterSettings};
+use crate::ingest::service::{EdgeSettings, Ingest};
+use crate::ingest::IngestStats;
+use crate::state::{JobIndex, SharedIndex};
+use crate::store::{Store, StoreError};
+use startline_proto::pb::ingest_service_server::IngestServiceServer;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long open streams get to finish their acknowledgements at shutdown.
+const DRAIN_GRACE: Duration = Duration::from_secs(10);
+
+/// Failures that stop the collector.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The store could not be opened or restored.
+    #[error("store at {path}: {source}")]
+    Store {
+        /// The store path.
+        path: String,
+        /// The cause.
+        source: StoreError,
+    },
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// gRPC reflection could not be built from the descriptor set.
+    #[error("grpc reflection: {0}")]
+    Reflection(String),
+    /// A server or thread failed.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+/// The addresses actually bound (useful with port 0).
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// gRPC ingest.
+    pub grpc: SocketAddr,
+    /// HTTP API.
+    pub http: SocketAddr,
+}
+
+/// Runs the collector until `shutdown` is cancelled. `on_ready` is called once both listeners are bound and the
+/// store is restored.
+pub async fn run(
+    config: Config,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(Bound),
+) -> Result<(), AppError> {
+    let path = config.store_path.clone();
+    let shown = path.display().to_string();
+    let store_err = |source| AppError::Store {
+        path: shown,
+        source,
+    };
+    let started = tokio::time::Instant::now();
+    let (store, restored) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+        let store = Store::open(&path)?;
+        let restored = store.restore()?;
+        Ok((store, restored))
+    })
+    .await
+    .map_err(|e| AppError::Runtime(format!("restore task: {e}")))?
+    .map_err(store_err)?;
+    tracing::info!(
+        jobs = restored.jobs.len(),
+        snapshots = restored.snapshots,
+        replayed = restored.replayed,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "store restored"
+    );
+    let index = SharedIndex::new(JobIndex {
+        jobs: restored.jobs,
+        dirty: Default::default(),
+        last_seq: restored.last_seq,
+    });
+    let healthy = Arc::new(AtomicBool::new(true));
+    let ready = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(IngestStats::default());
+
+    let grpc_listener = TcpListener::bind(config.grpc_listen)
+        .await
+        .map_err(|source| AppError::Bind {
+            addr: config.grpc_listen,
+            source,
+        })?;
+    let http_listener = TcpListener::bind(config.http_listen)
+        .await
+        .map_err(|source| AppError::Bind {
+            addr: config.http_listen,
+            source,
+        })?;
+    let bound = Bound {
+        grpc: grpc_listener
+            .local_addr()
+            .map_err(|e| AppError::Runtime(e.to_string()))?,
+        http: http_listener
+            .local_addr()
+            .map_err(|e| AppError::Runtime(e.to_string()))?,
+    };
+
+    let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
+    let committer = committer::spawn(
+        store.clone(),
+        index.clone(),
+        rx,
+        CommitterSettings {
+            group_max_events: config.group_commit_max_events,
+            checkpoint_interval: config.checkpoint_interval,
+        },
+        stats.clone(),
+        healthy.clone(),
+    )
+    .map_err(|e| AppError::Runtime(format!("cannot start committer: {e}")))?;
+
+    let stream_tasks = TaskTracker::new();
+    let ingest = Ingest::new(
+        tx,
+        EdgeSettings {
+            max_batch_events: config.max_batch_events,
+            max_inflight_batches: config.max_inflight_batches,
+            when_full: config.when_full,
+            limits: config.limits.clone(),
+        },
+        stats.clone(),
+        shutdown.clone(),
+        stream_tasks.clone(),
+    );
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<IngestServiceServer<Ingest>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(startline_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| AppError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(startline_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| AppError::Reflection(e.to_string()))?;
+    let ingest_server = IngestServiceServer::new(ingest)
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+
+    let grpc_stop = shutdown.clone();
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(config.max_concurrent_streams)
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(16 << 20))
+            .tcp_nodelay(true)
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(ingest_server)
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                async move { grpc_stop.cancelled().await },
+            ),
+    );
+
+    let http_stop = CancellationToken::new();
+    let api_state = ApiState {
+        index: index.clone(),
+        store: store.clone(),
+        ready: ready.clone(),
+        healthy: healthy.clone(),
+        max_page_size: config.max_page_size,
+    };
+    let http_stop_wait = http_stop.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(http_listener, api::router(api_state))
+            .with_graceful_shutdown(async move { http_stop_wait.cancelled().await })
+            .await
+    });
+
+    ready.store(true, Ordering::Relaxed);
+    tracing::info!(grpc = %bound.grpc, http = %bound.http, "collector ready");
+    on_ready(bound);
+
+    shutdown.cancelled().await;
+    tracing::info!("shutting down: no new streams or batches");
+    ready.store(false, Ordering::Relaxed);
+    health_reporter
+        .set_not_serving::<IngestServiceServer<Ingest>>()
+        .await;
+
+    // 1-2. Stop gRPC and let open streams acknowledge what they read.
+    let drained = tokio::time::timeout(DRAIN_GRACE, async {
+        let r = grpc.await;
+        stream_tasks.close();
+        stream_tasks.wait().await;
+        r
+    })
+    .await;
+    match drained {
+        Ok(Ok(Ok(()))) => tracing::info!("grpc drained"),
+        Ok(Ok(Err(e))) => tracing::error!(error = %e, "grpc server error"),
+        Ok(Err(e)) => tracing::error!(error = %e, "grpc task failed"),
+        Err(_) => tracing::warn!(
+            "grpc drain timed out; unacknowledged batches will be redelivered by clients"
+        ),
+    }
+
+    // 3. The committer drains its channel, checkpoints and flushes once every sender is gone.
+    let joined = tokio::task::spawn_blocking(move || committer.join()).await;
+    if !matches!(joined, Ok(Ok(()))) {
+        tracing::error!("committer thread panicked");
+    }
+    tracing::info!(
+        size_on_disk = store.size_on_disk().unwrap_or(0),
+        "store flushed"
+    );
+
+    // 4. HTTP last.
+    http_stop.cancel();
+    match http.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "http server error"),
+        Err(e) => tracing::error!(error = %e, "http task failed"),
+    }
+    tracing::info!("collector stopped");
+    Ok(())
+}

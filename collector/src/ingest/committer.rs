@@ -1,0 +1,247 @@
+//! The committer: one thread that owns all writes. It drains the ingest channel into group commits (many
+//! batches, from many streams, in one sled batch and one flush), filters duplicates, applies the new events to
+//! the job index after they are durable, answers each batch, and checkpoints job snapshots periodically and at
+//! shutdown.
+
+use super::IngestStats;
+use crate::job::{event_id_hash, CompactEvent};
+use crate::state::SharedIndex;
+use crate::store::{Store, StoreError};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+/// A validated event ready to store.
+#[derive(Debug)]
+pub struct PreparedEvent {
+    /// The job id.
+    pub job_id: String,
+    /// The event id (the idempotency key within the job).
+    pub event_id: String,
+    /// The compact form (its `seq` is assigned at commit).
+    pub compact: CompactEvent,
+    /// The log value (version byte + protobuf).
+    pub encoded: Vec<u8>,
+}
+
+/// The committer's answer for one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommitResult {
+    /// Stored for the first time.
+    pub accepted: u32,
+    /// Already stored.
+    pub duplicates: u32,
+}
+
+/// The store failed; nothing of the batch is acknowledged.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("storage failure")]
+pub struct CommitError;
+
+/// One batch handed to the committer.
+#[derive(Debug)]
+pub struct CommitRequest {
+    /// The valid events of the batch.
+    pub events: Vec<PreparedEvent>,
+    /// Where the answer goes, after the events are durable.
+    pub reply: oneshot::Sender<Result<CommitResult, CommitError>>,
+}
+
+/// Settings of the committer.
+#[derive(Debug, Clone)]
+pub struct CommitterSettings {
+    /// Most events per group commit.
+    pub group_max_events: usize,
+    /// How often to checkpoint job snapshots.
+    pub checkpoint_interval: Duration,
+}
+
+/// Starts the committer thread. It runs until every sender of `rx` is dropped, then drains, checkpoints,
+/// flushes and returns.
+pub fn spawn(
+    store: Store,
+    index: SharedIndex,
+    rx: mpsc::Receiver<CommitRequest>,
+    settings: CommitterSettings,
+    stats: Arc<IngestStats>,
+    healthy: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("startline-committer".into())
+        .spawn(move || {
+            Committer {
+                store,
+                index,
+                settings,
+                stats,
+                healthy,
+            }
+            .run(rx)
+        })
+}
+
+struct Committer {
+    store: Store,
+    index: SharedIndex,
+    settings: CommitterSettings,
+    stats: Arc<IngestStats>,
+    healthy: Arc<AtomicBool>,
+}
+
+impl Committer {
+    fn run(self, mut rx: mpsc::Receiver<CommitRequest>) {
+        let mut last_checkpoint = Instant::now();
+        while let Some(first) = rx.blocking_recv() {
+            let mut group = vec![first];
+            let mut n = group[0].events.len();
+            while n < self.settings.group_max_events {
+                match rx.try_recv() {
+                    Ok(req) => {
+                        n += req.events.len();
+                        group.push(req);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(group);
+            if last_checkpoint.elapsed() >= self.settings.checkpoint_interval {
+                self.checkpoint();
+                last_checkpoint = Instant::now();
+            }
+        }
+        self.checkpoint();
+        if let Err(e) = self.store.flush() {
+            tracing::error!(error = %e, "final flush failed");
+        }
+        tracing::info!("committer stopped");
+    }
+
+    /// Is this event already stored? Confirms a hash match against the logged event id.
+    fn is_stored(&self, job_id: &str, event_id: &str, id_hash: u64) -> Result<bool, StoreError> {
+        let seq = self
+            .index
+            .read()
+            .jobs
+            .get(job_id)
+            .and_then(|r| r.seq_of_hash(id_hash));
+        match seq {
+            None => Ok(false),
+            Some(seq) => Ok(self
+                .store
+                .event(seq)?
+                .is_some_and(|e| e.event_id == event_id)),
+        }
+    }
+
+    fn commit_group(&self, mut group: Vec<CommitRequest>) {
+        let started = Instant::now();
+        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        let mut results = vec![CommitResult::default(); group.len()];
+        // (request index, event index) of the events to store.
+        let mut fresh: Vec<(usize, usize)> = Vec::new();
+        let mut failed = false;
+        for (ri, req) in group.iter().enumerate() {
+            for (ei, ev) in req.events.iter().enumerate() {
+                let dup = !seen.insert((ev.job_id.as_str(), ev.event_id.as_str()))
+                    || match self.is_stored(&ev.job_id, &ev.event_id, event_id_hash(&ev.event_id)) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            tracing::error!(error = %e, "duplicate check failed");
+                            failed = true;
+                            false
+                        }
+                    };
+                if dup {
+                    results[ri].duplicates += 1;
+                } else {
+                    results[ri].accepted += 1;
+                    fresh.push((ri, ei));
+                }
+            }
+        }
+        let first_seq = self.index.read().last_seq + 1;
+        if !failed && !fresh.is_empty() {
+            let entries: Vec<(u64, Vec<u8>)> = fresh
+                .iter()
+                .enumerate()
+                .map(|(i, &(ri, ei))| {
+                    (
+                        first_seq + i as u64,
+                        std::mem::take(&mut group[ri].events[ei].encoded),
+                    )
+                })
+                .collect();
+            if let Err(e) = self.store.append_durable(&entries) {
+                tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
+                failed = true;
+            }
+        }
+        if failed {
+            self.healthy.store(false, Ordering::Relaxed);
+            for req in group {
+                let _ = req.reply.send(Err(CommitError));
+            }
+            return;
+        }
+        // Durable: now visible.
+        let accepted = fresh.len() as u64;
+        {
+            let mut idx = self.index.write();
+            for (i, &(ri, ei)) in fresh.iter().enumerate() {
+                let seq = first_seq + i as u64;
+                let ev = &mut group[ri].events[ei];
+                let mut compact = ev.compact.clone();
+                compact.seq = seq;
+                let job_id = std::mem::take(&mut ev.job_id);
+                match idx.jobs.get_mut(&job_id) {
+                    Some(rec) => rec.insert_unchecked(compact),
+                    None => {
+                        idx.jobs.insert(
+                            job_id.clone(),
+                            crate::job::JobRecord::from_events(vec![compact]),
+                        );
+                    }
+                }
+                idx.dirty.insert(job_id);
+                idx.last_seq = seq;
+            }
+        }
+        let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
+        IngestStats::add(&self.stats.accepted, accepted);
+        IngestStats::add(&self.stats.duplicates, duplicates);
+        IngestStats::add(&self.stats.commits, 1);
+        IngestStats::add(
+            &self.stats.commit_micros,
+            started.elapsed().as_micros() as u64,
+        );
+        for (req, res) in group.into_iter().zip(results) {
+            let _ = req.reply.send(Ok(res));
+        }
+    }
+
+    fn checkpoint(&self) {
+        let (dirty, through) = {
+            let mut idx = self.index.write();
+            (std::mem::take(&mut idx.dirty), idx.last_seq)
+        };
+        if dirty.is_empty() {
+            return;
+        }
+        let result = {
+            let idx = self.index.read();
+            let jobs = dirty
+                .iter()
+                .filter_map(|id| idx.jobs.get(id).map(|r| (id.as_str(), r)));
+            self.store.checkpoint(jobs, through)
+        };
+        match result {
+            Ok(n) => tracing::debug!(jobs = n, through_seq = through, "checkpoint written"),
+            Err(e) => {
+                tracing::error!(error = %e, "checkpoint failed; will retry");
+                self.index.write().dirty.extend(dirty);
+            }
+        }
+    }
+}

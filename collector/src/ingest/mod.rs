@@ -1,0 +1,32 @@
+//! The ingest path: the gRPC edge ([`service`]) validates batches and hands them to the committer
+//! ([`committer`]) over one bounded channel; the committer writes group commits to sled, flushes, updates the
+//! job index, and only then answers each batch's ack.
+
+pub mod committer;
+pub mod service;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of the ingest path, read by the metrics exporter and the benchmark.
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    /// Events stored for the first time.
+    pub accepted: AtomicU64,
+    /// Events acknowledged as duplicates.
+    pub duplicates: AtomicU64,
+    /// Events rejected by validation.
+    pub rejected: AtomicU64,
+    /// Group commits written.
+    pub commits: AtomicU64,
+    /// Total time spent in group commits (write + flush), microseconds.
+    pub commit_micros: AtomicU64,
+    /// Batches refused because the queue was full (`when_full = "reject"`).
+    pub refused_full: AtomicU64,
+}
+
+impl IngestStats {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,228 @@
+//! The gRPC edge of ingest: `startline.v1.IngestService`. Validates each event (rejections name the field and
+//! the reason; the rest of the batch goes on), prepares the log encoding off the committer thread, and hands
+//! batches to the committer under the configured full-queue policy. Acks go out in batch order, each only after
+//! its events are durable.
+
+use super::committer::{CommitError, CommitRequest, CommitResult, PreparedEvent};
+use super::IngestStats;
+use crate::config::WhenFull;
+use crate::job::CompactEvent;
+use crate::store::encode_log_value;
+use startline_proto::pb::{self, ingest_service_server::IngestService};
+use startline_proto::validate::validate_event;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Settings of the gRPC edge.
+#[derive(Debug, Clone)]
+pub struct EdgeSettings {
+    /// Most events in one batch.
+    pub max_batch_events: usize,
+    /// Batches in flight per stream.
+    pub max_inflight_batches: usize,
+    /// Full-queue policy.
+    pub when_full: WhenFull,
+    /// Event limits.
+    pub limits: startline_proto::Limits,
+}
+
+/// The ingest service. Cheap to clone.
+#[derive(Clone)]
+pub struct Ingest {
+    tx: mpsc::Sender<CommitRequest>,
+    settings: Arc<EdgeSettings>,
+    stats: Arc<IngestStats>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// A batch on its way to its ack.
+enum Pending {
+    /// Nothing to commit (every event rejected or an empty batch).
+    Ready(pb::PublishAck),
+    /// Waiting for the committer.
+    Committing {
+        ack: pb::PublishAck,
+        rx: oneshot::Receiver<Result<CommitResult, CommitError>>,
+    },
+}
+
+impl Pending {
+    async fn resolve(self) -> Result<pb::PublishAck, Status> {
+        match self {
+            Pending::Ready(ack) => Ok(ack),
+            Pending::Committing { mut ack, rx } => match rx.await {
+                Ok(Ok(r)) => {
+                    ack.accepted = r.accepted;
+                    ack.duplicates = r.duplicates;
+                    Ok(ack)
+                }
+                Ok(Err(CommitError)) => Err(Status::unavailable(
+                    "storage failure; batch not stored, retry later",
+                )),
+                Err(_) => Err(Status::unavailable(
+                    "collector is shutting down; batch not acknowledged, retry",
+                )),
+            },
+        }
+    }
+}
+
+impl Ingest {
+    /// Builds the service around the committer's channel.
+    pub fn new(
+        tx: mpsc::Sender<CommitRequest>,
+        settings: EdgeSettings,
+        stats: Arc<IngestStats>,
+        shutdown: CancellationToken,
+        tasks: TaskTracker,
+    ) -> Self {
+        Ingest {
+            tx,
+            settings: Arc::new(settings),
+            stats,
+            shutdown,
+            tasks,
+        }
+    }
+
+    /// Validates a batch and queues its valid events for commit.
+    async fn submit(&self, req: pb::PublishRequest) -> Result<Pending, Status> {
+        if req.events.len() > self.settings.max_batch_events {
+            return Err(Status::invalid_argument(format!(
+                "events: batch has {} events, at most {} allowed",
+                req.events.len(),
+                self.settings.max_batch_events
+            )));
+        }
+        let now = startline_proto::time::now_ms();
+        let mut ack = pb::PublishAck {
+            batch_seq: req.batch_seq,
+            ..Default::default()
+        };
+        let mut prepared = Vec::with_capacity(req.events.len());
+        for (i, ev) in req.events.into_iter().enumerate() {
+            let checked = validate_event(&ev, now, &self.settings.limits).and_then(|()| {
+                CompactEvent::from_pb(&ev, 0).ok_or_else(|| field_error("kind", "is required"))
+            });
+            match checked {
+                Ok(compact) => prepared.push(PreparedEvent {
+                    encoded: encode_log_value(&ev),
+                    job_id: ev.job_id,
+                    event_id: ev.event_id,
+                    compact,
+                }),
+                Err(e) => ack.rejections.push(pb::Rejection {
+                    index: i as u32,
+                    event_id: ev.event_id,
+                    field: e.field,
+                    reason: e.reason,
+                }),
+            }
+        }
+        IngestStats::add(&self.stats.rejected, ack.rejections.len() as u64);
+        if prepared.is_empty() {
+            return Ok(Pending::Ready(ack));
+        }
+        let (reply, rx) = oneshot::channel();
+        let commit = CommitRequest {
+            events: prepared,
+            reply,
+        };
+        match self.settings.when_full {
+            WhenFull::Wait => self.tx.send(commit).await.map_err(|_| {
+                Status::unavailable("collector is shutting down; batch not acknowledged, retry")
+            })?,
+            WhenFull::Reject => self.tx.try_send(commit).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => {
+                    IngestStats::add(&self.stats.refused_full, 1);
+                    Status::resource_exhausted(
+                        "ingest queue is full; batch not stored, retry with backoff",
+                    )
+                }
+                mpsc::error::TrySendError::Closed(_) => {
+                    Status::unavailable("collector is shutting down; batch not acknowledged, retry")
+                }
+            })?,
+        }
+        Ok(Pending::Committing { ack, rx })
+    }
+}
+
+fn field_error(field: &str, reason: &str) -> startline_proto::FieldError {
+    startline_proto::FieldError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+#[tonic::async_trait]
+impl IngestService for Ingest {
+    type PublishStream = ReceiverStream<Result<pb::PublishAck, Status>>;
+
+    async fn publish(
+        &self,
+        request: Request<Streaming<pb::PublishRequest>>,
+    ) -> Result<Response<Self::PublishStream>, Status> {
+        let mut inbound = request.into_inner();
+        let cap = self.settings.max_inflight_batches;
+        let (out_tx, out_rx) = mpsc::channel(cap);
+        let (pending_tx, mut pending_rx) = mpsc::channel::<Result<Pending, Status>>(cap);
+        let svc = self.clone();
+        // Reader: stops at end of stream, on a stream error, or when shutdown starts; batches already read are
+        // still committed and acknowledged by the acker below.
+        self.tasks.spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    biased;
+                    _ = svc.shutdown.cancelled() => break,
+                    m = inbound.message() => m,
+                };
+                let req = match msg {
+                    Ok(Some(req)) => req,
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(%status, "publish stream ended with an error");
+                        break;
+                    }
+                };
+                let item = svc.submit(req).await;
+                let stop = item.is_err();
+                if pending_tx.send(item).await.is_err() || stop {
+                    break;
+                }
+            }
+        });
+        // Acker: answers batches in order.
+        self.tasks.spawn(async move {
+            while let Some(item) = pending_rx.recv().await {
+                let answer = match item {
+                    Ok(p) => p.resolve().await,
+                    Err(status) => Err(status),
+                };
+                let stop = answer.is_err();
+                if out_tx.send(answer).await.is_err() || stop {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(out_rx)))
+    }
+
+    async fn publish_batch(
+        &self,
+        request: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PublishAck>, Status> {
+        if self.shutdown.is_cancelled() {
+            return Err(Status::unavailable(
+                "collector is shutting down; batch not acknowledged, retry",
+            ));
+        }
+        let pending = self.submit(request.into_inner()).await?;
+        pending.resolve().await.map(Response::new)
+    }
+}

@@ -1,0 +1,184 @@
+//! The compact, in-memory form of one lifecycle event: what the timeline needs, without the free text. The full
+//! event stays in the store's log and is fetched by `seq` when a user asks for raw events.
+
+use serde::{Deserialize, Serialize};
+use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::time::timestamp_to_ms;
+use std::collections::BTreeMap;
+
+/// The job's attributes, from its `submitted` event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobAttrs {
+    /// Managed endpoint or dedicated pool.
+    pub pool_kind: pb::PoolKind,
+    /// Scheduler or provider name, e.g. `slurm`.
+    pub provider: String,
+    /// Pool name.
+    pub pool: String,
+    /// Start objective class.
+    pub priority: pb::PriorityClass,
+    /// Accelerator class; may be empty.
+    pub gpu_class: String,
+    /// Accelerators requested.
+    pub gpu_count: u32,
+    /// Nodes requested.
+    pub node_count: u32,
+    /// Region or site.
+    pub region: String,
+    /// Owning team.
+    pub team: String,
+    /// Project.
+    pub project: String,
+    /// Chain id, if the job is a stage of one.
+    pub chain_id: String,
+    /// Stage within the chain.
+    pub chain_stage: String,
+    /// Extra labels (stored and shown, never exported as metric labels).
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What happened, reduced to what the timeline uses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    /// The job was accepted, with its attributes.
+    Submitted(Box<JobAttrs>),
+    /// The job waits for a reason; the provider's raw reason is kept for display and alerts.
+    Queued {
+        reason: pb::WaitReason,
+        raw_reason: String,
+    },
+    /// Nodes were assigned.
+    NodeAssigned,
+    /// A preparation phase started.
+    Preparing { phase: pb::PreparingPhase },
+    /// The first training step of a run completed.
+    FirstStep { step: u64 },
+    /// A checkpoint holding `step` was written.
+    Checkpoint { step: u64 },
+    /// The job was preempted; `checkpoint_saved` says whether it saved first.
+    Preempted { checkpoint_saved: bool },
+    /// The job went back to its queue, resuming from `resume_step`.
+    Requeued { resume_step: u64 },
+    /// The job restarted in place, resuming from `resume_step`.
+    Restarted { resume_step: u64 },
+    /// A node of the job was lost.
+    NodeLost,
+    /// The job ended.
+    Done {
+        outcome: pb::Outcome,
+        exit_code: Option<i32>,
+    },
+}
+
+impl EventKind {
+    /// Lifecycle order, used to break ties between events with the same timestamp.
+    pub fn rank(&self) -> u8 {
+        match self {
+            EventKind::Submitted(_) => 0,
+            EventKind::Queued { .. } => 1,
+            EventKind::NodeAssigned => 2,
+            EventKind::Preparing { .. } => 3,
+            EventKind::FirstStep { .. } => 4,
+            EventKind::Checkpoint { .. } => 5,
+            EventKind::Preempted { .. } => 6,
+            EventKind::NodeLost => 7,
+            EventKind::Requeued { .. } => 8,
+            EventKind::Restarted { .. } => 9,
+            EventKind::Done { .. } => 10,
+        }
+    }
+
+    /// The kind's name as in the protocol's oneof, e.g. `first_step`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::Submitted(_) => "submitted",
+            EventKind::Queued { .. } => "queued",
+            EventKind::NodeAssigned => "node_assigned",
+            EventKind::Preparing { .. } => "preparing",
+            EventKind::FirstStep { .. } => "first_step",
+            EventKind::Checkpoint { .. } => "checkpoint",
+            EventKind::Preempted { .. } => "preempted",
+            EventKind::NodeLost => "node_lost",
+            EventKind::Requeued { .. } => "requeued",
+            EventKind::Restarted { .. } => "restarted",
+            EventKind::Done { .. } => "done",
+        }
+    }
+}
+
+/// One event as a job record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactEvent {
+    /// When it happened (Unix ms, source clock).
+    pub at_ms: i64,
+    /// Hash of the event id (see [`super::event_id_hash`]).
+    pub id_hash: u64,
+    /// Position of the full event in the store's log.
+    pub seq: u64,
+    /// The attempt it concerns, if the source said.
+    pub attempt: Option<u32>,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+impl CompactEvent {
+    /// The key events are sorted by: time, then lifecycle order, then id hash (a total, arrival-independent order).
+    pub fn sort_key(&self) -> (i64, u8, u64) {
+        (self.at_ms, self.kind.rank(), self.id_hash)
+    }
+
+    /// Builds the compact form of a validated protocol event. Returns `None` if the event has no kind (validation
+    /// rejects those first).
+    pub fn from_pb(ev: &pb::LifecycleEvent, seq: u64) -> Option<Self> {
+        let kind = match ev.kind.as_ref()? {
+            Kind::Submitted(s) => EventKind::Submitted(Box::new(JobAttrs {
+                pool_kind: s.pool_kind(),
+                provider: s.provider.clone(),
+                pool: s.pool.clone(),
+                priority: s.priority(),
+                gpu_class: s.gpu_class.clone(),
+                gpu_count: s.gpu_count,
+                node_count: s.node_count,
+                region: s.region.clone(),
+                team: s.team.clone(),
+                project: s.project.clone(),
+                chain_id: s.chain_id.clone(),
+                chain_stage: s.chain_stage.clone(),
+                labels: s
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            })),
+            Kind::Queued(q) => EventKind::Queued {
+                reason: q.reason(),
+                raw_reason: q.raw_reason.clone(),
+            },
+            Kind::NodeAssigned(_) => EventKind::NodeAssigned,
+            Kind::Preparing(p) => EventKind::Preparing { phase: p.phase() },
+            Kind::FirstStep(f) => EventKind::FirstStep { step: f.step },
+            Kind::Checkpoint(c) => EventKind::Checkpoint { step: c.step },
+            Kind::Preempted(p) => EventKind::Preempted {
+                checkpoint_saved: p.checkpoint_saved,
+            },
+            Kind::Requeued(r) => EventKind::Requeued {
+                resume_step: r.resume_step,
+            },
+            Kind::Restarted(r) => EventKind::Restarted {
+                resume_step: r.resume_step,
+            },
+            Kind::NodeLost(_) => EventKind::NodeLost,
+            Kind::Done(d) => EventKind::Done {
+                outcome: d.outcome(),
+                exit_code: d.exit_code,
+            },
+        };
+        Some(CompactEvent {
+            at_ms: ev.occurred_at.as_ref().map(timestamp_to_ms)?,
+            id_hash: super::event_id_hash(&ev.event_id),
+            seq,
+            attempt: ev.attempt,
+            kind,
+        })
+    }
+}

@@ -1,0 +1,364 @@
+//! Table and property tests of the job state machine.
+
+use super::*;
+use proptest::prelude::*;
+use startline_proto::pb;
+
+const T0: i64 = 1_767_225_600_000;
+const S: i64 = 1000;
+
+fn attrs(gpus: u32) -> JobAttrs {
+    JobAttrs {
+        pool_kind: pb::PoolKind::Dedicated,
+        provider: "slurm".into(),
+        pool: "a100".into(),
+        priority: pb::PriorityClass::Normal,
+        gpu_class: "a100".into(),
+        gpu_count: gpus,
+        node_count: 1,
+        region: "r1".into(),
+        team: "t".into(),
+        project: "p".into(),
+        chain_id: String::new(),
+        chain_stage: String::new(),
+        labels: Default::default(),
+    }
+}
+
+fn e(id: &str, at: i64, kind: EventKind) -> CompactEvent {
+    CompactEvent {
+        at_ms: at,
+        id_hash: event_id_hash(id),
+        seq: 0,
+        attempt: None,
+        kind,
+    }
+}
+
+fn sub(at: i64) -> CompactEvent {
+    e("sub", at, EventKind::Submitted(Box::new(attrs(8))))
+}
+
+fn queued(id: &str, at: i64, reason: pb::WaitReason) -> CompactEvent {
+    e(
+        id,
+        at,
+        EventKind::Queued {
+            reason,
+            raw_reason: format!("raw-{id}"),
+        },
+    )
+}
+
+fn record(events: Vec<CompactEvent>) -> JobRecord {
+    let mut r = JobRecord::default();
+    for ev in events {
+        r.insert(ev);
+    }
+    r
+}
+
+#[test]
+fn splits_the_wait_before_the_first_step_into_segments() {
+    let r = record(vec![
+        sub(T0),
+        queued("q", T0 + 10 * S, pb::WaitReason::Capacity),
+        e("na", T0 + 60 * S, EventKind::NodeAssigned),
+        e(
+            "p1",
+            T0 + 70 * S,
+            EventKind::Preparing {
+                phase: pb::PreparingPhase::ImagePull,
+            },
+        ),
+        e(
+            "p2",
+            T0 + 100 * S,
+            EventKind::Preparing {
+                phase: pb::PreparingPhase::DataStaging,
+            },
+        ),
+        e("fs", T0 + 130 * S, EventKind::FirstStep { step: 1 }),
+        e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 500 }),
+        e(
+            "done",
+            T0 + 2000 * S,
+            EventKind::Done {
+                outcome: pb::Outcome::Succeeded,
+                exit_code: Some(0),
+            },
+        ),
+    ]);
+    let t = &r.timeline;
+    assert_eq!(t.state, JobState::Done);
+    assert_eq!(t.time_to_first_step_ms(), Some(130 * S));
+    let w: Vec<(String, i64)> = t
+        .initial_wait_ms
+        .iter()
+        .map(|(s, v)| (s.label(), *v))
+        .collect();
+    assert_eq!(
+        w,
+        vec![
+            ("unreported".to_string(), 10 * S),
+            ("queued:capacity".to_string(), 50 * S),
+            ("assigned".to_string(), 10 * S),
+            ("preparing:image_pull".to_string(), 30 * S),
+            ("preparing:data_staging".to_string(), 30 * S),
+        ]
+    );
+    assert_eq!(t.last_checkpoint, Some((T0 + 1000 * S, 500)));
+    assert_eq!(t.outcome, Some(pb::Outcome::Succeeded));
+    assert_eq!(
+        (t.runs, t.attempts, t.preemptions, t.lost_work_ms),
+        (1, 1, 0, 0)
+    );
+}
+
+#[test]
+fn preemption_without_checkpoint_loses_work_since_last_checkpoint() {
+    let r = record(vec![
+        sub(T0),
+        e("fs", T0 + 100 * S, EventKind::FirstStep { step: 1 }),
+        e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 900 }),
+        e(
+            "pre",
+            T0 + 1600 * S,
+            EventKind::Preempted {
+                checkpoint_saved: false,
+            },
+        ),
+        e(
+            "rq",
+            T0 + 1601 * S,
+            EventKind::Requeued { resume_step: 900 },
+        ),
+        queued("q2", T0 + 1602 * S, pb::WaitReason::Capacity),
+        e("fs2", T0 + 2000 * S, EventKind::FirstStep { step: 901 }),
+    ]);
+    let t = &r.timeline;
+    assert_eq!(t.state, JobState::Running);
+    assert_eq!(t.lost_work_ms, 600 * S);
+    assert!((t.lost_gpu_seconds() - 600.0 * 8.0).abs() < 1e-9);
+    assert_eq!(t.requeue_wait_ms, 400 * S);
+    assert_eq!((t.runs, t.attempts, t.preemptions), (2, 2, 1));
+    assert_eq!(
+        t.first_step_at,
+        Some(T0 + 100 * S),
+        "the first step is the first run's"
+    );
+    assert_eq!(t.time_to_first_step_ms(), Some(100 * S));
+}
+
+#[test]
+fn preemption_with_checkpoint_saved_loses_nothing_and_resume_from_scratch_loses_steps() {
+    let saved = record(vec![
+        sub(T0),
+        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e(
+            "pre",
+            T0 + 500 * S,
+            EventKind::Preempted {
+                checkpoint_saved: true,
+            },
+        ),
+    ]);
+    assert_eq!(saved.timeline.lost_work_ms, 0);
+    assert_eq!(saved.timeline.state, JobState::Queued);
+    assert_eq!(
+        saved.timeline.current_wait.map(|w| w.0),
+        Some(Segment::Queued(pb::WaitReason::PreemptionRecovery))
+    );
+
+    let lost = record(vec![
+        sub(T0),
+        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("ck", T0 + 100 * S, EventKind::Checkpoint { step: 4000 }),
+        e("nl", T0 + 500 * S, EventKind::NodeLost),
+        e("rs", T0 + 510 * S, EventKind::Restarted { resume_step: 0 }),
+    ]);
+    assert_eq!(lost.timeline.lost_work_ms, 400 * S);
+    assert_eq!(lost.timeline.lost_steps, 4000);
+    assert_eq!(lost.timeline.node_losses, 1);
+}
+
+#[test]
+fn events_before_submitted_are_kept_and_applied_when_it_arrives() {
+    let mut r = record(vec![
+        queued("q", T0 + 5 * S, pb::WaitReason::Quota),
+        e("fs", T0 + 60 * S, EventKind::FirstStep { step: 1 }),
+    ]);
+    assert_eq!(r.timeline.state, JobState::Unsubmitted);
+    assert_eq!(r.timeline.time_to_first_step_ms(), None);
+    r.insert(sub(T0));
+    assert_eq!(r.timeline.state, JobState::Running);
+    assert_eq!(r.timeline.time_to_first_step_ms(), Some(60 * S));
+    assert_eq!(
+        r.timeline
+            .initial_wait_ms
+            .get(&Segment::Queued(pb::WaitReason::Quota)),
+        Some(&(55 * S))
+    );
+}
+
+#[test]
+fn done_absorbs_later_events() {
+    let mut r = record(vec![
+        sub(T0),
+        e(
+            "d",
+            T0 + 100 * S,
+            EventKind::Done {
+                outcome: pb::Outcome::Cancelled,
+                exit_code: None,
+            },
+        ),
+    ]);
+    let before = r.timeline.clone();
+    r.insert(e("fs", T0 + 200 * S, EventKind::FirstStep { step: 1 }));
+    r.insert(queued("q", T0 + 300 * S, pb::WaitReason::Capacity));
+    assert_eq!(r.timeline.state, JobState::Done);
+    assert_eq!(r.timeline.first_step_at, None);
+    assert_eq!(r.timeline.ignored_after_done, 2);
+    assert_eq!(
+        Timeline {
+            ignored_after_done: 0,
+            ..r.timeline.clone()
+        },
+        before
+    );
+    // A job cancelled while waiting: the whole wait is accounted for.
+    assert_eq!(r.timeline.initial_wait_ms.values().sum::<i64>(), 100 * S);
+}
+
+#[test]
+fn events_stamped_before_submit_count_from_submit() {
+    let r = record(vec![
+        sub(T0),
+        queued("q", T0 - 3 * S, pb::WaitReason::Priority),
+        e("fs", T0 + 9 * S, EventKind::FirstStep { step: 1 }),
+    ]);
+    assert_eq!(r.timeline.first_queued_at, Some(T0));
+    assert_eq!(
+        r.timeline
+            .initial_wait_ms
+            .get(&Segment::Queued(pb::WaitReason::Priority)),
+        Some(&(9 * S))
+    );
+    assert_eq!(
+        r.timeline.initial_wait_ms.get(&Segment::Unreported),
+        Some(&0)
+    );
+}
+
+#[test]
+fn duplicate_ids_are_detected_by_hash() {
+    let mut r = record(vec![sub(T0)]);
+    assert_eq!(
+        r.insert(sub(T0)),
+        InsertOutcome::SameHash { existing_seq: 0 }
+    );
+    assert_eq!(r.events.len(), 1);
+}
+
+// ---- properties ----
+
+fn arb_kind() -> impl Strategy<Value = EventKind> {
+    prop_oneof![
+        (1i32..=10).prop_map(|r| EventKind::Queued {
+            reason: pb::WaitReason::try_from(r).unwrap_or(pb::WaitReason::Unknown),
+            raw_reason: String::new()
+        }),
+        Just(EventKind::NodeAssigned),
+        (1i32..=5).prop_map(|p| EventKind::Preparing {
+            phase: pb::PreparingPhase::try_from(p).unwrap_or(pb::PreparingPhase::Other)
+        }),
+        (0u64..10).prop_map(|step| EventKind::FirstStep { step }),
+        (0u64..10_000).prop_map(|step| EventKind::Checkpoint { step }),
+        any::<bool>().prop_map(|checkpoint_saved| EventKind::Preempted { checkpoint_saved }),
+        (0u64..5000).prop_map(|resume_step| EventKind::Requeued { resume_step }),
+        (0u64..5000).prop_map(|resume_step| EventKind::Restarted { resume_step }),
+        Just(EventKind::NodeLost),
+        (1i32..=5).prop_map(|o| EventKind::Done {
+            outcome: pb::Outcome::try_from(o).unwrap_or(pb::Outcome::Failed),
+            exit_code: None
+        }),
+    ]
+}
+
+/// A job's event set: a submitted plus up to 20 other events, at times within a day around the submit (some
+/// stamped before it, as skewed clocks do), with unique ids.
+fn arb_events() -> impl Strategy<Value = Vec<CompactEvent>> {
+    (
+        any::<bool>(),
+        proptest::collection::vec((-600i64..86_400, arb_kind()), 0..20),
+    )
+        .prop_map(|(with_sub, evs)| {
+            let mut out: Vec<CompactEvent> = evs
+                .into_iter()
+                .enumerate()
+                .map(|(i, (off, kind))| e(&format!("ev{i}"), T0 + off * S, kind))
+                .collect();
+            if with_sub {
+                out.push(sub(T0));
+            }
+            out
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn timeline_ignores_arrival_order_and_duplicates(
+        events in arb_events(),
+        order in proptest::collection::vec(any::<prop::sample::Index>(), 0..60),
+    ) {
+        let canonical = JobRecord::from_events(events.clone());
+        // Deliver in a scrambled order with repeats: each index picks an event (possibly again), then every
+        // event once more so the set is complete.
+        let mut delivered = JobRecord::default();
+        for ix in &order {
+            if !events.is_empty() {
+                delivered.insert(events[ix.index(events.len())].clone());
+            }
+        }
+        for ev in events.iter().rev() {
+            delivered.insert(ev.clone());
+        }
+        prop_assert_eq!(&delivered.timeline, &canonical.timeline);
+        prop_assert_eq!(&delivered.events, &canonical.events);
+    }
+
+    #[test]
+    fn initial_wait_segments_add_up(events in arb_events()) {
+        let t = JobRecord::from_events(events).timeline;
+        let total: i64 = t.initial_wait_ms.values().sum();
+        prop_assert!(t.initial_wait_ms.values().all(|v| *v >= 0));
+        match (t.submitted_at, t.first_step_at, t.done_at) {
+            (Some(s), Some(f), _) => prop_assert_eq!(total, f - s),
+            (Some(s), None, Some(d)) => prop_assert_eq!(total, d - s),
+            (Some(s), None, None) => {
+                // Still waiting: closed segments plus the open one reach from submit to the open one's start.
+                let (_, since) = t.current_wait.expect("a waiting job has an open segment");
+                prop_assert_eq!(s + total, since);
+            }
+            (None, _, _) => prop_assert_eq!(total, 0),
+        }
+        prop_assert!(t.lost_work_ms >= 0 && t.requeue_wait_ms >= 0);
+    }
+
+    #[test]
+    fn done_is_absorbing(events in arb_events(), later in proptest::collection::vec(arb_kind(), 1..5)) {
+        let base = JobRecord::from_events(events.clone());
+        if let Some(done_at) = base.timeline.done_at {
+            let mut more = events;
+            for (i, k) in later.into_iter().enumerate() {
+                more.push(e(&format!("late{i}"), done_at + 1 + i as i64, k));
+            }
+            let after = JobRecord::from_events(more).timeline;
+            prop_assert_eq!(after.state, JobState::Done);
+            prop_assert_eq!(Timeline { ignored_after_done: base.timeline.ignored_after_done, ..after }, base.timeline);
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The timeline of one job, derived by folding its events in canonical order.
+//!
+//! Rules (also in the README):
+//! - The first `submitted` (by time, then id) gives the attributes and the start of the wait. Events stamped
+//!   before it (clock skew between sources) count as happening at submit time.
+//! - The wait before the first step is split into segments: `unreported` (submitted, no reason yet),
+//!   `queued:<reason>`, `assigned` (nodes assigned, no phase reported), `preparing:<phase>`. Their durations add
+//!   up to the time to first step, or to the time until the job ended if it never started.
+//! - A preemption, node loss, requeue or restart while running sends the job back to waiting; work since the
+//!   later of the run's start and its last checkpoint is lost unless a checkpoint was saved right before the
+//!   preemption. The wait until the next first step counts as requeue wait.
+//! - `done` is terminal: events stamped after it do not change the timeline.
+
+use super::{CompactEvent, EventKind, JobAttrs};
+use serde::{Deserialize, Serialize};
+use startline_proto::pb;
+use std::collections::BTreeMap;
+
+/// Where a job is now.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Events arrived but no `submitted` yet; kept until it comes.
+    #[default]
+    Unsubmitted,
+    /// Waiting in a queue (including after a preemption).
+    Queued,
+    /// Nodes assigned, no preparation phase reported yet.
+    Assigned,
+    /// Preparing on its nodes.
+    Preparing,
+    /// Training: a first step was seen and the job has not stopped since.
+    Running,
+    /// Ended.
+    Done,
+}
+
+impl JobState {
+    /// Short lowercase name.
+    pub fn label(self) -> &'static str {
+        match self {
+            JobState::Unsubmitted => "unsubmitted",
+            JobState::Queued => "queued",
+            JobState::Assigned => "assigned",
+            JobState::Preparing => "preparing",
+            JobState::Running => "running",
+            JobState::Done => "done",
+        }
+    }
+
+    /// Parses a short name.
+    pub fn from_label(s: &str) -> Option<Self> {
+        [
+            JobState::Unsubmitted,
+            JobState::Queued,
+            JobState::Assigned,
+            JobState::Preparing,
+            JobState::Running,
+            JobState::Done,
+        ]
+        .into_iter()
+        .find(|st| st.label() == s)
+    }
+
+    /// Whether the job is waiting to (re)start training.
+    pub fn is_waiting(self) -> bool {
+        matches!(
+            self,
+            JobState::Queued | JobState::Assigned | JobState::Preparing
+        )
+    }
+}
+
+/// A stretch of waiting, by cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Segment {
+    /// Submitted, no reason reported yet.
+    Unreported,
+    /// Queued for a reason.
+    Queued(pb::WaitReason),
+    /// Nodes assigned, no phase reported yet.
+    Assigned,
+    /// Preparing, in a phase.
+    Preparing(pb::PreparingPhase),
+}
+
+impl Segment {
+    /// A bounded name such as `queued:capacity` or `preparing:image_pull`.
+    pub fn label(self) -> String {
+        use startline_proto::labels::Label;
+        match self {
+            Segment::Unreported => "unreported".to_string(),
+            Segment::Queued(r) => format!("queued:{}", r.label()),
+            Segment::Assigned => "assigned".to_string(),
+            Segment::Preparing(p) => format!("preparing:{}", p.label()),
+        }
+    }
+
+    fn state(self) -> JobState {
+        match self {
+            Segment::Unreported | Segment::Queued(_) => JobState::Queued,
+            Segment::Assigned => JobState::Assigned,
+            Segment::Preparing(_) => JobState::Preparing,
+        }
+    }
+}
+
+/// Everything derived about one job. All times are Unix milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timeline {
+    /// Where the job is now.
+    pub state: JobState,
+    /// Attributes from the first `submitted`.
+    pub attrs: Option<JobAttrs>,
+    /// When it was submitted.
+    pub submitted_at: Option<i64>,
+    /// When it was first reported queued.
+    pub first_queued_at: Option<i64>,
+    /// When nodes were first assigned.
+    pub node_assigned_at: Option<i64>,
+    /// When preparation first started.
+    pub preparing_at: Option<i64>,
+    /// When the first training step of the first run completed.
+    pub first_step_at: Option<i64>,
+    /// The last checkpoint: (time, step).
+    pub last_checkpoint: Option<(i64, u64)>,
+    /// When it ended.
+    pub done_at: Option<i64>,
+    /// How it ended.
+    pub outcome: Option<pb::Outcome>,
+    /// Exit code from `done`, if given.
+    pub exit_code: Option<i32>,
+    /// While waiting: the current segment and since when.
+    pub current_wait: Option<(Segment, i64)>,
+    /// The raw provider reason of the current `queued` segment, if any.
+    pub current_raw_reason: Option<String>,
+    /// Time spent in each segment before the first step (or before the end, if it never started).
+    pub initial_wait_ms: BTreeMap<Segment, i64>,
+    /// Time spent waiting again after preemptions, node losses and requeues, before training resumed.
+    pub requeue_wait_ms: i64,
+    /// Runs started (1 for a job that ran once; 0 before the first step).
+    pub runs: u32,
+    /// Attempts: 1 + requeues and restarts, or the highest attempt a source reported, whichever is larger.
+    pub attempts: u32,
+    /// Preemptions seen.
+    pub preemptions: u32,
+    /// Node losses seen.
+    pub node_losses: u32,
+    /// Training time lost to preemptions, node losses and restarts (since the last checkpoint).
+    pub lost_work_ms: i64,
+    /// Steps lost: training progressed past the step a requeue or restart resumed from.
+    pub lost_steps: u64,
+    /// The highest step seen.
+    pub max_step: Option<u64>,
+    /// Events stamped after `done`, ignored for the timeline (still stored).
+    pub ignored_after_done: u32,
+}
+
+impl Timeline {
+    /// Time to first step, if the job has started.
+    pub fn time_to_first_step_ms(&self) -> Option<i64> {
+        Some(self.first_step_at? - self.submitted_at?)
+    }
+
+    /// How long the job has waited so far as of `now_ms` (for jobs still in their initial wait), or its whole
+    /// initial wait once it started or ended.
+    pub fn initial_wait_as_of(&self, now_ms: i64) -> Option<i64> {
+        let sub = self.submitted_at?;
+        let end = self.first_step_at.or(self.done_at).unwrap_or(now_ms);
+        Some((end - sub).max(0))
+    }
+
+    /// GPU-seconds of work lost, from `lost_work_ms` and the job's GPU count.
+    pub fn lost_gpu_seconds(&self) -> f64 {
+        let gpus = self.attrs.as_ref().map_or(0, |a| a.gpu_count);
+        self.lost_work_ms as f64 / 1000.0 * f64::from(gpus)
+    }
+
+    /// Folds events in canonical order into a timeline.
+    pub fn derive(events: &[CompactEvent]) -> Timeline {
+        let mut t = Timeline::default();
+        let Some(sub) = events
+            .iter()
+            .find(|e| matches!(e.kind, EventKind::Submitted(_)))
+        else {
+            // Nothing is derived until the job's `submitted` arrives; the events are kept.
+            return t;
+        };
+        let submitted_at = sub.at_ms;
+        if let EventKind::Submitted(attrs) = &sub.kind {
+            t.attrs = Some((**attrs).clone());
+        }
+        t.submitted_at = Some(submitted_at);
+        t.attempts = 1;
+
+        // Fold state: the open waiting segment, or the open run.
+        let mut wait: Option<(Segment, i64)> = Some((Segment::Unreported, submitted_at));
+        let mut run_start: Option<i64> = None;
+        let mut last_ckpt_at: Option<i64> = None;
+        let mut requeue_wait_start: Option<i64> = None;
+        let mut requeues = 0u32;
+        let mut max_attempt = 1u32;
+
+        for ev in events {
+            let at = ev.at_ms.max(submitted_at);
+            if let Some(a) = ev.attempt {
+                max_attempt = max_attempt.max(a);
+            }
+            if t.done_at.is_some() {
+                t.ignored_after_done += 1;
+                continue;
+            }
+            match &ev.kind {
+                EventKind::Submitted(_) => {}
+                EventKind::Queued { reason, raw_reason } => {
+                    t.first_queued_at.get_or_insert(at);
+                    if run_start.is_some() {
+                        // Queued while running: the run stopped without an explicit preemption event.
+                        t.lost_work_ms += lost_since(at, run_start, last_ckpt_at);
+                        run_start = None;
+                        requeue_wait_start = Some(at);
+                    }
+                    switch(&mut t, &mut wait, Segment::Queued(*reason), at);
+                    t.current_raw_reason = Some(raw_reason.clone());
+                }
+                EventKind::NodeAssigned => {
+                    t.node_assigned_at.get_or_insert(at);
+                    if wait.is_some() {
+                        switch(&mut t, &mut wait, Segment::Assigned, at);
+                    }
+                }
+                EventKind::Preparing { phase } => {
+                    t.preparing_at.get_or_insert(at);
+                    if wait.is_some() {
+                        switch(&mut t, &mut wait, Segment::Preparing(*phase), at);
+                    }
+                }
+                EventKind::FirstStep { step } => {
+                    t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
+                    if run_start.is_none() {
+                        close(&mut t, &mut wait, at);
+                        if let Some(s) = requeue_wait_start.take() {
+                            t.requeue_wait_ms += at - s;
+                        }
+                        t.first_step_at.get_or_insert(at);
+                        t.runs += 1;
+                        run_start = Some(at);
+                        last_ckpt_at = None;
+                    }
+                }
+                EventKind::Checkpoint { step } => {
+                    t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
+                    t.last_checkpoint = Some((at, *step));
+                    last_ckpt_at = Some(at);
+                }
+                EventKind::Preempted { checkpoint_saved } => {
+                    t.preemptions += 1;
+                    if run_start.is_some() {
+                        if !checkpoint_saved {
+                            t.lost_work_ms += lost_since(at, run_start, last_ckpt_at);
+                        }
+                        stop_run(&mut run_start, &mut requeue_wait_start, &mut wait, at);
+                    }
+                }
+                EventKind::NodeLost => {
+                    t.node_losses += 1;
+                    if run_start.is_some() {
+                        t.lost_work_ms += lost_since(at, run_start, last_ckpt_at);
+                        stop_run(&mut run_start, &mut requeue_wait_start, &mut wait, at);
+                    }
+                }
+                EventKind::Requeued { resume_step } | EventKind::Restarted { resume_step } => {
+                    requeues += 1;
+                    if let Some(m) = t.max_step {
+                        t.lost_steps += m.saturating_sub(*resume_step);
+                    }
+                    if run_start.is_some() {
+                        t.lost_work_ms += lost_since(at, run_start, last_ckpt_at);
+                        stop_run(&mut run_start, &mut requeue_wait_start, &mut wait, at);
+                    }
+                    // Progress now restarts from resume_step.
+                    t.max_step = Some(*resume_step);
+                }
+                EventKind::Done { outcome, exit_code } => {
+                    close(&mut t, &mut wait, at);
+                    if let Some(s) = requeue_wait_start.take() {
+                        t.requeue_wait_ms += at - s;
+                    }
+                    run_start = None;
+                    t.done_at = Some(at);
+                    t.outcome = Some(*outcome);
+                    t.exit_code = *exit_code;
+                }
+            }
+        }
+        t.attempts = (1 + requeues).max(max_attempt);
+        t.state = if t.done_at.is_some() {
+            JobState::Done
+        } else if run_start.is_some() {
+            JobState::Running
+        } else {
+            wait.map_or(JobState::Queued, |(s, _)| s.state())
+        };
+        t.current_wait = wait;
+        if !matches!(wait, Some((Segment::Queued(_), _))) {
+            t.current_raw_reason = None;
+        }
+        t
+    }
+}
+
+/// Work lost at `at`: since the later of the run's start and its last checkpoint.
+fn lost_since(at: i64, run_start: Option<i64>, last_ckpt: Option<i64>) -> i64 {
+    let from = match (run_start, last_ckpt) {
+        (Some(r), Some(c)) => r.max(c),
+        (Some(r), None) => r,
+        (None, _) => return 0,
+    };
+    (at - from).max(0)
+}
+
+/// Ends the current run and opens a requeue wait.
+fn stop_run(
+    run_start: &mut Option<i64>,
+    requeue_start: &mut Option<i64>,
+    wait: &mut Option<(Segment, i64)>,
+    at: i64,
+) {
+    *run_start = None;
+    requeue_start.get_or_insert(at);
+    *wait = Some((Segment::Queued(pb::WaitReason::PreemptionRecovery), at));
+}
+
+/// Closes the open segment at `at`, crediting it to the initial wait if the job has not started yet.
+fn close(t: &mut Timeline, wait: &mut Option<(Segment, i64)>, at: i64) {
+    if let Some((seg, since)) = wait.take() {
+        if t.first_step_at.is_none() {
+            *t.initial_wait_ms.entry(seg).or_insert(0) += at - since;
+        }
+    }
+}
+
+/// Switches the open waiting segment to `seg` at `at`.
+fn switch(t: &mut Timeline, wait: &mut Option<(Segment, i64)>, seg: Segment, at: i64) {
+    close(t, wait, at);
+    *wait = Some((seg, at));
+}

@@ -1,0 +1,26 @@
+//! The Startline lifecycle protocol, `startline.v1`.
+//!
+//! # Layout
+//! - [`pb`]: the prost types and tonic client/server stubs generated from `proto/startline/v1/lifecycle.proto`,
+//!   and [`FILE_DESCRIPTOR_SET`] for gRPC reflection.
+//! - [`labels`]: the closed enums as short lowercase names (`managed`, `urgent`, `capacity`), used in the JSON API,
+//!   the config and as bounded metric labels.
+//! - [`validate`]: the rules an event must satisfy before the collector stores it, shared with agents so a
+//!   source can check its own events before spooling them.
+//! - [`time`]: conversions between protobuf timestamps and Unix milliseconds.
+
+pub mod labels;
+pub mod time;
+pub mod validate;
+
+/// Generated protobuf types and gRPC stubs for package `startline.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("startline.v1");
+}
+
+/// The encoded `FileDescriptorSet` of `startline.v1`, served by gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/startline_v1_descriptor.bin"));
+
+pub use validate::{FieldError, Limits};
