@@ -1,1 +1,254 @@
+//! Helpers for Startline's end-to-end tests: start the real collector binary on free ports (port 0, the bound
+//! ports read from its stdout), a minimal HTTP/1.1 client, and event builders.
+//!
+//! The binaries must be built first (`cargo build --workspace --bins`, which the test script does).
 
+use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::time::ms_to_timestamp;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory holding the workspace's binaries (next to the test executable's `deps/`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let deps = exe.parent().expect("deps dir");
+    let dir = if deps.ends_with("deps") {
+        deps.parent().expect("profile dir")
+    } else {
+        deps
+    };
+    dir.to_path_buf()
+}
+
+/// The path of a workspace binary, with a clear message if it was not built.
+pub fn binary(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace --bins` before the tests",
+        p.display()
+    );
+    p
+}
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// A running collector process.
+pub struct Collector {
+    /// The child process.
+    pub child: Child,
+    /// Bound gRPC address.
+    pub grpc: SocketAddr,
+    /// Bound HTTP address.
+    pub http: SocketAddr,
+    /// Where its stderr log goes.
+    pub log: PathBuf,
+}
+
+impl Collector {
+    /// Starts `startline-collector` on `data_dir` with port 0 for both listeners and extra args, and waits for
+    /// its ready line.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Collector {
+        let log = data_dir.with_extension("log");
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log file");
+        let mut child = Command::new(binary("startline-collector"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args([
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn collector");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "collector did not become ready; log: {}",
+                log.display()
+            );
+            let line = match lines.next() {
+                Some(Ok(l)) => l,
+                _ => panic!(
+                    "collector exited before ready: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ),
+            };
+            if let Some(rest) = line.strip_prefix("startline-collector ready ") {
+                let mut grpc = None;
+                let mut http = None;
+                for part in rest.split_whitespace() {
+                    if let Some(a) = part.strip_prefix("grpc=") {
+                        grpc = a.parse().ok();
+                    }
+                    if let Some(a) = part.strip_prefix("http=") {
+                        http = a.parse().ok();
+                    }
+                }
+                // Keep draining stdout so the child never blocks on a full pipe.
+                std::thread::spawn(move || for _ in lines {});
+                return Collector {
+                    child,
+                    grpc: grpc.expect("grpc addr"),
+                    http: http.expect("http addr"),
+                    log,
+                };
+            }
+        }
+    }
+
+    /// The gRPC endpoint URI.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// Sends a signal (e.g. "TERM", "KILL") and waits for exit; returns the exit status.
+    pub fn signal_and_wait(mut self, sig: &str) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{sig} failed");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "collector did not exit after SIG{sig}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// GET a path on the HTTP API.
+    pub fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        http_get(self.http, path)
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 GET returning the status and the JSON body (Null if the body is not JSON).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let mut s = TcpStream::connect(addr).expect("connect http");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").expect("http response");
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    out
+}
+
+/// Percent-encodes a job id for use in a URL path (keeps `/`, which the API's wildcard route accepts).
+pub fn path_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Builds an event.
+pub fn event(job: &str, id: &str, at_ms: i64, kind: Kind) -> pb::LifecycleEvent {
+    pb::LifecycleEvent {
+        event_id: id.into(),
+        job_id: job.into(),
+        attempt: None,
+        source: "test".into(),
+        occurred_at: Some(ms_to_timestamp(at_ms)),
+        kind: Some(kind),
+    }
+}
+
+/// A `submitted` kind.
+pub fn submitted(kind: pb::PoolKind, priority: pb::PriorityClass, gpus: u32) -> Kind {
+    Kind::Submitted(pb::Submitted {
+        pool_kind: kind as i32,
+        provider: if kind == pb::PoolKind::Managed {
+            "sagemaker"
+        } else {
+            "slurm"
+        }
+        .into(),
+        pool: "pool-a".into(),
+        priority: priority as i32,
+        gpu_class: "a100".into(),
+        gpu_count: gpus,
+        node_count: 1,
+        region: "r1".into(),
+        ..Default::default()
+    })
+}
+
+/// A timestamp `secs_ago` seconds before now.
+pub fn ago(secs_ago: i64) -> i64 {
+    startline_proto::time::now_ms() - secs_ago * 1000
+}

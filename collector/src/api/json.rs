@@ -71,13 +71,8 @@ pub fn job_summary(job_id: &str, rec: &JobRecord, now_ms: i64) -> Value {
     );
     m.insert(
         "waiting_seconds".into(),
-        match (t.state.is_waiting(), t.current_wait) {
-            (true, Some(_)) => t
-                .initial_wait_as_of(now_ms)
-                .filter(|_| t.first_step_at.is_none())
-                .map_or(Value::Null, |w| json!(secs(w))),
-            _ => Value::Null,
-        },
+        t.wait_started_at
+            .map_or(Value::Null, |since| json!(secs((now_ms - since).max(0)))),
     );
     m.insert(
         "current_wait".into(),

@@ -134,6 +134,8 @@ pub struct Timeline {
     pub exit_code: Option<i32>,
     /// While waiting: the current segment and since when.
     pub current_wait: Option<(Segment, i64)>,
+    /// While waiting: when the current wait began (submit, or the stop of the last run).
+    pub wait_started_at: Option<i64>,
     /// The raw provider reason of the current `queued` segment, if any.
     pub current_raw_reason: Option<String>,
     /// Time spent in each segment before the first step (or before the end, if it never started).
@@ -304,6 +306,11 @@ impl Timeline {
             wait.map_or(JobState::Queued, |(s, _)| s.state())
         };
         t.current_wait = wait;
+        t.wait_started_at = match (t.state.is_waiting(), requeue_wait_start) {
+            (false, _) => None,
+            (true, Some(s)) => Some(s),
+            (true, None) => Some(submitted_at),
+        };
         if !matches!(wait, Some((Segment::Queued(_), _))) {
             t.current_raw_reason = None;
         }

@@ -1,0 +1,394 @@
+//! `startline-agent simulate`: a seeded, deterministic fleet that publishes through the real uplink.
+//!
+//! The simulation backfills `history` (jobs submitted over the span ending now), emitting events in
+//! simulated-time order through a compressed clock (`speedup` simulated seconds per wall second, or as fast as
+//! the collector acknowledges with `speedup = 0`), then with `follow` keeps going in real time. Jobs still in
+//! flight at the end of the span stay waiting or running, as in a real fleet. `disorder` delays some events
+//! and `duplicates` redelivers some, to exercise the collector's order independence and idempotency.
+
+pub mod model;
+
+use crate::rng::Rng;
+use crate::uplink::{Publisher, Totals, UplinkError};
+use model::{default_pools, job_events, load_at_hour, Pool};
+use startline_proto::pb;
+use startline_proto::time::timestamp_to_ms;
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::time::Duration;
+use tokio_util_free::Stop;
+
+/// Options of a simulation.
+#[derive(Debug, Clone)]
+pub struct SimSettings {
+    /// Seed: the same seed gives the same jobs and events.
+    pub seed: u64,
+    /// The simulated span before `end_ms` to backfill.
+    pub history: Duration,
+    /// Jobs submitted over the history span; when `None`, `jobs_per_hour` decides.
+    pub jobs: Option<u64>,
+    /// Average arrivals per hour (used for follow mode, and for history when `jobs` is `None`).
+    pub jobs_per_hour: f64,
+    /// Simulated seconds per wall second during the backfill; 0 = as fast as possible.
+    pub speedup: f64,
+    /// Most events per wall second sent; 0 = unlimited.
+    pub rate: f64,
+    /// After the backfill, keep simulating in real time until stopped.
+    pub follow: bool,
+    /// Probability that an event is delivered late (up to 10 simulated minutes).
+    pub disorder: f64,
+    /// Probability that an event is delivered twice.
+    pub duplicates: f64,
+    /// Events per batch.
+    pub batch_size: usize,
+    /// End of the history span (Unix ms); `None` = now.
+    pub end_ms: Option<i64>,
+}
+
+impl Default for SimSettings {
+    fn default() -> Self {
+        SimSettings {
+            seed: 42,
+            history: Duration::from_secs(7 * 86_400),
+            jobs: None,
+            jobs_per_hour: 60.0,
+            speedup: 0.0,
+            rate: 0.0,
+            follow: false,
+            disorder: 0.0,
+            duplicates: 0.0,
+            batch_size: 1000,
+            end_ms: None,
+        }
+    }
+}
+
+/// What a simulation did.
+#[derive(Debug, Clone, Default)]
+pub struct SimReport {
+    /// Jobs submitted.
+    pub jobs: u64,
+    /// Events sent (including redeliveries).
+    pub events_sent: u64,
+    /// The collector's answers.
+    pub totals: Totals,
+}
+
+/// Arrival times of `n` jobs over `[start, end)`, following the time-of-day load, sorted. Deterministic.
+pub fn arrivals(seed: u64, n: u64, start_ms: i64, end_ms: i64) -> Vec<i64> {
+    let mut r = Rng::derive(seed, u64::MAX);
+    let span = (end_ms - start_ms).max(1) as f64;
+    let mut out = Vec::with_capacity(n as usize);
+    while (out.len() as u64) < n {
+        let t = start_ms + (r.f64() * span) as i64;
+        if r.f64() < load_at_hour((t.rem_euclid(86_400_000)) as f64 / 3_600_000.0) {
+            out.push(t);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+struct Scheduled {
+    emit_at: i64,
+    tie: u64,
+    event: pb::LifecycleEvent,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.emit_at, self.tie) == (o.emit_at, o.tie)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    // Reversed: BinaryHeap is a max-heap and we want the earliest first.
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.emit_at, o.tie).cmp(&(self.emit_at, self.tie))
+    }
+}
+
+/// The simulation's state between clock steps.
+struct Sim {
+    settings: SimSettings,
+    pools: Vec<Pool>,
+    heap: BinaryHeap<Scheduled>,
+    tie: u64,
+    next_job: u64,
+    delivery: Rng,
+    batch: Vec<pb::LifecycleEvent>,
+    report: SimReport,
+    rate_window: (tokio::time::Instant, u64),
+}
+
+impl Sim {
+    fn schedule_job(&mut self, submit_ms: i64) {
+        let idx = self.next_job;
+        self.next_job += 1;
+        self.report.jobs += 1;
+        for ev in job_events(self.settings.seed, idx, submit_ms, &self.pools) {
+            let at = ev
+                .occurred_at
+                .as_ref()
+                .map(timestamp_to_ms)
+                .unwrap_or(submit_ms);
+            if self.settings.duplicates > 0.0 && self.delivery.chance(self.settings.duplicates) {
+                let later = at + (self.delivery.uniform(0.0, 30.0) * 60_000.0) as i64;
+                self.push(later, ev.clone());
+            }
+            let emit_at =
+                if self.settings.disorder > 0.0 && self.delivery.chance(self.settings.disorder) {
+                    at + (self.delivery.uniform(0.0, 10.0) * 60_000.0) as i64
+                } else {
+                    at
+                };
+            self.push(emit_at, ev);
+        }
+    }
+
+    fn push(&mut self, emit_at: i64, event: pb::LifecycleEvent) {
+        self.tie += 1;
+        self.heap.push(Scheduled {
+            emit_at,
+            tie: self.tie,
+            event,
+        });
+    }
+
+    /// Sends every event due by `until`.
+    async fn emit_until(&mut self, until: i64, up: &mut Publisher) -> Result<(), UplinkError> {
+        while self.heap.peek().is_some_and(|s| s.emit_at <= until) {
+            let Some(s) = self.heap.pop() else { break };
+            self.batch.push(s.event);
+            self.report.events_sent += 1;
+            if self.batch.len() >= self.settings.batch_size {
+                self.send_batch(up).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn send_batch(&mut self, up: &mut Publisher) -> Result<(), UplinkError> {
+        let n = self.batch.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        if self.settings.rate > 0.0 {
+            // Simple pacing: never exceed `rate` events per wall second on average.
+            let (start, sent) = self.rate_window;
+            let due = start + Duration::from_secs_f64((sent + n) as f64 / self.settings.rate);
+            tokio::time::sleep_until(due).await;
+            self.rate_window.1 += n;
+        }
+        up.send(std::mem::take(&mut self.batch)).await
+    }
+}
+
+/// Runs a simulation, publishing through `up`, until the backfill is done (and, with `follow`, until `stop`).
+pub async fn run(
+    settings: SimSettings,
+    up: &mut Publisher,
+    stop: Stop,
+) -> Result<SimReport, UplinkError> {
+    let end_ms = settings
+        .end_ms
+        .unwrap_or_else(startline_proto::time::now_ms);
+    let span_ms = i64::try_from(settings.history.as_millis()).unwrap_or(i64::MAX / 2);
+    let start_ms = end_ms - span_ms;
+    let n = settings
+        .jobs
+        .unwrap_or_else(|| (settings.jobs_per_hour * span_ms as f64 / 3_600_000.0).round() as u64);
+    let times = arrivals(settings.seed, n, start_ms, end_ms);
+    let mut sim = Sim {
+        delivery: Rng::derive(settings.seed, u64::MAX - 1),
+        pools: default_pools(),
+        heap: BinaryHeap::new(),
+        tie: 0,
+        next_job: 0,
+        batch: Vec::with_capacity(settings.batch_size),
+        report: SimReport::default(),
+        rate_window: (tokio::time::Instant::now(), 0),
+        settings,
+    };
+
+    // Backfill: advance the simulated clock in steps of at most one simulated hour.
+    let wall_start = tokio::time::Instant::now();
+    let mut clock = start_ms;
+    let mut next_arrival = 0usize;
+    while clock < end_ms {
+        if stop.is_stopped() {
+            break;
+        }
+        let step_end = if sim.settings.speedup > 0.0 {
+            let target = start_ms
+                + (wall_start.elapsed().as_secs_f64() * sim.settings.speedup * 1000.0) as i64;
+            if target <= clock {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            target.min(clock + 3_600_000).min(end_ms)
+        } else {
+            (clock + 3_600_000).min(end_ms)
+        };
+        while next_arrival < times.len() && times[next_arrival] <= step_end {
+            sim.schedule_job(times[next_arrival]);
+            next_arrival += 1;
+        }
+        sim.emit_until(step_end, up).await?;
+        clock = step_end;
+    }
+    sim.send_batch(up).await?;
+
+    if sim.settings.follow {
+        tracing::info!(
+            jobs = sim.report.jobs,
+            events = sim.report.events_sent,
+            "history done; following in real time"
+        );
+        let mut arrivals_rng = Rng::derive(sim.settings.seed, u64::MAX - 2);
+        let peak_per_ms = sim.settings.jobs_per_hour / 0.675 / 3_600_000.0;
+        let mut next = clock + arrivals_rng.exp(1.0 / peak_per_ms) as i64;
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        while !stop.is_stopped() {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.wait() => break,
+            }
+            let now = startline_proto::time::now_ms();
+            while next <= now {
+                // Thinning: accept an arrival with the load of its hour.
+                if arrivals_rng.f64()
+                    < load_at_hour((next.rem_euclid(86_400_000)) as f64 / 3_600_000.0)
+                {
+                    sim.schedule_job(next);
+                }
+                next += arrivals_rng.exp(1.0 / peak_per_ms).max(1.0) as i64;
+            }
+            sim.emit_until(now, up).await?;
+            sim.send_batch(up).await?;
+        }
+    }
+    up.flush().await?;
+    sim.report.totals = up.totals().clone();
+    Ok(sim.report)
+}
+
+/// A stop signal that does not depend on tokio-util: a watch channel.
+pub mod tokio_util_free {
+    use tokio::sync::watch;
+
+    /// The receiving side.
+    #[derive(Clone)]
+    pub struct Stop(watch::Receiver<bool>);
+
+    /// The sending side.
+    pub struct StopHandle(watch::Sender<bool>);
+
+    /// A new stop pair.
+    pub fn stop_pair() -> (StopHandle, Stop) {
+        let (tx, rx) = watch::channel(false);
+        (StopHandle(tx), Stop(rx))
+    }
+
+    impl StopHandle {
+        /// Signals stop.
+        pub fn stop(&self) {
+            let _ = self.0.send(true);
+        }
+    }
+
+    impl Stop {
+        /// A stop that never fires.
+        pub fn never() -> Stop {
+            let (tx, rx) = watch::channel(false);
+            std::mem::forget(tx);
+            Stop(rx)
+        }
+        /// Whether stop was signalled.
+        pub fn is_stopped(&self) -> bool {
+            *self.0.borrow()
+        }
+        /// Waits for the stop signal.
+        pub async fn wait(&self) {
+            let mut rx = self.0.clone();
+            let _ = rx.wait_for(|v| *v).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_gives_the_same_jobs() {
+        let pools = default_pools();
+        let a: Vec<_> = (0..50)
+            .flat_map(|i| job_events(7, i, 1_767_225_600_000 + i as i64 * 60_000, &pools))
+            .collect();
+        let b: Vec<_> = (0..50)
+            .flat_map(|i| job_events(7, i, 1_767_225_600_000 + i as i64 * 60_000, &pools))
+            .collect();
+        assert_eq!(a, b);
+        assert_eq!(
+            arrivals(7, 100, 0, 86_400_000),
+            arrivals(7, 100, 0, 86_400_000)
+        );
+    }
+
+    #[test]
+    fn generated_events_pass_protocol_validation_and_are_time_ordered() {
+        let pools = default_pools();
+        let t0 = 1_767_225_600_000;
+        let limits = startline_proto::Limits::default();
+        for i in 0..500 {
+            let evs = job_events(3, i, t0, &pools);
+            assert!(matches!(
+                evs[0].kind,
+                Some(pb::lifecycle_event::Kind::Submitted(_))
+            ));
+            let mut last = i64::MIN;
+            for e in &evs {
+                startline_proto::validate::validate_event(e, i64::MAX / 4, &limits).expect("valid");
+                let at = timestamp_to_ms(e.occurred_at.as_ref().expect("time"));
+                assert!(at >= last, "job {i} events out of order");
+                last = at;
+            }
+        }
+    }
+
+    #[test]
+    fn managed_and_dedicated_waits_differ_and_have_heavy_tails() {
+        let pools = default_pools();
+        let t0 = 1_767_268_800_000; // noon UTC
+        let (mut managed, mut dedicated) = (Vec::new(), Vec::new());
+        for i in 0..4000 {
+            let evs = job_events(11, i, t0, &pools);
+            let first = evs
+                .iter()
+                .find(|e| matches!(e.kind, Some(pb::lifecycle_event::Kind::FirstStep(_))));
+            let (Some(pb::lifecycle_event::Kind::Submitted(s)), Some(f)) = (&evs[0].kind, first)
+            else {
+                continue;
+            };
+            let w = timestamp_to_ms(f.occurred_at.as_ref().expect("t")) - t0;
+            if s.pool_kind == pb::PoolKind::Managed as i32 {
+                managed.push(w)
+            } else {
+                dedicated.push(w)
+            }
+        }
+        managed.sort_unstable();
+        dedicated.sort_unstable();
+        let q = |v: &Vec<i64>, p: f64| v[((v.len() - 1) as f64 * p) as usize];
+        assert!(managed.len() > 1000 && dedicated.len() > 1000);
+        // Heavy tails: p99 is many times the median in both pools.
+        assert!(q(&managed, 0.99) > 4 * q(&managed, 0.5));
+        assert!(q(&dedicated, 0.99) > 4 * q(&dedicated, 0.5));
+        assert_ne!(q(&managed, 0.5), q(&dedicated, 0.5));
+    }
+}

@@ -1,0 +1,368 @@
+//! The fleet model: which jobs arrive when, and what happens to each. Pure: given a seed, a job index and its
+//! submit time, a job's whole event list is determined, so simulations replay exactly.
+//!
+//! Two pool kinds with different wait shapes:
+//! - **dedicated** (Slurm): waits on priority and capacity that grow with the time-of-day load, short
+//!   preparation (images cached), occasional quota waits and node losses;
+//! - **managed** (SageMaker, Vertex AI): capacity waits with a heavy (Pareto) tail, then provisioning, image
+//!   download and data staging every time; spot preemptions, with or without a checkpoint saved first.
+//!
+//! Urgent jobs jump the dedicated queue (short priority wait) but not the managed capacity wait, which is why
+//! comparing the two matters. Some jobs are cancelled or fail before they start; runs write checkpoints every
+//! 15-20 minutes and end succeeded, failed or timed out.
+
+use crate::rng::Rng;
+use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::time::ms_to_timestamp;
+
+/// One pool of the simulated fleet.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    /// Managed or dedicated.
+    pub kind: pb::PoolKind,
+    /// Provider name.
+    pub provider: &'static str,
+    /// Pool name.
+    pub name: &'static str,
+    /// Region or site.
+    pub region: &'static str,
+    /// Accelerator class.
+    pub gpu_class: &'static str,
+    /// Share of arriving jobs sent here.
+    pub share: f64,
+}
+
+/// The default fleet: two managed endpoints and two dedicated Slurm partitions.
+pub fn default_pools() -> Vec<Pool> {
+    vec![
+        Pool {
+            kind: pb::PoolKind::Managed,
+            provider: "sagemaker",
+            name: "sm-p4d",
+            region: "us-east-1",
+            gpu_class: "a100-40g",
+            share: 0.30,
+        },
+        Pool {
+            kind: pb::PoolKind::Managed,
+            provider: "vertex",
+            name: "vertex-a3",
+            region: "europe-west4",
+            gpu_class: "h100",
+            share: 0.20,
+        },
+        Pool {
+            kind: pb::PoolKind::Dedicated,
+            provider: "slurm",
+            name: "a100",
+            region: "dc-east",
+            gpu_class: "a100-80g",
+            share: 0.30,
+        },
+        Pool {
+            kind: pb::PoolKind::Dedicated,
+            provider: "slurm",
+            name: "h100",
+            region: "dc-east",
+            gpu_class: "h100",
+            share: 0.20,
+        },
+    ]
+}
+
+/// Relative arrival intensity by UTC hour: quiet nights, a working-day peak.
+pub fn load_at_hour(hour: f64) -> f64 {
+    0.35 + 0.65 * (0.5 - 0.5 * ((hour - 3.0) / 24.0 * 2.0 * std::f64::consts::PI).cos())
+}
+
+fn hour_of(ms: i64) -> f64 {
+    (ms.rem_euclid(86_400_000)) as f64 / 3_600_000.0
+}
+
+const MIN: f64 = 60_000.0;
+
+/// Builds a job's events from its index and submit time. Events are returned in time order; `n` in each event
+/// id counts up from 0 so ids are stable across runs.
+pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb::LifecycleEvent> {
+    let mut r = Rng::derive(seed, idx);
+    let mut b = Builder {
+        seed,
+        idx,
+        job_id: String::new(),
+        events: Vec::new(),
+        source: "",
+        attempt: None,
+    };
+
+    let x = r.f64();
+    let mut acc = 0.0;
+    let pool = pools
+        .iter()
+        .find(|p| {
+            acc += p.share;
+            x < acc
+        })
+        .unwrap_or(&pools[pools.len() - 1]);
+    let urgent = r.chance(0.12);
+    let gpus = *r.pick(&[1u32, 2, 4, 8, 8, 8, 16, 32, 64]);
+    let managed = pool.kind == pb::PoolKind::Managed;
+    b.job_id = format!("{}/{}/{idx:07}", pool.provider, pool.name);
+    b.source = if managed {
+        "sim/managed-adapter"
+    } else {
+        "sim/slurm-adapter"
+    };
+    let team = *r.pick(&["nlp", "vision", "speech", "safety"]);
+    b.push(
+        submit_ms,
+        Kind::Submitted(pb::Submitted {
+            pool_kind: pool.kind as i32,
+            provider: pool.provider.into(),
+            pool: pool.name.into(),
+            priority: if urgent {
+                pb::PriorityClass::Urgent
+            } else {
+                pb::PriorityClass::Normal
+            } as i32,
+            gpu_class: pool.gpu_class.into(),
+            gpu_count: gpus,
+            node_count: gpus.div_ceil(8),
+            region: pool.region.into(),
+            team: team.into(),
+            project: format!("{team}-{}", r.next_u64() % 5),
+            chain_id: String::new(),
+            chain_stage: "train".into(),
+            labels: Default::default(),
+        }),
+    );
+
+    let load = load_at_hour(hour_of(submit_ms));
+    let size = (f64::from(gpus) / 8.0).max(0.25).sqrt();
+    let mut t = submit_ms as f64;
+    let queued = |b: &mut Builder, t: f64, reason: pb::WaitReason, raw: &str| {
+        b.push(
+            t as i64,
+            Kind::Queued(pb::Queued {
+                reason: reason as i32,
+                raw_reason: raw.into(),
+                message: String::new(),
+            }),
+        )
+    };
+
+    // The initial wait.
+    t += r.uniform(1.0, 20.0) * 1000.0; // adapter poll delay before the first reason is seen
+    if managed {
+        queued(
+            &mut b,
+            t,
+            pb::WaitReason::Capacity,
+            if pool.provider == "sagemaker" {
+                "Pending"
+            } else {
+                "JOB_STATE_QUEUED"
+            },
+        );
+        t += if r.chance(0.3) {
+            r.pareto(10.0 * MIN, 1.3)
+        } else {
+            r.lognormal(2.0 * MIN, 0.8)
+        } * load
+            * 1.3;
+    } else {
+        if r.chance(0.06) {
+            queued(&mut b, t, pb::WaitReason::Quota, "QOSGrpGRES");
+            t += r.lognormal(25.0 * MIN, 0.9);
+        }
+        let prio_median = if urgent { 0.5 * MIN } else { 8.0 * MIN };
+        queued(&mut b, t, pb::WaitReason::Priority, "Priority");
+        t += r.lognormal(prio_median, 1.0) * load * 2.0;
+        queued(&mut b, t, pb::WaitReason::Capacity, "Resources");
+        t += r.lognormal(if urgent { 2.0 * MIN } else { 12.0 * MIN }, 1.1) * load * size;
+    }
+    // Some jobs never start: cancelled while waiting, or misconfigured.
+    if r.chance(0.03) {
+        b.push(
+            t as i64,
+            Kind::Done(pb::Done {
+                outcome: pb::Outcome::Cancelled as i32,
+                exit_code: None,
+                message: "cancelled by user".into(),
+            }),
+        );
+        return b.events;
+    }
+    b.source = if managed {
+        "sim/managed-adapter"
+    } else {
+        "sim/node-agent"
+    };
+    b.push(
+        t as i64,
+        Kind::NodeAssigned(pb::NodeAssigned {
+            nodes: vec![format!("{}-node-{:03}", pool.name, r.next_u64() % 200)],
+            gpu_ids: vec![],
+        }),
+    );
+    t = prepare(&mut b, &mut r, t, managed);
+    if r.chance(0.01) {
+        b.push(
+            t as i64,
+            Kind::Done(pb::Done {
+                outcome: pb::Outcome::Failed as i32,
+                exit_code: Some(1),
+                message: "CUDA error: no kernel image is available".into(),
+            }),
+        );
+        return b.events;
+    }
+
+    // Runs, with preemptions and node losses sending the job back to waiting.
+    let mut step: u64 = 0;
+    let total_run = r.lognormal(180.0 * MIN, 0.7);
+    let mut remaining = total_run;
+    let mut attempt = 1u32;
+    loop {
+        b.attempt = Some(attempt);
+        b.push(t as i64, Kind::FirstStep(pb::FirstStep { step: step + 1 }));
+        let interrupt_at = if managed && r.chance(0.12) {
+            Some(r.uniform(0.05, 0.95) * remaining)
+        } else if !managed && r.chance(0.03) {
+            Some(r.uniform(0.05, 0.95) * remaining)
+        } else {
+            None
+        };
+        let run_for = interrupt_at.unwrap_or(remaining);
+        let interval = r.uniform(15.0, 20.0) * MIN;
+        let mut since = 0.0;
+        let mut ckpt_step = step;
+        while since + interval < run_for {
+            since += interval;
+            ckpt_step = step + (since / 1000.0) as u64;
+            b.push(
+                (t + since) as i64,
+                Kind::Checkpoint(pb::Checkpoint {
+                    step: ckpt_step,
+                    uri: format!("s3://ckpt/{}/{ckpt_step}", b.idx),
+                    save_seconds: r.uniform(20.0, 90.0),
+                }),
+            );
+        }
+        t += run_for;
+        step += (run_for / 1000.0) as u64;
+        remaining -= run_for;
+        if interrupt_at.is_none() {
+            break;
+        }
+        if managed {
+            let saved = r.chance(0.5);
+            b.push(
+                t as i64,
+                Kind::Preempted(pb::Preempted {
+                    reason: "spot-interruption".into(),
+                    checkpoint_saved: saved,
+                }),
+            );
+            if saved {
+                ckpt_step = step;
+            }
+        } else {
+            b.push(
+                t as i64,
+                Kind::NodeLost(pb::NodeLost {
+                    node: "node-lost".into(),
+                    message: "node not responding".into(),
+                }),
+            );
+        }
+        // Resume from the last checkpoint: work since then is redone.
+        remaining += (step - ckpt_step) as f64 * 1000.0;
+        step = ckpt_step;
+        attempt += 1;
+        b.attempt = Some(attempt);
+        t += r.uniform(5.0, 30.0) * 1000.0;
+        b.push(t as i64, Kind::Requeued(pb::Requeued { resume_step: step }));
+        queued(
+            &mut b,
+            t + 1000.0,
+            pb::WaitReason::PreemptionRecovery,
+            "requeued",
+        );
+        t += r.lognormal(6.0 * MIN, 0.9) * load;
+        b.push(
+            t as i64,
+            Kind::NodeAssigned(pb::NodeAssigned {
+                nodes: vec![format!("{}-node-{:03}", pool.name, r.next_u64() % 200)],
+                gpu_ids: vec![],
+            }),
+        );
+        t = prepare(&mut b, &mut r, t, managed);
+    }
+    let (outcome, code, msg) = match r.f64() {
+        x if x < 0.90 => (pb::Outcome::Succeeded, Some(0), ""),
+        x if x < 0.97 => (pb::Outcome::Failed, Some(1), "loss became nan"),
+        _ => (pb::Outcome::TimedOut, None, "time limit reached"),
+    };
+    b.push(
+        t as i64,
+        Kind::Done(pb::Done {
+            outcome: outcome as i32,
+            exit_code: code,
+            message: msg.into(),
+        }),
+    );
+    b.events
+}
+
+fn prepare(b: &mut Builder, r: &mut Rng, mut t: f64, managed: bool) -> f64 {
+    let phase = |b: &mut Builder, t: f64, p: pb::PreparingPhase| {
+        b.push(
+            t as i64,
+            Kind::Preparing(pb::Preparing {
+                phase: p as i32,
+                message: String::new(),
+            }),
+        )
+    };
+    if managed {
+        phase(b, t, pb::PreparingPhase::Provisioning);
+        t += r.lognormal(4.0 * MIN, 0.4);
+        phase(b, t, pb::PreparingPhase::ImagePull);
+        t += r.lognormal(3.0 * MIN, 0.5);
+        phase(b, t, pb::PreparingPhase::DataStaging);
+        t += r.lognormal(2.5 * MIN, 0.8);
+    } else {
+        if r.chance(0.15) {
+            phase(b, t, pb::PreparingPhase::ImagePull);
+            t += r.lognormal(2.0 * MIN, 0.6);
+        }
+        phase(b, t, pb::PreparingPhase::DataStaging);
+        t += r.lognormal(1.0 * MIN, 0.8);
+    }
+    phase(b, t, pb::PreparingPhase::Environment);
+    t + r.lognormal(0.75 * MIN, 0.5)
+}
+
+struct Builder {
+    seed: u64,
+    idx: u64,
+    job_id: String,
+    source: &'static str,
+    attempt: Option<u32>,
+    events: Vec<pb::LifecycleEvent>,
+}
+
+impl Builder {
+    fn push(&mut self, at: i64, kind: Kind) {
+        let n = self.events.len();
+        let attempt = self.attempt;
+        self.events.push(pb::LifecycleEvent {
+            event_id: format!("sim-{:x}-{}-{n}", self.seed, self.idx),
+            job_id: self.job_id.clone(),
+            attempt,
+            source: self.source.into(),
+            occurred_at: Some(ms_to_timestamp(at)),
+            kind: Some(kind),
+        });
+    }
+}
