@@ -93,6 +93,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

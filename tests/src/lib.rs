@@ -78,41 +78,25 @@ impl Collector {
             .stderr(stderr)
             .spawn()
             .expect("spawn collector");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            assert!(
-                Instant::now() < deadline,
-                "collector did not become ready; log: {}",
-                log.display()
-            );
-            let line = match lines.next() {
-                Some(Ok(l)) => l,
-                _ => panic!(
-                    "collector exited before ready: {}",
+        let Some(stdout) = child.stdout.take() else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("collector stdout not captured");
+        };
+        match wait_ready(stdout) {
+            Ok((grpc, http)) => Collector {
+                child,
+                grpc,
+                http,
+                log,
+            },
+            Err(why) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "collector did not become ready ({why}); log:\n{}",
                     std::fs::read_to_string(&log).unwrap_or_default()
-                ),
-            };
-            if let Some(rest) = line.strip_prefix("startline-collector ready ") {
-                let mut grpc = None;
-                let mut http = None;
-                for part in rest.split_whitespace() {
-                    if let Some(a) = part.strip_prefix("grpc=") {
-                        grpc = a.parse().ok();
-                    }
-                    if let Some(a) = part.strip_prefix("http=") {
-                        http = a.parse().ok();
-                    }
-                }
-                // Keep draining stdout so the child never blocks on a full pipe.
-                std::thread::spawn(move || for _ in lines {});
-                return Collector {
-                    child,
-                    grpc: grpc.expect("grpc addr"),
-                    http: http.expect("http addr"),
-                    log,
-                };
+                );
             }
         }
     }
@@ -154,6 +138,36 @@ impl Drop for Collector {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Reads the collector's stdout until its ready line; returns the bound addresses.
+fn wait_ready(stdout: std::process::ChildStdout) -> Result<(SocketAddr, SocketAddr), String> {
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        let line = match lines.next() {
+            Some(Ok(l)) => l,
+            _ => return Err("exited before its ready line".into()),
+        };
+        let Some(rest) = line.strip_prefix("startline-collector ready ") else {
+            continue;
+        };
+        let mut grpc = None;
+        let mut http = None;
+        for part in rest.split_whitespace() {
+            if let Some(a) = part.strip_prefix("grpc=") {
+                grpc = a.parse().ok();
+            }
+            if let Some(a) = part.strip_prefix("http=") {
+                http = a.parse().ok();
+            }
+        }
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        return match (grpc, http) {
+            (Some(g), Some(h)) => Ok((g, h)),
+            _ => Err(format!("unreadable ready line {line:?}")),
+        };
     }
 }
 

@@ -226,3 +226,90 @@ impl IngestService for Ingest {
         pending.resolve().await.map(Response::new)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use startline_proto::pb::lifecycle_event::Kind;
+
+    fn svc(cap: usize, when_full: WhenFull) -> (Ingest, mpsc::Receiver<CommitRequest>) {
+        let (tx, rx) = mpsc::channel(cap);
+        let settings = EdgeSettings {
+            max_batch_events: 100,
+            max_inflight_batches: 4,
+            when_full,
+            limits: startline_proto::Limits::default(),
+        };
+        let ingest = Ingest::new(
+            tx,
+            settings,
+            Arc::new(IngestStats::default()),
+            CancellationToken::new(),
+            TaskTracker::new(),
+        );
+        (ingest, rx)
+    }
+
+    fn batch(seq: u64) -> Request<pb::PublishRequest> {
+        let ev = pb::LifecycleEvent {
+            event_id: format!("e{seq}"),
+            job_id: "j".into(),
+            attempt: None,
+            source: "t".into(),
+            occurred_at: Some(startline_proto::time::ms_to_timestamp(
+                startline_proto::time::now_ms(),
+            )),
+            kind: Some(Kind::NodeLost(pb::NodeLost::default())),
+        };
+        Request::new(pb::PublishRequest {
+            batch_seq: seq,
+            events: vec![ev],
+        })
+    }
+
+    #[tokio::test]
+    async fn full_queue_with_reject_policy_answers_resource_exhausted() {
+        let (ingest, _rx) = svc(1, WhenFull::Reject);
+        let first = ingest.clone();
+        // The first batch takes the only slot and waits for a committer that never answers.
+        let pending = tokio::spawn(async move { first.publish_batch(batch(1)).await });
+        tokio::task::yield_now().await;
+        while ingest.tx.capacity() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let err = ingest
+            .publish_batch(batch(2))
+            .await
+            .expect_err("queue is full");
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            ingest
+                .stats
+                .refused_full
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        pending.abort();
+    }
+
+    #[tokio::test]
+    async fn full_queue_with_wait_policy_waits_for_room_and_loses_nothing() {
+        let (ingest, mut rx) = svc(1, WhenFull::Wait);
+        let a = ingest.clone();
+        let b = ingest.clone();
+        let first = tokio::spawn(async move { a.publish_batch(batch(1)).await });
+        let second = tokio::spawn(async move { b.publish_batch(batch(2)).await });
+        // Act as the committer: answer both, in order; the second could only enter after the first left.
+        for _ in 0..2 {
+            let req = rx.recv().await.expect("a batch arrives");
+            let _ = req.reply.send(Ok(CommitResult {
+                accepted: req.events.len() as u32,
+                duplicates: 0,
+            }));
+        }
+        for h in [first, second] {
+            let ack = h.await.expect("task").expect("acked").into_inner();
+            assert_eq!(ack.accepted, 1);
+        }
+    }
+}

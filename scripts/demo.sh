@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: a collector on sled (./startline-data) and a simulated fleet of managed
+# and dedicated pools feeding it over gRPC: a week of history replayed in seconds, then live in real time.
+# Prints where to look. Ctrl-C stops both.
+#
+# Environment: STARTLINE_DATA (sled dir), STARTLINE_GRPC / STARTLINE_HTTP (listen addresses),
+# SIM_ARGS (extra `startline-agent simulate` flags, e.g. "--history 30d --seed 7").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+data=${STARTLINE_DATA:-./startline-data}
+grpc=${STARTLINE_GRPC:-127.0.0.1:50051}
+http=${STARTLINE_HTTP:-127.0.0.1:8080}
+
+cargo build --release --locked --bins
+bin=target/release
+
+out=$(mktemp)
+"$bin/startline-collector" --data-dir "$data" --grpc-listen "$grpc" --http-listen "$http" >"$out" &
+collector=$!
+trap 'kill -TERM $collector 2>/dev/null; wait $collector 2>/dev/null; rm -f "$out"' EXIT INT TERM
+for _ in $(seq 1 100); do
+  grep -q '^startline-collector ready' "$out" && break
+  kill -0 $collector 2>/dev/null || { echo "collector failed to start" >&2; exit 1; }
+  sleep 0.1
+done
+line=$(grep '^startline-collector ready' "$out")
+grpc_bound=${line##*grpc=}; grpc_bound=${grpc_bound%% *}
+http_bound=${line##*http=}
+
+cat <<MSG
+
+Startline is running.
+  Jobs API:        http://$http_bound/api/v1/jobs
+  One job:         http://$http_bound/api/v1/jobs/<job_id>    (e.g. slurm/a100/0000005)
+  Waiting now:     http://$http_bound/api/v1/jobs?state=queued
+  Health:          http://$http_bound/healthz  http://$http_bound/readyz
+  gRPC ingest:     $grpc_bound (startline.v1.IngestService, health, reflection)
+  Dashboard:       not built yet (see README, "Not built yet")
+
+Simulating a fleet (history first, then live). Ctrl-C to stop.
+MSG
+# shellcheck disable=SC2086
+"$bin/startline-agent" --collector "http://$grpc_bound" simulate --history 7d --disorder 0.02 --duplicates 0.01 --follow ${SIM_ARGS:-}

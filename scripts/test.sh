@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every Startline test on a fresh machine: installs what the tests need (Python grpcio for the foreign-client
+# test, cargo-nextest if missing), checks formatting and lints, builds the binaries the end-to-end tests start,
+# and runs the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '==> %s\n' "$*"; }
+
+if ! python3 -c 'import grpc_tools, grpc_health' 2>/dev/null; then
+  log "installing Python grpcio, grpcio-tools, grpcio-health-checking (foreign client test)"
+  python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools grpcio-health-checking
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  log "installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+log "cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+log "building binaries for the end-to-end tests"
+cargo build --workspace --bins --locked
+log "running tests"
+cargo nextest run --workspace --locked --no-fail-fast
