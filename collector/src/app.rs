@@ -175,13 +175,15 @@ pub async fn run(
             .max_concurrent_streams(config.max_concurrent_streams)
             .initial_stream_window_size(Some(4 << 20))
             .initial_connection_window_size(Some(16 << 20))
-            .tcp_nodelay(true)
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(ingest_server)
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                // Small acks must not wait for Nagle: set TCP_NODELAY on every accepted socket.
+                tonic::transport::server::TcpIncoming::from(grpc_listener)
+                    .with_nodelay(Some(true))
+                    .with_keepalive(Some(Duration::from_secs(60))),
                 async move { grpc_stop.cancelled().await },
             ),
     );

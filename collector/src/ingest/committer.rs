@@ -1,7 +1,8 @@
 //! The committer: one thread that owns all writes. It drains the ingest channel into group commits (many
 //! batches, from many streams, in one sled batch and one flush), filters duplicates, applies the new events to
-//! the job index after they are durable, answers each batch, and checkpoints job snapshots periodically and at
-//! shutdown.
+//! the job index after they are durable, and answers each batch. Periodically (and at shutdown) it copies the
+//! jobs changed since the last checkpoint and hands them to the checkpointer thread, which encodes and writes
+//! the snapshots off the commit path, so checkpoints never stall acknowledgements.
 
 use super::IngestStats;
 use crate::job::{event_id_hash, CompactEvent};
@@ -92,6 +93,24 @@ struct Committer {
 
 impl Committer {
     fn run(self, mut rx: mpsc::Receiver<CommitRequest>) {
+        // One checkpoint may be in progress and one waiting; if both are taken, the dirty set simply grows
+        // until the next interval.
+        let (ck_tx, ck_rx) = std::sync::mpsc::sync_channel::<Checkpoint>(1);
+        let store = self.store.clone();
+        let checkpointer = std::thread::Builder::new()
+            .name("startline-checkpointer".into())
+            .spawn(move || {
+                for ck in ck_rx {
+                    ck.write(&store);
+                }
+            });
+        let checkpointer = match checkpointer {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start checkpointer thread; checkpoints run inline");
+                None
+            }
+        };
         let mut last_checkpoint = Instant::now();
         while let Some(first) = rx.blocking_recv() {
             let mut group = vec![first];
@@ -107,15 +126,50 @@ impl Committer {
             }
             self.commit_group(group);
             if last_checkpoint.elapsed() >= self.settings.checkpoint_interval {
-                self.checkpoint();
+                if let Some(ck) = self.take_checkpoint() {
+                    match ck_tx.try_send(ck) {
+                        Ok(()) => {}
+                        Err(std::sync::mpsc::TrySendError::Full(ck)) => {
+                            self.index.write().dirty.extend(ck.dirty)
+                        }
+                        Err(std::sync::mpsc::TrySendError::Disconnected(ck)) => {
+                            ck.write(&self.store)
+                        }
+                    }
+                }
                 last_checkpoint = Instant::now();
             }
         }
-        self.checkpoint();
+        // Final checkpoint: after any in progress, then flush everything.
+        let last = self.take_checkpoint();
+        drop(ck_tx);
+        if let Some(h) = checkpointer {
+            if h.join().is_err() {
+                tracing::error!("checkpointer thread panicked");
+            }
+        }
+        if let Some(ck) = last {
+            ck.write(&self.store);
+        }
         if let Err(e) = self.store.flush() {
             tracing::error!(error = %e, "final flush failed");
         }
         tracing::info!("committer stopped");
+    }
+
+    /// Takes the set of jobs changed since the last checkpoint, with the log position the checkpoint will cover.
+    /// Cheap: the snapshots are encoded later, by the checkpointer, under short read locks.
+    fn take_checkpoint(&self) -> Option<Checkpoint> {
+        let mut idx = self.index.write();
+        if idx.dirty.is_empty() {
+            return None;
+        }
+        Some(Checkpoint {
+            dirty: std::mem::take(&mut idx.dirty),
+            through_seq: idx.last_seq,
+            index: self.index.clone(),
+            healthy: self.healthy.clone(),
+        })
     }
 
     /// Is this event already stored? Confirms a hash match against the logged event id.
@@ -220,27 +274,61 @@ impl Committer {
             let _ = req.reply.send(Ok(res));
         }
     }
+}
 
-    fn checkpoint(&self) {
-        let (dirty, through) = {
-            let mut idx = self.index.write();
-            (std::mem::take(&mut idx.dirty), idx.last_seq)
-        };
-        if dirty.is_empty() {
+/// The jobs to snapshot so that the store covers the log through `through_seq`.
+struct Checkpoint {
+    dirty: std::collections::HashSet<String>,
+    through_seq: u64,
+    index: SharedIndex,
+    /// Cleared on any store failure. A failed checkpoint must stop all later ones: a later marker would claim
+    /// snapshots cover events that only the failed checkpoint held. The log stays complete, so a restart
+    /// recovers by replaying from the last good marker.
+    healthy: Arc<AtomicBool>,
+}
+
+impl Checkpoint {
+    /// Encodes the jobs' current records (at least as new as `through_seq`; newer is harmless because replay is
+    /// idempotent) in small chunks under short read locks, writes them, then the marker.
+    fn write(self, store: &Store) {
+        if !self.healthy.load(Ordering::Relaxed) {
+            tracing::warn!(
+                through_seq = self.through_seq,
+                "store unhealthy; checkpoint skipped"
+            );
             return;
         }
-        let result = {
-            let idx = self.index.read();
-            let jobs = dirty
-                .iter()
-                .filter_map(|id| idx.jobs.get(id).map(|r| (id.as_str(), r)));
-            self.store.checkpoint(jobs, through)
-        };
+        let started = Instant::now();
+        let ids: Vec<String> = self.dirty.into_iter().collect();
+        let mut result = Ok(());
+        for chunk in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
+            let encoded: Result<Vec<_>, StoreError> = {
+                let idx = self.index.read();
+                chunk
+                    .iter()
+                    .filter_map(|id| {
+                        idx.jobs
+                            .get(id)
+                            .map(|r| crate::store::encode_snapshot(id, r))
+                    })
+                    .collect()
+            };
+            result = encoded.and_then(|e| store.write_snapshots(e));
+            if result.is_err() {
+                break;
+            }
+        }
+        let result = result.and_then(|()| store.write_checkpoint_marker(self.through_seq));
         match result {
-            Ok(n) => tracing::debug!(jobs = n, through_seq = through, "checkpoint written"),
+            Ok(()) => tracing::debug!(
+                jobs = ids.len(),
+                through_seq = self.through_seq,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "checkpoint written"
+            ),
             Err(e) => {
-                tracing::error!(error = %e, "checkpoint failed; will retry");
-                self.index.write().dirty.extend(dirty);
+                tracing::error!(error = %e, "checkpoint failed; no further checkpoints until restart");
+                self.healthy.store(false, Ordering::Relaxed);
             }
         }
     }

@@ -4,9 +4,9 @@
 //! - tree `log`: `seq` (u64 big-endian) -> `[1u8] ++ protobuf LifecycleEvent`. Every accepted event, in commit
 //!   order. An event is acknowledged only after its batch is applied here and the database is flushed.
 //! - tree `jobs`: `[1u8] ++ job_id` -> `[1u8] ++ postcard(Vec<CompactEvent>)`. Job snapshots, written by
-//!   checkpoints; each snapshot holds exactly the job's events with `seq <= checkpoint_seq`.
-//! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> u64 big-endian. Kept in the same tree as the snapshots so
-//!   that one atomic sled batch changes both.
+//!   checkpoints; each snapshot holds at least the job's events with `seq <= checkpoint_seq`.
+//! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> u64 big-endian: the marker, written after the snapshots
+//!   of a checkpoint. A snapshot may be newer than the marker (a crash mid-checkpoint); replay is idempotent.
 //!
 //! Restoring reads every snapshot, then replays only the log entries after `checkpoint_seq`: restart cost is
 //! bounded by the number of jobs plus the events since the last checkpoint, not by the whole log.
@@ -53,6 +53,22 @@ pub struct Restored {
     pub snapshots: usize,
     /// Log entries replayed after the last checkpoint.
     pub replayed: usize,
+}
+
+/// Snapshots per sled batch in a checkpoint: sled applies a batch under a database-wide lock, and a large one
+/// would stall the group commits running beside it.
+pub const SNAPSHOT_CHUNK: usize = 64;
+
+/// Encodes one job snapshot as a `jobs` tree key and value.
+pub fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+    let mut v = vec![SNAPSHOT_VERSION];
+    let body =
+        postcard::to_stdvec(&rec.events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
+    v.extend_from_slice(&body);
+    let mut key = Vec::with_capacity(1 + job_id.len());
+    key.push(JOB_PREFIX);
+    key.extend_from_slice(job_id.as_bytes());
+    Ok((key, v))
 }
 
 /// Handle to the sled database. Cheap to clone.
@@ -179,31 +195,55 @@ impl Store {
         }
     }
 
-    /// Writes snapshots of the given jobs and records that snapshots now cover the log through `through_seq`,
-    /// atomically. Not flushed here: the next group commit's flush (or shutdown) makes it durable, and until then
-    /// a restore simply replays from the previous checkpoint.
+    /// Writes snapshots of the given jobs, then records that snapshots now cover the log through `through_seq`.
+    ///
+    /// Snapshots go in small batches (sled applies a batch under a database-wide lock, and a large one would stall
+    /// the commits running beside it); the marker goes last. A crash part-way leaves some snapshots newer than
+    /// the marker, which is harmless: restore replays the log after the marker and replaying an event a
+    /// snapshot already holds changes nothing (records skip ids they have).
+    ///
+    /// Not flushed here: the next group commit's flush (or shutdown) makes it durable, and until then a restore
+    /// simply replays from the previous marker.
     pub fn checkpoint<'a>(
         &self,
         jobs: impl Iterator<Item = (&'a str, &'a JobRecord)>,
         through_seq: u64,
     ) -> Result<usize, StoreError> {
-        let mut batch = sled::Batch::default();
+        let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK);
         let mut n = 0;
         for (job_id, rec) in jobs {
-            let mut v = vec![SNAPSHOT_VERSION];
-            let body = postcard::to_stdvec(&rec.events)
-                .map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
-            v.extend_from_slice(&body);
-            let mut key = Vec::with_capacity(1 + job_id.len());
-            key.push(JOB_PREFIX);
-            key.extend_from_slice(job_id.as_bytes());
-            batch.insert(key, v);
+            chunk.push(encode_snapshot(job_id, rec)?);
             n += 1;
+            if chunk.len() == SNAPSHOT_CHUNK {
+                self.write_snapshots(std::mem::take(&mut chunk))?;
+            }
         }
-        // Snapshots and the checkpoint marker change together, in one atomic batch.
-        batch.insert(CHECKPOINT_KEY, &through_seq.to_be_bytes());
-        self.jobs.apply_batch(batch)?;
+        self.write_snapshots(chunk)?;
+        self.write_checkpoint_marker(through_seq)?;
         Ok(n)
+    }
+
+    /// Writes encoded snapshots (from [`encode_snapshot`]) in one batch, then yields so that a waiting group commit
+    /// can take sled's lock. Keep batches small ([`SNAPSHOT_CHUNK`]).
+    pub fn write_snapshots(&self, snapshots: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StoreError> {
+        if snapshots.is_empty() {
+            return Ok(());
+        }
+        let mut batch = sled::Batch::default();
+        for (k, v) in snapshots {
+            batch.insert(k, v);
+        }
+        self.jobs.apply_batch(batch)?;
+        std::thread::yield_now();
+        Ok(())
+    }
+
+    /// Records that snapshots cover the log through `through_seq`. Call only after every snapshot of the
+    /// checkpoint is written.
+    pub fn write_checkpoint_marker(&self, through_seq: u64) -> Result<(), StoreError> {
+        self.jobs
+            .insert(CHECKPOINT_KEY, &through_seq.to_be_bytes())?;
+        Ok(())
     }
 
     /// Flushes everything written so far.

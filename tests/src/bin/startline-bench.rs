@@ -1,0 +1,503 @@
+//! `startline-bench`: Startline's benchmark harness. One command:
+//!
+//! ```text
+//! cargo run --release -p startline-tests --bin startline-bench -- ingest
+//! ```
+//!
+//! `ingest` measures, in one run and on the same simulated messages:
+//! - ceiling 1: raw sled (the collector's log encoding, batch insert + flush per 1000 events);
+//! - ceiling 2: a no-op tonic server implementing `IngestService` (acks without storing);
+//! - the real collector process over loopback: closed-loop max durable throughput, server CPU per event, bytes
+//!   on disk per event, and open-loop ack latency p50/p99 at fixed offered rates (10% and 50% of its max);
+//! - restart-to-ready time of the collector binary over a store holding `--restart-jobs` jobs.
+//!
+//! Results print as Markdown for BENCHMARKS.md. Timings live here, never in tests.
+
+use startline_agent::simulate::model::{default_pools, job_events};
+use startline_collector::job::{CompactEvent, JobRecord};
+use startline_collector::store::{encode_log_value, Store};
+use startline_proto::pb::{
+    self, ingest_service_client::IngestServiceClient, ingest_service_server,
+};
+use startline_tests::Collector;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio_stream::wrappers::ReceiverStream;
+
+type Batches = Vec<Vec<pb::LifecycleEvent>>;
+
+struct Args {
+    events: usize,
+    batch: usize,
+    restart_jobs: u64,
+    collector_config: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        events: 400_000,
+        batch: 1000,
+        restart_jobs: 1_000_000,
+        collector_config: None,
+    };
+    let mut it = std::env::args().skip(1);
+    let mut saw_cmd = false;
+    while let Some(x) = it.next() {
+        let mut val = |name: &str| {
+            it.next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or(format!("{name} needs a number"))
+        };
+        match x.as_str() {
+            "ingest" => saw_cmd = true,
+            "--events" => a.events = val("--events")? as usize,
+            "--batch" => a.batch = val("--batch")? as usize,
+            "--restart-jobs" => a.restart_jobs = val("--restart-jobs")?,
+            "--collector-config" => a.collector_config = Some(it.next().ok_or("--collector-config needs a file")?),
+            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest [--events N] [--batch N] [--restart-jobs N] [--collector-config FILE]")),
+        }
+    }
+    if !saw_cmd {
+        return Err(
+            "usage: startline-bench ingest [--events N] [--batch N] [--restart-jobs N] [--collector-config FILE]".into(),
+        );
+    }
+    Ok(a)
+}
+
+/// Simulated events (realistic sizes and mixes), relabelled per phase so every phase stores fresh events.
+fn make_events(n: usize, phase: &str) -> Vec<pb::LifecycleEvent> {
+    let pools = default_pools();
+    let t0 = startline_proto::time::now_ms() - 40 * 86_400_000;
+    let mut out = Vec::with_capacity(n);
+    let mut job = 0u64;
+    while out.len() < n {
+        for mut e in job_events(9, job, t0 + job as i64 * 30_000, &pools) {
+            e.job_id = format!("{phase}/{}", e.job_id);
+            out.push(e);
+        }
+        job += 1;
+    }
+    out.truncate(n);
+    out
+}
+
+fn batches(events: Vec<pb::LifecycleEvent>, size: usize) -> Batches {
+    let mut out = Vec::new();
+    let mut it = events.into_iter().peekable();
+    while it.peek().is_some() {
+        out.push(it.by_ref().take(size).collect());
+    }
+    out
+}
+
+fn sled_ceiling(events: &[pb::LifecycleEvent], batch: usize) -> f64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = sled::Config::new()
+        .path(dir.path())
+        .mode(sled::Mode::HighThroughput)
+        .open()
+        .expect("sled");
+    let tree = db.open_tree("log").expect("tree");
+    let start = Instant::now();
+    let mut seq = 0u64;
+    for chunk in events.chunks(batch) {
+        let mut b = sled::Batch::default();
+        for e in chunk {
+            seq += 1;
+            b.insert(&seq.to_be_bytes(), encode_log_value(e));
+        }
+        tree.apply_batch(b).expect("apply");
+        db.flush().expect("flush");
+    }
+    events.len() as f64 / start.elapsed().as_secs_f64()
+}
+
+#[derive(Clone, Default)]
+struct Noop;
+
+#[tonic::async_trait]
+impl ingest_service_server::IngestService for Noop {
+    type PublishStream = ReceiverStream<Result<pb::PublishAck, tonic::Status>>;
+    async fn publish(
+        &self,
+        req: tonic::Request<tonic::Streaming<pb::PublishRequest>>,
+    ) -> Result<tonic::Response<Self::PublishStream>, tonic::Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            while let Ok(Some(r)) = inbound.message().await {
+                let ack = pb::PublishAck {
+                    batch_seq: r.batch_seq,
+                    accepted: r.events.len() as u32,
+                    ..Default::default()
+                };
+                if tx.send(Ok(ack)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+    async fn publish_batch(
+        &self,
+        req: tonic::Request<pb::PublishRequest>,
+    ) -> Result<tonic::Response<pb::PublishAck>, tonic::Status> {
+        let r = req.into_inner();
+        Ok(tonic::Response::new(pb::PublishAck {
+            batch_seq: r.batch_seq,
+            accepted: r.events.len() as u32,
+            ..Default::default()
+        }))
+    }
+}
+
+async fn client(endpoint: &str) -> IngestServiceClient<tonic::transport::Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .expect("uri")
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .expect("connect");
+    IngestServiceClient::new(ch)
+}
+
+/// Closed loop: keeps `window` batches in flight; returns events per second.
+async fn closed_loop(endpoint: &str, batches: Batches, window: usize) -> f64 {
+    let mut c = client(endpoint).await;
+    let n: usize = batches.iter().map(Vec::len).sum();
+    let count = batches.len();
+    let (tx, rx) = tokio::sync::mpsc::channel(window);
+    let start = Instant::now();
+    let mut acks = c
+        .publish(ReceiverStream::new(rx))
+        .await
+        .expect("publish")
+        .into_inner();
+    let sender = tokio::spawn(async move {
+        for (i, events) in batches.into_iter().enumerate() {
+            if tx
+                .send(pb::PublishRequest {
+                    batch_seq: i as u64 + 1,
+                    events,
+                })
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let mut got = 0;
+    while got < count {
+        match acks.message().await {
+            Ok(Some(_)) => got += 1,
+            other => panic!("stream ended early: {other:?}"),
+        }
+    }
+    let _ = sender.await;
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Open loop: batch i is due at `i / batches_per_sec`; latency = ack time - due time. Returns (p50, p99) in ms.
+async fn open_loop(endpoint: &str, batches: Batches, events_per_sec: f64) -> (f64, f64, f64) {
+    let mut c = client(endpoint).await;
+    let per_batch = batches.first().map_or(1, Vec::len) as f64;
+    let interval = Duration::from_secs_f64(per_batch / events_per_sec);
+    let count = batches.len();
+    let (tx, rx) = tokio::sync::mpsc::channel(count.max(1));
+    let mut acks = c
+        .publish(ReceiverStream::new(rx))
+        .await
+        .expect("publish")
+        .into_inner();
+    let t0 = tokio::time::Instant::now() + Duration::from_millis(50);
+    let sender = tokio::spawn(async move {
+        for (i, events) in batches.into_iter().enumerate() {
+            tokio::time::sleep_until(t0 + interval * i as u32).await;
+            if tx
+                .send(pb::PublishRequest {
+                    batch_seq: i as u64 + 1,
+                    events,
+                })
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let mut lat = Vec::with_capacity(count);
+    while lat.len() < count {
+        match acks.message().await {
+            Ok(Some(ack)) => {
+                let due = t0 + interval * (ack.batch_seq as u32 - 1);
+                lat.push(
+                    tokio::time::Instant::now()
+                        .saturating_duration_since(due)
+                        .as_secs_f64()
+                        * 1000.0,
+                );
+            }
+            other => panic!("stream ended early: {other:?}"),
+        }
+    }
+    let _ = sender.await;
+    let achieved = count as f64 * per_batch / (tokio::time::Instant::now() - t0).as_secs_f64();
+    lat.sort_by(f64::total_cmp);
+    let q = |p: f64| lat[((lat.len() - 1) as f64 * p).round() as usize];
+    (q(0.5), q(0.99), achieved)
+}
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses and may contain spaces).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let hz = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .unwrap_or(100.0);
+    ticks / hz
+}
+
+fn dir_size(p: &std::path::Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            let Ok(md) = e.metadata() else { continue };
+            total += if md.is_dir() {
+                dir_size(&e.path())
+            } else {
+                md.len()
+            };
+        }
+    }
+    total
+}
+
+fn logical_bytes(events: &[pb::LifecycleEvent]) -> u64 {
+    events
+        .iter()
+        .map(|e| encode_log_value(e).len() as u64)
+        .sum()
+}
+
+/// Builds a store with `jobs` jobs (submitted, queued, first step; a tenth still waiting) directly through the
+/// store API, checkpointed as a cleanly stopped collector leaves it.
+fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
+    let store = Store::open(path).expect("open");
+    let pools = default_pools();
+    let t0 = startline_proto::time::now_ms() - 30 * 86_400_000;
+    let mut seq = 0u64;
+    let mut chunk: BTreeMap<String, JobRecord> = BTreeMap::new();
+    let mut entries = Vec::new();
+    for j in 0..jobs {
+        let evs = job_events(5, j, t0 + (j as i64) * 2_000, &pools);
+        let keep = if j % 10 == 0 { 2 } else { 4 };
+        for e in evs.into_iter().take(keep) {
+            seq += 1;
+            let ce = CompactEvent::from_pb(&e, seq).expect("kind");
+            chunk.entry(e.job_id.clone()).or_default().insert(ce);
+            entries.push((seq, encode_log_value(&e)));
+        }
+        if chunk.len() >= 20_000 {
+            store.append_durable(&entries).expect("append");
+            store
+                .checkpoint(chunk.iter().map(|(k, v)| (k.as_str(), v)), seq)
+                .expect("checkpoint");
+            entries.clear();
+            chunk.clear();
+        }
+    }
+    store.append_durable(&entries).expect("append");
+    store
+        .checkpoint(chunk.iter().map(|(k, v)| (k.as_str(), v)), seq)
+        .expect("checkpoint");
+    store.flush().expect("flush");
+    seq
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("startline-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run(args));
+}
+
+async fn run(a: Args) {
+    let machine = format!(
+        "{} cores, {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(
+                |s| s.lines().find(|l| l.starts_with("model name")).map(|l| l
+                    .split(':')
+                    .nth(1)
+                    .unwrap_or("")
+                    .trim()
+                    .to_string())
+            )
+            .unwrap_or_default()
+    );
+    println!("## startline-bench ingest");
+    println!(
+        "machine: {machine}; events per phase: {}; batch: {}",
+        a.events, a.batch
+    );
+
+    // Ceiling 1: raw sled.
+    let ev = make_events(a.events, "sled");
+    let bytes_per_event = logical_bytes(&ev) as f64 / ev.len() as f64;
+    let sled_eps = sled_ceiling(&ev, a.batch);
+    drop(ev);
+    println!(
+        "- sled ceiling (batch insert + flush per {}): {:.0} events/s",
+        a.batch, sled_eps
+    );
+
+    // Ceiling 2: no-op tonic server, same messages.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let noop = tokio::spawn(
+        tonic::transport::Server::builder()
+            .initial_stream_window_size(Some(4 << 20))
+            .initial_connection_window_size(Some(16 << 20))
+            .add_service(
+                ingest_service_server::IngestServiceServer::new(Noop)
+                    .max_decoding_message_size(64 << 20),
+            )
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
+    );
+    let noop_eps = closed_loop(
+        &format!("http://{addr}"),
+        batches(make_events(a.events, "noop"), a.batch),
+        8,
+    )
+    .await;
+    noop.abort();
+    println!("- no-op tonic ceiling (stream, 8 batches in flight): {noop_eps:.0} events/s");
+
+    // The real collector.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("db");
+    let mut extra = vec!["--log", "warn"];
+    if let Some(cfg) = &a.collector_config {
+        extra.extend(["--config", cfg.as_str()]);
+    }
+    let c = Collector::start(&db, &extra);
+    let ep = c.endpoint();
+    let cpu0 = cpu_seconds(c.child.id());
+    let ev = make_events(a.events, "durable");
+    let durable_eps = closed_loop(&ep, batches(ev, a.batch), 8).await;
+    let cpu = cpu_seconds(c.child.id()) - cpu0;
+    println!("- collector durable max (stream, 8 batches in flight): {durable_eps:.0} events/s");
+    println!(
+        "  server CPU per event: {:.1} us",
+        cpu * 1e6 / a.events as f64
+    );
+
+    let mut lat_rows = Vec::new();
+    for (i, share) in [0.1, 0.5].into_iter().enumerate() {
+        let rate = durable_eps * share;
+        // ~8 s of offered load (bounded by --events), batches of 100 as an agent's uplink would send.
+        let n = ((rate * 8.0) as usize).clamp(2_000, a.events);
+        let ev = make_events(n, &format!("open{i}"));
+        let (p50, p99, achieved) = open_loop(&ep, batches(ev, 100), rate).await;
+        println!("- open loop at {:.0}% of max ({rate:.0} ev/s offered, {achieved:.0} achieved), batches of 100: ack p50 {p50:.2} ms, p99 {p99:.2} ms", share * 100.0);
+        lat_rows.push((share, rate, p50, p99));
+    }
+    let status = c.signal_and_wait("TERM");
+    assert!(status.success());
+    let on_disk = dir_size(&db);
+    let stored_events = a.events
+        + lat_rows
+            .iter()
+            .map(|r| ((r.1 * 8.0) as usize).clamp(2_000, a.events))
+            .sum::<usize>();
+    println!(
+        "  bytes on disk per event: {:.0} (logical {:.0}; {:.2}x)",
+        on_disk as f64 / stored_events as f64,
+        bytes_per_event,
+        on_disk as f64 / stored_events as f64 / bytes_per_event
+    );
+
+    // Restart to ready over `restart_jobs` jobs.
+    let rdir = tempfile::tempdir().expect("tempdir");
+    let rdb = rdir.path().join("db");
+    let build = Instant::now();
+    let seqs = build_restart_store(&rdb, a.restart_jobs);
+    println!(
+        "- restart store: {} jobs, {seqs} events, built in {:.1}s",
+        a.restart_jobs,
+        build.elapsed().as_secs_f64()
+    );
+    let t = Instant::now();
+    let c = Collector::start(&rdb, &["--log", "warn"]);
+    let ready = t.elapsed().as_secs_f64();
+    let rss = std::fs::read_to_string(format!("/proc/{}/status", c.child.id()))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0);
+    drop(c);
+    println!(
+        "  restart to ready: {ready:.2} s; RSS after restore: {} MiB",
+        rss / 1024
+    );
+
+    println!();
+    println!("| measure | value | ratio |");
+    println!("|---|---|---|");
+    println!("| sled ceiling | {sled_eps:.0} ev/s | 1.00 |");
+    println!(
+        "| no-op tonic ceiling | {noop_eps:.0} ev/s | {:.2} of sled |",
+        noop_eps / sled_eps
+    );
+    println!(
+        "| collector durable max | {durable_eps:.0} ev/s | **{:.2} of sled**, {:.2} of no-op |",
+        durable_eps / sled_eps,
+        durable_eps / noop_eps
+    );
+    println!(
+        "| server CPU per event | {:.1} us | |",
+        cpu * 1e6 / a.events as f64
+    );
+    for (share, rate, p50, p99) in &lat_rows {
+        println!(
+            "| ack latency at {:.0}% ({rate:.0} ev/s) | p50 {p50:.2} ms, p99 {p99:.2} ms | |",
+            share * 100.0
+        );
+    }
+    println!(
+        "| restart to ready, {} jobs | {ready:.2} s | |",
+        a.restart_jobs
+    );
+}
