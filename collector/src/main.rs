@@ -8,6 +8,11 @@ use std::io::Write;
 use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
+// Events are allocated on the gRPC workers and freed on the committer thread; mimalloc handles that
+// cross-thread pattern with far less lock traffic than glibc malloc (measured in BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "startline-collector",

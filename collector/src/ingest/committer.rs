@@ -5,7 +5,7 @@
 //! the snapshots off the commit path, so checkpoints never stall acknowledgements.
 
 use super::IngestStats;
-use crate::job::{event_id_hash, CompactEvent};
+use crate::job::{CompactEvent, JobRecord};
 use crate::state::SharedIndex;
 use crate::store::{Store, StoreError};
 use std::collections::HashSet;
@@ -191,42 +191,45 @@ impl Committer {
 
     fn commit_group(&self, mut group: Vec<CommitRequest>) {
         let started = Instant::now();
-        let mut seen: HashSet<(&str, &str)> = HashSet::new();
         let mut results = vec![CommitResult::default(); group.len()];
-        // (request index, event index) of the events to store.
-        let mut fresh: Vec<(usize, usize)> = Vec::new();
+        // Per request, per event: is it new?
+        let mut fresh: Vec<Vec<bool>> = Vec::with_capacity(group.len());
         let mut failed = false;
-        for (ri, req) in group.iter().enumerate() {
-            for (ei, ev) in req.events.iter().enumerate() {
-                let dup = !seen.insert((ev.job_id.as_str(), ev.event_id.as_str()))
-                    || match self.is_stored(&ev.job_id, &ev.event_id, event_id_hash(&ev.event_id)) {
-                        Ok(d) => d,
-                        Err(e) => {
-                            tracing::error!(error = %e, "duplicate check failed");
-                            failed = true;
-                            false
-                        }
-                    };
-                if dup {
-                    results[ri].duplicates += 1;
-                } else {
-                    results[ri].accepted += 1;
-                    fresh.push((ri, ei));
+        {
+            let mut seen: HashSet<(&str, &str)> = HashSet::new();
+            for (ri, req) in group.iter().enumerate() {
+                let mut flags = Vec::with_capacity(req.events.len());
+                for ev in &req.events {
+                    let dup = !seen.insert((ev.job_id.as_str(), ev.event_id.as_str()))
+                        || match self.is_stored(&ev.job_id, &ev.event_id, ev.compact.id_hash) {
+                            Ok(d) => d,
+                            Err(e) => {
+                                tracing::error!(error = %e, "duplicate check failed");
+                                failed = true;
+                                false
+                            }
+                        };
+                    if dup {
+                        results[ri].duplicates += 1;
+                    } else {
+                        results[ri].accepted += 1;
+                    }
+                    flags.push(!dup);
                 }
+                fresh.push(flags);
             }
         }
         let first_seq = self.index.read().last_seq + 1;
-        if !failed && !fresh.is_empty() {
-            let entries: Vec<(u64, Vec<u8>)> = fresh
-                .iter()
-                .enumerate()
-                .map(|(i, &(ri, ei))| {
-                    (
-                        first_seq + i as u64,
-                        std::mem::take(&mut group[ri].events[ei].encoded),
-                    )
-                })
-                .collect();
+        let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (req, flags) in group.iter_mut().zip(&fresh) {
+            for (ev, _) in req.events.iter_mut().zip(flags).filter(|(_, f)| **f) {
+                entries.push((
+                    first_seq + entries.len() as u64,
+                    std::mem::take(&mut ev.encoded),
+                ));
+            }
+        }
+        if !failed && !entries.is_empty() {
             if let Err(e) = self.store.append_durable(&entries) {
                 tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
                 failed = true;
@@ -240,26 +243,28 @@ impl Committer {
             return;
         }
         // Durable: now visible.
-        let accepted = fresh.len() as u64;
+        let accepted = entries.len() as u64;
+        drop(entries);
+        let mut replies = Vec::with_capacity(group.len());
         {
             let mut idx = self.index.write();
-            for (i, &(ri, ei)) in fresh.iter().enumerate() {
-                let seq = first_seq + i as u64;
-                let ev = &mut group[ri].events[ei];
-                let mut compact = ev.compact.clone();
-                compact.seq = seq;
-                let job_id = std::mem::take(&mut ev.job_id);
-                match idx.jobs.get_mut(&job_id) {
-                    Some(rec) => rec.insert_unchecked(compact),
-                    None => {
-                        idx.jobs.insert(
-                            job_id.clone(),
-                            crate::job::JobRecord::from_events(vec![compact]),
-                        );
+            let mut seq = first_seq;
+            for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
+                for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
+                    let mut compact = ev.compact;
+                    compact.seq = seq;
+                    match idx.jobs.get_mut(&ev.job_id) {
+                        Some(rec) => rec.insert_unchecked(compact),
+                        None => {
+                            idx.jobs
+                                .insert(ev.job_id.clone(), JobRecord::from_events(vec![compact]));
+                        }
                     }
+                    idx.dirty.insert(ev.job_id);
+                    idx.last_seq = seq;
+                    seq += 1;
                 }
-                idx.dirty.insert(job_id);
-                idx.last_seq = seq;
+                replies.push((req.reply, *res));
             }
         }
         let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
@@ -270,8 +275,8 @@ impl Committer {
             &self.stats.commit_micros,
             started.elapsed().as_micros() as u64,
         );
-        for (req, res) in group.into_iter().zip(results) {
-            let _ = req.reply.send(Ok(res));
+        for (reply, res) in replies {
+            let _ = reply.send(Ok(res));
         }
     }
 }

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::timestamp_to_ms;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The job's attributes, from its `submitted` event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,12 +41,12 @@ pub struct JobAttrs {
 /// What happened, reduced to what the timeline uses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventKind {
-    /// The job was accepted, with its attributes.
-    Submitted(Box<JobAttrs>),
+    /// The job was accepted, with its attributes (shared with the timeline, not copied).
+    Submitted(Arc<JobAttrs>),
     /// The job waits for a reason; the provider's raw reason is kept for display and alerts.
     Queued {
         reason: pb::WaitReason,
-        raw_reason: String,
+        raw_reason: Arc<str>,
     },
     /// Nodes were assigned.
     NodeAssigned,
@@ -131,7 +132,7 @@ impl CompactEvent {
     /// rejects those first).
     pub fn from_pb(ev: &pb::LifecycleEvent, seq: u64) -> Option<Self> {
         let kind = match ev.kind.as_ref()? {
-            Kind::Submitted(s) => EventKind::Submitted(Box::new(JobAttrs {
+            Kind::Submitted(s) => EventKind::Submitted(Arc::new(JobAttrs {
                 pool_kind: s.pool_kind(),
                 provider: s.provider.clone(),
                 pool: s.pool.clone(),
@@ -152,7 +153,7 @@ impl CompactEvent {
             })),
             Kind::Queued(q) => EventKind::Queued {
                 reason: q.reason(),
-                raw_reason: q.raw_reason.clone(),
+                raw_reason: Arc::from(q.raw_reason.as_str()),
             },
             Kind::NodeAssigned(_) => EventKind::NodeAssigned,
             Kind::Preparing(p) => EventKind::Preparing { phase: p.phase() },

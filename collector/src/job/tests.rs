@@ -36,7 +36,11 @@ fn e(id: &str, at: i64, kind: EventKind) -> CompactEvent {
 }
 
 fn sub(at: i64) -> CompactEvent {
-    e("sub", at, EventKind::Submitted(Box::new(attrs(8))))
+    e(
+        "sub",
+        at,
+        EventKind::Submitted(std::sync::Arc::new(attrs(8))),
+    )
 }
 
 fn queued(id: &str, at: i64, reason: pb::WaitReason) -> CompactEvent {
@@ -267,7 +271,7 @@ fn arb_kind() -> impl Strategy<Value = EventKind> {
     prop_oneof![
         (1i32..=10).prop_map(|r| EventKind::Queued {
             reason: pb::WaitReason::try_from(r).unwrap_or(pb::WaitReason::Unknown),
-            raw_reason: String::new()
+            raw_reason: "".into()
         }),
         Just(EventKind::NodeAssigned),
         (1i32..=5).prop_map(|p| EventKind::Preparing {

@@ -15,6 +15,7 @@ use super::{CompactEvent, EventKind, JobAttrs};
 use serde::{Deserialize, Serialize};
 use startline_proto::pb;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Where a job is now.
 #[derive(
@@ -113,7 +114,7 @@ pub struct Timeline {
     /// Where the job is now.
     pub state: JobState,
     /// Attributes from the first `submitted`.
-    pub attrs: Option<JobAttrs>,
+    pub attrs: Option<Arc<JobAttrs>>,
     /// When it was submitted.
     pub submitted_at: Option<i64>,
     /// When it was first reported queued.
@@ -137,7 +138,7 @@ pub struct Timeline {
     /// While waiting: when the current wait began (submit, or the stop of the last run).
     pub wait_started_at: Option<i64>,
     /// The raw provider reason of the current `queued` segment, if any.
-    pub current_raw_reason: Option<String>,
+    pub current_raw_reason: Option<Arc<str>>,
     /// Time spent in each segment before the first step (or before the end, if it never started).
     pub initial_wait_ms: BTreeMap<Segment, i64>,
     /// Time spent waiting again after preemptions, node losses and requeues, before training resumed.
@@ -192,7 +193,7 @@ impl Timeline {
         };
         let submitted_at = sub.at_ms;
         if let EventKind::Submitted(attrs) = &sub.kind {
-            t.attrs = Some((**attrs).clone());
+            t.attrs = Some(Arc::clone(attrs));
         }
         t.submitted_at = Some(submitted_at);
         t.attempts = 1;
