@@ -49,7 +49,7 @@ fn queued(id: &str, at: i64, reason: pb::WaitReason) -> CompactEvent {
         at,
         EventKind::Queued {
             reason,
-            raw_reason: format!("raw-{id}"),
+            raw_reason: format!("raw-{id}").into(),
         },
     )
 }
