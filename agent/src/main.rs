@@ -7,19 +7,10 @@ use startline_agent::uplink::{Publisher, UplinkSettings};
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
-#[command(
-    name = "startline-agent",
-    version,
-    about = "Startline agent: sends job lifecycle events to the collector"
-)]
+#[command(name = "startline-agent", version, about = "Startline agent: sends job lifecycle events to the collector")]
 struct Cli {
     /// Collector gRPC endpoint.
-    #[arg(
-        long,
-        global = true,
-        env = "STARTLINE_COLLECTOR",
-        default_value = "http://127.0.0.1:50051"
-    )]
+    #[arg(long, global = true, env = "STARTLINE_COLLECTOR", default_value = "http://127.0.0.1:50051")]
     collector: String,
     /// Log filter (RUST_LOG also works).
     #[arg(long, global = true, default_value = "info")]
@@ -95,10 +86,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start runtime")?;
     rt.block_on(async move {
         match cli.command {
             Command::Simulate(a) => {

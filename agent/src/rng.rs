@@ -19,14 +19,7 @@ impl Rng {
     /// A generator for `seed`.
     pub fn new(seed: u64) -> Self {
         let mut x = seed;
-        Rng {
-            s: [
-                splitmix(&mut x),
-                splitmix(&mut x),
-                splitmix(&mut x),
-                splitmix(&mut x),
-            ],
-        }
+        Rng { s: [splitmix(&mut x), splitmix(&mut x), splitmix(&mut x), splitmix(&mut x)] }
     }
 
     /// An independent generator derived from this seed and a stream number (e.g. a job index).

@@ -7,13 +7,19 @@
 //! 1. gRPC stops accepting; open streams stop reading new batches;
 //! 2. batches already read are committed and acknowledged (drain, with a grace timeout);
 //! 3. the committer sees its channel close, writes a final checkpoint and flushes;
-//! 4. HTTP stops last, so health and the API answer until the store is closed.
+//! 4. the alert loop and notifiers stop (alert state is already stored);
+//! 5. HTTP stops last, so health and the API answer until the store is closed.
 
+use crate::alert::http::HttpUrl;
+use crate::alert::notify::{self, Target};
+use crate::alert::{AlertBoard, AlertLoop, AlertStats};
 use crate::api::{self, ApiState};
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::ingest::committer::{self, CommitterSettings};
 use crate::ingest::service::{EdgeSettings, Ingest};
 use crate::ingest::IngestStats;
+use crate::slo::SloEngine;
 use crate::state::{JobIndex, SharedIndex};
 use crate::store::{Store, StoreError};
 use startline_proto::pb::ingest_service_server::IngestServiceServer;
@@ -22,6 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -66,22 +73,32 @@ pub struct Bound {
 
 /// Runs the collector until `shutdown` is cancelled. `on_ready` is called once both listeners are bound and the
 /// store is restored.
-pub async fn run(
+pub async fn run(config: Config, shutdown: CancellationToken, on_ready: impl FnOnce(Bound)) -> Result<(), AppError> {
+    run_with_clock(config, Clock::system(), shutdown, on_ready).await
+}
+
+/// [`run`] with a given clock (tests pause tokio's time and advance it).
+pub async fn run_with_clock(
     config: Config,
+    clock: Clock,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(Bound),
 ) -> Result<(), AppError> {
     let path = config.store_path.clone();
     let shown = path.display().to_string();
-    let store_err = |source| AppError::Store {
-        path: shown,
-        source,
-    };
+    let store_err = |source| AppError::Store { path: shown, source };
     let started = tokio::time::Instant::now();
-    let (store, restored) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+    let slo_defs = config.slos.clone();
+    let now = clock.now_ms();
+    let (store, restored, slo, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let store = Store::open(&path)?;
-        let restored = store.restore()?;
-        Ok((store, restored))
+        let mut restored = store.restore()?;
+        // SLO state is derived from the jobs: rebuilding it after a restore finds every deadline crossed while
+        // the collector was down, and stored alert state keeps those pages from repeating.
+        let mut slo = SloEngine::new(slo_defs);
+        slo.rebuild(&mut restored.jobs, now);
+        let alerts = store.load_alerts()?;
+        Ok((store, restored, slo, alerts))
     })
     .await
     .map_err(|e| AppError::Runtime(format!("restore task: {e}")))?
@@ -93,34 +110,26 @@ pub async fn run(
         elapsed_ms = started.elapsed().as_millis() as u64,
         "store restored"
     );
-    let index = SharedIndex::new(JobIndex {
-        jobs: restored.jobs,
-        dirty: Default::default(),
-        last_seq: restored.last_seq,
-    });
+    let index =
+        SharedIndex::new(JobIndex { jobs: restored.jobs, dirty: Default::default(), last_seq: restored.last_seq, slo });
+    let board = AlertBoard::default();
+    for a in alerts {
+        board.insert(a);
+    }
+    let wake = Arc::new(Notify::new());
     let healthy = Arc::new(AtomicBool::new(true));
     let ready = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(IngestStats::default());
 
     let grpc_listener = TcpListener::bind(config.grpc_listen)
         .await
-        .map_err(|source| AppError::Bind {
-            addr: config.grpc_listen,
-            source,
-        })?;
+        .map_err(|source| AppError::Bind { addr: config.grpc_listen, source })?;
     let http_listener = TcpListener::bind(config.http_listen)
         .await
-        .map_err(|source| AppError::Bind {
-            addr: config.http_listen,
-            source,
-        })?;
+        .map_err(|source| AppError::Bind { addr: config.http_listen, source })?;
     let bound = Bound {
-        grpc: grpc_listener
-            .local_addr()
-            .map_err(|e| AppError::Runtime(e.to_string()))?,
-        http: http_listener
-            .local_addr()
-            .map_err(|e| AppError::Runtime(e.to_string()))?,
+        grpc: grpc_listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
+        http: http_listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
     };
 
     let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
@@ -131,6 +140,8 @@ pub async fn run(
         CommitterSettings {
             group_max_events: config.group_commit_max_events,
             checkpoint_interval: config.checkpoint_interval,
+            clock,
+            wake: wake.clone(),
         },
         stats.clone(),
         healthy.clone(),
@@ -152,9 +163,7 @@ pub async fn run(
     );
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<IngestServiceServer<Ingest>>()
-        .await;
+    health_reporter.set_serving::<IngestServiceServer<Ingest>>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(startline_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -195,6 +204,8 @@ pub async fn run(
         ready: ready.clone(),
         healthy: healthy.clone(),
         max_page_size: config.max_page_size,
+        clock,
+        board: board.clone(),
     };
     let http_stop_wait = http_stop.clone();
     let http = tokio::spawn(async move {
@@ -203,6 +214,48 @@ pub async fn run(
             .await
     });
 
+    // Alerting: notifiers and the alert loop, stopped after the committer (so late commits still wake it).
+    let alert_stop = CancellationToken::new();
+    let alert_tasks = TaskTracker::new();
+    let generator_url = format!("http://{}/api/v1/alerts", bound.http);
+    let mut notifiers = Vec::new();
+    for u in &config.alerts.alertmanagers {
+        if let Ok(url) = HttpUrl::parse(u) {
+            notifiers.push(notify::spawn(
+                Target::Alertmanager(url),
+                clock,
+                config.alerts.resend_interval,
+                generator_url.clone(),
+                &alert_tasks,
+                alert_stop.clone(),
+            ));
+        }
+    }
+    for u in &config.alerts.webhooks {
+        if let Ok(url) = HttpUrl::parse(u) {
+            notifiers.push(notify::spawn(
+                Target::Webhook(url),
+                clock,
+                config.alerts.resend_interval,
+                generator_url.clone(),
+                &alert_tasks,
+                alert_stop.clone(),
+            ));
+        }
+    }
+    let alert_loop = AlertLoop {
+        index: index.clone(),
+        store: store.clone(),
+        clock,
+        config: config.alerts.clone(),
+        board: board.clone(),
+        wake,
+        notifiers,
+        stats: Arc::new(AlertStats::default()),
+        generator_url,
+    };
+    alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
+
     ready.store(true, Ordering::Relaxed);
     tracing::info!(grpc = %bound.grpc, http = %bound.http, "collector ready");
     on_ready(bound);
@@ -210,9 +263,7 @@ pub async fn run(
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new streams or batches");
     ready.store(false, Ordering::Relaxed);
-    health_reporter
-        .set_not_serving::<IngestServiceServer<Ingest>>()
-        .await;
+    health_reporter.set_not_serving::<IngestServiceServer<Ingest>>().await;
 
     // 1-2. Stop gRPC and let open streams acknowledge what they read.
     let drained = tokio::time::timeout(DRAIN_GRACE, async {
@@ -226,9 +277,7 @@ pub async fn run(
         Ok(Ok(Ok(()))) => tracing::info!("grpc drained"),
         Ok(Ok(Err(e))) => tracing::error!(error = %e, "grpc server error"),
         Ok(Err(e)) => tracing::error!(error = %e, "grpc task failed"),
-        Err(_) => tracing::warn!(
-            "grpc drain timed out; unacknowledged batches will be redelivered by clients"
-        ),
+        Err(_) => tracing::warn!("grpc drain timed out; unacknowledged batches will be redelivered by clients"),
     }
 
     // 3. The committer drains its channel, checkpoints and flushes once every sender is gone.
@@ -236,12 +285,9 @@ pub async fn run(
     if !matches!(joined, Ok(Ok(()))) {
         tracing::error!("committer thread panicked");
     }
-    tracing::info!(
-        size_on_disk = store.size_on_disk().unwrap_or(0),
-        "store flushed"
-    );
+    tracing::info!(size_on_disk = store.size_on_disk().unwrap_or(0), "store flushed");
 
-    // 4. HTTP last.
+    // 5. HTTP last.
     http_stop.cancel();
     match http.await {
         Ok(Ok(())) => {}

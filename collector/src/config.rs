@@ -24,6 +24,105 @@ pub struct FileConfig {
     /// `[ingest]`
     #[serde(default)]
     pub ingest: IngestSection,
+    /// `[[slo]]`: start objectives. When none are given, the built-in `urgent-start` and `normal-start` apply.
+    #[serde(default)]
+    pub slo: Vec<SloSection>,
+    /// `[alerts]`
+    #[serde(default)]
+    pub alerts: AlertsSection,
+}
+
+/// `[[slo]]`: one start objective.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloSection {
+    /// Unique name, `[a-z0-9-]{1,64}`.
+    pub name: Option<String>,
+    /// Free text.
+    pub description: Option<String>,
+    /// Time to first step that counts as good, e.g. `"10m"`.
+    pub threshold: Option<String>,
+    /// Target share of good jobs, in percent, e.g. `99` or `99.5`.
+    pub objective: Option<f64>,
+    /// Rolling window, e.g. `"28d"`. Default 28d.
+    pub window: Option<String>,
+    /// Page on each covered job that crosses the threshold while waiting. Default: true when the selector is
+    /// limited to urgent jobs.
+    pub page_on_breach: Option<bool>,
+    /// Leave out jobs cancelled by the user before their deadline. Default true.
+    pub exclude_cancelled: Option<bool>,
+    /// Which jobs it covers.
+    #[serde(default)]
+    pub selector: SelectorSection,
+}
+
+/// `[slo.selector]`: empty lists match everything.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SelectorSection {
+    /// `normal`, `urgent`.
+    #[serde(default)]
+    pub priority: Vec<String>,
+    /// `managed`, `dedicated`.
+    #[serde(default)]
+    pub pool_kind: Vec<String>,
+    /// Provider names.
+    #[serde(default)]
+    pub provider: Vec<String>,
+    /// Pool names.
+    #[serde(default)]
+    pub pool: Vec<String>,
+    /// GPU classes.
+    #[serde(default)]
+    pub gpu_class: Vec<String>,
+    /// Regions or sites.
+    #[serde(default)]
+    pub region: Vec<String>,
+    /// Smallest GPU count (job size), inclusive.
+    pub gpu_count_min: Option<u32>,
+    /// Largest GPU count, inclusive.
+    pub gpu_count_max: Option<u32>,
+    /// Submit time of day, `"HH:MM-HH:MM"` (may wrap midnight), in `timezone`.
+    pub hours: Option<String>,
+    /// IANA time zone for `hours`, e.g. `"Europe/Moscow"`. Default `UTC`.
+    pub timezone: Option<String>,
+}
+
+/// `[alerts]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsSection {
+    /// Alertmanager base URLs (`http://host:port`); alerts go to `/api/v2/alerts`.
+    #[serde(default)]
+    pub alertmanager: Vec<String>,
+    /// Generic JSON webhook URLs.
+    #[serde(default)]
+    pub webhook: Vec<String>,
+    /// How often burn rates are evaluated. Default 10s.
+    pub evaluation_interval: Option<String>,
+    /// How often firing alerts are re-posted to Alertmanager (their `endsAt` is 3 intervals ahead). Default 1m.
+    pub resend_interval: Option<String>,
+    /// Low-volume guard: a burn-rate alert needs at least this many decided jobs in its long window. Default 5.
+    pub min_jobs: Option<u64>,
+    /// How long resolved alerts stay listed. Default 24h.
+    pub resolved_retention: Option<String>,
+}
+
+/// Validated alerting settings.
+#[derive(Debug, Clone)]
+pub struct AlertConfig {
+    /// Alertmanager base URLs.
+    pub alertmanagers: Vec<String>,
+    /// Webhook URLs.
+    pub webhooks: Vec<String>,
+    /// Burn-rate evaluation interval.
+    pub evaluation_interval: Duration,
+    /// Re-post interval for firing alerts.
+    pub resend_interval: Duration,
+    /// Low-volume guard.
+    pub min_jobs: u64,
+    /// Resolved-alert retention.
+    pub resolved_retention: Duration,
 }
 
 /// `[store]`
@@ -117,6 +216,10 @@ pub struct Config {
     pub group_commit_max_events: usize,
     /// Event limits shared with the protocol's validation.
     pub limits: startline_proto::Limits,
+    /// Start objectives.
+    pub slos: Vec<crate::slo::SloDef>,
+    /// Alerting.
+    pub alerts: AlertConfig,
 }
 
 /// Every problem found in a configuration.
@@ -148,14 +251,9 @@ pub enum LoadError {
 impl FileConfig {
     /// Reads and parses a TOML file.
     pub fn load(path: &std::path::Path) -> Result<FileConfig, LoadError> {
-        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::parse(&text).map_err(|message| LoadError::Parse {
-            path: path.to_path_buf(),
-            message,
-        })
+        let text =
+            std::fs::read_to_string(path).map_err(|source| LoadError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text).map_err(|message| LoadError::Parse { path: path.to_path_buf(), message })
     }
 
     /// Parses TOML text.
@@ -166,45 +264,28 @@ impl FileConfig {
     /// Checks every field and builds the validated config, or lists every problem.
     pub fn validate(&self) -> Result<Config, ConfigErrors> {
         let mut errs = Vec::new();
-        let addr =
-            |errs: &mut Vec<String>, name: &str, v: &Option<String>, def: &str| -> SocketAddr {
-                let s = v.as_deref().unwrap_or(def);
-                s.parse().unwrap_or_else(|_| {
-                    errs.push(format!(
-                        "{name}: {s:?} is not a socket address like 127.0.0.1:8080"
-                    ));
-                    SocketAddr::from(([127, 0, 0, 1], 0))
-                })
-            };
-        let dur = |errs: &mut Vec<String>,
-                   name: &str,
-                   v: &Option<String>,
-                   def: Duration,
-                   min: Duration| {
-            match v {
-                None => def,
-                Some(s) => match humantime::parse_duration(s) {
-                    Ok(d) if d >= min => d,
-                    Ok(_) => {
-                        errs.push(format!(
-                            "{name}: {s:?} is shorter than {}",
-                            humantime::format_duration(min)
-                        ));
-                        def
-                    }
-                    Err(e) => {
-                        errs.push(format!("{name}: {s:?} is not a duration like \"5m\": {e}"));
-                        def
-                    }
-                },
-            }
+        let addr = |errs: &mut Vec<String>, name: &str, v: &Option<String>, def: &str| -> SocketAddr {
+            let s = v.as_deref().unwrap_or(def);
+            s.parse().unwrap_or_else(|_| {
+                errs.push(format!("{name}: {s:?} is not a socket address like 127.0.0.1:8080"));
+                SocketAddr::from(([127, 0, 0, 1], 0))
+            })
         };
-        let range = |errs: &mut Vec<String>,
-                     name: &str,
-                     v: Option<usize>,
-                     def: usize,
-                     lo: usize,
-                     hi: usize| {
+        let dur = |errs: &mut Vec<String>, name: &str, v: &Option<String>, def: Duration, min: Duration| match v {
+            None => def,
+            Some(s) => match humantime::parse_duration(s) {
+                Ok(d) if d >= min => d,
+                Ok(_) => {
+                    errs.push(format!("{name}: {s:?} is shorter than {}", humantime::format_duration(min)));
+                    def
+                }
+                Err(e) => {
+                    errs.push(format!("{name}: {s:?} is not a duration like \"5m\": {e}"));
+                    def
+                }
+            },
+        };
+        let range = |errs: &mut Vec<String>, name: &str, v: Option<usize>, def: usize, lo: usize, hi: usize| {
             let x = v.unwrap_or(def);
             if !(lo..=hi).contains(&x) {
                 errs.push(format!("{name}: {x} is outside {lo}..={hi}"));
@@ -212,11 +293,7 @@ impl FileConfig {
             x
         };
 
-        let store_path = self
-            .store
-            .path
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("./startline-data"));
+        let store_path = self.store.path.clone().unwrap_or_else(|| PathBuf::from("./startline-data"));
         if store_path.as_os_str().is_empty() {
             errs.push("store.path: must not be empty".to_string());
         }
@@ -227,37 +304,15 @@ impl FileConfig {
             Duration::from_secs(2),
             Duration::from_millis(10),
         );
-        let grpc_listen = addr(
-            &mut errs,
-            "grpc.listen",
-            &self.grpc.listen,
-            "127.0.0.1:50051",
-        );
-        let http_listen = addr(
-            &mut errs,
-            "http.listen",
-            &self.http.listen,
-            "127.0.0.1:8080",
-        );
+        let grpc_listen = addr(&mut errs, "grpc.listen", &self.grpc.listen, "127.0.0.1:50051");
+        let http_listen = addr(&mut errs, "http.listen", &self.http.listen, "127.0.0.1:8080");
         if grpc_listen == http_listen && grpc_listen.port() != 0 {
             errs.push(format!("http.listen: {http_listen} is also grpc.listen"));
         }
-        let max_message_bytes = range(
-            &mut errs,
-            "grpc.max_message_bytes",
-            self.grpc.max_message_bytes,
-            16 << 20,
-            4096,
-            256 << 20,
-        );
-        let max_batch_events = range(
-            &mut errs,
-            "grpc.max_batch_events",
-            self.grpc.max_batch_events,
-            10_000,
-            1,
-            1_000_000,
-        );
+        let max_message_bytes =
+            range(&mut errs, "grpc.max_message_bytes", self.grpc.max_message_bytes, 16 << 20, 4096, 256 << 20);
+        let max_batch_events =
+            range(&mut errs, "grpc.max_batch_events", self.grpc.max_batch_events, 10_000, 1, 1_000_000);
         let max_concurrent_streams = range(
             &mut errs,
             "grpc.max_concurrent_streams",
@@ -266,30 +321,10 @@ impl FileConfig {
             1,
             65_536,
         ) as u32;
-        let max_inflight_batches = range(
-            &mut errs,
-            "grpc.max_inflight_batches",
-            self.grpc.max_inflight_batches,
-            32,
-            1,
-            4096,
-        );
-        let max_page_size = range(
-            &mut errs,
-            "http.max_page_size",
-            self.http.max_page_size,
-            1000,
-            1,
-            100_000,
-        );
-        let queue_capacity = range(
-            &mut errs,
-            "ingest.queue_capacity",
-            self.ingest.queue_capacity,
-            256,
-            1,
-            1 << 20,
-        );
+        let max_inflight_batches =
+            range(&mut errs, "grpc.max_inflight_batches", self.grpc.max_inflight_batches, 32, 1, 4096);
+        let max_page_size = range(&mut errs, "http.max_page_size", self.http.max_page_size, 1000, 1, 100_000);
+        let queue_capacity = range(&mut errs, "ingest.queue_capacity", self.ingest.queue_capacity, 256, 1, 1 << 20);
         let group_commit_max_events = range(
             &mut errs,
             "ingest.group_commit_max_events",
@@ -302,9 +337,7 @@ impl FileConfig {
             None | Some("wait") => WhenFull::Wait,
             Some("reject") => WhenFull::Reject,
             Some(other) => {
-                errs.push(format!(
-                    "ingest.when_full: {other:?} is not one of \"wait\", \"reject\""
-                ));
+                errs.push(format!("ingest.when_full: {other:?} is not one of \"wait\", \"reject\""));
                 WhenFull::Wait
             }
         };
@@ -315,14 +348,45 @@ impl FileConfig {
             Duration::from_secs(300),
             Duration::ZERO,
         );
-        let max_labels = range(
-            &mut errs,
-            "ingest.max_labels",
-            self.ingest.max_labels,
-            16,
-            0,
-            64,
-        );
+        let max_labels = range(&mut errs, "ingest.max_labels", self.ingest.max_labels, 16, 0, 64);
+        let slos =
+            if self.slo.is_empty() { crate::slo::SloDef::defaults() } else { validate_slos(&self.slo, &mut errs) };
+        let mut urls = |name: &str, list: &[String]| -> Vec<String> {
+            for u in list {
+                if let Err(e) = crate::alert::http::HttpUrl::parse(u) {
+                    errs.push(format!("{name}: {u:?}: {e}"));
+                }
+            }
+            list.to_vec()
+        };
+        let alertmanagers = urls("alerts.alertmanager", &self.alerts.alertmanager);
+        let webhooks = urls("alerts.webhook", &self.alerts.webhook);
+        let alerts = AlertConfig {
+            alertmanagers,
+            webhooks,
+            evaluation_interval: dur(
+                &mut errs,
+                "alerts.evaluation_interval",
+                &self.alerts.evaluation_interval,
+                Duration::from_secs(10),
+                Duration::from_millis(100),
+            ),
+            resend_interval: dur(
+                &mut errs,
+                "alerts.resend_interval",
+                &self.alerts.resend_interval,
+                Duration::from_secs(60),
+                Duration::from_secs(1),
+            ),
+            min_jobs: self.alerts.min_jobs.unwrap_or(5),
+            resolved_retention: dur(
+                &mut errs,
+                "alerts.resolved_retention",
+                &self.alerts.resolved_retention,
+                Duration::from_secs(86_400),
+                Duration::from_secs(1),
+            ),
+        };
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
         }
@@ -343,8 +407,144 @@ impl FileConfig {
                 max_future_skew_ms: i64::try_from(skew.as_millis()).unwrap_or(i64::MAX),
                 max_labels,
             },
+            slos,
+            alerts,
         })
     }
+}
+
+fn parse_hhmm(s: &str) -> Option<u32> {
+    let (h, m) = s.trim().split_once(':')?;
+    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+    (h <= 24 && m < 60 && h * 60 + m <= 1440).then_some(h * 60 + m)
+}
+
+fn validate_slos(sections: &[SloSection], errs: &mut Vec<String>) -> Vec<crate::slo::SloDef> {
+    use startline_proto::labels::Label;
+    use startline_proto::pb;
+    let mut out = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    for (i, s) in sections.iter().enumerate() {
+        let at = format!("slo[{i}]");
+        let name = s.name.clone().unwrap_or_default();
+        if name.is_empty()
+            || name.len() > 64
+            || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            errs.push(format!("{at}.name: {name:?} must be 1-64 characters of [a-z0-9-]"));
+        } else if !names.insert(name.clone()) {
+            errs.push(format!("{at}.name: {name:?} is used twice"));
+        }
+        let threshold_ms = match s.threshold.as_deref().map(humantime::parse_duration) {
+            None => {
+                errs.push(format!("{at}.threshold: is required, e.g. \"10m\""));
+                0
+            }
+            Some(Err(e)) => {
+                errs.push(format!("{at}.threshold: {e}"));
+                0
+            }
+            Some(Ok(d)) if d.is_zero() => {
+                errs.push(format!("{at}.threshold: must be positive"));
+                0
+            }
+            Some(Ok(d)) => d.as_millis() as i64,
+        };
+        let objective = match s.objective {
+            Some(o) if o > 0.0 && o < 100.0 => o / 100.0,
+            Some(o) => {
+                errs.push(format!("{at}.objective: {o} must be a percentage strictly between 0 and 100"));
+                0.99
+            }
+            None => {
+                errs.push(format!("{at}.objective: is required, e.g. 99"));
+                0.99
+            }
+        };
+        let window_ms = match s.window.as_deref().map(humantime::parse_duration) {
+            None => 28 * 86_400_000,
+            Some(Ok(d)) if d >= Duration::from_secs(3600) && d <= Duration::from_secs(400 * 86_400) => {
+                d.as_millis() as i64
+            }
+            Some(Ok(_)) => {
+                errs.push(format!("{at}.window: must be between 1h and 400d"));
+                28 * 86_400_000
+            }
+            Some(Err(e)) => {
+                errs.push(format!("{at}.window: {e}"));
+                28 * 86_400_000
+            }
+        };
+        let sel = &s.selector;
+        let mut enum_list = |field: &str, vals: &[String], all: &[&str]| {
+            for v in vals {
+                if !all.contains(&v.as_str()) {
+                    errs.push(format!("{at}.selector.{field}: {v:?} is not one of {}", all.join(", ")));
+                }
+            }
+        };
+        enum_list("priority", &sel.priority, &["normal", "urgent"]);
+        enum_list("pool_kind", &sel.pool_kind, &["managed", "dedicated"]);
+        let priority: Vec<pb::PriorityClass> =
+            sel.priority.iter().filter_map(|v| pb::PriorityClass::from_label(v)).collect();
+        let pool_kind: Vec<pb::PoolKind> = sel.pool_kind.iter().filter_map(|v| pb::PoolKind::from_label(v)).collect();
+        if let (Some(lo), Some(hi)) = (sel.gpu_count_min, sel.gpu_count_max) {
+            if lo > hi {
+                errs.push(format!("{at}.selector: gpu_count_min {lo} is above gpu_count_max {hi}"));
+            }
+        }
+        let hours = match &sel.hours {
+            None => {
+                if sel.timezone.is_some() {
+                    errs.push(format!("{at}.selector.timezone: only meaningful with hours"));
+                }
+                None
+            }
+            Some(h) => {
+                let tz_name = sel.timezone.clone().unwrap_or_else(|| "UTC".into());
+                let tz = tz::TimeZone::from_posix_tz(&tz_name);
+                let range = h.split_once('-').and_then(|(a, b)| Some((parse_hhmm(a)?, parse_hhmm(b)?)));
+                match (range, tz) {
+                    (Some((from_min, to_min)), Ok(tz)) if from_min != to_min => {
+                        Some(crate::slo::Hours { from_min, to_min, tz_name, tz: std::sync::Arc::new(tz) })
+                    }
+                    (range, tz) => {
+                        if range.is_none_or(|(a, b)| a == b) {
+                            errs.push(format!(
+                                "{at}.selector.hours: {h:?} must be \"HH:MM-HH:MM\" with different ends"
+                            ));
+                        }
+                        if let Err(e) = tz {
+                            errs.push(format!("{at}.selector.timezone: {tz_name:?} is not a known time zone: {e}"));
+                        }
+                        None
+                    }
+                }
+            }
+        };
+        let urgent_only = priority == [pb::PriorityClass::Urgent];
+        out.push(crate::slo::SloDef {
+            name,
+            description: s.description.clone().unwrap_or_default(),
+            selector: crate::slo::Selector {
+                priority,
+                pool_kind,
+                provider: sel.provider.clone(),
+                pool: sel.pool.clone(),
+                gpu_class: sel.gpu_class.clone(),
+                region: sel.region.clone(),
+                gpu_count_min: sel.gpu_count_min,
+                gpu_count_max: sel.gpu_count_max,
+                hours,
+            },
+            threshold_ms,
+            objective,
+            window_ms,
+            page_on_breach: s.page_on_breach.unwrap_or(urgent_only),
+            exclude_cancelled: s.exclude_cancelled.unwrap_or(true),
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -353,9 +553,7 @@ mod tests {
 
     #[test]
     fn runs_with_no_config_at_all() {
-        let c = FileConfig::default()
-            .validate()
-            .expect("defaults are valid");
+        let c = FileConfig::default().validate().expect("defaults are valid");
         assert_eq!(c.store_path, PathBuf::from("./startline-data"));
         assert!(c.grpc_listen.ip().is_loopback() && c.http_listen.ip().is_loopback());
         assert_eq!(c.when_full, WhenFull::Wait);
@@ -376,16 +574,75 @@ mod tests {
         .expect("parses");
         let errs = f.validate().expect_err("invalid").0;
         assert_eq!(errs.len(), 4, "{errs:?}");
+        for needle in ["grpc.listen", "grpc.max_batch_events", "ingest.when_full", "ingest.max_future_skew"] {
+            assert!(errs.iter().any(|e| e.starts_with(needle)), "{needle} missing from {errs:?}");
+        }
+    }
+
+    #[test]
+    fn default_slos_apply_without_config_and_config_replaces_them() {
+        let c = FileConfig::default().validate().expect("valid");
+        let names: Vec<&str> = c.slos.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["urgent-start", "normal-start"]);
+        let f = FileConfig::parse(
+            r#"
+            [[slo]]
+            name = "big-jobs-office-hours"
+            threshold = "30m"
+            objective = 97.5
+            window = "7d"
+            [slo.selector]
+            gpu_count_min = 64
+            pool_kind = ["dedicated"]
+            hours = "09:00-18:00"
+            timezone = "Europe/Moscow"
+            "#,
+        )
+        .expect("parses");
+        let c = f.validate().expect("valid");
+        assert_eq!(c.slos.len(), 1);
+        let s = &c.slos[0];
+        assert_eq!((s.threshold_ms, s.window_ms), (1_800_000, 7 * 86_400_000));
+        assert!((s.objective - 0.975).abs() < 1e-12);
+        assert!(!s.page_on_breach);
+        // 2026-01-01T06:30:00Z is 09:30 in Moscow (UTC+3): inside; 16:00Z is 19:00: outside.
+        let h = s.selector.hours.as_ref().expect("hours");
+        assert!(h.contains(1_767_249_000_000));
+        assert!(!h.contains(1_767_283_200_000));
+    }
+
+    #[test]
+    fn invalid_slos_are_all_reported() {
+        let f = FileConfig::parse(
+            r#"
+            [[slo]]
+            name = "Bad Name"
+            threshold = "soon"
+            objective = 100
+            [slo.selector]
+            priority = ["asap"]
+            hours = "9-18"
+            timezone = "Mars/Olympus"
+            [[slo]]
+            name = "x"
+            threshold = "1m"
+            [alerts]
+            alertmanager = ["ftp://example"]
+            "#,
+        )
+        .expect("parses");
+        let errs = f.validate().expect_err("invalid").0;
         for needle in [
-            "grpc.listen",
-            "grpc.max_batch_events",
-            "ingest.when_full",
-            "ingest.max_future_skew",
+            "slo[0].name",
+            "slo[0].threshold",
+            "slo[0].objective",
+            "slo[0].selector.priority",
+            "slo[0].selector.hours",
+            "slo[0].selector.timezone",
+            "slo[1].objective",
+            "alerts.alertmanager",
         ] {
-            assert!(
-                errs.iter().any(|e| e.starts_with(needle)),
-                "{needle} missing from {errs:?}"
-            );
+            assert!(errs.iter().any(|e| e.starts_with(needle)), "{needle} missing from {errs:#?}");
         }
     }
 
@@ -397,10 +654,7 @@ mod tests {
 
     #[test]
     fn example_config_in_deploy_parses_and_validates() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/collector.example.toml"
-        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/collector.example.toml");
         let f = FileConfig::load(std::path::Path::new(path)).expect("example config loads");
         f.validate().expect("example config is valid");
     }

@@ -7,13 +7,19 @@
 //! - [`store`]: sled key layout, codecs, durable append, checkpoints and restore.
 //! - [`state`]: the in-memory job index shared by the committer and readers.
 //! - [`ingest`]: the gRPC edge (validation, policy when full) and the committer thread (group commit, acks).
+//! - [`slo`]: start objectives: selectors, rolling windows of counts and HDR histograms, the deadline index.
+//! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
+//! - [`clock`]: wall time advanced by tokio's clock (pausable in tests).
 //! - [`api`]: the axum router: JSON API, health and readiness.
 //! - [`app`]: wiring and the shutdown order.
 
+pub mod alert;
 pub mod api;
 pub mod app;
+pub mod clock;
 pub mod config;
 pub mod ingest;
 pub mod job;
+pub mod slo;
 pub mod state;
 pub mod store;

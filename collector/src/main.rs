@@ -89,10 +89,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start runtime")?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let signals = shutdown.clone();
@@ -103,17 +100,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         startline_collector::app::run(config, shutdown, |b| {
             // One machine-readable line on stdout: tests and scripts read the bound ports from it.
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(
-                out,
-                "startline-collector ready grpc={} http={}",
-                b.grpc, b.http
-            );
+            let _ = writeln!(out, "startline-collector ready grpc={} http={}", b.grpc, b.http);
             let _ = writeln!(out, "  API:       http://{}/api/v1/jobs", b.http);
-            let _ = writeln!(
-                out,
-                "  Ingest:    grpc://{} (startline.v1.IngestService)",
-                b.grpc
-            );
+            let _ = writeln!(out, "  Ingest:    grpc://{} (startline.v1.IngestService)", b.grpc);
             let _ = out.flush();
         })
         .await

@@ -1,11 +1,13 @@
 //! The in-memory job index shared by the committer (the only writer) and readers (API, exporters).
 
 use crate::job::JobRecord;
+use crate::slo::SloEngine;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Every job the collector knows, by job id, plus which changed since the last checkpoint.
-#[derive(Debug, Default)]
+/// Every job the collector knows, by job id, plus which changed since the last checkpoint, and the SLO state
+/// derived from them (kept under the same lock so it always matches the jobs).
+#[derive(Debug)]
 pub struct JobIndex {
     /// Jobs by id, in id order (the API paginates by id).
     pub jobs: BTreeMap<String, JobRecord>,
@@ -13,6 +15,14 @@ pub struct JobIndex {
     pub dirty: HashSet<String>,
     /// The highest log sequence applied.
     pub last_seq: u64,
+    /// SLO windows and the deadline index.
+    pub slo: SloEngine,
+}
+
+impl Default for JobIndex {
+    fn default() -> Self {
+        JobIndex { jobs: BTreeMap::new(), dirty: HashSet::new(), last_seq: 0, slo: SloEngine::new(Vec::new()) }
+    }
 }
 
 /// A cheaply clonable handle to the index. Readers hold the lock briefly; never across `.await`.

@@ -20,7 +20,6 @@ pub mod pb {
 }
 
 /// The encoded `FileDescriptorSet` of `startline.v1`, served by gRPC reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/startline_v1_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/startline_v1_descriptor.bin"));
 
 pub use validate::{FieldError, Limits};

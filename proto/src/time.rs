@@ -2,9 +2,7 @@
 
 /// Converts a protobuf timestamp to Unix milliseconds, rounding towards negative infinity.
 pub fn timestamp_to_ms(ts: &prost_types::Timestamp) -> i64 {
-    ts.seconds
-        .saturating_mul(1000)
-        .saturating_add(i64::from(ts.nanos).div_euclid(1_000_000))
+    ts.seconds.saturating_mul(1000).saturating_add(i64::from(ts.nanos).div_euclid(1_000_000))
 }
 
 /// Converts Unix milliseconds to a protobuf timestamp.

@@ -17,10 +17,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self {
-            max_future_skew_ms: 5 * 60 * 1000,
-            max_labels: 16,
-        }
+        Self { max_future_skew_ms: 5 * 60 * 1000, max_labels: 16 }
     }
 }
 
@@ -38,10 +35,7 @@ pub struct FieldError {
 }
 
 fn err(field: impl Into<String>, reason: impl Into<String>) -> FieldError {
-    FieldError {
-        field: field.into(),
-        reason: reason.into(),
-    }
+    FieldError { field: field.into(), reason: reason.into() }
 }
 
 fn required_str(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
@@ -53,10 +47,7 @@ fn required_str(field: &str, value: &str, max: usize) -> Result<(), FieldError> 
 
 fn optional_str(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
     if value.len() > max {
-        return Err(err(
-            field,
-            format!("is {} bytes, at most {max} allowed", value.len()),
-        ));
+        return Err(err(field, format!("is {} bytes, at most {max} allowed", value.len())));
     }
     if value.chars().any(char::is_control) {
         return Err(err(field, "contains control characters"));
@@ -68,22 +59,12 @@ fn known_enum<E: TryFrom<i32>>(field: &str, value: i32) -> Result<(), FieldError
     if value == 0 {
         return Err(err(field, "is required (unspecified)"));
     }
-    E::try_from(value)
-        .map(|_| ())
-        .map_err(|_| err(field, format!("has unknown value {value}")))
+    E::try_from(value).map(|_| ()).map_err(|_| err(field, format!("has unknown value {value}")))
 }
 
-fn list(
-    field: &str,
-    values: &[String],
-    max_items: usize,
-    max_len: usize,
-) -> Result<(), FieldError> {
+fn list(field: &str, values: &[String], max_items: usize, max_len: usize) -> Result<(), FieldError> {
     if values.len() > max_items {
-        return Err(err(
-            field,
-            format!("has {} entries, at most {max_items} allowed", values.len()),
-        ));
+        return Err(err(field, format!("has {} entries, at most {max_items} allowed", values.len())));
     }
     for (i, v) in values.iter().enumerate() {
         required_str(&format!("{field}[{i}]"), v, max_len)?;
@@ -94,28 +75,19 @@ fn list(
 fn label_key_ok(k: &str) -> bool {
     !k.is_empty()
         && k.len() <= 64
-        && k.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-')
-        })
+        && k.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 /// Checks one event against the protocol's rules. `now_ms` is the receiver's clock, used only for the
 /// future-skew check.
-pub fn validate_event(
-    ev: &pb::LifecycleEvent,
-    now_ms: i64,
-    limits: &Limits,
-) -> Result<(), FieldError> {
+pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> Result<(), FieldError> {
     required_str("event_id", &ev.event_id, 128)?;
     required_str("job_id", &ev.job_id, 256)?;
     required_str("source", &ev.source, 128)?;
     if ev.attempt == Some(0) {
         return Err(err("attempt", "starts at 1"));
     }
-    let ts = ev
-        .occurred_at
-        .as_ref()
-        .ok_or_else(|| err("occurred_at", "is required"))?;
+    let ts = ev.occurred_at.as_ref().ok_or_else(|| err("occurred_at", "is required"))?;
     if !(0..1_000_000_000).contains(&ts.nanos) {
         return Err(err("occurred_at.nanos", "must be in 0..999999999"));
     }
@@ -126,11 +98,7 @@ pub fn validate_event(
     if at > now_ms.saturating_add(limits.max_future_skew_ms) {
         return Err(err(
             "occurred_at",
-            format!(
-                "is {} ms in the future, at most {} ms allowed",
-                at - now_ms,
-                limits.max_future_skew_ms
-            ),
+            format!("is {} ms in the future, at most {} ms allowed", at - now_ms, limits.max_future_skew_ms),
         ));
     }
     let kind = ev.kind.as_ref().ok_or_else(|| err("kind", "one of submitted, queued, node_assigned, preparing, first_step, checkpoint, preempted, requeued, restarted, node_lost, done is required"))?;
@@ -155,19 +123,12 @@ pub fn validate_event(
             if s.labels.len() > limits.max_labels {
                 return Err(err(
                     "submitted.labels",
-                    format!(
-                        "has {} entries, at most {} allowed",
-                        s.labels.len(),
-                        limits.max_labels
-                    ),
+                    format!("has {} entries, at most {} allowed", s.labels.len(), limits.max_labels),
                 ));
             }
             for (k, v) in &s.labels {
                 if !label_key_ok(k) {
-                    return Err(err(
-                        "submitted.labels",
-                        format!("key {k:?} must be 1-64 bytes of [a-z0-9_.-]"),
-                    ));
+                    return Err(err("submitted.labels", format!("key {k:?} must be 1-64 bytes of [a-z0-9_.-]")));
                 }
                 optional_str(&format!("submitted.labels[{k}]"), v, 256)?;
             }
@@ -189,10 +150,7 @@ pub fn validate_event(
         Kind::Checkpoint(c) => {
             optional_str("checkpoint.uri", &c.uri, 1024)?;
             if !c.save_seconds.is_finite() || c.save_seconds < 0.0 {
-                return Err(err(
-                    "checkpoint.save_seconds",
-                    "must be finite and not negative",
-                ));
+                return Err(err("checkpoint.save_seconds", "must be finite and not negative"));
             }
         }
         Kind::Preempted(p) => optional_str("preempted.reason", &p.reason, 256)?,
@@ -234,9 +192,7 @@ mod tests {
     }
 
     fn field_of(ev: &pb::LifecycleEvent) -> Option<String> {
-        validate_event(ev, NOW, &Limits::default())
-            .err()
-            .map(|e| e.field)
+        validate_event(ev, NOW, &Limits::default()).err().map(|e| e.field)
     }
 
     fn with_submitted(f: impl FnOnce(&mut pb::Submitted)) -> pb::LifecycleEvent {
@@ -256,99 +212,30 @@ mod tests {
     fn each_bad_field_is_named() {
         let long = "x".repeat(300);
         let cases: Vec<(pb::LifecycleEvent, &str)> = vec![
+            (pb::LifecycleEvent { event_id: String::new(), ..good() }, "event_id"),
+            (pb::LifecycleEvent { event_id: long.clone(), ..good() }, "event_id"),
+            (pb::LifecycleEvent { job_id: String::new(), ..good() }, "job_id"),
+            (pb::LifecycleEvent { job_id: "a\nb".into(), ..good() }, "job_id"),
+            (pb::LifecycleEvent { source: String::new(), ..good() }, "source"),
+            (pb::LifecycleEvent { attempt: Some(0), ..good() }, "attempt"),
+            (pb::LifecycleEvent { occurred_at: None, ..good() }, "occurred_at"),
+            (pb::LifecycleEvent { occurred_at: Some(ms_to_timestamp(NOW + 3_600_000)), ..good() }, "occurred_at"),
+            (pb::LifecycleEvent { occurred_at: Some(ms_to_timestamp(1000)), ..good() }, "occurred_at"),
             (
                 pb::LifecycleEvent {
-                    event_id: String::new(),
-                    ..good()
-                },
-                "event_id",
-            ),
-            (
-                pb::LifecycleEvent {
-                    event_id: long.clone(),
-                    ..good()
-                },
-                "event_id",
-            ),
-            (
-                pb::LifecycleEvent {
-                    job_id: String::new(),
-                    ..good()
-                },
-                "job_id",
-            ),
-            (
-                pb::LifecycleEvent {
-                    job_id: "a\nb".into(),
-                    ..good()
-                },
-                "job_id",
-            ),
-            (
-                pb::LifecycleEvent {
-                    source: String::new(),
-                    ..good()
-                },
-                "source",
-            ),
-            (
-                pb::LifecycleEvent {
-                    attempt: Some(0),
-                    ..good()
-                },
-                "attempt",
-            ),
-            (
-                pb::LifecycleEvent {
-                    occurred_at: None,
-                    ..good()
-                },
-                "occurred_at",
-            ),
-            (
-                pb::LifecycleEvent {
-                    occurred_at: Some(ms_to_timestamp(NOW + 3_600_000)),
-                    ..good()
-                },
-                "occurred_at",
-            ),
-            (
-                pb::LifecycleEvent {
-                    occurred_at: Some(ms_to_timestamp(1000)),
-                    ..good()
-                },
-                "occurred_at",
-            ),
-            (
-                pb::LifecycleEvent {
-                    occurred_at: Some(prost_types::Timestamp {
-                        seconds: NOW / 1000,
-                        nanos: -1,
-                    }),
+                    occurred_at: Some(prost_types::Timestamp { seconds: NOW / 1000, nanos: -1 }),
                     ..good()
                 },
                 "occurred_at.nanos",
             ),
-            (
-                pb::LifecycleEvent {
-                    kind: None,
-                    ..good()
-                },
-                "kind",
-            ),
+            (pb::LifecycleEvent { kind: None, ..good() }, "kind"),
             (with_submitted(|s| s.pool_kind = 0), "submitted.pool_kind"),
             (with_submitted(|s| s.pool_kind = 42), "submitted.pool_kind"),
             (with_submitted(|s| s.provider.clear()), "submitted.provider"),
             (with_submitted(|s| s.pool.clear()), "submitted.pool"),
             (with_submitted(|s| s.priority = 0), "submitted.priority"),
-            (
-                with_submitted(|s| s.gpu_count = 2_000_000),
-                "submitted.gpu_count",
-            ),
-            (
-                with_submitted(|s| s.region = long.clone()),
-                "submitted.region",
-            ),
+            (with_submitted(|s| s.gpu_count = 2_000_000), "submitted.gpu_count"),
+            (with_submitted(|s| s.region = long.clone()), "submitted.region"),
             (
                 with_submitted(|s| {
                     for i in 0..17 {
@@ -357,58 +244,37 @@ mod tests {
                 }),
                 "submitted.labels",
             ),
-            (
-                with_submitted(|s| drop(s.labels.insert("Bad Key".into(), "v".into()))),
-                "submitted.labels",
-            ),
+            (with_submitted(|s| drop(s.labels.insert("Bad Key".into(), "v".into()))), "submitted.labels"),
             (
                 pb::LifecycleEvent {
-                    kind: Some(Kind::Queued(pb::Queued {
-                        reason: 0,
-                        ..Default::default()
-                    })),
+                    kind: Some(Kind::Queued(pb::Queued { reason: 0, ..Default::default() })),
                     ..good()
                 },
                 "queued.reason",
             ),
             (
                 pb::LifecycleEvent {
-                    kind: Some(Kind::Preparing(pb::Preparing {
-                        phase: 99,
-                        ..Default::default()
-                    })),
+                    kind: Some(Kind::Preparing(pb::Preparing { phase: 99, ..Default::default() })),
                     ..good()
                 },
                 "preparing.phase",
             ),
             (
                 pb::LifecycleEvent {
-                    kind: Some(Kind::Checkpoint(pb::Checkpoint {
-                        save_seconds: f64::NAN,
-                        ..Default::default()
-                    })),
+                    kind: Some(Kind::Checkpoint(pb::Checkpoint { save_seconds: f64::NAN, ..Default::default() })),
                     ..good()
                 },
                 "checkpoint.save_seconds",
             ),
             (
                 pb::LifecycleEvent {
-                    kind: Some(Kind::NodeAssigned(pb::NodeAssigned {
-                        nodes: vec![String::new()],
-                        gpu_ids: vec![],
-                    })),
+                    kind: Some(Kind::NodeAssigned(pb::NodeAssigned { nodes: vec![String::new()], gpu_ids: vec![] })),
                     ..good()
                 },
                 "node_assigned.nodes[0]",
             ),
             (
-                pb::LifecycleEvent {
-                    kind: Some(Kind::Done(pb::Done {
-                        outcome: 0,
-                        ..Default::default()
-                    })),
-                    ..good()
-                },
+                pb::LifecycleEvent { kind: Some(Kind::Done(pb::Done { outcome: 0, ..Default::default() })), ..good() },
                 "done.outcome",
             ),
         ];
@@ -419,15 +285,9 @@ mod tests {
 
     #[test]
     fn future_skew_is_configurable() {
-        let ev = pb::LifecycleEvent {
-            occurred_at: Some(ms_to_timestamp(NOW + 60_000)),
-            ..good()
-        };
+        let ev = pb::LifecycleEvent { occurred_at: Some(ms_to_timestamp(NOW + 60_000)), ..good() };
         assert!(validate_event(&ev, NOW, &Limits::default()).is_ok());
-        let strict = Limits {
-            max_future_skew_ms: 1000,
-            ..Limits::default()
-        };
+        let strict = Limits { max_future_skew_ms: 1000, ..Limits::default() };
         assert!(validate_event(&ev, NOW, &strict).is_err());
     }
 }

@@ -15,31 +15,20 @@ use std::time::{Duration, Instant};
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let deps = exe.parent().expect("deps dir");
-    let dir = if deps.ends_with("deps") {
-        deps.parent().expect("profile dir")
-    } else {
-        deps
-    };
+    let dir = if deps.ends_with("deps") { deps.parent().expect("profile dir") } else { deps };
     dir.to_path_buf()
 }
 
 /// The path of a workspace binary, with a clear message if it was not built.
 pub fn binary(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --workspace --bins` before the tests",
-        p.display()
-    );
+    assert!(p.exists(), "{} is missing: run `cargo build --workspace --bins` before the tests", p.display());
     p
 }
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
 }
 
 /// A running collector process.
@@ -59,20 +48,11 @@ impl Collector {
     /// its ready line.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Collector {
         let log = data_dir.with_extension("log");
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .expect("log file");
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let mut child = Command::new(binary("startline-collector"))
             .arg("--data-dir")
             .arg(data_dir)
-            .args([
-                "--grpc-listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-            ])
+            .args(["--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -84,12 +64,7 @@ impl Collector {
             panic!("collector stdout not captured");
         };
         match wait_ready(stdout) {
-            Ok((grpc, http)) => Collector {
-                child,
-                grpc,
-                http,
-                log,
-            },
+            Ok((grpc, http)) => Collector { child, grpc, http, log },
             Err(why) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -109,21 +84,14 @@ impl Collector {
     /// Sends a signal (e.g. "TERM", "KILL") and waits for exit; returns the exit status.
     pub fn signal_and_wait(mut self, sig: &str) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &pid])
-            .status()
-            .expect("kill")
-            .success();
+        let ok = Command::new("kill").args([&format!("-{sig}"), &pid]).status().expect("kill").success();
         assert!(ok, "kill -{sig} failed");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(st) = self.child.try_wait().expect("wait") {
                 return st;
             }
-            assert!(
-                Instant::now() < deadline,
-                "collector did not exit after SIG{sig}"
-            );
+            assert!(Instant::now() < deadline, "collector did not exit after SIG{sig}");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -174,34 +142,16 @@ fn wait_ready(stdout: std::process::ChildStdout) -> Result<(SocketAddr, SocketAd
 /// A minimal HTTP/1.1 GET returning the status and the JSON body (Null if the body is not JSON).
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
     let mut s = TcpStream::connect(addr).expect("connect http");
-    s.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("write");
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).expect("read");
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").expect("http response");
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status");
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    (
-        status,
-        serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
-    )
+    let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("status");
+    let body =
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    (status, serde_json::from_str(&body).unwrap_or(serde_json::Value::Null))
 }
 
 fn dechunk(body: &str) -> String {
@@ -222,9 +172,7 @@ fn dechunk(body: &str) -> String {
 pub fn path_escape(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => (b as char).to_string(),
             _ => format!("%{b:02X}"),
         })
         .collect()
@@ -246,12 +194,7 @@ pub fn event(job: &str, id: &str, at_ms: i64, kind: Kind) -> pb::LifecycleEvent 
 pub fn submitted(kind: pb::PoolKind, priority: pb::PriorityClass, gpus: u32) -> Kind {
     Kind::Submitted(pb::Submitted {
         pool_kind: kind as i32,
-        provider: if kind == pb::PoolKind::Managed {
-            "sagemaker"
-        } else {
-            "slurm"
-        }
-        .into(),
+        provider: if kind == pb::PoolKind::Managed { "sagemaker" } else { "slurm" }.into(),
         pool: "pool-a".into(),
         priority: priority as i32,
         gpu_class: "a100".into(),

@@ -1,8 +1,6 @@
 //! Durability of acknowledged events across kill -9 and graceful shutdown, with a client streaming.
 
-use startline_proto::pb::{
-    self, ingest_service_client::IngestServiceClient, lifecycle_event::Kind,
-};
+use startline_proto::pb::{self, ingest_service_client::IngestServiceClient, lifecycle_event::Kind};
 use startline_tests::{ago, event, submitted, Collector};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -26,36 +24,18 @@ async fn stream_until_failure(endpoint: String, max_batches: u64) -> BTreeSet<(S
         let mut events = Vec::new();
         for j in 0..10 {
             let job = format!("job-{seq}-{j}");
-            events.push(event(
-                &job,
-                "s",
-                base,
-                submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 4),
-            ));
+            events.push(event(&job, "s", base, submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 4)));
             for k in 1..20 {
                 events.push(event(
                     &job,
                     &format!("c{k}"),
                     base + k * 1000,
-                    Kind::Checkpoint(pb::Checkpoint {
-                        step: k as u64,
-                        ..Default::default()
-                    }),
+                    Kind::Checkpoint(pb::Checkpoint { step: k as u64, ..Default::default() }),
                 ));
             }
         }
-        let ids: Vec<(String, String)> = events
-            .iter()
-            .map(|e| (e.job_id.clone(), e.event_id.clone()))
-            .collect();
-        if tx
-            .send(pb::PublishRequest {
-                batch_seq: seq,
-                events,
-            })
-            .await
-            .is_err()
-        {
+        let ids: Vec<(String, String)> = events.iter().map(|e| (e.job_id.clone(), e.event_id.clone())).collect();
+        if tx.send(pb::PublishRequest { batch_seq: seq, events }).await.is_err() {
             break;
         }
         sent.push_back((seq, ids));
@@ -106,26 +86,15 @@ async fn kill_9_while_streaming_loses_no_acknowledged_event() {
     let status = c.signal_and_wait("KILL");
     assert!(!status.success());
     let acked = client.await.expect("client task");
-    assert!(
-        acked.len() >= 2000,
-        "only {} events acked before the crash",
-        acked.len()
-    );
+    assert!(acked.len() >= 2000, "only {} events acked before the crash", acked.len());
 
     let c = Collector::start(&db, &[]);
     let jobs: BTreeSet<String> = acked.iter().map(|(j, _)| j.clone()).collect();
     let stored = stored_pairs(&c, &jobs);
     let missing: Vec<_> = acked.difference(&stored).take(5).collect();
-    assert!(
-        missing.is_empty(),
-        "{} acknowledged events lost, e.g. {missing:?}",
-        acked.difference(&stored).count()
-    );
+    assert!(missing.is_empty(), "{} acknowledged events lost, e.g. {missing:?}", acked.difference(&stored).count());
     // Each acknowledged job has its full timeline state back.
-    let (_, j) = c.get(&format!(
-        "/api/v1/jobs/{}",
-        jobs.iter().next().expect("a job")
-    ));
+    let (_, j) = c.get(&format!("/api/v1/jobs/{}", jobs.iter().next().expect("a job")));
     assert_eq!(j["state"], "queued");
     assert_eq!(j["timeline"]["milestones"]["last_checkpoint"]["step"], 19);
 }
@@ -145,17 +114,9 @@ async fn sigterm_drains_acks_checkpoints_and_exits_zero() {
     // After a graceful stop the final checkpoint covers everything: nothing is replayed from the log.
     let c = Collector::start(&db, &[]);
     let log = std::fs::read_to_string(&c.log).expect("log");
-    let restored_line = log
-        .lines()
-        .rev()
-        .find(|l| l.contains("store restored"))
-        .expect("restore logged");
+    let restored_line = log.lines().rev().find(|l| l.contains("store restored")).expect("restore logged");
     assert!(restored_line.contains("replayed=0"), "{restored_line}");
     let jobs: BTreeSet<String> = acked.iter().map(|(j, _)| j.clone()).collect();
     let stored = stored_pairs(&c, &jobs);
-    assert!(
-        acked.is_subset(&stored),
-        "{} acknowledged events lost",
-        acked.difference(&stored).count()
-    );
+    assert!(acked.is_subset(&stored), "{} acknowledged events lost", acked.difference(&stored).count());
 }

@@ -43,14 +43,6 @@ fn python_grpcio_client_publishes_and_timeline_reads_back() {
     let ttfs = job["time_to_first_step_seconds"].as_f64().expect("ttfs");
     assert!((ttfs - 600.0).abs() < 0.002, "{ttfs}");
     let w = &job["timeline"]["initial_wait_seconds"];
-    let sum: f64 = w
-        .as_object()
-        .expect("segments")
-        .values()
-        .filter_map(|v| v.as_f64())
-        .sum();
-    assert!(
-        (sum - ttfs).abs() < 0.003,
-        "segments {w} do not add up to {ttfs}"
-    );
+    let sum: f64 = w.as_object().expect("segments").values().filter_map(|v| v.as_f64()).sum();
+    assert!((sum - ttfs).abs() < 0.003, "segments {w} do not add up to {ttfs}");
 }

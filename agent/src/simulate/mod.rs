@@ -132,32 +132,23 @@ impl Sim {
         self.next_job += 1;
         self.report.jobs += 1;
         for ev in job_events(self.settings.seed, idx, submit_ms, &self.pools) {
-            let at = ev
-                .occurred_at
-                .as_ref()
-                .map(timestamp_to_ms)
-                .unwrap_or(submit_ms);
+            let at = ev.occurred_at.as_ref().map(timestamp_to_ms).unwrap_or(submit_ms);
             if self.settings.duplicates > 0.0 && self.delivery.chance(self.settings.duplicates) {
                 let later = at + (self.delivery.uniform(0.0, 30.0) * 60_000.0) as i64;
                 self.push(later, ev.clone());
             }
-            let emit_at =
-                if self.settings.disorder > 0.0 && self.delivery.chance(self.settings.disorder) {
-                    at + (self.delivery.uniform(0.0, 10.0) * 60_000.0) as i64
-                } else {
-                    at
-                };
+            let emit_at = if self.settings.disorder > 0.0 && self.delivery.chance(self.settings.disorder) {
+                at + (self.delivery.uniform(0.0, 10.0) * 60_000.0) as i64
+            } else {
+                at
+            };
             self.push(emit_at, ev);
         }
     }
 
     fn push(&mut self, emit_at: i64, event: pb::LifecycleEvent) {
         self.tie += 1;
-        self.heap.push(Scheduled {
-            emit_at,
-            tie: self.tie,
-            event,
-        });
+        self.heap.push(Scheduled { emit_at, tie: self.tie, event });
     }
 
     /// Sends every event due by `until`.
@@ -190,19 +181,11 @@ impl Sim {
 }
 
 /// Runs a simulation, publishing through `up`, until the backfill is done (and, with `follow`, until `stop`).
-pub async fn run(
-    settings: SimSettings,
-    up: &mut Publisher,
-    stop: Stop,
-) -> Result<SimReport, UplinkError> {
-    let end_ms = settings
-        .end_ms
-        .unwrap_or_else(startline_proto::time::now_ms);
+pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Result<SimReport, UplinkError> {
+    let end_ms = settings.end_ms.unwrap_or_else(startline_proto::time::now_ms);
     let span_ms = i64::try_from(settings.history.as_millis()).unwrap_or(i64::MAX / 2);
     let start_ms = end_ms - span_ms;
-    let n = settings
-        .jobs
-        .unwrap_or_else(|| (settings.jobs_per_hour * span_ms as f64 / 3_600_000.0).round() as u64);
+    let n = settings.jobs.unwrap_or_else(|| (settings.jobs_per_hour * span_ms as f64 / 3_600_000.0).round() as u64);
     let times = arrivals(settings.seed, n, start_ms, end_ms);
     let mut sim = Sim {
         delivery: Rng::derive(settings.seed, u64::MAX - 1),
@@ -225,8 +208,7 @@ pub async fn run(
             break;
         }
         let step_end = if sim.settings.speedup > 0.0 {
-            let target = start_ms
-                + (wall_start.elapsed().as_secs_f64() * sim.settings.speedup * 1000.0) as i64;
+            let target = start_ms + (wall_start.elapsed().as_secs_f64() * sim.settings.speedup * 1000.0) as i64;
             if target <= clock {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -244,11 +226,7 @@ pub async fn run(
     sim.send_batch(up).await?;
 
     if sim.settings.follow {
-        tracing::info!(
-            jobs = sim.report.jobs,
-            events = sim.report.events_sent,
-            "history done; following in real time"
-        );
+        tracing::info!(jobs = sim.report.jobs, events = sim.report.events_sent, "history done; following in real time");
         let mut arrivals_rng = Rng::derive(sim.settings.seed, u64::MAX - 2);
         let peak_per_ms = sim.settings.jobs_per_hour / 0.675 / 3_600_000.0;
         let mut next = clock + arrivals_rng.exp(1.0 / peak_per_ms) as i64;
@@ -261,9 +239,7 @@ pub async fn run(
             let now = startline_proto::time::now_ms();
             while next <= now {
                 // Thinning: accept an arrival with the load of its hour.
-                if arrivals_rng.f64()
-                    < load_at_hour((next.rem_euclid(86_400_000)) as f64 / 3_600_000.0)
-                {
+                if arrivals_rng.f64() < load_at_hour((next.rem_euclid(86_400_000)) as f64 / 3_600_000.0) {
                     sim.schedule_job(next);
                 }
                 next += arrivals_rng.exp(1.0 / peak_per_ms).max(1.0) as i64;
@@ -327,17 +303,10 @@ mod tests {
     #[test]
     fn same_seed_gives_the_same_jobs() {
         let pools = default_pools();
-        let a: Vec<_> = (0..50)
-            .flat_map(|i| job_events(7, i, 1_767_225_600_000 + i as i64 * 60_000, &pools))
-            .collect();
-        let b: Vec<_> = (0..50)
-            .flat_map(|i| job_events(7, i, 1_767_225_600_000 + i as i64 * 60_000, &pools))
-            .collect();
+        let a: Vec<_> = (0..50).flat_map(|i| job_events(7, i, 1_767_225_600_000 + i as i64 * 60_000, &pools)).collect();
+        let b: Vec<_> = (0..50).flat_map(|i| job_events(7, i, 1_767_225_600_000 + i as i64 * 60_000, &pools)).collect();
         assert_eq!(a, b);
-        assert_eq!(
-            arrivals(7, 100, 0, 86_400_000),
-            arrivals(7, 100, 0, 86_400_000)
-        );
+        assert_eq!(arrivals(7, 100, 0, 86_400_000), arrivals(7, 100, 0, 86_400_000));
     }
 
     #[test]
@@ -347,10 +316,7 @@ mod tests {
         let limits = startline_proto::Limits::default();
         for i in 0..500 {
             let evs = job_events(3, i, t0, &pools);
-            assert!(matches!(
-                evs[0].kind,
-                Some(pb::lifecycle_event::Kind::Submitted(_))
-            ));
+            assert!(matches!(evs[0].kind, Some(pb::lifecycle_event::Kind::Submitted(_))));
             let mut last = i64::MIN;
             for e in &evs {
                 startline_proto::validate::validate_event(e, i64::MAX / 4, &limits).expect("valid");
@@ -368,11 +334,8 @@ mod tests {
         let (mut managed, mut dedicated) = (Vec::new(), Vec::new());
         for i in 0..4000 {
             let evs = job_events(11, i, t0, &pools);
-            let first = evs
-                .iter()
-                .find(|e| matches!(e.kind, Some(pb::lifecycle_event::Kind::FirstStep(_))));
-            let (Some(pb::lifecycle_event::Kind::Submitted(s)), Some(f)) = (&evs[0].kind, first)
-            else {
+            let first = evs.iter().find(|e| matches!(e.kind, Some(pb::lifecycle_event::Kind::FirstStep(_))));
+            let (Some(pb::lifecycle_event::Kind::Submitted(s)), Some(f)) = (&evs[0].kind, first) else {
                 continue;
             };
             let w = timestamp_to_ms(f.occurred_at.as_ref().expect("t")) - t0;

@@ -85,14 +85,7 @@ const MIN: f64 = 60_000.0;
 /// id counts up from 0 so ids are stable across runs.
 pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb::LifecycleEvent> {
     let mut r = Rng::derive(seed, idx);
-    let mut b = Builder {
-        seed,
-        idx,
-        job_id: String::new(),
-        events: Vec::new(),
-        source: "",
-        attempt: None,
-    };
+    let mut b = Builder { seed, idx, job_id: String::new(), events: Vec::new(), source: "", attempt: None };
 
     let x = r.f64();
     let mut acc = 0.0;
@@ -107,11 +100,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
     let gpus = *r.pick(&[1u32, 2, 4, 8, 8, 8, 16, 32, 64]);
     let managed = pool.kind == pb::PoolKind::Managed;
     b.job_id = format!("{}/{}/{idx:07}", pool.provider, pool.name);
-    b.source = if managed {
-        "sim/managed-adapter"
-    } else {
-        "sim/slurm-adapter"
-    };
+    b.source = if managed { "sim/managed-adapter" } else { "sim/slurm-adapter" };
     let team = *r.pick(&["nlp", "vision", "speech", "safety"]);
     b.push(
         submit_ms,
@@ -119,11 +108,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
             pool_kind: pool.kind as i32,
             provider: pool.provider.into(),
             pool: pool.name.into(),
-            priority: if urgent {
-                pb::PriorityClass::Urgent
-            } else {
-                pb::PriorityClass::Normal
-            } as i32,
+            priority: if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal } as i32,
             gpu_class: pool.gpu_class.into(),
             gpu_count: gpus,
             node_count: gpus.div_ceil(8),
@@ -142,11 +127,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
     let queued = |b: &mut Builder, t: f64, reason: pb::WaitReason, raw: &str| {
         b.push(
             t as i64,
-            Kind::Queued(pb::Queued {
-                reason: reason as i32,
-                raw_reason: raw.into(),
-                message: String::new(),
-            }),
+            Kind::Queued(pb::Queued { reason: reason as i32, raw_reason: raw.into(), message: String::new() }),
         )
     };
 
@@ -157,18 +138,9 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
             &mut b,
             t,
             pb::WaitReason::Capacity,
-            if pool.provider == "sagemaker" {
-                "Pending"
-            } else {
-                "JOB_STATE_QUEUED"
-            },
+            if pool.provider == "sagemaker" { "Pending" } else { "JOB_STATE_QUEUED" },
         );
-        t += if r.chance(0.3) {
-            r.pareto(10.0 * MIN, 1.3)
-        } else {
-            r.lognormal(2.0 * MIN, 0.8)
-        } * load
-            * 1.3;
+        t += if r.chance(0.3) { r.pareto(10.0 * MIN, 1.3) } else { r.lognormal(2.0 * MIN, 0.8) } * load * 1.3;
     } else {
         if r.chance(0.06) {
             queued(&mut b, t, pb::WaitReason::Quota, "QOSGrpGRES");
@@ -192,11 +164,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         );
         return b.events;
     }
-    b.source = if managed {
-        "sim/managed-adapter"
-    } else {
-        "sim/node-agent"
-    };
+    b.source = if managed { "sim/managed-adapter" } else { "sim/node-agent" };
     b.push(
         t as i64,
         Kind::NodeAssigned(pb::NodeAssigned {
@@ -227,9 +195,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         b.push(t as i64, Kind::FirstStep(pb::FirstStep { step: step + 1 }));
         // Spot capacity on managed endpoints is reclaimed far more often than dedicated nodes fail.
         let interrupt_p = if managed { 0.12 } else { 0.03 };
-        let interrupt_at = r
-            .chance(interrupt_p)
-            .then(|| r.uniform(0.05, 0.95) * remaining);
+        let interrupt_at = r.chance(interrupt_p).then(|| r.uniform(0.05, 0.95) * remaining);
         let run_for = interrupt_at.unwrap_or(remaining);
         let interval = r.uniform(15.0, 20.0) * MIN;
         let mut since = 0.0;
@@ -256,10 +222,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
             let saved = r.chance(0.5);
             b.push(
                 t as i64,
-                Kind::Preempted(pb::Preempted {
-                    reason: "spot-interruption".into(),
-                    checkpoint_saved: saved,
-                }),
+                Kind::Preempted(pb::Preempted { reason: "spot-interruption".into(), checkpoint_saved: saved }),
             );
             if saved {
                 ckpt_step = step;
@@ -267,10 +230,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         } else {
             b.push(
                 t as i64,
-                Kind::NodeLost(pb::NodeLost {
-                    node: "node-lost".into(),
-                    message: "node not responding".into(),
-                }),
+                Kind::NodeLost(pb::NodeLost { node: "node-lost".into(), message: "node not responding".into() }),
             );
         }
         // Resume from the last checkpoint: work since then is redone.
@@ -280,12 +240,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         b.attempt = Some(attempt);
         t += r.uniform(5.0, 30.0) * 1000.0;
         b.push(t as i64, Kind::Requeued(pb::Requeued { resume_step: step }));
-        queued(
-            &mut b,
-            t + 1000.0,
-            pb::WaitReason::PreemptionRecovery,
-            "requeued",
-        );
+        queued(&mut b, t + 1000.0, pb::WaitReason::PreemptionRecovery, "requeued");
         t += r.lognormal(6.0 * MIN, 0.9) * load;
         b.push(
             t as i64,
@@ -301,26 +256,13 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         x if x < 0.97 => (pb::Outcome::Failed, Some(1), "loss became nan"),
         _ => (pb::Outcome::TimedOut, None, "time limit reached"),
     };
-    b.push(
-        t as i64,
-        Kind::Done(pb::Done {
-            outcome: outcome as i32,
-            exit_code: code,
-            message: msg.into(),
-        }),
-    );
+    b.push(t as i64, Kind::Done(pb::Done { outcome: outcome as i32, exit_code: code, message: msg.into() }));
     b.events
 }
 
 fn prepare(b: &mut Builder, r: &mut Rng, mut t: f64, managed: bool) -> f64 {
     let phase = |b: &mut Builder, t: f64, p: pb::PreparingPhase| {
-        b.push(
-            t as i64,
-            Kind::Preparing(pb::Preparing {
-                phase: p as i32,
-                message: String::new(),
-            }),
-        )
+        b.push(t as i64, Kind::Preparing(pb::Preparing { phase: p as i32, message: String::new() }))
     };
     if managed {
         phase(b, t, pb::PreparingPhase::Provisioning);

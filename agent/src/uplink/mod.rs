@@ -105,10 +105,7 @@ pub struct Publisher {
 fn retryable(status: &Status) -> bool {
     !matches!(
         status.code(),
-        Code::InvalidArgument
-            | Code::PermissionDenied
-            | Code::Unauthenticated
-            | Code::Unimplemented
+        Code::InvalidArgument | Code::PermissionDenied | Code::Unauthenticated | Code::Unimplemented
     )
 }
 
@@ -116,10 +113,7 @@ impl Publisher {
     /// A publisher for the settings' endpoint; connects lazily.
     pub fn new(settings: UplinkSettings) -> Result<Self, UplinkError> {
         let endpoint = Endpoint::from_shared(settings.endpoint.clone())
-            .map_err(|e| UplinkError::Endpoint {
-                endpoint: settings.endpoint.clone(),
-                reason: e.to_string(),
-            })?
+            .map_err(|e| UplinkError::Endpoint { endpoint: settings.endpoint.clone(), reason: e.to_string() })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .initial_stream_window_size(Some(4 << 20))
@@ -156,10 +150,7 @@ impl Publisher {
         while self.inflight.len() >= self.settings.window.max(1) {
             self.await_ack().await?;
         }
-        let req = pb::PublishRequest {
-            batch_seq: self.next_seq,
-            events,
-        };
+        let req = pb::PublishRequest { batch_seq: self.next_seq, events };
         self.next_seq += 1;
         self.inflight.push_back(req.clone());
         match &self.conn {
@@ -189,23 +180,16 @@ impl Publisher {
     }
 
     async fn connect(&mut self) -> Result<Conn, Status> {
-        let channel: Channel = self
-            .endpoint
-            .connect()
-            .await
-            .map_err(|e| Status::unavailable(format!("connect: {e}")))?;
+        let channel: Channel =
+            self.endpoint.connect().await.map_err(|e| Status::unavailable(format!("connect: {e}")))?;
         let mut client = IngestServiceClient::new(channel).max_decoding_message_size(64 << 20);
         let (tx, rx) = mpsc::channel(self.settings.window.max(1) + 1);
         // Everything unacknowledged goes first, in order.
         for req in &self.inflight {
-            tx.try_send(req.clone())
-                .map_err(|_| Status::internal("resend queue overflow"))?;
+            tx.try_send(req.clone()).map_err(|_| Status::internal("resend queue overflow"))?;
         }
         let resp = client.publish(ReceiverStream::new(rx)).await?;
-        Ok(Conn {
-            tx,
-            rx: resp.into_inner(),
-        })
+        Ok(Conn { tx, rx: resp.into_inner() })
     }
 
     async fn on_failure(&mut self, status: Status) -> Result<(), UplinkError> {
@@ -213,15 +197,10 @@ impl Publisher {
         if !retryable(&status) {
             return Err(UplinkError::Refused(status));
         }
-        let since = *self
-            .failing_since
-            .get_or_insert_with(tokio::time::Instant::now);
+        let since = *self.failing_since.get_or_insert_with(tokio::time::Instant::now);
         if let Some(limit) = self.settings.give_up_after {
             if since.elapsed() >= limit {
-                return Err(UplinkError::GaveUp {
-                    waited: since.elapsed(),
-                    last: status.to_string(),
-                });
+                return Err(UplinkError::GaveUp { waited: since.elapsed(), last: status.to_string() });
             }
         }
         // Full jitter: sleep a random time up to the current backoff, then double it.
@@ -254,8 +233,7 @@ impl Publisher {
                     };
                     if ack.batch_seq != front.batch_seq {
                         // Acks come in order; anything else means the stream is confused: start over.
-                        self.on_failure(Status::internal("ack out of order"))
-                            .await?;
+                        self.on_failure(Status::internal("ack out of order")).await?;
                         continue;
                     }
                     self.inflight.pop_front();
@@ -272,10 +250,7 @@ impl Publisher {
                     }
                     return Ok(());
                 }
-                Ok(None) => {
-                    self.on_failure(Status::unavailable("stream closed by collector"))
-                        .await?
-                }
+                Ok(None) => self.on_failure(Status::unavailable("stream closed by collector")).await?,
                 Err(status) => self.on_failure(status).await?,
             }
         }

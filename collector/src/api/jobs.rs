@@ -39,10 +39,8 @@ impl Filter {
                 return false;
             }
         }
-        let attr_filtered = self.pool_kind.is_some()
-            || self.provider.is_some()
-            || self.pool.is_some()
-            || self.priority.is_some();
+        let attr_filtered =
+            self.pool_kind.is_some() || self.provider.is_some() || self.pool.is_some() || self.priority.is_some();
         if !attr_filtered {
             return true;
         }
@@ -82,16 +80,16 @@ pub async fn list(
                     ))
                 })?)
             }
-            "submitted_after" => f.submitted_after = Some(parse_time(v).map_err(|e| ApiError::bad_request(format!("{k}: {e}")))?),
+            "submitted_after" => {
+                f.submitted_after = Some(parse_time(v).map_err(|e| ApiError::bad_request(format!("{k}: {e}")))?)
+            }
             "submitted_before" => {
                 f.submitted_before = Some(parse_time(v).map_err(|e| ApiError::bad_request(format!("{k}: {e}")))?)
             }
             "limit" => {
-                limit = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=s.max_page_size).contains(n))
-                    .ok_or_else(|| ApiError::bad_request(format!("limit: must be an integer in 1..={}", s.max_page_size)))?
+                limit = v.parse().ok().filter(|n| (1..=s.max_page_size).contains(n)).ok_or_else(|| {
+                    ApiError::bad_request(format!("limit: must be an integer in 1..={}", s.max_page_size))
+                })?
             }
             "page_token" => page_token = Some(v.clone()),
             other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
@@ -111,9 +109,7 @@ pub async fn list(
         }
         if jobs.len() == limit {
             // There is at least one more match: the page ends at the previous job.
-            next = jobs
-                .last()
-                .and_then(|j: &Value| j["job_id"].as_str().map(str::to_string));
+            next = jobs.last().and_then(|j: &Value| j["job_id"].as_str().map(str::to_string));
             break;
         }
         jobs.push(job_summary(id, rec, now));
@@ -122,36 +118,29 @@ pub async fn list(
 }
 
 /// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events.
-pub async fn detail(
-    State(s): State<ApiState>,
-    Path(job_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn detail(State(s): State<ApiState>, Path(job_id): Path<String>) -> Result<Json<Value>, ApiError> {
     let now = startline_proto::time::now_ms();
     let (mut body, seqs) = {
         let idx = s.index.read();
-        let rec = idx
-            .jobs
-            .get(&job_id)
-            .ok_or_else(|| ApiError::not_found(format!("job {job_id:?} is not known")))?;
+        let rec = idx.jobs.get(&job_id).ok_or_else(|| ApiError::not_found(format!("job {job_id:?} is not known")))?;
         let mut body = job_summary(&job_id, rec, now);
         body["attributes"] = attrs_detail(&rec.timeline);
         body["timeline"] = timeline_detail(&rec.timeline, now);
         (body, rec.events.iter().map(|e| e.seq).collect::<Vec<_>>())
     };
     let store = s.store.clone();
-    let events =
-        tokio::task::spawn_blocking(move || -> Result<Vec<Value>, crate::store::StoreError> {
-            let mut out = Vec::with_capacity(seqs.len());
-            for seq in seqs {
-                if let Some(ev) = store.event(seq)? {
-                    out.push(event_json(seq, &ev));
-                }
+    let events = tokio::task::spawn_blocking(move || -> Result<Vec<Value>, crate::store::StoreError> {
+        let mut out = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            if let Some(ev) = store.event(seq)? {
+                out.push(event_json(seq, &ev));
             }
-            Ok(out)
-        })
-        .await
-        .map_err(ApiError::unavailable)?
-        .map_err(ApiError::unavailable)?;
+        }
+        Ok(out)
+    })
+    .await
+    .map_err(ApiError::unavailable)?
+    .map_err(ApiError::unavailable)?;
     body["events"] = Value::Array(events);
     Ok(Json(body))
 }

@@ -19,16 +19,11 @@ pub fn format_ms(ms: i64) -> String {
 /// Parses an RFC 3339 time (`2026-01-02T03:04:05Z`) or Unix seconds into Unix milliseconds.
 pub fn parse_time(s: &str) -> Result<i64, String> {
     if let Ok(secs) = s.parse::<i64>() {
-        return secs
-            .checked_mul(1000)
-            .ok_or_else(|| format!("{s:?} is out of range"));
+        return secs.checked_mul(1000).ok_or_else(|| format!("{s:?} is out of range"));
     }
-    let t = humantime::parse_rfc3339_weak(s).map_err(|_| {
-        format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z or Unix seconds")
-    })?;
-    let d = t
-        .duration_since(UNIX_EPOCH)
-        .map_err(|_| format!("{s:?} is before 1970"))?;
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|_| format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z or Unix seconds"))?;
+    let d = t.duration_since(UNIX_EPOCH).map_err(|_| format!("{s:?} is before 1970"))?;
     i64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is out of range"))
 }
 
@@ -60,19 +55,11 @@ pub fn job_summary(job_id: &str, rec: &JobRecord, now_ms: i64) -> Value {
     m.insert("submitted_at".into(), opt_time(t.submitted_at));
     m.insert("first_step_at".into(), opt_time(t.first_step_at));
     m.insert("done_at".into(), opt_time(t.done_at));
-    m.insert(
-        "outcome".into(),
-        t.outcome.map_or(Value::Null, |o| json!(o.label())),
-    );
-    m.insert(
-        "time_to_first_step_seconds".into(),
-        t.time_to_first_step_ms()
-            .map_or(Value::Null, |v| json!(secs(v))),
-    );
+    m.insert("outcome".into(), t.outcome.map_or(Value::Null, |o| json!(o.label())));
+    m.insert("time_to_first_step_seconds".into(), t.time_to_first_step_ms().map_or(Value::Null, |v| json!(secs(v))));
     m.insert(
         "waiting_seconds".into(),
-        t.wait_started_at
-            .map_or(Value::Null, |since| json!(secs((now_ms - since).max(0)))),
+        t.wait_started_at.map_or(Value::Null, |since| json!(secs((now_ms - since).max(0)))),
     );
     m.insert(
         "current_wait".into(),
@@ -85,11 +72,8 @@ pub fn job_summary(job_id: &str, rec: &JobRecord, now_ms: i64) -> Value {
 
 /// The full timeline of a job.
 pub fn timeline_detail(t: &Timeline, now_ms: i64) -> Value {
-    let mut initial: Map<String, Value> = t
-        .initial_wait_ms
-        .iter()
-        .map(|(s, ms)| (s.label(), json!(secs(*ms))))
-        .collect();
+    let mut initial: Map<String, Value> =
+        t.initial_wait_ms.iter().map(|(s, ms)| (s.label(), json!(secs(*ms)))).collect();
     // A job still in its initial wait: the open segment counts up to now.
     if t.first_step_at.is_none() && t.done_at.is_none() {
         if let Some((seg, since)) = t.current_wait {
@@ -147,34 +131,22 @@ pub fn event_json(seq: u64, ev: &pb::LifecycleEvent) -> Value {
                 "chain_id": s.chain_id, "chain_stage": s.chain_stage, "labels": s.labels,
             }),
         ),
-        Some(Kind::Queued(q)) => (
-            "queued",
-            json!({"reason": q.reason().label(), "raw_reason": q.raw_reason, "message": q.message}),
-        ),
-        Some(Kind::NodeAssigned(n)) => (
-            "node_assigned",
-            json!({"nodes": n.nodes, "gpu_ids": n.gpu_ids}),
-        ),
-        Some(Kind::Preparing(p)) => (
-            "preparing",
-            json!({"phase": p.phase().label(), "message": p.message}),
-        ),
+        Some(Kind::Queued(q)) => {
+            ("queued", json!({"reason": q.reason().label(), "raw_reason": q.raw_reason, "message": q.message}))
+        }
+        Some(Kind::NodeAssigned(n)) => ("node_assigned", json!({"nodes": n.nodes, "gpu_ids": n.gpu_ids})),
+        Some(Kind::Preparing(p)) => ("preparing", json!({"phase": p.phase().label(), "message": p.message})),
         Some(Kind::FirstStep(f)) => ("first_step", json!({"step": f.step})),
-        Some(Kind::Checkpoint(c)) => (
-            "checkpoint",
-            json!({"step": c.step, "uri": c.uri, "save_seconds": c.save_seconds}),
-        ),
-        Some(Kind::Preempted(p)) => (
-            "preempted",
-            json!({"reason": p.reason, "checkpoint_saved": p.checkpoint_saved}),
-        ),
+        Some(Kind::Checkpoint(c)) => {
+            ("checkpoint", json!({"step": c.step, "uri": c.uri, "save_seconds": c.save_seconds}))
+        }
+        Some(Kind::Preempted(p)) => ("preempted", json!({"reason": p.reason, "checkpoint_saved": p.checkpoint_saved})),
         Some(Kind::Requeued(r)) => ("requeued", json!({"resume_step": r.resume_step})),
         Some(Kind::Restarted(r)) => ("restarted", json!({"resume_step": r.resume_step})),
         Some(Kind::NodeLost(n)) => ("node_lost", json!({"node": n.node, "message": n.message})),
-        Some(Kind::Done(d)) => (
-            "done",
-            json!({"outcome": d.outcome().label(), "exit_code": d.exit_code, "message": d.message}),
-        ),
+        Some(Kind::Done(d)) => {
+            ("done", json!({"outcome": d.outcome().label(), "exit_code": d.exit_code, "message": d.message}))
+        }
     };
     json!({
         "seq": seq,

@@ -1,8 +1,9 @@
-//! The HTTP side of the collector (axum): the JSON API over jobs, health and readiness. Every error is a 4xx
+//! The HTTP side of the collector (axum): the JSON API over jobs, SLOs and alerts, health and readiness. Every error is a 4xx
 //! (or 503) with a JSON body `{"error": "..."}`; internal error text never reaches clients.
 
 mod jobs;
 mod json;
+mod slos;
 
 use crate::state::SharedIndex;
 use crate::store::Store;
@@ -28,6 +29,10 @@ pub struct ApiState {
     pub healthy: Arc<AtomicBool>,
     /// Page size cap for listings.
     pub max_page_size: usize,
+    /// The clock.
+    pub clock: crate::clock::Clock,
+    /// Current alerts.
+    pub board: crate::alert::AlertBoard,
 }
 
 /// An error answer: a status and a message for the client.
@@ -40,35 +45,22 @@ pub struct ApiError {
 impl ApiError {
     /// 400 with a message.
     pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-        }
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into() }
     }
     /// 404 with a message.
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: message.into(),
-        }
+        ApiError { status: StatusCode::NOT_FOUND, message: message.into() }
     }
     /// 503; the detail goes to the log, not the client.
     pub fn unavailable(detail: impl std::fmt::Display) -> Self {
         tracing::error!(%detail, "request failed");
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            message: "storage unavailable".into(),
-        }
+        ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "storage unavailable".into() }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(serde_json::json!({ "error": self.message })),
-        )
-            .into_response()
+        (self.status, Json(serde_json::json!({ "error": self.message }))).into_response()
     }
 }
 
@@ -77,6 +69,9 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/api/v1/jobs", get(jobs::list))
         .route("/api/v1/jobs/{*job_id}", get(jobs::detail))
+        .route("/api/v1/slos", get(slos::list))
+        .route("/api/v1/slos/{name}", get(slos::detail))
+        .route("/api/v1/alerts", get(slos::alerts))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
@@ -87,11 +82,7 @@ async fn healthz(axum::extract::State(s): axum::extract::State<ApiState>) -> Res
     if s.healthy.load(Ordering::Relaxed) {
         Json(serde_json::json!({"status": "ok"})).into_response()
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({"status": "storage failed"})),
-        )
-            .into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "storage failed"}))).into_response()
     }
 }
 
@@ -99,10 +90,6 @@ async fn readyz(axum::extract::State(s): axum::extract::State<ApiState>) -> Resp
     if s.ready.load(Ordering::Relaxed) && s.healthy.load(Ordering::Relaxed) {
         Json(serde_json::json!({"status": "ready"})).into_response()
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({"status": "not ready"})),
-        )
-            .into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "not ready"}))).into_response()
     }
 }

@@ -57,6 +57,10 @@ pub struct CommitterSettings {
     pub group_max_events: usize,
     /// How often to checkpoint job snapshots.
     pub checkpoint_interval: Duration,
+    /// The clock SLO assessments use.
+    pub clock: crate::clock::Clock,
+    /// Woken after each commit so the alert loop re-reads deadlines and page changes.
+    pub wake: Arc<tokio::sync::Notify>,
 }
 
 /// Starts the committer thread. It runs until every sender of `rx` is dropped, then drains, checkpoints,
@@ -71,16 +75,7 @@ pub fn spawn(
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("startline-committer".into())
-        .spawn(move || {
-            Committer {
-                store,
-                index,
-                settings,
-                stats,
-                healthy,
-            }
-            .run(rx)
-        })
+        .spawn(move || Committer { store, index, settings, stats, healthy }.run(rx))
 }
 
 struct Committer {
@@ -97,13 +92,11 @@ impl Committer {
         // until the next interval.
         let (ck_tx, ck_rx) = std::sync::mpsc::sync_channel::<Checkpoint>(1);
         let store = self.store.clone();
-        let checkpointer = std::thread::Builder::new()
-            .name("startline-checkpointer".into())
-            .spawn(move || {
-                for ck in ck_rx {
-                    ck.write(&store);
-                }
-            });
+        let checkpointer = std::thread::Builder::new().name("startline-checkpointer".into()).spawn(move || {
+            for ck in ck_rx {
+                ck.write(&store);
+            }
+        });
         let checkpointer = match checkpointer {
             Ok(h) => Some(h),
             Err(e) => {
@@ -129,12 +122,8 @@ impl Committer {
                 if let Some(ck) = self.take_checkpoint() {
                     match ck_tx.try_send(ck) {
                         Ok(()) => {}
-                        Err(std::sync::mpsc::TrySendError::Full(ck)) => {
-                            self.index.write().dirty.extend(ck.dirty)
-                        }
-                        Err(std::sync::mpsc::TrySendError::Disconnected(ck)) => {
-                            ck.write(&self.store)
-                        }
+                        Err(std::sync::mpsc::TrySendError::Full(ck)) => self.index.write().dirty.extend(ck.dirty),
+                        Err(std::sync::mpsc::TrySendError::Disconnected(ck)) => ck.write(&self.store),
                     }
                 }
                 last_checkpoint = Instant::now();
@@ -174,18 +163,10 @@ impl Committer {
 
     /// Is this event already stored? Confirms a hash match against the logged event id.
     fn is_stored(&self, job_id: &str, event_id: &str, id_hash: u64) -> Result<bool, StoreError> {
-        let seq = self
-            .index
-            .read()
-            .jobs
-            .get(job_id)
-            .and_then(|r| r.seq_of_hash(id_hash));
+        let seq = self.index.read().jobs.get(job_id).and_then(|r| r.seq_of_hash(id_hash));
         match seq {
             None => Ok(false),
-            Some(seq) => Ok(self
-                .store
-                .event(seq)?
-                .is_some_and(|e| e.event_id == event_id)),
+            Some(seq) => Ok(self.store.event(seq)?.is_some_and(|e| e.event_id == event_id)),
         }
     }
 
@@ -223,10 +204,7 @@ impl Committer {
         let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
         for (req, flags) in group.iter_mut().zip(&fresh) {
             for (ev, _) in req.events.iter_mut().zip(flags).filter(|(_, f)| **f) {
-                entries.push((
-                    first_seq + entries.len() as u64,
-                    std::mem::take(&mut ev.encoded),
-                ));
+                entries.push((first_seq + entries.len() as u64, std::mem::take(&mut ev.encoded)));
             }
         }
         if !failed && !entries.is_empty() {
@@ -247,21 +225,24 @@ impl Committer {
         drop(entries);
         let mut replies = Vec::with_capacity(group.len());
         {
+            let now = self.settings.clock.now_ms();
             let mut idx = self.index.write();
+            let crate::state::JobIndex { jobs, dirty, last_seq, slo } = &mut *idx;
             let mut seq = first_seq;
             for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
                 for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
                     let mut compact = ev.compact;
                     compact.seq = seq;
-                    match idx.jobs.get_mut(&ev.job_id) {
-                        Some(rec) => rec.insert_unchecked(compact),
-                        None => {
-                            idx.jobs
-                                .insert(ev.job_id.clone(), JobRecord::from_events(vec![compact]));
-                        }
+                    if let Some(rec) = jobs.get_mut(&ev.job_id) {
+                        rec.insert_unchecked(compact);
+                        slo.on_job(&ev.job_id, rec, now);
+                    } else {
+                        let rec =
+                            jobs.entry(ev.job_id.clone()).or_insert_with(|| JobRecord::from_events(vec![compact]));
+                        slo.on_job(&ev.job_id, rec, now);
                     }
-                    idx.dirty.insert(ev.job_id);
-                    idx.last_seq = seq;
+                    dirty.insert(ev.job_id);
+                    *last_seq = seq;
                     seq += 1;
                 }
                 replies.push((req.reply, *res));
@@ -271,13 +252,11 @@ impl Committer {
         IngestStats::add(&self.stats.accepted, accepted);
         IngestStats::add(&self.stats.duplicates, duplicates);
         IngestStats::add(&self.stats.commits, 1);
-        IngestStats::add(
-            &self.stats.commit_micros,
-            started.elapsed().as_micros() as u64,
-        );
+        IngestStats::add(&self.stats.commit_micros, started.elapsed().as_micros() as u64);
         for (reply, res) in replies {
             let _ = reply.send(Ok(res));
         }
+        self.settings.wake.notify_one();
     }
 }
 
@@ -297,10 +276,7 @@ impl Checkpoint {
     /// idempotent) in small chunks under short read locks, writes them, then the marker.
     fn write(self, store: &Store) {
         if !self.healthy.load(Ordering::Relaxed) {
-            tracing::warn!(
-                through_seq = self.through_seq,
-                "store unhealthy; checkpoint skipped"
-            );
+            tracing::warn!(through_seq = self.through_seq, "store unhealthy; checkpoint skipped");
             return;
         }
         let started = Instant::now();
@@ -309,14 +285,7 @@ impl Checkpoint {
         for chunk in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
             let encoded: Result<Vec<_>, StoreError> = {
                 let idx = self.index.read();
-                chunk
-                    .iter()
-                    .filter_map(|id| {
-                        idx.jobs
-                            .get(id)
-                            .map(|r| crate::store::encode_snapshot(id, r))
-                    })
-                    .collect()
+                chunk.iter().filter_map(|id| idx.jobs.get(id).map(|r| crate::store::encode_snapshot(id, r))).collect()
             };
             result = encoded.and_then(|e| store.write_snapshots(e));
             if result.is_err() {

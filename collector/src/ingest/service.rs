@@ -45,10 +45,7 @@ enum Pending {
     /// Nothing to commit (every event rejected or an empty batch).
     Ready(pb::PublishAck),
     /// Waiting for the committer.
-    Committing {
-        ack: pb::PublishAck,
-        rx: oneshot::Receiver<Result<CommitResult, CommitError>>,
-    },
+    Committing { ack: pb::PublishAck, rx: oneshot::Receiver<Result<CommitResult, CommitError>> },
 }
 
 impl Pending {
@@ -61,12 +58,8 @@ impl Pending {
                     ack.duplicates = r.duplicates;
                     Ok(ack)
                 }
-                Ok(Err(CommitError)) => Err(Status::unavailable(
-                    "storage failure; batch not stored, retry later",
-                )),
-                Err(_) => Err(Status::unavailable(
-                    "collector is shutting down; batch not acknowledged, retry",
-                )),
+                Ok(Err(CommitError)) => Err(Status::unavailable("storage failure; batch not stored, retry later")),
+                Err(_) => Err(Status::unavailable("collector is shutting down; batch not acknowledged, retry")),
             },
         }
     }
@@ -81,13 +74,7 @@ impl Ingest {
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
-        Ingest {
-            tx,
-            settings: Arc::new(settings),
-            stats,
-            shutdown,
-            tasks,
-        }
+        Ingest { tx, settings: Arc::new(settings), stats, shutdown, tasks }
     }
 
     /// Validates a batch and queues its valid events for commit.
@@ -100,15 +87,11 @@ impl Ingest {
             )));
         }
         let now = startline_proto::time::now_ms();
-        let mut ack = pb::PublishAck {
-            batch_seq: req.batch_seq,
-            ..Default::default()
-        };
+        let mut ack = pb::PublishAck { batch_seq: req.batch_seq, ..Default::default() };
         let mut prepared = Vec::with_capacity(req.events.len());
         for (i, ev) in req.events.into_iter().enumerate() {
-            let checked = validate_event(&ev, now, &self.settings.limits).and_then(|()| {
-                CompactEvent::from_pb(&ev, 0).ok_or_else(|| field_error("kind", "is required"))
-            });
+            let checked = validate_event(&ev, now, &self.settings.limits)
+                .and_then(|()| CompactEvent::from_pb(&ev, 0).ok_or_else(|| field_error("kind", "is required")));
             match checked {
                 Ok(compact) => prepared.push(PreparedEvent {
                     encoded: encode_log_value(&ev),
@@ -129,20 +112,17 @@ impl Ingest {
             return Ok(Pending::Ready(ack));
         }
         let (reply, rx) = oneshot::channel();
-        let commit = CommitRequest {
-            events: prepared,
-            reply,
-        };
+        let commit = CommitRequest { events: prepared, reply };
         match self.settings.when_full {
-            WhenFull::Wait => self.tx.send(commit).await.map_err(|_| {
-                Status::unavailable("collector is shutting down; batch not acknowledged, retry")
-            })?,
+            WhenFull::Wait => self
+                .tx
+                .send(commit)
+                .await
+                .map_err(|_| Status::unavailable("collector is shutting down; batch not acknowledged, retry"))?,
             WhenFull::Reject => self.tx.try_send(commit).map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => {
                     IngestStats::add(&self.stats.refused_full, 1);
-                    Status::resource_exhausted(
-                        "ingest queue is full; batch not stored, retry with backoff",
-                    )
+                    Status::resource_exhausted("ingest queue is full; batch not stored, retry with backoff")
                 }
                 mpsc::error::TrySendError::Closed(_) => {
                     Status::unavailable("collector is shutting down; batch not acknowledged, retry")
@@ -154,10 +134,7 @@ impl Ingest {
 }
 
 fn field_error(field: &str, reason: &str) -> startline_proto::FieldError {
-    startline_proto::FieldError {
-        field: field.into(),
-        reason: reason.into(),
-    }
+    startline_proto::FieldError { field: field.into(), reason: reason.into() }
 }
 
 #[tonic::async_trait]
@@ -213,14 +190,9 @@ impl IngestService for Ingest {
         Ok(Response::new(ReceiverStream::new(out_rx)))
     }
 
-    async fn publish_batch(
-        &self,
-        request: Request<pb::PublishRequest>,
-    ) -> Result<Response<pb::PublishAck>, Status> {
+    async fn publish_batch(&self, request: Request<pb::PublishRequest>) -> Result<Response<pb::PublishAck>, Status> {
         if self.shutdown.is_cancelled() {
-            return Err(Status::unavailable(
-                "collector is shutting down; batch not acknowledged, retry",
-            ));
+            return Err(Status::unavailable("collector is shutting down; batch not acknowledged, retry"));
         }
         let pending = self.submit(request.into_inner()).await?;
         pending.resolve().await.map(Response::new)
@@ -240,13 +212,8 @@ mod tests {
             when_full,
             limits: startline_proto::Limits::default(),
         };
-        let ingest = Ingest::new(
-            tx,
-            settings,
-            Arc::new(IngestStats::default()),
-            CancellationToken::new(),
-            TaskTracker::new(),
-        );
+        let ingest =
+            Ingest::new(tx, settings, Arc::new(IngestStats::default()), CancellationToken::new(), TaskTracker::new());
         (ingest, rx)
     }
 
@@ -256,15 +223,10 @@ mod tests {
             job_id: "j".into(),
             attempt: None,
             source: "t".into(),
-            occurred_at: Some(startline_proto::time::ms_to_timestamp(
-                startline_proto::time::now_ms(),
-            )),
+            occurred_at: Some(startline_proto::time::ms_to_timestamp(startline_proto::time::now_ms())),
             kind: Some(Kind::NodeLost(pb::NodeLost::default())),
         };
-        Request::new(pb::PublishRequest {
-            batch_seq: seq,
-            events: vec![ev],
-        })
+        Request::new(pb::PublishRequest { batch_seq: seq, events: vec![ev] })
     }
 
     #[tokio::test]
@@ -277,18 +239,9 @@ mod tests {
         while ingest.tx.capacity() > 0 {
             tokio::task::yield_now().await;
         }
-        let err = ingest
-            .publish_batch(batch(2))
-            .await
-            .expect_err("queue is full");
+        let err = ingest.publish_batch(batch(2)).await.expect_err("queue is full");
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
-        assert_eq!(
-            ingest
-                .stats
-                .refused_full
-                .load(std::sync::atomic::Ordering::Relaxed),
-            1
-        );
+        assert_eq!(ingest.stats.refused_full.load(std::sync::atomic::Ordering::Relaxed), 1);
         pending.abort();
     }
 
@@ -302,10 +255,7 @@ mod tests {
         // Act as the committer: answer both, in order; the second could only enter after the first left.
         for _ in 0..2 {
             let req = rx.recv().await.expect("a batch arrives");
-            let _ = req.reply.send(Ok(CommitResult {
-                accepted: req.events.len() as u32,
-                duplicates: 0,
-            }));
+            let _ = req.reply.send(Ok(CommitResult { accepted: req.events.len() as u32, duplicates: 0 }));
         }
         for h in [first, second] {
             let ack = h.await.expect("task").expect("acked").into_inner();

@@ -44,10 +44,7 @@ pub enum EventKind {
     /// The job was accepted, with its attributes (shared with the timeline, not copied).
     Submitted(Arc<JobAttrs>),
     /// The job waits for a reason; the provider's raw reason is kept for display and alerts.
-    Queued {
-        reason: pb::WaitReason,
-        raw_reason: Arc<str>,
-    },
+    Queued { reason: pb::WaitReason, raw_reason: Arc<str> },
     /// Nodes were assigned.
     NodeAssigned,
     /// A preparation phase started.
@@ -65,10 +62,7 @@ pub enum EventKind {
     /// A node of the job was lost.
     NodeLost,
     /// The job ended.
-    Done {
-        outcome: pb::Outcome,
-        exit_code: Option<i32>,
-    },
+    Done { outcome: pb::Outcome, exit_code: Option<i32> },
 }
 
 impl EventKind {
@@ -145,34 +139,18 @@ impl CompactEvent {
                 project: s.project.clone(),
                 chain_id: s.chain_id.clone(),
                 chain_stage: s.chain_stage.clone(),
-                labels: s
-                    .labels
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
+                labels: s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             })),
-            Kind::Queued(q) => EventKind::Queued {
-                reason: q.reason(),
-                raw_reason: Arc::from(q.raw_reason.as_str()),
-            },
+            Kind::Queued(q) => EventKind::Queued { reason: q.reason(), raw_reason: Arc::from(q.raw_reason.as_str()) },
             Kind::NodeAssigned(_) => EventKind::NodeAssigned,
             Kind::Preparing(p) => EventKind::Preparing { phase: p.phase() },
             Kind::FirstStep(f) => EventKind::FirstStep { step: f.step },
             Kind::Checkpoint(c) => EventKind::Checkpoint { step: c.step },
-            Kind::Preempted(p) => EventKind::Preempted {
-                checkpoint_saved: p.checkpoint_saved,
-            },
-            Kind::Requeued(r) => EventKind::Requeued {
-                resume_step: r.resume_step,
-            },
-            Kind::Restarted(r) => EventKind::Restarted {
-                resume_step: r.resume_step,
-            },
+            Kind::Preempted(p) => EventKind::Preempted { checkpoint_saved: p.checkpoint_saved },
+            Kind::Requeued(r) => EventKind::Requeued { resume_step: r.resume_step },
+            Kind::Restarted(r) => EventKind::Restarted { resume_step: r.resume_step },
             Kind::NodeLost(_) => EventKind::NodeLost,
-            Kind::Done(d) => EventKind::Done {
-                outcome: d.outcome(),
-                exit_code: d.exit_code,
-            },
+            Kind::Done(d) => EventKind::Done { outcome: d.outcome(), exit_code: d.exit_code },
         };
         Some(CompactEvent {
             at_ms: ev.occurred_at.as_ref().map(timestamp_to_ms)?,

@@ -1,6 +1,7 @@
 //! A job's record: its compact events in canonical order, plus the timeline derived from them.
 
 use super::{CompactEvent, Timeline};
+
 use serde::{Deserialize, Serialize};
 
 /// All that is known about one job, as kept in memory and in store snapshots.
@@ -11,6 +12,9 @@ pub struct JobRecord {
     /// Derived from `events`; recomputed on every insert.
     #[serde(skip)]
     pub timeline: Timeline,
+    /// The job's current contribution to each SLO that covers it (kept by [`crate::slo::SloEngine`]).
+    #[serde(skip)]
+    pub slo: Vec<crate::slo::Contribution>,
 }
 
 /// What happened when an event was offered to a record.
@@ -28,20 +32,14 @@ impl JobRecord {
     pub fn from_events(mut events: Vec<CompactEvent>) -> Self {
         events.sort_by_key(CompactEvent::sort_key);
         events.dedup_by_key(|e| e.id_hash);
-        let mut r = JobRecord {
-            events,
-            timeline: Timeline::default(),
-        };
+        let mut r = JobRecord { events, ..Default::default() };
         r.rederive();
         r
     }
 
     /// The log sequence of an event with this id hash, if the record has one.
     pub fn seq_of_hash(&self, id_hash: u64) -> Option<u64> {
-        self.events
-            .iter()
-            .find(|e| e.id_hash == id_hash)
-            .map(|e| e.seq)
+        self.events.iter().find(|e| e.id_hash == id_hash).map(|e| e.seq)
     }
 
     /// Inserts an event unless one with the same id hash is present.

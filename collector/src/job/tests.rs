@@ -26,32 +26,15 @@ fn attrs(gpus: u32) -> JobAttrs {
 }
 
 fn e(id: &str, at: i64, kind: EventKind) -> CompactEvent {
-    CompactEvent {
-        at_ms: at,
-        id_hash: event_id_hash(id),
-        seq: 0,
-        attempt: None,
-        kind,
-    }
+    CompactEvent { at_ms: at, id_hash: event_id_hash(id), seq: 0, attempt: None, kind }
 }
 
 fn sub(at: i64) -> CompactEvent {
-    e(
-        "sub",
-        at,
-        EventKind::Submitted(std::sync::Arc::new(attrs(8))),
-    )
+    e("sub", at, EventKind::Submitted(std::sync::Arc::new(attrs(8))))
 }
 
 fn queued(id: &str, at: i64, reason: pb::WaitReason) -> CompactEvent {
-    e(
-        id,
-        at,
-        EventKind::Queued {
-            reason,
-            raw_reason: format!("raw-{id}").into(),
-        },
-    )
+    e(id, at, EventKind::Queued { reason, raw_reason: format!("raw-{id}").into() })
 }
 
 fn record(events: Vec<CompactEvent>) -> JobRecord {
@@ -68,39 +51,16 @@ fn splits_the_wait_before_the_first_step_into_segments() {
         sub(T0),
         queued("q", T0 + 10 * S, pb::WaitReason::Capacity),
         e("na", T0 + 60 * S, EventKind::NodeAssigned),
-        e(
-            "p1",
-            T0 + 70 * S,
-            EventKind::Preparing {
-                phase: pb::PreparingPhase::ImagePull,
-            },
-        ),
-        e(
-            "p2",
-            T0 + 100 * S,
-            EventKind::Preparing {
-                phase: pb::PreparingPhase::DataStaging,
-            },
-        ),
+        e("p1", T0 + 70 * S, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
+        e("p2", T0 + 100 * S, EventKind::Preparing { phase: pb::PreparingPhase::DataStaging }),
         e("fs", T0 + 130 * S, EventKind::FirstStep { step: 1 }),
         e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 500 }),
-        e(
-            "done",
-            T0 + 2000 * S,
-            EventKind::Done {
-                outcome: pb::Outcome::Succeeded,
-                exit_code: Some(0),
-            },
-        ),
+        e("done", T0 + 2000 * S, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
     ]);
     let t = &r.timeline;
     assert_eq!(t.state, JobState::Done);
     assert_eq!(t.time_to_first_step_ms(), Some(130 * S));
-    let w: Vec<(String, i64)> = t
-        .initial_wait_ms
-        .iter()
-        .map(|(s, v)| (s.label(), *v))
-        .collect();
+    let w: Vec<(String, i64)> = t.initial_wait_ms.iter().map(|(s, v)| (s.label(), *v)).collect();
     assert_eq!(
         w,
         vec![
@@ -113,10 +73,7 @@ fn splits_the_wait_before_the_first_step_into_segments() {
     );
     assert_eq!(t.last_checkpoint, Some((T0 + 1000 * S, 500)));
     assert_eq!(t.outcome, Some(pb::Outcome::Succeeded));
-    assert_eq!(
-        (t.runs, t.attempts, t.preemptions, t.lost_work_ms),
-        (1, 1, 0, 0)
-    );
+    assert_eq!((t.runs, t.attempts, t.preemptions, t.lost_work_ms), (1, 1, 0, 0));
 }
 
 #[test]
@@ -125,18 +82,8 @@ fn preemption_without_checkpoint_loses_work_since_last_checkpoint() {
         sub(T0),
         e("fs", T0 + 100 * S, EventKind::FirstStep { step: 1 }),
         e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 900 }),
-        e(
-            "pre",
-            T0 + 1600 * S,
-            EventKind::Preempted {
-                checkpoint_saved: false,
-            },
-        ),
-        e(
-            "rq",
-            T0 + 1601 * S,
-            EventKind::Requeued { resume_step: 900 },
-        ),
+        e("pre", T0 + 1600 * S, EventKind::Preempted { checkpoint_saved: false }),
+        e("rq", T0 + 1601 * S, EventKind::Requeued { resume_step: 900 }),
         queued("q2", T0 + 1602 * S, pb::WaitReason::Capacity),
         e("fs2", T0 + 2000 * S, EventKind::FirstStep { step: 901 }),
     ]);
@@ -146,11 +93,7 @@ fn preemption_without_checkpoint_loses_work_since_last_checkpoint() {
     assert!((t.lost_gpu_seconds() - 600.0 * 8.0).abs() < 1e-9);
     assert_eq!(t.requeue_wait_ms, 400 * S);
     assert_eq!((t.runs, t.attempts, t.preemptions), (2, 2, 1));
-    assert_eq!(
-        t.first_step_at,
-        Some(T0 + 100 * S),
-        "the first step is the first run's"
-    );
+    assert_eq!(t.first_step_at, Some(T0 + 100 * S), "the first step is the first run's");
     assert_eq!(t.time_to_first_step_ms(), Some(100 * S));
 }
 
@@ -159,20 +102,11 @@ fn preemption_with_checkpoint_saved_loses_nothing_and_resume_from_scratch_loses_
     let saved = record(vec![
         sub(T0),
         e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
-        e(
-            "pre",
-            T0 + 500 * S,
-            EventKind::Preempted {
-                checkpoint_saved: true,
-            },
-        ),
+        e("pre", T0 + 500 * S, EventKind::Preempted { checkpoint_saved: true }),
     ]);
     assert_eq!(saved.timeline.lost_work_ms, 0);
     assert_eq!(saved.timeline.state, JobState::Queued);
-    assert_eq!(
-        saved.timeline.current_wait.map(|w| w.0),
-        Some(Segment::Queued(pb::WaitReason::PreemptionRecovery))
-    );
+    assert_eq!(saved.timeline.current_wait.map(|w| w.0), Some(Segment::Queued(pb::WaitReason::PreemptionRecovery)));
 
     let lost = record(vec![
         sub(T0),
@@ -197,26 +131,14 @@ fn events_before_submitted_are_kept_and_applied_when_it_arrives() {
     r.insert(sub(T0));
     assert_eq!(r.timeline.state, JobState::Running);
     assert_eq!(r.timeline.time_to_first_step_ms(), Some(60 * S));
-    assert_eq!(
-        r.timeline
-            .initial_wait_ms
-            .get(&Segment::Queued(pb::WaitReason::Quota)),
-        Some(&(55 * S))
-    );
+    assert_eq!(r.timeline.initial_wait_ms.get(&Segment::Queued(pb::WaitReason::Quota)), Some(&(55 * S)));
 }
 
 #[test]
 fn done_absorbs_later_events() {
     let mut r = record(vec![
         sub(T0),
-        e(
-            "d",
-            T0 + 100 * S,
-            EventKind::Done {
-                outcome: pb::Outcome::Cancelled,
-                exit_code: None,
-            },
-        ),
+        e("d", T0 + 100 * S, EventKind::Done { outcome: pb::Outcome::Cancelled, exit_code: None }),
     ]);
     let before = r.timeline.clone();
     r.insert(e("fs", T0 + 200 * S, EventKind::FirstStep { step: 1 }));
@@ -224,13 +146,7 @@ fn done_absorbs_later_events() {
     assert_eq!(r.timeline.state, JobState::Done);
     assert_eq!(r.timeline.first_step_at, None);
     assert_eq!(r.timeline.ignored_after_done, 2);
-    assert_eq!(
-        Timeline {
-            ignored_after_done: 0,
-            ..r.timeline.clone()
-        },
-        before
-    );
+    assert_eq!(Timeline { ignored_after_done: 0, ..r.timeline.clone() }, before);
     // A job cancelled while waiting: the whole wait is accounted for.
     assert_eq!(r.timeline.initial_wait_ms.values().sum::<i64>(), 100 * S);
 }
@@ -243,25 +159,14 @@ fn events_stamped_before_submit_count_from_submit() {
         e("fs", T0 + 9 * S, EventKind::FirstStep { step: 1 }),
     ]);
     assert_eq!(r.timeline.first_queued_at, Some(T0));
-    assert_eq!(
-        r.timeline
-            .initial_wait_ms
-            .get(&Segment::Queued(pb::WaitReason::Priority)),
-        Some(&(9 * S))
-    );
-    assert_eq!(
-        r.timeline.initial_wait_ms.get(&Segment::Unreported),
-        Some(&0)
-    );
+    assert_eq!(r.timeline.initial_wait_ms.get(&Segment::Queued(pb::WaitReason::Priority)), Some(&(9 * S)));
+    assert_eq!(r.timeline.initial_wait_ms.get(&Segment::Unreported), Some(&0));
 }
 
 #[test]
 fn duplicate_ids_are_detected_by_hash() {
     let mut r = record(vec![sub(T0)]);
-    assert_eq!(
-        r.insert(sub(T0)),
-        InsertOutcome::SameHash { existing_seq: 0 }
-    );
+    assert_eq!(r.insert(sub(T0)), InsertOutcome::SameHash { existing_seq: 0 });
     assert_eq!(r.events.len(), 1);
 }
 
@@ -293,21 +198,14 @@ fn arb_kind() -> impl Strategy<Value = EventKind> {
 /// A job's event set: a submitted plus up to 20 other events, at times within a day around the submit (some
 /// stamped before it, as skewed clocks do), with unique ids.
 fn arb_events() -> impl Strategy<Value = Vec<CompactEvent>> {
-    (
-        any::<bool>(),
-        proptest::collection::vec((-600i64..86_400, arb_kind()), 0..20),
-    )
-        .prop_map(|(with_sub, evs)| {
-            let mut out: Vec<CompactEvent> = evs
-                .into_iter()
-                .enumerate()
-                .map(|(i, (off, kind))| e(&format!("ev{i}"), T0 + off * S, kind))
-                .collect();
-            if with_sub {
-                out.push(sub(T0));
-            }
-            out
-        })
+    (any::<bool>(), proptest::collection::vec((-600i64..86_400, arb_kind()), 0..20)).prop_map(|(with_sub, evs)| {
+        let mut out: Vec<CompactEvent> =
+            evs.into_iter().enumerate().map(|(i, (off, kind))| e(&format!("ev{i}"), T0 + off * S, kind)).collect();
+        if with_sub {
+            out.push(sub(T0));
+        }
+        out
+    })
 }
 
 proptest! {

@@ -18,9 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Where a job is now.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Events arrived but no `submitted` yet; kept until it comes.
@@ -67,10 +65,7 @@ impl JobState {
 
     /// Whether the job is waiting to (re)start training.
     pub fn is_waiting(self) -> bool {
-        matches!(
-            self,
-            JobState::Queued | JobState::Assigned | JobState::Preparing
-        )
+        matches!(self, JobState::Queued | JobState::Assigned | JobState::Preparing)
     }
 }
 
@@ -184,10 +179,7 @@ impl Timeline {
     /// Folds events in canonical order into a timeline.
     pub fn derive(events: &[CompactEvent]) -> Timeline {
         let mut t = Timeline::default();
-        let Some(sub) = events
-            .iter()
-            .find(|e| matches!(e.kind, EventKind::Submitted(_)))
-        else {
+        let Some(sub) = events.iter().find(|e| matches!(e.kind, EventKind::Submitted(_))) else {
             // Nothing is derived until the job's `submitted` arrives; the events are kept.
             return t;
         };
@@ -330,12 +322,7 @@ fn lost_since(at: i64, run_start: Option<i64>, last_ckpt: Option<i64>) -> i64 {
 }
 
 /// Ends the current run and opens a requeue wait.
-fn stop_run(
-    run_start: &mut Option<i64>,
-    requeue_start: &mut Option<i64>,
-    wait: &mut Option<(Segment, i64)>,
-    at: i64,
-) {
+fn stop_run(run_start: &mut Option<i64>, requeue_start: &mut Option<i64>, wait: &mut Option<(Segment, i64)>, at: i64) {
     *run_start = None;
     requeue_start.get_or_insert(at);
     *wait = Some((Segment::Queued(pb::WaitReason::PreemptionRecovery), at));

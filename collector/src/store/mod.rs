@@ -1,6 +1,7 @@
 //! The durable store, on sled. Owns the key layout and the value codecs.
 //!
 //! # Key layout
+//! - tree `alerts`: alert key -> JSON alert record (firing since, resolved at).
 //! - tree `log`: `seq` (u64 big-endian) -> `[1u8] ++ protobuf LifecycleEvent`. Every accepted event, in commit
 //!   order. An event is acknowledged only after its batch is applied here and the database is flushed.
 //! - tree `jobs`: `[1u8] ++ job_id` -> `[1u8] ++ postcard(Vec<CompactEvent>)`. Job snapshots, written by
@@ -62,8 +63,7 @@ pub const SNAPSHOT_CHUNK: usize = 64;
 /// Encodes one job snapshot as a `jobs` tree key and value.
 pub fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
     let mut v = vec![SNAPSHOT_VERSION];
-    let body =
-        postcard::to_stdvec(&rec.events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
+    let body = postcard::to_stdvec(&rec.events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
     v.extend_from_slice(&body);
     let mut key = Vec::with_capacity(1 + job_id.len());
     key.push(JOB_PREFIX);
@@ -77,14 +77,11 @@ pub struct Store {
     db: sled::Db,
     log: sled::Tree,
     jobs: sled::Tree,
+    alerts: sled::Tree,
 }
 
 fn corrupt(what: &'static str, key: &[u8], reason: impl ToString) -> StoreError {
-    StoreError::Corrupt {
-        what,
-        key: String::from_utf8_lossy(key).into_owned(),
-        reason: reason.to_string(),
-    }
+    StoreError::Corrupt { what, key: String::from_utf8_lossy(key).into_owned(), reason: reason.to_string() }
 }
 
 /// Encodes an event as stored in the log.
@@ -98,32 +95,21 @@ pub fn encode_log_value(ev: &pb::LifecycleEvent) -> Vec<u8> {
 
 fn decode_log_value(key: &[u8], v: &[u8]) -> Result<pb::LifecycleEvent, StoreError> {
     match v.split_first() {
-        Some((&LOG_VERSION, rest)) => {
-            pb::LifecycleEvent::decode(rest).map_err(|e| corrupt("log", key, e))
-        }
+        Some((&LOG_VERSION, rest)) => pb::LifecycleEvent::decode(rest).map_err(|e| corrupt("log", key, e)),
         _ => Err(corrupt("log", key, "unknown version byte")),
     }
 }
 
 fn seq_from_key(key: &[u8]) -> Result<u64, StoreError> {
-    let arr: [u8; 8] = key
-        .try_into()
-        .map_err(|_| corrupt("log", key, "key is not 8 bytes"))?;
+    let arr: [u8; 8] = key.try_into().map_err(|_| corrupt("log", key, "key is not 8 bytes"))?;
     Ok(u64::from_be_bytes(arr))
 }
 
 impl Store {
     /// Opens (or creates) the store under `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let db = sled::Config::new()
-            .path(path)
-            .mode(sled::Mode::HighThroughput)
-            .open()?;
-        Ok(Store {
-            log: db.open_tree("log")?,
-            jobs: db.open_tree("jobs")?,
-            db,
-        })
+        let db = sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open()?;
+        Ok(Store { log: db.open_tree("log")?, jobs: db.open_tree("jobs")?, alerts: db.open_tree("alerts")?, db })
     }
 
     /// Reads every job snapshot and replays the log after the last checkpoint.
@@ -133,9 +119,7 @@ impl Store {
             let (k, v) = kv?;
             let job_id = String::from_utf8(k[1..].to_vec()).map_err(|e| corrupt("jobs", &k, e))?;
             let events: Vec<CompactEvent> = match v.split_first() {
-                Some((&SNAPSHOT_VERSION, rest)) => {
-                    postcard::from_bytes(rest).map_err(|e| corrupt("jobs", &k, e))?
-                }
+                Some((&SNAPSHOT_VERSION, rest)) => postcard::from_bytes(rest).map_err(|e| corrupt("jobs", &k, e))?,
                 _ => return Err(corrupt("jobs", &k, "unknown version byte")),
             };
             out.jobs.insert(job_id, JobRecord::from_events(events));
@@ -164,10 +148,7 @@ impl Store {
     pub fn checkpoint_seq(&self) -> Result<u64, StoreError> {
         match self.jobs.get(CHECKPOINT_KEY)? {
             Some(v) => {
-                let arr: [u8; 8] = v
-                    .as_ref()
-                    .try_into()
-                    .map_err(|_| corrupt("jobs", CHECKPOINT_KEY, "not 8 bytes"))?;
+                let arr: [u8; 8] = v.as_ref().try_into().map_err(|_| corrupt("jobs", CHECKPOINT_KEY, "not 8 bytes"))?;
                 Ok(u64::from_be_bytes(arr))
             }
             None => Ok(0),
@@ -241,9 +222,41 @@ impl Store {
     /// Records that snapshots cover the log through `through_seq`. Call only after every snapshot of the
     /// checkpoint is written.
     pub fn write_checkpoint_marker(&self, through_seq: u64) -> Result<(), StoreError> {
-        self.jobs
-            .insert(CHECKPOINT_KEY, &through_seq.to_be_bytes())?;
+        self.jobs.insert(CHECKPOINT_KEY, &through_seq.to_be_bytes())?;
         Ok(())
+    }
+
+    /// Saves alert records (by key) and flushes, so a restart neither loses a firing alert nor re-pages a
+    /// resolved one.
+    pub fn save_alerts(&self, alerts: &[crate::alert::AlertRecord]) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for a in alerts {
+            let v = serde_json::to_vec(a).map_err(|e| corrupt("alerts", a.key.as_bytes(), e))?;
+            batch.insert(a.key.as_bytes(), v);
+        }
+        self.alerts.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Forgets alert records.
+    pub fn delete_alerts(&self, keys: &[String]) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for k in keys {
+            batch.remove(k.as_bytes());
+        }
+        self.alerts.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Every stored alert record.
+    pub fn load_alerts(&self) -> Result<Vec<crate::alert::AlertRecord>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.alerts.iter() {
+            let (k, v) = kv?;
+            out.push(serde_json::from_slice(&v).map_err(|e| corrupt("alerts", &k, e))?);
+        }
+        Ok(out)
     }
 
     /// Flushes everything written so far.

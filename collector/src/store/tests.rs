@@ -28,12 +28,7 @@ fn submitted() -> Kind {
 }
 
 /// Writes events through the store the way the committer does, updating an in-memory map alongside.
-fn write(
-    store: &Store,
-    mem: &mut BTreeMap<String, JobRecord>,
-    seq: &mut u64,
-    events: &[pb::LifecycleEvent],
-) {
+fn write(store: &Store, mem: &mut BTreeMap<String, JobRecord>, seq: &mut u64, events: &[pb::LifecycleEvent]) {
     let mut entries = Vec::new();
     for e in events {
         *seq += 1;
@@ -57,20 +52,13 @@ fn reopen_restores_identical_state_from_snapshots_and_log_tail() {
             &mut seq,
             &[
                 ev("a", "a1", 1_000_000, submitted()),
-                ev(
-                    "a",
-                    "a2",
-                    1_060_000,
-                    Kind::FirstStep(pb::FirstStep { step: 1 }),
-                ),
+                ev("a", "a2", 1_060_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
                 ev("b", "b1", 1_000_000, submitted()),
             ],
         );
         // Checkpoint covers a and b so far; later events live only in the log tail.
         let through = seq;
-        store
-            .checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), through)
-            .expect("checkpoint");
+        store.checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), through).expect("checkpoint");
         write(
             &store,
             &mut mem,
@@ -80,28 +68,16 @@ fn reopen_restores_identical_state_from_snapshots_and_log_tail() {
                     "b",
                     "b2",
                     1_100_000,
-                    Kind::Queued(pb::Queued {
-                        reason: 1,
-                        raw_reason: "Pending".into(),
-                        message: String::new(),
-                    }),
+                    Kind::Queued(pb::Queued { reason: 1, raw_reason: "Pending".into(), message: String::new() }),
                 ),
-                ev(
-                    "c",
-                    "c1",
-                    1_200_000,
-                    Kind::FirstStep(pb::FirstStep { step: 1 }),
-                ),
+                ev("c", "c1", 1_200_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
             ],
         );
     }
     let store = Store::open(dir.path()).expect("reopen");
     let restored = store.restore().expect("restore");
     assert_eq!(restored.snapshots, 2);
-    assert_eq!(
-        restored.replayed, 2,
-        "only the tail after the checkpoint is replayed"
-    );
+    assert_eq!(restored.replayed, 2, "only the tail after the checkpoint is replayed");
     assert_eq!(restored.last_seq, seq);
     assert_eq!(restored.jobs, mem);
     // A job still waiting is known after reopen, with its wait reason.
@@ -111,10 +87,7 @@ fn reopen_restores_identical_state_from_snapshots_and_log_tail() {
     // A job whose submitted has not arrived yet is kept.
     assert_eq!(restored.jobs["c"].timeline.state, JobState::Unsubmitted);
     // Raw events are readable by sequence.
-    assert_eq!(
-        store.event(1).expect("read").map(|e| e.event_id),
-        Some("a1".to_string())
-    );
+    assert_eq!(store.event(1).expect("read").map(|e| e.event_id), Some("a1".to_string()));
 }
 
 #[test]

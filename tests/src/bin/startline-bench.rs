@@ -16,9 +16,7 @@
 use startline_agent::simulate::model::{default_pools, job_events};
 use startline_collector::job::{CompactEvent, JobRecord};
 use startline_collector::store::{encode_log_value, Store};
-use startline_proto::pb::{
-    self, ingest_service_client::IngestServiceClient, ingest_service_server,
-};
+use startline_proto::pb::{self, ingest_service_client::IngestServiceClient, ingest_service_server};
 use startline_tests::Collector;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -34,20 +32,12 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        events: 400_000,
-        batch: 1000,
-        restart_jobs: 1_000_000,
-        collector_config: None,
-    };
+    let mut a = Args { events: 400_000, batch: 1000, restart_jobs: 1_000_000, collector_config: None };
     let mut it = std::env::args().skip(1);
     let mut saw_cmd = false;
     while let Some(x) = it.next() {
-        let mut val = |name: &str| {
-            it.next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or(format!("{name} needs a number"))
-        };
+        let mut val =
+            |name: &str| it.next().and_then(|v| v.parse::<u64>().ok()).ok_or(format!("{name} needs a number"));
         match x.as_str() {
             "ingest" => saw_cmd = true,
             "--events" => a.events = val("--events")? as usize,
@@ -59,7 +49,8 @@ fn parse_args() -> Result<Args, String> {
     }
     if !saw_cmd {
         return Err(
-            "usage: startline-bench ingest [--events N] [--batch N] [--restart-jobs N] [--collector-config FILE]".into(),
+            "usage: startline-bench ingest [--events N] [--batch N] [--restart-jobs N] [--collector-config FILE]"
+                .into(),
         );
     }
     Ok(a)
@@ -93,11 +84,7 @@ fn batches(events: Vec<pb::LifecycleEvent>, size: usize) -> Batches {
 
 fn sled_ceiling(events: &[pb::LifecycleEvent], batch: usize) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
-    let db = sled::Config::new()
-        .path(dir.path())
-        .mode(sled::Mode::HighThroughput)
-        .open()
-        .expect("sled");
+    let db = sled::Config::new().path(dir.path()).mode(sled::Mode::HighThroughput).open().expect("sled");
     let tree = db.open_tree("log").expect("tree");
     let start = Instant::now();
     let mut seq = 0u64;
@@ -127,11 +114,8 @@ impl ingest_service_server::IngestService for Noop {
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             while let Ok(Some(r)) = inbound.message().await {
-                let ack = pb::PublishAck {
-                    batch_seq: r.batch_seq,
-                    accepted: r.events.len() as u32,
-                    ..Default::default()
-                };
+                let ack =
+                    pb::PublishAck { batch_seq: r.batch_seq, accepted: r.events.len() as u32, ..Default::default() };
                 if tx.send(Ok(ack)).await.is_err() {
                     break;
                 }
@@ -171,21 +155,10 @@ async fn closed_loop(endpoint: &str, batches: Batches, window: usize) -> f64 {
     let count = batches.len();
     let (tx, rx) = tokio::sync::mpsc::channel(window);
     let start = Instant::now();
-    let mut acks = c
-        .publish(ReceiverStream::new(rx))
-        .await
-        .expect("publish")
-        .into_inner();
+    let mut acks = c.publish(ReceiverStream::new(rx)).await.expect("publish").into_inner();
     let sender = tokio::spawn(async move {
         for (i, events) in batches.into_iter().enumerate() {
-            if tx
-                .send(pb::PublishRequest {
-                    batch_seq: i as u64 + 1,
-                    events,
-                })
-                .await
-                .is_err()
-            {
+            if tx.send(pb::PublishRequest { batch_seq: i as u64 + 1, events }).await.is_err() {
                 break;
             }
         }
@@ -208,23 +181,12 @@ async fn open_loop(endpoint: &str, batches: Batches, events_per_sec: f64) -> (f6
     let interval = Duration::from_secs_f64(per_batch / events_per_sec);
     let count = batches.len();
     let (tx, rx) = tokio::sync::mpsc::channel(count.max(1));
-    let mut acks = c
-        .publish(ReceiverStream::new(rx))
-        .await
-        .expect("publish")
-        .into_inner();
+    let mut acks = c.publish(ReceiverStream::new(rx)).await.expect("publish").into_inner();
     let t0 = tokio::time::Instant::now() + Duration::from_millis(50);
     let sender = tokio::spawn(async move {
         for (i, events) in batches.into_iter().enumerate() {
             tokio::time::sleep_until(t0 + interval * i as u32).await;
-            if tx
-                .send(pb::PublishRequest {
-                    batch_seq: i as u64 + 1,
-                    events,
-                })
-                .await
-                .is_err()
-            {
+            if tx.send(pb::PublishRequest { batch_seq: i as u64 + 1, events }).await.is_err() {
                 break;
             }
         }
@@ -234,12 +196,7 @@ async fn open_loop(endpoint: &str, batches: Batches, events_per_sec: f64) -> (f6
         match acks.message().await {
             Ok(Some(ack)) => {
                 let due = t0 + interval * (ack.batch_seq as u32 - 1);
-                lat.push(
-                    tokio::time::Instant::now()
-                        .saturating_duration_since(due)
-                        .as_secs_f64()
-                        * 1000.0,
-                );
+                lat.push(tokio::time::Instant::now().saturating_duration_since(due).as_secs_f64() * 1000.0);
             }
             other => panic!("stream ended early: {other:?}"),
         }
@@ -273,21 +230,14 @@ fn dir_size(p: &std::path::Path) -> u64 {
     if let Ok(rd) = std::fs::read_dir(p) {
         for e in rd.flatten() {
             let Ok(md) = e.metadata() else { continue };
-            total += if md.is_dir() {
-                dir_size(&e.path())
-            } else {
-                md.len()
-            };
+            total += if md.is_dir() { dir_size(&e.path()) } else { md.len() };
         }
     }
     total
 }
 
 fn logical_bytes(events: &[pb::LifecycleEvent]) -> u64 {
-    events
-        .iter()
-        .map(|e| encode_log_value(e).len() as u64)
-        .sum()
+    events.iter().map(|e| encode_log_value(e).len() as u64).sum()
 }
 
 /// Builds a store with `jobs` jobs (submitted, queued, first step; a tenth still waiting) directly through the
@@ -310,17 +260,13 @@ fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
         }
         if chunk.len() >= 20_000 {
             store.append_durable(&entries).expect("append");
-            store
-                .checkpoint(chunk.iter().map(|(k, v)| (k.as_str(), v)), seq)
-                .expect("checkpoint");
+            store.checkpoint(chunk.iter().map(|(k, v)| (k.as_str(), v)), seq).expect("checkpoint");
             entries.clear();
             chunk.clear();
         }
     }
     store.append_durable(&entries).expect("append");
-    store
-        .checkpoint(chunk.iter().map(|(k, v)| (k.as_str(), v)), seq)
-        .expect("checkpoint");
+    store.checkpoint(chunk.iter().map(|(k, v)| (k.as_str(), v)), seq).expect("checkpoint");
     store.flush().expect("flush");
     seq
 }
@@ -333,10 +279,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(run(args));
 }
 
@@ -346,55 +289,35 @@ async fn run(a: Args) {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         std::fs::read_to_string("/proc/cpuinfo")
             .ok()
-            .and_then(
-                |s| s.lines().find(|l| l.starts_with("model name")).map(|l| l
-                    .split(':')
-                    .nth(1)
-                    .unwrap_or("")
-                    .trim()
-                    .to_string())
-            )
+            .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l
+                .split(':')
+                .nth(1)
+                .unwrap_or("")
+                .trim()
+                .to_string()))
             .unwrap_or_default()
     );
     println!("## startline-bench ingest");
-    println!(
-        "machine: {machine}; events per phase: {}; batch: {}",
-        a.events, a.batch
-    );
+    println!("machine: {machine}; events per phase: {}; batch: {}", a.events, a.batch);
 
     // Ceiling 1: raw sled.
     let ev = make_events(a.events, "sled");
     let bytes_per_event = logical_bytes(&ev) as f64 / ev.len() as f64;
     let sled_eps = sled_ceiling(&ev, a.batch);
     drop(ev);
-    println!(
-        "- sled ceiling (batch insert + flush per {}): {:.0} events/s",
-        a.batch, sled_eps
-    );
+    println!("- sled ceiling (batch insert + flush per {}): {:.0} events/s", a.batch, sled_eps);
 
     // Ceiling 2: no-op tonic server, same messages.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let noop = tokio::spawn(
         tonic::transport::Server::builder()
             .initial_stream_window_size(Some(4 << 20))
             .initial_connection_window_size(Some(16 << 20))
-            .add_service(
-                ingest_service_server::IngestServiceServer::new(Noop)
-                    .max_decoding_message_size(64 << 20),
-            )
-            .serve_with_incoming(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            ),
+            .add_service(ingest_service_server::IngestServiceServer::new(Noop).max_decoding_message_size(64 << 20))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))),
     );
-    let noop_eps = closed_loop(
-        &format!("http://{addr}"),
-        batches(make_events(a.events, "noop"), a.batch),
-        8,
-    )
-    .await;
+    let noop_eps = closed_loop(&format!("http://{addr}"), batches(make_events(a.events, "noop"), a.batch), 8).await;
     noop.abort();
     println!("- no-op tonic ceiling (stream, 8 batches in flight): {noop_eps:.0} events/s");
 
@@ -412,10 +335,7 @@ async fn run(a: Args) {
     let durable_eps = closed_loop(&ep, batches(ev, a.batch), 8).await;
     let cpu = cpu_seconds(c.child.id()) - cpu0;
     println!("- collector durable max (stream, 8 batches in flight): {durable_eps:.0} events/s");
-    println!(
-        "  server CPU per event: {:.1} us",
-        cpu * 1e6 / a.events as f64
-    );
+    println!("  server CPU per event: {:.1} us", cpu * 1e6 / a.events as f64);
 
     let mut lat_rows = Vec::new();
     for (i, share) in [0.1, 0.5].into_iter().enumerate() {
@@ -430,11 +350,8 @@ async fn run(a: Args) {
     let status = c.signal_and_wait("TERM");
     assert!(status.success());
     let on_disk = dir_size(&db);
-    let stored_events = a.events
-        + lat_rows
-            .iter()
-            .map(|r| ((r.1 * 8.0) as usize).clamp(2_000, a.events))
-            .sum::<usize>();
+    let stored_events =
+        a.events + lat_rows.iter().map(|r| ((r.1 * 8.0) as usize).clamp(2_000, a.events)).sum::<usize>();
     println!(
         "  bytes on disk per event: {:.0} (logical {:.0}; {:.2}x)",
         on_disk as f64 / stored_events as f64,
@@ -447,57 +364,34 @@ async fn run(a: Args) {
     let rdb = rdir.path().join("db");
     let build = Instant::now();
     let seqs = build_restart_store(&rdb, a.restart_jobs);
-    println!(
-        "- restart store: {} jobs, {seqs} events, built in {:.1}s",
-        a.restart_jobs,
-        build.elapsed().as_secs_f64()
-    );
+    println!("- restart store: {} jobs, {seqs} events, built in {:.1}s", a.restart_jobs, build.elapsed().as_secs_f64());
     let t = Instant::now();
     let c = Collector::start(&rdb, &["--log", "warn"]);
     let ready = t.elapsed().as_secs_f64();
     let rss = std::fs::read_to_string(format!("/proc/{}/status", c.child.id()))
         .ok()
         .and_then(|s| {
-            s.lines().find(|l| l.starts_with("VmRSS:")).map(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .unwrap_or("0")
-                    .parse::<u64>()
-                    .unwrap_or(0)
-            })
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0))
         })
         .unwrap_or(0);
     drop(c);
-    println!(
-        "  restart to ready: {ready:.2} s; RSS after restore: {} MiB",
-        rss / 1024
-    );
+    println!("  restart to ready: {ready:.2} s; RSS after restore: {} MiB", rss / 1024);
 
     println!();
     println!("| measure | value | ratio |");
     println!("|---|---|---|");
     println!("| sled ceiling | {sled_eps:.0} ev/s | 1.00 |");
-    println!(
-        "| no-op tonic ceiling | {noop_eps:.0} ev/s | {:.2} of sled |",
-        noop_eps / sled_eps
-    );
+    println!("| no-op tonic ceiling | {noop_eps:.0} ev/s | {:.2} of sled |", noop_eps / sled_eps);
     println!(
         "| collector durable max | {durable_eps:.0} ev/s | **{:.2} of sled**, {:.2} of no-op |",
         durable_eps / sled_eps,
         durable_eps / noop_eps
     );
-    println!(
-        "| server CPU per event | {:.1} us | |",
-        cpu * 1e6 / a.events as f64
-    );
+    println!("| server CPU per event | {:.1} us | |", cpu * 1e6 / a.events as f64);
     for (share, rate, p50, p99) in &lat_rows {
-        println!(
-            "| ack latency at {:.0}% ({rate:.0} ev/s) | p50 {p50:.2} ms, p99 {p99:.2} ms | |",
-            share * 100.0
-        );
+        println!("| ack latency at {:.0}% ({rate:.0} ev/s) | p50 {p50:.2} ms, p99 {p99:.2} ms | |", share * 100.0);
     }
-    println!(
-        "| restart to ready, {} jobs | {ready:.2} s | |",
-        a.restart_jobs
-    );
+    println!("| restart to ready, {} jobs | {ready:.2} s | |", a.restart_jobs);
 }

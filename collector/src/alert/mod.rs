@@ -1,0 +1,352 @@
+//! Alerts: per-job pages (an urgent job past its start threshold while still waiting) and multi-window
+//! burn-rate alerts per SLO; their state (firing since, resolved at) kept in the store; delivery to
+//! Alertmanager and webhooks through [`notify`].
+//!
+//! The alert loop is one task. It sleeps until the earliest SLO deadline (the deadline index), a wake-up from
+//! the committer (a job changed), the evaluation tick (burn rates) or the resend tick (re-post firing alerts),
+//! whichever comes first. Deliveries go through bounded queues to notifier tasks, so a slow or failing
+//! notifier never blocks the loop, and never ingest.
+
+pub mod burn;
+pub mod http;
+pub mod notify;
+
+use crate::clock::Clock;
+use crate::config::AlertConfig;
+use crate::state::{JobIndex, SharedIndex};
+use crate::store::Store;
+use serde::{Deserialize, Serialize};
+use startline_proto::labels::Label;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+/// One alert and its lifecycle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AlertRecord {
+    /// Identity: `job/<slo>/<job_id>` or `burn/<slo>/<severity>`.
+    pub key: String,
+    /// Alertmanager labels (identity for deduplication there).
+    pub labels: BTreeMap<String, String>,
+    /// Human-readable details.
+    pub annotations: BTreeMap<String, String>,
+    /// When it started firing (Unix ms).
+    pub starts_at_ms: i64,
+    /// When it resolved, if it has.
+    pub resolved_at_ms: Option<i64>,
+}
+
+impl AlertRecord {
+    /// Whether it is firing.
+    pub fn firing(&self) -> bool {
+        self.resolved_at_ms.is_none()
+    }
+}
+
+/// The current alerts, shared with the API.
+#[derive(Debug, Clone, Default)]
+pub struct AlertBoard(Arc<Mutex<BTreeMap<String, AlertRecord>>>);
+
+impl AlertBoard {
+    /// A copy of every alert.
+    pub fn snapshot(&self) -> Vec<AlertRecord> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    /// Adds or replaces an alert (used when restoring stored state).
+    pub fn insert(&self, a: AlertRecord) {
+        self.with(|b| b.insert(a.key.clone(), a));
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut BTreeMap<String, AlertRecord>) -> R) -> R {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Counters of the alert path.
+#[derive(Debug, Default)]
+pub struct AlertStats {
+    /// Notifications dropped because a notifier's queue was full (the next resend covers firing alerts).
+    pub dropped: std::sync::atomic::AtomicU64,
+}
+
+/// Everything the alert loop needs.
+pub struct AlertLoop {
+    /// The job index (with the SLO engine inside).
+    pub index: SharedIndex,
+    /// The store, for alert state.
+    pub store: Store,
+    /// The clock.
+    pub clock: Clock,
+    /// Settings.
+    pub config: AlertConfig,
+    /// Shared alert state.
+    pub board: AlertBoard,
+    /// Woken by the committer when jobs change.
+    pub wake: Arc<Notify>,
+    /// Queues of the notifier tasks.
+    pub notifiers: Vec<mpsc::Sender<Vec<AlertRecord>>>,
+    /// Counters.
+    pub stats: Arc<AlertStats>,
+    /// Link put in alerts, e.g. the collector's API URL.
+    pub generator_url: String,
+}
+
+fn secs_text(ms: i64) -> String {
+    humantime::format_duration(Duration::from_secs((ms.max(0) / 1000) as u64)).to_string()
+}
+
+impl AlertLoop {
+    /// Runs until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut eval = tokio::time::interval(self.config.evaluation_interval);
+        let mut resend = tokio::time::interval(self.config.resend_interval);
+        eval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut first = true;
+        loop {
+            let next = self.index.read().slo.next_deadline();
+            let deadline = async {
+                match next {
+                    Some(d) => tokio::time::sleep_until(self.clock.instant_at(d)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let (mut do_eval, mut do_resend) = (false, false);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                _ = deadline => {}
+                _ = self.wake.notified() => {}
+                _ = eval.tick() => do_eval = true,
+                _ = resend.tick() => do_resend = true,
+            }
+            let now = self.clock.now_ms();
+            let mut changed = self.job_pages(now, first);
+            first = false;
+            if do_eval {
+                changed.extend(self.burn_alerts(now));
+                self.index.write().slo.prune(now);
+                let keep_from = now - self.config.resolved_retention.as_millis() as i64;
+                let expired: Vec<String> = self.board.with(|b| {
+                    let old: Vec<String> = b
+                        .values()
+                        .filter(|a| a.resolved_at_ms.is_some_and(|r| r < keep_from))
+                        .map(|a| a.key.clone())
+                        .collect();
+                    for k in &old {
+                        b.remove(k);
+                    }
+                    old
+                });
+                if !expired.is_empty() {
+                    if let Err(e) = self.store.delete_alerts(&expired) {
+                        tracing::error!(error = %e, "cannot forget expired alerts");
+                    }
+                }
+            }
+            if !changed.is_empty() {
+                // Stored before delivery, so a crash in between cannot page twice. Inline: alert changes are
+                // rare and a small sled write plus flush takes about a millisecond; keeping it on this task also
+                // keeps paused-clock tests exact.
+                if let Err(e) = self.store.save_alerts(&changed) {
+                    tracing::error!(error = %e, "cannot save alert state");
+                }
+                for a in &changed {
+                    tracing::info!(key = %a.key, firing = a.firing(), "alert");
+                }
+                self.deliver(changed);
+            }
+            if do_resend {
+                // Re-post every firing alert (and those resolved in the last few intervals, in case a resolve was
+                // lost), so Alertmanager keeps them open past their endsAt.
+                let recent = now - 3 * self.config.resend_interval.as_millis() as i64;
+                let all: Vec<AlertRecord> = self
+                    .board
+                    .snapshot()
+                    .into_iter()
+                    .filter(|a| a.resolved_at_ms.is_none_or(|r| r >= recent))
+                    .collect();
+                if !all.is_empty() {
+                    self.deliver(all);
+                }
+            }
+        }
+        tracing::info!("alert loop stopped");
+    }
+
+    fn deliver(&self, alerts: Vec<AlertRecord>) {
+        for n in &self.notifiers {
+            if n.try_send(alerts.clone()).is_err() {
+                self.stats.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!("notifier queue full; notification dropped (firing alerts are re-sent)");
+            }
+        }
+    }
+
+    /// Advances the deadline index and turns page-condition changes into alert changes. On the first pass after
+    /// start, firing per-job alerts whose condition no longer holds are resolved.
+    fn job_pages(&self, now: i64, reconcile: bool) -> Vec<AlertRecord> {
+        let mut out = Vec::new();
+        let mut idx = self.index.write();
+        let JobIndex { jobs, slo, .. } = &mut *idx;
+        slo.advance(jobs, now);
+        let changes = slo.take_changes();
+        for ch in changes {
+            let Some(def) = slo.defs().get(ch.slo as usize) else { continue };
+            if !def.page_on_breach {
+                continue;
+            }
+            let key = format!("job/{}/{}", def.name, ch.job_id);
+            if ch.firing {
+                let Some(rec) = jobs.get(&ch.job_id) else { continue };
+                let t = &rec.timeline;
+                let Some(attrs) = t.attrs.as_ref() else { continue };
+                let sub = t.submitted_at.unwrap_or(now);
+                let reason = t.current_wait.map_or_else(|| "unreported".to_string(), |(s, _)| s.label());
+                let raw = t.current_raw_reason.as_deref().unwrap_or("").to_string();
+                let waited = now - sub;
+                let labels: BTreeMap<String, String> = [
+                    ("alertname", "StartlineJobStartBreach".to_string()),
+                    ("severity", "page".to_string()),
+                    ("slo", def.name.clone()),
+                    ("job_id", ch.job_id.clone()),
+                    ("pool_kind", attrs.pool_kind.label().to_string()),
+                    ("provider", attrs.provider.clone()),
+                    ("pool", attrs.pool.clone()),
+                    ("priority", attrs.priority.label().to_string()),
+                    ("gpu_class", attrs.gpu_class.clone()),
+                    ("region", attrs.region.clone()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+                let annotations: BTreeMap<String, String> = [
+                    (
+                        "summary",
+                        format!(
+                            "{} job {} has waited {} for its first step (threshold {}): {}{}",
+                            attrs.priority.label(),
+                            ch.job_id,
+                            secs_text(waited),
+                            secs_text(def.threshold_ms),
+                            reason,
+                            if raw.is_empty() { String::new() } else { format!(" ({raw})") }
+                        ),
+                    ),
+                    ("waiting_reason", reason),
+                    ("raw_reason", raw),
+                    ("waited_seconds", (waited / 1000).to_string()),
+                    ("threshold_seconds", (def.threshold_ms / 1000).to_string()),
+                    ("submitted_at", crate::api::format_ms(sub)),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+                let fire = self.board.with(|b| match b.get(&key) {
+                    Some(a) if a.firing() => None,
+                    _ => {
+                        let a = AlertRecord {
+                            key: key.clone(),
+                            labels,
+                            annotations,
+                            starts_at_ms: sub + def.threshold_ms,
+                            resolved_at_ms: None,
+                        };
+                        b.insert(key.clone(), a.clone());
+                        Some(a)
+                    }
+                });
+                out.extend(fire);
+            } else {
+                out.extend(self.resolve(&key, now));
+            }
+        }
+        if reconcile {
+            let firing_jobs: Vec<(String, String, String)> = self.board.with(|b| {
+                b.values()
+                    .filter(|a| a.firing() && a.key.starts_with("job/"))
+                    .filter_map(|a| {
+                        Some((a.key.clone(), a.labels.get("slo")?.clone(), a.labels.get("job_id")?.clone()))
+                    })
+                    .collect()
+            });
+            for (key, slo_name, job_id) in firing_jobs {
+                let still = slo.defs().iter().position(|d| d.name == slo_name).is_some_and(|i| {
+                    jobs.get(&job_id).is_some_and(|r| r.slo.iter().any(|c| c.slo as usize == i && c.breached_waiting))
+                });
+                if !still {
+                    out.extend(self.resolve(&key, now));
+                }
+            }
+        }
+        out
+    }
+
+    fn resolve(&self, key: &str, now: i64) -> Option<AlertRecord> {
+        self.board.with(|b| match b.get_mut(key) {
+            Some(a) if a.firing() => {
+                a.resolved_at_ms = Some(now);
+                Some(a.clone())
+            }
+            _ => None,
+        })
+    }
+
+    fn burn_alerts(&self, now: i64) -> Vec<AlertRecord> {
+        let mut out = Vec::new();
+        let idx = self.index.read();
+        for (i, def) in idx.slo.defs().iter().enumerate() {
+            let firing = burn::evaluate(&idx.slo, i, now, self.config.min_jobs);
+            for severity in ["page", "ticket"] {
+                let key = format!("burn/{}/{severity}", def.name);
+                let rules: Vec<&burn::Firing> = firing.iter().filter(|f| f.severity == severity).collect();
+                if rules.is_empty() {
+                    out.extend(self.resolve(&key, now));
+                    continue;
+                }
+                let detail = rules
+                    .iter()
+                    .map(|f| format!("{}: {:.1}x/{:.1}x >= {:.1}x", f.windows, f.long_burn, f.short_burn, f.factor))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let labels: BTreeMap<String, String> = [
+                    ("alertname", "StartlineSLOBurnRate".to_string()),
+                    ("severity", severity.to_string()),
+                    ("slo", def.name.clone()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+                let annotations: BTreeMap<String, String> = [
+                    ("summary", format!("SLO {} is burning its error budget: {detail}", def.name)),
+                    ("windows", rules.iter().map(|f| f.windows).collect::<Vec<_>>().join(",")),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+                let fired = self.board.with(|b| match b.get_mut(&key) {
+                    Some(a) if a.firing() => {
+                        a.annotations = annotations.clone();
+                        None
+                    }
+                    _ => {
+                        let a = AlertRecord {
+                            key: key.clone(),
+                            labels,
+                            annotations,
+                            starts_at_ms: now,
+                            resolved_at_ms: None,
+                        };
+                        b.insert(key.clone(), a.clone());
+                        Some(a)
+                    }
+                });
+                out.extend(fired);
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,146 @@
+//! SLO definitions: a selector over job attributes, a threshold on time to first step, an objective and a
+//! rolling window. Built from config (see `config.rs`), with the built-in defaults `urgent-start` and
+//! `normal-start`.
+
+use crate::job::JobAttrs;
+use startline_proto::labels::Label;
+use startline_proto::pb;
+use std::sync::Arc;
+
+/// A time-of-day window (minutes after local midnight, `from` inclusive, `to` exclusive; may wrap midnight) in a
+/// time zone.
+#[derive(Debug, Clone)]
+pub struct Hours {
+    /// Start, minutes after midnight.
+    pub from_min: u32,
+    /// End, minutes after midnight.
+    pub to_min: u32,
+    /// The zone name as configured (e.g. `Europe/Moscow`).
+    pub tz_name: String,
+    /// The zone, from the system's tz database.
+    pub tz: Arc<tz::TimeZone>,
+}
+
+impl Hours {
+    /// Whether `ms` falls in the window, in local time.
+    pub fn contains(&self, ms: i64) -> bool {
+        let secs = ms.div_euclid(1000);
+        let offset = self.tz.find_local_time_type(secs).map_or(0, |t| i64::from(t.ut_offset()));
+        let minute = ((secs + offset).rem_euclid(86_400) / 60) as u32;
+        if self.from_min <= self.to_min {
+            (self.from_min..self.to_min).contains(&minute)
+        } else {
+            minute >= self.from_min || minute < self.to_min
+        }
+    }
+}
+
+/// Which jobs an SLO covers. Empty lists match everything.
+#[derive(Debug, Clone, Default)]
+pub struct Selector {
+    /// Priority classes.
+    pub priority: Vec<pb::PriorityClass>,
+    /// Pool kinds.
+    pub pool_kind: Vec<pb::PoolKind>,
+    /// Providers.
+    pub provider: Vec<String>,
+    /// Pools.
+    pub pool: Vec<String>,
+    /// GPU classes.
+    pub gpu_class: Vec<String>,
+    /// Regions or sites.
+    pub region: Vec<String>,
+    /// Smallest GPU count (inclusive).
+    pub gpu_count_min: Option<u32>,
+    /// Largest GPU count (inclusive).
+    pub gpu_count_max: Option<u32>,
+    /// Submit time of day.
+    pub hours: Option<Hours>,
+}
+
+impl Selector {
+    /// Whether a job with these attributes, submitted at `submitted_ms`, is covered.
+    pub fn matches(&self, a: &JobAttrs, submitted_ms: i64) -> bool {
+        fn any<T: PartialEq>(list: &[T], v: &T) -> bool {
+            list.is_empty() || list.contains(v)
+        }
+        any(&self.priority, &a.priority)
+            && any(&self.pool_kind, &a.pool_kind)
+            && any(&self.provider, &a.provider)
+            && any(&self.pool, &a.pool)
+            && any(&self.gpu_class, &a.gpu_class)
+            && any(&self.region, &a.region)
+            && self.gpu_count_min.is_none_or(|m| a.gpu_count >= m)
+            && self.gpu_count_max.is_none_or(|m| a.gpu_count <= m)
+            && self.hours.as_ref().is_none_or(|h| h.contains(submitted_ms))
+    }
+
+    /// A JSON description for the API.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "priority": self.priority.iter().map(|p| p.label()).collect::<Vec<_>>(),
+            "pool_kind": self.pool_kind.iter().map(|p| p.label()).collect::<Vec<_>>(),
+            "provider": self.provider,
+            "pool": self.pool,
+            "gpu_class": self.gpu_class,
+            "region": self.region,
+            "gpu_count_min": self.gpu_count_min,
+            "gpu_count_max": self.gpu_count_max,
+            "hours": self.hours.as_ref().map(|h| format!(
+                "{:02}:{:02}-{:02}:{:02} {}", h.from_min / 60, h.from_min % 60, h.to_min / 60, h.to_min % 60, h.tz_name
+            )),
+        })
+    }
+}
+
+/// One start objective.
+#[derive(Debug, Clone)]
+pub struct SloDef {
+    /// Unique name, e.g. `urgent-start`; a bounded metric label.
+    pub name: String,
+    /// Free text.
+    pub description: String,
+    /// Which jobs it covers.
+    pub selector: Selector,
+    /// A job is good when its first step comes within this many ms of submit.
+    pub threshold_ms: i64,
+    /// Target share of good jobs, in (0, 1).
+    pub objective: f64,
+    /// Rolling window, ms.
+    pub window_ms: i64,
+    /// Page on each job that crosses the threshold while still waiting.
+    pub page_on_breach: bool,
+    /// Leave out jobs the user cancelled before their deadline (they did not fail to start; they were
+    /// withdrawn). Jobs cancelled after the deadline stay bad.
+    pub exclude_cancelled: bool,
+}
+
+impl SloDef {
+    /// The built-in defaults: `urgent-start` (urgent jobs, 10 min, 99%, 28 d, pages) and `normal-start` (normal
+    /// jobs, 2 h, 95%, 28 d).
+    pub fn defaults() -> Vec<SloDef> {
+        const DAY: i64 = 86_400_000;
+        vec![
+            SloDef {
+                name: "urgent-start".into(),
+                description: "urgent jobs reach their first training step within 10 minutes".into(),
+                selector: Selector { priority: vec![pb::PriorityClass::Urgent], ..Selector::default() },
+                threshold_ms: 10 * 60_000,
+                objective: 0.99,
+                window_ms: 28 * DAY,
+                page_on_breach: true,
+                exclude_cancelled: true,
+            },
+            SloDef {
+                name: "normal-start".into(),
+                description: "normal jobs reach their first training step within 2 hours".into(),
+                selector: Selector { priority: vec![pb::PriorityClass::Normal], ..Selector::default() },
+                threshold_ms: 2 * 3_600_000,
+                objective: 0.95,
+                window_ms: 28 * DAY,
+                page_on_breach: false,
+                exclude_cancelled: true,
+            },
+        ]
+    }
+}

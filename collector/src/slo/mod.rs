@@ -1,0 +1,343 @@
+//! Start SLOs: which jobs count as good or bad for each objective, the rolling windows of counts and
+//! time-to-first-step histograms, the deadline index that finds threshold crossings while jobs still wait,
+//! and the maths of compliance, error budget and burn rates.
+//!
+//! Rules (also in the README):
+//! - a covered job is **good** when its first step comes within the threshold (decided at the first step);
+//! - it is **bad** the moment it crosses the threshold still waiting (decided at `submitted + threshold`), or
+//!   when it ends before its first step (decided at the end, or at the deadline if that came first);
+//! - a job the user cancelled before its deadline is **excluded** when the SLO says so (default);
+//! - a job still waiting before its deadline is **pending**: not yet in good, bad or total.
+//!
+//! Decision times come from event timestamps, never arrival times, so late and out-of-order events land in the
+//! right buckets; each job's current contribution is remembered and replaced when its timeline changes, so a
+//! late first step that turns a breach into a success moves the job from bad to good instead of counting twice.
+//!
+//! Pure: time arrives as `now_ms`.
+
+pub mod def;
+pub mod window;
+
+use crate::job::{JobRecord, Timeline};
+pub use def::{Hours, Selector, SloDef};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use startline_proto::pb;
+use std::collections::BTreeSet;
+use window::{Counts, WindowState};
+
+/// Burn-rate windows reported for every SLO.
+pub const BURN_WINDOWS: [(&str, i64); 7] = [
+    ("5m", 300_000),
+    ("30m", 1_800_000),
+    ("1h", 3_600_000),
+    ("2h", 7_200_000),
+    ("6h", 21_600_000),
+    ("1d", 86_400_000),
+    ("3d", 259_200_000),
+];
+
+/// A job's standing for one SLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Standing {
+    /// Waiting, deadline not reached.
+    Pending {
+        /// `submitted + threshold`.
+        deadline_ms: i64,
+    },
+    /// First step within the threshold.
+    Good {
+        /// When decided (the first step).
+        at_ms: i64,
+    },
+    /// Crossed the threshold, or ended without starting.
+    Bad {
+        /// When decided.
+        at_ms: i64,
+    },
+    /// Cancelled by the user before the deadline, excluded by the SLO's rule.
+    Excluded,
+}
+
+/// A job's contribution to one SLO, remembered so it can be replaced exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contribution {
+    /// Index of the SLO.
+    pub slo: u16,
+    /// Its standing.
+    pub standing: Standing,
+    /// (started at, time to first step) when the job started.
+    pub ttfs: Option<(i64, i64)>,
+    /// Whether the job is past its deadline and still waiting for its first step (a per-job page condition).
+    pub breached_waiting: bool,
+}
+
+/// Decides a job's contribution to `def` as of `now_ms`; `None` when the SLO does not cover it.
+pub fn assess(slo: u16, def: &SloDef, t: &Timeline, now_ms: i64) -> Option<Contribution> {
+    let attrs = t.attrs.as_ref()?;
+    let sub = t.submitted_at?;
+    if !def.selector.matches(attrs, sub) {
+        return None;
+    }
+    let deadline = sub + def.threshold_ms;
+    let ttfs = t.first_step_at.map(|f| (f, f - sub));
+    let (standing, breached_waiting) = match (t.first_step_at, t.done_at) {
+        (Some(f), _) if f - sub <= def.threshold_ms => (Standing::Good { at_ms: f }, false),
+        (Some(_), _) => (Standing::Bad { at_ms: deadline }, false),
+        (None, Some(d)) => {
+            if d < deadline && def.exclude_cancelled && t.outcome == Some(pb::Outcome::Cancelled) {
+                (Standing::Excluded, false)
+            } else {
+                (Standing::Bad { at_ms: d.min(deadline) }, false)
+            }
+        }
+        (None, None) if now_ms >= deadline => (Standing::Bad { at_ms: deadline }, true),
+        (None, None) => (Standing::Pending { deadline_ms: deadline }, false),
+    };
+    Some(Contribution { slo, standing, ttfs, breached_waiting })
+}
+
+/// A change in a per-job page condition, for the alert loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageChange {
+    /// The SLO's index.
+    pub slo: u16,
+    /// The job.
+    pub job_id: String,
+    /// True: the job crossed its threshold and is still waiting. False: it started or ended.
+    pub firing: bool,
+}
+
+/// All SLOs' state.
+#[derive(Debug)]
+pub struct SloEngine {
+    defs: Vec<SloDef>,
+    windows: Vec<WindowState>,
+    /// Pending jobs by deadline: (deadline, slo, job id). Only waiting jobs before their deadline are here.
+    deadlines: BTreeSet<(i64, u16, String)>,
+    /// Page-condition changes not yet taken by the alert loop.
+    changes: Vec<PageChange>,
+    /// Per SLO: jobs past their deadline and still waiting.
+    breached_waiting: Vec<u64>,
+}
+
+/// The computed status of one SLO over a window.
+#[derive(Debug, Clone, Serialize)]
+pub struct SloStatus {
+    /// The SLO's name.
+    pub name: String,
+    /// The window the figures cover, ms.
+    pub window_ms: i64,
+    /// Good jobs decided in the window.
+    pub good: u64,
+    /// Bad jobs decided in the window.
+    pub bad: u64,
+    /// good + bad.
+    pub total: u64,
+    /// good / total (1 when total is 0).
+    pub compliance: f64,
+    /// The objective.
+    pub objective: f64,
+    /// Share of the error budget left: 1 - bad / (total * (1 - objective)); negative when overspent.
+    pub error_budget_remaining: f64,
+    /// Burn rate per window: (bad / total) / (1 - objective); 0 when the window holds no decided job.
+    pub burn_rates: Vec<(String, f64, u64)>,
+    /// Jobs past the threshold and still waiting, now.
+    pub breached_waiting: u64,
+    /// Jobs waiting before their deadline, now.
+    pub pending: u64,
+    /// Time-to-first-step percentiles of jobs that started in the window, seconds: p50, p90, p95, p99, max.
+    pub ttfs_seconds: Option<Percentiles>,
+}
+
+/// Percentiles in seconds.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Percentiles {
+    /// Jobs in the distribution.
+    pub count: u64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// Percentiles of a histogram of milliseconds. Each is the histogram's value at that quantile: within 1% of
+/// the exact order statistic (two significant figures).
+pub fn percentiles(h: &Histogram<u64>) -> Option<Percentiles> {
+    if h.is_empty() {
+        return None;
+    }
+    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+    Some(Percentiles {
+        count: h.len(),
+        p50: q(0.5),
+        p90: q(0.9),
+        p95: q(0.95),
+        p99: q(0.99),
+        max: h.max() as f64 / 1000.0,
+    })
+}
+
+/// Burn rate: the share of bad jobs relative to the share the objective allows.
+pub fn burn_rate(c: Counts, objective: f64) -> f64 {
+    if c.total() == 0 {
+        return 0.0;
+    }
+    (c.bad as f64 / c.total() as f64) / (1.0 - objective)
+}
+
+impl SloEngine {
+    /// An engine for these definitions.
+    pub fn new(defs: Vec<SloDef>) -> Self {
+        let windows = defs.iter().map(|_| WindowState::default()).collect();
+        let breached_waiting = vec![0; defs.len()];
+        SloEngine { defs, windows, deadlines: BTreeSet::new(), changes: Vec::new(), breached_waiting }
+    }
+
+    /// The definitions.
+    pub fn defs(&self) -> &[SloDef] {
+        &self.defs
+    }
+
+    /// The earliest pending deadline.
+    pub fn next_deadline(&self) -> Option<i64> {
+        self.deadlines.first().map(|(d, _, _)| *d)
+    }
+
+    /// Takes the page-condition changes recorded since the last call.
+    pub fn take_changes(&mut self) -> Vec<PageChange> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Re-assesses one job after its timeline changed, replacing its old contributions.
+    pub fn on_job(&mut self, job_id: &str, rec: &mut JobRecord, now_ms: i64) {
+        let new: Vec<Contribution> =
+            self.defs.iter().enumerate().filter_map(|(i, d)| assess(i as u16, d, &rec.timeline, now_ms)).collect();
+        let old = std::mem::take(&mut rec.slo);
+        for c in &old {
+            self.apply(job_id, c, -1);
+        }
+        for c in &new {
+            self.apply(job_id, c, 1);
+        }
+        // Page-condition changes.
+        for c in &new {
+            let was = old.iter().find(|o| o.slo == c.slo).is_some_and(|o| o.breached_waiting);
+            if c.breached_waiting != was {
+                self.changes.push(PageChange { slo: c.slo, job_id: job_id.to_string(), firing: c.breached_waiting });
+            }
+        }
+        for o in &old {
+            if o.breached_waiting && !new.iter().any(|c| c.slo == o.slo) {
+                self.changes.push(PageChange { slo: o.slo, job_id: job_id.to_string(), firing: false });
+            }
+        }
+        rec.slo = new;
+    }
+
+    fn apply(&mut self, job_id: &str, c: &Contribution, sign: i64) {
+        if c.breached_waiting {
+            let n = &mut self.breached_waiting[c.slo as usize];
+            *n = n.saturating_add_signed(sign);
+        }
+        let w = &mut self.windows[c.slo as usize];
+        match c.standing {
+            Standing::Good { at_ms } => w.count(at_ms, true, sign),
+            Standing::Bad { at_ms } => w.count(at_ms, false, sign),
+            Standing::Pending { deadline_ms } => {
+                let key = (deadline_ms, c.slo, job_id.to_string());
+                if sign > 0 {
+                    self.deadlines.insert(key);
+                } else {
+                    self.deadlines.remove(&key);
+                }
+            }
+            Standing::Excluded => {}
+        }
+        if let Some((started, ttfs)) = c.ttfs {
+            w.ttfs(started, ttfs, sign > 0);
+        }
+    }
+
+    /// Moves every job whose deadline is at or before `now_ms` from pending to bad. Returns how many crossed.
+    pub fn advance(&mut self, jobs: &mut std::collections::BTreeMap<String, JobRecord>, now_ms: i64) -> usize {
+        let mut due = Vec::new();
+        while let Some(first) = self.deadlines.first() {
+            if first.0 > now_ms {
+                break;
+            }
+            if let Some(k) = self.deadlines.pop_first() {
+                due.push(k.2);
+            }
+        }
+        due.sort();
+        due.dedup();
+        for job_id in &due {
+            if let Some(rec) = jobs.get_mut(job_id) {
+                self.on_job(job_id, rec, now_ms);
+            }
+        }
+        due.len()
+    }
+
+    /// Assesses every job from scratch (after a restore), ignoring contributions recorded by another engine.
+    pub fn rebuild(&mut self, jobs: &mut std::collections::BTreeMap<String, JobRecord>, now_ms: i64) {
+        for (id, rec) in jobs.iter_mut() {
+            rec.slo.clear();
+            self.on_job(id, rec, now_ms);
+        }
+    }
+
+    /// Status of SLO `i` over the `window_ms` ending at `now_ms`.
+    pub fn status(&self, i: usize, now_ms: i64, window_ms: i64) -> Option<SloStatus> {
+        let def = self.defs.get(i)?;
+        let w = &self.windows[i];
+        let end = now_ms + 1;
+        let c = w.counts_between(now_ms - window_ms, end);
+        let budget = 1.0 - def.objective;
+        let burn_rates = BURN_WINDOWS
+            .iter()
+            .map(|(name, ms)| {
+                let bc = w.counts_between(now_ms - ms, end);
+                ((*name).to_string(), burn_rate(bc, def.objective), bc.total())
+            })
+            .collect();
+        let pending = self.deadlines.iter().filter(|(_, s, _)| *s as usize == i).count() as u64;
+        Some(SloStatus {
+            name: def.name.clone(),
+            window_ms,
+            good: c.good,
+            bad: c.bad,
+            total: c.total(),
+            compliance: if c.total() == 0 { 1.0 } else { c.good as f64 / c.total() as f64 },
+            objective: def.objective,
+            error_budget_remaining: if c.total() == 0 { 1.0 } else { 1.0 - c.bad as f64 / (c.total() as f64 * budget) },
+            burn_rates,
+            breached_waiting: self.breached_waiting[i],
+            pending,
+            ttfs_seconds: percentiles(&w.ttfs_between(now_ms - window_ms, end)),
+        })
+    }
+
+    /// Counts decided in a window, for burn-rate alerting.
+    pub fn counts(&self, i: usize, now_ms: i64, window_ms: i64) -> Counts {
+        self.windows.get(i).map_or(Counts::default(), |w| w.counts_between(now_ms - window_ms, now_ms + 1))
+    }
+
+    /// Drops window buckets older than every SLO window and every burn window needs.
+    pub fn prune(&mut self, now_ms: i64) {
+        for (d, w) in self.defs.iter().zip(self.windows.iter_mut()) {
+            w.prune_before(now_ms - d.window_ms.max(3 * 86_400_000) - 86_400_000);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,237 @@
+//! SLO maths: table tests of the rules, properties (good + bad = total; budget and burn identities; order and
+//! lateness do not change counts), and percentiles checked against exact order statistics.
+
+use super::*;
+use crate::job::{event_id_hash, CompactEvent, EventKind, JobAttrs, JobRecord};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z, an hour boundary
+const MIN: i64 = 60_000;
+
+fn attrs(priority: pb::PriorityClass) -> Arc<JobAttrs> {
+    Arc::new(JobAttrs {
+        pool_kind: pb::PoolKind::Managed,
+        provider: "sagemaker".into(),
+        pool: "p".into(),
+        priority,
+        gpu_class: "h100".into(),
+        gpu_count: 8,
+        node_count: 1,
+        region: "r".into(),
+        team: String::new(),
+        project: String::new(),
+        chain_id: String::new(),
+        chain_stage: String::new(),
+        labels: Default::default(),
+    })
+}
+
+fn ev(job: &str, n: u32, at: i64, kind: EventKind) -> CompactEvent {
+    CompactEvent { at_ms: at, id_hash: event_id_hash(&format!("{job}-{n}")), seq: 0, attempt: None, kind }
+}
+
+fn urgent_slo() -> SloDef {
+    SloDef::defaults().remove(0)
+}
+
+/// The independent rule, written the plain way: (good, bad, excluded) for a job, or None when pending.
+fn expected(
+    sub: i64,
+    first_step: Option<i64>,
+    done: Option<(i64, pb::Outcome)>,
+    now: i64,
+    threshold: i64,
+) -> Option<&'static str> {
+    match (first_step, done) {
+        (Some(f), _) => Some(if f - sub <= threshold { "good" } else { "bad" }),
+        (None, Some((d, o))) => {
+            Some(if o == pb::Outcome::Cancelled && d < sub + threshold { "excluded" } else { "bad" })
+        }
+        (None, None) => (now >= sub + threshold).then_some("bad"),
+    }
+}
+
+#[test]
+fn standing_rules() {
+    let def = urgent_slo();
+    let sub = ev("j", 0, T0, EventKind::Submitted(attrs(pb::PriorityClass::Urgent)));
+    let rec = |extra: Vec<CompactEvent>| {
+        let mut all = vec![sub.clone()];
+        all.extend(extra);
+        JobRecord::from_events(all)
+    };
+    let a = |r: &JobRecord, now| assess(0, &def, &r.timeline, now).map(|c| (c.standing, c.breached_waiting));
+    // Waiting, before and after the deadline.
+    let waiting = rec(vec![]);
+    assert_eq!(a(&waiting, T0 + 9 * MIN), Some((Standing::Pending { deadline_ms: T0 + 10 * MIN }, false)));
+    assert_eq!(a(&waiting, T0 + 10 * MIN), Some((Standing::Bad { at_ms: T0 + 10 * MIN }, true)));
+    // Started in time; started late (bad, decided at the deadline).
+    let fast = rec(vec![ev("j", 1, T0 + 10 * MIN, EventKind::FirstStep { step: 1 })]);
+    assert_eq!(a(&fast, T0 + 60 * MIN), Some((Standing::Good { at_ms: T0 + 10 * MIN }, false)));
+    let slow = rec(vec![ev("j", 1, T0 + 25 * MIN, EventKind::FirstStep { step: 1 })]);
+    assert_eq!(a(&slow, T0 + 60 * MIN), Some((Standing::Bad { at_ms: T0 + 10 * MIN }, false)));
+    // Failed to start: bad at the failure. Cancelled before the deadline: excluded; after it: bad at the deadline.
+    let done = |at, outcome| rec(vec![ev("j", 1, at, EventKind::Done { outcome, exit_code: None })]);
+    assert_eq!(
+        a(&done(T0 + 3 * MIN, pb::Outcome::Failed), T0 + 60 * MIN),
+        Some((Standing::Bad { at_ms: T0 + 3 * MIN }, false))
+    );
+    assert_eq!(a(&done(T0 + 3 * MIN, pb::Outcome::Cancelled), T0 + 60 * MIN), Some((Standing::Excluded, false)));
+    assert_eq!(
+        a(&done(T0 + 30 * MIN, pb::Outcome::Cancelled), T0 + 60 * MIN),
+        Some((Standing::Bad { at_ms: T0 + 10 * MIN }, false))
+    );
+    // Not covered: a normal job.
+    let normal = JobRecord::from_events(vec![ev("n", 0, T0, EventKind::Submitted(attrs(pb::PriorityClass::Normal)))]);
+    assert_eq!(a(&normal, T0), None);
+}
+
+#[test]
+fn late_first_step_moves_a_breach_to_good_without_double_counting() {
+    let mut e = SloEngine::new(vec![urgent_slo()]);
+    let mut jobs = BTreeMap::new();
+    jobs.insert(
+        "j".to_string(),
+        JobRecord::from_events(vec![ev("j", 0, T0, EventKind::Submitted(attrs(pb::PriorityClass::Urgent)))]),
+    );
+    e.rebuild(&mut jobs, T0);
+    assert_eq!(e.next_deadline(), Some(T0 + 10 * MIN));
+    assert_eq!(e.advance(&mut jobs, T0 + 10 * MIN), 1);
+    assert_eq!(e.take_changes(), vec![PageChange { slo: 0, job_id: "j".into(), firing: true }]);
+    assert_eq!(e.counts(0, T0 + 11 * MIN, 3_600_000), Counts { good: 0, bad: 1 });
+    // The first step, stamped 9 minutes after submit, arrives late.
+    let rec = jobs.get_mut("j").expect("job");
+    rec.insert(ev("j", 1, T0 + 9 * MIN, EventKind::FirstStep { step: 1 }));
+    e.on_job("j", rec, T0 + 12 * MIN);
+    assert_eq!(e.counts(0, T0 + 12 * MIN, 3_600_000), Counts { good: 1, bad: 0 });
+    assert_eq!(e.take_changes(), vec![PageChange { slo: 0, job_id: "j".into(), firing: false }]);
+    assert_eq!(e.next_deadline(), None);
+}
+
+#[test]
+fn late_submitted_places_the_job_by_its_own_times() {
+    let mut e = SloEngine::new(vec![urgent_slo()]);
+    let mut rec =
+        JobRecord::from_events(vec![ev("j", 1, T0 - 2 * 86_400_000 + 5 * MIN, EventKind::FirstStep { step: 1 })]);
+    e.on_job("j", &mut rec, T0);
+    assert_eq!(e.counts(0, T0, 28 * 86_400_000).total(), 0, "not covered until submitted arrives");
+    rec.insert(ev("j", 0, T0 - 2 * 86_400_000, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))));
+    e.on_job("j", &mut rec, T0);
+    // Decided two days ago: inside 3d, outside 1d.
+    assert_eq!(e.counts(0, T0, 3 * 86_400_000), Counts { good: 1, bad: 0 });
+    assert_eq!(e.counts(0, T0, 86_400_000).total(), 0);
+}
+
+/// A job's submit time, effective first step and end, as the test computes them.
+type Truth = (i64, Option<i64>, Option<(i64, pb::Outcome)>);
+
+/// A random job: submit offset, optional first-step delay, optional end.
+fn arb_job() -> impl Strategy<Value = (i64, Option<i64>, Option<(i64, u8)>, bool)> {
+    (0i64..6 * 60, prop::option::of(1i64..40), prop::option::of((1i64..40, 0u8..3)), any::<bool>())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn counts_match_an_independent_computation_whatever_the_arrival_order(
+        jobs in proptest::collection::vec(arb_job(), 1..40),
+        order in proptest::collection::vec(any::<prop::sample::Index>(), 0..200),
+        now_off in 0i64..8 * 60,
+    ) {
+        let def = urgent_slo();
+        let threshold = def.threshold_ms;
+        let now = T0 + now_off * MIN;
+        // Build every job's events, in minutes.
+        let mut events: Vec<(String, CompactEvent)> = Vec::new();
+        let mut truth: Vec<Truth> = Vec::new();
+        for (i, (sub_m, fs, done, urgent)) in jobs.iter().enumerate() {
+            if !urgent { continue; }
+            let id = format!("j{i}");
+            let sub = T0 + sub_m * MIN;
+            events.push((id.clone(), ev(&id, 0, sub, EventKind::Submitted(attrs(pb::PriorityClass::Urgent)))));
+            let fs_at = fs.map(|d| sub + d * MIN).filter(|t| *t <= now);
+            let done_at = done.map(|(d, o)| (sub + d * MIN, [pb::Outcome::Failed, pb::Outcome::Cancelled, pb::Outcome::Succeeded][o as usize])).filter(|(t, _)| *t <= now);
+            if let Some(f) = fs_at { events.push((id.clone(), ev(&id, 1, f, EventKind::FirstStep { step: 1 }))); }
+            if let Some((d, o)) = done_at { events.push((id.clone(), ev(&id, 2, d, EventKind::Done { outcome: o, exit_code: None }))); }
+            // What the timeline will hold: done absorbs a later first step, and a first step after done is ignored.
+            let eff_fs = match (fs_at, done_at) { (Some(f), Some((d, _))) if f > d => None, (f, _) => f };
+            truth.push((sub, eff_fs, done_at));
+        }
+        // Deliver in a scrambled order (with repeats), re-assessing each time, then everything once more.
+        let mut e = SloEngine::new(vec![def]);
+        let mut recs: BTreeMap<String, JobRecord> = BTreeMap::new();
+        let deliver = |e: &mut SloEngine, recs: &mut BTreeMap<String, JobRecord>, (id, evt): &(String, CompactEvent)| {
+            let r = recs.entry(id.clone()).or_default();
+            r.insert(evt.clone());
+            e.on_job(id, r, now);
+        };
+        for ix in &order {
+            if !events.is_empty() { deliver(&mut e, &mut recs, &events[ix.index(events.len())]); }
+        }
+        for item in &events { deliver(&mut e, &mut recs, item); }
+        e.advance(&mut recs, now);
+
+        let (mut good, mut bad) = (0u64, 0u64);
+        for (sub, fs, done) in &truth {
+            match expected(*sub, *fs, *done, now, threshold) {
+                Some("good") => good += 1,
+                Some("bad") => bad += 1,
+                _ => {}
+            }
+        }
+        let c = e.counts(0, now, 400 * 86_400_000);
+        prop_assert_eq!(c, Counts { good, bad });
+        // A fresh engine rebuilt from the final records agrees.
+        let mut fresh = SloEngine::new(vec![urgent_slo()]);
+        fresh.rebuild(&mut recs, now);
+        prop_assert_eq!(fresh.counts(0, now, 400 * 86_400_000), c);
+        // Identities.
+        let st = e.status(0, now, 28 * 86_400_000).expect("status");
+        prop_assert_eq!(st.good + st.bad, st.total);
+        if st.total > 0 {
+            let budget = 1.0 - st.objective;
+            prop_assert!((st.compliance - st.good as f64 / st.total as f64).abs() < 1e-12);
+            prop_assert!((st.error_budget_remaining - (1.0 - st.bad as f64 / (st.total as f64 * budget))).abs() < 1e-9);
+            // Burn rate over the whole window times the budget is the bad share; remaining budget = 1 - that burn.
+            let burn = burn_rate(c, st.objective);
+            prop_assert!((burn * budget - st.bad as f64 / st.total as f64).abs() < 1e-12);
+            prop_assert!((st.error_budget_remaining - (1.0 - burn)).abs() < 1e-9);
+        }
+    }
+}
+
+#[test]
+fn percentiles_are_within_one_percent_of_exact_order_statistics() {
+    let mut e = SloEngine::new(vec![SloDef { threshold_ms: 86_400_000, ..urgent_slo() }]);
+    let mut rng = 0x2545F4914F6CDD1Du64;
+    let mut values = Vec::new();
+    for i in 0..5000u32 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // Heavy-tailed waits from 1 s to ~3 hours.
+        let u = (rng >> 11) as f64 / (1u64 << 53) as f64;
+        let ttfs = (1000.0 * (1.0 / (1.0 - u * 0.99)).powf(2.0)) as i64;
+        let id = format!("p{i}");
+        let sub = T0 + 1800 * 1000 - ttfs.min(1_700_000); // every start falls inside the queried window
+        let start = sub + ttfs;
+        let mut rec = JobRecord::from_events(vec![
+            ev(&id, 0, sub, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
+            ev(&id, 1, start, EventKind::FirstStep { step: 1 }),
+        ]);
+        e.on_job(&id, &mut rec, start + 1);
+        values.push(ttfs as f64 / 1000.0);
+    }
+    values.sort_by(f64::total_cmp);
+    let exact = |q: f64| values[((q * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1];
+    let st = e.status(0, T0 + 20 * 86_400_000, 28 * 86_400_000).expect("status");
+    let p = st.ttfs_seconds.expect("percentiles");
+    assert_eq!(p.count, 5000);
+    for (got, q) in [(p.p50, 0.5), (p.p90, 0.9), (p.p95, 0.95), (p.p99, 0.99), (p.max, 1.0)] {
+        let want = exact(q);
+        assert!((got - want).abs() <= want * 0.01 + 0.001, "q{q}: histogram {got} vs exact {want}");
+    }
+}

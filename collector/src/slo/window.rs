@@ -1,0 +1,134 @@
+//! Rolling-window bookkeeping for one SLO: good/bad counts per minute (by the time a job was decided) and
+//! time-to-first-step HDR histograms per hour (by the time the job started). Both support removing a job's
+//! contribution, so a late event that changes a job's outcome moves it instead of counting it twice.
+//!
+//! HDR histograms cannot decrement, so each hour keeps an `added` and a `removed` histogram; a window's
+//! distribution is `sum(added) - sum(removed)`, exact because only recorded values are ever removed.
+
+use hdrhistogram::Histogram;
+use std::collections::BTreeMap;
+
+/// Minute buckets for counts.
+pub const COUNT_BUCKET_MS: i64 = 60_000;
+/// Hour buckets for histograms.
+pub const HIST_BUCKET_MS: i64 = 3_600_000;
+/// Largest time to first step recorded exactly: 60 days (larger values are clamped to it).
+pub const MAX_TTFS_MS: u64 = 60 * 86_400_000;
+/// Significant figures of the histograms: values are exact to within 1% (relative).
+pub const SIGFIG: u8 = 2;
+
+/// Good and bad counts of one minute.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Jobs decided good.
+    pub good: u64,
+    /// Jobs decided bad.
+    pub bad: u64,
+}
+
+impl Counts {
+    /// good + bad.
+    pub fn total(&self) -> u64 {
+        self.good + self.bad
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    // Constant, valid bounds: hdrhistogram only rejects low < 1, high < 2 * low or sigfig > 5.
+    Histogram::new_with_bounds(1, MAX_TTFS_MS, SIGFIG).expect("constant histogram bounds are valid")
+}
+
+/// The window state of one SLO.
+#[derive(Debug, Default)]
+pub struct WindowState {
+    counts: BTreeMap<i64, Counts>,
+    hists: BTreeMap<i64, (Histogram<u64>, Histogram<u64>)>,
+}
+
+fn bucket(ms: i64, width: i64) -> i64 {
+    ms.div_euclid(width) * width
+}
+
+impl WindowState {
+    /// Adds (`+1`) or removes (`-1`) one decided job at `at_ms`.
+    pub fn count(&mut self, at_ms: i64, good: bool, sign: i64) {
+        let c = self.counts.entry(bucket(at_ms, COUNT_BUCKET_MS)).or_default();
+        let slot = if good { &mut c.good } else { &mut c.bad };
+        *slot = slot.saturating_add_signed(sign);
+        if c.total() == 0 {
+            self.counts.remove(&bucket(at_ms, COUNT_BUCKET_MS));
+        }
+    }
+
+    /// Adds or removes one time to first step, for a job that started at `started_ms`.
+    pub fn ttfs(&mut self, started_ms: i64, ttfs_ms: i64, add: bool) {
+        let v = (ttfs_ms.max(1) as u64).min(MAX_TTFS_MS);
+        let (added, removed) =
+            self.hists.entry(bucket(started_ms, HIST_BUCKET_MS)).or_insert_with(|| (new_hist(), new_hist()));
+        let h = if add { added } else { removed };
+        // Values are clamped into the histogram's range, so recording cannot fail.
+        let _ = h.record(v);
+    }
+
+    /// Counts decided in `[from_ms, to_ms)` (minute-aligned: buckets whose start is in the range).
+    pub fn counts_between(&self, from_ms: i64, to_ms: i64) -> Counts {
+        let mut out = Counts::default();
+        for c in self.counts.range(bucket(from_ms, COUNT_BUCKET_MS)..to_ms).map(|(_, c)| c) {
+            out.good += c.good;
+            out.bad += c.bad;
+        }
+        out
+    }
+
+    /// The time-to-first-step distribution of jobs that started in `[from_ms, to_ms)` (hour-aligned).
+    pub fn ttfs_between(&self, from_ms: i64, to_ms: i64) -> Histogram<u64> {
+        let mut added = new_hist();
+        let mut removed = new_hist();
+        for (a, r) in self.hists.range(bucket(from_ms, HIST_BUCKET_MS)..to_ms).map(|(_, h)| h) {
+            let _ = added.add(a);
+            let _ = removed.add(r);
+        }
+        let _ = added.subtract(&removed);
+        added
+    }
+
+    /// Drops buckets that end before `keep_from_ms`.
+    pub fn prune_before(&mut self, keep_from_ms: i64) {
+        let c = bucket(keep_from_ms, COUNT_BUCKET_MS);
+        self.counts = self.counts.split_off(&c);
+        let h = bucket(keep_from_ms, HIST_BUCKET_MS);
+        self.hists = self.hists.split_off(&h);
+    }
+
+    /// Minute buckets held (for memory accounting and tests).
+    pub fn count_buckets(&self) -> usize {
+        self.counts.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removing_a_value_restores_the_distribution() {
+        let mut w = WindowState::default();
+        for v in [1_000, 2_000, 3_000, 400_000] {
+            w.ttfs(7_200_000, v, true);
+        }
+        w.ttfs(7_200_000, 400_000, false);
+        let h = w.ttfs_between(0, 10_800_000);
+        assert_eq!(h.len(), 3);
+        assert!(h.max() < 3_100);
+    }
+
+    #[test]
+    fn counts_move_between_buckets() {
+        let mut w = WindowState::default();
+        w.count(60_000, false, 1);
+        w.count(60_000, false, -1);
+        w.count(120_000, true, 1);
+        assert_eq!(w.counts_between(0, 60_000 * 10), Counts { good: 1, bad: 0 });
+        assert_eq!(w.count_buckets(), 1);
+    }
+}
