@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Runs every Startline test on a fresh machine: installs what the tests need (Python grpcio for the foreign-client
-# test, cargo-nextest if missing), checks formatting and lints, builds the binaries the end-to-end tests start,
+# Runs every Startline test on a fresh machine: installs what the tests need (Debian's Alertmanager and tzdata,
+# Python grpcio for the foreign-client test, cargo-nextest if missing), checks formatting and lints, builds the binaries the end-to-end tests start,
 # and runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '==> %s\n' "$*"; }
 
+# Debian packages the integration tests start for real: Alertmanager (alerting test), tzdata (SLO time zones).
+need=()
+command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+[ -e /usr/share/zoneinfo/Europe/Moscow ] || need+=(tzdata)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
 if ! python3 -c 'import grpc_tools, grpc_health' 2>/dev/null; then
   log "installing Python grpcio, grpcio-tools, grpcio-health-checking (foreign client test)"
   python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools grpcio-health-checking

@@ -209,3 +209,87 @@ pub fn submitted(kind: pb::PoolKind, priority: pb::PriorityClass, gpus: u32) -> 
 pub fn ago(secs_ago: i64) -> i64 {
     startline_proto::time::now_ms() - secs_ago * 1000
 }
+
+/// A webhook receiver: accepts HTTP POSTs on a free loopback port and keeps (path, JSON body) of each.
+#[derive(Clone)]
+pub struct HookServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    received: std::sync::Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>,
+}
+
+impl HookServer {
+    /// Starts the receiver on a background thread.
+    pub fn start() -> HookServer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind hook");
+        let addr = listener.local_addr().expect("addr");
+        let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let store = received.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let _ = handle_hook(stream, &store);
+                });
+            }
+        });
+        HookServer { addr, received }
+    }
+
+    /// Everything received so far.
+    pub fn received(&self) -> Vec<(String, serde_json::Value)> {
+        self.received.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Waits until `pred` holds for some received body, up to `timeout`; returns it.
+    pub fn wait_for(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&str, &serde_json::Value) -> bool,
+    ) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some((_, v)) = self.received().into_iter().find(|(p, v)| pred(p, v)) {
+                return Some(v);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+fn handle_hook(mut s: TcpStream, store: &std::sync::Mutex<Vec<(String, serde_json::Value)>>) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(s.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    let path = request_line.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h)?;
+        let t = h.trim();
+        if t.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = t.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body)?;
+    if let Ok(v) = serde_json::from_slice(&body) {
+        if let Ok(mut g) = store.lock() {
+            g.push((path, v));
+        }
+    }
+    s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    Ok(())
+}
+
+/// A free loopback port (bound and released; fine for tools that cannot be told to use port 0).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}

@@ -350,3 +350,6 @@ impl AlertLoop {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;
