@@ -215,8 +215,11 @@ pub fn ago(secs_ago: i64) -> i64 {
 pub struct HookServer {
     /// Where it listens.
     pub addr: SocketAddr,
-    received: std::sync::Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>,
+    received: std::sync::Arc<std::sync::Mutex<Vec<Received>>>,
 }
+
+/// One request the hook got: path, JSON body, arrival (Unix ms).
+type Received = (String, serde_json::Value, i64);
 
 impl HookServer {
     /// Starts the receiver on a background thread.
@@ -238,6 +241,11 @@ impl HookServer {
 
     /// Everything received so far.
     pub fn received(&self) -> Vec<(String, serde_json::Value)> {
+        self.received_at().into_iter().map(|(p, v, _)| (p, v)).collect()
+    }
+
+    /// Everything received so far, with arrival times (Unix ms).
+    pub fn received_at(&self) -> Vec<(String, serde_json::Value, i64)> {
         self.received.lock().map(|v| v.clone()).unwrap_or_default()
     }
 
@@ -258,7 +266,7 @@ impl HookServer {
     }
 }
 
-fn handle_hook(mut s: TcpStream, store: &std::sync::Mutex<Vec<(String, serde_json::Value)>>) -> std::io::Result<()> {
+fn handle_hook(mut s: TcpStream, store: &std::sync::Mutex<Vec<Received>>) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut reader = BufReader::new(s.try_clone()?);
     let mut request_line = String::new();
@@ -280,9 +288,10 @@ fn handle_hook(mut s: TcpStream, store: &std::sync::Mutex<Vec<(String, serde_jso
     }
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body)?;
+    let at = startline_proto::time::now_ms();
     if let Ok(v) = serde_json::from_slice(&body) {
         if let Ok(mut g) = store.lock() {
-            g.push((path, v));
+            g.push((path, v, at));
         }
     }
     s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;

@@ -76,6 +76,68 @@ pub fn evaluate(engine: &SloEngine, i: usize, now_ms: i64, min_jobs: u64) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::{event_id_hash, CompactEvent, EventKind, JobAttrs, JobRecord};
+    use crate::slo::SloDef;
+    use startline_proto::pb;
+
+    const T0: i64 = 1_767_225_600_000;
+
+    /// `n` urgent jobs submitted a second apart 12 minutes before T0; the first `bad` never start (decided bad
+    /// about 2 minutes before T0), the others start after a minute.
+    fn engine_with(n: i64, bad: i64) -> SloEngine {
+        let mut e = SloEngine::new(SloDef::defaults());
+        for i in 0..n {
+            let id = format!("j{i}");
+            let sub = T0 - 12 * 60_000 + i * 1000;
+            let attrs = std::sync::Arc::new(JobAttrs {
+                pool_kind: pb::PoolKind::Managed,
+                provider: "p".into(),
+                pool: "p".into(),
+                priority: pb::PriorityClass::Urgent,
+                gpu_class: String::new(),
+                gpu_count: 1,
+                node_count: 1,
+                region: String::new(),
+                team: String::new(),
+                project: String::new(),
+                chain_id: String::new(),
+                chain_stage: String::new(),
+                labels: Default::default(),
+            });
+            let mut evs = vec![CompactEvent {
+                at_ms: sub,
+                id_hash: event_id_hash(&id),
+                seq: 0,
+                attempt: None,
+                kind: EventKind::Submitted(attrs),
+            }];
+            if i >= bad {
+                evs.push(CompactEvent {
+                    at_ms: sub + 60_000,
+                    id_hash: 1,
+                    seq: 0,
+                    attempt: None,
+                    kind: EventKind::FirstStep { step: 1 },
+                });
+            }
+            let mut rec = JobRecord::from_events(evs);
+            e.on_job(&id, &mut rec, T0);
+        }
+        e
+    }
+
+    #[test]
+    fn low_volume_guard_keeps_a_single_bad_job_from_paging() {
+        // One job, bad: burn rate 100x, but below min_jobs.
+        assert!(evaluate(&engine_with(1, 1), 0, T0, 5).is_empty());
+        // Ten jobs, three bad: 30% bad / 1% budget = 30x over 1h and 5m -> both page rules (13.44x, 5.6x) fire.
+        let f = evaluate(&engine_with(10, 3), 0, T0, 5);
+        let windows: Vec<&str> = f.iter().map(|x| x.windows).collect();
+        assert!(windows.contains(&"1h/5m") && windows.contains(&"6h/30m"), "{f:?}");
+        assert!(f.iter().all(|x| (x.long_burn - 30.0).abs() < 1e-9 || x.windows != "1h/5m"));
+        // Ten jobs, none bad: nothing.
+        assert!(evaluate(&engine_with(10, 0), 0, T0, 5).is_empty());
+    }
 
     #[test]
     fn factors_match_the_workbook_for_30_days() {

@@ -88,6 +88,15 @@ pub async fn detail(
         .position(|d| d.name == name)
         .ok_or_else(|| ApiError::not_found(format!("slo {name:?} is not defined")))?;
     let d = &idx.slo.defs()[i];
+    if let Some(w) = window {
+        let kept = idx.slo.retained_ms(i);
+        if w > kept {
+            return Err(ApiError::bad_request(format!(
+                "window: slo {name:?} keeps {} of history; ask for at most that",
+                humantime::format_duration(std::time::Duration::from_millis(kept as u64))
+            )));
+        }
+    }
     let mut v = definition(d);
     v["status"] = idx.slo.status(i, now, window.unwrap_or(d.window_ms)).map_or(Value::Null, |st| status_json(&st));
     v["as_of"] = json!(format_ms(now));

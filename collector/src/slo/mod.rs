@@ -170,7 +170,7 @@ pub struct Percentiles {
 
 /// Percentiles of a histogram of milliseconds. Each is the histogram's value at that quantile: within 1% of
 /// the exact order statistic (two significant figures).
-pub fn percentiles(h: &Histogram<u64>) -> Option<Percentiles> {
+pub fn percentiles(h: &Histogram<u32>) -> Option<Percentiles> {
     if h.is_empty() {
         return None;
     }
@@ -331,10 +331,16 @@ impl SloEngine {
         self.windows.get(i).map_or(Counts::default(), |w| w.counts_between(now_ms - window_ms, now_ms + 1))
     }
 
-    /// Drops window buckets older than every SLO window and every burn window needs.
+    /// How far back SLO `i` keeps its buckets: its window (at least the 3-day burn window) plus a day.
+    pub fn retained_ms(&self, i: usize) -> i64 {
+        self.defs.get(i).map_or(0, |d| d.window_ms.max(3 * 86_400_000) + 86_400_000)
+    }
+
+    /// Drops window buckets older than each SLO retains.
     pub fn prune(&mut self, now_ms: i64) {
-        for (d, w) in self.defs.iter().zip(self.windows.iter_mut()) {
-            w.prune_before(now_ms - d.window_ms.max(3 * 86_400_000) - 86_400_000);
+        for i in 0..self.windows.len() {
+            let keep = self.retained_ms(i);
+            self.windows[i].prune_before(now_ms - keep);
         }
     }
 }

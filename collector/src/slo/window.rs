@@ -33,7 +33,7 @@ impl Counts {
     }
 }
 
-fn new_hist() -> Histogram<u64> {
+fn new_hist() -> Histogram<u32> {
     // Constant, valid bounds: hdrhistogram only rejects low < 1, high < 2 * low or sigfig > 5.
     Histogram::new_with_bounds(1, MAX_TTFS_MS, SIGFIG).expect("constant histogram bounds are valid")
 }
@@ -42,7 +42,7 @@ fn new_hist() -> Histogram<u64> {
 #[derive(Debug, Default)]
 pub struct WindowState {
     counts: BTreeMap<i64, Counts>,
-    hists: BTreeMap<i64, (Histogram<u64>, Histogram<u64>)>,
+    hists: BTreeMap<i64, (Histogram<u32>, Histogram<u32>)>,
 }
 
 fn bucket(ms: i64, width: i64) -> i64 {
@@ -81,7 +81,7 @@ impl WindowState {
     }
 
     /// The time-to-first-step distribution of jobs that started in `[from_ms, to_ms)` (hour-aligned).
-    pub fn ttfs_between(&self, from_ms: i64, to_ms: i64) -> Histogram<u64> {
+    pub fn ttfs_between(&self, from_ms: i64, to_ms: i64) -> Histogram<u32> {
         let mut added = new_hist();
         let mut removed = new_hist();
         for (a, r) in self.hists.range(bucket(from_ms, HIST_BUCKET_MS)..to_ms).map(|(_, h)| h) {

@@ -29,27 +29,43 @@ struct Args {
     batch: usize,
     restart_jobs: u64,
     collector_config: Option<String>,
+    waiting: u64,
+    crossing: u64,
+    cmd: String,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut a = Args { events: 400_000, batch: 1000, restart_jobs: 1_000_000, collector_config: None };
+    let mut a = Args {
+        events: 400_000,
+        batch: 1000,
+        restart_jobs: 1_000_000,
+        collector_config: None,
+        waiting: 100_000,
+        crossing: 2_000,
+        cmd: String::new(),
+    };
     let mut it = std::env::args().skip(1);
     let mut saw_cmd = false;
     while let Some(x) = it.next() {
         let mut val =
             |name: &str| it.next().and_then(|v| v.parse::<u64>().ok()).ok_or(format!("{name} needs a number"));
         match x.as_str() {
-            "ingest" => saw_cmd = true,
+            "ingest" | "slo" | "all" => {
+                saw_cmd = true;
+                a.cmd = x.clone();
+            }
+            "--waiting" => a.waiting = val("--waiting")?,
+            "--crossing" => a.crossing = val("--crossing")?,
             "--events" => a.events = val("--events")? as usize,
             "--batch" => a.batch = val("--batch")? as usize,
             "--restart-jobs" => a.restart_jobs = val("--restart-jobs")?,
             "--collector-config" => a.collector_config = Some(it.next().ok_or("--collector-config needs a file")?),
-            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest [--events N] [--batch N] [--restart-jobs N] [--collector-config FILE]")),
+            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest|slo|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--collector-config FILE]")),
         }
     }
     if !saw_cmd {
         return Err(
-            "usage: startline-bench ingest [--events N] [--batch N] [--restart-jobs N] [--collector-config FILE]"
+            "usage: startline-bench ingest|slo|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--collector-config FILE]"
                 .into(),
         );
     }
@@ -240,7 +256,8 @@ fn logical_bytes(events: &[pb::LifecycleEvent]) -> u64 {
     events.iter().map(|e| encode_log_value(e).len() as u64).sum()
 }
 
-/// Builds a store with `jobs` jobs (submitted, queued, first step; a tenth still waiting) directly through the
+/// Builds a store with `jobs` jobs submitted over 23 days (every 2 s; a tenth still waiting, the rest up to their
+/// first step) directly through the
 /// store API, checkpointed as a cleanly stopped collector leaves it.
 fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
     let store = Store::open(path).expect("open");
@@ -251,7 +268,12 @@ fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
     let mut entries = Vec::new();
     for j in 0..jobs {
         let evs = job_events(5, j, t0 + (j as i64) * 2_000, &pools);
-        let keep = if j % 10 == 0 { 2 } else { 4 };
+        // A tenth still waiting (submitted and queued); the rest up to and including their first step.
+        let first_step = evs
+            .iter()
+            .position(|e| matches!(e.kind, Some(pb::lifecycle_event::Kind::FirstStep(_))))
+            .map_or(evs.len(), |i| i + 1);
+        let keep = if j % 10 == 0 { 2 } else { first_step };
         for e in evs.into_iter().take(keep) {
             seq += 1;
             let ce = CompactEvent::from_pb(&e, seq).expect("kind");
@@ -297,9 +319,25 @@ async fn run(a: Args) {
                 .to_string()))
             .unwrap_or_default()
     );
-    println!("## startline-bench ingest");
-    println!("machine: {machine}; events per phase: {}; batch: {}", a.events, a.batch);
+    println!("# startline-bench {} ({machine})", a.cmd);
+    let mut rows: Vec<String> = Vec::new();
+    if a.cmd == "ingest" || a.cmd == "all" {
+        rows.extend(ingest_bench(&a).await);
+    }
+    if a.cmd == "slo" || a.cmd == "all" {
+        rows.extend(breach_bench(&a).await);
+    }
+    rows.extend(restart_bench(&a, a.cmd != "ingest"));
+    println!();
+    println!("| measure | value | ratio |");
+    println!("|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+}
 
+async fn ingest_bench(a: &Args) -> Vec<String> {
+    println!("## ingest: events per phase {}, batch {}", a.events, a.batch);
     // Ceiling 1: raw sled.
     let ev = make_events(a.events, "sled");
     let bytes_per_event = logical_bytes(&ev) as f64 / ev.len() as f64;
@@ -345,21 +383,134 @@ async fn run(a: Args) {
         let ev = make_events(n, &format!("open{i}"));
         let (p50, p99, achieved) = open_loop(&ep, batches(ev, 100), rate).await;
         println!("- open loop at {:.0}% of max ({rate:.0} ev/s offered, {achieved:.0} achieved), batches of 100: ack p50 {p50:.2} ms, p99 {p99:.2} ms", share * 100.0);
-        lat_rows.push((share, rate, p50, p99));
+        lat_rows.push((share, rate, p50, p99, n));
     }
     let status = c.signal_and_wait("TERM");
     assert!(status.success());
     let on_disk = dir_size(&db);
-    let stored_events =
-        a.events + lat_rows.iter().map(|r| ((r.1 * 8.0) as usize).clamp(2_000, a.events)).sum::<usize>();
+    let stored_events = a.events + lat_rows.iter().map(|r| r.4).sum::<usize>();
+    let per_event = on_disk as f64 / stored_events as f64;
     println!(
-        "  bytes on disk per event: {:.0} (logical {:.0}; {:.2}x)",
-        on_disk as f64 / stored_events as f64,
-        bytes_per_event,
-        on_disk as f64 / stored_events as f64 / bytes_per_event
+        "  bytes on disk per event: {per_event:.0} (logical {bytes_per_event:.0}; {:.2}x)",
+        per_event / bytes_per_event
     );
 
-    // Restart to ready over `restart_jobs` jobs.
+    let mut rows = vec![
+        format!("| sled ceiling | {sled_eps:.0} ev/s | 1.00 |"),
+        format!("| no-op tonic ceiling | {noop_eps:.0} ev/s | {:.2} of sled |", noop_eps / sled_eps),
+        format!(
+            "| collector durable max | {durable_eps:.0} ev/s | **{:.2} of sled**, {:.3} of no-op |",
+            durable_eps / sled_eps,
+            durable_eps / noop_eps
+        ),
+        format!("| server CPU per event | {:.1} us | |", cpu * 1e6 / a.events as f64),
+    ];
+    for (share, rate, p50, p99, _) in &lat_rows {
+        rows.push(format!(
+            "| ack latency at {:.0}% of max ({rate:.0} ev/s) | p50 {p50:.2} ms, p99 {p99:.2} ms | |",
+            share * 100.0
+        ));
+    }
+    rows.push(format!(
+        "| bytes on disk per event | {per_event:.0} B | {:.2}x logical ({bytes_per_event:.0} B) |",
+        per_event / bytes_per_event
+    ));
+    rows
+}
+
+/// Breach detection latency: `waiting` jobs wait (normal jobs, 2 h threshold, in the deadline index), and
+/// `crossing` urgent jobs cross a 20 s threshold spread over ~20 s; the collector posts each page to a local
+/// receiver speaking Alertmanager's `POST /api/v2/alerts`. Latency = arrival - the alert's `startsAt` (the
+/// crossing time).
+async fn breach_bench(a: &Args) -> Vec<String> {
+    println!("## breach detection: {} jobs waiting, {} urgent crossings", a.waiting, a.crossing);
+    let hook = startline_tests::HookServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[slo]]\nname = \"urgent-start\"\nthreshold = \"20s\"\nobjective = 99\nwindow = \"1d\"\n[slo.selector]\npriority = [\"urgent\"]\n\n[[slo]]\nname = \"normal-start\"\nthreshold = \"2h\"\nobjective = 95\n[slo.selector]\npriority = [\"normal\"]\n\n[alerts]\nalertmanager = [\"http://{}\"]\nresend_interval = \"1h\"\n",
+            hook.addr
+        ),
+    )
+    .expect("config");
+    let c = Collector::start(&dir.path().join("db"), &["--log", "warn", "--config", cfg.to_str().expect("utf8")]);
+    let mut up = startline_agent::uplink::Publisher::new(startline_agent::uplink::UplinkSettings::new(c.endpoint()))
+        .expect("uplink");
+    let now = startline_proto::time::now_ms();
+    let mk = |job: String, at: i64, prio: pb::PriorityClass| pb::LifecycleEvent {
+        event_id: "s".into(),
+        job_id: job,
+        attempt: None,
+        source: "bench".into(),
+        occurred_at: Some(startline_proto::time::ms_to_timestamp(at)),
+        kind: Some(pb::lifecycle_event::Kind::Submitted(pb::Submitted {
+            pool_kind: pb::PoolKind::Dedicated as i32,
+            provider: "slurm".into(),
+            pool: "a100".into(),
+            priority: prio as i32,
+            gpu_count: 8,
+            ..Default::default()
+        })),
+    };
+    let mut batch = Vec::new();
+    for i in 0..a.waiting {
+        batch.push(mk(format!("wait/{i}"), now - (i as i64 % 3_600_000), pb::PriorityClass::Normal));
+        if batch.len() == 1000 {
+            up.send(std::mem::take(&mut batch)).await.expect("send");
+        }
+    }
+    // Urgent jobs whose 20 s deadlines fall 5-25 s from now.
+    for i in 0..a.crossing {
+        let at = now - 15_000 + (i as i64 * 20_000 / a.crossing.max(1) as i64);
+        batch.push(mk(format!("urgent/{i}"), at, pb::PriorityClass::Urgent));
+        if batch.len() == 1000 {
+            up.send(std::mem::take(&mut batch)).await.expect("send");
+        }
+    }
+    up.send(batch).await.expect("send");
+    up.flush().await.expect("flush");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut lat: Vec<f64> = Vec::new();
+    while Instant::now() < deadline {
+        lat.clear();
+        for (_, v, at) in hook.received_at() {
+            for al in v.as_array().cloned().unwrap_or_default() {
+                let starts = al["startsAt"].as_str().and_then(|s| startline_collector::api::parse_time(s).ok());
+                if let (Some(st), true) = (starts, al["labels"]["alertname"] == "StartlineJobStartBreach") {
+                    lat.push((at - st) as f64);
+                }
+            }
+        }
+        if lat.len() as u64 >= a.crossing {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(c);
+    lat.sort_by(f64::total_cmp);
+    if lat.is_empty() {
+        return vec!["| breach detection | no page arrived | |".into()];
+    }
+    let q = |p: f64| lat[((lat.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "- pages received: {} of {}; crossing -> POST received: p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        lat.len(),
+        a.crossing,
+        q(0.5),
+        q(0.99),
+        q(1.0)
+    );
+    vec![format!(
+        "| breach detection, {} waiting, {} crossings | p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms (crossing to Alertmanager POST) | |",
+        a.waiting, lat.len(), q(0.5), q(0.99), q(1.0)
+    )]
+}
+
+/// Restart to ready over `restart_jobs` jobs; with `slo_queries`, SLO status query latency on that store.
+fn restart_bench(a: &Args, slo_queries: bool) -> Vec<String> {
+    println!("## restart: {} jobs", a.restart_jobs);
     let rdir = tempfile::tempdir().expect("tempdir");
     let rdb = rdir.path().join("db");
     let build = Instant::now();
@@ -376,22 +527,33 @@ async fn run(a: Args) {
                 .map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<u64>().unwrap_or(0))
         })
         .unwrap_or(0);
-    drop(c);
     println!("  restart to ready: {ready:.2} s; RSS after restore: {} MiB", rss / 1024);
-
-    println!();
-    println!("| measure | value | ratio |");
-    println!("|---|---|---|");
-    println!("| sled ceiling | {sled_eps:.0} ev/s | 1.00 |");
-    println!("| no-op tonic ceiling | {noop_eps:.0} ev/s | {:.2} of sled |", noop_eps / sled_eps);
-    println!(
-        "| collector durable max | {durable_eps:.0} ev/s | **{:.2} of sled**, {:.2} of no-op |",
-        durable_eps / sled_eps,
-        durable_eps / noop_eps
-    );
-    println!("| server CPU per event | {:.1} us | |", cpu * 1e6 / a.events as f64);
-    for (share, rate, p50, p99) in &lat_rows {
-        println!("| ack latency at {:.0}% ({rate:.0} ev/s) | p50 {p50:.2} ms, p99 {p99:.2} ms | |", share * 100.0);
+    let mut rows = vec![format!(
+        "| restart to ready, {} jobs ({seqs} events) | {ready:.2} s, RSS {} MiB | |",
+        a.restart_jobs,
+        rss / 1024
+    )];
+    if slo_queries {
+        for path in ["/api/v1/slos/normal-start?window=28d", "/api/v1/slos"] {
+            let mut t: Vec<f64> = (0..30)
+                .map(|_| {
+                    let s = Instant::now();
+                    let (status, _) = c.get(path);
+                    assert_eq!(status, 200);
+                    s.elapsed().as_secs_f64() * 1000.0
+                })
+                .collect();
+            t.sort_by(f64::total_cmp);
+            let (_, body) = c.get("/api/v1/slos/normal-start?window=28d");
+            println!(
+                "- GET {path}: p50 {:.2} ms, p99 {:.2} ms (total decided: {})",
+                t[15], t[29], body["status"]["total"]
+            );
+            rows.push(format!(
+                "| SLO status query `{path}`, {} jobs over 23 days, 28 d window | p50 {:.2} ms, max of 30 {:.2} ms | |",
+                a.restart_jobs, t[15], t[29]
+            ));
+        }
     }
-    println!("| restart to ready, {} jobs | {ready:.2} s | |", a.restart_jobs);
+    rows
 }
