@@ -1,0 +1,178 @@
+//! Job metrics kept incrementally: each job carries a small footprint (its bounded labels, whether it waits and
+//! since when, whether it started or ended, its preemptions and lost work). When a job's timeline changes, the
+//! old and new footprints are compared: gauges (jobs waiting by segment, oldest wait by pool) move, and
+//! transitions become observations (a start with its time to first step and wait segments, an end with its
+//! outcome, preemptions, lost GPU-seconds) for the OpenTelemetry instruments. No scan of all jobs per scrape.
+//!
+//! Histograms and counters record each transition once, when it is first seen; a late event that changes an
+//! already recorded time to first step does not re-record it (the SLO windows, which can move a job, are the
+//! exact view). After a restart footprints are rebuilt silently: gauges are exact, counters start from zero.
+
+use super::labels::{JobLabels, LabelLimiter};
+use crate::job::{Segment, Timeline};
+use startline_proto::pb;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// What the metrics know of one job.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Footprint {
+    /// Bounded labels.
+    pub labels: Arc<JobLabels>,
+    /// Waiting now: the segment and when the wait began.
+    pub waiting: Option<(Segment, i64)>,
+    /// Time to first step, once started.
+    pub ttfs_ms: Option<i64>,
+    /// The outcome, once ended.
+    pub outcome: Option<pb::Outcome>,
+    /// Preemptions so far.
+    pub preemptions: u32,
+    /// Lost GPU-seconds so far.
+    pub lost_gpu_seconds: f64,
+}
+
+/// A transition to record in an instrument.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// A job reached its first step.
+    Started {
+        /// Labels.
+        labels: Arc<JobLabels>,
+        /// Time to first step, seconds.
+        ttfs_seconds: f64,
+    },
+    /// One segment of a job's initial wait, recorded when the wait ends (first step or end).
+    WaitSegment {
+        /// Labels.
+        labels: Arc<JobLabels>,
+        /// Segment name, e.g. `queued:capacity`.
+        segment: String,
+        /// Duration, seconds.
+        seconds: f64,
+    },
+    /// A job ended.
+    Finished {
+        /// Labels.
+        labels: Arc<JobLabels>,
+        /// Outcome.
+        outcome: pb::Outcome,
+    },
+    /// Preemptions seen.
+    Preempted {
+        /// Labels.
+        labels: Arc<JobLabels>,
+        /// How many.
+        count: u64,
+    },
+    /// Work lost, GPU-seconds.
+    LostWork {
+        /// Labels.
+        labels: Arc<JobLabels>,
+        /// GPU-seconds.
+        gpu_seconds: f64,
+    },
+}
+
+/// Key of the oldest-wait gauge: pool kind, provider, pool, priority.
+pub type PoolKey = (&'static str, Arc<str>, Arc<str>, &'static str);
+
+/// Gauges over all jobs, kept incrementally.
+#[derive(Debug, Default)]
+pub struct JobGauges {
+    /// Jobs waiting now, by labels and segment.
+    pub waiting: HashMap<(Arc<JobLabels>, String), i64>,
+    /// Waiting jobs by pool and priority, ordered by when their wait began.
+    pub oldest: HashMap<PoolKey, BTreeSet<(i64, String)>>,
+}
+
+fn pool_key(l: &JobLabels) -> PoolKey {
+    (l.pool_kind, l.provider.clone(), l.pool.clone(), l.priority)
+}
+
+/// The footprint of a timeline (None until the job's `submitted` arrives).
+pub fn footprint(t: &Timeline, limiter: &LabelLimiter, previous: Option<&Footprint>) -> Option<Footprint> {
+    let attrs = t.attrs.as_ref()?;
+    // Labels never change for a job (first submitted wins), so reuse them instead of asking the limiter again.
+    let labels = match previous {
+        Some(p) => p.labels.clone(),
+        None => Arc::new(limiter.job(attrs)),
+    };
+    let waiting = if t.state.is_waiting() { t.current_wait.map(|(s, _)| s).zip(t.wait_started_at) } else { None };
+    Some(Footprint {
+        labels,
+        waiting,
+        ttfs_ms: t.time_to_first_step_ms(),
+        outcome: t.outcome,
+        preemptions: t.preemptions,
+        lost_gpu_seconds: t.lost_gpu_seconds(),
+    })
+}
+
+impl JobGauges {
+    /// Applies a job's footprint change; returns the transitions to record (none when `silent`).
+    pub fn update(
+        &mut self,
+        job_id: &str,
+        old: Option<&Footprint>,
+        new: Option<&Footprint>,
+        t: &Timeline,
+        silent: bool,
+    ) -> Vec<Observation> {
+        if let Some(o) = old {
+            if let Some((seg, since)) = o.waiting {
+                let k = (o.labels.clone(), seg.label());
+                if let Some(n) = self.waiting.get_mut(&k) {
+                    *n -= 1;
+                    if *n <= 0 {
+                        self.waiting.remove(&k);
+                    }
+                }
+                if let Some(set) = self.oldest.get_mut(&pool_key(&o.labels)) {
+                    set.remove(&(since, job_id.to_string()));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let Some(n) = new else { return out };
+        if let Some((seg, since)) = n.waiting {
+            *self.waiting.entry((n.labels.clone(), seg.label())).or_insert(0) += 1;
+            self.oldest.entry(pool_key(&n.labels)).or_default().insert((since, job_id.to_string()));
+        }
+        if silent {
+            return out;
+        }
+        let labels = &n.labels;
+        let was_started = old.is_some_and(|o| o.ttfs_ms.is_some());
+        let was_done = old.is_some_and(|o| o.outcome.is_some());
+        let initial_wait_closed_now = (!was_started && n.ttfs_ms.is_some())
+            || (!was_done && n.outcome.is_some() && n.ttfs_ms.is_none() && !was_started);
+        if let (false, Some(ttfs)) = (was_started, n.ttfs_ms) {
+            out.push(Observation::Started { labels: labels.clone(), ttfs_seconds: ttfs as f64 / 1000.0 });
+        }
+        if initial_wait_closed_now {
+            for (seg, ms) in &t.initial_wait_ms {
+                out.push(Observation::WaitSegment { labels: labels.clone(), segment: seg.label(), seconds: *ms as f64 / 1000.0 });
+            }
+        }
+        if let (false, Some(outcome)) = (was_done, n.outcome) {
+            out.push(Observation::Finished { labels: labels.clone(), outcome });
+        }
+        let prev_pre = old.map_or(0, |o| o.preemptions);
+        if n.preemptions > prev_pre {
+            out.push(Observation::Preempted { labels: labels.clone(), count: u64::from(n.preemptions - prev_pre) });
+        }
+        let prev_lost = old.map_or(0.0, |o| o.lost_gpu_seconds);
+        if n.lost_gpu_seconds > prev_lost {
+            out.push(Observation::LostWork { labels: labels.clone(), gpu_seconds: n.lost_gpu_seconds - prev_lost });
+        }
+        out
+    }
+
+    /// Age of the oldest waiting job per pool and priority, seconds, as of `now_ms`.
+    pub fn oldest_ages(&self, now_ms: i64) -> Vec<(PoolKey, f64)> {
+        self.oldest
+            .iter()
+            .filter_map(|(k, set)| set.first().map(|(since, _)| (k.clone(), ((now_ms - since).max(0)) as f64 / 1000.0)))
+            .collect()
+    }
+}
