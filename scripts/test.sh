@@ -7,9 +7,11 @@ cd "$(dirname "$0")/.."
 
 log() { printf '==> %s\n' "$*"; }
 
-# Debian packages the integration tests start for real: Alertmanager (alerting test), tzdata (SLO time zones).
+# Debian packages the integration tests start for real: Alertmanager (alerting test), Prometheus (promtool and the
+# dashboard check), tzdata (SLO time zones).
 need=()
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 [ -e /usr/share/zoneinfo/Europe/Moscow ] || need+=(tzdata)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"

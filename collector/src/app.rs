@@ -16,6 +16,8 @@ use crate::alert::{AlertBoard, AlertLoop, AlertStats};
 use crate::api::{self, ApiState};
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::export::labels::LabelLimiter;
+use crate::export::{Sources, Telemetry};
 use crate::ingest::committer::{self, CommitterSettings};
 use crate::ingest::service::{EdgeSettings, Ingest};
 use crate::ingest::IngestStats;
@@ -90,28 +92,28 @@ pub async fn run_with_clock(
     let started = tokio::time::Instant::now();
     let slo_defs = config.slos.clone();
     let now = clock.now_ms();
-    let (store, restored, slo, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+    let limiter = LabelLimiter::new(&config.metrics.labels);
+    let (store, restored, index, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let store = Store::open(&path)?;
         let mut restored = store.restore()?;
-        // SLO state is derived from the jobs: rebuilding it after a restore finds every deadline crossed while
-        // the collector was down, and stored alert state keeps those pages from repeating.
-        let mut slo = SloEngine::new(slo_defs);
-        slo.rebuild(&mut restored.jobs, now);
+        // SLO state and metric gauges are derived from the jobs: rebuilding them after a restore finds every
+        // deadline crossed while the collector was down, and stored alert state keeps those pages from repeating.
+        let jobs = std::mem::take(&mut restored.jobs);
+        let index = JobIndex::new_at(jobs, restored.last_seq, SloEngine::new(slo_defs), limiter, now);
         let alerts = store.load_alerts()?;
-        Ok((store, restored, slo, alerts))
+        Ok((store, restored, index, alerts))
     })
     .await
     .map_err(|e| AppError::Runtime(format!("restore task: {e}")))?
     .map_err(store_err)?;
     tracing::info!(
-        jobs = restored.jobs.len(),
+        jobs = index.jobs.len(),
         snapshots = restored.snapshots,
         replayed = restored.replayed,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "store restored"
     );
-    let index =
-        SharedIndex::new(JobIndex { jobs: restored.jobs, dirty: Default::default(), last_seq: restored.last_seq, slo });
+    let index = SharedIndex::new(index);
     let board = AlertBoard::default();
     for a in alerts {
         board.insert(a);
@@ -120,6 +122,13 @@ pub async fn run_with_clock(
     let healthy = Arc::new(AtomicBool::new(true));
     let ready = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(IngestStats::default());
+    let telemetry = Arc::new(
+        Telemetry::new(
+            Sources { index: index.clone(), stats: stats.clone(), board: board.clone(), store: store.clone(), clock },
+            config.metrics.otlp.clone(),
+        )
+        .map_err(|e| AppError::Runtime(e.to_string()))?,
+    );
 
     let grpc_listener = TcpListener::bind(config.grpc_listen)
         .await
@@ -142,6 +151,7 @@ pub async fn run_with_clock(
             checkpoint_interval: config.checkpoint_interval,
             clock,
             wake: wake.clone(),
+            telemetry: Some(telemetry.clone()),
         },
         stats.clone(),
         healthy.clone(),
@@ -206,6 +216,7 @@ pub async fn run_with_clock(
         max_page_size: config.max_page_size,
         clock,
         board: board.clone(),
+        telemetry: Some(telemetry.clone()),
     };
     let http_stop_wait = http_stop.clone();
     let http = tokio::spawn(async move {
@@ -286,6 +297,8 @@ pub async fn run_with_clock(
         tracing::error!("committer thread panicked");
     }
     tracing::info!(size_on_disk = store.size_on_disk().unwrap_or(0), "store flushed");
+
+    telemetry.shutdown();
 
     // 5. HTTP last.
     http_stop.cancel();

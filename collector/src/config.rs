@@ -30,6 +30,44 @@ pub struct FileConfig {
     /// `[alerts]`
     #[serde(default)]
     pub alerts: AlertsSection,
+    /// `[metrics]`
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: bounded attribute values and OTLP push.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Providers exported as themselves (others: `other`). Empty: the first `max_values_per_label` seen.
+    #[serde(default)]
+    pub providers: Vec<String>,
+    /// Pools exported as themselves.
+    #[serde(default)]
+    pub pools: Vec<String>,
+    /// GPU classes exported as themselves.
+    #[serde(default)]
+    pub gpu_classes: Vec<String>,
+    /// Regions exported as themselves.
+    #[serde(default)]
+    pub regions: Vec<String>,
+    /// Cap on distinct values of an unlisted attribute. Default 32.
+    pub max_values_per_label: Option<usize>,
+    /// OTLP/gRPC endpoint to push to, e.g. `http://127.0.0.1:4317`. Unset: no push.
+    pub otlp_endpoint: Option<String>,
+    /// OTLP protocol: only `grpc` is built.
+    pub otlp_protocol: Option<String>,
+    /// OTLP push interval. Default 30s.
+    pub otlp_interval: Option<String>,
+}
+
+/// Validated metrics settings.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// Attribute bounds.
+    pub labels: crate::export::labels::LabelSettings,
+    /// OTLP push, when configured.
+    pub otlp: Option<crate::export::OtlpSettings>,
 }
 
 /// `[[slo]]`: one start objective.
@@ -220,6 +258,8 @@ pub struct Config {
     pub slos: Vec<crate::slo::SloDef>,
     /// Alerting.
     pub alerts: AlertConfig,
+    /// Metrics.
+    pub metrics: MetricsConfig,
 }
 
 /// Every problem found in a configuration.
@@ -387,10 +427,45 @@ impl FileConfig {
                 Duration::from_secs(1),
             ),
         };
+        let m = &self.metrics;
+        let otlp_interval =
+            dur(&mut errs, "metrics.otlp_interval", &m.otlp_interval, Duration::from_secs(30), Duration::from_secs(1));
+        match m.otlp_protocol.as_deref() {
+            None | Some("grpc") => {}
+            Some(other) => {
+                errs.push(format!("metrics.otlp_protocol: {other:?} is not supported; only \"grpc\" is built"))
+            }
+        }
+        if let Some(e) = &m.otlp_endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                errs.push(format!("metrics.otlp_endpoint: {e:?} must start with http:// or https://"));
+            }
+        }
+        let metrics = MetricsConfig {
+            labels: crate::export::labels::LabelSettings {
+                providers: m.providers.clone(),
+                pools: m.pools.clone(),
+                gpu_classes: m.gpu_classes.clone(),
+                regions: m.regions.clone(),
+                max_values_per_label: range(
+                    &mut errs,
+                    "metrics.max_values_per_label",
+                    m.max_values_per_label,
+                    32,
+                    1,
+                    1000,
+                ),
+            },
+            otlp: m
+                .otlp_endpoint
+                .clone()
+                .map(|endpoint| crate::export::OtlpSettings { endpoint, interval: otlp_interval }),
+        };
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
         }
         Ok(Config {
+            metrics,
             store_path,
             checkpoint_interval,
             grpc_listen,

@@ -9,6 +9,7 @@
 //! - [`ingest`]: the gRPC edge (validation, policy when full) and the committer thread (group commit, acks).
 //! - [`slo`]: start objectives: selectors, rolling windows of counts and HDR histograms, the deadline index.
 //! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
+//! - [`export`]: metrics: one OpenTelemetry MeterProvider, Prometheus `/metrics` and OTLP push.
 //! - [`clock`]: wall time advanced by tokio's clock (pausable in tests).
 //! - [`api`]: the axum router: JSON API, health and readiness.
 //! - [`app`]: wiring and the shutdown order.
@@ -18,6 +19,7 @@ pub mod api;
 pub mod app;
 pub mod clock;
 pub mod config;
+pub mod export;
 pub mod ingest;
 pub mod job;
 pub mod slo;

@@ -1,5 +1,7 @@
 //! The in-memory job index shared by the committer (the only writer) and readers (API, exporters).
 
+use crate::export::jobs::{footprint, JobGauges, Observation};
+use crate::export::labels::{LabelLimiter, LabelSettings};
 use crate::job::JobRecord;
 use crate::slo::SloEngine;
 use std::collections::{BTreeMap, HashSet};
@@ -17,12 +19,60 @@ pub struct JobIndex {
     pub last_seq: u64,
     /// SLO windows and the deadline index.
     pub slo: SloEngine,
+    /// Job gauges for metrics, kept incrementally.
+    pub gauges: JobGauges,
+    /// Bounds free-text metric attributes.
+    pub limiter: LabelLimiter,
 }
 
 impl Default for JobIndex {
     fn default() -> Self {
-        JobIndex { jobs: BTreeMap::new(), dirty: HashSet::new(), last_seq: 0, slo: SloEngine::new(Vec::new()) }
+        JobIndex::new(BTreeMap::new(), 0, SloEngine::new(Vec::new()), LabelLimiter::new(&LabelSettings::default()))
     }
+}
+
+impl JobIndex {
+    /// An index over restored jobs: assesses every job for the SLOs and the metric gauges (silently: no counter
+    /// moves for history).
+    pub fn new(jobs: BTreeMap<String, JobRecord>, last_seq: u64, slo: SloEngine, limiter: LabelLimiter) -> Self {
+        Self::new_at(jobs, last_seq, slo, limiter, startline_proto::time::now_ms())
+    }
+
+    /// [`JobIndex::new`] as of a given time.
+    pub fn new_at(
+        mut jobs: BTreeMap<String, JobRecord>,
+        last_seq: u64,
+        mut slo: SloEngine,
+        limiter: LabelLimiter,
+        now: i64,
+    ) -> Self {
+        let mut gauges = JobGauges::default();
+        slo.rebuild(&mut jobs, now);
+        for (id, rec) in jobs.iter_mut() {
+            rec.metrics = None;
+            let fp = footprint(&rec.timeline, &limiter, None);
+            gauges.update(id, None, fp.as_ref(), &rec.timeline, true);
+            rec.metrics = fp;
+        }
+        JobIndex { jobs, dirty: HashSet::new(), last_seq, slo, gauges, limiter }
+    }
+}
+
+/// Everything derived from a job after its timeline changed: SLO contributions and metric footprint. Returns the
+/// transitions to record in metrics.
+pub fn on_job_changed(
+    slo: &mut SloEngine,
+    gauges: &mut JobGauges,
+    limiter: &LabelLimiter,
+    job_id: &str,
+    rec: &mut JobRecord,
+    now_ms: i64,
+) -> Vec<Observation> {
+    slo.on_job(job_id, rec, now_ms);
+    let fp = footprint(&rec.timeline, limiter, rec.metrics.as_ref());
+    let obs = gauges.update(job_id, rec.metrics.as_ref(), fp.as_ref(), &rec.timeline, false);
+    rec.metrics = fp;
+    obs
 }
 
 /// A cheaply clonable handle to the index. Readers hold the lock briefly; never across `.await`.

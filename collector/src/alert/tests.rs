@@ -33,6 +33,10 @@ fn urgent_job(id: &str) -> JobRecord {
     }])
 }
 
+fn limiter() -> crate::export::labels::LabelLimiter {
+    crate::export::labels::LabelLimiter::new(&Default::default())
+}
+
 fn alert_config() -> AlertConfig {
     AlertConfig {
         alertmanagers: vec![],
@@ -55,10 +59,9 @@ struct Harness {
 }
 
 fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
-    let mut engine = SloEngine::new(SloDef::defaults());
-    let mut map: BTreeMap<String, JobRecord> = jobs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    engine.rebuild(&mut map, clock.now_ms());
-    let index = SharedIndex::new(JobIndex { jobs: map, dirty: Default::default(), last_seq: 1, slo: engine });
+    let map: BTreeMap<String, JobRecord> = jobs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let index =
+        SharedIndex::new(JobIndex::new_at(map, 1, SloEngine::new(SloDef::defaults()), limiter(), clock.now_ms()));
     let board = AlertBoard::default();
     for a in store.load_alerts().expect("load alerts") {
         board.insert(a);
@@ -176,10 +179,7 @@ async fn a_slow_notifier_never_blocks_the_loop() {
     // A notifier queue of one that nobody reads, and many jobs crossing: the loop keeps going and counts drops.
     let (tx, _rx) = mpsc::channel(1);
     let jobs: BTreeMap<String, JobRecord> = (0..20).map(|i| (format!("j{i}"), urgent_job(&format!("j{i}")))).collect();
-    let mut engine = SloEngine::new(SloDef::defaults());
-    let mut jobs = jobs;
-    engine.rebuild(&mut jobs, T0);
-    let index = SharedIndex::new(JobIndex { jobs, dirty: Default::default(), last_seq: 1, slo: engine });
+    let index = SharedIndex::new(JobIndex::new_at(jobs, 1, SloEngine::new(SloDef::defaults()), limiter(), T0));
     let stats = Arc::new(AlertStats::default());
     let board = AlertBoard::default();
     let stop = CancellationToken::new();

@@ -33,6 +33,8 @@ pub struct ApiState {
     pub clock: crate::clock::Clock,
     /// Current alerts.
     pub board: crate::alert::AlertBoard,
+    /// Metrics, when enabled.
+    pub telemetry: Option<Arc<crate::export::Telemetry>>,
 }
 
 /// An error answer: a status and a message for the client.
@@ -72,10 +74,21 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/slos", get(slos::list))
         .route("/api/v1/slos/{name}", get(slos::detail))
         .route("/api/v1/alerts", get(slos::alerts))
+        .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .with_state(state)
+}
+
+async fn metrics(axum::extract::State(s): axum::extract::State<ApiState>) -> Response {
+    match s.telemetry.as_ref().map(|t| t.prometheus_text()) {
+        Some(Ok(text)) => {
+            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+        }
+        Some(Err(e)) => ApiError::unavailable(e).into_response(),
+        None => ApiError::not_found("metrics are disabled").into_response(),
+    }
 }
 
 async fn healthz(axum::extract::State(s): axum::extract::State<ApiState>) -> Response {

@@ -151,7 +151,11 @@ impl JobGauges {
         }
         if initial_wait_closed_now {
             for (seg, ms) in &t.initial_wait_ms {
-                out.push(Observation::WaitSegment { labels: labels.clone(), segment: seg.label(), seconds: *ms as f64 / 1000.0 });
+                out.push(Observation::WaitSegment {
+                    labels: labels.clone(),
+                    segment: seg.label(),
+                    seconds: *ms as f64 / 1000.0,
+                });
             }
         }
         if let (false, Some(outcome)) = (was_done, n.outcome) {

@@ -6,7 +6,7 @@
 
 use super::IngestStats;
 use crate::job::{CompactEvent, JobRecord};
-use crate::state::SharedIndex;
+use crate::state::{on_job_changed, SharedIndex};
 use crate::store::{Store, StoreError};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,7 +51,7 @@ pub struct CommitRequest {
 }
 
 /// Settings of the committer.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct CommitterSettings {
     /// Most events per group commit.
     pub group_max_events: usize,
@@ -61,6 +61,8 @@ pub struct CommitterSettings {
     pub clock: crate::clock::Clock,
     /// Woken after each commit so the alert loop re-reads deadlines and page changes.
     pub wake: Arc<tokio::sync::Notify>,
+    /// Metrics, when enabled.
+    pub telemetry: Option<Arc<crate::export::Telemetry>>,
 }
 
 /// Starts the committer thread. It runs until every sender of `rx` is dropped, then drains, checkpoints,
@@ -224,23 +226,25 @@ impl Committer {
         let accepted = entries.len() as u64;
         drop(entries);
         let mut replies = Vec::with_capacity(group.len());
+        let mut observations = Vec::new();
         {
             let now = self.settings.clock.now_ms();
             let mut idx = self.index.write();
-            let crate::state::JobIndex { jobs, dirty, last_seq, slo } = &mut *idx;
+            let crate::state::JobIndex { jobs, dirty, last_seq, slo, gauges, limiter } = &mut *idx;
             let mut seq = first_seq;
             for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
                 for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
                     let mut compact = ev.compact;
                     compact.seq = seq;
-                    if let Some(rec) = jobs.get_mut(&ev.job_id) {
+                    let obs = if let Some(rec) = jobs.get_mut(&ev.job_id) {
                         rec.insert_unchecked(compact);
-                        slo.on_job(&ev.job_id, rec, now);
+                        on_job_changed(slo, gauges, limiter, &ev.job_id, rec, now)
                     } else {
                         let rec =
                             jobs.entry(ev.job_id.clone()).or_insert_with(|| JobRecord::from_events(vec![compact]));
-                        slo.on_job(&ev.job_id, rec, now);
-                    }
+                        on_job_changed(slo, gauges, limiter, &ev.job_id, rec, now)
+                    };
+                    observations.extend(obs);
                     dirty.insert(ev.job_id);
                     *last_seq = seq;
                     seq += 1;
@@ -257,6 +261,10 @@ impl Committer {
             let _ = reply.send(Ok(res));
         }
         self.settings.wake.notify_one();
+        if let Some(t) = &self.settings.telemetry {
+            t.record(&observations);
+            t.record_commit(started.elapsed());
+        }
     }
 }
 

@@ -15,6 +15,9 @@ pub struct JobRecord {
     /// The job's current contribution to each SLO that covers it (kept by [`crate::slo::SloEngine`]).
     #[serde(skip)]
     pub slo: Vec<crate::slo::Contribution>,
+    /// What the metrics last saw of the job (kept by [`crate::export::jobs`]).
+    #[serde(skip)]
+    pub metrics: Option<crate::export::jobs::Footprint>,
 }
 
 /// What happened when an event was offered to a record.

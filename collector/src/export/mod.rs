@@ -1,0 +1,354 @@
+//! Metrics: one OpenTelemetry `SdkMeterProvider` with a Prometheus reader (served at `/metrics`) and, when
+//! configured, a periodic OTLP/gRPC exporter. Names follow OpenTelemetry conventions (dot-separated, unit in
+//! metadata); every attribute is bounded (closed enums, config-listed or capped values, SLO names from config),
+//! never a job id. `docs/METRICS.md` specifies each metric.
+//!
+//! Synchronous instruments (histograms, counters) are recorded by the committer from job transitions
+//! ([`jobs`]); gauges are observed at collection time from state kept incrementally (no scan of all jobs).
+
+pub mod jobs;
+pub mod labels;
+
+use crate::alert::AlertBoard;
+use crate::clock::Clock;
+use crate::ingest::IngestStats;
+use crate::state::SharedIndex;
+use crate::store::Store;
+use jobs::Observation;
+use labels::JobLabels;
+use opentelemetry::metrics::{Counter, Histogram, MeterProvider};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Boundaries (seconds) for waits: a second to a week, past Kueue's 10,240 s cap.
+pub const WAIT_BOUNDARIES: [f64; 19] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 43200.0, 86400.0,
+    172800.0, 345600.0, 604800.0,
+];
+/// Boundaries (seconds) for group-commit latency.
+pub const COMMIT_BOUNDARIES: [f64; 11] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+/// OTLP push settings.
+#[derive(Debug, Clone)]
+pub struct OtlpSettings {
+    /// Collector endpoint, e.g. `http://127.0.0.1:4317`.
+    pub endpoint: String,
+    /// Export interval.
+    pub interval: Duration,
+}
+
+/// Failure to set up metrics.
+#[derive(Debug, thiserror::Error)]
+#[error("metrics: {0}")]
+pub struct TelemetryError(String);
+
+/// The synchronous instruments.
+struct Instruments {
+    ttfs: Histogram<f64>,
+    wait: Histogram<f64>,
+    started: Counter<u64>,
+    finished: Counter<u64>,
+    preemptions: Counter<u64>,
+    lost_work: Counter<f64>,
+    commit: Histogram<f64>,
+}
+
+/// The metrics pipeline.
+pub struct Telemetry {
+    provider: SdkMeterProvider,
+    registry: prometheus::Registry,
+    instruments: Instruments,
+}
+
+/// What the gauges read at collection time.
+#[derive(Clone)]
+pub struct Sources {
+    /// Jobs, SLOs and job gauges.
+    pub index: SharedIndex,
+    /// Ingest counters.
+    pub stats: Arc<IngestStats>,
+    /// Alerts.
+    pub board: AlertBoard,
+    /// The store (size on disk).
+    pub store: Store,
+    /// The clock.
+    pub clock: Clock,
+}
+
+fn job_attrs(l: &JobLabels) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("pool.kind", l.pool_kind),
+        KeyValue::new("provider", l.provider.to_string()),
+        KeyValue::new("pool", l.pool.to_string()),
+        KeyValue::new("priority", l.priority),
+        KeyValue::new("gpu.class", l.gpu_class.to_string()),
+        KeyValue::new("region", l.region.to_string()),
+    ]
+}
+
+impl Telemetry {
+    /// Builds the provider, its readers and every instrument.
+    pub fn new(sources: Sources, otlp: Option<OtlpSettings>) -> Result<Telemetry, TelemetryError> {
+        let registry = prometheus::Registry::new();
+        let prom = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_target_info()
+            .build()
+            .map_err(|e| TelemetryError(e.to_string()))?;
+        let mut builder = SdkMeterProvider::builder().with_reader(prom);
+        if let Some(o) = otlp {
+            use opentelemetry_otlp::WithExportConfig;
+            let exporter = opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .with_endpoint(o.endpoint)
+                .build()
+                .map_err(|e| TelemetryError(format!("otlp exporter: {e}")))?;
+            builder = builder.with_reader(
+                opentelemetry_sdk::metrics::PeriodicReader::builder(exporter).with_interval(o.interval).build(),
+            );
+        }
+        let provider = builder.build();
+        let meter = provider.meter("startline-collector");
+
+        let instruments = Instruments {
+            ttfs: meter
+                .f64_histogram("startline.job.time_to_first_step")
+                .with_unit("s")
+                .with_description("Time from submit to the first training step, recorded when a job first starts")
+                .with_boundaries(WAIT_BOUNDARIES.to_vec())
+                .build(),
+            wait: meter
+                .f64_histogram("startline.job.wait.duration")
+                .with_unit("s")
+                .with_description("Time a job spent in each wait segment before its first step (reason or phase)")
+                .with_boundaries(WAIT_BOUNDARIES.to_vec())
+                .build(),
+            started: meter
+                .u64_counter("startline.jobs.started")
+                .with_unit("{job}")
+                .with_description("Jobs that reached their first step")
+                .build(),
+            finished: meter
+                .u64_counter("startline.jobs.finished")
+                .with_unit("{job}")
+                .with_description("Jobs that ended, by outcome")
+                .build(),
+            preemptions: meter
+                .u64_counter("startline.job.preemptions")
+                .with_unit("{preemption}")
+                .with_description("Preemptions of running jobs")
+                .build(),
+            lost_work: meter
+                .f64_counter("startline.job.lost_work.gpu_seconds")
+                .with_unit("{gpu_second}")
+                .with_description(
+                    "GPU-seconds of training lost since the last checkpoint to preemptions, node losses and restarts",
+                )
+                .build(),
+            commit: meter
+                .f64_histogram("startline.collector.commit.duration")
+                .with_unit("s")
+                .with_description("Duration of one group commit (sled write and flush)")
+                .with_boundaries(COMMIT_BOUNDARIES.to_vec())
+                .build(),
+        };
+
+        // Gauges and observable counters, read at collection time.
+        let s = sources.clone();
+        let _ = meter
+            .i64_observable_gauge("startline.jobs.waiting")
+            .with_unit("{job}")
+            .with_description(
+                "Jobs waiting now, by wait segment (queued:<reason>, assigned, preparing:<phase>, unreported)",
+            )
+            .with_callback(move |o| {
+                let idx = s.index.read();
+                for ((labels, segment), n) in &idx.gauges.waiting {
+                    let mut a = job_attrs(labels);
+                    a.push(KeyValue::new("segment", segment.clone()));
+                    o.observe(*n, &a);
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .f64_observable_gauge("startline.job.oldest_wait")
+            .with_unit("s")
+            .with_description("Age of the oldest waiting job, by pool and priority")
+            .with_callback(move |o| {
+                let now = s.clock.now_ms();
+                let idx = s.index.read();
+                for ((kind, provider, pool, priority), age) in idx.gauges.oldest_ages(now) {
+                    o.observe(
+                        age,
+                        &[
+                            KeyValue::new("pool.kind", kind),
+                            KeyValue::new("provider", provider.to_string()),
+                            KeyValue::new("pool", pool.to_string()),
+                            KeyValue::new("priority", priority),
+                        ],
+                    );
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .f64_observable_gauge("startline.slo.compliance")
+            .with_unit("1")
+            .with_description("Share of good jobs over the SLO's window")
+            .with_callback(move |o| {
+                for st in slo_statuses(&s) {
+                    o.observe(st.compliance, &[KeyValue::new("slo", st.name.clone())]);
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .f64_observable_gauge("startline.slo.error_budget.remaining")
+            .with_unit("1")
+            .with_description("Share of the SLO's error budget left over its window (negative when overspent)")
+            .with_callback(move |o| {
+                for st in slo_statuses(&s) {
+                    o.observe(st.error_budget_remaining, &[KeyValue::new("slo", st.name.clone())]);
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .f64_observable_gauge("startline.slo.burn_rate")
+            .with_unit("1")
+            .with_description("Error-budget burn rate over a window: (bad / total) / (1 - objective)")
+            .with_callback(move |o| {
+                for st in slo_statuses(&s) {
+                    for (w, r, _) in &st.burn_rates {
+                        o.observe(*r, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("window", w.clone())]);
+                    }
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .i64_observable_gauge("startline.slo.jobs")
+            .with_unit("{job}")
+            .with_description(
+                "Jobs decided over the SLO's window, by result (good, bad); breached_waiting and pending are now",
+            )
+            .with_callback(move |o| {
+                for st in slo_statuses(&s) {
+                    for (result, n) in [
+                        ("good", st.good),
+                        ("bad", st.bad),
+                        ("breached_waiting", st.breached_waiting),
+                        ("pending", st.pending),
+                    ] {
+                        o.observe(n as i64, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("result", result)]);
+                    }
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .i64_observable_gauge("startline.alerts.firing")
+            .with_unit("{alert}")
+            .with_description("Alerts firing now, by alert name, severity and SLO")
+            .with_callback(move |o| {
+                let mut counts: std::collections::BTreeMap<(String, String, String), i64> = Default::default();
+                for a in s.board.snapshot().into_iter().filter(|a| a.firing()) {
+                    let g = |k: &str| a.labels.get(k).cloned().unwrap_or_default();
+                    *counts.entry((g("alertname"), g("severity"), g("slo"))).or_default() += 1;
+                }
+                for ((name, sev, slo), n) in counts {
+                    o.observe(
+                        n,
+                        &[KeyValue::new("alertname", name), KeyValue::new("severity", sev), KeyValue::new("slo", slo)],
+                    );
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .u64_observable_counter("startline.collector.events")
+            .with_unit("{event}")
+            .with_description("Events received, by result (accepted, duplicate, rejected)")
+            .with_callback(move |o| {
+                for (result, c) in [
+                    ("accepted", &s.stats.accepted),
+                    ("duplicate", &s.stats.duplicates),
+                    ("rejected", &s.stats.rejected),
+                ] {
+                    o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("result", result)]);
+                }
+            })
+            .build();
+        let s = sources;
+        let _ = meter
+            .u64_observable_gauge("startline.collector.store.size")
+            .with_unit("By")
+            .with_description("Bytes the sled database occupies on disk")
+            .with_callback(move |o| {
+                if let Ok(n) = s.store.size_on_disk() {
+                    o.observe(n, &[]);
+                }
+            })
+            .build();
+        Ok(Telemetry { provider, registry, instruments })
+    }
+
+    /// Records job transitions.
+    pub fn record(&self, observations: &[Observation]) {
+        let i = &self.instruments;
+        for o in observations {
+            match o {
+                Observation::Started { labels, ttfs_seconds } => {
+                    let a = job_attrs(labels);
+                    i.ttfs.record(*ttfs_seconds, &a);
+                    i.started.add(1, &a);
+                }
+                Observation::WaitSegment { labels, segment, seconds } => {
+                    let mut a = job_attrs(labels);
+                    a.push(KeyValue::new("segment", segment.clone()));
+                    i.wait.record(*seconds, &a);
+                }
+                Observation::Finished { labels, outcome } => {
+                    use startline_proto::labels::Label;
+                    let mut a = job_attrs(labels);
+                    a.push(KeyValue::new("outcome", outcome.label()));
+                    i.finished.add(1, &a);
+                }
+                Observation::Preempted { labels, count } => i.preemptions.add(*count, &job_attrs(labels)),
+                Observation::LostWork { labels, gpu_seconds } => i.lost_work.add(*gpu_seconds, &job_attrs(labels)),
+            }
+        }
+    }
+
+    /// Records one group commit's duration.
+    pub fn record_commit(&self, d: Duration) {
+        self.instruments.commit.record(d.as_secs_f64(), &[]);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn prometheus_text(&self) -> Result<String, TelemetryError> {
+        use prometheus::Encoder;
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .map_err(|e| TelemetryError(e.to_string()))?;
+        String::from_utf8(buf).map_err(|e| TelemetryError(e.to_string()))
+    }
+
+    /// Flushes and stops the exporters.
+    pub fn shutdown(&self) {
+        if let Err(e) = self.provider.shutdown() {
+            tracing::debug!(error = %e, "metrics shutdown");
+        }
+    }
+}
+
+fn slo_statuses(s: &Sources) -> Vec<crate::slo::SloStatus> {
+    let now = s.clock.now_ms();
+    let idx = s.index.read();
+    (0..idx.slo.defs().len()).filter_map(|i| idx.slo.status(i, now, idx.slo.defs()[i].window_ms)).collect()
+}
