@@ -10,6 +10,7 @@
 //! - [`slo`]: start objectives: selectors, rolling windows of counts and HDR histograms, the deadline index.
 //! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
 //! - [`export`]: metrics: one OpenTelemetry MeterProvider, Prometheus `/metrics` and OTLP push.
+//! - [`compare`]: side-by-side comparison of two job sets (managed vs dedicated) with significance tests.
 //! - [`clock`]: wall time advanced by tokio's clock (pausable in tests).
 //! - [`api`]: the axum router: JSON API, health and readiness.
 //! - [`app`]: wiring and the shutdown order.
@@ -18,6 +19,7 @@ pub mod alert;
 pub mod api;
 pub mod app;
 pub mod clock;
+pub mod compare;
 pub mod config;
 pub mod export;
 pub mod ingest;

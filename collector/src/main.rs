@@ -45,6 +45,145 @@ enum Command {
     Run,
     /// Validate the configuration and print it, without binding anything.
     CheckConfig,
+    /// Compare time to first step between two sets of jobs, through a running collector's API.
+    Compare(CompareArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct CompareArgs {
+    /// The collector's HTTP API.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    api: String,
+    /// Left set, `attribute=value[,attribute=value]` (pool_kind, provider, pool, priority, gpu_class, region).
+    #[arg(long, default_value = "pool_kind=managed")]
+    left: String,
+    /// Right set.
+    #[arg(long, default_value = "pool_kind=dedicated")]
+    right: String,
+    /// Group by an attribute as well.
+    #[arg(long)]
+    by: Option<String>,
+    /// Jobs submitted within this window.
+    #[arg(long, default_value = "30d")]
+    window: String,
+    /// Output: table or json.
+    #[arg(long, default_value = "table")]
+    format: String,
+    /// Also write the CDF overlay chart to this SVG file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+fn pct_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A blocking HTTP/1.1 GET against the API; returns the status and body.
+fn http_get(api: &str, path_and_query: &str) -> anyhow::Result<(u16, String)> {
+    use std::io::{Read, Write as _};
+    let authority = api.strip_prefix("http://").context("--api must start with http://")?.trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(authority).with_context(|| format!("cannot connect to {authority}"))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
+    write!(s, "GET {path_and_query} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").context("malformed http response")?;
+    let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no http status")?;
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || after.len() < n {
+                break;
+            }
+            out.push_str(&after[..n]);
+            rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
+    let mut q = format!("left={}&right={}&window={}", pct_encode(&a.left), pct_encode(&a.right), pct_encode(&a.window));
+    if let Some(b) = &a.by {
+        q += &format!("&by={}", pct_encode(b));
+    }
+    let (status, body) = http_get(&a.api, &format!("/api/v1/compare?{q}"))?;
+    anyhow::ensure!(status == 200, "collector answered {status}: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).context("collector answered invalid json")?;
+    if let Some(path) = &a.svg {
+        let (status, svg) = http_get(&a.api, &format!("/api/v1/compare.svg?{q}"))?;
+        anyhow::ensure!(status == 200, "collector answered {status} for the chart");
+        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    match a.format.as_str() {
+        "json" => println!("{}", serde_json::to_string_pretty(&v)?),
+        "table" => print!("{}", compare_table(&v)),
+        other => anyhow::bail!("--format {other:?} is not table or json"),
+    }
+    Ok(())
+}
+
+fn compare_table(v: &serde_json::Value) -> String {
+    let f = |x: &serde_json::Value| x.as_f64().map_or("-".to_string(), |s| human_secs(s));
+    let mut out = format!(
+        "left:  {}\nright: {}\nwindow: {} s\n",
+        v["left"].as_str().unwrap_or(""),
+        v["right"].as_str().unwrap_or(""),
+        v["window_seconds"]
+    );
+    for g in v["groups"].as_array().into_iter().flatten() {
+        let (l, r) = (&g["left"], &g["right"]);
+        out += &format!("\n[{}]\n{:<28} {:>22} {:>22}\n", g["group"].as_str().unwrap_or(""), "", "left", "right");
+        let row = |name: &str, a: String, b: String| format!("{name:<28} {a:>22} {b:>22}\n");
+        out += &row("jobs", l["jobs"].to_string(), r["jobs"].to_string());
+        out += &row("started", l["started"].to_string(), r["started"].to_string());
+        out += &row("still waiting", l["still_waiting"].to_string(), r["still_waiting"].to_string());
+        out += &row("ended before start", l["ended_before_start"].to_string(), r["ended_before_start"].to_string());
+        for p in ["p50", "p90", "p99"] {
+            let cell = |s: &serde_json::Value| {
+                let ci = &s["ttfs_seconds"][p]["ci95"];
+                format!("{} [{}-{}]", f(&s["ttfs_seconds"][p]["value"]), f(&ci[0]), f(&ci[1]))
+            };
+            out += &row(&format!("ttfs {p} [95% ci]"), cell(l), cell(r));
+        }
+        let mean = |s: &serde_json::Value| f(&s["ttfs_seconds"]["mean"]["value"]);
+        out += &row("ttfs mean", mean(l), mean(r));
+        for (i, s) in l["slo"].as_array().into_iter().flatten().enumerate() {
+            let rc = &r["slo"][i];
+            let c =
+                |x: &serde_json::Value| x["compliance"].as_f64().map_or("-".into(), |c| format!("{:.1}%", c * 100.0));
+            out += &row(&format!("slo {}", s["slo"].as_str().unwrap_or("")), c(s), c(rc));
+        }
+        let d = &g["difference"];
+        out += &format!(
+            "difference: p = {} ({}), faster: {}\n",
+            d["mann_whitney"]["p_value"].as_f64().map_or("-".into(), |p| format!("{p:.3e}")),
+            if d["significant"].as_bool() == Some(true) { "significant at 0.05" } else { "not significant" },
+            d["faster"].as_str().unwrap_or("neither")
+        );
+    }
+    out
+}
+
+fn human_secs(s: f64) -> String {
+    if s >= 3600.0 {
+        format!("{:.1}h", s / 3600.0)
+    } else if s >= 60.0 {
+        format!("{:.1}m", s / 60.0)
+    } else {
+        format!("{s:.0}s")
+    }
 }
 
 fn load(cli: &Cli) -> anyhow::Result<startline_collector::config::Config> {
@@ -76,6 +215,9 @@ fn main() -> std::process::ExitCode {
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
+    if let Some(Command::Compare(a)) = &cli.command {
+        return run_compare(a);
+    }
     let config = load(&cli)?;
     if matches!(cli.command, Some(Command::CheckConfig)) {
         println!("{config:#?}");

@@ -1,6 +1,7 @@
 //! The HTTP side of the collector (axum): the JSON API over jobs, SLOs and alerts, health and readiness. Every error is a 4xx
 //! (or 503) with a JSON body `{"error": "..."}`; internal error text never reaches clients.
 
+mod compare;
 mod jobs;
 mod json;
 mod slos;
@@ -74,6 +75,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/slos", get(slos::list))
         .route("/api/v1/slos/{name}", get(slos::detail))
         .route("/api/v1/alerts", get(slos::alerts))
+        .route("/api/v1/compare", get(compare::json))
+        .route("/api/v1/compare.svg", get(compare::svg))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -1,0 +1,72 @@
+//! `GET /api/v1/compare?left=pool_kind=managed&right=pool_kind=dedicated&by=gpu_class&window=30d` (JSON) and
+//! `GET /api/v1/compare.svg?...` (the CDF overlay). Defaults: managed vs dedicated over 30 days.
+
+use super::{ApiError, ApiState};
+use crate::compare::{self, Attr, Query, Selector};
+use axum::extract::{Query as Q, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::Value;
+use std::collections::HashMap;
+
+fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
+    let mut left = "pool_kind=managed".to_string();
+    let mut right = "pool_kind=dedicated".to_string();
+    let mut by = None;
+    let mut window_ms = 30 * 86_400_000;
+    for (k, v) in q {
+        match k.as_str() {
+            "left" => left = v.clone(),
+            "right" => right = v.clone(),
+            "by" if v.is_empty() => by = None,
+            "by" => {
+                by = Some(Attr::parse(v).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "by: {v:?} is not one of pool_kind, provider, pool, priority, gpu_class, region"
+                    ))
+                })?)
+            }
+            "window" => {
+                window_ms = humantime::parse_duration(v)
+                    .ok()
+                    .filter(|d| d.as_secs() >= 60 && d.as_secs() <= 400 * 86_400)
+                    .map(|d| d.as_millis() as i64)
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "window: {v:?} must be a duration between 1m and 400d, like \"30d\""
+                        ))
+                    })?
+            }
+            other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
+        }
+    }
+    Ok(Query {
+        left: Selector::parse(&left).map_err(|e| ApiError::bad_request(format!("left: {e}")))?,
+        right: Selector::parse(&right).map_err(|e| ApiError::bad_request(format!("right: {e}")))?,
+        by,
+        window_ms,
+        now_ms: s.clock.now_ms(),
+    })
+}
+
+/// The comparison as JSON.
+pub async fn json(State(s): State<ApiState>, Q(q): Q<HashMap<String, String>>) -> Result<Json<Value>, ApiError> {
+    let query = parse(&s, &q)?;
+    let idx = s.index.read();
+    Ok(Json(compare::compare(&query, &idx.jobs, idx.slo.defs())))
+}
+
+/// The CDF overlay as SVG.
+pub async fn svg(State(s): State<ApiState>, Q(q): Q<HashMap<String, String>>) -> Result<Response, ApiError> {
+    let query = parse(&s, &q)?;
+    let samples = {
+        let idx = s.index.read();
+        compare::samples(&query, &idx.jobs)
+    };
+    let left =
+        if q.get("left").is_some_and(|v| !v.is_empty()) { q["left"].clone() } else { "pool_kind=managed".into() };
+    let right =
+        if q.get("right").is_some_and(|v| !v.is_empty()) { q["right"].clone() } else { "pool_kind=dedicated".into() };
+    let body = compare::svg::cdf_overlay(&left, &samples.left, &right, &samples.right);
+    Ok(([(axum::http::header::CONTENT_TYPE, "image/svg+xml")], body).into_response())
+}
