@@ -135,7 +135,7 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
 }
 
 fn compare_table(v: &serde_json::Value) -> String {
-    let f = |x: &serde_json::Value| x.as_f64().map_or("-".to_string(), |s| human_secs(s));
+    let f = |x: &serde_json::Value| x.as_f64().map_or("-".to_string(), human_secs);
     let mut out = format!(
         "left:  {}\nright: {}\nwindow: {} s\n",
         v["left"].as_str().unwrap_or(""),

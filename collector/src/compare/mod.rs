@@ -138,7 +138,7 @@ impl Side {
         }
     }
 
-    fn to_json(&mut self, slos: &[SloDef]) -> Value {
+    fn summarize(&mut self, slos: &[SloDef]) -> Value {
         self.ttfs.sort_by(f64::total_cmp);
         let v = &self.ttfs;
         let pct = |q: f64| {
@@ -234,8 +234,8 @@ pub fn compare(q: &Query, jobs: &BTreeMap<String, JobRecord>, slos: &[SloDef]) -
     let mut groups = groups;
     for key in std::iter::once("all".to_string()).chain(order) {
         let Some((mut l, mut r)) = groups.remove(&key) else { continue };
-        let lj = l.to_json(slos);
-        let rj = r.to_json(slos);
+        let lj = l.summarize(slos);
+        let rj = r.summarize(slos);
         let mw = stats::mann_whitney(&l.ttfs, &r.ttfs);
         let significant = mw.is_some_and(|m| m.p_value < 0.05);
         let faster = match (mw, significant) {
