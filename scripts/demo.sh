@@ -31,12 +31,15 @@ http_bound=${line##*http=}
 cat <<MSG
 
 Startline is running.
+  Dashboard:       http://$http_bound/
   Jobs API:        http://$http_bound/api/v1/jobs
   One job:         http://$http_bound/api/v1/jobs/<job_id>    (e.g. slurm/a100/0000005)
   Waiting now:     http://$http_bound/api/v1/jobs?state=queued
   Health:          http://$http_bound/healthz  http://$http_bound/readyz
   gRPC ingest:     $grpc_bound (startline.v1.IngestService, health, reflection)
-  Dashboard:       not built yet (see README, "Not built yet")
+  SLOs / alerts:   http://$http_bound/api/v1/slos  http://$http_bound/api/v1/alerts
+  Compare:         http://$http_bound/api/v1/compare   (CLI: target/release/startline-collector compare --api http://$http_bound)
+  Metrics:         http://$http_bound/metrics
 
 Simulating a fleet (history first, then live). Ctrl-C to stop.
 MSG

@@ -144,6 +144,9 @@ pub struct AlertsSection {
     pub min_jobs: Option<u64>,
     /// How long resolved alerts stay listed. Default 24h.
     pub resolved_retention: Option<String>,
+    /// Per-job pages are sent only for crossings at most this old when first seen (an adapter catching up on
+    /// history must not page for jobs that breached days ago). Default 1h.
+    pub page_max_age: Option<String>,
 }
 
 /// Validated alerting settings.
@@ -161,6 +164,8 @@ pub struct AlertConfig {
     pub min_jobs: u64,
     /// Resolved-alert retention.
     pub resolved_retention: Duration,
+    /// Oldest crossing that still pages.
+    pub page_max_age: Duration,
 }
 
 /// `[store]`
@@ -419,6 +424,13 @@ impl FileConfig {
                 Duration::from_secs(1),
             ),
             min_jobs: self.alerts.min_jobs.unwrap_or(5),
+            page_max_age: dur(
+                &mut errs,
+                "alerts.page_max_age",
+                &self.alerts.page_max_age,
+                Duration::from_secs(3600),
+                Duration::from_secs(1),
+            ),
             resolved_retention: dur(
                 &mut errs,
                 "alerts.resolved_retention",

@@ -205,6 +205,10 @@ impl AlertLoop {
                 let t = &rec.timeline;
                 let Some(attrs) = t.attrs.as_ref() else { continue };
                 let sub = t.submitted_at.unwrap_or(now);
+                if now - (sub + def.threshold_ms) > self.config.page_max_age.as_millis() as i64 {
+                    // A crossing long past when first seen (history being caught up): counted, not paged.
+                    continue;
+                }
                 let reason = t.current_wait.map_or_else(|| "unreported".to_string(), |(s, _)| s.label());
                 let raw = t.current_raw_reason.as_deref().unwrap_or("").to_string();
                 let waited = now - sub;

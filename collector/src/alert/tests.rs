@@ -45,6 +45,7 @@ fn alert_config() -> AlertConfig {
         resend_interval: Duration::from_secs(3600),
         min_jobs: 5,
         resolved_retention: Duration::from_secs(86_400),
+        page_max_age: Duration::from_secs(3600),
     }
 }
 
@@ -169,6 +170,18 @@ async fn a_restart_after_the_crossing_pages_once_and_a_second_restart_does_not_r
     let firing: Vec<AlertRecord> = h.board.snapshot().into_iter().filter(|a| a.firing()).collect();
     assert_eq!(firing.len(), 1);
     assert_eq!(firing[0].starts_at_ms, T0 + 10 * MIN);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crossing_older_than_page_max_age_is_counted_but_not_paged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("store");
+    // First seen two hours after its deadline (history catching up): bad in the SLO, no page.
+    let h = start(&store, Clock::starting_at(T0 + 130 * MIN), vec![("old/1", urgent_job("old/1"))]);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(h.board.snapshot().iter().all(|a| !a.key.starts_with("job/")), "{:?}", h.board.snapshot());
+    assert_eq!(h.index.read().slo.counts(0, T0 + 130 * MIN, 86_400_000).bad, 1);
     h.stop().await;
 }
 

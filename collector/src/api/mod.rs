@@ -1,9 +1,11 @@
-//! The HTTP side of the collector (axum): the JSON API over jobs, SLOs and alerts, health and readiness. Every error is a 4xx
+//! The HTTP side of the collector (axum): the built-in dashboard, the JSON API over jobs, SLOs, alerts,
+//! comparisons and the overview, `/metrics`, health and readiness. Every error is a 4xx
 //! (or 503) with a JSON body `{"error": "..."}`; internal error text never reaches clients.
 
 mod compare;
 mod jobs;
 mod json;
+mod overview;
 mod slos;
 
 use crate::state::SharedIndex;
@@ -75,13 +77,30 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/slos", get(slos::list))
         .route("/api/v1/slos/{name}", get(slos::detail))
         .route("/api/v1/alerts", get(slos::alerts))
+        .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/compare", get(compare::json))
         .route("/api/v1/compare.svg", get(compare::svg))
         .route("/metrics", get(metrics))
+        .route("/", get(dashboard))
+        .route("/dashboard", get(dashboard))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .with_state(state)
+}
+
+/// The built-in dashboard: one page, its script and styles embedded in the binary (no CDN).
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+async fn dashboard() -> Response {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+        ],
+        DASHBOARD,
+    )
+        .into_response()
 }
 
 async fn metrics(axum::extract::State(s): axum::extract::State<ApiState>) -> Response {

@@ -14,7 +14,7 @@ pub fn cdf_overlay(left_name: &str, left: &[f64], right_name: &str, right: &[f64
     let lo = all.clone().copied().filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min).max(1.0);
     let hi = all.copied().fold(0.0, f64::max).max(lo * 10.0);
     let (llo, lhi) = (lo.log10().floor(), hi.log10().ceil());
-    let x = |v: f64| ml + (v.max(lo).log10() - llo) / (lhi - llo) * pw;
+    let x = |v: f64| ml + (v.max(10f64.powf(llo)).log10() - llo) / (lhi - llo) * pw;
     let y = |p: f64| mt + (1.0 - p) * ph;
     let mut s = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12"><rect width="{w}" height="{h}" fill="white"/><text x="{ml}" y="18" font-size="14">Time to first step, empirical CDF</text>"#

@@ -1,0 +1,153 @@
+//! The built-in dashboard in a real headless Chromium (Debian `chromium`, installed by scripts/test.sh): each
+//! view is loaded against a collector fed by the simulator, the rendered numbers are compared with the JSON API,
+//! and a screenshot of each view is kept under `test-artifacts/`.
+
+use startline_tests::{binary, workspace_root, Collector};
+use std::process::Command;
+
+fn chromium(args: &[&str], profile: &std::path::Path) -> std::process::Output {
+    Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1400,1000",
+            "--virtual-time-budget=10000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .output()
+        .expect("chromium runs (scripts/test.sh installs Debian's chromium)")
+}
+
+/// The value of attribute `attr` on the element whose `id` is `id`.
+fn attr_of(dom: &str, id: &str, attr: &str) -> Option<String> {
+    let at = dom.find(&format!("id=\"{id}\""))?;
+    let tag_start = dom[..at].rfind('<')?;
+    let tag_end = at + dom[at..].find('>')?;
+    let tag = &dom[tag_start..tag_end];
+    let key = format!("{attr}=\"");
+    let v = tag.find(&key)? + key.len();
+    Some(tag[v..v + tag[v..].find('"')?].to_string())
+}
+
+/// The text right after the element with `id`'s opening tag, up to the next `<`.
+fn text_of(dom: &str, id: &str) -> Option<String> {
+    let at = dom.find(&format!("id=\"{id}\""))?;
+    let open_end = at + dom[at..].find('>')? + 1;
+    Some(dom[open_end..open_end + dom[open_end..].find('<')?].trim().to_string())
+}
+
+fn render(c: &Collector, view: &str, dir: &std::path::Path) -> String {
+    let url = format!("http://{}/#{view}", c.http);
+    let out = chromium(&["--dump-dom", &url], &dir.join(format!("profile-dom-{}", view.replace('/', "_"))));
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    let name = view.split('/').next().unwrap_or(view);
+    assert!(
+        dom.contains(&format!("data-ready=\"{name}\"")),
+        "view {view} did not finish rendering: {}",
+        &dom[..dom.len().min(2000)]
+    );
+    assert!(!dom.contains("data-failed="), "view {view} failed to load data: {}", &dom[..dom.len().min(3000)]);
+    // Keep a screenshot as an artifact.
+    let shots = workspace_root().join("test-artifacts");
+    std::fs::create_dir_all(&shots).expect("artifacts dir");
+    let png = shots.join(format!("dashboard-{name}.png"));
+    let _ = chromium(&[&format!("--screenshot={}", png.display()), &url], &dir.join(format!("profile-shot-{name}")));
+    assert!(png.metadata().map(|m| m.len() > 10_000).unwrap_or(false), "screenshot {} missing or empty", png.display());
+    dom
+}
+
+#[test]
+fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    let sim = Command::new(binary("startline-agent"))
+        .args(["--collector", &c.endpoint(), "simulate", "--history", "2d", "--seed", "7", "--jobs-per-hour", "40"])
+        .output()
+        .expect("simulator");
+    assert!(sim.status.success(), "{}", String::from_utf8_lossy(&sim.stderr));
+
+    // The page itself is served from the binary, with no external resources.
+    let (status, _) = c.get("/api/v1/overview");
+    assert_eq!(status, 200);
+    let page = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(c.http).expect("connect");
+        write!(s, "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
+        let mut b = String::new();
+        s.read_to_string(&mut b).expect("read");
+        b
+    };
+    assert!(page.contains("<title>Startline</title>"));
+    assert!(!page.contains("https://") && !page.contains("src=\"http"), "no external assets");
+
+    // Queue latency.
+    let dom = render(&c, "queue", dir.path());
+    let (_, o) = c.get("/api/v1/overview?window=7d");
+    assert_eq!(attr_of(&dom, "waiting-total", "data-value"), Some(o["waiting_total"].to_string()));
+    assert_eq!(text_of(&dom, "waiting-total"), Some(o["waiting_total"].to_string()));
+    for p in o["ttfs_by_pool"].as_array().expect("pools") {
+        let row = format!(
+            "data-pool=\"{}\" data-priority=\"{}\"",
+            p["pool"].as_str().expect("pool"),
+            p["priority"].as_str().expect("prio")
+        );
+        let at = dom.find(&row).unwrap_or_else(|| panic!("row {row} missing"));
+        let end = at + dom[at..].find("</tr>").expect("row end");
+        let tr = &dom[at..end];
+        assert!(tr.contains(&format!("<td class=\"n started\">{}</td>", p["started"])), "{tr}");
+        assert!(tr.contains(&format!("class=\"n p50\" data-value=\"{}\"", p["p50"])), "{tr} vs {}", p["p50"]);
+    }
+
+    // SLOs and alerts.
+    let dom = render(&c, "slos", dir.path());
+    let (_, s) = c.get("/api/v1/slos");
+    for x in s["slos"].as_array().expect("slos") {
+        let name = x["name"].as_str().expect("name");
+        let at = dom.find(&format!("<tr data-slo=\"{name}\"")).expect("slo row");
+        let tr = &dom[at..at + dom[at..].find("</tr>").expect("end")];
+        assert!(tr.contains(&format!("<td class=\"n good-n\">{}</td>", x["status"]["good"])), "{tr}");
+        let shown = format!("{:.2}%", x["status"]["compliance"].as_f64().expect("c") * 100.0);
+        // Deadlines may cross between the render and this read; the good count cannot change without events.
+        if tr.contains(&format!("<td class=\"n bad-n\">{}</td>", x["status"]["bad"])) {
+            assert!(tr.contains(&shown), "{tr} should show {shown}");
+        }
+    }
+    let (_, a) = c.get("/api/v1/alerts?state=firing");
+    let firing = a["alerts"].as_array().map_or(0, Vec::len);
+    assert_eq!(attr_of(&dom, "alerts-firing", "data-value"), Some(firing.to_string()));
+
+    // Managed vs dedicated.
+    let dom = render(&c, "compare", dir.path());
+    let (_, cmp) = c.get("/api/v1/compare?window=30d&by=gpu_class");
+    let all = &cmp["groups"][0];
+    assert_eq!(
+        attr_of(&dom, "cmp-left-p50", "data-value"),
+        Some(all["left"]["ttfs_seconds"]["p50"]["value"].to_string())
+    );
+    assert_eq!(
+        attr_of(&dom, "cmp-right-p50", "data-value"),
+        Some(all["right"]["ttfs_seconds"]["p50"]["value"].to_string())
+    );
+    assert_eq!(attr_of(&dom, "cmp-verdict", "data-significant"), Some(all["difference"]["significant"].to_string()));
+
+    // Job timeline, for a job that started.
+    let (_, jobs) = c.get("/api/v1/jobs?state=done&limit=1");
+    let id = jobs["jobs"][0]["job_id"].as_str().expect("a finished job").to_string();
+    let dom = render(&c, &format!("job/{id}"), dir.path());
+    let (_, j) = c.get(&format!("/api/v1/jobs/{id}"));
+    assert_eq!(text_of(&dom, "job-id"), Some(id.clone()));
+    assert_eq!(text_of(&dom, "job-state").as_deref(), j["state"].as_str());
+    assert_eq!(attr_of(&dom, "job-ttfs", "data-value"), Some(j["time_to_first_step_seconds"].to_string()));
+    // Rendered bars (the page's own script holds the template, with `${` after the attribute).
+    let key = "class=\"seg\" data-kind=\"";
+    let bars = dom.match_indices(key).filter(|(i, _)| !dom[i + key.len()..].starts_with('$')).count();
+    assert_eq!(bars, j["events"].as_array().map_or(0, Vec::len), "one bar per event");
+}
