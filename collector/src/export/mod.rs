@@ -251,6 +251,39 @@ impl Telemetry {
             .build();
         let s = sources.clone();
         let _ = meter
+            .i64_observable_gauge("startline.slo.window.jobs")
+            .with_unit("{job}")
+            .with_description("Jobs decided within each burn-rate window, by result (good, bad): sum across collectors for global burn rates")
+            .with_callback(move |o| {
+                let now = s.clock.now_ms();
+                let idx = s.index.read();
+                for (i, d) in idx.slo.defs().iter().enumerate() {
+                    for (w, ms) in crate::slo::BURN_WINDOWS {
+                        let c = idx.slo.counts(i, now, ms);
+                        for (result, n) in [("good", c.good), ("bad", c.bad)] {
+                            o.observe(
+                                n as i64,
+                                &[KeyValue::new("slo", d.name.clone()), KeyValue::new("window", w), KeyValue::new("result", result)],
+                            );
+                        }
+                    }
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .f64_observable_gauge("startline.slo.objective")
+            .with_unit("1")
+            .with_description("The SLO's objective, as a share (0.99 for 99%)")
+            .with_callback(move |o| {
+                let idx = s.index.read();
+                for d in idx.slo.defs() {
+                    o.observe(d.objective, &[KeyValue::new("slo", d.name.clone())]);
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
             .i64_observable_gauge("startline.alerts.firing")
             .with_unit("{alert}")
             .with_description("Alerts firing now, by alert name, severity and SLO")
