@@ -256,7 +256,7 @@ fn logical_bytes(events: &[pb::LifecycleEvent]) -> u64 {
     events.iter().map(|e| encode_log_value(e).len() as u64).sum()
 }
 
-/// Builds a store with `jobs` jobs submitted over 23 days (every 2 s; a tenth still waiting, the rest up to their
+/// Builds a store with `jobs` jobs submitted over the last 30 days (a tenth still waiting, the rest up to their
 /// first step) directly through the
 /// store API, checkpointed as a cleanly stopped collector leaves it.
 fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
@@ -267,7 +267,8 @@ fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
     let mut chunk: BTreeMap<String, JobRecord> = BTreeMap::new();
     let mut entries = Vec::new();
     for j in 0..jobs {
-        let evs = job_events(5, j, t0 + (j as i64) * 2_000, &pools);
+        // Spread over the 30 days before now.
+        let evs = job_events(5, j, t0 + (j as i128 * 30 * 86_400_000 / jobs.max(1) as i128) as i64, &pools);
         // A tenth still waiting (submitted and queued); the rest up to and including their first step.
         let first_step = evs
             .iter()
@@ -550,10 +551,71 @@ fn restart_bench(a: &Args, slo_queries: bool) -> Vec<String> {
                 t[15], t[29], body["status"]["total"]
             );
             rows.push(format!(
-                "| SLO status query `{path}`, {} jobs over 23 days, 28 d window | p50 {:.2} ms, max of 30 {:.2} ms | |",
+                "| SLO status query `{path}`, {} jobs over 30 days, 28 d window | p50 {:.2} ms, max of 30 {:.2} ms | |",
                 a.restart_jobs, t[15], t[29]
+            ));
+        }
+        // /metrics scrape with every job tracked, and the comparison over 30 days.
+        let mut scrape: Vec<(f64, usize)> = (0..10)
+            .map(|_| {
+                let s = Instant::now();
+                let body = raw_get(c.http, "/metrics");
+                (s.elapsed().as_secs_f64() * 1000.0, body.len())
+            })
+            .collect();
+        scrape.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let series = raw_get(c.http, "/metrics").lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+        println!(
+            "- GET /metrics: p50 {:.1} ms, max of 10 {:.1} ms, {} bytes, {series} series",
+            scrape[5].0, scrape[9].0, scrape[5].1
+        );
+        rows.push(format!(
+            "| `/metrics` scrape, {} jobs tracked | p50 {:.1} ms, max of 10 {:.1} ms; {} KiB, {series} series | |",
+            a.restart_jobs,
+            scrape[5].0,
+            scrape[9].0,
+            scrape[5].1 / 1024
+        ));
+        for path in ["/api/v1/compare?window=30d", "/api/v1/compare?window=30d&by=gpu_class"] {
+            let mut t: Vec<f64> = (0..10)
+                .map(|_| {
+                    let s = Instant::now();
+                    let (status, _) = c.get(path);
+                    assert_eq!(status, 200);
+                    s.elapsed().as_secs_f64() * 1000.0
+                })
+                .collect();
+            t.sort_by(f64::total_cmp);
+            println!("- GET {path}: p50 {:.0} ms, max of 10 {:.0} ms", t[5], t[9]);
+            rows.push(format!(
+                "| compare query `{path}`, {} jobs over 30 days | p50 {:.0} ms, max of 10 {:.0} ms | |",
+                a.restart_jobs, t[5], t[9]
             ));
         }
     }
     rows
+}
+
+/// A GET returning the raw body (handles chunked encoding).
+fn raw_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or(("", ""));
+    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        return body.to_string();
+    }
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    out
 }

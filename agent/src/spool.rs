@@ -1,0 +1,256 @@
+//! The durable spool every agent mode writes to: an event counts as emitted once it is appended here and
+//! flushed (sled on disk), so a collector outage, an agent restart or a `kill -9` loses nothing. A delivery
+//! task sends the oldest events in batches through the [`crate::uplink`] publisher and removes them only once
+//! the collector acknowledged them (after its own durable commit); a crash in between redelivers them, which
+//! event ids make harmless.
+//!
+//! Bounded: at most `max_events` events and `max_bytes` bytes. When full, new events are **refused** (the
+//! caller gets [`SpoolError::Full`], the node agent answers 503, `emit` exits non-zero, and a warning is
+//! logged with the refusal count); events already spooled are never dropped.
+
+use prost::Message;
+use startline_proto::pb;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// Limits of the spool.
+#[derive(Debug, Clone, Copy)]
+pub struct SpoolLimits {
+    /// Most events held.
+    pub max_events: u64,
+    /// Most bytes of encoded events held.
+    pub max_bytes: u64,
+}
+
+impl Default for SpoolLimits {
+    fn default() -> Self {
+        SpoolLimits { max_events: 1_000_000, max_bytes: 512 << 20 }
+    }
+}
+
+/// Spool failures.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    /// The spool is at its limit; the events were not spooled.
+    #[error("spool full: {events} events, {bytes} bytes held (limits {max_events} events, {max_bytes} bytes)")]
+    Full {
+        /// Events held.
+        events: u64,
+        /// Bytes held.
+        bytes: u64,
+        /// Event limit.
+        max_events: u64,
+        /// Byte limit.
+        max_bytes: u64,
+    },
+    /// sled failed.
+    #[error("spool storage: {0}")]
+    Storage(#[from] sled::Error),
+    /// A spooled value could not be decoded.
+    #[error("spool entry {0} is corrupt")]
+    Corrupt(u64),
+}
+
+/// A durable FIFO of lifecycle events. Cheap to clone.
+#[derive(Clone)]
+pub struct Spool {
+    db: sled::Db,
+    tree: sled::Tree,
+    state: Arc<State>,
+    limits: SpoolLimits,
+    /// Woken when events are appended.
+    pub appended: Arc<Notify>,
+}
+
+struct State {
+    next_seq: AtomicU64,
+    events: AtomicU64,
+    bytes: AtomicU64,
+    refused: AtomicU64,
+    lock: std::sync::Mutex<()>,
+}
+
+impl Spool {
+    /// Opens (or creates) the spool under `path`.
+    pub fn open(path: &Path, limits: SpoolLimits) -> Result<Spool, SpoolError> {
+        let db = sled::Config::new().path(path).open()?;
+        let tree = db.open_tree("spool")?;
+        let mut events = 0u64;
+        let mut bytes = 0u64;
+        for kv in tree.iter() {
+            let (_, v) = kv?;
+            events += 1;
+            bytes += v.len() as u64;
+        }
+        let next = match tree.last()? {
+            Some((k, _)) => seq_of(&k)? + 1,
+            None => 1,
+        };
+        Ok(Spool {
+            db,
+            tree,
+            state: Arc::new(State {
+                next_seq: AtomicU64::new(next),
+                events: AtomicU64::new(events),
+                bytes: AtomicU64::new(bytes),
+                refused: AtomicU64::new(0),
+                lock: std::sync::Mutex::new(()),
+            }),
+            limits,
+            appended: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Appends events and flushes. When this returns `Ok`, the events survive a crash.
+    pub fn append(&self, events: &[pb::LifecycleEvent]) -> Result<(), SpoolError> {
+        let encoded: Vec<Vec<u8>> = events.iter().map(|e| e.encode_to_vec()).collect();
+        let add_bytes: u64 = encoded.iter().map(|v| v.len() as u64).sum();
+        let _g = self.state.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let (held, held_bytes) = (self.state.events.load(Ordering::Relaxed), self.state.bytes.load(Ordering::Relaxed));
+        if held + encoded.len() as u64 > self.limits.max_events || held_bytes + add_bytes > self.limits.max_bytes {
+            let refused = self.state.refused.fetch_add(encoded.len() as u64, Ordering::Relaxed) + encoded.len() as u64;
+            tracing::warn!(held, held_bytes, refused_total = refused, "spool full: new events refused");
+            return Err(SpoolError::Full {
+                events: held,
+                bytes: held_bytes,
+                max_events: self.limits.max_events,
+                max_bytes: self.limits.max_bytes,
+            });
+        }
+        let mut batch = sled::Batch::default();
+        for v in encoded {
+            let seq = self.state.next_seq.fetch_add(1, Ordering::Relaxed);
+            batch.insert(&seq.to_be_bytes(), v);
+        }
+        self.tree.apply_batch(batch)?;
+        self.db.flush()?;
+        self.state.events.fetch_add(events.len() as u64, Ordering::Relaxed);
+        self.state.bytes.fetch_add(add_bytes, Ordering::Relaxed);
+        drop(_g);
+        self.appended.notify_one();
+        Ok(())
+    }
+
+    /// The oldest events, up to `max`, with their spool sequence numbers.
+    pub fn oldest(&self, max: usize) -> Result<Vec<(u64, pb::LifecycleEvent)>, SpoolError> {
+        let mut out = Vec::new();
+        for kv in self.tree.iter().take(max) {
+            let (k, v) = kv?;
+            let seq = seq_of(&k)?;
+            out.push((seq, pb::LifecycleEvent::decode(v.as_ref()).map_err(|_| SpoolError::Corrupt(seq))?));
+        }
+        Ok(out)
+    }
+
+    /// Removes every event up to and including `seq` (they were acknowledged).
+    pub fn remove_through(&self, seq: u64) -> Result<(), SpoolError> {
+        let _g = self.state.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut batch = sled::Batch::default();
+        let (mut n, mut bytes) = (0u64, 0u64);
+        for kv in self.tree.range(..=seq.to_be_bytes()) {
+            let (k, v) = kv?;
+            batch.remove(k);
+            n += 1;
+            bytes += v.len() as u64;
+        }
+        self.tree.apply_batch(batch)?;
+        self.db.flush()?;
+        self.state.events.fetch_sub(n.min(self.state.events.load(Ordering::Relaxed)), Ordering::Relaxed);
+        self.state.bytes.fetch_sub(bytes.min(self.state.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Events held.
+    pub fn len(&self) -> u64 {
+        self.state.events.load(Ordering::Relaxed)
+    }
+
+    /// Whether the spool is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Events refused because the spool was full, since start.
+    pub fn refused(&self) -> u64 {
+        self.state.refused.load(Ordering::Relaxed)
+    }
+}
+
+fn seq_of(k: &[u8]) -> Result<u64, SpoolError> {
+    let arr: [u8; 8] = k.try_into().map_err(|_| SpoolError::Corrupt(0))?;
+    Ok(u64::from_be_bytes(arr))
+}
+
+/// Delivers spooled events until `stop`: batches of up to `batch` oldest events, each removed once acknowledged.
+/// Collector outages are retried inside the publisher (jittered backoff); nothing is removed until acked.
+pub async fn deliver(
+    spool: Spool,
+    mut up: crate::uplink::Publisher,
+    batch: usize,
+    stop: crate::simulate::tokio_util_free::Stop,
+) -> Result<(), crate::uplink::UplinkError> {
+    loop {
+        if stop.is_stopped() {
+            return Ok(());
+        }
+        let s = spool.clone();
+        let items = tokio::task::spawn_blocking(move || s.oldest(batch)).await.ok().and_then(Result::ok).unwrap_or_default();
+        if items.is_empty() {
+            tokio::select! {
+                _ = spool.appended.notified() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                _ = stop.wait() => return Ok(()),
+            }
+            continue;
+        }
+        let last = items.last().map_or(0, |(s, _)| *s);
+        let events: Vec<pb::LifecycleEvent> = items.into_iter().map(|(_, e)| e).collect();
+        tokio::select! {
+            r = async { up.send(events).await?; up.flush().await } => r?,
+            _ = stop.wait() => return Ok(()),
+        }
+        let s = spool.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.remove_through(last)).await {
+            tracing::error!(error = %e, "cannot remove delivered events from the spool; they will be redelivered");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(i: u32) -> pb::LifecycleEvent {
+        pb::LifecycleEvent { event_id: format!("e{i}"), job_id: "j".into(), source: "t".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn appended_events_survive_reopen_in_order_and_removal_is_durable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let s = Spool::open(dir.path(), SpoolLimits::default()).expect("open");
+            s.append(&[ev(1), ev(2), ev(3)]).expect("append");
+            let first = s.oldest(2).expect("oldest");
+            s.remove_through(first[1].0).expect("remove");
+        }
+        let s = Spool::open(dir.path(), SpoolLimits::default()).expect("reopen");
+        let rest: Vec<String> = s.oldest(10).expect("oldest").into_iter().map(|(_, e)| e.event_id).collect();
+        assert_eq!(rest, ["e3"]);
+        assert_eq!(s.len(), 1);
+        s.append(&[ev(4)]).expect("append");
+        let ids: Vec<String> = s.oldest(10).expect("oldest").into_iter().map(|(_, e)| e.event_id).collect();
+        assert_eq!(ids, ["e3", "e4"], "sequence continues after reopen");
+    }
+
+    #[test]
+    fn a_full_spool_refuses_new_events_and_keeps_the_old_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Spool::open(dir.path(), SpoolLimits { max_events: 2, max_bytes: 1 << 20 }).expect("open");
+        s.append(&[ev(1), ev(2)]).expect("fits");
+        assert!(matches!(s.append(&[ev(3)]), Err(SpoolError::Full { events: 2, .. })));
+        assert_eq!(s.refused(), 1);
+        assert_eq!(s.len(), 2);
+    }
+}
