@@ -4,8 +4,13 @@
 //! - [`uplink`]: the gRPC publisher shared by every mode: pipelined batches, ordered acks, reconnect with
 //!   jittered backoff and redelivery of unacknowledged batches.
 //! - [`simulate`]: a seeded fleet of managed and dedicated pools that publishes through the uplink.
+//! - [`spool`]: the durable on-disk spool every agent mode writes to, and its delivery task.
+//! - [`node`]: the node agent's local HTTP endpoint (JSON events from training loops and scripts) and job
+//!   identity from the environment.
 //! - [`rng`]: the seeded random generator the simulator and backoff use.
 
+pub mod node;
 pub mod rng;
 pub mod simulate;
+pub mod spool;
 pub mod uplink;

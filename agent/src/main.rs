@@ -1,4 +1,5 @@
-//! `startline-agent`: the command line for every agent mode. Today: `simulate`.
+//! `startline-agent`: the command line for every agent mode: `node` (local endpoint + spool + delivery),
+//! `emit` (one event to the node agent, for scripts) and `simulate` (a fleet simulator).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -23,6 +24,46 @@ struct Cli {
 enum Command {
     /// Simulate a fleet of managed and dedicated pools and publish its events.
     Simulate(SimulateArgs),
+    /// Run the node agent: a local HTTP endpoint for training loops and scripts, a durable spool, delivery.
+    Node(NodeArgs),
+    /// Send one event to the local node agent (for Slurm prolog/epilog scripts and entry points).
+    Emit(EmitArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct NodeArgs {
+    /// Local endpoint address.
+    #[arg(long, default_value = "127.0.0.1:7465")]
+    listen: String,
+    /// Spool directory (sled).
+    #[arg(long, default_value = "./startline-spool")]
+    spool: std::path::PathBuf,
+    /// Most events the spool holds before refusing new ones.
+    #[arg(long, default_value_t = 1_000_000)]
+    spool_max_events: u64,
+    /// Most bytes the spool holds before refusing new ones.
+    #[arg(long, default_value_t = 512 << 20)]
+    spool_max_bytes: u64,
+    /// Source name on events that do not set one (default: node-agent/<hostname>).
+    #[arg(long)]
+    source: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct EmitArgs {
+    /// Event kind: submitted, queued, node_assigned, preparing, first_step, checkpoint, preempted, requeued,
+    /// restarted, node_lost, done.
+    kind: String,
+    /// The node agent's endpoint.
+    #[arg(long, default_value = "http://127.0.0.1:7465", env = "STARTLINE_AGENT")]
+    agent: String,
+    /// Job id (default: from STARTLINE_JOB_ID, SLURM_JOB_ID/SLURM_CLUSTER_NAME, or POD_NAMESPACE/POD_NAME).
+    #[arg(long)]
+    job: Option<String>,
+    /// Extra fields as key=value (e.g. step=100 phase=image_pull outcome=succeeded exit_code=0); numbers and
+    /// true/false are sent as JSON numbers and booleans.
+    #[arg(long = "field", short = 'f', value_name = "KEY=VALUE")]
+    fields: Vec<String>,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -77,9 +118,109 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+fn emit(a: EmitArgs) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let job = match a.job {
+        Some(j) => j,
+        None => startline_agent::node::job_from_env(&env)
+            .context("no --job given and none found in STARTLINE_JOB_ID, SLURM_JOB_ID or POD_NAMESPACE/POD_NAME")?,
+    };
+    let mut body = serde_json::Map::new();
+    body.insert("kind".into(), a.kind.clone().into());
+    body.insert("job_id".into(), job.into());
+    for f in &a.fields {
+        let (k, v) = f.split_once('=').with_context(|| format!("--field {f:?} is not key=value"))?;
+        let value = if let Ok(n) = v.parse::<i64>() {
+            serde_json::Value::from(n)
+        } else if let Ok(x) = v.parse::<f64>() {
+            serde_json::Value::from(x)
+        } else if v == "true" || v == "false" {
+            serde_json::Value::from(v == "true")
+        } else if k == "nodes" || k == "gpu_ids" {
+            serde_json::Value::from(v.split(',').map(str::to_string).collect::<Vec<_>>())
+        } else {
+            serde_json::Value::from(v)
+        };
+        body.insert(k.to_string(), value);
+    }
+    let payload = serde_json::Value::Object(body).to_string();
+    let authority = a.agent.strip_prefix("http://").context("--agent must start with http://")?.trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(authority)
+        .with_context(|| format!("cannot reach the node agent at {authority}"))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    write!(s, "POST /v1/events HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}", payload.len())?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    let (head, answer) = raw.split_once("\r\n\r\n").unwrap_or((raw.as_str(), ""));
+    let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    anyhow::ensure!(status == 202, "node agent answered {status}: {}", answer.trim());
+    Ok(())
+}
+
+async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {
+    use startline_agent::simulate::tokio_util_free::stop_pair;
+    use startline_agent::spool::{Spool, SpoolLimits};
+    let limits = SpoolLimits { max_events: a.spool_max_events, max_bytes: a.spool_max_bytes };
+    let path = a.spool.clone();
+    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, limits))
+        .await?
+        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "node".into());
+    let source = a.source.unwrap_or_else(|| format!("node-agent/{host}"));
+    let listener =
+        tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("cannot listen on {}", a.listen))?;
+    let bound = listener.local_addr()?;
+    let mut up_settings = UplinkSettings::new(collector);
+    up_settings.give_up_after = None;
+    let up = Publisher::new(up_settings)?;
+    let (handle, stop) = stop_pair();
+    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
+    let app = startline_agent::node::router(startline_agent::node::NodeState {
+        spool: spool.clone(),
+        source,
+        limits: startline_proto::Limits::default(),
+    });
+    println!("startline-agent node ready listen={bound} spool={} held={}", a.spool.display(), spool.len());
+    let stop_http = stop.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async move { stop_http.wait().await }).await
+    });
+    wait_for_signal().await;
+    tracing::info!(held = spool.len(), "stopping; spooled events stay on disk for the next start");
+    handle.stop();
+    let _ = server.await;
+    match delivery.await {
+        Ok(Err(e)) => tracing::warn!(error = %e, "delivery stopped"),
+        Err(e) => tracing::warn!(error = %e, "delivery task failed"),
+        Ok(Ok(())) => {}
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
 fn real_main(cli: Cli) -> anyhow::Result<()> {
+    let Cli { collector, log, command } = cli;
+    let command = match command {
+        Command::Emit(a) => return emit(a),
+        other => other,
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&log))
         .context("invalid --log filter")?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -88,13 +229,15 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start runtime")?;
     rt.block_on(async move {
-        match cli.command {
+        match command {
+            Command::Node(a) => run_node(a, collector).await,
+            Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {
                     anyhow::ensure!((0.0..=1.0).contains(&p), "{name} must be a probability in 0..=1");
                 }
                 anyhow::ensure!(a.batch_size >= 1, "--batch-size must be at least 1");
-                let mut up_settings = UplinkSettings::new(cli.collector.clone());
+                let mut up_settings = UplinkSettings::new(collector.clone());
                 up_settings.give_up_after = Some(a.give_up_after);
                 let mut up = Publisher::new(up_settings)?;
                 let (handle, stop) = stop_pair();

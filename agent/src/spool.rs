@@ -196,7 +196,8 @@ pub async fn deliver(
             return Ok(());
         }
         let s = spool.clone();
-        let items = tokio::task::spawn_blocking(move || s.oldest(batch)).await.ok().and_then(Result::ok).unwrap_or_default();
+        let items =
+            tokio::task::spawn_blocking(move || s.oldest(batch)).await.ok().and_then(Result::ok).unwrap_or_default();
         if items.is_empty() {
             tokio::select! {
                 _ = spool.appended.notified() => {}

@@ -47,12 +47,17 @@ impl Collector {
     /// Starts `startline-collector` on `data_dir` with port 0 for both listeners and extra args, and waits for
     /// its ready line.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Collector {
+        Self::start_on(data_dir, "127.0.0.1:0", extra)
+    }
+
+    /// Like [`Collector::start`], with a given gRPC listen address (tests that start clients first).
+    pub fn start_on(data_dir: &Path, grpc_listen: &str, extra: &[&str]) -> Collector {
         let log = data_dir.with_extension("log");
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let mut child = Command::new(binary("startline-collector"))
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--grpc-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
+            .args(["--grpc-listen", grpc_listen, "--http-listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(stderr)
