@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every Startline test on a fresh machine: installs what the tests need (Debian's Alertmanager, Prometheus, Chromium and tzdata,
+# Runs every Startline test on a fresh machine: installs what the tests need (Debian's Alertmanager, Prometheus, Chromium, Slurm and tzdata,
 # Python grpcio for the foreign-client test, cargo-nextest if missing), checks formatting and lints, builds the binaries the end-to-end tests start,
 # and runs the whole suite.
 set -euo pipefail
@@ -8,12 +8,16 @@ cd "$(dirname "$0")/.."
 log() { printf '==> %s\n' "$*"; }
 
 # Debian packages the integration tests start for real: Alertmanager (alerting test), Prometheus (promtool),
-# Chromium (built-in dashboard test), tzdata (SLO time zones).
+# Chromium (built-in dashboard test), Slurm with munge, slurmdbd and MariaDB (Slurm adapter test; started by
+# scripts/slurm-up.sh), tzdata (SLO time zones).
 need=()
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 [ -e /usr/share/zoneinfo/Europe/Moscow ] || need+=(tzdata)
 command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
+command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm munge)
+command -v slurmdbd >/dev/null 2>&1 || need+=(slurmdbd)
+command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
   apt-get update -qq

@@ -7,9 +7,11 @@
 //! - [`spool`]: the durable on-disk spool every agent mode writes to, and its delivery task.
 //! - [`node`]: the node agent's local HTTP endpoint (JSON events from training loops and scripts) and job
 //!   identity from the environment.
+//! - [`provider`]: provider adapters (Slurm), each a pure `parse + diff -> events` core and a polling shell.
 //! - [`rng`]: the seeded random generator the simulator and backoff use.
 
 pub mod node;
+pub mod provider;
 pub mod rng;
 pub mod simulate;
 pub mod spool;

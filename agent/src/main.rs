@@ -1,5 +1,6 @@
 //! `startline-agent`: the command line for every agent mode: `node` (local endpoint + spool + delivery),
-//! `emit` (one event to the node agent, for scripts) and `simulate` (a fleet simulator).
+//! `emit` (one event to the node agent, for scripts), `slurm` (the Slurm adapter) and `simulate` (a fleet
+//! simulator).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -28,6 +29,42 @@ enum Command {
     Node(NodeArgs),
     /// Send one event to the local node agent (for Slurm prolog/epilog scripts and entry points).
     Emit(EmitArgs),
+    /// Poll Slurm (squeue --json, sacct --json) and report job transitions.
+    Slurm(SlurmArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct SlurmArgs {
+    /// Spool directory (sled; also holds the adapter's per-job memory).
+    #[arg(long, default_value = "./startline-slurm-spool")]
+    spool: std::path::PathBuf,
+    /// Poll interval.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    interval: Duration,
+    /// The live-view command (whitespace-separated).
+    #[arg(long, default_value = "squeue --json")]
+    squeue: String,
+    /// The accounting command (whitespace-separated).
+    #[arg(long, default_value = "sacct --json --allusers --starttime now-2days")]
+    sacct: String,
+    /// Partitions whose jobs are urgent (repeatable).
+    #[arg(long = "urgent-partition")]
+    urgent_partitions: Vec<String>,
+    /// QOS names whose jobs are urgent (repeatable).
+    #[arg(long = "urgent-qos")]
+    urgent_qos: Vec<String>,
+    /// Region or site reported for every job.
+    #[arg(long, default_value = "")]
+    site: String,
+    /// GPU class reported for every job.
+    #[arg(long, default_value = "")]
+    gpu_class: String,
+    /// Cluster name when Slurm's payload has none.
+    #[arg(long, default_value = "default")]
+    cluster: String,
+    /// Report the job's start as its first step (for jobs without a node agent reporting real first steps).
+    #[arg(long)]
+    first_step_on_start: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -198,6 +235,39 @@ async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_slurm(a: SlurmArgs, collector: String) -> anyhow::Result<()> {
+    use startline_agent::provider::{slurm, MemoryStore};
+    use startline_agent::simulate::tokio_util_free::stop_pair;
+    use startline_agent::spool::{Spool, SpoolLimits};
+    let path = a.spool.clone();
+    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
+        .await?
+        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let memory = MemoryStore::open(&spool, "slurm").context("cannot open the adapter's memory")?;
+    let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let mapping = slurm::Mapping {
+        urgent_partitions: a.urgent_partitions,
+        urgent_qos: a.urgent_qos,
+        site: a.site,
+        gpu_class: a.gpu_class,
+        first_step_on_start: a.first_step_on_start,
+        cluster: a.cluster,
+    };
+    let shell = slurm::ShellSettings { squeue: split(&a.squeue), sacct: split(&a.sacct), interval: a.interval };
+    let mut up_settings = UplinkSettings::new(collector);
+    up_settings.give_up_after = None;
+    let up = Publisher::new(up_settings)?;
+    let (handle, stop) = stop_pair();
+    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
+    let poller = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, stop.clone()));
+    println!("startline-agent slurm ready spool={} held={}", a.spool.display(), spool.len());
+    wait_for_signal().await;
+    handle.stop();
+    let _ = poller.await;
+    let _ = delivery.await;
+    Ok(())
+}
+
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
@@ -231,6 +301,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     rt.block_on(async move {
         match command {
             Command::Node(a) => run_node(a, collector).await,
+            Command::Slurm(a) => run_slurm(a, collector).await,
             Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {

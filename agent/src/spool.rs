@@ -172,6 +172,12 @@ impl Spool {
         self.len() == 0
     }
 
+    /// Another tree in the spool's database (adapters keep their per-job memory there; sled allows one
+    /// process per database).
+    pub fn open_tree(&self, name: &str) -> Result<sled::Tree, sled::Error> {
+        self.db.open_tree(name)
+    }
+
     /// Events refused because the spool was full, since start.
     pub fn refused(&self) -> u64 {
         self.state.refused.load(Ordering::Relaxed)
