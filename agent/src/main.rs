@@ -31,6 +31,33 @@ enum Command {
     Emit(EmitArgs),
     /// Poll Slurm (squeue --json, sacct --json) and report job transitions.
     Slurm(SlurmArgs),
+    /// Poll SageMaker (ListTrainingJobs, DescribeTrainingJob; SigV4 with AWS_* credentials from the environment).
+    Sagemaker(SagemakerArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct SagemakerArgs {
+    /// Spool directory (sled; also holds the adapter's per-job memory).
+    #[arg(long, default_value = "./startline-sagemaker-spool")]
+    spool: std::path::PathBuf,
+    /// AWS region.
+    #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+    region: String,
+    /// API endpoint (default https://api.sagemaker.<region>.amazonaws.com).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// Namespace in job ids (`sagemaker/<namespace>/<job name>`), e.g. the AWS account id.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// Job-name prefixes that mark urgent jobs (repeatable).
+    #[arg(long = "urgent-prefix")]
+    urgent_prefixes: Vec<String>,
+    /// Poll interval.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Jobs created within this window are followed.
+    #[arg(long, default_value = "2d", value_parser = parse_duration)]
+    lookback: Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -268,6 +295,39 @@ async fn run_slurm(a: SlurmArgs, collector: String) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_sagemaker(a: SagemakerArgs, collector: String) -> anyhow::Result<()> {
+    use startline_agent::provider::{sagemaker, sigv4::Credentials, MemoryStore};
+    use startline_agent::simulate::tokio_util_free::stop_pair;
+    use startline_agent::spool::{Spool, SpoolLimits};
+    let creds = Credentials {
+        access_key: std::env::var("AWS_ACCESS_KEY_ID").context("AWS_ACCESS_KEY_ID is not set")?,
+        secret_key: std::env::var("AWS_SECRET_ACCESS_KEY").context("AWS_SECRET_ACCESS_KEY is not set")?,
+        session_token: std::env::var("AWS_SESSION_TOKEN").ok().filter(|t| !t.is_empty()),
+    };
+    let endpoint = a.endpoint.clone().unwrap_or_else(|| format!("https://api.sagemaker.{}.amazonaws.com", a.region));
+    let client = sagemaker::Client::new(&endpoint, &a.region, creds).map_err(anyhow::Error::msg)?;
+    let path = a.spool.clone();
+    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
+        .await?
+        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let memory = MemoryStore::open(&spool, "sagemaker").context("cannot open the adapter's memory")?;
+    let mapping =
+        sagemaker::Mapping { region: a.region.clone(), urgent_prefixes: a.urgent_prefixes, namespace: a.namespace };
+    let mut up_settings = UplinkSettings::new(collector);
+    up_settings.give_up_after = None;
+    let up = Publisher::new(up_settings)?;
+    let (handle, stop) = stop_pair();
+    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
+    let poller =
+        tokio::spawn(sagemaker::run(mapping, client, a.lookback, a.interval, spool.clone(), memory, stop.clone()));
+    println!("startline-agent sagemaker ready endpoint={endpoint} spool={} held={}", a.spool.display(), spool.len());
+    wait_for_signal().await;
+    handle.stop();
+    let _ = poller.await;
+    let _ = delivery.await;
+    Ok(())
+}
+
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
@@ -302,6 +362,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         match command {
             Command::Node(a) => run_node(a, collector).await,
             Command::Slurm(a) => run_slurm(a, collector).await,
+            Command::Sagemaker(a) => run_sagemaker(a, collector).await,
             Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {

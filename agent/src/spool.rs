@@ -214,9 +214,21 @@ pub async fn deliver(
         }
         let last = items.last().map_or(0, |(s, _)| *s);
         let events: Vec<pb::LifecycleEvent> = items.into_iter().map(|(_, e)| e).collect();
+        let rejected_before = up.totals().rejected;
         tokio::select! {
             r = async { up.send(events).await?; up.flush().await } => r?,
             _ = stop.wait() => return Ok(()),
+        }
+        let t = up.totals();
+        if t.rejected > rejected_before {
+            // Rejected events can never be accepted as they are: they leave the spool, loudly.
+            let last = t.rejections.last();
+            tracing::warn!(
+                rejected = t.rejected - rejected_before,
+                field = last.map_or("", |r| r.field.as_str()),
+                reason = last.map_or("", |r| r.reason.as_str()),
+                "collector rejected spooled events"
+            );
         }
         let s = spool.clone();
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.remove_through(last)).await {

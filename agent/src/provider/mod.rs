@@ -5,6 +5,8 @@
 //! collector, not new events. Adapters write to the same durable spool as the node agent, so the uplink does
 //! not change when an adapter is added (Kubernetes/Kueue and Azure ML slot in as new modules here).
 
+pub mod sagemaker;
+pub mod sigv4;
 pub mod slurm;
 
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,187 @@
+//! The SageMaker adapter's real client (SigV4-signed AWS JSON 1.1 over HTTP) against a local server that
+//! replays `ListTrainingJobs` and `DescribeTrainingJob` answers in SageMaker's documented format (no AWS here).
+//! A job's description moves from in progress to completed across polls, the adapter is killed and restarted
+//! in between, and the collector's timeline must hold every transition exactly once at SageMaker's times.
+
+use startline_tests::{binary, workspace_root, Collector};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn fixture(name: &str) -> serde_json::Value {
+    let p = workspace_root().join("agent/src/provider/fixtures").join(name);
+    serde_json::from_str(&std::fs::read_to_string(p).expect("fixture")).expect("json")
+}
+
+/// Replays SageMaker: the completed job is shown in progress (first four transitions) until `complete` is set.
+fn replay_server(complete: Arc<AtomicBool>, seen_auth: Arc<Mutex<Vec<String>>>) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let done_job = fixture("sagemaker-describe-completed.json");
+    let failed_job = fixture("sagemaker-describe-failed.json");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let (mut len, mut target, mut auth) = (0usize, String::new(), String::new());
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+                    break;
+                }
+                let (k, v) = h.trim().split_once(':').unwrap_or(("", ""));
+                match k.to_ascii_lowercase().as_str() {
+                    "content-length" => len = v.trim().parse().unwrap_or(0),
+                    "x-amz-target" => target = v.trim().to_string(),
+                    "authorization" => auth = v.trim().to_string(),
+                    _ => {}
+                }
+            }
+            let mut body = vec![0; len];
+            let _ = reader.read_exact(&mut body);
+            let req: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            if let Ok(mut a) = seen_auth.lock() {
+                a.push(auth);
+            }
+            let answer = match target.as_str() {
+                "SageMaker.ListTrainingJobs" => serde_json::json!({"TrainingJobSummaries": [
+                    {"TrainingJobName": done_job["TrainingJobName"], "TrainingJobStatus": "InProgress", "CreationTime": done_job["CreationTime"]},
+                    {"TrainingJobName": failed_job["TrainingJobName"], "TrainingJobStatus": "Failed", "CreationTime": failed_job["CreationTime"]}
+                ]}),
+                "SageMaker.DescribeTrainingJob" if req["TrainingJobName"] == failed_job["TrainingJobName"] => {
+                    failed_job.clone()
+                }
+                "SageMaker.DescribeTrainingJob" => {
+                    if complete.load(Ordering::SeqCst) {
+                        done_job.clone()
+                    } else {
+                        let mut j = done_job.clone();
+                        j["TrainingJobStatus"] = "InProgress".into();
+                        j["SecondaryStatus"] = "Downloading".into();
+                        if let Some(o) = j.as_object_mut() {
+                            o.remove("TrainingEndTime");
+                        }
+                        if let Some(t) = j["SecondaryStatusTransitions"].as_array_mut() {
+                            t.truncate(4);
+                        }
+                        j
+                    }
+                }
+                _ => serde_json::json!({"__type": "UnknownOperationException"}),
+            };
+            let text = answer.to_string();
+            let mut s = stream;
+            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Type: application/x-amz-json-1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}", text.len());
+        }
+    });
+    addr
+}
+
+struct Adapter(Child);
+impl Drop for Adapter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn adapter(collector: &str, endpoint: &str, spool: &std::path::Path) -> Adapter {
+    Adapter(
+        Command::new(binary("startline-agent"))
+            .args([
+                "--collector",
+                collector,
+                "sagemaker",
+                "--interval",
+                "1s",
+                "--namespace",
+                "123456789012",
+                "--urgent-prefix",
+                "urgent-",
+            ])
+            .args(["--endpoint", endpoint, "--region", "us-east-1"])
+            .arg("--spool")
+            .arg(spool)
+            .env("AWS_ACCESS_KEY_ID", "AKIDTEST")
+            .env("AWS_SECRET_ACCESS_KEY", "secret")
+            .env_remove("AWS_SESSION_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("adapter"),
+    )
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn sagemaker_jobs_are_followed_through_a_replayed_api_across_an_adapter_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    let complete = Arc::new(AtomicBool::new(false));
+    let auths = Arc::new(Mutex::new(Vec::new()));
+    let addr = replay_server(complete.clone(), auths.clone());
+    let endpoint = format!("http://{addr}");
+    let spool = dir.path().join("spool");
+    let job = "/api/v1/jobs/sagemaker/123456789012/llm-finetune-2026-11-30-01";
+
+    let mut first = adapter(&c.endpoint(), &endpoint, &spool);
+    wait_until("the in-progress view", Duration::from_secs(30), || {
+        c.get(job).1["timeline"]["milestones"]["preparing"].is_string()
+    });
+    let (_, partial) = c.get(job);
+    assert_eq!(partial["state"], "preparing");
+    // Restart the adapter; the job completes meanwhile.
+    let _ = first.0.kill();
+    let _ = first.0.wait();
+    complete.store(true, Ordering::SeqCst);
+    let _second = adapter(&c.endpoint(), &endpoint, &spool);
+    wait_until("the job to be done", Duration::from_secs(30), || c.get(job).1["state"] == "done");
+
+    let (_, j) = c.get(job);
+    let t = &j["timeline"];
+    assert_eq!(j["outcome"], "succeeded");
+    assert_eq!(j["pool_kind"], "managed");
+    assert_eq!(j["gpu_count"], 16);
+    assert_eq!(t["milestones"]["submitted"], "2026-11-30T00:53:20.123Z");
+    let w = &t["initial_wait_seconds"];
+    assert_eq!(w["preparing:provisioning"].as_f64(), Some(299.5));
+    assert_eq!(w["queued:capacity"].as_f64(), Some(300.0));
+    assert_eq!(w["preparing:image_pull"].as_f64(), Some(120.0));
+    assert_eq!(w["preparing:data_staging"].as_f64(), Some(180.0));
+    assert_eq!(j["time_to_first_step_seconds"].as_f64(), Some(899.877));
+    assert_eq!((t["preemptions"].as_u64(), t["attempts"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(t["requeue_wait_seconds"].as_f64(), Some(500.0));
+    let ids: Vec<&str> =
+        j["events"].as_array().expect("events").iter().filter_map(|e| e["event_id"].as_str()).collect();
+    assert_eq!(ids.len(), 10, "each transition exactly once across the restart: {ids:?}");
+
+    let failed = "/api/v1/jobs/sagemaker/123456789012/urgent-fix-7";
+    wait_until("the failed job", Duration::from_secs(30), || c.get(failed).1["state"] == "done");
+    let (_, f) = c.get(failed);
+    assert_eq!((f["outcome"].as_str(), f["priority"].as_str()), (Some("failed"), Some("urgent")));
+    let done =
+        f["events"].as_array().and_then(|e| e.iter().find(|x| x["kind"] == "done").cloned()).expect("done event");
+    assert!(done["detail"]["message"].as_str().is_some_and(|m| m.starts_with("CapacityError")));
+    assert!(f["timeline"]["initial_wait_seconds"]["queued:capacity"].as_f64().is_some_and(|s| s == 3500.0));
+
+    // Every call was SigV4-signed for SageMaker in us-east-1 with the configured key.
+    let auths = auths.lock().expect("auths").clone();
+    assert!(!auths.is_empty());
+    for a in auths {
+        assert!(a.starts_with("AWS4-HMAC-SHA256 Credential=AKIDTEST/"), "{a}");
+        assert!(a.contains("/us-east-1/sagemaker/aws4_request, SignedHeaders=content-type;host;x-amz-date;x-amz-target, Signature="), "{a}");
+    }
+}
