@@ -33,6 +33,33 @@ enum Command {
     Slurm(SlurmArgs),
     /// Poll SageMaker (ListTrainingJobs, DescribeTrainingJob; SigV4 with AWS_* credentials from the environment).
     Sagemaker(SagemakerArgs),
+    /// Poll Vertex AI CustomJobs (v1 REST, OAuth2 bearer token).
+    Vertex(VertexArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct VertexArgs {
+    /// Spool directory (sled; also holds the adapter's per-job memory).
+    #[arg(long, default_value = "./startline-vertex-spool")]
+    spool: std::path::PathBuf,
+    /// Google Cloud project.
+    #[arg(long)]
+    project: String,
+    /// Location (region), e.g. europe-west4.
+    #[arg(long)]
+    location: String,
+    /// API base (default https://<location>-aiplatform.googleapis.com).
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// Command printing an access token, run before each poll (default: VERTEX_ACCESS_TOKEN from the environment).
+    #[arg(long)]
+    token_command: Option<String>,
+    /// Display-name prefixes that mark urgent jobs (repeatable).
+    #[arg(long = "urgent-prefix")]
+    urgent_prefixes: Vec<String>,
+    /// Poll interval.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    interval: Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -328,6 +355,38 @@ async fn run_sagemaker(a: SagemakerArgs, collector: String) -> anyhow::Result<()
     Ok(())
 }
 
+async fn run_vertex(a: VertexArgs, collector: String) -> anyhow::Result<()> {
+    use startline_agent::provider::{vertex, MemoryStore};
+    use startline_agent::simulate::tokio_util_free::stop_pair;
+    use startline_agent::spool::{Spool, SpoolLimits};
+    let token = match &a.token_command {
+        Some(c) => vertex::TokenSource::Command(c.split_whitespace().map(str::to_string).collect()),
+        None => vertex::TokenSource::Static(
+            std::env::var("VERTEX_ACCESS_TOKEN").context("set VERTEX_ACCESS_TOKEN or pass --token-command")?,
+        ),
+    };
+    let endpoint = a.endpoint.clone().unwrap_or_else(|| format!("https://{}-aiplatform.googleapis.com", a.location));
+    let client = vertex::Client::new(&endpoint, &a.project, &a.location, token).map_err(anyhow::Error::msg)?;
+    let path = a.spool.clone();
+    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
+        .await?
+        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let memory = MemoryStore::open(&spool, "vertex").context("cannot open the adapter's memory")?;
+    let mut up_settings = UplinkSettings::new(collector);
+    up_settings.give_up_after = None;
+    let up = Publisher::new(up_settings)?;
+    let (handle, stop) = stop_pair();
+    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
+    let mapping = vertex::Mapping { urgent_prefixes: a.urgent_prefixes };
+    let poller = tokio::spawn(vertex::run(mapping, client, a.interval, spool.clone(), memory, stop.clone()));
+    println!("startline-agent vertex ready endpoint={endpoint} spool={} held={}", a.spool.display(), spool.len());
+    wait_for_signal().await;
+    handle.stop();
+    let _ = poller.await;
+    let _ = delivery.await;
+    Ok(())
+}
+
 async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
@@ -363,6 +422,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Command::Node(a) => run_node(a, collector).await,
             Command::Slurm(a) => run_slurm(a, collector).await,
             Command::Sagemaker(a) => run_sagemaker(a, collector).await,
+            Command::Vertex(a) => run_vertex(a, collector).await,
             Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {

@@ -8,6 +8,7 @@
 pub mod sagemaker;
 pub mod sigv4;
 pub mod slurm;
+pub mod vertex;
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
