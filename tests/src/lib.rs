@@ -144,8 +144,8 @@ fn wait_ready(stdout: std::process::ChildStdout) -> Result<(SocketAddr, SocketAd
     }
 }
 
-/// A minimal HTTP/1.1 GET returning the status and the JSON body (Null if the body is not JSON).
-pub fn http_get(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+/// A minimal HTTP/1.1 GET returning the status and the body as text (chunked bodies reassembled).
+pub fn http_get_text(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect http");
     s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
     write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("write");
@@ -156,6 +156,12 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
     let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("status");
     let body =
         if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
+    (status, body)
+}
+
+/// A minimal HTTP/1.1 GET returning the status and the JSON body (Null if the body is not JSON).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let (status, body) = http_get_text(addr, path);
     (status, serde_json::from_str(&body).unwrap_or(serde_json::Value::Null))
 }
 

@@ -8,29 +8,9 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 fn metrics_text(c: &Collector) -> String {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(c.http).expect("connect");
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        // Reassemble chunks.
-        let mut out = String::new();
-        let mut rest = body;
-        while let Some((size, after)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            out.push_str(&after[..n]);
-            rest = &after[n + 2..];
-        }
-        out
-    } else {
-        body.to_string()
-    }
+    let (status, body) = startline_tests::http_get_text(c.http, "/metrics");
+    assert_eq!(status, 200);
+    body
 }
 
 /// Sum of every sample of `name` whose labels contain all of `with`.

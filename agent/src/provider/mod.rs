@@ -13,6 +13,49 @@ pub mod vertex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
+/// Runs `poll` every `interval` until `stop`, logging what each poll spooled or why it failed (a failed poll is
+/// retried at the next interval; nothing is lost, since memories only move after events are spooled).
+pub async fn poll_loop<F, Fut>(
+    adapter: &str,
+    interval: std::time::Duration,
+    stop: crate::simulate::tokio_util_free::Stop,
+    mut poll: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<usize, String>>,
+{
+    loop {
+        match poll().await {
+            Ok(n) if n > 0 => tracing::info!(adapter, events = n, "transitions spooled"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(adapter, error = %e, "poll failed; retrying next interval"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.wait() => return,
+        }
+    }
+}
+
+/// Spools one job's new events, then saves its memory (in that order: a crash in between re-emits the same
+/// ids, which the collector treats as duplicates). Returns the events spooled.
+pub fn record(
+    spool: &crate::spool::Spool,
+    memory: &MemoryStore,
+    key: &str,
+    old: &JobMemory,
+    events: &[startline_proto::pb::LifecycleEvent],
+    new: &JobMemory,
+) -> Result<usize, String> {
+    if !events.is_empty() {
+        spool.append(events).map_err(|e| e.to_string())?;
+    }
+    if new != old {
+        memory.put(key, new).map_err(|e| e.to_string())?;
+    }
+    Ok(events.len())
+}
+
 /// What an adapter remembers about one job between polls (and across restarts).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobMemory {

@@ -435,17 +435,7 @@ pub async fn run(
     memory: MemoryStore,
     stop: crate::simulate::tokio_util_free::Stop,
 ) {
-    loop {
-        match poll_once(&m, &shell, &spool, &memory).await {
-            Ok(n) if n > 0 => tracing::info!(events = n, "slurm transitions spooled"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "slurm poll failed; retrying next interval"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(shell.interval) => {}
-            _ = stop.wait() => return,
-        }
-    }
+    super::poll_loop("slurm", shell.interval, stop, || poll_once(&m, &shell, &spool, &memory)).await
 }
 
 /// One poll: read both views, diff every job, spool the events, save memories. Returns the events spooled.
@@ -469,15 +459,7 @@ pub async fn poll_once(
         let key = startline_id(m, &j);
         let mem = memory.get(&key);
         let (events, new_mem) = diff(m, &j, &mem, now);
-        if events.is_empty() && new_mem == mem {
-            continue;
-        }
-        // Events first (durable), then the memory: a crash in between re-emits with the same ids.
-        if !events.is_empty() {
-            spool.append(&events).map_err(|e| e.to_string())?;
-        }
-        memory.put(&key, &new_mem).map_err(|e| e.to_string())?;
-        total += events.len();
+        total += super::record(spool, memory, &key, &mem, &events, &new_mem)?;
     }
     memory.flush().map_err(|e| e.to_string())?;
     Ok(total)

@@ -286,17 +286,7 @@ pub async fn run(
     memory: MemoryStore,
     stop: crate::simulate::tokio_util_free::Stop,
 ) {
-    loop {
-        match poll_once(&m, &client, &spool, &memory).await {
-            Ok(n) if n > 0 => tracing::info!(events = n, "vertex transitions spooled"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "vertex poll failed; retrying next interval"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
-            _ = stop.wait() => return,
-        }
-    }
+    super::poll_loop("vertex", interval, stop, || poll_once(&m, &client, &spool, &memory)).await
 }
 
 /// One poll; returns the events spooled.
@@ -316,13 +306,7 @@ pub async fn poll_once(
             continue;
         }
         let (events, new_mem) = diff(m, &job, &mem, now);
-        if !events.is_empty() {
-            spool.append(&events).map_err(|e| e.to_string())?;
-        }
-        if new_mem != mem {
-            memory.put(&key, &new_mem).map_err(|e| e.to_string())?;
-        }
-        total += events.len();
+        total += super::record(spool, memory, &key, &mem, &events, &new_mem)?;
     }
     memory.flush().map_err(|e| e.to_string())?;
     Ok(total)

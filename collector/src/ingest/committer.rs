@@ -257,14 +257,15 @@ impl Committer {
         IngestStats::add(&self.stats.duplicates, duplicates);
         IngestStats::add(&self.stats.commits, 1);
         IngestStats::add(&self.stats.commit_micros, started.elapsed().as_micros() as u64);
-        for (reply, res) in replies {
-            let _ = reply.send(Ok(res));
-        }
-        self.settings.wake.notify_one();
+        // Metrics before acks: once a client holds an ack, /metrics reflects its events.
         if let Some(t) = &self.settings.telemetry {
             t.record(&observations);
             t.record_commit(started.elapsed());
         }
+        for (reply, res) in replies {
+            let _ = reply.send(Ok(res));
+        }
+        self.settings.wake.notify_one();
     }
 }
 

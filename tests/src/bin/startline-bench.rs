@@ -559,12 +559,16 @@ fn restart_bench(a: &Args, slo_queries: bool) -> Vec<String> {
         let mut scrape: Vec<(f64, usize)> = (0..10)
             .map(|_| {
                 let s = Instant::now();
-                let body = raw_get(c.http, "/metrics");
+                let body = startline_tests::http_get_text(c.http, "/metrics").1;
                 (s.elapsed().as_secs_f64() * 1000.0, body.len())
             })
             .collect();
         scrape.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let series = raw_get(c.http, "/metrics").lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+        let series = startline_tests::http_get_text(c.http, "/metrics")
+            .1
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count();
         println!(
             "- GET /metrics: p50 {:.1} ms, max of 10 {:.1} ms, {} bytes, {series} series",
             scrape[5].0, scrape[9].0, scrape[5].1
@@ -594,28 +598,4 @@ fn restart_bench(a: &Args, slo_queries: bool) -> Vec<String> {
         }
     }
     rows
-}
-
-/// A GET returning the raw body (handles chunked encoding).
-fn raw_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or(("", ""));
-    if !head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        return body.to_string();
-    }
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, after)) = rest.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || after.len() < n {
-            break;
-        }
-        out.push_str(&after[..n]);
-        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
-    }
-    out
 }
