@@ -8,7 +8,11 @@ use tokio_stream::wrappers::ReceiverStream;
 
 /// Streams batches (10 jobs x 20 events each per batch) until the stream fails or `max_batches` are acked.
 /// Returns the (job_id, event_id) pairs of every acknowledged batch.
-async fn stream_until_failure(endpoint: String, max_batches: u64) -> BTreeSet<(String, String)> {
+async fn stream_until_failure(
+    endpoint: String,
+    max_batches: u64,
+    progress: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> BTreeSet<(String, String)> {
     let mut acked = BTreeSet::new();
     let Ok(mut client) = IngestServiceClient::connect(endpoint).await else {
         return acked;
@@ -47,6 +51,7 @@ async fn stream_until_failure(endpoint: String, max_batches: u64) -> BTreeSet<(S
                     assert_eq!(ack.batch_seq, s);
                     assert_eq!(ack.accepted, 200);
                     acked.extend(ids);
+                    progress.store(acked.len(), std::sync::atomic::Ordering::SeqCst);
                 }
                 _ => return acked,
             }
@@ -59,6 +64,15 @@ async fn stream_until_failure(endpoint: String, max_batches: u64) -> BTreeSet<(S
         acked.extend(ids);
     }
     acked
+}
+
+/// Waits until the streaming client has `n` events acknowledged (the crash must land mid-stream).
+async fn wait_for_progress(progress: &std::sync::atomic::AtomicUsize, n: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while progress.load(std::sync::atomic::Ordering::SeqCst) < n {
+        assert!(tokio::time::Instant::now() < deadline, "the client never got {n} events acknowledged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn stored_pairs(c: &Collector, jobs: &BTreeSet<String>) -> BTreeSet<(String, String)> {
@@ -80,9 +94,10 @@ async fn kill_9_while_streaming_loses_no_acknowledged_event() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("db");
     let c = Collector::start(&db, &[]);
-    let client = tokio::spawn(stream_until_failure(c.endpoint(), 100_000));
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let client = tokio::spawn(stream_until_failure(c.endpoint(), 100_000, progress.clone()));
     // Let a good number of batches be acknowledged, then crash the collector mid-stream.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    wait_for_progress(&progress, 2000).await;
     let status = c.signal_and_wait("KILL");
     assert!(!status.success());
     let acked = client.await.expect("client task");
@@ -104,8 +119,9 @@ async fn sigterm_drains_acks_checkpoints_and_exits_zero() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("db");
     let c = Collector::start(&db, &[]);
-    let client = tokio::spawn(stream_until_failure(c.endpoint(), 100_000));
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let client = tokio::spawn(stream_until_failure(c.endpoint(), 100_000, progress.clone()));
+    wait_for_progress(&progress, 1000).await;
     let status = c.signal_and_wait("TERM");
     assert!(status.success(), "exit status {status:?}");
     let acked = client.await.expect("client task");
