@@ -4,7 +4,7 @@
 # Prints where to look. Ctrl-C stops both.
 #
 # Environment: STARTLINE_DATA (sled dir), STARTLINE_GRPC / STARTLINE_HTTP (listen addresses),
-# SIM_ARGS (extra `startline-agent simulate` flags, e.g. "--history 30d --seed 7").
+# SIM_ARGS (the `startline-agent simulate` flags; default "--history 7d --disorder 0.02 --duplicates 0.01").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,4 +44,4 @@ Startline is running.
 Simulating a fleet (history first, then live). Ctrl-C to stop.
 MSG
 # shellcheck disable=SC2086
-"$bin/startline-agent" --collector "http://$grpc_bound" simulate --history 7d --disorder 0.02 --duplicates 0.01 --follow ${SIM_ARGS:-}
+"$bin/startline-agent" --collector "http://$grpc_bound" simulate --follow ${SIM_ARGS:---history 7d --disorder 0.02 --duplicates 0.01}
