@@ -91,8 +91,56 @@ impl SharedIndex {
         self.0.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Visits every job in id order, `chunk` jobs per read lock, releasing the lock between chunks so a long scan
+    /// (comparisons, overviews over a million jobs) never holds the committer off for more than one chunk.
+    /// Jobs changed during the scan are seen in whichever state the visit finds them.
+    pub fn for_each_job(&self, chunk: usize, mut f: impl FnMut(&str, &JobRecord)) {
+        use std::ops::Bound;
+        let mut after: Option<String> = None;
+        loop {
+            let idx = self.read();
+            let lower = match &after {
+                Some(k) => Bound::Excluded(k.clone()),
+                None => Bound::Unbounded,
+            };
+            let mut n = 0;
+            let mut last = None;
+            for (k, r) in idx.jobs.range((lower, Bound::Unbounded)).take(chunk.max(1)) {
+                f(k, r);
+                n += 1;
+                last = Some(k);
+            }
+            let next = last.cloned();
+            drop(idx);
+            if n < chunk.max(1) {
+                return;
+            }
+            after = next;
+        }
+    }
+
     /// Write access, for the committer.
     pub fn write(&self) -> RwLockWriteGuard<'_, JobIndex> {
         self.0.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_scan_visits_every_job_once_in_order() {
+        let mut idx = JobIndex::default();
+        for i in 0..7 {
+            idx.jobs.insert(format!("j{i}"), JobRecord::default());
+        }
+        let shared = SharedIndex::new(idx);
+        for chunk in [1, 2, 3, 7, 8, 100] {
+            let mut seen = Vec::new();
+            shared.for_each_job(chunk, |k, _| seen.push(k.to_string()));
+            let want: Vec<String> = (0..7).map(|i| format!("j{i}")).collect();
+            assert_eq!(seen, want, "chunk {chunk}");
+        }
     }
 }

@@ -9,6 +9,9 @@ use axum::Json;
 use serde_json::Value;
 use std::collections::HashMap;
 
+/// Jobs visited per read lock during a scan.
+pub const SCAN_CHUNK: usize = 4096;
+
 fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
     let mut left = "pool_kind=managed".to_string();
     let mut right = "pool_kind=dedicated".to_string();
@@ -52,17 +55,30 @@ fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
 /// The comparison as JSON.
 pub async fn json(State(s): State<ApiState>, Q(q): Q<HashMap<String, String>>) -> Result<Json<Value>, ApiError> {
     let query = parse(&s, &q)?;
-    let idx = s.index.read();
-    Ok(Json(compare::compare(&query, &idx.jobs, idx.slo.defs())))
+    let slos = s.index.read().slo.defs().to_vec();
+    let index = s.index.clone();
+    // A full scan: off the async workers, in chunks under short read locks.
+    let v = tokio::task::spawn_blocking(move || {
+        let mut c = compare::Collector::new(query);
+        index.for_each_job(SCAN_CHUNK, |_, r| c.add(r));
+        c.finish(&slos)
+    })
+    .await
+    .map_err(ApiError::unavailable)?;
+    Ok(Json(v))
 }
 
 /// The CDF overlay as SVG.
 pub async fn svg(State(s): State<ApiState>, Q(q): Q<HashMap<String, String>>) -> Result<Response, ApiError> {
     let query = parse(&s, &q)?;
-    let samples = {
-        let idx = s.index.read();
-        compare::samples(&query, &idx.jobs)
-    };
+    let index = s.index.clone();
+    let samples = tokio::task::spawn_blocking(move || {
+        let mut c = compare::Collector::new(compare::Query { by: None, ..query });
+        index.for_each_job(SCAN_CHUNK, |_, r| c.add(r));
+        c.samples()
+    })
+    .await
+    .map_err(ApiError::unavailable)?;
     let left =
         if q.get("left").is_some_and(|v| !v.is_empty()) { q["left"].clone() } else { "pool_kind=managed".into() };
     let right =

@@ -33,32 +33,44 @@ pub async fn overview(
     let now = s.clock.now_ms();
     let from = now - window_ms;
     let step = (window_ms / 24).max(60_000);
+    type Scan = (
+        BTreeMap<&'static str, u64>,
+        BTreeMap<(String, String, String, String), Vec<f64>>,
+        BTreeMap<(String, i64), Vec<f64>>,
+    );
+    let index = s.index.clone();
+    // A full scan: off the async workers, in chunks under short read locks.
+    let (states, by_pool, series): Scan = tokio::task::spawn_blocking(move || {
+        let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
+        let mut by_pool: BTreeMap<(String, String, String, String), Vec<f64>> = BTreeMap::new();
+        let mut series: BTreeMap<(String, i64), Vec<f64>> = BTreeMap::new();
+        index.for_each_job(super::compare::SCAN_CHUNK, |_, rec| {
+            let t = &rec.timeline;
+            *states.entry(t.state.label()).or_default() += 1;
+            let (Some(a), Some(f), Some(ttfs)) = (t.attrs.as_ref(), t.first_step_at, t.time_to_first_step_ms()) else {
+                return;
+            };
+            if f < from || f > now {
+                return;
+            }
+            let secs = ttfs as f64 / 1000.0;
+            by_pool
+                .entry((
+                    a.pool_kind.label().to_string(),
+                    a.provider.clone(),
+                    a.pool.clone(),
+                    a.priority.label().to_string(),
+                ))
+                .or_default()
+                .push(secs);
+            let bucket = from + ((f - from) / step) * step;
+            series.entry((a.pool_kind.label().to_string(), bucket)).or_default().push(secs);
+        });
+        (states, by_pool, series)
+    })
+    .await
+    .map_err(ApiError::unavailable)?;
     let idx = s.index.read();
-    let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut by_pool: BTreeMap<(String, String, String, String), Vec<f64>> = BTreeMap::new();
-    let mut series: BTreeMap<(String, i64), Vec<f64>> = BTreeMap::new();
-    for rec in idx.jobs.values() {
-        let t = &rec.timeline;
-        *states.entry(t.state.label()).or_default() += 1;
-        let (Some(a), Some(f), Some(ttfs)) = (t.attrs.as_ref(), t.first_step_at, t.time_to_first_step_ms()) else {
-            continue;
-        };
-        if f < from || f > now {
-            continue;
-        }
-        let secs = ttfs as f64 / 1000.0;
-        by_pool
-            .entry((
-                a.pool_kind.label().to_string(),
-                a.provider.clone(),
-                a.pool.clone(),
-                a.priority.label().to_string(),
-            ))
-            .or_default()
-            .push(secs);
-        let bucket = from + ((f - from) / step) * step;
-        series.entry((a.pool_kind.label().to_string(), bucket)).or_default().push(secs);
-    }
     let mut waiting: BTreeMap<String, i64> = BTreeMap::new();
     for ((_, seg), n) in &idx.gauges.waiting {
         *waiting.entry(seg.clone()).or_default() += n;

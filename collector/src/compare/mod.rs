@@ -196,25 +196,36 @@ pub struct Samples {
     pub right: Vec<f64>,
 }
 
-fn collect(q: &Query, jobs: &BTreeMap<String, JobRecord>) -> BTreeMap<String, (Side, Side)> {
-    let from = q.now_ms - q.window_ms;
-    let mut groups: BTreeMap<String, (Side, Side)> = BTreeMap::new();
-    for rec in jobs.values() {
+/// Accumulates jobs one at a time, so callers can feed it in chunks (releasing the index lock between them).
+pub struct Collector {
+    q: Query,
+    groups: BTreeMap<String, (Side, Side)>,
+}
+
+impl Collector {
+    /// An empty accumulation for a query.
+    pub fn new(q: Query) -> Self {
+        Collector { q, groups: BTreeMap::new() }
+    }
+
+    /// Adds one job (ignored unless submitted in the window and on a side).
+    pub fn add(&mut self, rec: &JobRecord) {
+        let q = &self.q;
         let t = &rec.timeline;
-        let (Some(a), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { continue };
-        if sub < from || sub > q.now_ms {
-            continue;
+        let (Some(a), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
+        if sub < q.now_ms - q.window_ms || sub > q.now_ms {
+            return;
         }
         let (l, r) = (q.left.matches(a), q.right.matches(a));
         if !l && !r {
-            continue;
+            return;
         }
         let mut keys = vec!["all".to_string()];
         if let Some(by) = q.by {
             keys.push(by.of(a).to_string());
         }
         for k in keys {
-            let g = groups.entry(k).or_default();
+            let g = self.groups.entry(k).or_default();
             if l {
                 g.0.add(rec);
             }
@@ -223,12 +234,35 @@ fn collect(q: &Query, jobs: &BTreeMap<String, JobRecord>) -> BTreeMap<String, (S
             }
         }
     }
-    groups
+
+    /// The comparison.
+    pub fn finish(self, slos: &[SloDef]) -> Value {
+        report(&self.q, self.groups, slos)
+    }
+
+    /// The sorted TTFS samples of both sides over all groups (for the CDF chart).
+    pub fn samples(mut self) -> Samples {
+        let (mut l, mut r) = self.groups.remove("all").map(|(l, r)| (l.ttfs, r.ttfs)).unwrap_or_default();
+        l.sort_by(f64::total_cmp);
+        r.sort_by(f64::total_cmp);
+        Samples { left: l, right: r }
+    }
+}
+
+fn collect(q: &Query, jobs: &BTreeMap<String, JobRecord>) -> BTreeMap<String, (Side, Side)> {
+    let mut c = Collector::new(q.clone());
+    for rec in jobs.values() {
+        c.add(rec);
+    }
+    c.groups
 }
 
 /// Runs a comparison.
 pub fn compare(q: &Query, jobs: &BTreeMap<String, JobRecord>, slos: &[SloDef]) -> Value {
-    let groups = collect(q, jobs);
+    report(q, collect(q, jobs), slos)
+}
+
+fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) -> Value {
     let order: BTreeSet<String> = groups.keys().filter(|k| *k != "all").cloned().collect();
     let mut out = Vec::new();
     let mut groups = groups;
@@ -271,9 +305,9 @@ pub fn compare(q: &Query, jobs: &BTreeMap<String, JobRecord>, slos: &[SloDef]) -
 
 /// The sorted TTFS samples of both sides over all groups (for the CDF chart).
 pub fn samples(q: &Query, jobs: &BTreeMap<String, JobRecord>) -> Samples {
-    let mut g = collect(&Query { by: None, ..q.clone() }, jobs);
-    let (mut l, mut r) = g.remove("all").map(|(l, r)| (l.ttfs, r.ttfs)).unwrap_or_default();
-    l.sort_by(f64::total_cmp);
-    r.sort_by(f64::total_cmp);
-    Samples { left: l, right: r }
+    let mut c = Collector::new(Query { by: None, ..q.clone() });
+    for rec in jobs.values() {
+        c.add(rec);
+    }
+    c.samples()
 }
