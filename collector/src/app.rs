@@ -277,6 +277,7 @@ pub async fn run_with_clock(
     health_reporter.set_not_serving::<IngestServiceServer<Ingest>>().await;
 
     // 1-2. Stop gRPC and let open streams acknowledge what they read.
+    let grpc_abort = grpc.abort_handle();
     let drained = tokio::time::timeout(DRAIN_GRACE, async {
         let r = grpc.await;
         stream_tasks.close();
@@ -288,7 +289,11 @@ pub async fn run_with_clock(
         Ok(Ok(Ok(()))) => tracing::info!("grpc drained"),
         Ok(Ok(Err(e))) => tracing::error!(error = %e, "grpc server error"),
         Ok(Err(e)) => tracing::error!(error = %e, "grpc task failed"),
-        Err(_) => tracing::warn!("grpc drain timed out; unacknowledged batches will be redelivered by clients"),
+        Err(_) => {
+            // Drop the server (and the ingest service's sender it holds) so the committer can drain and stop.
+            grpc_abort.abort();
+            tracing::warn!("grpc drain timed out; unacknowledged batches will be redelivered by clients");
+        }
     }
 
     // 3. The committer drains its channel, checkpoints and flushes once every sender is gone.
@@ -298,6 +303,12 @@ pub async fn run_with_clock(
     }
     tracing::info!(size_on_disk = store.size_on_disk().unwrap_or(0), "store flushed");
 
+    // 4. Alerts: stop the loop and the notifiers (their state is already stored), then a last metrics export.
+    alert_stop.cancel();
+    alert_tasks.close();
+    if tokio::time::timeout(Duration::from_secs(5), alert_tasks.wait()).await.is_err() {
+        tracing::warn!("alert tasks did not stop in time");
+    }
     telemetry.shutdown();
 
     // 5. HTTP last.
