@@ -92,11 +92,20 @@ impl SharedIndex {
     }
 
     /// Visits every job in id order, `chunk` jobs per read lock, releasing the lock between chunks so a long scan
-    /// (comparisons, overviews over a million jobs) never holds the committer off for more than one chunk.
-    /// Jobs changed during the scan are seen in whichever state the visit finds them.
+    /// (comparisons, overviews, filtered listings over a million jobs) never holds the committer off for more
+    /// than one chunk. Jobs changed during the scan are seen in whichever state the visit finds them.
     pub fn for_each_job(&self, chunk: usize, mut f: impl FnMut(&str, &JobRecord)) {
+        self.scan_from(None, chunk, |k, r| {
+            f(k, r);
+            true
+        });
+    }
+
+    /// Like [`SharedIndex::for_each_job`], starting after `after` and stopping when `f` returns false.
+    pub fn scan_from(&self, after: Option<&str>, chunk: usize, mut f: impl FnMut(&str, &JobRecord) -> bool) {
         use std::ops::Bound;
-        let mut after: Option<String> = None;
+        let chunk = chunk.max(1);
+        let mut after: Option<String> = after.map(str::to_string);
         loop {
             let idx = self.read();
             let lower = match &after {
@@ -105,14 +114,16 @@ impl SharedIndex {
             };
             let mut n = 0;
             let mut last = None;
-            for (k, r) in idx.jobs.range((lower, Bound::Unbounded)).take(chunk.max(1)) {
-                f(k, r);
+            for (k, r) in idx.jobs.range((lower, Bound::Unbounded)).take(chunk) {
+                if !f(k, r) {
+                    return;
+                }
                 n += 1;
                 last = Some(k);
             }
             let next = last.cloned();
             drop(idx);
-            if n < chunk.max(1) {
+            if n < chunk {
                 return;
             }
             after = next;
@@ -141,6 +152,13 @@ mod tests {
             shared.for_each_job(chunk, |k, _| seen.push(k.to_string()));
             let want: Vec<String> = (0..7).map(|i| format!("j{i}")).collect();
             assert_eq!(seen, want, "chunk {chunk}");
+            // Resuming after a key, and stopping early.
+            let mut part = Vec::new();
+            shared.scan_from(Some("j2"), chunk, |k, _| {
+                part.push(k.to_string());
+                part.len() < 3
+            });
+            assert_eq!(part, ["j3", "j4", "j5"], "chunk {chunk}");
         }
     }
 }

@@ -9,7 +9,6 @@ use serde_json::{json, Value};
 use startline_proto::labels::Label;
 use startline_proto::pb;
 use std::collections::HashMap;
-use std::ops::Bound;
 
 /// Filters of a job listing.
 #[derive(Debug, Default)]
@@ -96,24 +95,27 @@ pub async fn list(
         }
     }
     let now = startline_proto::time::now_ms();
-    let idx = s.index.read();
-    let start = match &page_token {
-        Some(t) => Bound::Excluded(t.clone()),
-        None => Bound::Unbounded,
-    };
-    let mut jobs = Vec::with_capacity(limit.min(1000));
-    let mut next = None;
-    for (id, rec) in idx.jobs.range((start, Bound::Unbounded)) {
-        if !f.matches(rec) {
-            continue;
-        }
-        if jobs.len() == limit {
-            // There is at least one more match: the page ends at the previous job.
-            next = jobs.last().and_then(|j: &Value| j["job_id"].as_str().map(str::to_string));
-            break;
-        }
-        jobs.push(job_summary(id, rec, now));
-    }
+    let index = s.index.clone();
+    // A filtered listing may scan many jobs: off the async workers, in chunks under short read locks.
+    let (jobs, next) = tokio::task::spawn_blocking(move || {
+        let mut jobs: Vec<Value> = Vec::with_capacity(limit.min(1000));
+        let mut next = None;
+        index.scan_from(page_token.as_deref(), super::compare::SCAN_CHUNK, |id, rec| {
+            if !f.matches(rec) {
+                return true;
+            }
+            if jobs.len() == limit {
+                // There is at least one more match: the page ends at the previous job.
+                next = jobs.last().and_then(|j| j["job_id"].as_str().map(str::to_string));
+                return false;
+            }
+            jobs.push(job_summary(id, rec, now));
+            true
+        });
+        (jobs, next)
+    })
+    .await
+    .map_err(ApiError::unavailable)?;
     Ok(Json(json!({ "jobs": jobs, "next_page_token": next })))
 }
 
