@@ -221,6 +221,76 @@ pub fn ago(secs_ago: i64) -> i64 {
     startline_proto::time::now_ms() - secs_ago * 1000
 }
 
+/// One HTTP request as a test server saw it.
+#[derive(Debug, Clone)]
+pub struct HttpRequest {
+    /// Method, e.g. `POST`.
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// Headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+impl HttpRequest {
+    /// A header's value (name in lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Serves HTTP/1.1 on a free loopback port on background threads: each request (one per connection) goes to
+/// `handler`, whose `(status, content type, body)` is the answer. For webhook receivers and replays of
+/// provider APIs.
+pub fn serve_http(handler: impl Fn(&HttpRequest) -> (u16, &'static str, String) + Send + Sync + 'static) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind test http server");
+    let addr = listener.local_addr().expect("addr");
+    let handler = std::sync::Arc::new(handler);
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let handler = handler.clone();
+            std::thread::spawn(move || {
+                let _ = answer(stream, &*handler);
+            });
+        }
+    });
+    addr
+}
+
+fn answer(mut s: TcpStream, handler: &dyn Fn(&HttpRequest) -> (u16, &'static str, String)) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = BufReader::new(s.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("").to_string();
+    let path = parts.next().unwrap_or("/").to_string();
+    let mut headers = Vec::new();
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h)?;
+        let t = h.trim();
+        if t.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = t.split_once(':') {
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    let len = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body)?;
+    let (status, content_type, text) = handler(&HttpRequest { method, path, headers, body });
+    write!(
+        s,
+        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    )?;
+    Ok(())
+}
+
 /// A webhook receiver: accepts HTTP POSTs on a free loopback port and keeps (path, JSON body) of each.
 #[derive(Clone)]
 pub struct HookServer {
@@ -235,17 +305,16 @@ type Received = (String, serde_json::Value, i64);
 impl HookServer {
     /// Starts the receiver on a background thread.
     pub fn start() -> HookServer {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind hook");
-        let addr = listener.local_addr().expect("addr");
         let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let store = received.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let store = store.clone();
-                std::thread::spawn(move || {
-                    let _ = handle_hook(stream, &store);
-                });
+        let addr = serve_http(move |req| {
+            let at = startline_proto::time::now_ms();
+            if let Ok(v) = serde_json::from_slice(&req.body) {
+                if let Ok(mut g) = store.lock() {
+                    g.push((req.path.clone(), v, at));
+                }
             }
+            (200, "text/plain", String::new())
         });
         HookServer { addr, received }
     }
@@ -275,38 +344,6 @@ impl HookServer {
         }
         None
     }
-}
-
-fn handle_hook(mut s: TcpStream, store: &std::sync::Mutex<Vec<Received>>) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut reader = BufReader::new(s.try_clone()?);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line)?;
-    let path = request_line.split_whitespace().nth(1).unwrap_or("/").to_string();
-    let mut len = 0usize;
-    loop {
-        let mut h = String::new();
-        reader.read_line(&mut h)?;
-        let t = h.trim();
-        if t.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = t.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    let mut body = vec![0u8; len];
-    reader.read_exact(&mut body)?;
-    let at = startline_proto::time::now_ms();
-    if let Ok(v) = serde_json::from_slice(&body) {
-        if let Ok(mut g) = store.lock() {
-            g.push((path, v, at));
-        }
-    }
-    s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
-    Ok(())
 }
 
 /// A free loopback port (bound and released; fine for tools that cannot be told to use port 0).

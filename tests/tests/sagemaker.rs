@@ -3,9 +3,7 @@
 //! A job's description moves from in progress to completed across polls, the adapter is killed and restarted
 //! in between, and the collector's timeline must hold every transition exactly once at SageMaker's times.
 
-use startline_tests::{binary, workspace_root, Collector};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use startline_tests::{binary, serve_http, workspace_root, Collector};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,69 +16,38 @@ fn fixture(name: &str) -> serde_json::Value {
 
 /// Replays SageMaker: the completed job is shown in progress (first four transitions) until `complete` is set.
 fn replay_server(complete: Arc<AtomicBool>, seen_auth: Arc<Mutex<Vec<String>>>) -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let done_job = fixture("sagemaker-describe-completed.json");
     let failed_job = fixture("sagemaker-describe-failed.json");
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-            let mut line = String::new();
-            if reader.read_line(&mut line).is_err() {
-                continue;
-            }
-            let (mut len, mut target, mut auth) = (0usize, String::new(), String::new());
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
-                    break;
-                }
-                let (k, v) = h.trim().split_once(':').unwrap_or(("", ""));
-                match k.to_ascii_lowercase().as_str() {
-                    "content-length" => len = v.trim().parse().unwrap_or(0),
-                    "x-amz-target" => target = v.trim().to_string(),
-                    "authorization" => auth = v.trim().to_string(),
-                    _ => {}
-                }
-            }
-            let mut body = vec![0; len];
-            let _ = reader.read_exact(&mut body);
-            let req: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-            if let Ok(mut a) = seen_auth.lock() {
-                a.push(auth);
-            }
-            let answer = match target.as_str() {
-                "SageMaker.ListTrainingJobs" => serde_json::json!({"TrainingJobSummaries": [
-                    {"TrainingJobName": done_job["TrainingJobName"], "TrainingJobStatus": "InProgress", "CreationTime": done_job["CreationTime"]},
-                    {"TrainingJobName": failed_job["TrainingJobName"], "TrainingJobStatus": "Failed", "CreationTime": failed_job["CreationTime"]}
-                ]}),
-                "SageMaker.DescribeTrainingJob" if req["TrainingJobName"] == failed_job["TrainingJobName"] => {
-                    failed_job.clone()
-                }
-                "SageMaker.DescribeTrainingJob" => {
-                    if complete.load(Ordering::SeqCst) {
-                        done_job.clone()
-                    } else {
-                        let mut j = done_job.clone();
-                        j["TrainingJobStatus"] = "InProgress".into();
-                        j["SecondaryStatus"] = "Downloading".into();
-                        if let Some(o) = j.as_object_mut() {
-                            o.remove("TrainingEndTime");
-                        }
-                        if let Some(t) = j["SecondaryStatusTransitions"].as_array_mut() {
-                            t.truncate(4);
-                        }
-                        j
-                    }
-                }
-                _ => serde_json::json!({"__type": "UnknownOperationException"}),
-            };
-            let text = answer.to_string();
-            let mut s = stream;
-            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Type: application/x-amz-json-1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}", text.len());
+    serve_http(move |r| {
+        let req: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+        if let Ok(mut a) = seen_auth.lock() {
+            a.push(r.header("authorization").unwrap_or("").to_string());
         }
-    });
-    addr
+        let answer = match r.header("x-amz-target").unwrap_or("") {
+            "SageMaker.ListTrainingJobs" => serde_json::json!({"TrainingJobSummaries": [
+                {"TrainingJobName": done_job["TrainingJobName"], "TrainingJobStatus": "InProgress", "CreationTime": done_job["CreationTime"]},
+                {"TrainingJobName": failed_job["TrainingJobName"], "TrainingJobStatus": "Failed", "CreationTime": failed_job["CreationTime"]}
+            ]}),
+            "SageMaker.DescribeTrainingJob" if req["TrainingJobName"] == failed_job["TrainingJobName"] => {
+                failed_job.clone()
+            }
+            "SageMaker.DescribeTrainingJob" if complete.load(Ordering::SeqCst) => done_job.clone(),
+            "SageMaker.DescribeTrainingJob" => {
+                let mut j = done_job.clone();
+                j["TrainingJobStatus"] = "InProgress".into();
+                j["SecondaryStatus"] = "Downloading".into();
+                if let Some(o) = j.as_object_mut() {
+                    o.remove("TrainingEndTime");
+                }
+                if let Some(t) = j["SecondaryStatusTransitions"].as_array_mut() {
+                    t.truncate(4);
+                }
+                j
+            }
+            _ => serde_json::json!({"__type": "UnknownOperationException"}),
+        };
+        (200, "application/x-amz-json-1.1", answer.to_string())
+    })
 }
 
 struct Adapter(Child);

@@ -3,9 +3,7 @@
 //! pending, then succeeded across polls; the adapter is restarted in between; the collector's timeline holds
 //! each transition once at Vertex's times.
 
-use startline_tests::{binary, workspace_root, Collector};
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use startline_tests::{binary, serve_http, workspace_root, Collector};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,55 +16,27 @@ fn fixture(name: &str) -> serde_json::Value {
 
 /// Serves the job as QUEUED while `stage` is 0, PENDING at 1, and as the fixture (SUCCEEDED) from 2.
 fn replay_server(stage: Arc<AtomicUsize>, seen: Arc<Mutex<Vec<(String, String)>>>) -> std::net::SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let ok = fixture("vertex-customjob-succeeded.json");
     let failed = fixture("vertex-customjob-failed.json");
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-            let mut line = String::new();
-            if reader.read_line(&mut line).is_err() {
-                continue;
-            }
-            let mut auth = String::new();
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
-                    break;
-                }
-                if let Some((k, v)) = h.trim().split_once(':') {
-                    if k.eq_ignore_ascii_case("authorization") {
-                        auth = v.trim().to_string();
-                    }
-                }
-            }
-            let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-            if let Ok(mut s) = seen.lock() {
-                s.push((path, auth));
-            }
-            let mut job = ok.clone();
-            match stage.load(Ordering::SeqCst) {
-                0 => {
-                    job["state"] = "JOB_STATE_QUEUED".into();
-                    for k in ["startTime", "endTime"] {
-                        job.as_object_mut().map(|o| o.remove(k));
-                    }
-                }
-                1 => {
-                    job["state"] = "JOB_STATE_PENDING".into();
-                    for k in ["startTime", "endTime"] {
-                        job.as_object_mut().map(|o| o.remove(k));
-                    }
-                }
-                _ => {}
-            }
-            let text = serde_json::json!({"customJobs": [job, failed.clone()]}).to_string();
-            let mut s = stream;
-            let _ = write!(s, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}", text.len());
+    serve_http(move |r| {
+        if let Ok(mut s) = seen.lock() {
+            s.push((r.path.clone(), r.header("authorization").unwrap_or("").to_string()));
         }
-    });
-    addr
+        let mut job = ok.clone();
+        let state = match stage.load(Ordering::SeqCst) {
+            0 => Some("JOB_STATE_QUEUED"),
+            1 => Some("JOB_STATE_PENDING"),
+            _ => None,
+        };
+        if let Some(state) = state {
+            job["state"] = state.into();
+            if let Some(o) = job.as_object_mut() {
+                o.remove("startTime");
+                o.remove("endTime");
+            }
+        }
+        (200, "application/json", serde_json::json!({"customJobs": [job, failed.clone()]}).to_string())
+    })
 }
 
 struct Adapter(Child);
