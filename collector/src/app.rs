@@ -152,6 +152,8 @@ pub async fn run_with_clock(
             clock,
             wake: wake.clone(),
             telemetry: Some(telemetry.clone()),
+            retention: config.retention,
+            retention_interval: config.retention_interval,
         },
         stats.clone(),
         healthy.clone(),

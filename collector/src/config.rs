@@ -176,6 +176,11 @@ pub struct StoreSection {
     pub path: Option<PathBuf>,
     /// How often job snapshots are checkpointed, e.g. `"2s"`. Default 2s.
     pub checkpoint_interval: Option<String>,
+    /// Jobs that ended longer ago than this are deleted with their events, e.g. `"90d"`. Default 90d;
+    /// `"0s"` keeps everything forever.
+    pub retention: Option<String>,
+    /// How often expired jobs are looked for. Default 10m.
+    pub retention_interval: Option<String>,
 }
 
 /// `[grpc]`
@@ -237,6 +242,10 @@ pub struct Config {
     pub store_path: PathBuf,
     /// Checkpoint interval.
     pub checkpoint_interval: Duration,
+    /// Ended jobs older than this are deleted (None: keep forever).
+    pub retention: Option<Duration>,
+    /// How often expired jobs are looked for.
+    pub retention_interval: Duration,
     /// gRPC listen address.
     pub grpc_listen: SocketAddr,
     /// Largest gRPC message, bytes.
@@ -348,6 +357,25 @@ impl FileConfig {
             &self.store.checkpoint_interval,
             Duration::from_secs(2),
             Duration::from_millis(10),
+        );
+        let retention =
+            dur(&mut errs, "store.retention", &self.store.retention, Duration::from_secs(90 * 86_400), Duration::ZERO);
+        let retention = if retention.is_zero() {
+            None
+        } else if retention < Duration::from_secs(86_400) {
+            errs.push(
+                "store.retention: keep at least 1d (or \"0s\" for forever); SLO windows need the history".to_string(),
+            );
+            None
+        } else {
+            Some(retention)
+        };
+        let retention_interval = dur(
+            &mut errs,
+            "store.retention_interval",
+            &self.store.retention_interval,
+            Duration::from_secs(600),
+            Duration::from_millis(100),
         );
         let grpc_listen = addr(&mut errs, "grpc.listen", &self.grpc.listen, "127.0.0.1:50051");
         let http_listen = addr(&mut errs, "http.listen", &self.http.listen, "127.0.0.1:8080");
@@ -473,6 +501,17 @@ impl FileConfig {
                 .clone()
                 .map(|endpoint| crate::export::OtlpSettings { endpoint, interval: otlp_interval }),
         };
+        if let Some(r) = retention {
+            for d in &slos {
+                if (r.as_millis() as i64) < d.window_ms {
+                    errs.push(format!(
+                        "store.retention: {} is shorter than slo {:?}'s window; its figures would lose history",
+                        humantime::format_duration(r),
+                        d.name
+                    ));
+                }
+            }
+        }
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
         }
@@ -480,6 +519,8 @@ impl FileConfig {
             metrics,
             store_path,
             checkpoint_interval,
+            retention,
+            retention_interval,
             grpc_listen,
             max_message_bytes,
             max_batch_events,
@@ -731,6 +772,20 @@ mod tests {
         ] {
             assert!(errs.iter().any(|e| e.starts_with(needle)), "{needle} missing from {errs:#?}");
         }
+    }
+
+    #[test]
+    fn retention_must_cover_every_slo_window() {
+        let c = FileConfig::default().validate().expect("defaults are valid");
+        assert_eq!(c.retention, Some(Duration::from_secs(90 * 86_400)));
+        let forever = FileConfig::parse("[store]\nretention = \"0s\"\n").expect("parses").validate().expect("valid");
+        assert_eq!(forever.retention, None);
+        let errs =
+            FileConfig::parse("[store]\nretention = \"7d\"\n").expect("parses").validate().expect_err("too short").0;
+        assert!(errs.iter().any(|e| e.starts_with("store.retention") && e.contains("urgent-start")), "{errs:?}");
+        let errs =
+            FileConfig::parse("[store]\nretention = \"2h\"\n").expect("parses").validate().expect_err("under a day").0;
+        assert!(errs.iter().any(|e| e.contains("at least 1d")), "{errs:?}");
     }
 
     #[test]

@@ -144,7 +144,7 @@ fn python_standard_library_training_loop_reports_through_a_real_agent() {
     });
     let (_, j) = c.get(&format!("/api/v1/jobs/{job}"));
     let t = &j["timeline"];
-    assert_eq!(t["milestones"]["last_checkpoint"]["step"], 300);
+    assert_eq!(t["milestones"]["last_checkpoint"]["step"], 300, "{j:#}");
     assert!(t["initial_wait_seconds"]["preparing:data_staging"].as_f64().is_some_and(|s| s >= 0.2));
     assert!(t["initial_wait_seconds"]["preparing:environment"].as_f64().is_some_and(|s| s >= 0.2));
     let ttfs = j["time_to_first_step_seconds"].as_f64().expect("ttfs");

@@ -63,10 +63,14 @@ pub struct CommitterSettings {
     pub wake: Arc<tokio::sync::Notify>,
     /// Metrics, when enabled.
     pub telemetry: Option<Arc<crate::export::Telemetry>>,
+    /// Ended jobs older than this are deleted (None: keep forever).
+    pub retention: Option<Duration>,
+    /// How often expired jobs are looked for.
+    pub retention_interval: Duration,
 }
 
-/// Starts the committer thread. It runs until every sender of `rx` is dropped, then drains, checkpoints,
-/// flushes and returns.
+/// Starts the committer thread (call it within the tokio runtime: the thread borrows its timer). It runs until
+/// every sender of `rx` is dropped, then drains, checkpoints, flushes and returns.
 pub fn spawn(
     store: Store,
     index: SharedIndex,
@@ -75,12 +79,14 @@ pub fn spawn(
     stats: Arc<IngestStats>,
     healthy: Arc<AtomicBool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let runtime = tokio::runtime::Handle::current();
     std::thread::Builder::new()
         .name("startline-committer".into())
-        .spawn(move || Committer { store, index, settings, stats, healthy }.run(rx))
+        .spawn(move || Committer { runtime, store, index, settings, stats, healthy }.run(rx))
 }
 
 struct Committer {
+    runtime: tokio::runtime::Handle,
     store: Store,
     index: SharedIndex,
     settings: CommitterSettings,
@@ -90,6 +96,17 @@ struct Committer {
 
 impl Committer {
     fn run(self, mut rx: mpsc::Receiver<CommitRequest>) {
+        // Should this thread ever panic, health and readiness must say so (clients would only see UNAVAILABLE).
+        struct Unhealthy(Arc<AtomicBool>);
+        impl Drop for Unhealthy {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.store(false, Ordering::Relaxed);
+                    tracing::error!("committer panicked; the collector is unhealthy");
+                }
+            }
+        }
+        let _guard = Unhealthy(self.healthy.clone());
         // One checkpoint may be in progress and one waiting; if both are taken, the dirty set simply grows
         // until the next interval.
         let (ck_tx, ck_rx) = std::sync::mpsc::sync_channel::<Checkpoint>(1);
@@ -107,7 +124,37 @@ impl Committer {
             }
         };
         let mut last_checkpoint = Instant::now();
-        while let Some(first) = rx.blocking_recv() {
+        let mut last_retention = Instant::now();
+        loop {
+            // Wake at least every retention interval, so expiry runs on an idle collector too.
+            let first = match self.settings.retention {
+                Some(_) => {
+                    let wait = self.settings.retention_interval.saturating_sub(last_retention.elapsed());
+                    match rx.try_recv() {
+                        Ok(r) => Some(r),
+                        Err(mpsc::error::TryRecvError::Disconnected) => break,
+                        // Idle: a timed wait on the runtime's timer (the committer is a plain thread).
+                        Err(mpsc::error::TryRecvError::Empty) => {
+                            match self.runtime.block_on(async { tokio::time::timeout(wait, rx.recv()).await }) {
+                                Ok(Some(r)) => Some(r),
+                                Ok(None) => break,
+                                Err(_) => None,
+                            }
+                        }
+                    }
+                }
+                None => match rx.blocking_recv() {
+                    Some(r) => Some(r),
+                    None => break,
+                },
+            };
+            if let Some(retention) = self.settings.retention {
+                if last_retention.elapsed() >= self.settings.retention_interval {
+                    self.expire(retention);
+                    last_retention = Instant::now();
+                }
+            }
+            let Some(first) = first else { continue };
             let mut group = vec![first];
             let mut n = group[0].events.len();
             while n < self.settings.group_max_events {
@@ -146,6 +193,42 @@ impl Committer {
             tracing::error!(error = %e, "final flush failed");
         }
         tracing::info!("committer stopped");
+    }
+
+    /// Deletes jobs that ended more than `retention` ago: from the index (with their SLO contributions and metric
+    /// footprints) and from the store (log entries and snapshot). Works in chunks so the write lock stays short.
+    fn expire(&self, retention: Duration) {
+        let cutoff = self.settings.clock.now_ms() - retention.as_millis() as i64;
+        let mut expired: Vec<String> = Vec::new();
+        self.index.for_each_job(4096, |id, rec| {
+            if rec.timeline.done_at.is_some_and(|d| d < cutoff) {
+                expired.push(id.to_string());
+            }
+        });
+        if expired.is_empty() {
+            return;
+        }
+        for chunk in expired.chunks(1000) {
+            let mut removed = Vec::with_capacity(chunk.len());
+            {
+                let mut idx = self.index.write();
+                let crate::state::JobIndex { jobs, dirty, slo, gauges, .. } = &mut *idx;
+                for id in chunk {
+                    if let Some(mut rec) = jobs.remove(id) {
+                        slo.forget(id, &mut rec);
+                        gauges.update(id, rec.metrics.as_ref(), None, &rec.timeline, true);
+                        dirty.remove(id);
+                        removed.push((id.clone(), rec.events.iter().map(|e| e.seq).collect::<Vec<_>>()));
+                    }
+                }
+            }
+            if let Err(e) = self.store.delete_jobs(&removed) {
+                tracing::error!(error = %e, "retention: cannot delete expired jobs from the store");
+                self.healthy.store(false, Ordering::Relaxed);
+                return;
+            }
+        }
+        tracing::info!(jobs = expired.len(), "retention: expired jobs deleted");
     }
 
     /// Takes the set of jobs changed since the last checkpoint, with the log position the checkpoint will cover.

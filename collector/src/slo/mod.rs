@@ -242,6 +242,13 @@ impl SloEngine {
         rec.slo = new;
     }
 
+    /// Removes a job's contributions (the job is being deleted).
+    pub fn forget(&mut self, job_id: &str, rec: &mut JobRecord) {
+        for c in std::mem::take(&mut rec.slo) {
+            self.apply(job_id, &c, -1);
+        }
+    }
+
     fn apply(&mut self, job_id: &str, c: &Contribution, sign: i64) {
         if c.breached_waiting {
             let n = &mut self.breached_waiting[c.slo as usize];

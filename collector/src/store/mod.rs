@@ -259,6 +259,26 @@ impl Store {
         Ok(out)
     }
 
+    /// Deletes jobs with their logged events: the log entries first, then the snapshots (a crash in between
+    /// leaves a snapshot whose raw events are gone, and the next retention pass deletes it again).
+    pub fn delete_jobs(&self, jobs: &[(String, Vec<u64>)]) -> Result<(), StoreError> {
+        let mut log = sled::Batch::default();
+        let mut snaps = sled::Batch::default();
+        for (job_id, seqs) in jobs {
+            for seq in seqs {
+                log.remove(&seq.to_be_bytes());
+            }
+            let mut key = Vec::with_capacity(1 + job_id.len());
+            key.push(JOB_PREFIX);
+            key.extend_from_slice(job_id.as_bytes());
+            snaps.remove(key);
+        }
+        self.log.apply_batch(log)?;
+        self.jobs.apply_batch(snaps)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
     /// Flushes everything written so far.
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
