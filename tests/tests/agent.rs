@@ -139,8 +139,9 @@ fn python_standard_library_training_loop_reports_through_a_real_agent() {
         .output()
         .expect("python3");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    wait_until("the job to be done", Duration::from_secs(30), || {
-        c.get(&format!("/api/v1/jobs/{job}")).1["state"] == "done"
+    // Every event of the run (1 submitted + 8 from the loop) has arrived, not only the final one.
+    wait_until("all of the job's events", Duration::from_secs(30), || {
+        c.get(&format!("/api/v1/jobs/{job}")).1["events"].as_array().map_or(0, Vec::len) == 9
     });
     let (_, j) = c.get(&format!("/api/v1/jobs/{job}"));
     let t = &j["timeline"];
