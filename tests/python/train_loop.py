@@ -11,11 +11,17 @@ import urllib.request
 
 AGENT = os.environ.get("STARTLINE_AGENT", "http://127.0.0.1:7465")
 JOB = os.environ["STARTLINE_JOB_ID"]
+# Wall time advanced by the monotonic clock: a clock step during the run cannot reorder this job's events.
+_WALL0, _MONO0 = time.time(), time.monotonic()
+
+
+def now():
+    return _WALL0 + (time.monotonic() - _MONO0)
 
 
 def report(kind, **fields):
     """Post one lifecycle event; the agent spools it durably before answering 202."""
-    body = json.dumps({"kind": kind, "job_id": JOB, "occurred_at": time.time(), **fields}).encode()
+    body = json.dumps({"kind": kind, "job_id": JOB, "occurred_at": now(), **fields}).encode()
     req = urllib.request.Request(AGENT + "/v1/events", data=body, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         assert resp.status == 202, resp.status
