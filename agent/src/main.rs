@@ -268,6 +268,7 @@ async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {
     let (handle, stop) = stop_pair();
     let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
     let app = startline_agent::node::router(startline_agent::node::NodeState {
+        clock: startline_agent::node::MonotonicWall::start(),
         spool: spool.clone(),
         source,
         limits: startline_proto::Limits::default(),

@@ -23,9 +23,31 @@ use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;
 use std::collections::HashMap;
 
+/// Wall time advanced by the monotonic clock, anchored when the agent starts: events posted without
+/// `occurred_at` get stamps that a wall-clock step cannot reorder.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicWall {
+    wall0_ms: i64,
+    mono0: std::time::Instant,
+}
+
+impl MonotonicWall {
+    /// Anchors now.
+    pub fn start() -> Self {
+        MonotonicWall { wall0_ms: startline_proto::time::now_ms(), mono0: std::time::Instant::now() }
+    }
+
+    /// Now, Unix milliseconds.
+    pub fn now_ms(&self) -> i64 {
+        self.wall0_ms + self.mono0.elapsed().as_millis() as i64
+    }
+}
+
 /// What the endpoint needs.
 #[derive(Clone)]
 pub struct NodeState {
+    /// Stamps for events posted without `occurred_at`.
+    pub clock: MonotonicWall,
     /// The spool.
     pub spool: Spool,
     /// Source name for events that do not set one, e.g. `node-agent/gpu-017`.
@@ -62,7 +84,7 @@ async fn post_events(State(s): State<NodeState>, body: axum::body::Bytes) -> Res
         Some(_) => return bad("events", "must be an array"),
         None => vec![v],
     };
-    let now = startline_proto::time::now_ms();
+    let now = s.clock.now_ms();
     let mut events = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         match event_from_json(item, &s.source, now) {

@@ -164,6 +164,20 @@ fn events_stamped_before_submit_count_from_submit() {
 }
 
 #[test]
+fn checkpoints_in_the_same_millisecond_keep_the_highest_step() {
+    // Whatever their id hashes, two checkpoints stamped in one millisecond leave the higher step as the last.
+    for (a, b) in [("c1", "c2"), ("c2", "c1"), ("x", "y"), ("y", "x")] {
+        let r = record(vec![
+            sub(T0),
+            e("fs", T0 + S, EventKind::FirstStep { step: 1 }),
+            e(a, T0 + 5 * S, EventKind::Checkpoint { step: 200 }),
+            e(b, T0 + 5 * S, EventKind::Checkpoint { step: 300 }),
+        ]);
+        assert_eq!(r.timeline.last_checkpoint, Some((T0 + 5 * S, 300)), "{a} {b}");
+    }
+}
+
+#[test]
 fn duplicate_ids_are_detected_by_hash() {
     let mut r = record(vec![sub(T0)]);
     assert_eq!(r.insert(sub(T0)), InsertOutcome::SameHash { existing_seq: 0 });

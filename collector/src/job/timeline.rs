@@ -247,7 +247,10 @@ impl Timeline {
                 }
                 EventKind::Checkpoint { step } => {
                     t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
-                    t.last_checkpoint = Some((at, *step));
+                    // Checkpoints in the same millisecond sort by id hash; the later one is the higher step.
+                    if t.last_checkpoint.is_none_or(|last| (at, *step) >= last) {
+                        t.last_checkpoint = Some((at, *step));
+                    }
                     last_ckpt_at = Some(at);
                 }
                 EventKind::Preempted { checkpoint_saved } => {
