@@ -249,19 +249,7 @@ impl Collector {
     }
 }
 
-fn collect(q: &Query, jobs: &BTreeMap<String, JobRecord>) -> BTreeMap<String, (Side, Side)> {
-    let mut c = Collector::new(q.clone());
-    for rec in jobs.values() {
-        c.add(rec);
-    }
-    c.groups
-}
-
-/// Runs a comparison.
-pub fn compare(q: &Query, jobs: &BTreeMap<String, JobRecord>, slos: &[SloDef]) -> Value {
-    report(q, collect(q, jobs), slos)
-}
-
+/// Builds the comparison document from the accumulated sides.
 fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) -> Value {
     let order: BTreeSet<String> = groups.keys().filter(|k| *k != "all").cloned().collect();
     let mut out = Vec::new();
@@ -301,13 +289,4 @@ fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) ->
         "window_seconds": q.window_ms / 1000,
         "groups": out,
     })
-}
-
-/// The sorted TTFS samples of both sides over all groups (for the CDF chart).
-pub fn samples(q: &Query, jobs: &BTreeMap<String, JobRecord>) -> Samples {
-    let mut c = Collector::new(Query { by: None, ..q.clone() });
-    for rec in jobs.values() {
-        c.add(rec);
-    }
-    c.samples()
 }

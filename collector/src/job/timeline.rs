@@ -162,14 +162,6 @@ impl Timeline {
         Some(self.first_step_at? - self.submitted_at?)
     }
 
-    /// How long the job has waited so far as of `now_ms` (for jobs still in their initial wait), or its whole
-    /// initial wait once it started or ended.
-    pub fn initial_wait_as_of(&self, now_ms: i64) -> Option<i64> {
-        let sub = self.submitted_at?;
-        let end = self.first_step_at.or(self.done_at).unwrap_or(now_ms);
-        Some((end - sub).max(0))
-    }
-
     /// GPU-seconds of work lost, from `lost_work_ms` and the job's GPU count.
     pub fn lost_gpu_seconds(&self) -> f64 {
         let gpus = self.attrs.as_ref().map_or(0, |a| a.gpu_count);
