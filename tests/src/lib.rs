@@ -179,6 +179,35 @@ fn dechunk(body: &str) -> String {
     out
 }
 
+/// Percent-encodes a query-string value (everything but unreserved characters).
+pub fn query_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Polls `f` every 100 ms until it holds; panics naming `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A child process killed and reaped when dropped (Prometheus, Alertmanager, agents started by a test).
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Percent-encodes a job id for use in a URL path (keeps `/`, which the API's wildcard route accepts).
 pub fn path_escape(s: &str) -> String {
     s.bytes()

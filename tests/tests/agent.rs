@@ -2,11 +2,11 @@
 //! the collector exactly once in its view), `emit` for scripts, JSON errors, and the README's standard-library
 //! Python training-loop snippet run against a real agent.
 
-use startline_tests::{binary, free_port, http_get, path_escape, workspace_root, Collector};
+use startline_tests::{binary, free_port, http_get, path_escape, wait_until, workspace_root, Collector};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 struct Agent {
     child: Child,
@@ -48,14 +48,6 @@ fn post(addr: SocketAddr, body: &str) -> (u16, serde_json::Value) {
     let (head, b) = raw.split_once("\r\n\r\n").expect("response");
     let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("status");
     (status, serde_json::from_str(b.trim()).unwrap_or(serde_json::Value::Null))
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

@@ -6,20 +6,11 @@
 
 use startline_agent::uplink::{Publisher, UplinkSettings};
 use startline_proto::pb::{self, lifecycle_event::Kind};
-use startline_tests::{event, free_port, submitted, Collector, HookServer};
-use std::process::{Child, Command, Stdio};
+use startline_tests::{event, free_port, submitted, ChildGuard, Collector, HookServer};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Alertmanager(Child);
-
-impl Drop for Alertmanager {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_alertmanager(dir: &std::path::Path, hook: &HookServer) -> (Alertmanager, String) {
+fn start_alertmanager(dir: &std::path::Path, hook: &HookServer) -> (ChildGuard, String) {
     let cfg = dir.join("alertmanager.yml");
     std::fs::write(
         &cfg,
@@ -39,7 +30,7 @@ fn start_alertmanager(dir: &std::path::Path, hook: &HookServer) -> (Alertmanager
         .stderr(std::fs::File::create(dir.join("am.log")).expect("am log"))
         .spawn()
         .expect("prometheus-alertmanager runs (scripts/test.sh installs it)");
-    let am = Alertmanager(child);
+    let am = ChildGuard(child);
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

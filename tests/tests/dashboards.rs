@@ -3,8 +3,8 @@
 //! scraped a real collector fed by the simulator, and `promtool test rules` on the shipped rules. No Grafana
 //! can be installed here; its only job would be to send these same queries.
 
-use startline_tests::{binary, free_port, http_get, workspace_root, Collector};
-use std::process::{Child, Command, Stdio};
+use startline_tests::{binary, free_port, http_get, query_escape, workspace_root, ChildGuard, Collector};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const DASHBOARDS: [&str; 3] = ["queue-latency.json", "slos.json", "managed-vs-dedicated.json"];
@@ -72,23 +72,6 @@ fn shipped_rules_pass_promtool_check_and_unit_tests() {
     assert!(cfg.status.success(), "{}", String::from_utf8_lossy(&cfg.stderr));
 }
 
-struct Prometheus(Child);
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[test]
 fn every_panel_query_returns_data_from_a_real_prometheus() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -100,7 +83,7 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
         format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: startline\n    static_configs:\n      - targets: ['{}']\n", c.http),
     )
     .expect("config");
-    let _prom = Prometheus(
+    let _prom = ChildGuard(
         Command::new("prometheus")
             .arg(format!("--config.file={}", cfg.display()))
             .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
@@ -148,7 +131,7 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
                     .replace("$pool_kind", ".*")
                     .replace("$priority", ".*")
                     .replace("$slo", ".*");
-                let (status, body) = http_get(addr, &format!("/api/v1/query?query={}", encode(&expr)));
+                let (status, body) = http_get(addr, &format!("/api/v1/query?query={}", query_escape(&expr)));
                 assert_eq!(status, 200, "{name} / {}: {expr}: {body}", p["title"]);
                 let n = body["data"]["result"].as_array().map_or(0, Vec::len);
                 assert!(n > 0, "{name} / {}: no data for {expr}", p["title"]);

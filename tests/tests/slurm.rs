@@ -4,10 +4,10 @@
 //! the collector builds must match Slurm's own submit, start and end times (from `sacct --json`).
 
 use startline_collector::api::parse_time;
-use startline_tests::{binary, workspace_root, Collector};
+use startline_tests::{binary, wait_until, workspace_root, ChildGuard, Collector};
 use std::collections::BTreeMap;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 struct Slurm {
     base: std::path::PathBuf,
@@ -47,22 +47,6 @@ impl Drop for Slurm {
     }
 }
 
-struct Adapter(Child);
-impl Drop for Adapter {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 fn ms(v: &serde_json::Value) -> Option<i64> {
     v.as_str().and_then(|s| parse_time(s).ok())
 }
@@ -72,7 +56,7 @@ fn timelines_from_a_real_slurm_match_slurms_own_times() {
     let dir = tempfile::tempdir().expect("tempdir");
     let slurm = Slurm::up(&dir.path().join("slurm"));
     let c = Collector::start(&dir.path().join("db"), &[]);
-    let _adapter = Adapter(
+    let _adapter = ChildGuard(
         Command::new(binary("startline-agent"))
             .args([
                 "--collector",

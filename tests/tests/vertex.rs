@@ -3,11 +3,11 @@
 //! pending, then succeeded across polls; the adapter is restarted in between; the collector's timeline holds
 //! each transition once at Vertex's times.
 
-use startline_tests::{binary, serve_http, workspace_root, Collector};
-use std::process::{Child, Command, Stdio};
+use startline_tests::{binary, serve_http, wait_until, workspace_root, ChildGuard, Collector};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn fixture(name: &str) -> serde_json::Value {
     let p = workspace_root().join("agent/src/provider/fixtures").join(name);
@@ -39,16 +39,8 @@ fn replay_server(stage: Arc<AtomicUsize>, seen: Arc<Mutex<Vec<(String, String)>>
     })
 }
 
-struct Adapter(Child);
-impl Drop for Adapter {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn adapter(collector: &str, endpoint: &str, spool: &std::path::Path) -> Adapter {
-    Adapter(
+fn adapter(collector: &str, endpoint: &str, spool: &std::path::Path) -> ChildGuard {
+    ChildGuard(
         Command::new(binary("startline-agent"))
             .args([
                 "--collector",
@@ -70,14 +62,6 @@ fn adapter(collector: &str, endpoint: &str, spool: &std::path::Path) -> Adapter 
             .spawn()
             .expect("adapter"),
     )
-}
-
-fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[test]

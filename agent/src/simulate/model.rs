@@ -165,13 +165,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         return b.events;
     }
     b.source = if managed { "sim/managed-adapter" } else { "sim/node-agent" };
-    b.push(
-        t as i64,
-        Kind::NodeAssigned(pb::NodeAssigned {
-            nodes: vec![format!("{}-node-{:03}", pool.name, r.next_u64() % 200)],
-            gpu_ids: vec![],
-        }),
-    );
+    assign(&mut b, &mut r, t, pool.name);
     t = prepare(&mut b, &mut r, t, managed);
     if r.chance(0.01) {
         b.push(
@@ -242,13 +236,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         b.push(t as i64, Kind::Requeued(pb::Requeued { resume_step: step }));
         queued(&mut b, t + 1000.0, pb::WaitReason::PreemptionRecovery, "requeued");
         t += r.lognormal(6.0 * MIN, 0.9) * load;
-        b.push(
-            t as i64,
-            Kind::NodeAssigned(pb::NodeAssigned {
-                nodes: vec![format!("{}-node-{:03}", pool.name, r.next_u64() % 200)],
-                gpu_ids: vec![],
-            }),
-        );
+        assign(&mut b, &mut r, t, pool.name);
         t = prepare(&mut b, &mut r, t, managed);
     }
     let (outcome, code, msg) = match r.f64() {
@@ -258,6 +246,11 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
     };
     b.push(t as i64, Kind::Done(pb::Done { outcome: outcome as i32, exit_code: code, message: msg.into() }));
     b.events
+}
+
+fn assign(b: &mut Builder, r: &mut Rng, t: f64, pool: &str) {
+    let node = format!("{pool}-node-{:03}", r.next_u64() % 200);
+    b.push(t as i64, Kind::NodeAssigned(pb::NodeAssigned { nodes: vec![node], gpu_ids: vec![] }));
 }
 
 fn prepare(b: &mut Builder, r: &mut Rng, mut t: f64, managed: bool) -> f64 {

@@ -509,6 +509,20 @@ async fn breach_bench(a: &Args) -> Vec<String> {
     )]
 }
 
+/// `n` timed GETs of `path` (each must answer 200), in milliseconds, sorted.
+fn timed_gets(c: &Collector, path: &str, n: usize) -> Vec<f64> {
+    let mut t: Vec<f64> = (0..n)
+        .map(|_| {
+            let s = Instant::now();
+            let (status, _) = c.get(path);
+            assert_eq!(status, 200, "{path}");
+            s.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t
+}
+
 /// Restart to ready over `restart_jobs` jobs; with `slo_queries`, SLO status query latency on that store.
 fn restart_bench(a: &Args, slo_queries: bool) -> Vec<String> {
     println!("## restart: {} jobs", a.restart_jobs);
@@ -536,18 +550,10 @@ fn restart_bench(a: &Args, slo_queries: bool) -> Vec<String> {
     )];
     if slo_queries {
         for path in ["/api/v1/slos/normal-start?window=28d", "/api/v1/slos"] {
-            let mut t: Vec<f64> = (0..30)
-                .map(|_| {
-                    let s = Instant::now();
-                    let (status, _) = c.get(path);
-                    assert_eq!(status, 200);
-                    s.elapsed().as_secs_f64() * 1000.0
-                })
-                .collect();
-            t.sort_by(f64::total_cmp);
+            let t = timed_gets(&c, path, 30);
             let (_, body) = c.get("/api/v1/slos/normal-start?window=28d");
             println!(
-                "- GET {path}: p50 {:.2} ms, p99 {:.2} ms (total decided: {})",
+                "- GET {path}: p50 {:.2} ms, max of 30 {:.2} ms (total decided: {})",
                 t[15], t[29], body["status"]["total"]
             );
             rows.push(format!(
@@ -581,15 +587,7 @@ fn restart_bench(a: &Args, slo_queries: bool) -> Vec<String> {
             scrape[5].1 / 1024
         ));
         for path in ["/api/v1/compare?window=30d", "/api/v1/compare?window=30d&by=gpu_class"] {
-            let mut t: Vec<f64> = (0..10)
-                .map(|_| {
-                    let s = Instant::now();
-                    let (status, _) = c.get(path);
-                    assert_eq!(status, 200);
-                    s.elapsed().as_secs_f64() * 1000.0
-                })
-                .collect();
-            t.sort_by(f64::total_cmp);
+            let t = timed_gets(&c, path, 10);
             println!("- GET {path}: p50 {:.0} ms, max of 10 {:.0} ms", t[5], t[9]);
             rows.push(format!(
                 "| compare query `{path}`, {} jobs over 30 days | p50 {:.0} ms, max of 10 {:.0} ms | |",
