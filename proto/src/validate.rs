@@ -38,19 +38,96 @@ fn err(field: impl Into<String>, reason: impl Into<String>) -> FieldError {
     FieldError { field: field.into(), reason: reason.into() }
 }
 
-fn required_str(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
-    if value.is_empty() {
-        return Err(err(field, "is required"));
-    }
-    optional_str(field, value, max)
-}
-
+/// Free text (messages, reasons, URIs, label values): bounded, no control characters. Format characters are
+/// allowed here: they are part of ordinary text (emoji joiners, soft hyphens, right-to-left marks).
 fn optional_str(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
     if value.len() > max {
         return Err(err(field, format!("is {} bytes, at most {max} allowed", value.len())));
     }
     if value.chars().any(char::is_control) {
         return Err(err(field, "contains control characters"));
+    }
+    Ok(())
+}
+
+/// Characters of general category Cf ("format"), as ranges, from `DerivedGeneralCategory.txt` of Unicode 15.0
+/// (Unicode 14.0's 163 code points plus 15.0's Egyptian hieroglyph format controls U+13439..U+1343F: 170 in all).
+/// They are invisible (zero-width spaces and joiners, bidi embeddings, overrides and isolates, the byte order
+/// mark, the soft hyphen, tag characters), so two ids that render alike could differ in them, or an id could
+/// display reordered text. A short table instead of a Unicode crate: the set changes rarely, and a newer
+/// Unicode version only adds to it.
+const FORMAT_CHARS: &[(char, char)] = &[
+    ('\u{00AD}', '\u{00AD}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061C}', '\u{061C}'),
+    ('\u{06DD}', '\u{06DD}'),
+    ('\u{070F}', '\u{070F}'),
+    ('\u{0890}', '\u{0891}'),
+    ('\u{08E2}', '\u{08E2}'),
+    ('\u{180E}', '\u{180E}'),
+    ('\u{200B}', '\u{200F}'),
+    ('\u{202A}', '\u{202E}'),
+    ('\u{2060}', '\u{2064}'),
+    ('\u{2066}', '\u{206F}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFF9}', '\u{FFFB}'),
+    ('\u{110BD}', '\u{110BD}'),
+    ('\u{110CD}', '\u{110CD}'),
+    ('\u{13430}', '\u{1343F}'),
+    ('\u{1BCA0}', '\u{1BCA3}'),
+    ('\u{1D173}', '\u{1D17A}'),
+    ('\u{E0001}', '\u{E0001}'),
+    ('\u{E0020}', '\u{E007F}'),
+];
+
+/// Whether `c` is a format character (general category Cf, Unicode 15.0).
+pub fn is_format_char(c: char) -> bool {
+    FORMAT_CHARS
+        .binary_search_by(|&(lo, hi)| {
+            if hi < c {
+                std::cmp::Ordering::Less
+            } else if lo > c {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .is_ok()
+}
+
+/// Why `c` may not appear in an id, if it may not: control characters (Cc), format characters (Cf) and the
+/// line and paragraph separators (Zl, Zp: line breaks in all but name).
+fn invisible_in_id(c: char) -> Option<&'static str> {
+    if c.is_control() {
+        Some("control character")
+    } else if is_format_char(c) {
+        Some("invisible format character")
+    } else if matches!(c, '\u{2028}' | '\u{2029}') {
+        Some("line or paragraph separator")
+    } else {
+        None
+    }
+}
+
+/// An identifier or attribute (ids, provider, pool, node names...): required, bounded, and made of visible
+/// characters only.
+fn required_id(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
+    if value.is_empty() {
+        return Err(err(field, "is required"));
+    }
+    optional_id(field, value, max)
+}
+
+/// Like [`required_id`], but may be empty.
+fn optional_id(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
+    if value.len() > max {
+        return Err(err(field, format!("is {} bytes, at most {max} allowed", value.len())));
+    }
+    if let Some((c, what)) = value.chars().find_map(|c| invisible_in_id(c).map(|w| (c, w))) {
+        return Err(err(
+            field,
+            format!("contains {what} U+{:04X}; ids must be visible text (no control or format characters)", c as u32),
+        ));
     }
     Ok(())
 }
@@ -67,7 +144,7 @@ fn list(field: &str, values: &[String], max_items: usize, max_len: usize) -> Res
         return Err(err(field, format!("has {} entries, at most {max_items} allowed", values.len())));
     }
     for (i, v) in values.iter().enumerate() {
-        required_str(&format!("{field}[{i}]"), v, max_len)?;
+        required_id(&format!("{field}[{i}]"), v, max_len)?;
     }
     Ok(())
 }
@@ -81,9 +158,9 @@ fn label_key_ok(k: &str) -> bool {
 /// Checks one event against the protocol's rules. `now_ms` is the receiver's clock, used only for the
 /// future-skew check.
 pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> Result<(), FieldError> {
-    required_str("event_id", &ev.event_id, 128)?;
-    required_str("job_id", &ev.job_id, 256)?;
-    required_str("source", &ev.source, 128)?;
+    required_id("event_id", &ev.event_id, 128)?;
+    required_id("job_id", &ev.job_id, 256)?;
+    required_id("source", &ev.source, 128)?;
     if ev.attempt == Some(0) {
         return Err(err("attempt", "starts at 1"));
     }
@@ -105,21 +182,21 @@ pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> 
     match kind {
         Kind::Submitted(s) => {
             known_enum::<pb::PoolKind>("submitted.pool_kind", s.pool_kind)?;
-            required_str("submitted.provider", &s.provider, 64)?;
-            required_str("submitted.pool", &s.pool, 128)?;
+            required_id("submitted.provider", &s.provider, 64)?;
+            required_id("submitted.pool", &s.pool, 128)?;
             known_enum::<pb::PriorityClass>("submitted.priority", s.priority)?;
-            optional_str("submitted.gpu_class", &s.gpu_class, 64)?;
+            optional_id("submitted.gpu_class", &s.gpu_class, 64)?;
             if s.gpu_count > 1_000_000 {
                 return Err(err("submitted.gpu_count", "is over 1000000"));
             }
             if s.node_count > 100_000 {
                 return Err(err("submitted.node_count", "is over 100000"));
             }
-            optional_str("submitted.region", &s.region, 64)?;
-            optional_str("submitted.team", &s.team, 64)?;
-            optional_str("submitted.project", &s.project, 128)?;
-            optional_str("submitted.chain_id", &s.chain_id, 256)?;
-            optional_str("submitted.chain_stage", &s.chain_stage, 64)?;
+            optional_id("submitted.region", &s.region, 64)?;
+            optional_id("submitted.team", &s.team, 64)?;
+            optional_id("submitted.project", &s.project, 128)?;
+            optional_id("submitted.chain_id", &s.chain_id, 256)?;
+            optional_id("submitted.chain_stage", &s.chain_stage, 64)?;
             if s.labels.len() > limits.max_labels {
                 return Err(err(
                     "submitted.labels",
@@ -155,7 +232,7 @@ pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> 
         }
         Kind::Preempted(p) => optional_str("preempted.reason", &p.reason, 256)?,
         Kind::NodeLost(n) => {
-            optional_str("node_lost.node", &n.node, 256)?;
+            optional_id("node_lost.node", &n.node, 256)?;
             optional_str("node_lost.message", &n.message, 1024)?;
         }
         Kind::Done(d) => {
@@ -280,6 +357,110 @@ mod tests {
         ];
         for (i, (ev, field)) in cases.iter().enumerate() {
             assert_eq!(field_of(ev).as_deref(), Some(*field), "case {i}");
+        }
+    }
+
+    /// Every id-like field, and a setter that puts a value into it.
+    fn id_fields() -> Vec<(&'static str, fn(&str) -> pb::LifecycleEvent)> {
+        fn node_assigned(nodes: Vec<String>, gpu_ids: Vec<String>) -> pb::LifecycleEvent {
+            pb::LifecycleEvent { kind: Some(Kind::NodeAssigned(pb::NodeAssigned { nodes, gpu_ids })), ..good() }
+        }
+        vec![
+            ("event_id", |v| pb::LifecycleEvent { event_id: v.into(), ..good() }),
+            ("job_id", |v| pb::LifecycleEvent { job_id: v.into(), ..good() }),
+            ("source", |v| pb::LifecycleEvent { source: v.into(), ..good() }),
+            ("submitted.provider", |v| with_submitted(|s| s.provider = v.into())),
+            ("submitted.pool", |v| with_submitted(|s| s.pool = v.into())),
+            ("submitted.gpu_class", |v| with_submitted(|s| s.gpu_class = v.into())),
+            ("submitted.region", |v| with_submitted(|s| s.region = v.into())),
+            ("submitted.team", |v| with_submitted(|s| s.team = v.into())),
+            ("submitted.project", |v| with_submitted(|s| s.project = v.into())),
+            ("submitted.chain_id", |v| with_submitted(|s| s.chain_id = v.into())),
+            ("submitted.chain_stage", |v| with_submitted(|s| s.chain_stage = v.into())),
+            ("node_assigned.nodes[1]", |v| node_assigned(vec!["n0".into(), v.into()], vec![])),
+            ("node_assigned.gpu_ids[0]", |v| node_assigned(vec!["n0".into()], vec![v.into()])),
+            ("node_lost.node", |v| pb::LifecycleEvent {
+                kind: Some(Kind::NodeLost(pb::NodeLost { node: v.into(), message: String::new() })),
+                ..good()
+            }),
+        ]
+    }
+
+    #[test]
+    fn ids_with_invisible_control_or_format_characters_are_rejected_naming_field_and_character() {
+        let invisible: &[(char, &str)] = &[
+            ('\u{0000}', "control character U+0000"),
+            ('\u{0009}', "control character U+0009"),
+            ('\u{007F}', "control character U+007F"),
+            ('\u{0085}', "control character U+0085"),
+            ('\u{00AD}', "format character U+00AD"),
+            ('\u{061C}', "format character U+061C"),
+            ('\u{180E}', "format character U+180E"),
+            ('\u{200B}', "format character U+200B"),
+            ('\u{200C}', "format character U+200C"),
+            ('\u{200D}', "format character U+200D"),
+            ('\u{200E}', "format character U+200E"),
+            ('\u{200F}', "format character U+200F"),
+            ('\u{202A}', "format character U+202A"),
+            ('\u{202E}', "format character U+202E"),
+            ('\u{2060}', "format character U+2060"),
+            ('\u{2064}', "format character U+2064"),
+            ('\u{2066}', "format character U+2066"),
+            ('\u{2069}', "format character U+2069"),
+            ('\u{206F}', "format character U+206F"),
+            ('\u{FEFF}', "format character U+FEFF"),
+            ('\u{FFF9}', "format character U+FFF9"),
+            ('\u{1343F}', "format character U+1343F"),
+            ('\u{1D173}', "format character U+1D173"),
+            ('\u{E0001}', "format character U+E0001"),
+            ('\u{E0041}', "format character U+E0041"),
+            ('\u{E007F}', "format character U+E007F"),
+            ('\u{2028}', "separator U+2028"),
+            ('\u{2029}', "separator U+2029"),
+        ];
+        for (field, set) in id_fields() {
+            assert_eq!(field_of(&set("visible-id_1.2/3:4@é日本")), None, "{field}: a visible id is fine");
+            for (c, why) in invisible {
+                for value in [format!("{c}job"), format!("jo{c}b"), format!("job{c}")] {
+                    let e = validate_event(&set(&value), NOW, &Limits::default())
+                        .expect_err(&format!("{field} with U+{:04X}", *c as u32));
+                    assert_eq!(e.field, field, "U+{:04X}", *c as u32);
+                    assert!(e.reason.contains(why), "{field}: {:?} does not say {why:?}", e.reason);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn free_text_keeps_format_characters_but_not_control_characters() {
+        let text = "waiting \u{200D}\u{00AD}\u{200F}";
+        let queued = |message: &str| pb::LifecycleEvent {
+            kind: Some(Kind::Queued(pb::Queued {
+                reason: pb::WaitReason::Capacity as i32,
+                raw_reason: String::new(),
+                message: message.into(),
+            })),
+            ..good()
+        };
+        assert_eq!(field_of(&queued(text)), None);
+        assert_eq!(field_of(&queued("a\u{0007}b")).as_deref(), Some("queued.message"));
+    }
+
+    #[test]
+    fn format_table_is_sorted_disjoint_and_exact_at_its_edges() {
+        for w in FORMAT_CHARS.windows(2) {
+            assert!(w[0].0 <= w[0].1 && w[0].1 < w[1].0, "{w:?}");
+        }
+        let total: u32 = FORMAT_CHARS.iter().map(|&(lo, hi)| hi as u32 - lo as u32 + 1).sum();
+        assert_eq!(total, 170, "Unicode 15.0 has 170 Cf code points");
+        for &(lo, hi) in FORMAT_CHARS {
+            assert!(is_format_char(lo) && is_format_char(hi));
+            let below = char::from_u32(lo as u32 - 1).expect("char");
+            let above = char::from_u32(hi as u32 + 1).expect("char");
+            assert!(!is_format_char(below) && !is_format_char(above), "{lo:?}..{hi:?}");
+        }
+        for visible in ['a', ' ', '\u{200A}', '\u{2070}', '\u{FEFE}', 'é', '日', '\u{1F600}'] {
+            assert!(!is_format_char(visible), "{visible:?}");
         }
     }
 
