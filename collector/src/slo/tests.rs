@@ -235,3 +235,41 @@ fn percentiles_are_within_one_percent_of_exact_order_statistics() {
         assert!((got - want).abs() <= want * 0.01 + 0.001, "q{q}: histogram {got} vs exact {want}");
     }
 }
+
+#[test]
+fn percentiles_of_waits_of_90_and_400_days_are_not_capped() {
+    const DAY: i64 = 86_400_000;
+    let mut e = SloEngine::new(vec![SloDef { threshold_ms: DAY, ..urgent_slo() }]);
+    let start = T0 + 1800 * 1000;
+    let mut exact = Vec::new();
+    for (i, days) in [90i64, 400, 400].into_iter().enumerate() {
+        let id = format!("long{i}");
+        let ttfs = days * DAY + 12_345;
+        let mut rec = JobRecord::from_events(vec![
+            ev(&id, 0, start - ttfs, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
+            ev(&id, 1, start, EventKind::FirstStep { step: 1 }),
+        ]);
+        e.on_job(&id, &mut rec, start + 1);
+        exact.push(ttfs as f64 / 1000.0);
+    }
+    let st = e.status(0, T0 + 86_400_000, 28 * DAY).expect("status");
+    let p = st.ttfs_seconds.expect("percentiles");
+    assert_eq!(p.count, 3);
+    // Nearest-rank order statistics of (90 d, 400 d, 400 d), in seconds, computed here.
+    for (got, want) in [(p.p50, exact[1]), (p.max, exact[2])] {
+        assert!((got - want).abs() <= want * 0.01, "histogram {got} s vs exact {want} s");
+    }
+    let (lone, want) = {
+        let mut e = SloEngine::new(vec![SloDef { threshold_ms: DAY, ..urgent_slo() }]);
+        let ttfs = 90 * DAY;
+        let mut rec = JobRecord::from_events(vec![
+            ev("ninety", 0, start - ttfs, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
+            ev("ninety", 1, start, EventKind::FirstStep { step: 1 }),
+        ]);
+        e.on_job("ninety", &mut rec, start + 1);
+        (e.status(0, T0 + DAY, 28 * DAY).and_then(|s| s.ttfs_seconds).expect("percentiles"), 90.0 * 86_400.0)
+    };
+    for got in [lone.p50, lone.p99, lone.max] {
+        assert!((got - want).abs() <= want * 0.01, "histogram {got} s vs exact {want} s");
+    }
+}

@@ -4,16 +4,30 @@
 //!
 //! HDR histograms cannot decrement, so each hour keeps an `added` and a `removed` histogram; a window's
 //! distribution is `sum(added) - sum(removed)`, exact because only recorded values are ever removed.
+//!
+//! The histograms track 1 ms to [`MAX_TTFS_MS`] (2^40 ms, about 34.8 years) to two significant figures, so any
+//! real wait, a year-long one included, keeps its 1% precision. A larger value (only a client's clock error can
+//! make one) is recorded as `MAX_TTFS_MS`, counted in [`clamped_total`] and logged, never silently.
 
 use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Times to first step above [`MAX_TTFS_MS`] recorded (clamped) since the process started.
+static CLAMPED: AtomicU64 = AtomicU64::new(0);
+
+/// How many times to first step were above [`MAX_TTFS_MS`] and recorded as it, since the process started.
+pub fn clamped_total() -> u64 {
+    CLAMPED.load(Ordering::Relaxed)
+}
 
 /// Minute buckets for counts.
 pub const COUNT_BUCKET_MS: i64 = 60_000;
 /// Hour buckets for histograms.
 pub const HIST_BUCKET_MS: i64 = 3_600_000;
-/// Largest time to first step recorded exactly: 60 days (larger values are clamped to it).
-pub const MAX_TTFS_MS: u64 = 60 * 86_400_000;
+/// Largest time to first step recorded to within the histograms' precision: 2^40 ms, about 34.8 years (larger
+/// values are recorded as this, counted and logged). Costs about 17 KiB a histogram, against 14 KiB for 60 days.
+pub const MAX_TTFS_MS: u64 = 1 << 40;
 /// Significant figures of the histograms: values are exact to within 1% (relative).
 pub const SIGFIG: u8 = 2;
 
@@ -62,7 +76,20 @@ impl WindowState {
 
     /// Adds or removes one time to first step, for a job that started at `started_ms`.
     pub fn ttfs(&mut self, started_ms: i64, ttfs_ms: i64, add: bool) {
-        let v = (ttfs_ms.max(1) as u64).min(MAX_TTFS_MS);
+        let v = ttfs_ms.max(1) as u64;
+        let v = if v > MAX_TTFS_MS {
+            if add {
+                CLAMPED.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    ttfs_ms,
+                    max_ms = MAX_TTFS_MS,
+                    "time to first step beyond the histogram range: recorded as its maximum"
+                );
+            }
+            MAX_TTFS_MS
+        } else {
+            v
+        };
         let (added, removed) =
             self.hists.entry(bucket(started_ms, HIST_BUCKET_MS)).or_insert_with(|| (new_hist(), new_hist()));
         let h = if add { added } else { removed };
@@ -120,6 +147,23 @@ mod tests {
         let h = w.ttfs_between(0, 10_800_000);
         assert_eq!(h.len(), 3);
         assert!(h.max() < 3_100);
+    }
+
+    #[test]
+    fn histograms_cover_years_and_clamp_beyond_the_range_visibly() {
+        let mut w = WindowState::default();
+        let year = 365 * 86_400_000i64;
+        for v in [400 * 86_400_000, 30 * year, MAX_TTFS_MS as i64] {
+            w.ttfs(7_200_000, v, true);
+        }
+        let h = w.ttfs_between(0, 10_800_000);
+        assert!(h.value_at_quantile(0.3) as f64 >= 400.0 * 86_400_000.0 * 0.99);
+        assert!((h.value_at_quantile(0.6) as f64 - 30.0 * year as f64).abs() <= 30.0 * year as f64 * 0.01);
+        let before = clamped_total();
+        w.ttfs(7_200_000, i64::MAX, true);
+        w.ttfs(7_200_000, i64::MAX, false);
+        assert!(clamped_total() > before);
+        assert_eq!(w.ttfs_between(0, 10_800_000).len(), 3);
     }
 
     #[test]
