@@ -1,20 +1,25 @@
 //! `GET /api/v1/compare?left=pool_kind=managed&right=pool_kind=dedicated&by=gpu_class&window=30d` (JSON) and
 //! `GET /api/v1/compare.svg?...` (the CDF overlay). Defaults: managed vs dedicated over 30 days.
 
+use super::extract::{quote, Params};
 use super::{ApiError, ApiState};
 use crate::compare::{self, Attr, Query, Selector};
-use axum::extract::{Query as Q, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::Value;
 use std::collections::HashMap;
+
+/// The left side when none is given.
+const DEFAULT_LEFT: &str = "pool_kind=managed";
+/// The right side when none is given.
+const DEFAULT_RIGHT: &str = "pool_kind=dedicated";
 
 /// Jobs visited per read lock during a scan.
 pub const SCAN_CHUNK: usize = 4096;
 
 fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
-    let mut left = "pool_kind=managed".to_string();
-    let mut right = "pool_kind=dedicated".to_string();
+    let mut left = DEFAULT_LEFT.to_string();
+    let mut right = DEFAULT_RIGHT.to_string();
     let mut by = None;
     let mut window_ms = 30 * 86_400_000;
     for (k, v) in q {
@@ -25,7 +30,8 @@ fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
             "by" => {
                 by = Some(Attr::parse(v).ok_or_else(|| {
                     ApiError::bad_request(format!(
-                        "by: {v:?} is not one of pool_kind, provider, pool, priority, gpu_class, region"
+                        "by: {} is not one of pool_kind, provider, pool, priority, gpu_class, region",
+                        quote(v)
                     ))
                 })?)
             }
@@ -36,11 +42,12 @@ fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
                     .map(|d| d.as_millis() as i64)
                     .ok_or_else(|| {
                         ApiError::bad_request(format!(
-                            "window: {v:?} must be a duration between 1m and 400d, like \"30d\""
+                            "window: {} must be a duration between 1m and 400d, like \"30d\"",
+                            quote(v)
                         ))
                     })?
             }
-            other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
+            other => return Err(ApiError::bad_request(format!("{}: unknown query parameter", quote(other)))),
         }
     }
     Ok(Query {
@@ -53,23 +60,23 @@ fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
 }
 
 /// The comparison as JSON.
-pub async fn json(State(s): State<ApiState>, Q(q): Q<HashMap<String, String>>) -> Result<Json<Value>, ApiError> {
+pub async fn json(State(s): State<ApiState>, Params(q): Params) -> Result<Json<compare::Report>, ApiError> {
     let query = parse(&s, &q)?;
     let slos = s.index.read().slo.defs().to_vec();
     let index = s.index.clone();
     // A full scan: off the async workers, in chunks under short read locks.
-    let v = tokio::task::spawn_blocking(move || {
+    let report = tokio::task::spawn_blocking(move || {
         let mut c = compare::Collector::new(query);
         index.for_each_job(SCAN_CHUNK, |_, r| c.add(r));
         c.finish(&slos)
     })
     .await
     .map_err(ApiError::unavailable)?;
-    Ok(Json(v))
+    Ok(Json(report))
 }
 
-/// The CDF overlay as SVG.
-pub async fn svg(State(s): State<ApiState>, Q(q): Q<HashMap<String, String>>) -> Result<Response, ApiError> {
+/// The CDF overlay as SVG (a chart that says so when neither side has a started job).
+pub async fn svg(State(s): State<ApiState>, Params(q): Params) -> Result<Response, ApiError> {
     let query = parse(&s, &q)?;
     let index = s.index.clone();
     let samples = tokio::task::spawn_blocking(move || {
@@ -79,10 +86,17 @@ pub async fn svg(State(s): State<ApiState>, Q(q): Q<HashMap<String, String>>) ->
     })
     .await
     .map_err(ApiError::unavailable)?;
-    let left =
-        if q.get("left").is_some_and(|v| !v.is_empty()) { q["left"].clone() } else { "pool_kind=managed".into() };
-    let right =
-        if q.get("right").is_some_and(|v| !v.is_empty()) { q["right"].clone() } else { "pool_kind=dedicated".into() };
-    let body = compare::svg::cdf_overlay(&left, &samples.left, &right, &samples.right);
+    // The legend names the selectors as parsed: absent is the default, empty selects every job.
+    let name = |key: &str, default: &str| match q.get(key).map(|v| v.trim()) {
+        None => default.to_string(),
+        Some("") => "all jobs".to_string(),
+        Some(v) => v.to_string(),
+    };
+    let body = compare::svg::cdf_overlay(
+        &name("left", DEFAULT_LEFT),
+        &samples.left,
+        &name("right", DEFAULT_RIGHT),
+        &samples.right,
+    );
     Ok(([(axum::http::header::CONTENT_TYPE, "image/svg+xml")], body).into_response())
 }

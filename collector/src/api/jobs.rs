@@ -1,14 +1,14 @@
 //! `GET /api/v1/jobs` (filtered, paginated by job id) and `GET /api/v1/jobs/{job_id}`.
 
+use super::extract::{ApiPath, Params};
 use super::json::{attrs_detail, event_json, job_summary, parse_time, timeline_detail};
 use super::{ApiError, ApiState};
 use crate::job::{JobRecord, JobState};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 use startline_proto::labels::Label;
 use startline_proto::pb;
-use std::collections::HashMap;
 
 /// Filters of a job listing.
 #[derive(Debug, Default)]
@@ -59,10 +59,7 @@ fn enum_param<T: Label>(name: &str, v: &str) -> Result<T, ApiError> {
 }
 
 /// `GET /api/v1/jobs?pool_kind=&provider=&pool=&priority=&state=&submitted_after=&submitted_before=&limit=&page_token=`
-pub async fn list(
-    State(s): State<ApiState>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Value>, ApiError> {
     let mut f = Filter::default();
     let mut limit = 100usize;
     let mut page_token: Option<String> = None;
@@ -120,7 +117,7 @@ pub async fn list(
 }
 
 /// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events.
-pub async fn detail(State(s): State<ApiState>, Path(job_id): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>) -> Result<Json<Value>, ApiError> {
     let now = startline_proto::time::now_ms();
     let (mut body, seqs) = {
         let idx = s.index.read();

@@ -1,8 +1,10 @@
 //! The HTTP side of the collector (axum): the built-in dashboard, the JSON API over jobs, SLOs, alerts,
 //! comparisons and the overview, `/metrics`, health and readiness. Every error is a 4xx
-//! (or 503) with a JSON body `{"error": "..."}`; internal error text never reaches clients.
+//! (or 503) with a JSON body `{"error": "..."}`, extractor rejections, unknown paths and wrong methods included
+//! (see [`extract`]); internal error text never reaches clients.
 
 mod compare;
+pub mod extract;
 mod jobs;
 mod json;
 mod overview;
@@ -14,6 +16,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -47,7 +50,17 @@ pub struct ApiError {
     message: String,
 }
 
+/// The body of every error answer.
+#[derive(Debug, Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
 impl ApiError {
+    /// Any status with a message.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into() }
+    }
     /// 400 with a message.
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::BAD_REQUEST, message: message.into() }
@@ -65,7 +78,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(serde_json::json!({ "error": self.message }))).into_response()
+        (self.status, Json(ErrorBody { error: &self.message })).into_response()
     }
 }
 
@@ -85,7 +98,9 @@ pub fn router(state: ApiState) -> Router {
         .route("/dashboard", get(dashboard))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .fallback(extract::unknown_route)
+        .method_not_allowed_fallback(extract::method_not_allowed)
+        .layer(axum::middleware::map_response(extract::json_errors))
         .with_state(state)
 }
 

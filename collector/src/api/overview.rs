@@ -2,19 +2,17 @@
 //! jobs by segment, the oldest wait per pool and priority, time-to-first-step percentiles per pool and priority
 //! for jobs that started in the window, and p50/p90 over time per pool kind (24 buckets across the window).
 
+use super::extract::Params;
 use super::{ApiError, ApiState};
 use crate::compare::stats::percentile;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 use startline_proto::labels::Label;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// The overview.
-pub async fn overview(
-    State(s): State<ApiState>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Value>, ApiError> {
     let mut window_ms: i64 = 86_400_000;
     for (k, v) in &q {
         match k.as_str() {

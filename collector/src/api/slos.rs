@@ -1,12 +1,12 @@
 //! `GET /api/v1/slos`, `GET /api/v1/slos/{name}?window=7d`, `GET /api/v1/alerts?state=firing|resolved|all`.
 
+use super::extract::{ApiPath, Params};
 use super::json::format_ms;
 use super::{ApiError, ApiState};
 use crate::slo::SloDef;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 
 fn definition(d: &SloDef) -> Value {
     json!({
@@ -59,8 +59,8 @@ pub async fn list(State(s): State<ApiState>) -> Json<Value> {
 /// `GET /api/v1/slos/{name}?window=7d`: one SLO over a chosen window (default: its own).
 pub async fn detail(
     State(s): State<ApiState>,
-    Path(name): Path<String>,
-    Query(q): Query<HashMap<String, String>>,
+    ApiPath(name): ApiPath<String>,
+    Params(q): Params,
 ) -> Result<Json<Value>, ApiError> {
     let now = s.clock.now_ms();
     let mut window: Option<i64> = None;
@@ -104,10 +104,7 @@ pub async fn detail(
 }
 
 /// `GET /api/v1/alerts?state=firing|resolved|all` (default `all`).
-pub async fn alerts(
-    State(s): State<ApiState>,
-    Query(q): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+pub async fn alerts(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Value>, ApiError> {
     let mut want: Option<bool> = None;
     for (k, v) in &q {
         match (k.as_str(), v.as_str()) {

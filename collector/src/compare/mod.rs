@@ -11,7 +11,7 @@ pub mod svg;
 
 use crate::job::{JobAttrs, JobRecord};
 use crate::slo::{SloDef, Standing};
-use serde_json::{json, Map, Value};
+use serde::Serialize;
 use startline_proto::labels::Label;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -111,13 +111,154 @@ struct Side {
     by_hour: BTreeMap<u32, Vec<f64>>,
 }
 
+/// A percentile and its 95% confidence interval, seconds.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Estimate {
+    /// The estimate (`null` without data).
+    pub value: Option<f64>,
+    /// Lower and upper bound (`null` without data).
+    pub ci95: Option<[f64; 2]>,
+}
+
+/// The mean and its 95% confidence interval, seconds.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct MeanEstimate {
+    /// The mean.
+    pub value: f64,
+    /// Lower and upper bound.
+    pub ci95: [f64; 2],
+}
+
+/// Time to first step of the started jobs of one side, seconds.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TtfsSummary {
+    /// Median.
+    pub p50: Estimate,
+    /// 90th percentile.
+    pub p90: Estimate,
+    /// 99th percentile.
+    pub p99: Estimate,
+    /// Mean (`null` without data).
+    pub mean: Option<MeanEstimate>,
+    /// Largest (`null` without data).
+    pub max: Option<f64>,
+}
+
+/// Good and bad jobs of one side under one SLO.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SloCompliance {
+    /// The SLO's name.
+    pub slo: String,
+    /// Jobs decided good.
+    pub good: u64,
+    /// Jobs decided bad.
+    pub bad: u64,
+    /// good / (good + bad), `null` when none is decided.
+    pub compliance: Option<f64>,
+}
+
+/// Time spent in one wait segment, summed over a side's jobs.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WaitShare {
+    /// Seconds.
+    pub seconds: f64,
+    /// Share of all the side's initial waiting (0 when there was none).
+    pub share: f64,
+}
+
+/// Started jobs by the hour (UTC) they were submitted in.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct HourStats {
+    /// Hour of day, UTC.
+    pub hour_utc: u32,
+    /// Jobs submitted in that hour that started.
+    pub started: usize,
+    /// Median time to first step, seconds.
+    pub p50: Option<f64>,
+    /// 90th percentile, seconds.
+    pub p90: Option<f64>,
+}
+
+/// One side of one group.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SideReport {
+    /// Jobs submitted in the window.
+    pub jobs: u64,
+    /// Of those, jobs that started (reached a first step).
+    pub started: usize,
+    /// Jobs still waiting.
+    pub still_waiting: u64,
+    /// Jobs that ended without starting.
+    pub ended_before_start: u64,
+    /// Time to first step of the started jobs.
+    pub ttfs_seconds: TtfsSummary,
+    /// Compliance under each SLO covering these jobs.
+    pub slo: Vec<SloCompliance>,
+    /// Initial waiting by segment.
+    pub wait_split: BTreeMap<String, WaitShare>,
+    /// The 24 hours of the day.
+    pub by_hour: Vec<HourStats>,
+}
+
+/// Whether the sides differ.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Difference {
+    /// The test used.
+    pub test: &'static str,
+    /// Its significance level.
+    pub alpha: f64,
+    /// The test's result (`null` unless both sides have started jobs).
+    pub mann_whitney: Option<stats::MannWhitney>,
+    /// p < alpha.
+    pub significant: bool,
+    /// `left` or `right` when significant.
+    pub faster: Option<&'static str>,
+    /// Right median over left median (`null` without a positive left median or when not representable).
+    pub p50_ratio_right_over_left: Option<f64>,
+}
+
+/// The comparison of one group (`all`, or one value of the grouping attribute).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GroupReport {
+    /// `all` or the attribute's value.
+    pub group: String,
+    /// Left side.
+    pub left: SideReport,
+    /// Right side.
+    pub right: SideReport,
+    /// The significance test.
+    pub difference: Difference,
+}
+
+/// The whole comparison, as `GET /api/v1/compare` answers it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    /// The left selector as given.
+    pub left: String,
+    /// The right selector as given.
+    pub right: String,
+    /// The grouping attribute, if any.
+    pub by: Option<String>,
+    /// The window, seconds.
+    pub window_seconds: i64,
+    /// `all` first, then each group in order.
+    pub groups: Vec<GroupReport>,
+}
+
+/// Seconds from milliseconds.
+fn secs(ms: i64) -> f64 {
+    ms as f64 / 1000.0
+}
+
 impl Side {
     fn add(&mut self, rec: &JobRecord) {
         let t = &rec.timeline;
         self.jobs += 1;
-        match (t.time_to_first_step_ms(), t.done_at) {
+        // Saturating: timestamps come from clients, and a difference of extreme ones must not overflow.
+        let ttfs = t.first_step_at.zip(t.submitted_at).map(|(f, s)| f.saturating_sub(s));
+        match (ttfs, t.done_at) {
             (Some(ttfs), _) => {
-                let s = ttfs as f64 / 1000.0;
+                let s = secs(ttfs);
                 self.ttfs.push(s);
                 let hour = (t.submitted_at.unwrap_or(0).rem_euclid(86_400_000) / 3_600_000) as u32;
                 self.by_hour.entry(hour).or_default().push(s);
@@ -126,7 +267,8 @@ impl Side {
             (None, None) => self.waiting += 1,
         }
         for (seg, ms) in &t.initial_wait_ms {
-            *self.wait_ms.entry(seg.label()).or_default() += ms;
+            let e = self.wait_ms.entry(seg.label()).or_default();
+            *e = e.saturating_add(*ms);
         }
         for c in &rec.slo {
             let e = self.slo.entry(c.slo).or_default();
@@ -138,53 +280,62 @@ impl Side {
         }
     }
 
-    fn summarize(&mut self, slos: &[SloDef]) -> Value {
+    fn summarize(&mut self, slos: &[SloDef]) -> SideReport {
         self.ttfs.sort_by(f64::total_cmp);
         let v = &self.ttfs;
-        let pct = |q: f64| {
-            json!({
-                "value": stats::percentile(v, q),
-                "ci95": stats::percentile_ci(v, q).map(|(a, b)| [a, b]),
-            })
-        };
-        let total_wait: i64 = self.wait_ms.values().sum();
-        let split: Map<String, Value> = self
+        let pct =
+            |q: f64| Estimate { value: stats::percentile(v, q), ci95: stats::percentile_ci(v, q).map(|(a, b)| [a, b]) };
+        let total_wait = self.wait_ms.values().fold(0i64, |a, ms| a.saturating_add(*ms));
+        let wait_split = self
             .wait_ms
             .iter()
-            .map(|(k, ms)| (k.clone(), json!({"seconds": *ms as f64 / 1000.0, "share": if total_wait > 0 { *ms as f64 / total_wait as f64 } else { 0.0 }})))
+            .map(|(k, ms)| {
+                let share = if total_wait > 0 { *ms as f64 / total_wait as f64 } else { 0.0 };
+                (k.clone(), WaitShare { seconds: secs(*ms), share })
+            })
             .collect();
-        let slo: Vec<Value> = self
+        let slo = self
             .slo
             .iter()
             .filter_map(|(i, (good, bad))| {
                 let d = slos.get(*i as usize)?;
-                let total = good + bad;
-                Some(json!({"slo": d.name, "good": good, "bad": bad, "compliance": if total > 0 { Some(*good as f64 / total as f64) } else { None }}))
+                let total = good.saturating_add(*bad);
+                Some(SloCompliance {
+                    slo: d.name.clone(),
+                    good: *good,
+                    bad: *bad,
+                    compliance: (total > 0).then(|| *good as f64 / total as f64),
+                })
             })
             .collect();
-        let by_hour: Vec<Value> = (0..24)
+        let by_hour = (0..24)
             .map(|h| {
                 let mut xs = self.by_hour.get(&h).cloned().unwrap_or_default();
                 xs.sort_by(f64::total_cmp);
-                json!({"hour_utc": h, "started": xs.len(), "p50": stats::percentile(&xs, 0.5), "p90": stats::percentile(&xs, 0.9)})
+                HourStats {
+                    hour_utc: h,
+                    started: xs.len(),
+                    p50: stats::percentile(&xs, 0.5),
+                    p90: stats::percentile(&xs, 0.9),
+                }
             })
             .collect();
-        json!({
-            "jobs": self.jobs,
-            "started": v.len(),
-            "still_waiting": self.waiting,
-            "ended_before_start": self.ended_before_start,
-            "ttfs_seconds": {
-                "p50": pct(0.5),
-                "p90": pct(0.9),
-                "p99": pct(0.99),
-                "mean": stats::mean_ci(v).map(|(m, lo, hi)| json!({"value": m, "ci95": [lo, hi]})),
-                "max": v.last(),
+        SideReport {
+            jobs: self.jobs,
+            started: v.len(),
+            still_waiting: self.waiting,
+            ended_before_start: self.ended_before_start,
+            ttfs_seconds: TtfsSummary {
+                p50: pct(0.5),
+                p90: pct(0.9),
+                p99: pct(0.99),
+                mean: stats::mean_ci(v).map(|(m, lo, hi)| MeanEstimate { value: m, ci95: [lo, hi] }),
+                max: v.last().copied(),
             },
-            "slo": slo,
-            "wait_split": split,
-            "by_hour": by_hour,
-        })
+            slo,
+            wait_split,
+            by_hour,
+        }
     }
 }
 
@@ -213,7 +364,7 @@ impl Collector {
         let q = &self.q;
         let t = &rec.timeline;
         let (Some(a), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
-        if sub < q.now_ms - q.window_ms || sub > q.now_ms {
+        if sub < q.now_ms.saturating_sub(q.window_ms) || sub > q.now_ms {
             return;
         }
         let (l, r) = (q.left.matches(a), q.right.matches(a));
@@ -236,7 +387,7 @@ impl Collector {
     }
 
     /// The comparison.
-    pub fn finish(self, slos: &[SloDef]) -> Value {
+    pub fn finish(self, slos: &[SloDef]) -> Report {
         report(&self.q, self.groups, slos)
     }
 
@@ -250,14 +401,14 @@ impl Collector {
 }
 
 /// Builds the comparison document from the accumulated sides.
-fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) -> Value {
+fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) -> Report {
     let order: BTreeSet<String> = groups.keys().filter(|k| *k != "all").cloned().collect();
     let mut out = Vec::new();
     let mut groups = groups;
     for key in std::iter::once("all".to_string()).chain(order) {
         let Some((mut l, mut r)) = groups.remove(&key) else { continue };
-        let lj = l.summarize(slos);
-        let rj = r.summarize(slos);
+        let left = l.summarize(slos);
+        let right = r.summarize(slos);
         let mw = stats::mann_whitney(&l.ttfs, &r.ttfs);
         let significant = mw.is_some_and(|m| m.p_value < 0.05);
         let faster = match (mw, significant) {
@@ -265,28 +416,31 @@ fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) ->
             _ => None,
         };
         let p50_ratio = match (stats::percentile(&l.ttfs, 0.5), stats::percentile(&r.ttfs, 0.5)) {
-            (Some(a), Some(b)) if a > 0.0 => Some(b / a),
+            (Some(a), Some(b)) if a > 0.0 => Some(b / a).filter(|x| x.is_finite()),
             _ => None,
         };
-        out.push(json!({
-            "group": key,
-            "left": lj,
-            "right": rj,
-            "difference": {
-                "test": "mann-whitney-u, two-sided, normal approximation with tie correction",
-                "alpha": 0.05,
-                "mann_whitney": mw,
-                "significant": significant,
-                "faster": faster,
-                "p50_ratio_right_over_left": p50_ratio,
+        out.push(GroupReport {
+            group: key,
+            left,
+            right,
+            difference: Difference {
+                test: "mann-whitney-u, two-sided, normal approximation with tie correction",
+                alpha: 0.05,
+                mann_whitney: mw,
+                significant,
+                faster,
+                p50_ratio_right_over_left: p50_ratio,
             },
-        }));
+        });
     }
-    json!({
-        "left": q.left.text,
-        "right": q.right.text,
-        "by": q.by.map(|b| format!("{b:?}")),
-        "window_seconds": q.window_ms / 1000,
-        "groups": out,
-    })
+    Report {
+        left: q.left.text.clone(),
+        right: q.right.text.clone(),
+        by: q.by.map(|b| format!("{b:?}")),
+        window_seconds: q.window_ms / 1000,
+        groups: out,
+    }
 }
+
+#[cfg(test)]
+mod tests;

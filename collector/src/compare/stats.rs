@@ -1,9 +1,20 @@
 //! Statistics for comparisons: nearest-rank percentiles with distribution-free confidence intervals, the mean
 //! with a normal-approximation interval, and the two-sided Mann-Whitney U test (normal approximation with tie
 //! correction). Pure functions over slices of seconds.
+//!
+//! Total over finite inputs: empty slices give `None`, and any finite values (zeros, all equal, up to
+//! `f64::MAX`) give finite results, never NaN or infinity (sums are scaled so they cannot overflow; a confidence
+//! bound beyond the largest `f64` is reported as `±f64::MAX`). Quantiles `q` are clamped to `[0, 1]`; a NaN `q`
+//! gives `None`.
+
+/// `q` clamped to `[0, 1]`, or `None` for NaN.
+fn unit(q: f64) -> Option<f64> {
+    (!q.is_nan()).then(|| q.clamp(0.0, 1.0))
+}
 
 /// Nearest-rank percentile of sorted values: the smallest value with at least `q` of the data at or below it.
 pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    let q = unit(q)?;
     if sorted.is_empty() {
         return None;
     }
@@ -14,6 +25,7 @@ pub fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
 /// A 95% distribution-free confidence interval for the `q` quantile of sorted values: order statistics at ranks
 /// `n q ± 1.96 sqrt(n q (1 - q))` (normal approximation to the binomial), clamped to the data.
 pub fn percentile_ci(sorted: &[f64], q: f64) -> Option<(f64, f64)> {
+    let q = unit(q)?;
     let n = sorted.len();
     if n == 0 {
         return None;
@@ -26,18 +38,31 @@ pub fn percentile_ci(sorted: &[f64], q: f64) -> Option<(f64, f64)> {
 }
 
 /// Mean and its 95% confidence interval (mean ± 1.96 s / sqrt(n)).
+///
+/// Computed on values divided by the largest magnitude, so huge values cannot overflow the sums; the mean is
+/// kept within the data's range and the bounds within `±f64::MAX`.
 pub fn mean_ci(values: &[f64]) -> Option<(f64, f64, f64)> {
     let n = values.len();
     if n == 0 {
         return None;
     }
-    let mean = values.iter().sum::<f64>() / n as f64;
+    let (min, max) = values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    let scale = values.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if scale == 0.0 || !scale.is_finite() {
+        // All zeros (or non-finite input, outside the contract): the plain formula.
+        let mean = values.iter().sum::<f64>() / n as f64;
+        return Some((mean, mean, mean));
+    }
+    let nf = n as f64;
+    let mean_s = values.iter().map(|v| v / scale).sum::<f64>() / nf;
+    let mean = (mean_s * scale).clamp(min, max);
     if n == 1 {
         return Some((mean, mean, mean));
     }
-    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n as f64 - 1.0);
-    let half = 1.96 * (var / n as f64).sqrt();
-    Some((mean, mean - half, mean + half))
+    let var_s = values.iter().map(|v| (v / scale - mean_s).powi(2)).sum::<f64>() / (nf - 1.0);
+    let half_s = 1.96 * (var_s / nf).sqrt();
+    let bound = |x: f64| (x * scale).clamp(-f64::MAX, f64::MAX);
+    Some((mean, bound(mean_s - half_s).min(mean), bound(mean_s + half_s).max(mean)))
 }
 
 /// The result of a Mann-Whitney U test.
@@ -87,7 +112,8 @@ pub fn mann_whitney(left: &[f64], right: &[f64]) -> Option<MannWhitney> {
     } else {
         0.0
     };
-    let p_value = (2.0 * (1.0 - normal_cdf(z.abs()))).clamp(0.0, 1.0);
+    let p = 2.0 * (1.0 - normal_cdf(z.abs()));
+    let p_value = if p.is_nan() { 1.0 } else { p.clamp(0.0, 1.0) };
     Some(MannWhitney { u_left, z, p_value, prob_left_greater: u_left / (n1f * n2f) })
 }
 

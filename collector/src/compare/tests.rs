@@ -1,0 +1,402 @@
+//! Properties of the comparison, its statistics and its chart over degenerate inputs: no data, one value, all
+//! equal, zeros, negative and huge values (up to `f64::MAX`, durations from extreme `i64` timestamps), NaN and
+//! infinities where a caller could pass them, one side empty. Everything must return with finite numbers, no
+//! panic, and (for the chart) a well-formed SVG of bounded size.
+
+use super::svg::{cdf_overlay, MAX_NAME_CHARS, NO_DATA};
+use super::*;
+use crate::job::{Segment, Timeline};
+use crate::slo::Contribution;
+use proptest::prelude::*;
+use startline_proto::pb;
+use std::sync::Arc;
+
+/// Upper bound on the chart's size, whatever the inputs (two curves of at most `MAX_STEPS` steps, two names).
+const SVG_MAX_BYTES: usize = 100_000;
+const ELLIPSIS: char = '\u{2026}';
+
+/// Checks that `s` is one well-formed XML element tree (tags balanced, attributes quoted, only the five predefined
+/// entities, only characters XML 1.0 allows) whose numeric attributes and path data are finite numbers.
+/// Returns the text content.
+fn check_svg(s: &str) -> Result<String, String> {
+    if let Some(c) = s.chars().find(|c| (c.is_control() && !matches!(c, '\t' | '\n' | '\r')) || *c == '\u{FFFE}') {
+        return Err(format!("character {c:?} is not allowed"));
+    }
+    let check_entities = |t: &str| -> Result<(), String> {
+        let mut rest = t;
+        while let Some(i) = rest.find('&') {
+            rest = &rest[i..];
+            let ok = ["&amp;", "&lt;", "&gt;", "&quot;", "&apos;"].iter().any(|e| rest.starts_with(e));
+            if !ok {
+                return Err(format!("bad entity at {:?}", &rest[..rest.len().min(10)]));
+            }
+            rest = &rest[1..];
+        }
+        Ok(())
+    };
+    let mut stack: Vec<String> = Vec::new();
+    let mut roots = 0;
+    let mut text = String::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let Some(open) = rest.find('<') else {
+            return Err("text after the root".into());
+        };
+        let chunk = &rest[..open];
+        if !chunk.is_empty() {
+            if stack.is_empty() {
+                return Err(format!("text outside the root: {chunk:?}"));
+            }
+            if chunk.contains('>') {
+                return Err(format!("unescaped > in text {chunk:?}"));
+            }
+            check_entities(chunk)?;
+            text.push_str(chunk);
+            text.push('\n');
+        }
+        rest = &rest[open + 1..];
+        let close = rest.find('>').ok_or("unterminated tag")?;
+        let tag = &rest[..close];
+        rest = &rest[close + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            if stack.pop().as_deref() != Some(name) {
+                return Err(format!("unbalanced </{name}>"));
+            }
+            continue;
+        }
+        let (tag, empty) = match tag.strip_suffix('/') {
+            Some(t) => (t, true),
+            None => (tag, false),
+        };
+        let name_end = tag.find(char::is_whitespace).unwrap_or(tag.len());
+        let name = &tag[..name_end];
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            return Err(format!("bad tag name {name:?}"));
+        }
+        let mut attrs = tag[name_end..].trim_start();
+        while !attrs.is_empty() {
+            let eq = attrs.find("=\"").ok_or_else(|| format!("unquoted attribute in <{name} {attrs}>"))?;
+            let key = &attrs[..eq];
+            if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == ':') {
+                return Err(format!("bad attribute name {key:?}"));
+            }
+            let after = &attrs[eq + 2..];
+            let end = after.find('"').ok_or("unterminated attribute")?;
+            let value = &after[..end];
+            if value.contains('<') {
+                return Err(format!("< in attribute {key}"));
+            }
+            check_entities(value)?;
+            let numeric = ["x", "y", "x1", "y1", "x2", "y2", "width", "height", "font-size", "stroke-width"];
+            if numeric.contains(&key) {
+                let v: f64 = value.parse().map_err(|_| format!("{key}={value:?} is not a number"))?;
+                if !v.is_finite() {
+                    return Err(format!("{key}={value:?} is not finite"));
+                }
+            }
+            if key == "d" {
+                for num in
+                    value.split(|c: char| c.is_ascii_alphabetic() || c == ',' || c == ' ').filter(|x| !x.is_empty())
+                {
+                    let v: f64 = num.parse().map_err(|_| format!("path number {num:?}"))?;
+                    if !v.is_finite() {
+                        return Err(format!("path number {num:?} is not finite"));
+                    }
+                }
+            }
+            if key == "viewBox" {
+                for num in value.split(' ') {
+                    num.parse::<f64>().map_err(|_| format!("viewBox {value:?}"))?;
+                }
+            }
+            attrs = after[end + 1..].trim_start();
+        }
+        if stack.is_empty() {
+            roots += 1;
+        }
+        if !empty {
+            stack.push(name.to_string());
+        }
+    }
+    if !stack.is_empty() {
+        return Err(format!("unclosed {stack:?}"));
+    }
+    if roots != 1 || !s.starts_with("<svg ") {
+        return Err(format!("{roots} roots"));
+    }
+    if s.contains("NaN") || s.contains("inf\"") {
+        return Err("non-finite number".into());
+    }
+    Ok(text)
+}
+
+/// Seconds, with the odd values a caller could pass: zeros, tiny, huge, negative, NaN and infinities.
+fn seconds() -> BoxedStrategy<f64> {
+    prop_oneof![
+        3 => 0.0..1e7f64,
+        1 => prop_oneof![
+            Just(0.0),
+            Just(-0.0),
+            Just(1.0),
+            Just(f64::MIN_POSITIVE),
+            Just(5e-324),
+            Just(f64::MAX),
+            Just(u64::MAX as f64 / 1000.0),
+            Just(i64::MAX as f64 / 1000.0),
+            Just(-1.0),
+            Just(f64::NAN),
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+        ],
+        1 => any::<f64>(),
+    ]
+    .boxed()
+}
+
+/// Finite seconds, including zeros, subnormals and the largest `f64`.
+fn finite_seconds() -> BoxedStrategy<f64> {
+    prop_oneof![
+        3 => 0.0..1e7f64,
+        1 => prop_oneof![Just(0.0), Just(f64::MIN_POSITIVE), Just(f64::MAX), Just(i64::MAX as f64 / 1000.0)],
+        1 => prop::num::f64::POSITIVE | prop::num::f64::ZERO | prop::num::f64::SUBNORMAL | prop::num::f64::NORMAL,
+    ]
+    .boxed()
+}
+
+/// A sample: empty, one value, all equal, or mixed.
+fn sample(values: BoxedStrategy<f64>) -> impl Strategy<Value = Vec<f64>> {
+    prop_oneof![
+        Just(Vec::new()),
+        values.clone().prop_map(|v| vec![v]),
+        (values.clone(), 1..50usize).prop_map(|(v, n)| vec![v; n]),
+        prop::collection::vec(values, 0..60),
+    ]
+}
+
+fn name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("pool_kind=managed".to_string()),
+        prop::collection::vec(any::<char>(), 0..300).prop_map(|c| c.into_iter().collect()),
+    ]
+}
+
+fn assert_chart(svg: &str, left: &[f64], right: &[f64]) -> Result<(), TestCaseError> {
+    prop_assert!(svg.len() < SVG_MAX_BYTES, "chart of {} bytes", svg.len());
+    let text = check_svg(svg).map_err(|e| TestCaseError::fail(format!("{e} in {svg}")))?;
+    let any = left.iter().chain(right).any(|v| v.is_finite());
+    prop_assert_eq!(text.contains(NO_DATA), !any);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn chart_is_well_formed_finite_and_bounded(
+        left in sample(seconds()),
+        right in sample(seconds()),
+        ln in name(),
+        rn in name(),
+    ) {
+        let svg = cdf_overlay(&ln, &left, &rn, &right);
+        assert_chart(&svg, &left, &right)?;
+        // Both legends survive (cut to their limit), with the count of drawable values.
+        let finite = |v: &[f64]| v.iter().filter(|x| x.is_finite()).count();
+        let ln_len = finite(&left);
+        let rn_len = finite(&right);
+        let legends = (format!("(n={ln_len})"), format!("(n={rn_len})"));
+        prop_assert!(svg.contains(&legends.0) && svg.contains(&legends.1), "legends {:?}", legends);
+        let cut = ln.chars().count() <= MAX_NAME_CHARS || svg.contains(ELLIPSIS);
+        prop_assert!(cut, "a long name is cut");
+    }
+
+    #[test]
+    fn statistics_are_finite_and_consistent(
+        left in sample(finite_seconds()),
+        right in sample(finite_seconds()),
+        q in prop_oneof![0.0..=1.0f64, Just(0.0), Just(1.0), Just(0.99), Just(-1.0), Just(2.0), Just(f64::NAN)],
+    ) {
+        let mut sorted = left.clone();
+        sorted.sort_by(f64::total_cmp);
+        match (stats::percentile(&sorted, q), stats::percentile_ci(&sorted, q)) {
+            (Some(p), Some((lo, hi))) => {
+                prop_assert!(!q.is_nan() && !sorted.is_empty());
+                prop_assert!(sorted.contains(&p) && sorted.contains(&lo) && sorted.contains(&hi));
+                prop_assert!(lo <= p && p <= hi, "{lo} <= {p} <= {hi}");
+            }
+            (None, None) => prop_assert!(sorted.is_empty() || q.is_nan()),
+            other => prop_assert!(false, "percentile and its interval disagree: {other:?}"),
+        }
+        match stats::mean_ci(&left) {
+            Some((m, lo, hi)) => {
+                prop_assert!(m.is_finite() && lo.is_finite() && hi.is_finite(), "{m} [{lo}, {hi}]");
+                prop_assert!(lo <= m && m <= hi);
+                prop_assert!(sorted[0] <= m && m <= sorted[sorted.len() - 1]);
+                if sorted[0] == sorted[sorted.len() - 1] {
+                    prop_assert_eq!(m, sorted[0]);
+                    prop_assert!(lo == m && hi == m, "equal values: {lo} {m} {hi}");
+                }
+            }
+            None => prop_assert!(left.is_empty()),
+        }
+        match (stats::mann_whitney(&left, &right), stats::mann_whitney(&right, &left)) {
+            (Some(a), Some(b)) => {
+                let pairs = left.len() as f64 * right.len() as f64;
+                for r in [a, b] {
+                    prop_assert!(r.u_left.is_finite() && r.z.is_finite());
+                    prop_assert!((0.0..=1.0).contains(&r.p_value) && (0.0..=1.0).contains(&r.prob_left_greater));
+                    prop_assert!((0.0..=pairs).contains(&r.u_left));
+                }
+                prop_assert!((a.u_left + b.u_left - pairs).abs() < 1e-9 * pairs.max(1.0));
+                prop_assert!((a.p_value - b.p_value).abs() < 1e-9);
+            }
+            (None, None) => prop_assert!(left.is_empty() || right.is_empty()),
+            other => prop_assert!(false, "asymmetric: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn comparison_of_odd_timelines_is_finite(
+        jobs in prop::collection::vec(job(), 0..24),
+        now_ms in prop_oneof![Just(i64::MIN), Just(i64::MAX), Just(0i64), Just(NOW), any::<i64>()],
+        window_ms in prop_oneof![Just(60_000i64), Just(400 * 86_400_000i64), Just(i64::MAX), any::<i64>()],
+        by in prop_oneof![Just(None), Just(Some(Attr::PoolKind)), Just(Some(Attr::GpuClass))],
+    ) {
+        let q = Query {
+            left: Selector::parse("pool_kind=managed").map_err(TestCaseError::fail)?,
+            right: Selector::parse("pool_kind=dedicated").map_err(TestCaseError::fail)?,
+            by,
+            window_ms,
+            now_ms,
+        };
+        let slos = crate::slo::SloDef::defaults();
+        let mut c = Collector::new(q.clone());
+        let mut s = Collector::new(Query { by: None, ..q });
+        for rec in &jobs {
+            c.add(rec);
+            s.add(rec);
+        }
+        let report = c.finish(&slos);
+        let text = serde_json::to_string(&report).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(!text.contains("NaN") && !text.contains("inf"));
+        for g in &report.groups {
+            for side in [&g.left, &g.right] {
+                let t = &side.ttfs_seconds;
+                prop_assert_eq!(side.started > 0, t.p50.value.is_some());
+                if side.started > 0 {
+                    for e in [&t.p50, &t.p90, &t.p99] {
+                        let v = e.value.unwrap_or(f64::NAN);
+                        let [lo, hi] = e.ci95.unwrap_or([f64::NAN; 2]);
+                        prop_assert!(v.is_finite() && lo.is_finite() && hi.is_finite());
+                    }
+                    let m = t.mean.as_ref().map(|m| (m.value, m.ci95));
+                    prop_assert!(m.is_some_and(|(v, [lo, hi])| v.is_finite() && lo.is_finite() && hi.is_finite()));
+                }
+                for w in side.wait_split.values() {
+                    prop_assert!(w.seconds.is_finite() && (0.0..=1.0).contains(&w.share));
+                }
+                prop_assert_eq!(side.by_hour.len(), 24);
+            }
+            prop_assert!(g.difference.p50_ratio_right_over_left.is_none_or(f64::is_finite));
+        }
+        let samples = s.samples();
+        let svg = cdf_overlay("l", &samples.left, "r", &samples.right);
+        assert_chart(&svg, &samples.left, &samples.right)?;
+    }
+}
+
+const NOW: i64 = 1_767_225_600_000;
+
+fn attrs(kind: pb::PoolKind, gpu: &str) -> Arc<JobAttrs> {
+    Arc::new(JobAttrs {
+        pool_kind: kind,
+        provider: "p".into(),
+        pool: "p".into(),
+        priority: pb::PriorityClass::Normal,
+        gpu_class: gpu.into(),
+        gpu_count: 8,
+        node_count: 1,
+        region: "r".into(),
+        team: String::new(),
+        project: String::new(),
+        chain_id: String::new(),
+        chain_stage: String::new(),
+        labels: Default::default(),
+    })
+}
+
+fn instant() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => (NOW - 40 * 86_400_000)..NOW,
+        1 => prop_oneof![Just(i64::MIN), Just(i64::MAX), Just(0i64), Just(NOW)],
+        1 => any::<i64>(),
+    ]
+}
+
+/// A job record with a hand-made timeline (as odd as timestamps from clients can make it).
+fn job() -> impl Strategy<Value = JobRecord> {
+    (
+        prop_oneof![Just(pb::PoolKind::Managed), Just(pb::PoolKind::Dedicated)],
+        prop_oneof![Just("h100"), Just("a100")],
+        instant(),
+        prop::option::of(instant()),
+        prop::option::of(instant()),
+        prop::collection::vec(prop_oneof![Just(0i64), Just(i64::MAX), 0..86_400_000i64], 0..3),
+        prop::collection::vec((0u16..3, any::<bool>()), 0..3),
+    )
+        .prop_map(|(kind, gpu, submitted, first_step, done, waits, slo)| {
+            let segments = [Segment::Unreported, Segment::Assigned, Segment::Queued(pb::WaitReason::Capacity)];
+            let timeline = Timeline {
+                attrs: Some(attrs(kind, gpu)),
+                submitted_at: Some(submitted),
+                first_step_at: first_step,
+                done_at: done,
+                initial_wait_ms: segments.into_iter().zip(waits).collect(),
+                ..Timeline::default()
+            };
+            let slo = slo
+                .into_iter()
+                .map(|(i, good)| Contribution {
+                    slo: i,
+                    standing: if good { Standing::Good { at_ms: 0 } } else { Standing::Bad { at_ms: 0 } },
+                    ttfs: None,
+                    breached_waiting: false,
+                })
+                .collect();
+            JobRecord { events: Vec::new(), timeline, slo, metrics: None }
+        })
+}
+
+#[test]
+fn empty_chart_says_there_is_no_data() {
+    for (l, r) in [(vec![], vec![]), (vec![f64::NAN], vec![f64::INFINITY])] {
+        let svg = cdf_overlay("pool_kind=managed", &l, "pool_kind=dedicated", &r);
+        let text = check_svg(&svg).expect("well-formed");
+        assert!(text.contains(NO_DATA), "{svg}");
+        assert!(svg.len() < 4_000);
+    }
+}
+
+#[test]
+fn zeros_one_value_and_one_empty_side_draw_a_curve() {
+    for (l, r) in [(vec![0.0, 0.0], vec![]), (vec![], vec![42.0]), (vec![7.0; 5], vec![7.0; 5])] {
+        let svg = cdf_overlay("l", &l, "r", &r);
+        let text = check_svg(&svg).expect("well-formed");
+        assert!(!text.contains(NO_DATA));
+        assert!(svg.contains("<path "), "{svg}");
+    }
+}
+
+#[test]
+fn huge_samples_and_huge_values_keep_the_chart_small() {
+    let left: Vec<f64> = (0..200_000).map(|i| f64::from(i) * 3.7).collect();
+    let right = vec![f64::MAX, u64::MAX as f64 / 1000.0, 1.0];
+    let started = std::time::Instant::now();
+    let svg = cdf_overlay("l", &left, "r", &right);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2));
+    assert!(svg.len() < SVG_MAX_BYTES, "{} bytes", svg.len());
+    check_svg(&svg).expect("well-formed");
+    // At most 13 labelled decades although the axis spans 1 s to 1e309 s.
+    assert!(svg.matches("text-anchor=\"middle\"").count() <= 13);
+}
