@@ -221,11 +221,13 @@ pub async fn run_with_clock(
         telemetry: Some(telemetry.clone()),
     };
     let http_stop_wait = http_stop.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(http_listener, api::router(api_state))
-            .with_graceful_shutdown(async move { http_stop_wait.cancelled().await })
-            .await
-    });
+    // Header-read and idle timeouts; at shutdown, connections still open after the drain deadline are closed.
+    let http = tokio::spawn(api::serve::serve(
+        http_listener,
+        api::router(api_state),
+        api::serve::Timeouts::default(),
+        async move { http_stop_wait.cancelled().await },
+    ));
 
     // Alerting: notifiers and the alert loop, stopped after the committer (so late commits still wake it).
     let alert_stop = CancellationToken::new();

@@ -1,13 +1,15 @@
 //! The HTTP side of the collector (axum): the built-in dashboard, the JSON API over jobs, SLOs, alerts,
 //! comparisons and the overview, `/metrics`, health and readiness. Every error is a 4xx
 //! (or 503) with a JSON body `{"error": "..."}`, extractor rejections, unknown paths and wrong methods included
-//! (see [`extract`]); internal error text never reaches clients.
+//! (see [`extract`]); internal error text never reaches clients. [`serve`] runs the router on a listener with
+//! header-read and idle timeouts and a bounded shutdown.
 
 mod compare;
 pub mod extract;
 mod jobs;
 mod json;
 mod overview;
+pub mod serve;
 mod slos;
 
 use crate::state::SharedIndex;
