@@ -4,8 +4,10 @@
 //! before anything is served), then serve gRPC and HTTP and report readiness.
 //!
 //! Shutdown, once the token is cancelled:
-//! 1. gRPC stops accepting; open streams stop reading new batches;
-//! 2. batches already read are committed and acknowledged (drain, with a grace timeout);
+//! 1. gRPC stops accepting (GOAWAY on every connection); open streams stop reading new batches;
+//! 2. batches already read are committed and acknowledged until `grpc.drain_timeout`; then every gRPC
+//!    connection still open is closed, whatever it is doing, and ingest's intake closes, so no connection can
+//!    keep the committer's channel open;
 //! 3. the committer sees its channel close, writes a final checkpoint and flushes;
 //! 4. the alert loop and notifiers stop (alert state is already stored);
 //! 5. HTTP stops last, so health and the API answer until the store is closed.
@@ -19,12 +21,12 @@ use crate::config::Config;
 use crate::export::labels::LabelLimiter;
 use crate::export::{Sources, Telemetry};
 use crate::ingest::committer::{self, CommitterSettings};
-use crate::ingest::service::{EdgeSettings, Ingest};
+use crate::ingest::conn::{ConnectionLimits, Incoming};
+use crate::ingest::service::{EdgeSettings, Ingest, IngestServer};
 use crate::ingest::IngestStats;
 use crate::slo::SloEngine;
 use crate::state::{JobIndex, SharedIndex};
 use crate::store::{Store, StoreError};
-use startline_proto::pb::ingest_service_server::IngestServiceServer;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,8 +36,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// How long open streams get to finish their acknowledgements at shutdown.
-const DRAIN_GRACE: Duration = Duration::from_secs(10);
+/// After the drain deadline closes every gRPC connection, how long the server and the streams get to notice.
+const FORCED_CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// Failures that stop the collector.
 #[derive(Debug, thiserror::Error)]
@@ -168,14 +170,16 @@ pub async fn run_with_clock(
             max_inflight_batches: config.max_inflight_batches,
             when_full: config.when_full,
             limits: config.limits.clone(),
+            max_message_bytes: config.max_message_bytes,
         },
         stats.clone(),
         shutdown.clone(),
         stream_tasks.clone(),
     );
+    let intake = ingest.intake();
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<IngestServiceServer<Ingest>>().await;
+    health_reporter.set_serving::<IngestServer>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(startline_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -186,27 +190,38 @@ pub async fn run_with_clock(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(|e| AppError::Reflection(e.to_string()))?;
-    let ingest_server = IngestServiceServer::new(ingest)
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+    // Message size and batch cap are enforced before decoding (see ingest::codec).
+    let ingest_server = IngestServer::new(ingest);
 
+    // Connections: at most grpc.max_connections, each with a handshake deadline; HTTP/2 keepalive pings find
+    // silent and half-open peers; `close_connections` closes every one at the end of the shutdown drain.
+    let conns = config.grpc_connections;
+    let close_connections = CancellationToken::new();
+    let grpc_incoming = Incoming::new(
+        // Small acks must not wait for Nagle: set TCP_NODELAY on every accepted socket. TCP keepalive finds dead
+        // peers even when HTTP/2 pings cannot be sent.
+        tonic::transport::server::TcpIncoming::from(grpc_listener)
+            .with_nodelay(Some(true))
+            .with_keepalive(Some(Duration::from_secs(60)))
+            .with_keepalive_interval(Some(Duration::from_secs(10)))
+            .with_keepalive_retries(Some(3)),
+        ConnectionLimits { max_connections: conns.max_connections, handshake_timeout: conns.handshake_timeout },
+        close_connections.clone(),
+        stats.clone(),
+    );
     let grpc_stop = shutdown.clone();
-    let grpc = tokio::spawn(
+    let mut grpc = tokio::spawn(
         tonic::transport::Server::builder()
             .max_concurrent_streams(config.max_concurrent_streams)
+            .http2_keepalive_interval(Some(conns.keepalive_interval))
+            .http2_keepalive_timeout(Some(conns.keepalive_timeout))
             .initial_stream_window_size(Some(4 << 20))
             .initial_connection_window_size(Some(16 << 20))
             .add_service(health_service)
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(ingest_server)
-            .serve_with_incoming_shutdown(
-                // Small acks must not wait for Nagle: set TCP_NODELAY on every accepted socket.
-                tonic::transport::server::TcpIncoming::from(grpc_listener)
-                    .with_nodelay(Some(true))
-                    .with_keepalive(Some(Duration::from_secs(60))),
-                async move { grpc_stop.cancelled().await },
-            ),
+            .serve_with_incoming_shutdown(grpc_incoming, async move { grpc_stop.cancelled().await }),
     );
 
     let http_stop = CancellationToken::new();
@@ -278,27 +293,42 @@ pub async fn run_with_clock(
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new streams or batches");
     ready.store(false, Ordering::Relaxed);
-    health_reporter.set_not_serving::<IngestServiceServer<Ingest>>().await;
+    health_reporter.set_not_serving::<IngestServer>().await;
 
-    // 1-2. Stop gRPC and let open streams acknowledge what they read.
-    let grpc_abort = grpc.abort_handle();
-    let drained = tokio::time::timeout(DRAIN_GRACE, async {
-        let r = grpc.await;
-        stream_tasks.close();
-        stream_tasks.wait().await;
-        r
-    })
-    .await;
-    match drained {
-        Ok(Ok(Ok(()))) => tracing::info!("grpc drained"),
+    // 1-2. gRPC stops accepting and sends GOAWAY; open streams stop reading and acknowledge what they read.
+    // At the drain deadline every gRPC connection still open is closed, whatever it is doing (a silent or
+    // half-open peer, a handshake never finished, a client that does not read its acks).
+    stream_tasks.close();
+    let deadline = tokio::time::Instant::now() + conns.drain_timeout;
+    let mut served = tokio::time::timeout_at(deadline, &mut grpc).await;
+    let mut streams_done = served.is_ok() && tokio::time::timeout_at(deadline, stream_tasks.wait()).await.is_ok();
+    if !streams_done {
+        tracing::warn!(
+            drain_timeout = ?conns.drain_timeout,
+            "grpc drain deadline passed: closing every grpc connection; clients redeliver what was not acknowledged"
+        );
+        close_connections.cancel();
+        let grace = tokio::time::Instant::now() + FORCED_CLOSE_GRACE;
+        if served.is_err() {
+            served = tokio::time::timeout_at(grace, &mut grpc).await;
+        }
+        streams_done = tokio::time::timeout_at(grace, stream_tasks.wait()).await.is_ok();
+    }
+    match served {
+        Ok(Ok(Ok(()))) => tracing::info!("grpc stopped"),
         Ok(Ok(Err(e))) => tracing::error!(error = %e, "grpc server error"),
         Ok(Err(e)) => tracing::error!(error = %e, "grpc task failed"),
         Err(_) => {
-            // Drop the server (and the ingest service's sender it holds) so the committer can drain and stop.
-            grpc_abort.abort();
-            tracing::warn!("grpc drain timed out; unacknowledged batches will be redelivered by clients");
+            grpc.abort();
+            tracing::error!("grpc server still running after its connections were closed; aborted");
         }
     }
+    if !streams_done {
+        tracing::warn!("grpc streams still open after their connections were closed");
+    }
+    // Whatever became of connections and streams, the committer's channel now keeps no sender but those of sends
+    // already under way, which complete as the committer drains.
+    intake.close();
 
     // 3. The committer drains its channel, checkpoints and flushes once every sender is gone.
     let joined = tokio::task::spawn_blocking(move || committer.join()).await;

@@ -189,14 +189,41 @@ pub struct StoreSection {
 pub struct GrpcSection {
     /// Listen address for ingest. Default `127.0.0.1:50051`.
     pub listen: Option<String>,
-    /// Largest gRPC message accepted, in bytes. Default 16 MiB.
+    /// Largest gRPC message accepted, in bytes, refused from its length prefix before it is read. Default 4 MiB:
+    /// a full batch of 10000 events of about 250 bytes (a `submitted` with a few labels) is 2.5 MB.
     pub max_message_bytes: Option<usize>,
-    /// Most events in one batch. Default 10000.
+    /// Most events in one batch, counted before the batch is decoded. Default 10000.
     pub max_batch_events: Option<usize>,
-    /// Most concurrent streams per connection. Default 256.
+    /// Most concurrent streams per connection (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`). Default 100.
     pub max_concurrent_streams: Option<u32>,
     /// Batches one stream may have waiting for their ack. Default 32.
     pub max_inflight_batches: Option<usize>,
+    /// Most gRPC connections open at once; more are closed as they are accepted. Default 4096.
+    pub max_connections: Option<usize>,
+    /// Time a new connection has to send the HTTP/2 preface and first frame, e.g. `"10s"`. Default 10s.
+    pub handshake_timeout: Option<String>,
+    /// HTTP/2 keepalive: how often an idle connection is pinged. Default 30s.
+    pub keepalive_interval: Option<String>,
+    /// HTTP/2 keepalive: how long a ping may go unanswered before the connection is closed. Default 10s.
+    pub keepalive_timeout: Option<String>,
+    /// At shutdown, how long open streams get to finish their acks before every gRPC connection is closed.
+    /// Default 10s.
+    pub drain_timeout: Option<String>,
+}
+
+/// Validated limits and timeouts of gRPC connections.
+#[derive(Debug, Clone, Copy)]
+pub struct GrpcConnections {
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// Deadline for the HTTP/2 handshake of a new connection.
+    pub handshake_timeout: Duration,
+    /// HTTP/2 ping interval.
+    pub keepalive_interval: Duration,
+    /// HTTP/2 ping timeout.
+    pub keepalive_timeout: Duration,
+    /// Shutdown drain deadline, after which every gRPC connection is closed.
+    pub drain_timeout: Duration,
 }
 
 /// `[http]`
@@ -256,6 +283,8 @@ pub struct Config {
     pub max_concurrent_streams: u32,
     /// Batches in flight per stream.
     pub max_inflight_batches: usize,
+    /// Connection limits and timeouts.
+    pub grpc_connections: GrpcConnections,
     /// HTTP listen address.
     pub http_listen: SocketAddr,
     /// Page size cap for job listings.
@@ -383,19 +412,53 @@ impl FileConfig {
             errs.push(format!("http.listen: {http_listen} is also grpc.listen"));
         }
         let max_message_bytes =
-            range(&mut errs, "grpc.max_message_bytes", self.grpc.max_message_bytes, 16 << 20, 4096, 256 << 20);
+            range(&mut errs, "grpc.max_message_bytes", self.grpc.max_message_bytes, 4 << 20, 4096, 64 << 20);
         let max_batch_events =
             range(&mut errs, "grpc.max_batch_events", self.grpc.max_batch_events, 10_000, 1, 1_000_000);
         let max_concurrent_streams = range(
             &mut errs,
             "grpc.max_concurrent_streams",
             self.grpc.max_concurrent_streams.map(|v| v as usize),
-            256,
+            100,
             1,
             65_536,
         ) as u32;
         let max_inflight_batches =
             range(&mut errs, "grpc.max_inflight_batches", self.grpc.max_inflight_batches, 32, 1, 4096);
+        let grpc_connections = GrpcConnections {
+            max_connections: range(&mut errs, "grpc.max_connections", self.grpc.max_connections, 4096, 1, 1 << 20),
+            handshake_timeout: dur(
+                &mut errs,
+                "grpc.handshake_timeout",
+                &self.grpc.handshake_timeout,
+                Duration::from_secs(10),
+                Duration::from_millis(100),
+            ),
+            keepalive_interval: dur(
+                &mut errs,
+                "grpc.keepalive_interval",
+                &self.grpc.keepalive_interval,
+                Duration::from_secs(30),
+                Duration::from_secs(1),
+            ),
+            keepalive_timeout: dur(
+                &mut errs,
+                "grpc.keepalive_timeout",
+                &self.grpc.keepalive_timeout,
+                Duration::from_secs(10),
+                Duration::from_secs(1),
+            ),
+            drain_timeout: dur(
+                &mut errs,
+                "grpc.drain_timeout",
+                &self.grpc.drain_timeout,
+                Duration::from_secs(10),
+                Duration::ZERO,
+            ),
+        };
+        if grpc_connections.drain_timeout > Duration::from_secs(600) {
+            errs.push("grpc.drain_timeout: at most 10m (a shutdown must finish)".to_string());
+        }
         let max_page_size = range(&mut errs, "http.max_page_size", self.http.max_page_size, 1000, 1, 100_000);
         let queue_capacity = range(&mut errs, "ingest.queue_capacity", self.ingest.queue_capacity, 256, 1, 1 << 20);
         let group_commit_max_events = range(
@@ -526,6 +589,7 @@ impl FileConfig {
             max_batch_events,
             max_concurrent_streams,
             max_inflight_batches,
+            grpc_connections,
             http_listen,
             max_page_size,
             queue_capacity,
@@ -703,6 +767,37 @@ mod tests {
         let errs = f.validate().expect_err("invalid").0;
         assert_eq!(errs.len(), 4, "{errs:?}");
         for needle in ["grpc.listen", "grpc.max_batch_events", "ingest.when_full", "ingest.max_future_skew"] {
+            assert!(errs.iter().any(|e| e.starts_with(needle)), "{needle} missing from {errs:?}");
+        }
+    }
+
+    #[test]
+    fn grpc_connection_limits_have_safe_defaults_and_are_validated() {
+        let c = FileConfig::default().validate().expect("defaults are valid");
+        assert_eq!(c.max_message_bytes, 4 << 20);
+        assert_eq!(c.grpc_connections.max_connections, 4096);
+        assert_eq!(c.grpc_connections.drain_timeout, Duration::from_secs(10));
+        let f = FileConfig::parse(
+            r#"
+            [grpc]
+            max_message_bytes = 1073741824
+            max_connections = 0
+            handshake_timeout = "1ms"
+            keepalive_interval = "often"
+            keepalive_timeout = "0s"
+            drain_timeout = "1h"
+            "#,
+        )
+        .expect("parses");
+        let errs = f.validate().expect_err("invalid").0;
+        for needle in [
+            "grpc.max_message_bytes",
+            "grpc.max_connections",
+            "grpc.handshake_timeout",
+            "grpc.keepalive_interval",
+            "grpc.keepalive_timeout",
+            "grpc.drain_timeout",
+        ] {
             assert!(errs.iter().any(|e| e.starts_with(needle)), "{needle} missing from {errs:?}");
         }
     }

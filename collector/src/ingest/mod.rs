@@ -1,8 +1,13 @@
 //! The ingest path: the gRPC edge ([`service`]) validates batches and hands them to the committer
 //! ([`committer`]) over one bounded channel; the committer writes group commits to sled, flushes, updates the
 //! job index, and only then answers each batch's ack.
+//!
+//! In front of the edge: [`conn`] caps and times out connections and closes them all at the end of the
+//! shutdown drain; [`codec`] refuses a batch over the event cap before decoding it.
 
+pub mod codec;
 pub mod committer;
+pub mod conn;
 pub mod service;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +27,10 @@ pub struct IngestStats {
     pub commit_micros: AtomicU64,
     /// Batches refused because the queue was full (`when_full = "reject"`).
     pub refused_full: AtomicU64,
+    /// gRPC connections closed at accept because `grpc.max_connections` were open.
+    pub connections_refused: AtomicU64,
+    /// gRPC connections closed because their HTTP/2 handshake did not arrive within `grpc.handshake_timeout`.
+    pub connections_timed_out: AtomicU64,
 }
 
 impl IngestStats {

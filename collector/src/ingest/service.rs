@@ -2,7 +2,15 @@
 //! the reason; the rest of the batch goes on), prepares the log encoding off the committer thread, and hands
 //! batches to the committer under the configured full-queue policy. Acks go out in batch order, each only after
 //! its events are durable.
+//!
+//! [`IngestServer`] routes the service's two methods with the collector's own codec ([`super::codec`]), so a
+//! batch over the event cap is refused before it is decoded, and maps every failure of the request stream to a
+//! documented status: an oversized message is `RESOURCE_EXHAUSTED`, a malformed one `INVALID_ARGUMENT`, and a
+//! stream that fails mid-way ends with that error after the acks of the batches read before it, never with OK.
+//! [`Intake::close`] takes the committer's sender away from every copy of the service at once, so lingering
+//! connections cannot keep the committer from draining at shutdown.
 
+use super::codec::{inbound_error, PublishCodec};
 use super::committer::{CommitError, CommitRequest, CommitResult, PreparedEvent};
 use super::IngestStats;
 use crate::config::WhenFull;
@@ -10,11 +18,13 @@ use crate::job::CompactEvent;
 use crate::store::encode_log_value;
 use startline_proto::pb::{self, ingest_service_server::IngestService};
 use startline_proto::validate::validate_event;
-use std::sync::Arc;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::codegen::{http, Body, BoxFuture, Context, Poll, StdError};
 use tonic::{Request, Response, Status, Streaming};
 
 /// Settings of the gRPC edge.
@@ -28,12 +38,41 @@ pub struct EdgeSettings {
     pub when_full: WhenFull,
     /// Event limits.
     pub limits: startline_proto::Limits,
+    /// Largest message, bytes (enforced by tonic from the length prefix; named in the error).
+    pub max_message_bytes: usize,
+}
+
+/// The committer's sender, shared by every copy of the service until [`Intake::close`] takes it away.
+#[derive(Clone)]
+pub struct Intake(Arc<Mutex<Option<mpsc::Sender<CommitRequest>>>>);
+
+impl Intake {
+    fn new(tx: mpsc::Sender<CommitRequest>) -> Self {
+        Intake(Arc::new(Mutex::new(Some(tx))))
+    }
+
+    /// The sender, while intake is open.
+    fn sender(&self) -> Option<mpsc::Sender<CommitRequest>> {
+        self.0.lock().ok().and_then(|tx| tx.clone())
+    }
+
+    /// Stops handing batches to the committer: later batches are answered `UNAVAILABLE`, and once the sends
+    /// already under way finish, the committer's channel has no sender left, so it drains and stops.
+    pub fn close(&self) {
+        if let Ok(mut tx) = self.0.lock() {
+            tx.take();
+        }
+    }
+}
+
+fn shutting_down() -> Status {
+    Status::unavailable("collector is shutting down; batch not acknowledged, retry")
 }
 
 /// The ingest service. Cheap to clone.
 #[derive(Clone)]
 pub struct Ingest {
-    tx: mpsc::Sender<CommitRequest>,
+    intake: Intake,
     settings: Arc<EdgeSettings>,
     stats: Arc<IngestStats>,
     shutdown: CancellationToken,
@@ -59,7 +98,7 @@ impl Pending {
                     Ok(ack)
                 }
                 Ok(Err(CommitError)) => Err(Status::unavailable("storage failure; batch not stored, retry later")),
-                Err(_) => Err(Status::unavailable("collector is shutting down; batch not acknowledged, retry")),
+                Err(_) => Err(shutting_down()),
             },
         }
     }
@@ -74,7 +113,12 @@ impl Ingest {
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
-        Ingest { tx, settings: Arc::new(settings), stats, shutdown, tasks }
+        Ingest { intake: Intake::new(tx), settings: Arc::new(settings), stats, shutdown, tasks }
+    }
+
+    /// The handle that closes intake for every copy of this service.
+    pub fn intake(&self) -> Intake {
+        self.intake.clone()
     }
 
     /// Validates a batch and queues its valid events for commit.
@@ -113,20 +157,15 @@ impl Ingest {
         }
         let (reply, rx) = oneshot::channel();
         let commit = CommitRequest { events: prepared, reply };
+        let tx = self.intake.sender().ok_or_else(shutting_down)?;
         match self.settings.when_full {
-            WhenFull::Wait => self
-                .tx
-                .send(commit)
-                .await
-                .map_err(|_| Status::unavailable("collector is shutting down; batch not acknowledged, retry"))?,
-            WhenFull::Reject => self.tx.try_send(commit).map_err(|e| match e {
+            WhenFull::Wait => tx.send(commit).await.map_err(|_| shutting_down())?,
+            WhenFull::Reject => tx.try_send(commit).map_err(|e| match e {
                 mpsc::error::TrySendError::Full(_) => {
                     IngestStats::add(&self.stats.refused_full, 1);
                     Status::resource_exhausted("ingest queue is full; batch not stored, retry with backoff")
                 }
-                mpsc::error::TrySendError::Closed(_) => {
-                    Status::unavailable("collector is shutting down; batch not acknowledged, retry")
-                }
+                mpsc::error::TrySendError::Closed(_) => shutting_down(),
             })?,
         }
         Ok(Pending::Committing { ack, rx })
@@ -150,8 +189,10 @@ impl IngestService for Ingest {
         let (out_tx, out_rx) = mpsc::channel(cap);
         let (pending_tx, mut pending_rx) = mpsc::channel::<Result<Pending, Status>>(cap);
         let svc = self.clone();
+        let max_message_bytes = self.settings.max_message_bytes;
         // Reader: stops at end of stream, on a stream error, or when shutdown starts; batches already read are
-        // still committed and acknowledged by the acker below.
+        // still committed and acknowledged by the acker below. A stream error (an oversized or malformed
+        // message) goes into the queue after them, so the client gets their acks and then the error status.
         self.tasks.spawn(async move {
             loop {
                 let msg = tokio::select! {
@@ -164,6 +205,7 @@ impl IngestService for Ingest {
                     Ok(None) => break,
                     Err(status) => {
                         tracing::debug!(%status, "publish stream ended with an error");
+                        let _ = pending_tx.send(Err(inbound_error(status, max_message_bytes))).await;
                         break;
                     }
                 };
@@ -192,10 +234,99 @@ impl IngestService for Ingest {
 
     async fn publish_batch(&self, request: Request<pb::PublishRequest>) -> Result<Response<pb::PublishAck>, Status> {
         if self.shutdown.is_cancelled() {
-            return Err(Status::unavailable("collector is shutting down; batch not acknowledged, retry"));
+            return Err(shutting_down());
         }
         let pending = self.submit(request.into_inner()).await?;
         pending.resolve().await.map(Response::new)
+    }
+}
+
+/// `startline.v1.IngestService` over HTTP/2: the generated server's routing, with [`PublishCodec`] in place of
+/// the plain prost codec and the request stream's failures mapped by [`inbound_error`]. `PublishBatch` is served
+/// as a one-message client stream (the same bytes on the wire as unary) so that a refused message is answered
+/// by the collector, not with tonic's own wording.
+#[derive(Clone)]
+pub struct IngestServer {
+    inner: Arc<Ingest>,
+}
+
+impl IngestServer {
+    /// Serves `ingest`.
+    pub fn new(ingest: Ingest) -> Self {
+        IngestServer { inner: Arc::new(ingest) }
+    }
+
+    fn grpc(&self) -> tonic::server::Grpc<PublishCodec> {
+        let max = self.inner.settings.max_message_bytes;
+        tonic::server::Grpc::new(PublishCodec::new(self.inner.settings.max_batch_events))
+            .apply_max_message_size_config(Some(max), Some(max))
+    }
+}
+
+impl tonic::server::NamedService for IngestServer {
+    const NAME: &'static str = pb::ingest_service_server::SERVICE_NAME;
+}
+
+/// `Publish`: a stream of batches, a stream of acks.
+struct PublishMethod(Arc<Ingest>);
+
+impl tonic::server::StreamingService<pb::PublishRequest> for PublishMethod {
+    type Response = pb::PublishAck;
+    type ResponseStream = ReceiverStream<Result<pb::PublishAck, Status>>;
+    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<pb::PublishRequest>>) -> Self::Future {
+        let inner = self.0.clone();
+        Box::pin(async move { inner.publish(request).await })
+    }
+}
+
+/// `PublishBatch`: one batch, one ack.
+struct PublishBatchMethod(Arc<Ingest>);
+
+impl tonic::server::ClientStreamingService<pb::PublishRequest> for PublishBatchMethod {
+    type Response = pb::PublishAck;
+    type Future = BoxFuture<Response<pb::PublishAck>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<pb::PublishRequest>>) -> Self::Future {
+        let inner = self.0.clone();
+        Box::pin(async move {
+            let (metadata, extensions, mut stream) = request.into_parts();
+            let batch = match stream.message().await {
+                Ok(Some(batch)) => batch,
+                Ok(None) => return Err(Status::invalid_argument("message: the request has no PublishRequest")),
+                Err(status) => return Err(inbound_error(status, inner.settings.max_message_bytes)),
+            };
+            inner.publish_batch(Request::from_parts(metadata, extensions, batch)).await
+        })
+    }
+}
+
+impl<B> tonic::codegen::Service<http::Request<B>> for IngestServer
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let mut grpc = self.grpc();
+        let inner = self.inner.clone();
+        match req.uri().path() {
+            "/startline.v1.IngestService/Publish" => {
+                Box::pin(async move { Ok(grpc.streaming(PublishMethod(inner), req).await) })
+            }
+            "/startline.v1.IngestService/PublishBatch" => {
+                Box::pin(async move { Ok(grpc.client_streaming(PublishBatchMethod(inner), req).await) })
+            }
+            _ => Box::pin(async move { Ok(Status::unimplemented("no such method").into_http()) }),
+        }
     }
 }
 
@@ -211,6 +342,7 @@ mod tests {
             max_inflight_batches: 4,
             when_full,
             limits: startline_proto::Limits::default(),
+            max_message_bytes: 1 << 20,
         };
         let ingest =
             Ingest::new(tx, settings, Arc::new(IngestStats::default()), CancellationToken::new(), TaskTracker::new());
@@ -236,13 +368,25 @@ mod tests {
         // The first batch takes the only slot and waits for a committer that never answers.
         let pending = tokio::spawn(async move { first.publish_batch(batch(1)).await });
         tokio::task::yield_now().await;
-        while ingest.tx.capacity() > 0 {
+        while ingest.intake.sender().is_some_and(|tx| tx.capacity() > 0) {
             tokio::task::yield_now().await;
         }
         let err = ingest.publish_batch(batch(2)).await.expect_err("queue is full");
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert_eq!(ingest.stats.refused_full.load(std::sync::atomic::Ordering::Relaxed), 1);
         pending.abort();
+    }
+
+    #[tokio::test]
+    async fn closed_intake_refuses_batches_and_leaves_the_committer_no_sender() {
+        let (ingest, mut rx) = svc(4, WhenFull::Wait);
+        let copies = [ingest.clone(), ingest.clone()];
+        ingest.intake().close();
+        let err = copies[0].publish_batch(batch(1)).await.expect_err("intake is closed");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        // Copies of the service are still alive, yet the committer's channel reports that every sender is gone.
+        assert!(rx.recv().await.is_none());
+        drop(copies);
     }
 
     #[tokio::test]
