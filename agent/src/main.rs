@@ -151,10 +151,20 @@ struct EmitArgs {
     /// Job id (default: from STARTLINE_JOB_ID, SLURM_JOB_ID/SLURM_CLUSTER_NAME, or POD_NAMESPACE/POD_NAME).
     #[arg(long)]
     job: Option<String>,
-    /// Extra fields as key=value (e.g. step=100 phase=image_pull outcome=succeeded exit_code=0); numbers and
-    /// true/false are sent as JSON numbers and booleans.
+    /// Extra fields as key=value (e.g. step=100 phase=image_pull outcome=succeeded exit_code=0 nodes=gpu1,gpu2
+    /// labels.team=vision), sent as the type the field has: integers for step, resume_step, gpu_count,
+    /// node_count, attempt, exit_code; true/false for checkpoint_saved; lists for nodes and gpu_ids; text for
+    /// the rest (so nodes=1001 or pool=42 stay text).
     #[arg(long = "field", short = 'f', value_name = "KEY=VALUE")]
     fields: Vec<String>,
+    /// The event's id. Default: derived from the event and its occurred_at, stamped once per invocation, so
+    /// retries inside one invocation are duplicates. A script that may run the whole command again for the
+    /// same event passes a stable id (e.g. "epilog-done-$SLURM_JOB_ID") so the re-run is a duplicate too.
+    #[arg(long)]
+    event_id: Option<String>,
+    /// Keep retrying (node agent unreachable, 5xx, timeouts) this long, with the same event id and occurred_at.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    retry_for: Duration,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -210,43 +220,69 @@ fn main() -> std::process::ExitCode {
 }
 
 fn emit(a: EmitArgs) -> anyhow::Result<()> {
-    use std::io::{Read, Write};
     let env: std::collections::HashMap<String, String> = std::env::vars().collect();
     let job = match a.job {
         Some(j) => j,
         None => startline_agent::node::job_from_env(&env)
             .context("no --job given and none found in STARTLINE_JOB_ID, SLURM_JOB_ID or POD_NAMESPACE/POD_NAME")?,
     };
-    let mut body = serde_json::Map::new();
-    body.insert("kind".into(), a.kind.clone().into());
-    body.insert("job_id".into(), job.into());
-    for f in &a.fields {
-        let (k, v) = f.split_once('=').with_context(|| format!("--field {f:?} is not key=value"))?;
-        let value = if let Ok(n) = v.parse::<i64>() {
-            serde_json::Value::from(n)
-        } else if let Ok(x) = v.parse::<f64>() {
-            serde_json::Value::from(x)
-        } else if v == "true" || v == "false" {
-            serde_json::Value::from(v == "true")
-        } else if k == "nodes" || k == "gpu_ids" {
-            serde_json::Value::from(v.split(',').map(str::to_string).collect::<Vec<_>>())
-        } else {
-            serde_json::Value::from(v)
-        };
-        body.insert(k.to_string(), value);
-    }
-    let payload = serde_json::Value::Object(body).to_string();
+    // Stamped once: every retry below sends these exact bytes (same event id, same occurred_at).
+    let body = startline_agent::node::emit_body(
+        &a.kind,
+        &job,
+        &a.fields,
+        a.event_id.as_deref(),
+        startline_proto::time::now_ms(),
+    )?;
+    let payload = body.to_string();
     let authority = a.agent.strip_prefix("http://").context("--agent must start with http://")?.trim_end_matches('/');
-    let mut s = std::net::TcpStream::connect(authority)
-        .with_context(|| format!("cannot reach the node agent at {authority}"))?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    let deadline = std::time::Instant::now() + a.retry_for;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let failure = match post_once(authority, &payload) {
+            Ok((202, _)) => return Ok(()),
+            Ok((status, answer)) if status == 0 || status == 408 || status == 429 || status >= 500 => {
+                format!("node agent answered {status}: {}", answer.trim())
+            }
+            Ok((status, answer)) => anyhow::bail!("node agent answered {status}: {}", answer.trim()),
+            Err(e) => format!("cannot reach the node agent at {authority}: {e}"),
+        };
+        let now = std::time::Instant::now();
+        if now + backoff > deadline {
+            anyhow::bail!("{failure} (gave up after --retry-for {})", humantime::format_duration(a.retry_for));
+        }
+        eprintln!("startline-agent: {failure}; retrying in {} ms", backoff.as_millis());
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One POST of `payload` to the node agent: its status and body.
+fn post_once(authority: &str, payload: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let timeout = Duration::from_secs(30);
+    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
+    let mut stream = None;
+    for addr in authority.to_socket_addrs()? {
+        match std::net::TcpStream::connect_timeout(&addr, timeout) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let mut s = stream.ok_or(last)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
     write!(s, "POST /v1/events HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}", payload.len())?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let (head, answer) = raw.split_once("\r\n\r\n").unwrap_or((raw.as_str(), ""));
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, answer) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
     let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    anyhow::ensure!(status == 202, "node agent answered {status}: {}", answer.trim());
-    Ok(())
+    Ok((status, answer.to_string()))
 }
 
 async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {

@@ -4,12 +4,35 @@
 //!
 //! JSON: one event object or `{"events": [...]}`. Fields: `kind` (submitted, queued, node_assigned, preparing,
 //! first_step, checkpoint, preempted, requeued, restarted, node_lost, done), `job_id`, optional `event_id`
-//! (default: a hash of the event's content, so a retried post is a duplicate, not a new event), optional
-//! `occurred_at` (RFC 3339 or Unix seconds; default now), `attempt`, `source`, and the kind's fields
-//! (`step`, `uri`, `save_seconds`, `phase`, `reason`, `raw_reason`, `message`, `nodes`, `gpu_ids`,
-//! `checkpoint_saved`, `resume_step`, `node`, `outcome`, `exit_code`, and for `submitted`: `pool_kind`,
-//! `provider`, `pool`, `priority`, `gpu_class`, `gpu_count`, `node_count`, `region`, `team`, `project`,
-//! `chain_id`, `chain_stage`, `labels`). Errors are 4xx JSON naming the field; a full spool answers 503.
+//! (default: derived from the event's content, see below), optional `occurred_at` (RFC 3339 or Unix seconds;
+//! default: stamped on arrival), `attempt`, `source`, and the kind's fields (`step`, `uri`, `save_seconds`,
+//! `phase`, `reason`, `raw_reason`, `message`, `nodes`, `gpu_ids`, `checkpoint_saved`, `resume_step`, `node`,
+//! `outcome`, `exit_code`, and for `submitted`: `pool_kind`, `provider`, `pool`, `priority`, `gpu_class`,
+//! `gpu_count`, `node_count`, `region`, `team`, `project`, `chain_id`, `chain_stage`, `labels`). Errors are
+//! 4xx JSON naming the field; a full spool answers 503.
+//!
+//! # Event ids: a retried post is a duplicate
+//! An event without `event_id` gets a **content id** ([`content_id`]): FNV-1a 64 (a hash fixed by its
+//! specification, [`startline_proto::hash`]) over a canonical encoding of the event, so the same post, retried
+//! (after a timeout, a lost answer, a restarted script), gets the same id and the collector stores it once,
+//! whatever the order of the JSON object's keys. The **arrival stamp is not part of the id**: an event posted
+//! without `occurred_at` is stamped when it arrives, but its id covers only what the client sent. So two events
+//! whose content is identical are one event, unless the client makes them differ: a client that reports the
+//! same content more than once on purpose (the same `checkpoint` step saved twice, a second `preempted` with
+//! the same reason) must send `occurred_at` (which is then part of the id) or its own `event_id`.
+//!
+//! The canonical encoding (version 1) is the concatenation of these fields, each written as its length in
+//! bytes (u64, little-endian) followed by its bytes:
+//! 1. `startline.content-id.v1`;
+//! 2. `job_id`, `source` (after the agent's default is applied), `attempt` (decimal; empty when absent);
+//! 3. `occurred_at` as Unix milliseconds in decimal when the client sent it, empty when it was stamped on arrival;
+//! 4. the kind's name (`checkpoint`, ...), then the kind's fields in `.proto` field order: strings as UTF-8,
+//!    integers and enums (by their protocol number) in decimal, booleans as `true`/`false`, `save_seconds` as
+//!    the 16 lowercase hex digits of its IEEE 754 bits (`-0` as `0`), an absent `exit_code` as empty; a
+//!    repeated field (`nodes`, `gpu_ids`) as its count in decimal, then each item; `labels` as its count, then
+//!    each key and value, ordered by the keys' bytes.
+//!
+//! The id is `c-` and the hash's 16 lowercase hex digits.
 
 use crate::spool::{Spool, SpoolError};
 use axum::extract::State;
@@ -152,23 +175,25 @@ fn named<T: Label + Into<i32>>(v: &Value, k: &str) -> Result<i32, FieldErr> {
     })
 }
 
-/// Parses `occurred_at`: RFC 3339 text or Unix seconds (may be fractional).
-fn time(v: &Value, now_ms: i64) -> Result<i64, FieldErr> {
+/// Parses `occurred_at`: RFC 3339 text or Unix seconds (may be fractional); `None` when the client sent none.
+fn time(v: &Value) -> Result<Option<i64>, FieldErr> {
     match v.get("occurred_at") {
-        None | Some(Value::Null) => Ok(now_ms),
+        None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => {
-            n.as_f64().map(|s| (s * 1000.0) as i64).ok_or_else(|| ferr("occurred_at", "is not a number"))
+            n.as_f64().map(|s| Some((s * 1000.0) as i64)).ok_or_else(|| ferr("occurred_at", "is not a number"))
         }
         Some(Value::String(t)) => humantime::parse_rfc3339_weak(t)
             .ok()
             .and_then(|st| st.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_millis() as i64)
+            .and_then(|d| i64::try_from(d.as_millis()).ok())
+            .map(Some)
             .ok_or_else(|| ferr("occurred_at", "must be RFC 3339, e.g. 2026-01-02T03:04:05Z, or Unix seconds")),
         Some(_) => Err(ferr("occurred_at", "must be RFC 3339 text or Unix seconds")),
     }
 }
 
-/// Builds a protocol event from the endpoint's JSON.
+/// Builds a protocol event from the endpoint's JSON. `now_ms` stamps an event without `occurred_at`; an event
+/// without `event_id` gets its [`content_id`] (which leaves that stamp out).
 pub fn event_from_json(v: &Value, default_source: &str, now_ms: i64) -> Result<pb::LifecycleEvent, FieldErr> {
     if !v.is_object() {
         return Err(ferr("", "each event must be a JSON object"));
@@ -224,7 +249,10 @@ pub fn event_from_json(v: &Value, default_source: &str, now_ms: i64) -> Result<p
         }),
         "preempted" => Kind::Preempted(pb::Preempted {
             reason: s(v, "reason")?,
-            checkpoint_saved: v.get("checkpoint_saved").and_then(Value::as_bool).unwrap_or(false),
+            checkpoint_saved: match v.get("checkpoint_saved") {
+                None | Some(Value::Null) => false,
+                Some(x) => x.as_bool().ok_or_else(|| ferr("checkpoint_saved", "must be true or false"))?,
+            },
         }),
         "requeued" => Kind::Requeued(pb::Requeued { resume_step: u(v, "resume_step")? }),
         "restarted" => Kind::Restarted(pb::Restarted { resume_step: u(v, "resume_step")? }),
@@ -244,7 +272,7 @@ pub fn event_from_json(v: &Value, default_source: &str, now_ms: i64) -> Result<p
         "" => return Err(ferr("kind", "is required")),
         other => return Err(ferr("kind", &format!("{other:?} is not a lifecycle event kind"))),
     };
-    let at = time(v, now_ms)?;
+    let client_at = time(v)?;
     let source = match s(v, "source")? {
         x if x.is_empty() => default_source.to_string(),
         x => x,
@@ -263,24 +291,259 @@ pub fn event_from_json(v: &Value, default_source: &str, now_ms: i64) -> Result<p
         job_id,
         attempt,
         source,
-        occurred_at: Some(ms_to_timestamp(at)),
+        occurred_at: Some(ms_to_timestamp(client_at.unwrap_or(now_ms))),
         kind: Some(kind),
     };
     if ev.event_id.is_empty() {
-        ev.event_id = content_id(&ev);
+        let stamp = if client_at.is_some() { Stamp::FromClient } else { Stamp::OnArrival };
+        ev.event_id = content_id(&ev, stamp);
     }
     Ok(ev)
 }
 
-/// A deterministic id from the event's content: a retried post of the same event is a duplicate.
-pub fn content_id(ev: &pb::LifecycleEvent) -> String {
-    use prost::Message;
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut copy = ev.clone();
-    copy.event_id.clear();
-    copy.encode_to_vec().hash(&mut h);
-    format!("c-{:016x}", h.finish())
+/// Who set an event's `occurred_at`, which decides whether it is part of the [`content_id`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stamp {
+    /// The client sent it: part of the content, so part of the id.
+    FromClient,
+    /// The agent stamped it on arrival: left out of the id, so a retry (stamped later) has the same id.
+    OnArrival,
+}
+
+/// The canonical encoding of an event's content (version 1, specified in the [module docs](self)): every
+/// field in a fixed order, length-prefixed, maps sorted by key. `event_id` is not part of it.
+pub fn canonical_content(ev: &pb::LifecycleEvent, stamp: Stamp) -> Vec<u8> {
+    let mut c = Canon(Vec::with_capacity(256));
+    c.text("startline.content-id.v1");
+    c.text(&ev.job_id);
+    c.text(&ev.source);
+    c.opt(ev.attempt);
+    match (stamp, &ev.occurred_at) {
+        (Stamp::FromClient, Some(t)) => c.num(startline_proto::time::timestamp_to_ms(t)),
+        _ => c.text(""),
+    }
+    match &ev.kind {
+        None => c.text(""),
+        Some(Kind::Submitted(x)) => {
+            c.text("submitted");
+            c.num(x.pool_kind);
+            c.text(&x.provider);
+            c.text(&x.pool);
+            c.num(x.priority);
+            c.text(&x.gpu_class);
+            c.num(x.gpu_count);
+            c.num(x.node_count);
+            c.text(&x.region);
+            c.text(&x.team);
+            c.text(&x.project);
+            c.text(&x.chain_id);
+            c.text(&x.chain_stage);
+            let mut labels: Vec<(&String, &String)> = x.labels.iter().collect();
+            labels.sort_unstable();
+            c.num(labels.len());
+            for (k, v) in labels {
+                c.text(k);
+                c.text(v);
+            }
+        }
+        Some(Kind::Queued(x)) => {
+            c.text("queued");
+            c.num(x.reason);
+            c.text(&x.raw_reason);
+            c.text(&x.message);
+        }
+        Some(Kind::NodeAssigned(x)) => {
+            c.text("node_assigned");
+            for list in [&x.nodes, &x.gpu_ids] {
+                c.num(list.len());
+                for item in list {
+                    c.text(item);
+                }
+            }
+        }
+        Some(Kind::Preparing(x)) => {
+            c.text("preparing");
+            c.num(x.phase);
+            c.text(&x.message);
+        }
+        Some(Kind::FirstStep(x)) => {
+            c.text("first_step");
+            c.num(x.step);
+        }
+        Some(Kind::Checkpoint(x)) => {
+            c.text("checkpoint");
+            c.num(x.step);
+            c.text(&x.uri);
+            let secs = if x.save_seconds == 0.0 { 0.0f64 } else { x.save_seconds };
+            c.text(&format!("{:016x}", secs.to_bits()));
+        }
+        Some(Kind::Preempted(x)) => {
+            c.text("preempted");
+            c.text(&x.reason);
+            c.text(if x.checkpoint_saved { "true" } else { "false" });
+        }
+        Some(Kind::Requeued(x)) => {
+            c.text("requeued");
+            c.num(x.resume_step);
+        }
+        Some(Kind::Restarted(x)) => {
+            c.text("restarted");
+            c.num(x.resume_step);
+        }
+        Some(Kind::NodeLost(x)) => {
+            c.text("node_lost");
+            c.text(&x.node);
+            c.text(&x.message);
+        }
+        Some(Kind::Done(x)) => {
+            c.text("done");
+            c.num(x.outcome);
+            c.opt(x.exit_code);
+            c.text(&x.message);
+        }
+    }
+    c.0
+}
+
+/// Builder of the canonical encoding: length-prefixed fields.
+struct Canon(Vec<u8>);
+
+impl Canon {
+    fn text(&mut self, t: &str) {
+        self.0.extend_from_slice(&(t.len() as u64).to_le_bytes());
+        self.0.extend_from_slice(t.as_bytes());
+    }
+
+    fn num(&mut self, n: impl std::fmt::Display) {
+        self.text(&n.to_string());
+    }
+
+    fn opt(&mut self, n: Option<impl std::fmt::Display>) {
+        match n {
+            Some(n) => self.num(n),
+            None => self.text(""),
+        }
+    }
+}
+
+/// The event's content id: `c-` and the FNV-1a 64 of its [`canonical_content`] in 16 lowercase hex digits. A
+/// retried post of the same event gets the same id, so the collector stores it once.
+pub fn content_id(ev: &pb::LifecycleEvent, stamp: Stamp) -> String {
+    format!("c-{:016x}", startline_proto::hash::fnv1a64(&canonical_content(ev, stamp)))
+}
+
+/// Why `emit` could not build its event.
+#[derive(Debug, thiserror::Error)]
+pub enum EmitError {
+    /// A `--field` without `=`.
+    #[error("--field {0:?} is not key=value")]
+    NotKeyValue(String),
+    /// A `--field` that has its own option.
+    #[error("--field {field}: use {option} instead")]
+    HasOption {
+        /// The field.
+        field: String,
+        /// The option to use.
+        option: &'static str,
+    },
+    /// The event is not valid.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field, as the node agent names it.
+        field: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The JSON value of an `emit --field key=value`, typed as the endpoint expects the field: integers for
+/// `step`, `resume_step`, `gpu_count`, `node_count`, `attempt`, `exit_code`; numbers for `save_seconds` and a
+/// numeric `occurred_at` (Unix seconds); booleans for `checkpoint_saved`; comma-separated lists for `nodes` and
+/// `gpu_ids`; strings for everything else (`nodes=1001`, `pool=42`, `reason=true` stay strings). An empty value
+/// of a typed field is sent as absent. A value that does not fit its type is sent as text, and the event is
+/// rejected naming the field.
+pub fn emit_value(key: &str, value: &str) -> Value {
+    let typed = |parsed: Option<Value>| {
+        if value.is_empty() {
+            Value::Null
+        } else {
+            parsed.unwrap_or_else(|| Value::from(value))
+        }
+    };
+    match key {
+        "step" | "resume_step" | "gpu_count" | "node_count" | "attempt" => {
+            typed(value.parse::<u64>().ok().map(Value::from))
+        }
+        "exit_code" => typed(value.parse::<i64>().ok().map(Value::from)),
+        "save_seconds" | "occurred_at" => {
+            typed(value.parse::<f64>().ok().and_then(serde_json::Number::from_f64).map(Value::Number))
+        }
+        "checkpoint_saved" => typed(match value {
+            "true" => Some(Value::Bool(true)),
+            "false" => Some(Value::Bool(false)),
+            _ => None,
+        }),
+        "nodes" | "gpu_ids" => {
+            Value::from(value.split(',').filter(|x| !x.is_empty()).map(str::to_string).collect::<Vec<_>>())
+        }
+        _ => Value::from(value),
+    }
+}
+
+/// The body `emit` posts, built once per invocation so every retry sends the same bytes: `kind`, `job_id`, the
+/// `--field`s (typed by [`emit_value`]; `labels.<key>=<value>` adds a label), `occurred_at` stamped now
+/// (`now_ms`, RFC 3339 with milliseconds) unless given, and `event_id`: `event_id` if given (`--event-id`),
+/// else the [`content_id`] of the stamped event. The event is checked as the node agent would parse it.
+pub fn emit_body(
+    kind: &str,
+    job: &str,
+    fields: &[String],
+    event_id: Option<&str>,
+    now_ms: i64,
+) -> Result<Value, EmitError> {
+    let mut body = serde_json::Map::new();
+    body.insert("kind".into(), Value::from(kind));
+    body.insert("job_id".into(), Value::from(job));
+    let mut labels = serde_json::Map::new();
+    for f in fields {
+        let (k, v) = f.split_once('=').ok_or_else(|| EmitError::NotKeyValue(f.clone()))?;
+        let option = match k {
+            "kind" => Some("the kind argument"),
+            "job_id" => Some("--job"),
+            "event_id" => Some("--event-id"),
+            _ => None,
+        };
+        if let Some(option) = option {
+            return Err(EmitError::HasOption { field: k.to_string(), option });
+        }
+        match k.strip_prefix("labels.") {
+            Some(label) => {
+                labels.insert(label.to_string(), Value::from(v));
+            }
+            None => {
+                body.insert(k.to_string(), emit_value(k, v));
+            }
+        }
+    }
+    if !labels.is_empty() {
+        body.insert("labels".into(), Value::Object(labels));
+    }
+    if body.get("occurred_at").is_none_or(Value::is_null) {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
+        body.insert("occurred_at".into(), Value::from(humantime::format_rfc3339_millis(at).to_string()));
+    }
+    if let Some(id) = event_id {
+        body.insert("event_id".into(), Value::from(id));
+    }
+    let body = Value::Object(body);
+    let ev = event_from_json(&body, "", now_ms).map_err(|(field, reason)| EmitError::Invalid { field, reason })?;
+    let mut body = body;
+    if event_id.is_none() {
+        if let Value::Object(m) = &mut body {
+            m.insert("event_id".into(), Value::from(ev.event_id));
+        }
+    }
+    Ok(body)
 }
 
 /// The job id from the environment: `STARTLINE_JOB_ID`, then Slurm (`slurm/<cluster>/<job>`, array tasks as
@@ -358,5 +621,166 @@ mod tests {
         ] {
             assert_eq!(event_from_json(&body, "s", now).expect_err("invalid").0, field, "{body}");
         }
+    }
+
+    /// One JSON body of every kind the endpoint accepts, none with `occurred_at`.
+    fn every_kind(job: &str) -> Vec<Value> {
+        vec![
+            json!({"kind": "submitted", "job_id": job, "pool_kind": "dedicated", "provider": "slurm", "pool": "gpu",
+                   "priority": "urgent", "gpu_count": 8, "node_count": 1,
+                   "labels": {"team": "vision", "stage": "pretrain", "owner": "ana", "cost_center": "42"}}),
+            json!({"kind": "queued", "job_id": job, "reason": "capacity", "raw_reason": "Resources"}),
+            json!({"kind": "node_assigned", "job_id": job, "nodes": ["gpu-1", "gpu-2"], "gpu_ids": ["0", "1"]}),
+            json!({"kind": "preparing", "job_id": job, "phase": "image_pull", "message": "pulling"}),
+            json!({"kind": "first_step", "job_id": job, "step": 1}),
+            json!({"kind": "checkpoint", "job_id": job, "step": 100, "uri": "s3://c/100", "save_seconds": 2.5}),
+            json!({"kind": "preempted", "job_id": job, "reason": "spot", "checkpoint_saved": true}),
+            json!({"kind": "requeued", "job_id": job, "resume_step": 100, "attempt": 2}),
+            json!({"kind": "restarted", "job_id": job, "resume_step": 100, "attempt": 2}),
+            json!({"kind": "node_lost", "job_id": job, "node": "gpu-2", "message": "xid 79"}),
+            json!({"kind": "done", "job_id": job, "outcome": "succeeded", "exit_code": 0}),
+        ]
+    }
+
+    #[test]
+    fn a_retry_without_occurred_at_has_the_same_id_though_it_is_stamped_later() {
+        let now = 1_767_225_600_000;
+        for body in every_kind("slurm/c1/7") {
+            let first = event_from_json(&body, "node-agent/a", now).expect("valid");
+            let retry = event_from_json(&body, "node-agent/a", now + 1_234).expect("valid");
+            assert_eq!(first.event_id, retry.event_id, "{body}");
+            assert_ne!(first.occurred_at, retry.occurred_at, "each arrival is stamped");
+            assert!(startline_proto::validate::validate_event(&first, now, &Default::default()).is_ok(), "{body}");
+        }
+        // With occurred_at, the client's time is part of the content: the same kind at another time is another
+        // event, and a retry at the same time is the same one.
+        let at = |t: i64| json!({"kind": "checkpoint", "job_id": "j", "step": 5, "occurred_at": t});
+        let id = |b: &Value, now: i64| event_from_json(b, "s", now).expect("valid").event_id;
+        assert_eq!(id(&at(1_767_225_500), now), id(&at(1_767_225_500), now + 99));
+        assert_ne!(id(&at(1_767_225_500), now), id(&at(1_767_225_501), now));
+        assert_ne!(id(&at(1_767_225_500), now), id(&json!({"kind": "checkpoint", "job_id": "j", "step": 5}), now));
+    }
+
+    #[test]
+    fn labels_in_any_key_order_give_the_same_id() {
+        let orders = [
+            r#"{"kind":"submitted","job_id":"j","pool_kind":"managed","provider":"p","pool":"q","priority":"normal","labels":{"a":"1","b":"2","c":"3","d":"4","e":"5","f":"6"}}"#,
+            r#"{"labels":{"f":"6","e":"5","d":"4","c":"3","b":"2","a":"1"},"priority":"normal","pool":"q","provider":"p","pool_kind":"managed","job_id":"j","kind":"submitted"}"#,
+            r#"{"kind":"submitted","labels":{"c":"3","a":"1","f":"6","b":"2","e":"5","d":"4"},"job_id":"j","pool":"q","provider":"p","pool_kind":"managed","priority":"normal"}"#,
+        ];
+        let ids: Vec<String> = orders
+            .iter()
+            .map(|o| {
+                let v: Value = serde_json::from_str(o).expect("json");
+                event_from_json(&v, "s", 1_767_225_600_000).expect("valid").event_id
+            })
+            .collect();
+        assert_eq!(ids[0], ids[1]);
+        assert_eq!(ids[0], ids[2]);
+        // Many parses of the same bytes (each a new HashMap with its own iteration order): one id.
+        let v: Value = serde_json::from_str(orders[0]).expect("json");
+        for _ in 0..200 {
+            assert_eq!(event_from_json(&v, "s", 1_767_225_600_000).expect("valid").event_id, ids[0]);
+        }
+        // A different value is a different event.
+        let other: Value = serde_json::from_str(&orders[0].replace(r#""f":"6""#, r#""f":"7""#)).expect("json");
+        assert_ne!(event_from_json(&other, "s", 1_767_225_600_000).expect("valid").event_id, ids[0]);
+    }
+
+    #[test]
+    fn content_ids_are_pinned() {
+        // These values are the specification's (module docs) output: a change of encoding or hash breaks
+        // deduplication of events spooled by an older agent, and must be a new version, not an accident.
+        let now = 1_767_225_600_000;
+        let id = |body: Value| event_from_json(&body, "node-agent/gpu-017", now).expect("valid").event_id;
+        let got: Vec<String> = every_kind("slurm/c1/7").into_iter().map(id).collect();
+        let pinned: [&str; 11] = PINNED;
+        assert_eq!(got, pinned, "content ids changed");
+        let timed = id(json!({"kind": "first_step", "job_id": "kubernetes/ml/train-0", "step": 1,
+                              "occurred_at": "2026-01-01T00:00:00.250Z", "attempt": 1}));
+        assert_eq!(timed, PINNED_TIMED);
+        // The id is the FNV-1a 64 of the canonical encoding, which is the length-prefixed fields, in order.
+        let ev = event_from_json(&json!({"kind": "first_step", "job_id": "j", "step": 7}), "s", now).expect("valid");
+        let mut h = startline_proto::hash::Fnv1a64::default();
+        for f in ["startline.content-id.v1", "j", "s", "", "", "first_step", "7"] {
+            h.write_field(f.as_bytes());
+        }
+        assert_eq!(ev.event_id, format!("c-{:016x}", h.finish()));
+    }
+
+    // Computed independently from the module docs' specification (a Python script over the same fields).
+    const PINNED: [&str; 11] = [
+        "c-65f0ece73b07dc03",
+        "c-1d04d69edd6c59fd",
+        "c-256251b832abe830",
+        "c-996457eaa059367c",
+        "c-b0f50640f0d8c141",
+        "c-f93e3728b5f08dbb",
+        "c-20b9e1af88356c91",
+        "c-98885a0f33eb74d1",
+        "c-8421536f2bf87e64",
+        "c-cecc7d593fd3bbd7",
+        "c-f4dfd7d4168fe3eb",
+    ];
+    const PINNED_TIMED: &str = "c-dca4bb3caffe818c";
+
+    #[test]
+    fn emit_sends_fields_as_their_schema_types_and_stamps_once() {
+        let now = 1_767_225_600_000;
+        let fields = |f: &[&str]| f.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let body = emit_body("node_assigned", "slurm/c1/9", &fields(&["nodes=1001", "gpu_ids=0,1"]), None, now)
+            .expect("valid");
+        assert_eq!(body["nodes"], json!(["1001"]));
+        assert_eq!(body["gpu_ids"], json!(["0", "1"]));
+        assert_eq!(body["occurred_at"], "2026-01-01T00:00:00.000Z");
+        let id = body["event_id"].as_str().expect("id").to_string();
+        let ev = event_from_json(&body, "node-agent/x", now + 5_000).expect("the agent accepts it");
+        assert_eq!(ev.event_id, id);
+        assert_eq!(startline_proto::time::timestamp_to_ms(ev.occurred_at.as_ref().expect("t")), now);
+
+        let body = emit_body(
+            "submitted",
+            "j",
+            &fields(&[
+                "pool_kind=dedicated",
+                "provider=slurm",
+                "pool=42",
+                "priority=urgent",
+                "gpu_count=8",
+                "region=1",
+                "labels.team=7",
+                "labels.stage=true",
+                "gpu_class=3.5",
+            ]),
+            Some("epilog-1"),
+            now,
+        )
+        .expect("valid");
+        assert_eq!(body["pool"], "42");
+        assert_eq!(body["region"], "1");
+        assert_eq!(body["gpu_class"], "3.5");
+        assert_eq!(body["gpu_count"], 8);
+        assert_eq!(body["labels"], json!({"team": "7", "stage": "true"}));
+        assert_eq!(body["event_id"], "epilog-1");
+
+        let body = emit_body("done", "j", &fields(&["outcome=failed", "exit_code=137", "message=0"]), None, now)
+            .expect("valid");
+        assert_eq!((body["exit_code"].clone(), body["message"].clone()), (json!(137), json!("0")));
+        let body =
+            emit_body("preempted", "j", &fields(&["checkpoint_saved=true", "reason=1"]), None, now).expect("valid");
+        assert_eq!((body["checkpoint_saved"].clone(), body["reason"].clone()), (json!(true), json!("1")));
+        let body = emit_body("checkpoint", "j", &fields(&["step=10", "save_seconds=1.5"]), None, now).expect("ok");
+        assert_eq!((body["step"].clone(), body["save_seconds"].clone()), (json!(10), json!(1.5)));
+
+        for (kind, f, field) in
+            [("checkpoint", "step=ten", "step"), ("preempted", "checkpoint_saved=yes", "checkpoint_saved")]
+        {
+            match emit_body(kind, "j", &fields(&[f]), None, now) {
+                Err(EmitError::Invalid { field: got, .. }) => assert_eq!(got, field),
+                other => panic!("{f}: {other:?}"),
+            }
+        }
+        assert!(matches!(emit_body("done", "j", &fields(&["outcome"]), None, now), Err(EmitError::NotKeyValue(_))));
+        assert!(matches!(emit_body("done", "j", &fields(&["job_id=x"]), None, now), Err(EmitError::HasOption { .. })));
     }
 }

@@ -7,6 +7,10 @@
 //! Bounded: at most `max_events` events and `max_bytes` bytes. When full, new events are **refused** (the
 //! caller gets [`SpoolError::Full`], the node agent answers 503, `emit` exits non-zero, and a warning is
 //! logged with the refusal count); events already spooled are never dropped.
+//!
+//! Private: the spool directory (and any missing parent the agent creates) is created with mode 0700, and an
+//! existing spool directory (one holding sled's `conf`) readable by others is narrowed to 0700 when opened, so
+//! events (job ids, labels, node names) are not readable by other local users.
 
 use prost::Message;
 use startline_proto::pb;
@@ -48,6 +52,14 @@ pub enum SpoolError {
     /// sled failed.
     #[error("spool storage: {0}")]
     Storage(#[from] sled::Error),
+    /// The spool directory could not be created or made private.
+    #[error("spool directory {path}: {source}")]
+    Directory {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A spooled value could not be decoded.
     #[error("spool entry {0} is corrupt")]
     Corrupt(u64),
@@ -75,6 +87,7 @@ struct State {
 impl Spool {
     /// Opens (or creates) the spool under `path`.
     pub fn open(path: &Path, limits: SpoolLimits) -> Result<Spool, SpoolError> {
+        private_dir(path).map_err(|source| SpoolError::Directory { path: path.to_path_buf(), source })?;
         let db = sled::Config::new().path(path).open()?;
         let tree = db.open_tree("spool")?;
         let mut events = 0u64;
@@ -184,6 +197,34 @@ impl Spool {
     }
 }
 
+/// Creates `path` (and missing parents) with mode 0700; an existing sled directory that others may read is
+/// narrowed to 0700 (a warning if it cannot be). Other existing directories are left as they are (the agent did not create them), with a
+/// warning if others may read them.
+pub fn private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if !path.exists() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)?;
+        // The umask may have narrowed the mode further, never widened it; set it exactly anyway.
+        return std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+    }
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        if path.join("conf").is_file() {
+            match std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)) {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), was = format!("{:o}", mode & 0o777), "spool directory narrowed to 0700")
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "spool directory is readable by other users and cannot be narrowed")
+                }
+            }
+        } else {
+            tracing::warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777), "spool directory is readable by other users");
+        }
+    }
+    Ok(())
+}
+
 fn seq_of(k: &[u8]) -> Result<u64, SpoolError> {
     let arr: [u8; 8] = k.try_into().map_err(|_| SpoolError::Corrupt(0))?;
     Ok(u64::from_be_bytes(arr))
@@ -271,5 +312,24 @@ mod tests {
         assert!(matches!(s.append(&[ev(3)]), Err(SpoolError::Full { events: 2, .. })));
         assert_eq!(s.refused(), 1);
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn the_spool_directory_and_the_parents_it_creates_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let path = dir.path().join("data").join("spool");
+        drop(Spool::open(&path, SpoolLimits::default()).expect("open"));
+        assert_eq!(mode(&path), 0o700, "spool directory");
+        assert_eq!(mode(&dir.path().join("data")), 0o700, "parent the agent created");
+        assert_eq!(mode(dir.path()), 0o755, "an existing parent is not the agent's to change");
+
+        // A spool left world-readable by an older agent is narrowed when opened.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let s = Spool::open(&path, SpoolLimits::default()).expect("reopen");
+        assert_eq!(mode(&path), 0o700, "existing spool narrowed");
+        s.append(&[ev(1)]).expect("append");
     }
 }
