@@ -360,8 +360,11 @@ mod tests {
         }
     }
 
+    /// Builds a valid event with the given value in one field.
+    type WithValue = fn(&str) -> pb::LifecycleEvent;
+
     /// Every id-like field, and a setter that puts a value into it.
-    fn id_fields() -> Vec<(&'static str, fn(&str) -> pb::LifecycleEvent)> {
+    fn id_fields() -> Vec<(&'static str, WithValue)> {
         fn node_assigned(nodes: Vec<String>, gpu_ids: Vec<String>) -> pb::LifecycleEvent {
             pb::LifecycleEvent { kind: Some(Kind::NodeAssigned(pb::NodeAssigned { nodes, gpu_ids })), ..good() }
         }

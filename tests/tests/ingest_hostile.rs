@@ -295,7 +295,12 @@ async fn sigterm_with_silent_connections_exits_promptly_after_the_final_flush() 
     for s in [&mut silent, &mut preface_only, &mut handshaken] {
         assert!(closed_within(s, Duration::from_secs(2)).is_some(), "a connection outlived the collector");
     }
-    open_stream.abort();
+    // The open stream was told the collector is going away (after its acks), not OK.
+    let mut acks = open_stream.await.expect("task").expect("the stream was open");
+    match acks.message().await {
+        Err(e) => assert_eq!(e.code(), Code::Unavailable, "{e:?}"),
+        Ok(other) => panic!("a stream cut by shutdown must end with UNAVAILABLE, got {other:?}"),
+    }
     drop(c);
 
     let c = Collector::start(&db, &[]);

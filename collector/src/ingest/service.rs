@@ -192,12 +192,17 @@ impl IngestService for Ingest {
         let max_message_bytes = self.settings.max_message_bytes;
         // Reader: stops at end of stream, on a stream error, or when shutdown starts; batches already read are
         // still committed and acknowledged by the acker below. A stream error (an oversized or malformed
-        // message) goes into the queue after them, so the client gets their acks and then the error status.
+        // message) or the shutdown goes into the queue after them, so the client gets their acks and then the
+        // error status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED or UNAVAILABLE), never OK with batches unread.
         self.tasks.spawn(async move {
             loop {
                 let msg = tokio::select! {
                     biased;
-                    _ = svc.shutdown.cancelled() => break,
+                    _ = svc.shutdown.cancelled() => {
+                        // Whatever the client sends next is not read: say so after the acks, rather than OK.
+                        let _ = pending_tx.send(Err(shutting_down())).await;
+                        break;
+                    }
                     m = inbound.message() => m,
                 };
                 let req = match msg {
