@@ -101,7 +101,8 @@ pub async fn run_with_clock(
         // SLO state and metric gauges are derived from the jobs: rebuilding them after a restore finds every
         // deadline crossed while the collector was down, and stored alert state keeps those pages from repeating.
         let jobs = std::mem::take(&mut restored.jobs);
-        let index = JobIndex::new_at(jobs, restored.last_seq, SloEngine::new(slo_defs), limiter, now);
+        let dirty = std::mem::take(&mut restored.dirty);
+        let index = JobIndex::new_at(jobs, restored.last_seq, SloEngine::new(slo_defs), limiter, now).with_dirty(dirty);
         let alerts = store.load_alerts()?;
         Ok((store, restored, index, alerts))
     })
@@ -112,6 +113,7 @@ pub async fn run_with_clock(
         jobs = index.jobs.len(),
         snapshots = restored.snapshots,
         replayed = restored.replayed,
+        rebuilt_from_log = restored.rebuilt.as_deref().unwrap_or("no"),
         elapsed_ms = started.elapsed().as_millis() as u64,
         "store restored"
     );
@@ -121,12 +123,19 @@ pub async fn run_with_clock(
         board.insert(a);
     }
     let wake = Arc::new(Notify::new());
-    let healthy = Arc::new(AtomicBool::new(true));
+    let health = Arc::new(crate::health::Health::default());
     let ready = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(IngestStats::default());
     let telemetry = Arc::new(
         Telemetry::new(
-            Sources { index: index.clone(), stats: stats.clone(), board: board.clone(), store: store.clone(), clock },
+            Sources {
+                index: index.clone(),
+                stats: stats.clone(),
+                board: board.clone(),
+                store: store.clone(),
+                health: health.clone(),
+                clock,
+            },
             config.metrics.otlp.clone(),
         )
         .map_err(|e| AppError::Runtime(e.to_string()))?,
@@ -158,7 +167,7 @@ pub async fn run_with_clock(
             retention_interval: config.retention_interval,
         },
         stats.clone(),
-        healthy.clone(),
+        health.clone(),
     )
     .map_err(|e| AppError::Runtime(format!("cannot start committer: {e}")))?;
 
@@ -229,7 +238,7 @@ pub async fn run_with_clock(
         index: index.clone(),
         store: store.clone(),
         ready: ready.clone(),
-        healthy: healthy.clone(),
+        health: health.clone(),
         max_page_size: config.max_page_size,
         clock,
         board: board.clone(),

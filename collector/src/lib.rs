@@ -11,6 +11,7 @@
 //! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
 //! - [`export`]: metrics: one OpenTelemetry MeterProvider, Prometheus `/metrics` and OTLP push.
 //! - [`compare`]: side-by-side comparison of two job sets (managed vs dedicated) with significance tests.
+//! - [`health`]: whether storage writes fail (and why) and whether the committer lives, for health checks.
 //! - [`clock`]: wall time advanced by tokio's clock (pausable in tests).
 //! - [`api`]: the axum router: JSON API, health and readiness.
 //! - [`app`]: wiring and the shutdown order.
@@ -22,6 +23,7 @@ pub mod clock;
 pub mod compare;
 pub mod config;
 pub mod export;
+pub mod health;
 pub mod ingest;
 pub mod job;
 pub mod slo;

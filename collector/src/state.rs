@@ -56,6 +56,13 @@ impl JobIndex {
         }
         JobIndex { jobs, dirty: HashSet::new(), last_seq, slo, gauges, limiter }
     }
+
+    /// Marks jobs as changed since the last checkpoint: after a restore, every job rebuilt from the log tail,
+    /// whose snapshot lacks those events (else the next checkpoint would move the marker past them unwritten).
+    pub fn with_dirty(mut self, dirty: HashSet<String>) -> Self {
+        self.dirty = dirty;
+        self
+    }
 }
 
 /// Everything derived from a job after its timeline changed: SLO contributions and metric footprint. Returns the

@@ -7,8 +7,10 @@
 //!   the config and as bounded metric labels.
 //! - [`validate`]: the rules an event must satisfy before the collector stores it, shared with agents so a
 //!   source can check its own events before spooling them.
+//! - [`hash`]: FNV-1a 64, a hash fixed by its specification, for anything persisted or compared across processes.
 //! - [`time`]: conversions between protobuf timestamps and Unix milliseconds.
 
+pub mod hash;
 pub mod labels;
 pub mod time;
 pub mod validate;

@@ -3,6 +3,8 @@
 //!
 //! The binaries must be built first (`cargo build --workspace --bins`, which the test script does).
 
+pub mod crashtrial;
+
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;
 use std::io::{BufRead, BufReader, Read, Write};

@@ -33,8 +33,8 @@ pub struct ApiState {
     pub store: Store,
     /// Set once the store is restored and the listeners are bound.
     pub ready: Arc<AtomicBool>,
-    /// Cleared when the store fails.
-    pub healthy: Arc<AtomicBool>,
+    /// Storage and committer health.
+    pub health: Arc<crate::health::Health>,
     /// Page size cap for listings.
     pub max_page_size: usize,
     /// The clock.
@@ -131,17 +131,24 @@ async fn metrics(axum::extract::State(s): axum::extract::State<ApiState>) -> Res
 }
 
 async fn healthz(axum::extract::State(s): axum::extract::State<ApiState>) -> Response {
-    if s.healthy.load(Ordering::Relaxed) {
-        Json(serde_json::json!({"status": "ok"})).into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "storage failed"}))).into_response()
+    match s.health.problem() {
+        None => Json(serde_json::json!({"status": "ok"})).into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "unhealthy", "reason": why})))
+            .into_response(),
     }
 }
 
 async fn readyz(axum::extract::State(s): axum::extract::State<ApiState>) -> Response {
-    if s.ready.load(Ordering::Relaxed) && s.healthy.load(Ordering::Relaxed) {
-        Json(serde_json::json!({"status": "ready"})).into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "not ready"}))).into_response()
+    if !s.ready.load(Ordering::Relaxed) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({"status": "not ready", "reason": "starting"})),
+        )
+            .into_response();
+    }
+    match s.health.problem() {
+        None => Json(serde_json::json!({"status": "ready"})).into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, Json(serde_json::json!({"status": "not ready", "reason": why})))
+            .into_response(),
     }
 }

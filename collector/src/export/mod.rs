@@ -74,6 +74,8 @@ pub struct Sources {
     pub board: AlertBoard,
     /// The store (size on disk).
     pub store: Store,
+    /// Storage health.
+    pub health: Arc<crate::health::Health>,
     /// The clock.
     pub clock: Clock,
 }
@@ -315,6 +317,24 @@ impl Telemetry {
                     o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("result", result)]);
                 }
             })
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .u64_observable_gauge("startline.collector.store.healthy")
+            .with_description("1 while storage writes succeed, 0 while they fail (see /healthz for the cause)")
+            .with_callback(move |o| o.observe(u64::from(s.health.is_healthy()), &[]))
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .u64_observable_counter("startline.collector.store.write.errors")
+            .with_description("Storage writes that failed (group commits, checkpoints, retention)")
+            .with_callback(move |o| o.observe(s.health.storage_errors(), &[]))
+            .build();
+        let s = sources.clone();
+        let _ = meter
+            .u64_observable_counter("startline.collector.store.reopens")
+            .with_description("Times the store was reopened to recover from a write failure")
+            .with_callback(move |o| o.observe(s.health.reopens(), &[]))
             .build();
         let s = sources;
         let _ = meter

@@ -3,14 +3,24 @@
 //! the job index after they are durable, and answers each batch. Periodically (and at shutdown) it copies the
 //! jobs changed since the last checkpoint and hands them to the checkpointer thread, which encodes and writes
 //! the snapshots off the commit path, so checkpoints never stall acknowledgements.
+//!
+//! Durability rules kept here (the store's module doc states the checkpoint invariant they serve):
+//! - one checkpoint at a time: a new one is taken only after the previous one finished, and one that fails
+//!   hands its jobs back to the dirty set, so no marker ever covers a snapshot that was not written;
+//! - retention's deletes and the checkpointer's snapshot writes exclude each other, so a snapshot encoded
+//!   before a job expired is never written back after the job's deletion;
+//! - a failed storage write answers every batch of the group with an error naming the cause, marks the
+//!   collector unhealthy, and the next group tries again (reopening the store if sled has given up), so ingest
+//!   resumes by itself when space returns.
 
 use super::IngestStats;
+use crate::health::Health;
 use crate::job::{CompactEvent, JobRecord};
 use crate::state::{on_job_changed, SharedIndex};
 use crate::store::{Store, StoreError};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
@@ -38,8 +48,11 @@ pub struct CommitResult {
 
 /// The store failed; nothing of the batch is acknowledged.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("storage failure")]
-pub struct CommitError;
+#[error("storage unavailable: {cause}")]
+pub struct CommitError {
+    /// The cause, safe to show a client ("no space left on device").
+    pub cause: &'static str,
+}
 
 /// One batch handed to the committer.
 #[derive(Debug)]
@@ -77,12 +90,23 @@ pub fn spawn(
     rx: mpsc::Receiver<CommitRequest>,
     settings: CommitterSettings,
     stats: Arc<IngestStats>,
-    healthy: Arc<AtomicBool>,
+    health: Arc<Health>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let runtime = tokio::runtime::Handle::current();
-    std::thread::Builder::new()
-        .name("startline-committer".into())
-        .spawn(move || Committer { runtime, store, index, settings, stats, healthy }.run(rx))
+    std::thread::Builder::new().name("startline-committer".into()).spawn(move || {
+        Committer {
+            runtime,
+            store,
+            index,
+            settings,
+            stats,
+            health,
+            checkpoint_busy: Arc::new(AtomicBool::new(false)),
+            store_writes: Arc::new(Mutex::new(())),
+            last_reopen: std::cell::Cell::new(None),
+        }
+        .run(rx)
+    })
 }
 
 struct Committer {
@@ -91,24 +115,33 @@ struct Committer {
     index: SharedIndex,
     settings: CommitterSettings,
     stats: Arc<IngestStats>,
-    healthy: Arc<AtomicBool>,
+    health: Arc<Health>,
+    /// Set while a checkpoint is queued or being written: the next one waits for it.
+    checkpoint_busy: Arc<AtomicBool>,
+    /// Held by the checkpointer while it encodes and writes a chunk, and by retention while it deletes.
+    store_writes: Arc<Mutex<()>>,
+    /// When the store was last reopened after a failure (reopens are at most once per [`REOPEN_BACKOFF`]).
+    last_reopen: std::cell::Cell<Option<Instant>>,
 }
+
+/// The least time between two reopens of a failing store.
+const REOPEN_BACKOFF: Duration = Duration::from_millis(500);
 
 impl Committer {
     fn run(self, mut rx: mpsc::Receiver<CommitRequest>) {
         // Should this thread ever panic, health and readiness must say so (clients would only see UNAVAILABLE).
-        struct Unhealthy(Arc<AtomicBool>);
+        struct Unhealthy(Arc<Health>);
         impl Drop for Unhealthy {
             fn drop(&mut self) {
                 if std::thread::panicking() {
-                    self.0.store(false, Ordering::Relaxed);
+                    self.0.committer_died();
                     tracing::error!("committer panicked; the collector is unhealthy");
                 }
             }
         }
-        let _guard = Unhealthy(self.healthy.clone());
-        // One checkpoint may be in progress and one waiting; if both are taken, the dirty set simply grows
-        // until the next interval.
+        let _guard = Unhealthy(self.health.clone());
+        // One checkpoint at a time: `checkpoint_busy` is set when one is handed over and cleared when it is done,
+        // and none is taken meanwhile (the dirty set simply grows until the next interval).
         let (ck_tx, ck_rx) = std::sync::mpsc::sync_channel::<Checkpoint>(1);
         let store = self.store.clone();
         let checkpointer = std::thread::Builder::new().name("startline-checkpointer".into()).spawn(move || {
@@ -167,26 +200,28 @@ impl Committer {
                 }
             }
             self.commit_group(group);
-            if last_checkpoint.elapsed() >= self.settings.checkpoint_interval {
+            if last_checkpoint.elapsed() >= self.settings.checkpoint_interval
+                && !self.checkpoint_busy.load(Ordering::Acquire)
+            {
                 if let Some(ck) = self.take_checkpoint() {
+                    self.checkpoint_busy.store(true, Ordering::Release);
                     match ck_tx.try_send(ck) {
                         Ok(()) => {}
-                        Err(std::sync::mpsc::TrySendError::Full(ck)) => self.index.write().dirty.extend(ck.dirty),
+                        Err(std::sync::mpsc::TrySendError::Full(ck)) => ck.give_back(),
                         Err(std::sync::mpsc::TrySendError::Disconnected(ck)) => ck.write(&self.store),
                     }
                 }
                 last_checkpoint = Instant::now();
             }
         }
-        // Final checkpoint: after any in progress, then flush everything.
-        let last = self.take_checkpoint();
+        // Final checkpoint: after the one in progress (which hands its jobs back if it failed), then flush.
         drop(ck_tx);
         if let Some(h) = checkpointer {
             if h.join().is_err() {
                 tracing::error!("checkpointer thread panicked");
             }
         }
-        if let Some(ck) = last {
+        if let Some(ck) = self.take_checkpoint() {
             ck.write(&self.store);
         }
         if let Err(e) = self.store.flush() {
@@ -209,6 +244,8 @@ impl Committer {
             return;
         }
         for chunk in expired.chunks(1000) {
+            // No checkpoint chunk may be between encoding and writing a snapshot of these jobs while they go.
+            let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
             let mut removed = Vec::with_capacity(chunk.len());
             {
                 let mut idx = self.index.write();
@@ -223,12 +260,30 @@ impl Committer {
                 }
             }
             if let Err(e) = self.store.delete_jobs(&removed) {
+                // Gone from memory, not from disk: a restart brings them back and the next pass deletes them.
                 tracing::error!(error = %e, "retention: cannot delete expired jobs from the store");
-                self.healthy.store(false, Ordering::Relaxed);
+                self.health.storage_failed(e.cause());
                 return;
             }
         }
         tracing::info!(jobs = expired.len(), "retention: expired jobs deleted");
+    }
+
+    /// After a failed write: sled refuses every later write once it has seen an I/O error, so the store is
+    /// reopened (at most once per [`REOPEN_BACKOFF`]); the next group then finds out whether the cause is gone.
+    /// The in-memory index is unaffected: it holds only acknowledged events, and those were flushed.
+    fn recover_store(&self) {
+        if self.last_reopen.get().is_some_and(|t| t.elapsed() < REOPEN_BACKOFF) {
+            return;
+        }
+        self.last_reopen.set(Some(Instant::now()));
+        match self.store.reopen() {
+            Ok(()) => {
+                self.health.reopened();
+                tracing::warn!("store reopened after a write failure");
+            }
+            Err(e) => tracing::warn!(error = %e, "store reopen failed; trying again with a later batch"),
+        }
     }
 
     /// Takes the set of jobs changed since the last checkpoint, with the log position the checkpoint will cover.
@@ -242,17 +297,23 @@ impl Committer {
             dirty: std::mem::take(&mut idx.dirty),
             through_seq: idx.last_seq,
             index: self.index.clone(),
-            healthy: self.healthy.clone(),
+            health: self.health.clone(),
+            busy: self.checkpoint_busy.clone(),
+            store_writes: self.store_writes.clone(),
         })
     }
 
-    /// Is this event already stored? Confirms a hash match against the logged event id.
+    /// Is this event already stored? Confirms each hash match against the logged event id (distinct ids may
+    /// share a hash).
     fn is_stored(&self, job_id: &str, event_id: &str, id_hash: u64) -> Result<bool, StoreError> {
-        let seq = self.index.read().jobs.get(job_id).and_then(|r| r.seq_of_hash(id_hash));
-        match seq {
-            None => Ok(false),
-            Some(seq) => Ok(self.store.event(seq)?.is_some_and(|e| e.event_id == event_id)),
+        let seqs: Vec<u64> =
+            self.index.read().jobs.get(job_id).map(|r| r.seqs_of_hash(id_hash).collect()).unwrap_or_default();
+        for seq in seqs {
+            if self.store.event(seq)?.is_some_and(|e| e.event_id == event_id) {
+                return Ok(true);
+            }
         }
+        Ok(false)
     }
 
     fn commit_group(&self, mut group: Vec<CommitRequest>) {
@@ -260,7 +321,7 @@ impl Committer {
         let mut results = vec![CommitResult::default(); group.len()];
         // Per request, per event: is it new?
         let mut fresh: Vec<Vec<bool>> = Vec::with_capacity(group.len());
-        let mut failed = false;
+        let mut failed: Option<&'static str> = None;
         {
             let mut seen: HashSet<(&str, &str)> = HashSet::new();
             for (ri, req) in group.iter().enumerate() {
@@ -271,7 +332,7 @@ impl Committer {
                             Ok(d) => d,
                             Err(e) => {
                                 tracing::error!(error = %e, "duplicate check failed");
-                                failed = true;
+                                failed = Some(e.cause());
                                 false
                             }
                         };
@@ -292,19 +353,21 @@ impl Committer {
                 entries.push((first_seq + entries.len() as u64, std::mem::take(&mut ev.encoded)));
             }
         }
-        if !failed && !entries.is_empty() {
+        if failed.is_none() && !entries.is_empty() {
             if let Err(e) = self.store.append_durable(&entries) {
                 tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
-                failed = true;
+                failed = Some(e.cause());
             }
         }
-        if failed {
-            self.healthy.store(false, Ordering::Relaxed);
+        if let Some(cause) = failed {
+            self.health.storage_failed(cause);
             for req in group {
-                let _ = req.reply.send(Err(CommitError));
+                let _ = req.reply.send(Err(CommitError { cause }));
             }
+            self.recover_store();
             return;
         }
+        self.health.storage_ok();
         // Durable: now visible.
         let accepted = entries.len() as u64;
         drop(entries);
@@ -357,44 +420,57 @@ struct Checkpoint {
     dirty: std::collections::HashSet<String>,
     through_seq: u64,
     index: SharedIndex,
-    /// Cleared on any store failure. A failed checkpoint must stop all later ones: a later marker would claim
-    /// snapshots cover events that only the failed checkpoint held. The log stays complete, so a restart
-    /// recovers by replaying from the last good marker.
-    healthy: Arc<AtomicBool>,
+    health: Arc<Health>,
+    /// Cleared when this checkpoint is done (written, or failed and handed back).
+    busy: Arc<AtomicBool>,
+    /// Excludes retention's deletes while a chunk is encoded and written.
+    store_writes: Arc<Mutex<()>>,
 }
 
 impl Checkpoint {
-    /// Encodes the jobs' current records (at least as new as `through_seq`; newer is harmless because replay is
-    /// idempotent) in small chunks under short read locks, writes them, then the marker.
+    /// Returns the jobs to the dirty set without writing anything: the next checkpoint covers them.
+    fn give_back(self) {
+        self.index.write().dirty.extend(self.dirty);
+        self.busy.store(false, Ordering::Release);
+    }
+
+    /// Encodes the jobs' current records (at least as new as `through_seq`; newer is harmless because restore
+    /// skips log entries a snapshot holds) in small chunks under short read locks, writes and flushes them, then
+    /// the marker. On failure nothing moves the marker and the jobs go back to the dirty set.
     fn write(self, store: &Store) {
-        if !self.healthy.load(Ordering::Relaxed) {
-            tracing::warn!(through_seq = self.through_seq, "store unhealthy; checkpoint skipped");
-            return;
-        }
         let started = Instant::now();
-        let ids: Vec<String> = self.dirty.into_iter().collect();
+        let n = self.dirty.len();
+        let ids: Vec<&String> = self.dirty.iter().collect();
         let mut result = Ok(());
         for chunk in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
+            let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
             let encoded: Result<Vec<_>, StoreError> = {
                 let idx = self.index.read();
-                chunk.iter().filter_map(|id| idx.jobs.get(id).map(|r| crate::store::encode_snapshot(id, r))).collect()
+                chunk
+                    .iter()
+                    .filter_map(|id| idx.jobs.get(id.as_str()).map(|r| crate::store::encode_snapshot(id, r)))
+                    .collect()
             };
             result = encoded.and_then(|e| store.write_snapshots(e));
             if result.is_err() {
                 break;
             }
         }
-        let result = result.and_then(|()| store.write_checkpoint_marker(self.through_seq));
+        let result = result.and_then(|()| store.flush()).and_then(|()| store.write_checkpoint_marker(self.through_seq));
         match result {
-            Ok(()) => tracing::debug!(
-                jobs = ids.len(),
-                through_seq = self.through_seq,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "checkpoint written"
-            ),
+            Ok(()) => {
+                tracing::debug!(
+                    jobs = n,
+                    through_seq = self.through_seq,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "checkpoint written"
+                );
+                self.busy.store(false, Ordering::Release);
+            }
             Err(e) => {
-                tracing::error!(error = %e, "checkpoint failed; no further checkpoints until restart");
-                self.healthy.store(false, Ordering::Relaxed);
+                tracing::error!(error = %e, "checkpoint failed; its jobs wait for the next one");
+                self.health.storage_failed(e.cause());
+                self.give_back();
             }
         }
     }

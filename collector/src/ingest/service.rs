@@ -97,7 +97,7 @@ impl Pending {
                     ack.duplicates = r.duplicates;
                     Ok(ack)
                 }
-                Ok(Err(CommitError)) => Err(Status::unavailable("storage failure; batch not stored, retry later")),
+                Ok(Err(e)) => Err(Status::unavailable(format!("{e}; batch not stored, retry later"))),
                 Err(_) => Err(shutting_down()),
             },
         }

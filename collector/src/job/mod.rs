@@ -13,16 +13,12 @@ pub use event::{CompactEvent, EventKind, JobAttrs};
 pub use record::{InsertOutcome, JobRecord};
 pub use timeline::{JobState, Segment, Timeline};
 
-/// A stable 64-bit hash of an event id: the in-memory duplicate index. A match is confirmed against the stored
-/// event before an event is called a duplicate, so a collision never loses an event.
+/// The 64-bit hash of an event id: FNV-1a 64 of its UTF-8 bytes ([`startline_proto::hash`]), fixed by its
+/// specification so the hashes persisted in job snapshots never change meaning. It orders ties and indexes
+/// duplicates; FNV is not collision-resistant, so a match is always confirmed against the stored event id before
+/// an event is called a duplicate, and records keep every event whose id collides.
 pub fn event_id_hash(event_id: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    // DefaultHasher::new() is SipHash with fixed keys: stable within one build, which is all the in-memory
-    // index needs. The hash is also persisted in job snapshots; a toolchain change that altered it would only
-    // weaken duplicate detection for old events, and snapshots record the hash algorithm version.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    event_id.hash(&mut h);
-    h.finish()
+    startline_proto::hash::fnv1a64(event_id.as_bytes())
 }
 
 #[cfg(test)]

@@ -31,10 +31,11 @@ pub enum InsertOutcome {
 }
 
 impl JobRecord {
-    /// Builds a record from events in any order (used when restoring); duplicates by id hash are dropped.
+    /// Builds a record from events in any order (used when restoring). The same stored event seen twice (same
+    /// log sequence) is kept once; distinct events are all kept, even if their id hashes collide.
     pub fn from_events(mut events: Vec<CompactEvent>) -> Self {
-        events.sort_by_key(CompactEvent::sort_key);
-        events.dedup_by_key(|e| e.id_hash);
+        events.sort_by_key(|e| (e.sort_key(), e.seq));
+        events.dedup_by_key(|e| (e.seq, e.id_hash));
         let mut r = JobRecord { events, ..Default::default() };
         r.rederive();
         r
@@ -43,6 +44,11 @@ impl JobRecord {
     /// The log sequence of an event with this id hash, if the record has one.
     pub fn seq_of_hash(&self, id_hash: u64) -> Option<u64> {
         self.events.iter().find(|e| e.id_hash == id_hash).map(|e| e.seq)
+    }
+
+    /// The log sequences of every event with this id hash (more than one only if distinct ids collide).
+    pub fn seqs_of_hash(&self, id_hash: u64) -> impl Iterator<Item = u64> + '_ {
+        self.events.iter().filter(move |e| e.id_hash == id_hash).map(|e| e.seq)
     }
 
     /// Inserts an event unless one with the same id hash is present.

@@ -1,37 +1,67 @@
-//! The durable store, on sled. Owns the key layout and the value codecs.
+//! The durable store, on sled. Owns the key layout, the value codecs (each value versioned and checksummed)
+//! and restore.
 //!
 //! # Key layout
-//! - tree `alerts`: alert key -> JSON alert record (firing since, resolved at).
-//! - tree `log`: `seq` (u64 big-endian) -> `[1u8] ++ protobuf LifecycleEvent`. Every accepted event, in commit
+//! - tree `alerts`: alert key -> sealed JSON alert record (firing since, resolved at).
+//! - tree `log`: `seq` (u64 big-endian) -> sealed protobuf `LifecycleEvent`. Every accepted event, in commit
 //!   order. An event is acknowledged only after its batch is applied here and the database is flushed.
-//! - tree `jobs`: `[1u8] ++ job_id` -> `[1u8] ++ postcard(Vec<CompactEvent>)`. Job snapshots, written by
-//!   checkpoints; each snapshot holds at least the job's events with `seq <= checkpoint_seq`.
-//! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> u64 big-endian: the marker, written after the snapshots
-//!   of a checkpoint. A snapshot may be newer than the marker (a crash mid-checkpoint); replay is idempotent.
+//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)`. Job snapshots, written by
+//!   checkpoints.
+//! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
 //!
-//! Restoring reads every snapshot, then replays only the log entries after `checkpoint_seq`: restart cost is
-//! bounded by the number of jobs plus the events since the last checkpoint, not by the whole log.
+//! A *sealed* value is `[version u8] ++ crc32(body) as u32 little-endian ++ body` (version 2). Version-1 values
+//! (written before checksums) are `[1u8] ++ body`: log values and alert records are still read; version-1
+//! snapshots hold event-id hashes from `std`'s unspecified hasher and are never trusted (see below).
+//!
+//! # The checkpoint invariant
+//! For every job, its snapshot holds every event of the job with `seq <= checkpoint_seq`. Snapshots may be
+//! newer than the marker (a crash mid-checkpoint): restore skips log entries a snapshot already holds, by
+//! sequence number. To keep the invariant:
+//! - every job whose record holds events that its snapshot may not (jobs rebuilt from the log tail at restart,
+//!   jobs changed since the last checkpoint) is *dirty*, and a checkpoint writes every dirty job's snapshot
+//!   before it moves the marker; a checkpoint that fails hands its jobs back to the dirty set;
+//! - the snapshots of a checkpoint are flushed before its marker is written, so a crash can never keep the
+//!   marker and lose a snapshot it depends on, whatever order sled's recovery keeps unflushed writes in;
+//! - sequence numbers never go backwards, even when retention deletes the newest log entries: the next
+//!   sequence is above both the last log entry and the marker.
+//!
+//! # Restore
+//! Reads every snapshot, then replays only the log entries after `checkpoint_seq`: restart cost is bounded by
+//! the number of jobs plus the events since the last checkpoint. A snapshot that fails its checksum, cannot be
+//! decoded or has an old version is reported with its job and key, and every job is then rebuilt from the whole
+//! log (which holds every accepted event until retention deletes the job). A damaged log value cannot be
+//! rebuilt from anything: restore refuses with an error naming its sequence number, rather than serve a timeline
+//! silently missing an event.
+//!
+//! # What a flush promises
+//! `append_durable` returns after sled's `flush`, which writes and `fsync`s sled's log: an acknowledged event
+//! survives a crash of the process and of the machine, provided the disk honours fsync. sled checksums its own
+//! log segments and recovers the longest intact prefix of them after a crash; values written but not yet
+//! flushed may or may not survive (never acknowledged, so never counted on).
 //!
 //! sled calls block; callers run them on the applier thread or in `spawn_blocking`.
 
 use crate::job::{CompactEvent, JobRecord};
 use prost::Message;
 use startline_proto::pb;
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
-const LOG_VERSION: u8 = 1;
-const SNAPSHOT_VERSION: u8 = 1;
+/// The current version of every sealed value.
+const SEALED_VERSION: u8 = 2;
+/// Values written before checksums: `[1u8] ++ body`.
+const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const JOB_PREFIX: u8 = 1;
 
-/// Failures of the store. Messages are for logs; clients see only "storage unavailable".
+/// Failures of the store. Messages are for logs and operators; clients see only "storage unavailable".
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// sled reported an error (I/O, corruption).
+    /// sled reported an error (I/O, no space, corruption of its own files).
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
-    /// A stored value could not be decoded.
+    /// A stored value could not be decoded or failed its checksum.
     #[error("corrupt {what} at key {key}: {reason}")]
     Corrupt {
         /// Which tree.
@@ -41,6 +71,36 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// The store is closed for a reopen after a failure.
+    #[error("store closed after a failure; reopening")]
+    Closed,
+    /// The data directory could not be created or secured.
+    #[error("data directory {path}: {source}")]
+    Dir {
+        /// The directory.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl StoreError {
+    /// A short cause for clients and health checks, without internal detail: "no space left on device",
+    /// "I/O error", "corrupt store".
+    pub fn cause(&self) -> &'static str {
+        let io = match self {
+            StoreError::Sled(sled::Error::Io(e)) => Some(e),
+            StoreError::Dir { source, .. } => Some(source),
+            _ => None,
+        };
+        match io {
+            Some(e) if e.raw_os_error() == Some(28) => "no space left on device",
+            Some(e) if e.raw_os_error() == Some(122) => "disk quota exceeded",
+            Some(_) => "I/O error",
+            None if matches!(self, StoreError::Closed) => "store reopening after an I/O error",
+            None => "corrupt store",
+        }
+    }
 }
 
 /// What restoring the store produced.
@@ -48,36 +108,104 @@ pub enum StoreError {
 pub struct Restored {
     /// Every job, with its timeline derived.
     pub jobs: BTreeMap<String, JobRecord>,
-    /// The highest log sequence in the store (0 if empty).
+    /// The highest sequence ever used (0 if empty): new events are numbered above it.
     pub last_seq: u64,
     /// Snapshots read.
     pub snapshots: usize,
     /// Log entries replayed after the last checkpoint.
     pub replayed: usize,
+    /// Jobs whose records hold events their snapshots may not: the next checkpoint must write them.
+    pub dirty: HashSet<String>,
+    /// Why the snapshots were set aside and every job rebuilt from the log, if they were.
+    pub rebuilt: Option<String>,
 }
 
 /// Snapshots per sled batch in a checkpoint: sled applies a batch under a database-wide lock, and a large one
 /// would stall the group commits running beside it.
 pub const SNAPSHOT_CHUNK: usize = 64;
 
-/// Encodes one job snapshot as a `jobs` tree key and value.
-pub fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
-    let mut v = vec![SNAPSHOT_VERSION];
-    let body = postcard::to_stdvec(&rec.events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
-    v.extend_from_slice(&body);
+/// `[version] ++ crc32(body) LE ++ body`.
+fn seal(body: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(5 + body.len());
+    v.push(SEALED_VERSION);
+    v.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+/// The body of a sealed value, checked. Legacy (version 1) bodies are returned only when `legacy_ok`.
+fn unseal(v: &[u8], legacy_ok: bool) -> Result<&[u8], String> {
+    match v.split_first() {
+        Some((&SEALED_VERSION, rest)) if rest.len() >= 4 => {
+            let (crc, body) = rest.split_at(4);
+            let want = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+            let got = crc32fast::hash(body);
+            if want == got {
+                Ok(body)
+            } else {
+                Err(format!("checksum mismatch (stored {want:08x}, computed {got:08x})"))
+            }
+        }
+        Some((&SEALED_VERSION, _)) => Err("truncated value".to_string()),
+        Some((&LEGACY_VERSION, body)) if legacy_ok => Ok(body),
+        Some((&LEGACY_VERSION, _)) => Err("version 1 value (written by an older collector)".to_string()),
+        Some((v, _)) => Err(format!("unknown version {v}")),
+        None => Err("empty value".to_string()),
+    }
+}
+
+fn job_key(job_id: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + job_id.len());
     key.push(JOB_PREFIX);
     key.extend_from_slice(job_id.as_bytes());
-    Ok((key, v))
+    key
+}
+
+/// Encodes one job snapshot as a `jobs` tree key and value.
+pub fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+    let body = postcard::to_stdvec(&rec.events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
+    Ok((job_key(job_id), seal(&body)))
+}
+
+fn decode_snapshot(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
+    let body = unseal(v, false)?;
+    postcard::from_bytes(body).map_err(|e| e.to_string())
 }
 
 /// Handle to the sled database. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
+    path: Arc<PathBuf>,
+    /// The open database; `None` between a failed reopen and the next attempt.
+    inner: Arc<RwLock<Option<Trees>>>,
+}
+
+/// The open database and its trees.
+#[derive(Clone)]
+struct Trees {
     db: sled::Db,
     log: sled::Tree,
     jobs: sled::Tree,
     alerts: sled::Tree,
+}
+
+impl Trees {
+    /// Opens the database. sled's background writers may hold the directory's lock for a moment after the last
+    /// handle of a previous open is dropped, so a lock conflict is retried for up to two seconds.
+    fn open(path: &Path) -> Result<Trees, StoreError> {
+        let mut attempts = 0;
+        let db = loop {
+            match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open() {
+                Ok(db) => break db,
+                Err(sled::Error::Io(e)) if attempts < 100 && e.to_string().contains("could not acquire lock") => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        Ok(Trees { log: db.open_tree("log")?, jobs: db.open_tree("jobs")?, alerts: db.open_tree("alerts")?, db })
+    }
 }
 
 fn corrupt(what: &'static str, key: &[u8], reason: impl ToString) -> StoreError {
@@ -86,18 +214,20 @@ fn corrupt(what: &'static str, key: &[u8], reason: impl ToString) -> StoreError 
 
 /// Encodes an event as stored in the log.
 pub fn encode_log_value(ev: &pb::LifecycleEvent) -> Vec<u8> {
-    let mut buf = Vec::with_capacity(1 + ev.encoded_len());
-    buf.push(LOG_VERSION);
-    // Encoding into a Vec cannot run out of space.
-    let _ = ev.encode(&mut buf);
-    buf
+    seal(&ev.encode_to_vec())
 }
 
 fn decode_log_value(key: &[u8], v: &[u8]) -> Result<pb::LifecycleEvent, StoreError> {
-    match v.split_first() {
-        Some((&LOG_VERSION, rest)) => pb::LifecycleEvent::decode(rest).map_err(|e| corrupt("log", key, e)),
-        _ => Err(corrupt("log", key, "unknown version byte")),
-    }
+    let body = unseal(v, true).map_err(|r| corrupt_log(key, r))?;
+    pb::LifecycleEvent::decode(body).map_err(|e| corrupt_log(key, e))
+}
+
+fn corrupt_log(key: &[u8], reason: impl ToString) -> StoreError {
+    let shown = match <[u8; 8]>::try_from(key) {
+        Ok(a) => format!("seq {}", u64::from_be_bytes(a)),
+        Err(_) => String::from_utf8_lossy(key).into_owned(),
+    };
+    StoreError::Corrupt { what: "log", key: shown, reason: reason.to_string() }
 }
 
 fn seq_from_key(key: &[u8]) -> Result<u64, StoreError> {
@@ -106,71 +236,134 @@ fn seq_from_key(key: &[u8]) -> Result<u64, StoreError> {
 }
 
 impl Store {
-    /// Opens (or creates) the store under `path`.
+    /// Opens (or creates) the store under `path`. A directory it creates is made 0700 (job, team and project
+    /// names are not for every local user); an existing directory is left as the operator set it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let db = sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open()?;
-        Ok(Store { log: db.open_tree("log")?, jobs: db.open_tree("jobs")?, alerts: db.open_tree("alerts")?, db })
+        create_private_dir(path)?;
+        let trees = Trees::open(path)?;
+        Ok(Store { path: Arc::new(path.to_path_buf()), inner: Arc::new(RwLock::new(Some(trees))) })
     }
 
-    /// Reads every job snapshot and replays the log after the last checkpoint.
+    /// The open trees (cheap clones of sled handles), or an error while the store is closed for a reopen.
+    fn t(&self) -> Result<Trees, StoreError> {
+        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        g.clone().ok_or(StoreError::Closed)
+    }
+
+    /// Closes and reopens the database. After an I/O error (a full disk) sled refuses every later write until
+    /// it is reopened; reopening makes the store usable again once the cause is gone. Everything flushed
+    /// before is still there (only unacknowledged, unflushed writes may be lost). Fails while another thread
+    /// still holds the old handles (sled's file lock) or while the cause persists; the caller retries later.
+    pub fn reopen(&self) -> Result<(), StoreError> {
+        let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        // The old database must be gone before sled will open the directory again.
+        drop(g.take());
+        *g = Some(Trees::open(&self.path)?);
+        Ok(())
+    }
+
+    /// Reads every job snapshot and replays the log after the last checkpoint (see the module doc).
     pub fn restore(&self) -> Result<Restored, StoreError> {
+        let t = self.t()?;
         let mut out = Restored::default();
-        for kv in self.jobs.scan_prefix([JOB_PREFIX]) {
-            let (k, v) = kv?;
-            let job_id = String::from_utf8(k[1..].to_vec()).map_err(|e| corrupt("jobs", &k, e))?;
-            let events: Vec<CompactEvent> = match v.split_first() {
-                Some((&SNAPSHOT_VERSION, rest)) => postcard::from_bytes(rest).map_err(|e| corrupt("jobs", &k, e))?,
-                _ => return Err(corrupt("jobs", &k, "unknown version byte")),
-            };
-            out.jobs.insert(job_id, JobRecord::from_events(events));
-            out.snapshots += 1;
+        let marker = match self.checkpoint_seq() {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "checkpoint marker unusable; rebuilding every job from the log");
+                out.rebuilt = Some(e.to_string());
+                0
+            }
+        };
+        let mut events: HashMap<String, Vec<CompactEvent>> = HashMap::new();
+        // Events in snapshots past the marker (written by a checkpoint that crashed before its marker).
+        let mut beyond: HashSet<u64> = HashSet::new();
+        if out.rebuilt.is_none() {
+            for kv in t.jobs.scan_prefix([JOB_PREFIX]) {
+                let (k, v) = kv?;
+                let job_id = String::from_utf8_lossy(&k[1..]).into_owned();
+                match decode_snapshot(&v) {
+                    Ok(evs) => {
+                        beyond.extend(evs.iter().filter(|e| e.seq > marker).map(|e| e.seq));
+                        events.insert(job_id, evs);
+                        out.snapshots += 1;
+                    }
+                    Err(reason) => {
+                        tracing::warn!(
+                            job_id = %job_id,
+                            key = %String::from_utf8_lossy(&k),
+                            reason = %reason,
+                            "job snapshot unusable; rebuilding every job from the log"
+                        );
+                        out.rebuilt = Some(format!("snapshot of job {job_id:?}: {reason}"));
+                        break;
+                    }
+                }
+            }
         }
-        let from = self.checkpoint_seq()?.saturating_add(1);
-        for kv in self.log.range(from.to_be_bytes()..) {
+        let from = if out.rebuilt.is_some() {
+            events.clear();
+            beyond.clear();
+            out.snapshots = 0;
+            1
+        } else {
+            marker.saturating_add(1)
+        };
+        for kv in t.log.range(from.to_be_bytes()..) {
             let (k, v) = kv?;
             let seq = seq_from_key(&k)?;
+            out.replayed += 1;
+            if beyond.contains(&seq) {
+                continue;
+            }
             let ev = decode_log_value(&k, &v)?;
             if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
-                // The log holds only first deliveries, so a plain insert is exact; `insert` still guards
-                // against a snapshot that already holds the event.
-                out.jobs.entry(ev.job_id).or_default().insert(ce);
+                out.dirty.insert(ev.job_id.clone());
+                events.entry(ev.job_id).or_default().push(ce);
             }
-            out.replayed += 1;
         }
-        out.last_seq = match self.log.last()? {
+        if out.rebuilt.is_some() {
+            out.dirty.extend(events.keys().cloned());
+        }
+        // One derivation per job (records dedupe by sequence number, never by id hash: two events whose ids
+        // collide are both kept).
+        out.jobs = events.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
+        let last_logged = match t.log.last()? {
             Some((k, _)) => seq_from_key(&k)?,
             None => 0,
         };
+        out.last_seq = last_logged.max(marker);
         Ok(out)
     }
 
     /// The log sequence that the job snapshots cover.
     pub fn checkpoint_seq(&self) -> Result<u64, StoreError> {
-        match self.jobs.get(CHECKPOINT_KEY)? {
-            Some(v) => {
-                let arr: [u8; 8] = v.as_ref().try_into().map_err(|_| corrupt("jobs", CHECKPOINT_KEY, "not 8 bytes"))?;
-                Ok(u64::from_be_bytes(arr))
-            }
-            None => Ok(0),
-        }
+        let t = self.t()?;
+        let Some(v) = t.jobs.get(CHECKPOINT_KEY)? else { return Ok(0) };
+        let bad = |r: String| corrupt("jobs", CHECKPOINT_KEY, r);
+        // Before checksums the marker was the bare 8 bytes.
+        let body: &[u8] = if v.len() == 8 { v.as_ref() } else { unseal(&v, false).map_err(bad)? };
+        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
+        Ok(u64::from_be_bytes(arr))
     }
 
     /// Appends encoded events at the given sequences in one atomic batch and flushes: when this returns `Ok`,
     /// the events survive a crash of the process.
     pub fn append_durable(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let t = self.t()?;
         let mut batch = sled::Batch::default();
         for (seq, value) in entries {
             batch.insert(&seq.to_be_bytes(), value.as_slice());
         }
-        self.log.apply_batch(batch)?;
-        self.db.flush()?;
+        t.log.apply_batch(batch)?;
+        t.db.flush()?;
         Ok(())
     }
 
     /// Reads one logged event.
     pub fn event(&self, seq: u64) -> Result<Option<pb::LifecycleEvent>, StoreError> {
+        let t = self.t()?;
         let key = seq.to_be_bytes();
-        match self.log.get(key)? {
+        match t.log.get(key)? {
             Some(v) => decode_log_value(&key, &v).map(Some),
             None => Ok(None),
         }
@@ -183,8 +376,8 @@ impl Store {
     /// the marker, which is harmless: restore replays the log after the marker and replaying an event a
     /// snapshot already holds changes nothing (records skip ids they have).
     ///
-    /// Not flushed here: the next group commit's flush (or shutdown) makes it durable, and until then a restore
-    /// simply replays from the previous marker.
+    /// The snapshots are flushed before the marker is written; the marker itself is made durable by the next
+    /// group commit's flush (or shutdown), and until then a restore simply replays from the previous marker.
     pub fn checkpoint<'a>(
         &self,
         jobs: impl Iterator<Item = (&'a str, &'a JobRecord)>,
@@ -200,6 +393,7 @@ impl Store {
             }
         }
         self.write_snapshots(chunk)?;
+        self.flush()?;
         self.write_checkpoint_marker(through_seq)?;
         Ok(n)
     }
@@ -207,6 +401,7 @@ impl Store {
     /// Writes encoded snapshots (from [`encode_snapshot`]) in one batch, then yields so that a waiting group commit
     /// can take sled's lock. Keep batches small ([`SNAPSHOT_CHUNK`]).
     pub fn write_snapshots(&self, snapshots: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StoreError> {
+        let t = self.t()?;
         if snapshots.is_empty() {
             return Ok(());
         }
@@ -214,47 +409,57 @@ impl Store {
         for (k, v) in snapshots {
             batch.insert(k, v);
         }
-        self.jobs.apply_batch(batch)?;
+        t.jobs.apply_batch(batch)?;
         std::thread::yield_now();
         Ok(())
     }
 
     /// Records that snapshots cover the log through `through_seq`. Call only after every snapshot of the
-    /// checkpoint is written.
+    /// checkpoint is written and flushed.
     pub fn write_checkpoint_marker(&self, through_seq: u64) -> Result<(), StoreError> {
-        self.jobs.insert(CHECKPOINT_KEY, &through_seq.to_be_bytes())?;
+        let t = self.t()?;
+        t.jobs.insert(CHECKPOINT_KEY, seal(&through_seq.to_be_bytes()))?;
         Ok(())
     }
 
     /// Saves alert records (by key) and flushes, so a restart neither loses a firing alert nor re-pages a
     /// resolved one.
     pub fn save_alerts(&self, alerts: &[crate::alert::AlertRecord]) -> Result<(), StoreError> {
+        let t = self.t()?;
         let mut batch = sled::Batch::default();
         for a in alerts {
             let v = serde_json::to_vec(a).map_err(|e| corrupt("alerts", a.key.as_bytes(), e))?;
-            batch.insert(a.key.as_bytes(), v);
+            batch.insert(a.key.as_bytes(), seal(&v));
         }
-        self.alerts.apply_batch(batch)?;
-        self.db.flush()?;
+        t.alerts.apply_batch(batch)?;
+        t.db.flush()?;
         Ok(())
     }
 
     /// Forgets alert records.
     pub fn delete_alerts(&self, keys: &[String]) -> Result<(), StoreError> {
+        let t = self.t()?;
         let mut batch = sled::Batch::default();
         for k in keys {
             batch.remove(k.as_bytes());
         }
-        self.alerts.apply_batch(batch)?;
+        t.alerts.apply_batch(batch)?;
         Ok(())
     }
 
     /// Every stored alert record.
     pub fn load_alerts(&self) -> Result<Vec<crate::alert::AlertRecord>, StoreError> {
+        let t = self.t()?;
         let mut out = Vec::new();
-        for kv in self.alerts.iter() {
+        for kv in t.alerts.iter() {
             let (k, v) = kv?;
-            out.push(serde_json::from_slice(&v).map_err(|e| corrupt("alerts", &k, e))?);
+            // Before checksums alert records were bare JSON.
+            let body = if v.first() == Some(&b'{') {
+                v.as_ref()
+            } else {
+                unseal(&v, false).map_err(|r| corrupt("alerts", &k, r))?
+            };
+            out.push(serde_json::from_slice(body).map_err(|e| corrupt("alerts", &k, e))?);
         }
         Ok(out)
     }
@@ -262,33 +467,45 @@ impl Store {
     /// Deletes jobs with their logged events: the log entries first, then the snapshots (a crash in between
     /// leaves a snapshot whose raw events are gone, and the next retention pass deletes it again).
     pub fn delete_jobs(&self, jobs: &[(String, Vec<u64>)]) -> Result<(), StoreError> {
+        let t = self.t()?;
         let mut log = sled::Batch::default();
         let mut snaps = sled::Batch::default();
         for (job_id, seqs) in jobs {
             for seq in seqs {
                 log.remove(&seq.to_be_bytes());
             }
-            let mut key = Vec::with_capacity(1 + job_id.len());
-            key.push(JOB_PREFIX);
-            key.extend_from_slice(job_id.as_bytes());
-            snaps.remove(key);
+            snaps.remove(job_key(job_id));
         }
-        self.log.apply_batch(log)?;
-        self.jobs.apply_batch(snaps)?;
-        self.db.flush()?;
+        t.log.apply_batch(log)?;
+        t.jobs.apply_batch(snaps)?;
+        t.db.flush()?;
         Ok(())
     }
 
     /// Flushes everything written so far.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
+        let t = self.t()?;
+        t.db.flush()?;
         Ok(())
     }
 
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
-        Ok(self.db.size_on_disk()?)
+        let t = self.t()?;
+        Ok(t.db.size_on_disk()?)
     }
+}
+
+/// Creates `path` (and missing parents) with mode 0700 on Unix.
+fn create_private_dir(path: &Path) -> Result<(), StoreError> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    let mut b = std::fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(path).map_err(|source| StoreError::Dir { path: path.display().to_string(), source })
 }
 
 #[cfg(test)]
