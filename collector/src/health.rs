@@ -30,6 +30,11 @@ impl Health {
         self.storage_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The cause of the last storage failure, if any was recorded.
+    pub fn last_cause(&self) -> Option<&'static str> {
+        self.storage_cause.lock().ok().and_then(|c| *c)
+    }
+
     /// Records a storage write that succeeded: storage is healthy again.
     pub fn storage_ok(&self) {
         if self.storage_failing.swap(false, Ordering::Relaxed) {

@@ -269,6 +269,14 @@ impl Committer {
         tracing::info!(jobs = expired.len(), "retention: expired jobs deleted");
     }
 
+    /// The cause to report for a store error: while the store is closed for a reopen, the failure that closed it.
+    fn cause_of(&self, e: &StoreError) -> &'static str {
+        match e {
+            StoreError::Closed => self.health.last_cause().unwrap_or(e.cause()),
+            _ => e.cause(),
+        }
+    }
+
     /// After a failed write: sled refuses every later write once it has seen an I/O error, so the store is
     /// reopened (at most once per [`REOPEN_BACKOFF`]); the next group then finds out whether the cause is gone.
     /// The in-memory index is unaffected: it holds only acknowledged events, and those were flushed.
@@ -332,7 +340,7 @@ impl Committer {
                             Ok(d) => d,
                             Err(e) => {
                                 tracing::error!(error = %e, "duplicate check failed");
-                                failed = Some(e.cause());
+                                failed = Some(self.cause_of(&e));
                                 false
                             }
                         };
@@ -356,7 +364,7 @@ impl Committer {
         if failed.is_none() && !entries.is_empty() {
             if let Err(e) = self.store.append_durable(&entries) {
                 tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
-                failed = Some(e.cause());
+                failed = Some(self.cause_of(&e));
             }
         }
         if let Some(cause) = failed {

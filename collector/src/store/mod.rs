@@ -94,12 +94,27 @@ impl StoreError {
             _ => None,
         };
         match io {
-            Some(e) if e.raw_os_error() == Some(28) => "no space left on device",
-            Some(e) if e.raw_os_error() == Some(122) => "disk quota exceeded",
-            Some(_) => "I/O error",
+            Some(e) => io_cause(e),
             None if matches!(self, StoreError::Closed) => "store reopening after an I/O error",
             None => "corrupt store",
         }
+    }
+}
+
+/// Names an I/O error's cause. sled sometimes wraps the OS error in an error of its own, so the kind, the OS code
+/// and the wrapped error are all looked at.
+fn io_cause(e: &std::io::Error) -> &'static str {
+    const ENOSPC: i32 = 28;
+    const EDQUOT: i32 = 122;
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<std::io::Error>());
+    let code = e.raw_os_error().or_else(|| inner.and_then(|i| i.raw_os_error()));
+    let text = e.to_string();
+    if code == Some(ENOSPC) || e.kind() == std::io::ErrorKind::StorageFull || text.contains("No space left") {
+        "no space left on device"
+    } else if code == Some(EDQUOT) || e.kind() == std::io::ErrorKind::QuotaExceeded || text.contains("quota") {
+        "disk quota exceeded"
+    } else {
+        "I/O error"
     }
 }
 

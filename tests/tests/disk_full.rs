@@ -1,0 +1,187 @@
+//! A full disk, for real: the collector's store on a small tmpfs mounted by the test (the test runs as root, as
+//! CI does). A filler file takes the free space; while writes fail, clients get `UNAVAILABLE` naming the cause,
+//! nothing unacknowledged is acknowledged, `/healthz` and `/metrics` say why, and the process stays up. When the
+//! filler is deleted, ingest resumes by itself (no restart). Three fill/free cycles, then kill -9 and restart:
+//! every acknowledged event is there.
+
+use startline_proto::pb::{self, ingest_service_client::IngestServiceClient, lifecycle_event::Kind};
+use startline_tests::{ago, event, http_get, http_get_text, submitted, Collector};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A tmpfs mounted for the test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("run mount");
+        assert!(
+            st.success(),
+            "cannot mount a tmpfs at {} (this test needs root, as CI has; it simulates a full disk for real)",
+            dir.display()
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fills the filesystem with a file until writing fails; returns its path.
+fn fill(dir: &Path) -> PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut f = std::fs::File::create(&path).expect("filler");
+    let chunk = vec![0u8; 64 * 1024];
+    while f.write_all(&chunk).is_ok() {}
+    // Byte by byte for the last partial chunk.
+    while f.write_all(&[0]).is_ok() {}
+    let _ = f.sync_all();
+    path
+}
+
+fn batch(round: u32, n: u32) -> Vec<pb::LifecycleEvent> {
+    let base = ago(3600);
+    (0..n)
+        .map(|i| {
+            let job = format!("full-{round}-{}", i / 10);
+            if i % 10 == 0 {
+                event(&job, &format!("s{i}"), base, submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 1))
+            } else {
+                event(
+                    &job,
+                    &format!("c{i}"),
+                    base + i64::from(i) * 1000,
+                    Kind::Checkpoint(pb::Checkpoint { step: u64::from(i), ..Default::default() }),
+                )
+            }
+        })
+        .collect()
+}
+
+fn ids(events: &[pb::LifecycleEvent]) -> Vec<(String, String)> {
+    events.iter().map(|e| (e.job_id.clone(), e.event_id.clone())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_with_the_cause_and_ingest_resumes_by_itself_when_space_returns() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mnt = tmp.path().join("mnt");
+    let _fs = Tmpfs::mount(&mnt, "24m");
+    // The store is the mount point itself, so the collector's log (next to it, `mnt.log`) stays off the tmpfs.
+    let db = mnt.clone();
+    let c = Collector::start(&db, &[]);
+    let mut client = IngestServiceClient::connect(c.endpoint()).await.expect("connect");
+    let mut acked: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut seq = 0u64;
+    for cycle in 0..3u32 {
+        // Some traffic with space left.
+        for r in 0..5 {
+            seq += 1;
+            let evs = batch(cycle * 1000 + r, 200);
+            let ack = client
+                .publish_batch(pb::PublishRequest { batch_seq: seq, events: evs.clone() })
+                .await
+                .unwrap_or_else(|e| panic!("cycle {cycle}: a batch with space left failed: {e}"))
+                .into_inner();
+            assert_eq!(ack.accepted, 200);
+            acked.extend(ids(&evs));
+        }
+        // Take the rest of the space; keep sending until writes fail.
+        let filler = fill(&mnt);
+        let mut failure = None;
+        for r in 0..2000u32 {
+            seq += 1;
+            let evs = batch(cycle * 1000 + 100 + r, 200);
+            match client.publish_batch(pb::PublishRequest { batch_seq: seq, events: evs.clone() }).await {
+                Ok(ack) => {
+                    assert_eq!(ack.into_inner().accepted, 200);
+                    acked.extend(ids(&evs));
+                }
+                Err(status) => {
+                    failure = Some(status);
+                    break;
+                }
+            }
+        }
+        let status = failure.unwrap_or_else(|| panic!("cycle {cycle}: writes never failed on a full disk"));
+        assert_eq!(status.code(), tonic::Code::Unavailable, "cycle {cycle}: {status:?}");
+        assert!(status.message().contains("no space left on device"), "cycle {cycle}: {}", status.message());
+        // Health says why; the metric too; the process is up and answers reads.
+        let (code, health) = http_get(c.http, "/healthz");
+        assert_eq!(code, 503, "{health}");
+        assert!(health["reason"].as_str().is_some_and(|r| r.contains("no space left on device")), "{health}");
+        let (_, metrics) = http_get_text(c.http, "/metrics");
+        assert!(
+            metrics.lines().any(|l| l.starts_with("startline_collector_store_healthy") && l.ends_with(" 0")),
+            "{metrics}"
+        );
+        assert!(metrics.contains("startline_collector_store_write_errors_total"), "write errors counted");
+        let (code, _) = http_get(c.http, "/api/v1/slos");
+        assert_eq!(code, 200, "reads keep working while writes fail");
+        // Still failing while the disk is full: nothing is acknowledged.
+        seq += 1;
+        let err = client
+            .publish_batch(pb::PublishRequest { batch_seq: seq, events: batch(cycle * 1000 + 900, 50) })
+            .await
+            .expect_err("still full");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(err.message().contains("no space left on device"), "the cause survives a reopen: {}", err.message());
+
+        // Space returns: ingest resumes by itself.
+        std::fs::remove_file(&filler).expect("remove filler");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut resumed = false;
+        while Instant::now() < deadline {
+            seq += 1;
+            let evs = batch(cycle * 1000 + 950, 50);
+            if let Ok(ack) = client.publish_batch(pb::PublishRequest { batch_seq: seq, events: evs.clone() }).await {
+                let ack = ack.into_inner();
+                assert_eq!(ack.accepted + ack.duplicates, 50);
+                acked.extend(ids(&evs));
+                resumed = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(resumed, "cycle {cycle}: ingest did not resume within 30 s after space returned");
+        let (code, health) = http_get(c.http, "/healthz");
+        assert_eq!(code, 200, "cycle {cycle}: {health}");
+    }
+    let (_, metrics) = http_get_text(c.http, "/metrics");
+    let reopens = metrics
+        .lines()
+        .find(|l| l.starts_with("startline_collector_store_reopens_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(reopens.is_some_and(|n| n >= 3.0), "one reopen per recovery at least: {reopens:?}");
+    // Nothing acknowledged is missing, before and after a crash.
+    check_all(&c, &acked, "before restart");
+    assert!(!c.signal_and_wait("KILL").success());
+    let c = Collector::start(&db, &[]);
+    check_all(&c, &acked, "after kill -9 and restart");
+}
+
+fn check_all(c: &Collector, acked: &BTreeSet<(String, String)>, when: &str) {
+    let jobs: BTreeSet<&String> = acked.iter().map(|(j, _)| j).collect();
+    let mut stored = BTreeSet::new();
+    for job in jobs {
+        let (status, body) = c.get(&format!("/api/v1/jobs/{job}"));
+        assert_eq!(status, 200, "{when}: job {job} missing");
+        for e in body["events"].as_array().expect("events") {
+            stored.insert((job.clone(), e["event_id"].as_str().expect("id").to_string()));
+        }
+    }
+    let missing = acked.difference(&stored).count();
+    assert_eq!(missing, 0, "{when}: {missing} acknowledged events missing");
+}
