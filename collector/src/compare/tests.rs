@@ -364,7 +364,9 @@ fn job() -> impl Strategy<Value = JobRecord> {
                     breached_waiting: false,
                 })
                 .collect();
-            JobRecord { events: Vec::new(), timeline, slo, metrics: None }
+            let mut rec = JobRecord::default();
+            (rec.timeline, rec.slo) = (timeline, slo);
+            rec
         })
 }
 

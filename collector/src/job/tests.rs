@@ -184,6 +184,47 @@ fn duplicate_ids_are_detected_by_hash() {
     assert_eq!(r.events.len(), 1);
 }
 
+#[test]
+fn long_records_index_colliding_hashes_and_keep_every_event() {
+    // Distinct events whose id hashes collide are all kept and all found, with and without the index.
+    let mut r = JobRecord::from_events(vec![sub(T0)]);
+    for i in 0..40u64 {
+        let mut ev = e(&format!("c{i}"), T0 + i as i64 * S, EventKind::Checkpoint { step: i });
+        ev.seq = 100 + i;
+        if i % 10 == 0 {
+            ev.id_hash = 42;
+        }
+        r.insert_unchecked(ev);
+        let mut found: Vec<u64> = r.seqs_of_hash(42).collect();
+        found.sort_unstable();
+        let expected: Vec<u64> = (0..=i).filter(|j| j % 10 == 0).map(|j| 100 + j).collect();
+        assert_eq!(found, expected, "after {i}");
+        assert_eq!(r.seq_of_hash(event_id_hash(&format!("c{i}"))).is_some(), i % 10 != 0);
+    }
+    assert_eq!(r.seq_of_hash(7), None);
+    assert_eq!(r.timeline, Timeline::derive(&r.events));
+}
+
+#[test]
+fn a_record_with_events_set_directly_refolds_on_the_next_insert() {
+    // As after deserializing: the events are there, the caches are not.
+    let full = record(vec![
+        sub(T0),
+        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("pre", T0 + 500 * S, EventKind::Preempted { checkpoint_saved: false }),
+    ]);
+    let mut r = JobRecord::default();
+    r.events.clone_from(&full.events);
+    assert_eq!(r.seq_of_hash(event_id_hash("fs")), Some(0));
+    r.insert(e("fs2", T0 + 600 * S, EventKind::FirstStep { step: 2 }));
+    assert_eq!(r.timeline, Timeline::derive(&r.events));
+    assert_eq!((r.timeline.state, r.timeline.runs), (JobState::Running, 2));
+    // Equality ignores the caches.
+    let mut again = JobRecord::from_events(r.events.clone());
+    again.slo.clone_from(&r.slo);
+    assert_eq!(again, r);
+}
+
 // ---- properties ----
 
 fn arb_kind() -> impl Strategy<Value = EventKind> {
@@ -222,6 +263,62 @@ fn arb_events() -> impl Strategy<Value = Vec<CompactEvent>> {
     })
 }
 
+/// A richer event set for comparing incremental insertion with a full derive: several `submitted` (the first
+/// one by canonical order wins), reported attempts, raw reasons that differ, many events in the same
+/// millisecond, and up to 120 events (so long records keep an index and several fold marks in these tests).
+fn arb_rich_events() -> impl Strategy<Value = Vec<CompactEvent>> {
+    let one = (
+        -20i64..400,
+        prop_oneof![9 => arb_kind().prop_map(Some), 1 => Just(None)],
+        proptest::option::of(1u32..6),
+        0u8..4,
+    );
+    proptest::collection::vec(one, 0..120).prop_map(|evs| {
+        evs.into_iter()
+            .enumerate()
+            .map(|(i, (off, kind, attempt, raw))| {
+                let kind = match kind {
+                    Some(EventKind::Queued { reason, .. }) => {
+                        EventKind::Queued { reason, raw_reason: format!("raw{raw}").into() }
+                    }
+                    Some(k) => k,
+                    None => EventKind::Submitted(std::sync::Arc::new(attrs(u32::from(raw) + 1))),
+                };
+                CompactEvent { attempt, ..e(&format!("r{i}"), T0 + off * S / 10, kind) }
+            })
+            .collect()
+    })
+}
+
+/// Inserts `order`'s events one by one (a repeat is offered again and must be refused), checking after every
+/// step that the record's timeline is exactly the full derive over its events and that the id index answers
+/// like a scan.
+fn insert_checking_every_step(order: &[CompactEvent]) -> Result<JobRecord, TestCaseError> {
+    let mut r = JobRecord::default();
+    for (step, ev) in order.iter().enumerate() {
+        let outcome = r.insert(ev.clone());
+        prop_assert_eq!(&r.timeline, &Timeline::derive(&r.events), "step {}", step);
+        prop_assert!(r.events.windows(2).all(|w| w[0].sort_key() <= w[1].sort_key()), "step {}: order", step);
+        let mut indexed: Vec<u64> = r.seqs_of_hash(ev.id_hash).collect();
+        indexed.sort_unstable();
+        let mut scanned: Vec<u64> = r.events.iter().filter(|x| x.id_hash == ev.id_hash).map(|x| x.seq).collect();
+        scanned.sort_unstable();
+        prop_assert_eq!(indexed, scanned, "step {}", step);
+        if let InsertOutcome::SameHash { existing_seq } = outcome {
+            prop_assert_eq!(existing_seq, ev.seq);
+        }
+    }
+    Ok(r)
+}
+
+/// Gives each event a distinct log sequence (as the committer does).
+fn with_seqs(mut events: Vec<CompactEvent>) -> Vec<CompactEvent> {
+    for (i, ev) in events.iter_mut().enumerate() {
+        ev.seq = i as u64 + 1;
+    }
+    events
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -244,6 +341,48 @@ proptest! {
         }
         prop_assert_eq!(&delivered.timeline, &canonical.timeline);
         prop_assert_eq!(&delivered.events, &canonical.events);
+    }
+
+    #[test]
+    fn incremental_insertion_equals_full_derive_at_every_step(
+        events in arb_rich_events().prop_map(with_seqs),
+        order in proptest::collection::vec(any::<prop::sample::Index>(), 0..200),
+    ) {
+        // Random order with repeats, then every event once more so the set is complete.
+        let mut delivered: Vec<CompactEvent> = Vec::new();
+        if !events.is_empty() {
+            delivered.extend(order.iter().map(|ix| events[ix.index(events.len())].clone()));
+        }
+        delivered.extend(events.iter().rev().cloned());
+        let r = insert_checking_every_step(&delivered)?;
+        let canonical = JobRecord::from_events(events);
+        prop_assert_eq!(&r.timeline, &canonical.timeline);
+        prop_assert_eq!(&r.events, &canonical.events);
+    }
+
+    #[test]
+    fn mostly_in_order_insertion_equals_full_derive_at_every_step(
+        events in arb_rich_events().prop_map(with_seqs),
+        late in proptest::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 0..8),
+        repeats in proptest::collection::vec(any::<prop::sample::Index>(), 0..10),
+    ) {
+        // The common case: events arrive in canonical order (each applied without refolding), with a few moved
+        // later than where they belong (late events refold from a mark) and a few delivered twice.
+        let mut order = JobRecord::from_events(events.clone()).events;
+        if !order.is_empty() {
+            for (from, to) in &late {
+                let ev = order.remove(from.index(order.len()));
+                let to = to.index(order.len() + 1);
+                order.insert(to, ev);
+            }
+            for ix in &repeats {
+                let ev = order[ix.index(order.len())].clone();
+                let at = (ix.index(order.len()) + 3).min(order.len());
+                order.insert(at, ev);
+            }
+        }
+        let r = insert_checking_every_step(&order)?;
+        prop_assert_eq!(&r.timeline, &JobRecord::from_events(events).timeline);
     }
 
     #[test]

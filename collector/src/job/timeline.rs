@@ -170,139 +170,204 @@ impl Timeline {
 
     /// Folds events in canonical order into a timeline.
     pub fn derive(events: &[CompactEvent]) -> Timeline {
-        let mut t = Timeline::default();
-        let Some(sub) = events.iter().find(|e| matches!(e.kind, EventKind::Submitted(_))) else {
+        let Some((mut fold, mut t)) = TimelineFold::start(events) else {
             // Nothing is derived until the job's `submitted` arrives; the events are kept.
-            return t;
+            return Timeline::default();
         };
-        let submitted_at = sub.at_ms;
-        if let EventKind::Submitted(attrs) = &sub.kind {
-            t.attrs = Some(Arc::clone(attrs));
-        }
-        t.submitted_at = Some(submitted_at);
-        t.attempts = 1;
-
-        // Fold state: the open waiting segment, or the open run.
-        let mut wait: Option<(Segment, i64)> = Some((Segment::Unreported, submitted_at));
-        let mut run_start: Option<i64> = None;
-        let mut last_ckpt_at: Option<i64> = None;
-        let mut requeue_wait_start: Option<i64> = None;
-        let mut requeues = 0u32;
-        let mut max_attempt = 1u32;
-
         for ev in events {
-            let at = ev.at_ms.max(submitted_at);
-            if let Some(a) = ev.attempt {
-                max_attempt = max_attempt.max(a);
+            fold.apply(&mut t, ev);
+        }
+        fold.finish(&mut t);
+        t
+    }
+}
+
+/// Where folding a job's events in canonical order stands: the fold's locals (the open waiting segment or the
+/// open run, and the counters the final fields are computed from), kept beside the timeline they fold into so a
+/// record can apply an event that sorts after all of its events without refolding the others.
+///
+/// The timeline is not inside the fold (a record keeps one timeline, not two): [`TimelineFold::apply`] updates
+/// the caller's timeline and never reads the fields [`TimelineFold::finish`] computes (`state`, `attempts`,
+/// `current_wait`, `wait_started_at`, `current_raw_reason`), so `finish` can be called after every event and
+/// the next `apply` continues as if it had not been. Applying events in canonical order from
+/// [`TimelineFold::start`] and then finishing gives exactly [`Timeline::derive`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelineFold {
+    /// When the first `submitted` happened; earlier stamps count from it.
+    submitted_at: i64,
+    /// The first `submitted`'s place in canonical order.
+    submitted_key: (i64, u8, u64),
+    /// The open waiting segment and its start.
+    wait: Option<(Segment, i64)>,
+    /// The open run's start.
+    run_start: Option<i64>,
+    /// The open run's last checkpoint.
+    last_ckpt_at: Option<i64>,
+    /// When the open requeue wait began.
+    requeue_wait_start: Option<i64>,
+    /// Requeues and restarts seen.
+    requeues: u32,
+    /// The highest attempt a source reported (at least 1).
+    max_attempt: u32,
+    /// The raw reason of the last `queued`, shown only while the open segment is a queued one.
+    raw_reason: Option<Arc<str>>,
+}
+
+impl TimelineFold {
+    /// Starts folding `events` (in canonical order): the fold and the timeline before any event is applied, or
+    /// `None` while the events hold no `submitted` (nothing is derived before it).
+    pub fn start(events: &[CompactEvent]) -> Option<(TimelineFold, Timeline)> {
+        let sub = events.iter().find(|e| matches!(e.kind, EventKind::Submitted(_)))?;
+        let EventKind::Submitted(attrs) = &sub.kind else { return None };
+        let submitted_at = sub.at_ms;
+        let t = Timeline {
+            attrs: Some(Arc::clone(attrs)),
+            submitted_at: Some(submitted_at),
+            attempts: 1,
+            ..Timeline::default()
+        };
+        let fold = TimelineFold {
+            submitted_at,
+            submitted_key: sub.sort_key(),
+            wait: Some((Segment::Unreported, submitted_at)),
+            run_start: None,
+            last_ckpt_at: None,
+            requeue_wait_start: None,
+            requeues: 0,
+            max_attempt: 1,
+            raw_reason: None,
+        };
+        Some((fold, t))
+    }
+
+    /// The [`CompactEvent::sort_key`] of the `submitted` the fold started from: a `submitted` that sorts before
+    /// it changes every event's effective time, so the fold must start again.
+    pub fn submitted_key(&self) -> (i64, u8, u64) {
+        self.submitted_key
+    }
+
+    /// Applies the next event in canonical order to `t` (call [`TimelineFold::finish`] before reading `t`).
+    pub fn apply(&mut self, t: &mut Timeline, ev: &CompactEvent) {
+        let at = ev.at_ms.max(self.submitted_at);
+        if let Some(a) = ev.attempt {
+            self.max_attempt = self.max_attempt.max(a);
+        }
+        if t.done_at.is_some() {
+            t.ignored_after_done += 1;
+            return;
+        }
+        let wait = &mut self.wait;
+        let run_start = &mut self.run_start;
+        let last_ckpt_at = &mut self.last_ckpt_at;
+        let requeue_wait_start = &mut self.requeue_wait_start;
+        match &ev.kind {
+            EventKind::Submitted(_) => {}
+            EventKind::Queued { reason, raw_reason } => {
+                t.first_queued_at.get_or_insert(at);
+                if run_start.is_some() {
+                    // Queued while running: the run stopped without an explicit preemption event.
+                    t.lost_work_ms += lost_since(at, *run_start, *last_ckpt_at);
+                    *run_start = None;
+                    *requeue_wait_start = Some(at);
+                }
+                switch(t, wait, Segment::Queued(*reason), at);
+                self.raw_reason = Some(raw_reason.clone());
             }
-            if t.done_at.is_some() {
-                t.ignored_after_done += 1;
-                continue;
+            EventKind::NodeAssigned => {
+                t.node_assigned_at.get_or_insert(at);
+                if wait.is_some() {
+                    switch(t, wait, Segment::Assigned, at);
+                }
             }
-            match &ev.kind {
-                EventKind::Submitted(_) => {}
-                EventKind::Queued { reason, raw_reason } => {
-                    t.first_queued_at.get_or_insert(at);
-                    if run_start.is_some() {
-                        // Queued while running: the run stopped without an explicit preemption event.
-                        t.lost_work_ms += lost_since(at, run_start, last_ckpt_at);
-                        run_start = None;
-                        requeue_wait_start = Some(at);
-                    }
-                    switch(&mut t, &mut wait, Segment::Queued(*reason), at);
-                    t.current_raw_reason = Some(raw_reason.clone());
+            EventKind::Preparing { phase } => {
+                t.preparing_at.get_or_insert(at);
+                if wait.is_some() {
+                    switch(t, wait, Segment::Preparing(*phase), at);
                 }
-                EventKind::NodeAssigned => {
-                    t.node_assigned_at.get_or_insert(at);
-                    if wait.is_some() {
-                        switch(&mut t, &mut wait, Segment::Assigned, at);
-                    }
-                }
-                EventKind::Preparing { phase } => {
-                    t.preparing_at.get_or_insert(at);
-                    if wait.is_some() {
-                        switch(&mut t, &mut wait, Segment::Preparing(*phase), at);
-                    }
-                }
-                EventKind::FirstStep { step } => {
-                    t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
-                    if run_start.is_none() {
-                        close(&mut t, &mut wait, at);
-                        if let Some(s) = requeue_wait_start.take() {
-                            t.requeue_wait_ms += at - s;
-                        }
-                        t.first_step_at.get_or_insert(at);
-                        t.runs += 1;
-                        run_start = Some(at);
-                        last_ckpt_at = None;
-                    }
-                }
-                EventKind::Checkpoint { step } => {
-                    t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
-                    // Checkpoints in the same millisecond sort by id hash; the later one is the higher step.
-                    if t.last_checkpoint.is_none_or(|last| (at, *step) >= last) {
-                        t.last_checkpoint = Some((at, *step));
-                    }
-                    last_ckpt_at = Some(at);
-                }
-                EventKind::Preempted { checkpoint_saved } => {
-                    t.preemptions += 1;
-                    if run_start.is_some() {
-                        if !checkpoint_saved {
-                            t.lost_work_ms += lost_since(at, run_start, last_ckpt_at);
-                        }
-                        stop_run(&mut run_start, &mut requeue_wait_start, &mut wait, at);
-                    }
-                }
-                EventKind::NodeLost => {
-                    t.node_losses += 1;
-                    if run_start.is_some() {
-                        t.lost_work_ms += lost_since(at, run_start, last_ckpt_at);
-                        stop_run(&mut run_start, &mut requeue_wait_start, &mut wait, at);
-                    }
-                }
-                EventKind::Requeued { resume_step } | EventKind::Restarted { resume_step } => {
-                    requeues += 1;
-                    if let Some(m) = t.max_step {
-                        t.lost_steps += m.saturating_sub(*resume_step);
-                    }
-                    if run_start.is_some() {
-                        t.lost_work_ms += lost_since(at, run_start, last_ckpt_at);
-                        stop_run(&mut run_start, &mut requeue_wait_start, &mut wait, at);
-                    }
-                    // Progress now restarts from resume_step.
-                    t.max_step = Some(*resume_step);
-                }
-                EventKind::Done { outcome, exit_code } => {
-                    close(&mut t, &mut wait, at);
+            }
+            EventKind::FirstStep { step } => {
+                t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
+                if run_start.is_none() {
+                    close(t, wait, at);
                     if let Some(s) = requeue_wait_start.take() {
                         t.requeue_wait_ms += at - s;
                     }
-                    run_start = None;
-                    t.done_at = Some(at);
-                    t.outcome = Some(*outcome);
-                    t.exit_code = *exit_code;
+                    t.first_step_at.get_or_insert(at);
+                    t.runs += 1;
+                    *run_start = Some(at);
+                    *last_ckpt_at = None;
                 }
             }
+            EventKind::Checkpoint { step } => {
+                t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
+                // Checkpoints in the same millisecond sort by id hash; the later one is the higher step.
+                if t.last_checkpoint.is_none_or(|last| (at, *step) >= last) {
+                    t.last_checkpoint = Some((at, *step));
+                }
+                *last_ckpt_at = Some(at);
+            }
+            EventKind::Preempted { checkpoint_saved } => {
+                t.preemptions += 1;
+                if run_start.is_some() {
+                    if !checkpoint_saved {
+                        t.lost_work_ms += lost_since(at, *run_start, *last_ckpt_at);
+                    }
+                    stop_run(run_start, requeue_wait_start, wait, at);
+                }
+            }
+            EventKind::NodeLost => {
+                t.node_losses += 1;
+                if run_start.is_some() {
+                    t.lost_work_ms += lost_since(at, *run_start, *last_ckpt_at);
+                    stop_run(run_start, requeue_wait_start, wait, at);
+                }
+            }
+            EventKind::Requeued { resume_step } | EventKind::Restarted { resume_step } => {
+                self.requeues += 1;
+                if let Some(m) = t.max_step {
+                    t.lost_steps += m.saturating_sub(*resume_step);
+                }
+                if run_start.is_some() {
+                    t.lost_work_ms += lost_since(at, *run_start, *last_ckpt_at);
+                    stop_run(run_start, requeue_wait_start, wait, at);
+                }
+                // Progress now restarts from resume_step.
+                t.max_step = Some(*resume_step);
+            }
+            EventKind::Done { outcome, exit_code } => {
+                close(t, wait, at);
+                if let Some(s) = requeue_wait_start.take() {
+                    t.requeue_wait_ms += at - s;
+                }
+                *run_start = None;
+                t.done_at = Some(at);
+                t.outcome = Some(*outcome);
+                t.exit_code = *exit_code;
+            }
         }
-        t.attempts = (1 + requeues).max(max_attempt);
+    }
+
+    /// Sets the fields that describe where the job is now (`state`, `attempts`, `current_wait`,
+    /// `wait_started_at`, `current_raw_reason`) from the fold, which it leaves as it was.
+    pub fn finish(&self, t: &mut Timeline) {
+        t.attempts = (1 + self.requeues).max(self.max_attempt);
         t.state = if t.done_at.is_some() {
             JobState::Done
-        } else if run_start.is_some() {
+        } else if self.run_start.is_some() {
             JobState::Running
         } else {
-            wait.map_or(JobState::Queued, |(s, _)| s.state())
+            self.wait.map_or(JobState::Queued, |(s, _)| s.state())
         };
-        t.current_wait = wait;
-        t.wait_started_at = match (t.state.is_waiting(), requeue_wait_start) {
+        t.current_wait = self.wait;
+        t.wait_started_at = match (t.state.is_waiting(), self.requeue_wait_start) {
             (false, _) => None,
             (true, Some(s)) => Some(s),
-            (true, None) => Some(submitted_at),
+            (true, None) => Some(self.submitted_at),
         };
-        if !matches!(wait, Some((Segment::Queued(_), _))) {
-            t.current_raw_reason = None;
-        }
-        t
+        t.current_raw_reason = match self.wait {
+            Some((Segment::Queued(_), _)) => self.raw_reason.clone(),
+            _ => None,
+        };
     }
 }
 
