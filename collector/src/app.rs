@@ -165,6 +165,7 @@ pub async fn run_with_clock(
             telemetry: Some(telemetry.clone()),
             retention: config.retention,
             retention_interval: config.retention_interval,
+            max_events_per_job: config.max_events_per_job,
         },
         stats.clone(),
         health.clone(),

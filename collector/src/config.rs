@@ -181,6 +181,8 @@ pub struct StoreSection {
     pub retention: Option<String>,
     /// How often expired jobs are looked for. Default 10m.
     pub retention_interval: Option<String>,
+    /// Most events stored per job; later events of a job that has this many are rejected. Default 100000.
+    pub max_events_per_job: Option<usize>,
 }
 
 /// `[grpc]`
@@ -273,6 +275,8 @@ pub struct Config {
     pub retention: Option<Duration>,
     /// How often expired jobs are looked for.
     pub retention_interval: Duration,
+    /// Most events stored per job.
+    pub max_events_per_job: usize,
     /// gRPC listen address.
     pub grpc_listen: SocketAddr,
     /// Largest gRPC message, bytes.
@@ -406,6 +410,8 @@ impl FileConfig {
             Duration::from_secs(600),
             Duration::from_millis(100),
         );
+        let max_events_per_job =
+            range(&mut errs, "store.max_events_per_job", self.store.max_events_per_job, 100_000, 1, 10_000_000);
         let grpc_listen = addr(&mut errs, "grpc.listen", &self.grpc.listen, "127.0.0.1:50051");
         let http_listen = addr(&mut errs, "http.listen", &self.http.listen, "127.0.0.1:8080");
         if grpc_listen == http_listen && grpc_listen.port() != 0 {
@@ -584,6 +590,7 @@ impl FileConfig {
             checkpoint_interval,
             retention,
             retention_interval,
+            max_events_per_job,
             grpc_listen,
             max_message_bytes,
             max_batch_events,
@@ -749,6 +756,15 @@ mod tests {
         assert_eq!(c.store_path, PathBuf::from("./startline-data"));
         assert!(c.grpc_listen.ip().is_loopback() && c.http_listen.ip().is_loopback());
         assert_eq!(c.when_full, WhenFull::Wait);
+        assert_eq!(c.max_events_per_job, 100_000);
+    }
+
+    #[test]
+    fn per_job_event_cap_is_checked() {
+        let c = FileConfig::parse("[store]\nmax_events_per_job = 5\n").expect("parses").validate().expect("valid");
+        assert_eq!(c.max_events_per_job, 5);
+        let errs = FileConfig::parse("[store]\nmax_events_per_job = 0\n").expect("parses").validate().expect_err("0").0;
+        assert!(errs.iter().any(|e| e.starts_with("store.max_events_per_job: 0 is outside")), "{errs:?}");
     }
 
     #[test]

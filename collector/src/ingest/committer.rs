@@ -1,6 +1,7 @@
 //! The committer: one thread that owns all writes. It drains the ingest channel into group commits (many
-//! batches, from many streams, in one sled batch and one flush), filters duplicates, applies the new events to
-//! the job index after they are durable, and answers each batch. Periodically (and at shutdown) it copies the
+//! batches, from many streams, in one sled batch and one flush), filters duplicates, rejects new events of a job
+//! that already holds `store.max_events_per_job`, applies the new events to the job index after they are
+//! durable, and answers each batch. Periodically (and at shutdown) it copies the
 //! jobs changed since the last checkpoint and hands them to the checkpointer thread, which encodes and writes
 //! the snapshots off the commit path, so checkpoints never stall acknowledgements.
 //!
@@ -18,7 +19,7 @@ use crate::health::Health;
 use crate::job::{CompactEvent, JobRecord};
 use crate::state::{on_job_changed, SharedIndex};
 use crate::store::{Store, StoreError};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,12 +39,27 @@ pub struct PreparedEvent {
 }
 
 /// The committer's answer for one batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CommitResult {
     /// Stored for the first time.
     pub accepted: u32,
     /// Already stored.
     pub duplicates: u32,
+    /// Not stored, and why (the job reached `store.max_events_per_job`).
+    pub rejections: Vec<CommitRejection>,
+}
+
+/// An event of a batch that the committer did not store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitRejection {
+    /// The event's position in [`CommitRequest::events`].
+    pub index: usize,
+    /// The event's id.
+    pub event_id: String,
+    /// The field the reason is about.
+    pub field: &'static str,
+    /// Why it was not stored.
+    pub reason: String,
 }
 
 /// The store failed; nothing of the batch is acknowledged.
@@ -80,6 +96,8 @@ pub struct CommitterSettings {
     pub retention: Option<Duration>,
     /// How often expired jobs are looked for.
     pub retention_interval: Duration,
+    /// Most events stored per job: later new events of a job that has this many are rejected.
+    pub max_events_per_job: usize,
 }
 
 /// Starts the committer thread (call it within the tokio runtime: the thread borrows its timer). It runs until
@@ -324,6 +342,18 @@ impl Committer {
         Ok(false)
     }
 
+    /// Would storing one more event of `job_id` pass the per-job cap, counting the events of this group already
+    /// let through (`incoming`)? If so, counts it.
+    fn take_job_room<'a>(&self, job_id: &'a str, incoming: &mut HashMap<&'a str, usize>) -> bool {
+        let stored = self.index.read().jobs.get(job_id).map_or(0, |r| r.events.len());
+        let n = incoming.entry(job_id).or_insert(0);
+        if stored + *n >= self.settings.max_events_per_job {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
     fn commit_group(&self, mut group: Vec<CommitRequest>) {
         let started = Instant::now();
         let mut results = vec![CommitResult::default(); group.len()];
@@ -332,9 +362,11 @@ impl Committer {
         let mut failed: Option<&'static str> = None;
         {
             let mut seen: HashSet<(&str, &str)> = HashSet::new();
+            // New events of this group per job, for the per-job cap.
+            let mut incoming: HashMap<&str, usize> = HashMap::new();
             for (ri, req) in group.iter().enumerate() {
                 let mut flags = Vec::with_capacity(req.events.len());
-                for ev in &req.events {
+                for (ei, ev) in req.events.iter().enumerate() {
                     let dup = !seen.insert((ev.job_id.as_str(), ev.event_id.as_str()))
                         || match self.is_stored(&ev.job_id, &ev.event_id, ev.compact.id_hash) {
                             Ok(d) => d,
@@ -344,12 +376,26 @@ impl Committer {
                                 false
                             }
                         };
-                    if dup {
+                    // A duplicate is answered as one even when its job is full; a new event of a full job is not
+                    // stored (and a later copy of it in this group is not a duplicate).
+                    let capped = !dup && !self.take_job_room(&ev.job_id, &mut incoming);
+                    if capped {
+                        seen.remove(&(ev.job_id.as_str(), ev.event_id.as_str()));
+                        results[ri].rejections.push(CommitRejection {
+                            index: ei,
+                            event_id: ev.event_id.clone(),
+                            field: "job_id",
+                            reason: format!(
+                                "job has reached store.max_events_per_job = {} events; event not stored",
+                                self.settings.max_events_per_job
+                            ),
+                        });
+                    } else if dup {
                         results[ri].duplicates += 1;
                     } else {
                         results[ri].accepted += 1;
                     }
-                    flags.push(!dup);
+                    flags.push(!dup && !capped);
                 }
                 fresh.push(flags);
             }
@@ -403,12 +449,14 @@ impl Committer {
                     *last_seq = seq;
                     seq += 1;
                 }
-                replies.push((req.reply, *res));
+                replies.push((req.reply, res.clone()));
             }
         }
         let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
+        let rejected: usize = results.iter().map(|r| r.rejections.len()).sum();
         IngestStats::add(&self.stats.accepted, accepted);
         IngestStats::add(&self.stats.duplicates, duplicates);
+        IngestStats::add(&self.stats.rejected, rejected as u64);
         IngestStats::add(&self.stats.commits, 1);
         IngestStats::add(&self.stats.commit_micros, started.elapsed().as_micros() as u64);
         // Metrics before acks: once a client holds an ack, /metrics reflects its events.

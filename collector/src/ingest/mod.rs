@@ -19,7 +19,7 @@ pub struct IngestStats {
     pub accepted: AtomicU64,
     /// Events acknowledged as duplicates.
     pub duplicates: AtomicU64,
-    /// Events rejected by validation.
+    /// Events rejected by validation or by the per-job event cap.
     pub rejected: AtomicU64,
     /// Group commits written.
     pub commits: AtomicU64,

@@ -83,18 +83,28 @@ pub struct Ingest {
 enum Pending {
     /// Nothing to commit (every event rejected or an empty batch).
     Ready(pb::PublishAck),
-    /// Waiting for the committer.
-    Committing { ack: pb::PublishAck, rx: oneshot::Receiver<Result<CommitResult, CommitError>> },
+    /// Waiting for the committer; `origin` maps a committed event's position to its index in the batch.
+    Committing { ack: pb::PublishAck, origin: Vec<u32>, rx: oneshot::Receiver<Result<CommitResult, CommitError>> },
 }
 
 impl Pending {
     async fn resolve(self) -> Result<pb::PublishAck, Status> {
         match self {
             Pending::Ready(ack) => Ok(ack),
-            Pending::Committing { mut ack, rx } => match rx.await {
+            Pending::Committing { mut ack, origin, rx } => match rx.await {
                 Ok(Ok(r)) => {
                     ack.accepted = r.accepted;
                     ack.duplicates = r.duplicates;
+                    if !r.rejections.is_empty() {
+                        // Events the committer did not store (per-job cap), among validation's, in batch order.
+                        ack.rejections.extend(r.rejections.into_iter().map(|x| pb::Rejection {
+                            index: origin.get(x.index).copied().unwrap_or(u32::MAX),
+                            event_id: x.event_id,
+                            field: x.field.to_string(),
+                            reason: x.reason,
+                        }));
+                        ack.rejections.sort_by_key(|x| x.index);
+                    }
                     Ok(ack)
                 }
                 Ok(Err(e)) => Err(Status::unavailable(format!("{e}; batch not stored, retry later"))),
@@ -133,16 +143,20 @@ impl Ingest {
         let now = startline_proto::time::now_ms();
         let mut ack = pb::PublishAck { batch_seq: req.batch_seq, ..Default::default() };
         let mut prepared = Vec::with_capacity(req.events.len());
+        let mut origin = Vec::with_capacity(req.events.len());
         for (i, ev) in req.events.into_iter().enumerate() {
             let checked = validate_event(&ev, now, &self.settings.limits)
                 .and_then(|()| CompactEvent::from_pb(&ev, 0).ok_or_else(|| field_error("kind", "is required")));
             match checked {
-                Ok(compact) => prepared.push(PreparedEvent {
-                    encoded: encode_log_value(&ev),
-                    job_id: ev.job_id,
-                    event_id: ev.event_id,
-                    compact,
-                }),
+                Ok(compact) => {
+                    origin.push(i as u32);
+                    prepared.push(PreparedEvent {
+                        encoded: encode_log_value(&ev),
+                        job_id: ev.job_id,
+                        event_id: ev.event_id,
+                        compact,
+                    })
+                }
                 Err(e) => ack.rejections.push(pb::Rejection {
                     index: i as u32,
                     event_id: ev.event_id,
@@ -168,7 +182,7 @@ impl Ingest {
                 mpsc::error::TrySendError::Closed(_) => shutting_down(),
             })?,
         }
-        Ok(Pending::Committing { ack, rx })
+        Ok(Pending::Committing { ack, origin, rx })
     }
 }
 
@@ -404,7 +418,7 @@ mod tests {
         // Act as the committer: answer both, in order; the second could only enter after the first left.
         for _ in 0..2 {
             let req = rx.recv().await.expect("a batch arrives");
-            let _ = req.reply.send(Ok(CommitResult { accepted: req.events.len() as u32, duplicates: 0 }));
+            let _ = req.reply.send(Ok(CommitResult { accepted: req.events.len() as u32, ..Default::default() }));
         }
         for h in [first, second] {
             let ack = h.await.expect("task").expect("acked").into_inner();
