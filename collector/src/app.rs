@@ -43,12 +43,14 @@ const FORCED_CLOSE_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
     /// The store could not be opened or restored.
-    #[error("store at {path}: {source}")]
+    #[error("store at {path}: {error}{hint}")]
     Store {
         /// The store path.
         path: String,
-        /// The cause.
-        source: StoreError,
+        /// The cause (shown in the message, not chained, so it is printed once).
+        error: StoreError,
+        /// What an operator can do about it.
+        hint: &'static str,
     },
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
@@ -90,7 +92,15 @@ pub async fn run_with_clock(
 ) -> Result<(), AppError> {
     let path = config.store_path.clone();
     let shown = path.display().to_string();
-    let store_err = |source| AppError::Store { path: shown, source };
+    let store_err = |error: StoreError| {
+        let hint = if error.is_damage() {
+            " (the store is damaged and was not opened, so nothing in it is served wrongly: move the directory \
+             aside and restore it from a backup, or start with an empty one)"
+        } else {
+            ""
+        };
+        AppError::Store { path: shown, error, hint }
+    };
     let started = tokio::time::Instant::now();
     let slo_defs = config.slos.clone();
     let now = clock.now_ms();

@@ -54,6 +54,18 @@ impl Collector {
 
     /// Like [`Collector::start`], with a given gRPC listen address (tests that start clients first).
     pub fn start_on(data_dir: &Path, grpc_listen: &str, extra: &[&str]) -> Collector {
+        match Self::try_start_on(data_dir, grpc_listen, extra) {
+            Ok(c) => c,
+            Err((why, log)) => panic!("collector did not become ready ({why}); log:\n{log}"),
+        }
+    }
+
+    /// Starts the collector; if it exits before its ready line, returns why and its log (tests of refusals).
+    pub fn try_start(data_dir: &Path, extra: &[&str]) -> Result<Collector, (String, String)> {
+        Self::try_start_on(data_dir, "127.0.0.1:0", extra)
+    }
+
+    fn try_start_on(data_dir: &Path, grpc_listen: &str, extra: &[&str]) -> Result<Collector, (String, String)> {
         let log = data_dir.with_extension("log");
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let mut child = Command::new(binary("startline-collector"))
@@ -71,14 +83,11 @@ impl Collector {
             panic!("collector stdout not captured");
         };
         match wait_ready(stdout) {
-            Ok((grpc, http)) => Collector { child, grpc, http, log },
+            Ok((grpc, http)) => Ok(Collector { child, grpc, http, log }),
             Err(why) => {
                 let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "collector did not become ready ({why}); log:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
+                let status = child.wait().map(|s| format!("{s}")).unwrap_or_default();
+                Err((format!("{why}; {status}"), std::fs::read_to_string(&log).unwrap_or_default()))
             }
         }
     }

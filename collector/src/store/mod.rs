@@ -60,7 +60,7 @@ const JOB_PREFIX: u8 = 1;
 pub enum StoreError {
     /// sled reported an error (I/O, no space, corruption of its own files).
     #[error("sled: {0}")]
-    Sled(#[from] sled::Error),
+    Sled(sled::Error),
     /// A stored value could not be decoded or failed its checksum.
     #[error("corrupt {what} at key {key}: {reason}")]
     Corrupt {
@@ -84,7 +84,18 @@ pub enum StoreError {
     },
 }
 
+impl From<sled::Error> for StoreError {
+    fn from(e: sled::Error) -> Self {
+        StoreError::Sled(e)
+    }
+}
+
 impl StoreError {
+    /// Whether the data on disk is damaged (as opposed to unreadable for now: permissions, a lock, no space).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, StoreError::Corrupt { .. } | StoreError::Sled(sled::Error::Corruption { .. }))
+    }
+
     /// A short cause for clients and health checks, without internal detail: "no space left on device",
     /// "I/O error", "corrupt store".
     pub fn cause(&self) -> &'static str {

@@ -1,0 +1,133 @@
+//! A damaged store on disk: flipped bytes and truncated files in sled's data file. For each damaged copy of a
+//! store whose contents are known, the collector must either refuse to start with a clear message naming the
+//! store, or start and serve exactly the known timelines: never silently different ones.
+
+use startline_proto::pb::{self, ingest_service_client::IngestServiceClient, lifecycle_event::Kind};
+use startline_tests::crashtrial::Rng;
+use startline_tests::{ago, event, submitted, Collector};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read dir") {
+        let e = e.expect("entry");
+        let target = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// Every job's (state, sorted event ids), as the API serves them.
+fn snapshot_of(c: &Collector, jobs: &[String]) -> BTreeMap<String, (String, Vec<String>)> {
+    jobs.iter()
+        .map(|j| {
+            let (status, body) = c.get(&format!("/api/v1/jobs/{j}"));
+            if status != 200 {
+                return (j.clone(), (format!("http {status}"), Vec::new()));
+            }
+            let mut ids: Vec<String> = body["events"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|e| e["event_id"].as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            ids.sort();
+            (j.clone(), (body["state"].as_str().unwrap_or("?").to_string(), ids))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_store_files_are_refused_or_served_exactly_never_silently_wrong() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("db");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[store]\ncheckpoint_interval = \"10ms\"\n").expect("config");
+    let cfg_arg = cfg.to_str().expect("utf-8").to_string();
+    // A known store: 150 jobs, written in parts so that snapshots, markers and log tail all exist.
+    let c = Collector::start(&db, &["--config", &cfg_arg]);
+    let mut client = IngestServiceClient::connect(c.endpoint()).await.expect("connect");
+    let base = ago(7200);
+    let mut jobs = Vec::new();
+    for part in 0..15u64 {
+        let mut events = Vec::new();
+        for j in 0..10 {
+            let job = format!("dmg-{part}-{j}");
+            events.push(event(&job, "s", base, submitted(pb::PoolKind::Managed, pb::PriorityClass::Urgent, 8)));
+            events.push(event(&job, "f", base + 60_000, Kind::FirstStep(pb::FirstStep { step: 1 })));
+            for k in 1..8 {
+                events.push(event(
+                    &job,
+                    &format!("c{k}"),
+                    base + 60_000 + k * 1000,
+                    Kind::Checkpoint(pb::Checkpoint { step: k as u64, ..Default::default() }),
+                ));
+            }
+            jobs.push(job);
+        }
+        let ack = client
+            .publish_batch(pb::PublishRequest { batch_seq: part + 1, events })
+            .await
+            .expect("publish")
+            .into_inner();
+        assert_eq!(ack.accepted, 90);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    // The last parts stay in the log tail only: kill -9, no final checkpoint.
+    assert!(!c.signal_and_wait("KILL").success());
+    let c = Collector::start(&db, &[]);
+    let reference = snapshot_of(&c, &jobs);
+    assert!(reference.values().all(|(s, ids)| s == "running" && ids.len() == 9), "reference store is complete");
+    drop(c);
+
+    let data_file = db.join("db");
+    let len = std::fs::metadata(&data_file).expect("sled data file").len();
+    let mut rng = Rng::new(8);
+    let (mut refused, mut exact, mut wrong) = (0, 0, Vec::new());
+    for case in 0..24u32 {
+        let copy = dir.path().join(format!("case{case}"));
+        copy_dir(&db, &copy);
+        let target = copy.join("db");
+        let what = if case % 3 == 2 {
+            let keep = rng.range(len / 8, len - 1);
+            let f = std::fs::OpenOptions::new().write(true).open(&target).expect("open");
+            f.set_len(keep).expect("truncate");
+            format!("truncated to {keep} of {len} bytes")
+        } else {
+            let mut bytes = std::fs::read(&target).expect("read");
+            let n = rng.range(1, 8);
+            let mut at = Vec::new();
+            for _ in 0..n {
+                let i = rng.range(0, len - 1) as usize;
+                bytes[i] ^= 1 << rng.range(0, 7);
+                at.push(i);
+            }
+            std::fs::write(&target, bytes).expect("write");
+            format!("{n} bit flips at {at:?}")
+        };
+        match Collector::try_start(&copy, &[]) {
+            Err((_, log)) => {
+                assert!(
+                    log.contains("store at") && log.contains("damaged"),
+                    "case {case} ({what}): the refusal names the store and says it is damaged: {log}"
+                );
+                refused += 1;
+            }
+            Ok(c) => {
+                let served = snapshot_of(&c, &jobs);
+                let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+                if served == reference {
+                    exact += 1;
+                } else {
+                    let diff = served.iter().filter(|(k, v)| reference.get(*k) != Some(v)).count();
+                    wrong.push(format!("case {case} ({what}): {diff} jobs differ; log: {log}"));
+                }
+            }
+        }
+    }
+    println!("refused {refused}, served exactly {exact}, served wrong {}", wrong.len());
+    assert!(wrong.is_empty(), "served silently wrong timelines:\n{}", wrong.join("\n"));
+}
