@@ -68,7 +68,9 @@ pub fn parse_describe(v: &Value) -> Option<TrainingJob> {
         end_ms: secs_ms(&v["TrainingEndTime"]),
         failure_reason: v["FailureReason"].as_str().unwrap_or("").to_string(),
         instance_type: v["ResourceConfig"]["InstanceType"].as_str().unwrap_or("").to_string(),
-        instance_count: v["ResourceConfig"]["InstanceCount"].as_u64().unwrap_or(1) as u32,
+        instance_count: v["ResourceConfig"]["InstanceCount"]
+            .as_u64()
+            .map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX)),
         spot: v["EnableManagedSpotTraining"].as_bool().unwrap_or(false),
         transitions: v["SecondaryStatusTransitions"]
             .as_array()
@@ -155,7 +157,8 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
             pool: if j.instance_type.is_empty() { "sagemaker".into() } else { j.instance_type.clone() },
             priority: if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal } as i32,
             gpu_class: gpu_class.into(),
-            gpu_count: gpus_per_instance(&j.instance_type) * j.instance_count.max(1),
+            // Saturating: a hostile or broken InstanceCount must not overflow (validation refuses the count).
+            gpu_count: gpus_per_instance(&j.instance_type).saturating_mul(j.instance_count.max(1)),
             node_count: j.instance_count.max(1),
             region: m.region.clone(),
             labels,
@@ -444,5 +447,18 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), n, "no duplicates");
         assert_eq!(n, 10, "no gaps");
+    }
+
+    #[test]
+    fn a_huge_instance_count_saturates_instead_of_overflowing() {
+        // Found by startline-fuzz: 8 GPUs x 761154598 instances overflowed u32 (a panic in debug builds, a
+        // wrapped GPU count in release).
+        let mut v: Value = serde_json::from_str(include_str!("fixtures/sagemaker-describe-failed.json")).expect("json");
+        v["ResourceConfig"] = json!({"InstanceType": "ml.p5.48xlarge", "InstanceCount": 761_154_598});
+        let (e, _) = diff(&mapping(), &parse_describe(&v).expect("job"), &JobMemory::default());
+        let Some(Kind::Submitted(s)) = &e[0].kind else { panic!("submitted") };
+        assert_eq!((s.gpu_count, s.node_count), (u32::MAX, 761_154_598));
+        v["ResourceConfig"]["InstanceCount"] = json!(u64::MAX);
+        assert_eq!(parse_describe(&v).expect("job").instance_count, u32::MAX, "saturated, not truncated");
     }
 }

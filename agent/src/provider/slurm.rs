@@ -266,6 +266,10 @@ pub fn startline_id(m: &Mapping, j: &SlurmJob) -> String {
     format!("slurm/{cluster}/{}", j.id)
 }
 
+/// The most `requeued` events one job reports in one poll (Slurm's own requeue limit, `MaxBatchRequeue`, is 5 by
+/// default).
+pub const MAX_REQUEUES_PER_POLL: u32 = 64;
+
 /// The events a job's current view implies beyond what its memory says were emitted, and the new memory.
 /// `now_ms` dates transitions Slurm keeps no time for (a changed pending reason, a requeue).
 pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb::LifecycleEvent>, JobMemory) {
@@ -277,7 +281,7 @@ pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb:
             out.push(pb::LifecycleEvent {
                 event_id: format!("{job}:{key}"),
                 job_id: job.clone(),
-                attempt: Some(mem.restarts + 1),
+                attempt: Some(mem.restarts.saturating_add(1)),
                 source: format!("slurm-adapter/{}", if j.cluster.is_empty() { &m.cluster } else { &j.cluster }),
                 occurred_at: Some(ms_to_timestamp(at_ms)),
                 kind: Some(kind),
@@ -287,7 +291,8 @@ pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb:
     if j.submit <= 0 {
         return (out, mem);
     }
-    let submit_ms = j.submit * 1000;
+    // Saturating: a time far out of range (a broken or hostile payload) must not overflow; validation refuses it.
+    let submit_ms = j.submit.saturating_mul(1000);
     let urgent = m.urgent_partitions.contains(&j.partition) || m.urgent_qos.contains(&j.qos);
     let mut labels = std::collections::HashMap::new();
     for (k, v) in [("user", &j.user), ("qos", &j.qos), ("name", &j.name)] {
@@ -315,7 +320,10 @@ pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb:
             labels,
         }),
     );
-    // A requeue: the job goes back to waiting; later transitions belong to the next attempt.
+    // A requeue: the job goes back to waiting; later transitions belong to the next attempt. A jump of more than
+    // MAX_REQUEUES_PER_POLL reports the latest ones only (attempts keep Slurm's numbering), so a broken or hostile
+    // restart count (up to 4294967295) cannot make one poll emit billions of events.
+    mem.restarts = mem.restarts.max(j.restarts.saturating_sub(MAX_REQUEUES_PER_POLL));
     while mem.restarts < j.restarts {
         mem.restarts += 1;
         let n = mem.restarts;
@@ -340,7 +348,7 @@ pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb:
         mem.reason = j.reason.clone();
     }
     if let Some(start) = j.start {
-        let at = start * 1000;
+        let at = start.saturating_mul(1000);
         emit(
             &mut mem,
             format!("assigned:{attempt}"),
@@ -355,7 +363,7 @@ pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb:
         mem.exit_code = j.exit_code;
     }
     if let (Some(o), Some(end)) = (outcome(&j.state), j.end) {
-        let at = (end * 1000).max(submit_ms);
+        let at = end.saturating_mul(1000).max(submit_ms);
         if j.state == "NODE_FAIL" {
             emit(
                 &mut mem,

@@ -53,9 +53,10 @@ fn rfc3339_ms(v: &Value) -> Option<i64> {
     Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
 }
 
-/// int64 fields arrive as strings in Google's JSON.
+/// int64 fields arrive as strings in Google's JSON. Counts beyond `u32` saturate (never wrap).
 fn count(v: &Value) -> u32 {
-    v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())).unwrap_or(0) as u32
+    let n: u64 = v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())).unwrap_or(0);
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Parses a CustomJob resource.
@@ -72,11 +73,12 @@ pub fn parse_custom_job(v: &Value) -> Option<CustomJob> {
         error: v["error"]["message"].as_str().unwrap_or("").to_string(),
         machine_type: first["machineSpec"]["machineType"].as_str().unwrap_or("").to_string(),
         accelerator: first["machineSpec"]["acceleratorType"].as_str().unwrap_or("").to_string(),
+        // Saturating: absurd counts from a hostile or broken answer must not overflow (validation refuses them).
         gpus: pools
             .iter()
-            .map(|p| count(&p["machineSpec"]["acceleratorCount"]) * count(&p["replicaCount"]).max(1))
-            .sum(),
-        replicas: pools.iter().map(|p| count(&p["replicaCount"]).max(1)).sum(),
+            .map(|p| count(&p["machineSpec"]["acceleratorCount"]).saturating_mul(count(&p["replicaCount"]).max(1)))
+            .fold(0, u32::saturating_add),
+        replicas: pools.iter().map(|p| count(&p["replicaCount"]).max(1)).fold(0, u32::saturating_add),
         strategy: v["jobSpec"]["scheduling"]["strategy"].as_str().unwrap_or("STANDARD").to_string(),
         labels: v["labels"]
             .as_object()
@@ -379,5 +381,18 @@ mod tests {
         for ev in &e {
             startline_proto::validate::validate_event(ev, i64::MAX / 4, &Default::default()).expect("valid");
         }
+    }
+
+    #[test]
+    fn huge_accelerator_and_replica_counts_saturate_instead_of_overflowing() {
+        // Found by startline-fuzz: these overflowed (a panic in debug builds, a wrapped GPU count in release).
+        let mut v: Value = serde_json::from_str(include_str!("fixtures/vertex-customjob-failed.json")).expect("json");
+        let pool = serde_json::json!({"machineSpec": {"acceleratorCount": "9223372036854775807"}, "replicaCount": 4294967295u64});
+        v["jobSpec"]["workerPoolSpecs"] = serde_json::json!([pool.clone(), pool]);
+        let j = parse_custom_job(&v).expect("job");
+        assert_eq!((j.gpus, j.replicas), (u32::MAX, u32::MAX));
+        let (e, _) = diff(&Mapping::default(), &j, &JobMemory::default(), 0);
+        let Some(Kind::Submitted(s)) = &e[0].kind else { panic!("submitted") };
+        assert_eq!(s.gpu_count, u32::MAX, "refused by validation, not wrapped to a plausible count");
     }
 }

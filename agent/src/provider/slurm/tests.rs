@@ -191,3 +191,31 @@ fn reasons_map_onto_the_closed_taxonomy() {
         assert_eq!(map_reason(raw), want, "{raw}");
     }
 }
+
+#[test]
+fn out_of_range_times_and_restart_counts_neither_overflow_nor_flood() {
+    // Found by startline-fuzz: a submit time of i64::MAX seconds overflowed `* 1000` (a panic in debug builds),
+    // and restart_cnt 4000000000 made one diff loop (and allocate) four billion `requeued` events.
+    let mut v: serde_json::Value = serde_json::from_str(SQUEUE_2205).expect("json");
+    let mut job = v["jobs"][0].clone();
+    job["submit_time"] = i64::MAX.into();
+    job["start_time"] = i64::MAX.into();
+    job["end_time"] = i64::MAX.into();
+    job["restart_cnt"] = 4_000_000_000u64.into();
+    v["jobs"] = serde_json::json!([job]);
+    let jobs = parse_squeue(&v.to_string()).expect("parsed");
+    let (e, mem) = diff(&mapping(), &jobs[0], &JobMemory::default(), NOW);
+    let requeued = e.iter().filter(|e| matches!(e.kind, Some(Kind::Requeued(_)))).count();
+    assert_eq!(requeued, MAX_REQUEUES_PER_POLL as usize);
+    assert_eq!(mem.restarts, 4_000_000_000, "attempts keep Slurm's numbering");
+    assert_eq!(e.last().and_then(|e| e.attempt), Some(4_000_000_001));
+    let at = startline_proto::time::timestamp_to_ms(e[0].occurred_at.as_ref().expect("time"));
+    assert_eq!(at, i64::MAX, "saturated, then refused by validation as in the future");
+    assert!(startline_proto::validate::validate_event(&e[0], NOW, &Default::default()).is_err());
+    assert!(diff(&mapping(), &jobs[0], &mem, NOW + 1000).0.is_empty(), "nothing twice");
+    // The largest count Slurm could report as a u32: the attempt saturates instead of overflowing.
+    let mut j = jobs[0].clone();
+    j.restarts = u32::MAX;
+    let (e, _) = diff(&mapping(), &j, &JobMemory::default(), NOW);
+    assert_eq!(e.last().and_then(|e| e.attempt), Some(u32::MAX));
+}
