@@ -4,6 +4,7 @@
 //! The binaries must be built first (`cargo build --workspace --bins`, which the test script does).
 
 pub mod crashtrial;
+pub mod fuzz;
 
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;
