@@ -490,9 +490,9 @@ impl Store {
         Ok(out)
     }
 
-    /// Deletes jobs with their logged events: the log entries first, then the snapshots (a crash in between
-    /// leaves a snapshot whose raw events are gone, and the next retention pass deletes it again).
+    /// Deletes jobs with their logged events and snapshots, atomically, and flushes.
     pub fn delete_jobs(&self, jobs: &[(String, Vec<u64>)]) -> Result<(), StoreError> {
+        use sled::transaction::{TransactionError, Transactional};
         let t = self.t()?;
         let mut log = sled::Batch::default();
         let mut snaps = sled::Batch::default();
@@ -502,8 +502,21 @@ impl Store {
             }
             snaps.remove(job_key(job_id));
         }
-        t.log.apply_batch(log)?;
-        t.jobs.apply_batch(snaps)?;
+        // One transaction over both trees: a crash keeps all of a job or none of it (deleting the log entries
+        // first would let a restart restore the snapshot without its raw events; the snapshot first, rebuild the
+        // job from just its log tail).
+        let applied: Result<(), TransactionError<()>> = (&t.log, &t.jobs).transaction(|(l, j)| {
+            l.apply_batch(&log)?;
+            j.apply_batch(&snaps)?;
+            Ok(())
+        });
+        match applied {
+            Ok(()) => {}
+            Err(TransactionError::Storage(e)) => return Err(e.into()),
+            Err(TransactionError::Abort(())) => {
+                return Err(StoreError::Corrupt { what: "jobs", key: String::new(), reason: "delete aborted".into() })
+            }
+        }
         t.db.flush()?;
         Ok(())
     }
