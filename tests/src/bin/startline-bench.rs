@@ -11,6 +11,12 @@
 //!   on disk per event, and open-loop ack latency p50/p99 at fixed offered rates (10% and 50% of its max);
 //! - restart-to-ready time of the collector binary over a store holding `--restart-jobs` jobs.
 //!
+//! `busy` (`startline-bench busy [--busy-events N] [--busy-rate EV_PER_S]`) measures whether one busy job slows
+//! everyone else: a probe client sends one-event batches for other jobs and records their ack latency, first alone
+//! (the baseline), then while another client streams `--busy-events` events (default 1M, open loop at
+//! `--busy-rate`, default 20000/s) spread over 1000 jobs, onto one job in time order, and onto one job with 1% of
+//! its events late.
+//!
 //! Results print as Markdown for BENCHMARKS.md. Timings live here, never in tests.
 
 use startline_agent::simulate::model::{default_pools, job_events};
@@ -31,6 +37,8 @@ struct Args {
     collector_config: Option<String>,
     waiting: u64,
     crossing: u64,
+    busy_events: usize,
+    busy_rate: u64,
     cmd: String,
 }
 
@@ -42,6 +50,8 @@ fn parse_args() -> Result<Args, String> {
         collector_config: None,
         waiting: 100_000,
         crossing: 2_000,
+        busy_events: 1_000_000,
+        busy_rate: 20_000,
         cmd: String::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -50,22 +60,24 @@ fn parse_args() -> Result<Args, String> {
         let mut val =
             |name: &str| it.next().and_then(|v| v.parse::<u64>().ok()).ok_or(format!("{name} needs a number"));
         match x.as_str() {
-            "ingest" | "slo" | "all" => {
+            "ingest" | "slo" | "busy" | "all" => {
                 saw_cmd = true;
                 a.cmd = x.clone();
             }
             "--waiting" => a.waiting = val("--waiting")?,
             "--crossing" => a.crossing = val("--crossing")?,
+            "--busy-events" => a.busy_events = val("--busy-events")? as usize,
+            "--busy-rate" => a.busy_rate = val("--busy-rate")?.max(1),
             "--events" => a.events = val("--events")? as usize,
             "--batch" => a.batch = val("--batch")? as usize,
             "--restart-jobs" => a.restart_jobs = val("--restart-jobs")?,
             "--collector-config" => a.collector_config = Some(it.next().ok_or("--collector-config needs a file")?),
-            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest|slo|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--collector-config FILE]")),
+            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest|slo|busy|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--collector-config FILE]")),
         }
     }
     if !saw_cmd {
         return Err(
-            "usage: startline-bench ingest|slo|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--collector-config FILE]"
+            "usage: startline-bench ingest|slo|busy|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--collector-config FILE]"
                 .into(),
         );
     }
@@ -328,7 +340,12 @@ async fn run(a: Args) {
     if a.cmd == "slo" || a.cmd == "all" {
         rows.extend(breach_bench(&a).await);
     }
-    rows.extend(restart_bench(&a, a.cmd != "ingest"));
+    if a.cmd == "busy" || a.cmd == "all" {
+        rows.extend(busy_bench(&a).await);
+    }
+    if a.cmd != "busy" {
+        rows.extend(restart_bench(&a, a.cmd != "ingest"));
+    }
     println!();
     println!("| measure | value | ratio |");
     println!("|---|---|---|");
@@ -595,5 +612,201 @@ fn restart_bench(a: &Args, slo_queries: bool) -> Vec<String> {
             ));
         }
     }
+    rows
+}
+
+/// How the busy client's events are laid out over jobs and time.
+#[derive(Clone, Copy)]
+enum Busy {
+    /// Round-robin over 1000 jobs (the same load, no long history).
+    Spread,
+    /// One job, every event later than the one before.
+    InOrder,
+    /// One job, in order except 1% of the events, stamped up to 10 minutes (about 600 events) in the past.
+    Late,
+}
+
+/// The busy client's `i`-th event: a `submitted`, `queued`, `node_assigned` and `first_step`, then a checkpoint
+/// per second of the job's (simulated) life.
+fn busy_event(shape: Busy, phase: &str, i: usize, t0: i64, rng: &mut u64) -> pb::LifecycleEvent {
+    use pb::lifecycle_event::Kind;
+    let (job, k) = match shape {
+        Busy::Spread => (format!("{phase}/job-{}", i % 1000), i / 1000),
+        Busy::InOrder | Busy::Late => (format!("{phase}/busy"), i),
+    };
+    // xorshift64: reproducible, no dependency.
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    let late = matches!(shape, Busy::Late) && k > 1000 && *rng % 100 == 0;
+    let (at_step, lag_ms) = if late { (k - 1 - (*rng >> 8) as usize % 600, 500) } else { (k, 0) };
+    let at = t0 + at_step as i64 * 1000 - lag_ms;
+    let kind = match k {
+        0 => startline_tests::submitted(pb::PoolKind::Dedicated, pb::PriorityClass::Normal, 8),
+        1 => Kind::Queued(pb::Queued { reason: pb::WaitReason::Capacity as i32, ..Default::default() }),
+        2 => Kind::NodeAssigned(Default::default()),
+        3 => Kind::FirstStep(pb::FirstStep { step: 1 }),
+        _ => Kind::Checkpoint(pb::Checkpoint { step: at_step as u64, ..Default::default() }),
+    };
+    startline_tests::event(&job, &format!("e{k}"), at, kind)
+}
+
+/// What the busy client saw.
+struct BusyRun {
+    /// Events per second achieved.
+    eps: f64,
+    /// Ack latency (ack - due) of the first and of the last 10% of its batches, sorted, ms.
+    first: Vec<f64>,
+    last: Vec<f64>,
+}
+
+/// Streams `n` busy events in batches of `batch`, open loop at `rate` events/s (batch i is due at
+/// `i * batch / rate`), so the busy client offers the same load whatever the job's history.
+async fn busy_stream(endpoint: &str, shape: Busy, phase: &str, n: usize, batch: usize, rate: f64) -> BusyRun {
+    let mut c = client(endpoint).await;
+    let count = n.div_ceil(batch);
+    let interval = Duration::from_secs_f64(batch as f64 / rate);
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let mut acks = c.publish(ReceiverStream::new(rx)).await.expect("publish").into_inner();
+    let phase_owned = phase.to_string();
+    let t0 = startline_proto::time::now_ms() - 30 * 86_400_000;
+    let start = tokio::time::Instant::now() + Duration::from_millis(50);
+    let sender = tokio::spawn(async move {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        for b in 0..count {
+            let events = (b * batch..((b + 1) * batch).min(n))
+                .map(|i| busy_event(shape, &phase_owned, i, t0, &mut rng))
+                .collect();
+            tokio::time::sleep_until(start + interval * b as u32).await;
+            if tx.send(pb::PublishRequest { batch_seq: b as u64 + 1, events }).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut lat = Vec::with_capacity(count);
+    while lat.len() < count {
+        match acks.message().await {
+            Ok(Some(ack)) => {
+                assert!(ack.rejections.is_empty(), "busy events rejected: {:?}", ack.rejections.first());
+                let due = start + interval * (ack.batch_seq as u32 - 1);
+                lat.push(tokio::time::Instant::now().saturating_duration_since(due).as_secs_f64() * 1000.0);
+            }
+            other => panic!("stream ended early: {other:?}"),
+        }
+    }
+    let _ = sender.await;
+    let eps = n as f64 / (tokio::time::Instant::now() - start).as_secs_f64();
+    let tenth = (count / 10).max(1);
+    let mut first = lat[..tenth].to_vec();
+    let mut last = lat[count - tenth..].to_vec();
+    first.sort_by(f64::total_cmp);
+    last.sort_by(f64::total_cmp);
+    BusyRun { eps, first, last }
+}
+
+/// Sends one-event batches (a `submitted` of a new job) every 20 ms, one at a time, until `stop` is set (or for
+/// `at_most`); returns the ack latencies in ms, sorted.
+async fn probe(
+    endpoint: String,
+    phase: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    at_most: Duration,
+) -> Vec<f64> {
+    let mut c = client(&endpoint).await;
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let started = Instant::now();
+    let mut lat = Vec::new();
+    let at = startline_proto::time::now_ms() - 60_000;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) && started.elapsed() < at_most {
+        tick.tick().await;
+        let kind = startline_tests::submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 1);
+        let ev = startline_tests::event(&format!("{phase}/probe-{}", lat.len()), "s", at, kind);
+        let sent = Instant::now();
+        let ack = c.publish_batch(pb::PublishRequest { batch_seq: 1, events: vec![ev] }).await.expect("probe acked");
+        assert_eq!(ack.into_inner().accepted, 1);
+        lat.push(sent.elapsed().as_secs_f64() * 1000.0);
+    }
+    lat.sort_by(f64::total_cmp);
+    lat
+}
+
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    sorted.get(((sorted.len().max(1) - 1) as f64 * p).round() as usize).copied().unwrap_or(f64::NAN)
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// One busy job against everyone else's acks (issue 8): probe ack latency alone, then beside a busy client
+/// whose load is spread over 1000 jobs, sent to one job in time order, and sent to one job with 1% late events.
+async fn busy_bench(a: &Args) -> Vec<String> {
+    let n = a.busy_events;
+    println!(
+        "## busy job: {n} events per phase, batches of {} at {} ev/s (open loop); probe: one-event batches every 20 ms",
+        a.batch, a.busy_rate
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The cap must let the busy job reach N events; `--collector-config` replaces this file (set the cap there).
+    let cfg = match &a.collector_config {
+        Some(f) => std::path::PathBuf::from(f),
+        None => {
+            let cfg = dir.path().join("c.toml");
+            std::fs::write(&cfg, format!("[store]\nmax_events_per_job = {}\n", (n + 1000).min(10_000_000)))
+                .expect("config");
+            cfg
+        }
+    };
+    let c = Collector::start(&dir.path().join("db"), &["--log", "warn", "--config", cfg.to_str().expect("utf8")]);
+    let ep = c.endpoint();
+    let idle = probe(ep.clone(), "idle".into(), Default::default(), Duration::from_secs(5)).await;
+    println!(
+        "- baseline, no busy client: probe ack p50 {:.2} ms, p99 {:.2} ms ({} probes)",
+        quantile(&idle, 0.5),
+        quantile(&idle, 0.99),
+        idle.len()
+    );
+    let mut rows = vec![format!(
+        "| probe ack, no busy client (baseline) | p50 {:.2} ms, p99 {:.2} ms | {} probes |",
+        quantile(&idle, 0.5),
+        quantile(&idle, 0.99),
+        idle.len()
+    )];
+    let phases = [
+        (Busy::Spread, "spread", "busy client spread over 1000 jobs"),
+        (Busy::InOrder, "inorder", "one job growing to N events, in order"),
+        (Busy::Late, "late", "one job growing to N events, 1% late"),
+    ];
+    for (shape, phase, what) in phases {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let prober = tokio::spawn(probe(ep.clone(), phase.into(), stop.clone(), Duration::from_secs(3600)));
+        let busy = busy_stream(&ep, shape, phase, n, a.batch, a.busy_rate as f64).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let lat = prober.await.expect("probe task");
+        let (p50, p99) = (quantile(&lat, 0.5), quantile(&lat, 0.99));
+        let (f50, f99) = (quantile(&busy.first, 0.5), quantile(&busy.first, 0.99));
+        let (l50, l99) = (quantile(&busy.last, 0.5), quantile(&busy.last, 0.99));
+        println!(
+            "- {what}: busy {:.0} ev/s, its batch acks first 10% p50 {f50:.2} / p99 {f99:.2} ms, last 10% p50 \
+             {l50:.2} / p99 {l99:.2} ms; probe ack p50 {p50:.2} ms, p99 {p99:.2} ms, max {:.2} ms ({} probes); \
+             collector RSS {:.0} MiB",
+            busy.eps,
+            lat.last().copied().unwrap_or(f64::NAN),
+            lat.len(),
+            rss_mib(c.child.id())
+        );
+        rows.push(format!(
+            "| probe ack, {what} | p50 {p50:.2} ms, p99 {p99:.2} ms | busy batch acks: first 10% p50 {f50:.1} / p99 {f99:.1} ms, last 10% p50 {l50:.1} / p99 {l99:.1} ms |"
+        ));
+    }
+    let status = c.signal_and_wait("TERM");
+    assert!(status.success());
     rows
 }
