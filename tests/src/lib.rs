@@ -5,6 +5,7 @@
 
 pub mod crashtrial;
 pub mod fuzz;
+pub mod overload;
 
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;

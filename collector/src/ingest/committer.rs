@@ -142,6 +142,9 @@ struct Committer {
     last_reopen: std::cell::Cell<Option<Instant>>,
 }
 
+/// Records with more events than this are copied under the index lock and encoded outside it at checkpoints.
+const ENCODE_UNDER_LOCK_MAX_EVENTS: usize = 1024;
+
 /// The least time between two reopens of a failing store.
 const REOPEN_BACKOFF: Duration = Duration::from_millis(500);
 
@@ -500,13 +503,29 @@ impl Checkpoint {
         let mut result = Ok(());
         for chunk in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
             let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
+            // Small records are encoded under the read lock; a large one is copied under it and encoded after,
+            // so a job with a long history holds the committer off for a copy, not for an encoding.
+            let mut large: Vec<(&str, Vec<crate::job::CompactEvent>)> = Vec::new();
             let encoded: Result<Vec<_>, StoreError> = {
                 let idx = self.index.read();
                 chunk
                     .iter()
-                    .filter_map(|id| idx.jobs.get(id.as_str()).map(|r| crate::store::encode_snapshot(id, r)))
+                    .filter_map(|id| {
+                        let r = idx.jobs.get(id.as_str())?;
+                        if r.events.len() > ENCODE_UNDER_LOCK_MAX_EVENTS {
+                            large.push((id.as_str(), r.events.clone()));
+                            return None;
+                        }
+                        Some(crate::store::encode_snapshot_events(id, &r.events))
+                    })
                     .collect()
             };
+            let encoded = encoded.and_then(|mut e| {
+                for (id, events) in &large {
+                    e.push(crate::store::encode_snapshot_events(id, events)?);
+                }
+                Ok(e)
+            });
             result = encoded.and_then(|e| store.write_snapshots(e));
             if result.is_err() {
                 break;

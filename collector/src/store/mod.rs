@@ -189,7 +189,12 @@ fn job_key(job_id: &str) -> Vec<u8> {
 
 /// Encodes one job snapshot as a `jobs` tree key and value.
 pub fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
-    let body = postcard::to_stdvec(&rec.events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
+    encode_snapshot_events(job_id, &rec.events)
+}
+
+/// Encodes one job snapshot from the job's events (in record order).
+pub fn encode_snapshot_events(job_id: &str, events: &[CompactEvent]) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+    let body = postcard::to_stdvec(events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
     Ok((job_key(job_id), seal(&body)))
 }
 

@@ -39,6 +39,7 @@ struct Args {
     crossing: u64,
     busy_events: usize,
     busy_rate: u64,
+    overload_secs: u64,
     cmd: String,
 }
 
@@ -52,6 +53,7 @@ fn parse_args() -> Result<Args, String> {
         crossing: 2_000,
         busy_events: 1_000_000,
         busy_rate: 20_000,
+        overload_secs: 60,
         cmd: String::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -60,7 +62,7 @@ fn parse_args() -> Result<Args, String> {
         let mut val =
             |name: &str| it.next().and_then(|v| v.parse::<u64>().ok()).ok_or(format!("{name} needs a number"));
         match x.as_str() {
-            "ingest" | "slo" | "busy" | "all" => {
+            "ingest" | "slo" | "busy" | "overload" | "all" => {
                 saw_cmd = true;
                 a.cmd = x.clone();
             }
@@ -68,16 +70,17 @@ fn parse_args() -> Result<Args, String> {
             "--crossing" => a.crossing = val("--crossing")?,
             "--busy-events" => a.busy_events = val("--busy-events")? as usize,
             "--busy-rate" => a.busy_rate = val("--busy-rate")?.max(1),
+            "--overload-secs" => a.overload_secs = val("--overload-secs")?.max(1),
             "--events" => a.events = val("--events")? as usize,
             "--batch" => a.batch = val("--batch")? as usize,
             "--restart-jobs" => a.restart_jobs = val("--restart-jobs")?,
             "--collector-config" => a.collector_config = Some(it.next().ok_or("--collector-config needs a file")?),
-            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest|slo|busy|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--collector-config FILE]")),
+            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest|slo|busy|overload|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--overload-secs N] [--collector-config FILE]")),
         }
     }
     if !saw_cmd {
         return Err(
-            "usage: startline-bench ingest|slo|busy|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--collector-config FILE]"
+            "usage: startline-bench ingest|slo|busy|overload|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--overload-secs N] [--collector-config FILE]"
                 .into(),
         );
     }
@@ -343,7 +346,10 @@ async fn run(a: Args) {
     if a.cmd == "busy" || a.cmd == "all" {
         rows.extend(busy_bench(&a).await);
     }
-    if a.cmd != "busy" {
+    if a.cmd == "overload" || a.cmd == "all" {
+        rows.extend(overload_bench(&a).await);
+    }
+    if a.cmd != "busy" && a.cmd != "overload" {
         rows.extend(restart_bench(&a, a.cmd != "ingest"));
     }
     println!();
@@ -352,6 +358,49 @@ async fn run(a: Args) {
     for r in rows {
         println!("{r}");
     }
+}
+
+/// Issue 8 item 7: 8 clients at full speed with `when_full = wait` and `reject`; what clients see, probe
+/// latencies of /healthz and /api/v1/slos during the blast, and RSS.
+async fn overload_bench(a: &Args) -> Vec<String> {
+    use startline_tests::overload::{percentile, run, OverloadConfig};
+    let mut rows = Vec::new();
+    for policy in ["wait", "reject"] {
+        let cfg = OverloadConfig {
+            duration: std::time::Duration::from_secs(a.overload_secs),
+            when_full: policy.to_string(),
+            ..OverloadConfig::default()
+        };
+        println!("## overload: {} clients x {} s, when_full = {policy}", cfg.clients, a.overload_secs);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = run(&cfg, dir.path()).await;
+        let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+        let rate = r.acked_events as f64 / r.seconds.max(0.001);
+        rows.push(format!("| overload {policy}: events acknowledged | {} ({rate:.0} ev/s) | |", r.acked_events));
+        rows.push(format!(
+            "| overload {policy}: stream failures by status | {} | |",
+            if r.statuses.is_empty() { "none".to_string() } else { format!("{:?}", r.statuses) }
+        ));
+        rows.push(format!(
+            "| overload {policy}: RSS before / peak / end | {:.0} / {:.0} / {:.0} MiB | |",
+            mib(r.rss_before),
+            mib(r.rss_peak),
+            mib(r.rss_end)
+        ));
+        for (path, v) in &r.probes {
+            let over = v.iter().filter(|ms| **ms > 100.0).count();
+            rows.push(format!(
+                "| overload {policy}: GET {path} p50 / p99 / max ({} probes, {over} over 100 ms, {} failed) | {:.1} / {:.1} / {:.1} ms | {:.2} of 100 ms (p99) |",
+                v.len(),
+                r.probe_failures.get(path).copied().unwrap_or(0),
+                percentile(v, 0.5),
+                percentile(v, 0.99),
+                percentile(v, 1.0),
+                percentile(v, 0.99) / 100.0
+            ));
+        }
+    }
+    rows
 }
 
 async fn ingest_bench(a: &Args) -> Vec<String> {
