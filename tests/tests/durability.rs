@@ -161,6 +161,17 @@ async fn publish_all(endpoint: String, events: &[pb::LifecycleEvent]) -> (u32, u
     (accepted, duplicates)
 }
 
+/// Publishes `events` in parts 100 ms apart (with a 10 ms checkpoint interval a checkpoint follows each part's
+/// commit, and the next part's group commit flushes that checkpoint's marker), then kills the collector.
+async fn publish_in_parts_then_kill(c: Collector, events: &[pb::LifecycleEvent], part: usize) {
+    for part in events.chunks(part) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(publish_all(c.endpoint(), part).await, (part.len() as u32, 0));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!c.signal_and_wait("KILL").success());
+}
+
 fn lifecycle(prefix: &str, jobs: usize) -> Vec<pb::LifecycleEvent> {
     let base = ago(7200);
     let mut out = Vec::new();
@@ -198,16 +209,8 @@ async fn acknowledged_events_survive_a_second_crash_after_a_checkpoint() {
     assert!(!c.signal_and_wait("KILL").success());
 
     // 2. Restart (A comes back from the log tail); events B are acknowledged and checkpointed; crash.
-    // B goes in parts 100 ms apart: a checkpoint follows each part's commit (every 10 ms), and the next part's
-    // group commit flushes that checkpoint's marker.
     let b = lifecycle("b", 50);
-    let c = Collector::start(&db, &often_args);
-    for part in b.chunks(30) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(publish_all(c.endpoint(), part).await, (part.len() as u32, 0));
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!c.signal_and_wait("KILL").success());
+    publish_in_parts_then_kill(Collector::start(&db, &often_args), &b, 30).await;
 
     // 3. Restart: every acknowledged event is there, and resending any of them is a duplicate.
     let c = Collector::start(&db, &never_args);
@@ -226,13 +229,7 @@ async fn acknowledged_events_survive_a_second_crash_after_a_checkpoint() {
     // 4. And once more through a checkpoint and a crash, to show the state is stable, not lucky.
     let c2_events = lifecycle("c", 10);
     drop(c);
-    let c = Collector::start(&db, &often_args);
-    for part in c2_events.chunks(6) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(publish_all(c.endpoint(), part).await, (part.len() as u32, 0));
-    }
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!c.signal_and_wait("KILL").success());
+    publish_in_parts_then_kill(Collector::start(&db, &often_args), &c2_events, 6).await;
     let c = Collector::start(&db, &never_args);
     let all: Vec<pb::LifecycleEvent> = all.into_iter().chain(c2_events).collect();
     assert_eq!(publish_all(c.endpoint(), &all).await, (0, all.len() as u32), "every acknowledged event is stored");

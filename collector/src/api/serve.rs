@@ -168,19 +168,27 @@ impl AsyncRead for IdleIo {
     }
 }
 
-impl AsyncWrite for IdleIo {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
+impl IdleIo {
+    /// After a write attempt: bytes moved reset the idle clock; a pending write checks the deadline.
+    fn wrote(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
+        match r {
             Poll::Ready(Ok(n)) => {
                 if n > 0 {
-                    this.moved();
+                    self.moved();
                 }
                 Poll::Ready(Ok(n))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.expired(cx),
+            Poll::Pending => self.expired(cx),
         }
+    }
+}
+
+impl AsyncWrite for IdleIo {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(cx, r)
     }
 
     fn poll_write_vectored(
@@ -189,16 +197,8 @@ impl AsyncWrite for IdleIo {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.moved();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => this.expired(cx),
-        }
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.wrote(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {
