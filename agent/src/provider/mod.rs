@@ -13,6 +13,21 @@ pub mod vertex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
+/// Provider free text (status messages, failure reasons, scheduler reasons) made acceptable to the collector's
+/// validation: control characters (a stack trace's newlines and tabs) become spaces and the text is cut to
+/// `max_bytes` at a character boundary. Without this a failure message with a newline got the job's `done`
+/// rejected (found by `startline-fuzz`).
+pub fn free_text(s: &str, max_bytes: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max_bytes));
+    for c in s.chars().map(|c| if c.is_control() { ' ' } else { c }) {
+        if out.len() + c.len_utf8() > max_bytes {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Runs `poll` every `interval` until `stop`, logging what each poll spooled or why it failed (a failed poll is
 /// retried at the next interval; nothing is lost, since memories only move after events are spooled).
 pub async fn poll_loop<F, Fut>(
@@ -101,5 +116,22 @@ impl MemoryStore {
     pub fn flush(&self) -> Result<(), sled::Error> {
         self.tree.flush()?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod free_text_tests {
+    use super::free_text;
+
+    #[test]
+    fn control_characters_become_spaces_and_the_cut_respects_bytes_and_characters() {
+        assert_eq!(
+            free_text("CapacityError:\nno capacity\tin us-east-1", 1024),
+            "CapacityError: no capacity in us-east-1"
+        );
+        // 3-byte characters: 1024 bytes hold 341 of them, never half of one.
+        let t = free_text(&"€".repeat(1000), 1024);
+        assert_eq!(t.len(), 1023);
+        assert!(t.chars().all(|c| c == '€'));
     }
 }

@@ -80,7 +80,7 @@ pub fn parse_describe(v: &Value) -> Option<TrainingJob> {
                         Some(Transition {
                             status: t["Status"].as_str()?.to_string(),
                             start_ms: secs_ms(&t["StartTime"])?,
-                            message: t["StatusMessage"].as_str().unwrap_or("").to_string(),
+                            message: super::free_text(t["StatusMessage"].as_str().unwrap_or(""), 1024),
                         })
                     })
                     .collect()
@@ -209,7 +209,7 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
         let message = if j.failure_reason.is_empty() {
             format!("sagemaker {}", j.secondary)
         } else {
-            j.failure_reason.chars().take(1024).collect()
+            super::free_text(&j.failure_reason, 1024)
         };
         emit(&mut mem, "done".into(), at, Kind::Done(pb::Done { outcome: o as i32, exit_code: None, message }));
         mem.done = true;
@@ -416,6 +416,20 @@ mod tests {
         assert!(mem.done);
         // Polling again changes nothing.
         assert!(diff(&mapping(), &j, &mem).0.is_empty());
+    }
+
+    #[test]
+    fn a_multi_line_failure_reason_still_gives_a_valid_done() {
+        let mut j = load(include_str!("fixtures/sagemaker-describe-failed.json"));
+        j.failure_reason = format!("AlgorithmError: Traceback:\n  File \"train.py\"\n\t{}", "€".repeat(600));
+        let (evs, _) = diff(&mapping(), &j, &JobMemory::default());
+        let now = startline_proto::time::now_ms();
+        for ev in &evs {
+            let checked = startline_proto::validate::validate_event(ev, now, &startline_proto::Limits::default());
+            assert!(checked.is_ok(), "{checked:?}");
+        }
+        let Some(Kind::Done(d)) = &evs[3].kind else { panic!("done") };
+        assert!(d.message.starts_with("AlgorithmError: Traceback:   File"), "{}", d.message);
     }
 
     #[test]

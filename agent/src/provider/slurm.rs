@@ -341,7 +341,7 @@ pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb:
             at,
             Kind::Queued(pb::Queued {
                 reason: map_reason(&j.reason) as i32,
-                raw_reason: j.reason.clone(),
+                raw_reason: super::free_text(&j.reason, 256),
                 message: String::new(),
             }),
         );

@@ -194,7 +194,7 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
     };
     if let Some(o) = outcome {
         let at = j.end_ms.unwrap_or(now_ms).max(j.created_ms);
-        let message = if j.error.is_empty() { j.state.clone() } else { j.error.chars().take(1024).collect() };
+        let message = if j.error.is_empty() { j.state.clone() } else { super::free_text(&j.error, 1024) };
         emit(&mut mem, "done", at, Kind::Done(pb::Done { outcome: o as i32, exit_code: None, message }));
         mem.done = true;
     }
