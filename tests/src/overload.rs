@@ -22,6 +22,8 @@ pub struct OverloadConfig {
     pub duration: Duration,
     /// `wait` or `reject`.
     pub when_full: String,
+    /// `ingest.queue_capacity` (batches waiting for the committer); `None`: the default (256).
+    pub queue_capacity: Option<usize>,
     /// Events per batch.
     pub batch: usize,
     /// Batches in flight per stream.
@@ -36,6 +38,7 @@ impl Default for OverloadConfig {
             clients: 8,
             duration: Duration::from_secs(60),
             when_full: "wait".into(),
+            queue_capacity: None,
             batch: 500,
             window: 32,
             jobs_per_client: 2000,
@@ -172,7 +175,11 @@ async fn blast(
 /// Starts a collector (release binaries, from the harness's own directory) and runs the blast.
 pub async fn run(cfg: &OverloadConfig, dir: &std::path::Path) -> OverloadReport {
     let toml = dir.join("overload.toml");
-    let _ = std::fs::write(&toml, format!("[ingest]\nwhen_full = \"{}\"\n", cfg.when_full));
+    let mut text = format!("[ingest]\nwhen_full = \"{}\"\n", cfg.when_full);
+    if let Some(q) = cfg.queue_capacity {
+        text.push_str(&format!("queue_capacity = {q}\n"));
+    }
+    let _ = std::fs::write(&toml, text);
     let toml_arg = toml.to_string_lossy().into_owned();
     let c = Collector::start(&dir.join("db"), &["--config", &toml_arg, "--log", "warn"]);
     let pid = c.child.id();

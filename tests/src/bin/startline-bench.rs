@@ -365,13 +365,20 @@ async fn run(a: Args) {
 async fn overload_bench(a: &Args) -> Vec<String> {
     use startline_tests::overload::{percentile, run, OverloadConfig};
     let mut rows = Vec::new();
-    for policy in ["wait", "reject"] {
+    // `reject` with a queue smaller than 8 streams x 32 batches in flight, so that it does refuse.
+    for (policy, queue) in [("wait", None), ("reject", Some(16))] {
         let cfg = OverloadConfig {
             duration: std::time::Duration::from_secs(a.overload_secs),
             when_full: policy.to_string(),
+            queue_capacity: queue,
             ..OverloadConfig::default()
         };
-        println!("## overload: {} clients x {} s, when_full = {policy}", cfg.clients, a.overload_secs);
+        println!(
+            "## overload: {} clients x {} s, when_full = {policy}, queue_capacity = {}",
+            cfg.clients,
+            a.overload_secs,
+            queue.map_or("256 (default)".to_string(), |q| q.to_string())
+        );
         let dir = tempfile::tempdir().expect("tempdir");
         let r = run(&cfg, dir.path()).await;
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
