@@ -88,7 +88,7 @@ impl Spool {
     /// Opens (or creates) the spool under `path`.
     pub fn open(path: &Path, limits: SpoolLimits) -> Result<Spool, SpoolError> {
         private_dir(path).map_err(|source| SpoolError::Directory { path: path.to_path_buf(), source })?;
-        let db = sled::Config::new().path(path).open()?;
+        let db = open_retrying_lock(path)?;
         let tree = db.open_tree("spool")?;
         let mut events = 0u64;
         let mut bytes = 0u64;
@@ -194,6 +194,22 @@ impl Spool {
     /// Events refused because the spool was full, since start.
     pub fn refused(&self) -> u64 {
         self.state.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// Opens the sled database. sled's background writers may hold the directory's lock for a moment after the
+/// last handle of a previous open is dropped (a restart in the same process, tests), so a lock conflict is
+/// retried for up to two seconds.
+fn open_retrying_lock(path: &Path) -> Result<sled::Db, sled::Error> {
+    let mut attempts = 0;
+    loop {
+        match sled::Config::new().path(path).open() {
+            Err(sled::Error::Io(e)) if attempts < 100 && e.to_string().contains("could not acquire lock") => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
     }
 }
 
