@@ -335,6 +335,19 @@ async fn connections_over_the_cap_are_closed_and_idle_handshakes_time_out() {
         assert!(Instant::now() < deadline, "no client served after the slots freed: {e:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Operators see both in /metrics.
+    let (_, metrics) = startline_tests::http_get_text(c.http, "/metrics");
+    let count = |reason: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("startline_collector_refusals_total") && l.contains(&format!("reason=\"{reason}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    assert!(count("connection_limit").is_some_and(|n| n >= 1.0), "{metrics}");
+    assert!(count("handshake_timeout").is_some_and(|n| n >= 2.0), "{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

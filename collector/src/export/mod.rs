@@ -320,6 +320,24 @@ impl Telemetry {
             .build();
         let s = sources.clone();
         let _ = meter
+            .u64_observable_counter("startline.collector.refusals")
+            .with_unit("{refusal}")
+            .with_description(
+                "Batches and connections refused at the edge, by reason (queue_full with when_full = reject, \
+                 connection_limit over grpc.max_connections, handshake_timeout past grpc.handshake_timeout)",
+            )
+            .with_callback(move |o| {
+                for (reason, c) in [
+                    ("queue_full", &s.stats.refused_full),
+                    ("connection_limit", &s.stats.connections_refused),
+                    ("handshake_timeout", &s.stats.connections_timed_out),
+                ] {
+                    o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("reason", reason)]);
+                }
+            })
+            .build();
+        let s = sources.clone();
+        let _ = meter
             .u64_observable_gauge("startline.collector.store.healthy")
             .with_description("1 while storage writes succeed, 0 while they fail (see /healthz for the cause)")
             .with_callback(move |o| o.observe(u64::from(s.health.is_healthy()), &[]))
