@@ -154,7 +154,14 @@ async fn a_full_disk_refuses_with_the_cause_and_ingest_resumes_by_itself_when_sp
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        assert!(resumed, "cycle {cycle}: ingest did not resume within 30 s after space returned");
+        if !resumed {
+            let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            panic!(
+                "cycle {cycle}: ingest did not resume within 30 s after space returned; collector log (newest first):\n{}",
+                tail.join("\n")
+            );
+        }
         let (code, health) = http_get(c.http, "/healthz");
         assert_eq!(code, 200, "cycle {cycle}: {health}");
     }
