@@ -80,6 +80,27 @@ pub struct Sources {
     pub clock: Clock,
 }
 
+/// An observable counter over ingest counters, one attribute value (`key`) per counter.
+fn stats_counter(
+    meter: &opentelemetry::metrics::Meter,
+    sources: &Sources,
+    (name, unit, key): (&'static str, &'static str, &'static str),
+    description: &'static str,
+    pick: fn(&IngestStats) -> [(&'static str, &std::sync::atomic::AtomicU64); 3],
+) {
+    let s = sources.clone();
+    let _ = meter
+        .u64_observable_counter(name)
+        .with_unit(unit)
+        .with_description(description)
+        .with_callback(move |o| {
+            for (value, c) in pick(&s.stats) {
+                o.observe(c.load(Ordering::Relaxed), &[KeyValue::new(key, value)]);
+            }
+        })
+        .build();
+}
+
 fn job_attrs(l: &JobLabels) -> Vec<KeyValue> {
     vec![
         KeyValue::new("pool.kind", l.pool_kind),
@@ -303,39 +324,27 @@ impl Telemetry {
                 }
             })
             .build();
-        let s = sources.clone();
-        let _ = meter
-            .u64_observable_counter("startline.collector.events")
-            .with_unit("{event}")
-            .with_description("Events received, by result (accepted, duplicate, rejected)")
-            .with_callback(move |o| {
-                for (result, c) in [
-                    ("accepted", &s.stats.accepted),
-                    ("duplicate", &s.stats.duplicates),
-                    ("rejected", &s.stats.rejected),
-                ] {
-                    o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("result", result)]);
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .u64_observable_counter("startline.collector.refusals")
-            .with_unit("{refusal}")
-            .with_description(
-                "Batches and connections refused at the edge, by reason (queue_full with when_full = reject, \
-                 connection_limit over grpc.max_connections, handshake_timeout past grpc.handshake_timeout)",
-            )
-            .with_callback(move |o| {
-                for (reason, c) in [
-                    ("queue_full", &s.stats.refused_full),
-                    ("connection_limit", &s.stats.connections_refused),
-                    ("handshake_timeout", &s.stats.connections_timed_out),
-                ] {
-                    o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("reason", reason)]);
-                }
-            })
-            .build();
+        stats_counter(
+            &meter,
+            &sources,
+            ("startline.collector.events", "{event}", "result"),
+            "Events received, by result (accepted, duplicate, rejected)",
+            |st| [("accepted", &st.accepted), ("duplicate", &st.duplicates), ("rejected", &st.rejected)],
+        );
+        stats_counter(
+            &meter,
+            &sources,
+            ("startline.collector.refusals", "{refusal}", "reason"),
+            "Batches and connections refused at the edge, by reason (queue_full with when_full = reject, \
+             connection_limit over grpc.max_connections, handshake_timeout past grpc.handshake_timeout)",
+            |st| {
+                [
+                    ("queue_full", &st.refused_full),
+                    ("connection_limit", &st.connections_refused),
+                    ("handshake_timeout", &st.connections_timed_out),
+                ]
+            },
+        );
         let s = sources.clone();
         let _ = meter
             .u64_observable_gauge("startline.collector.store.healthy")

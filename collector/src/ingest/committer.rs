@@ -531,7 +531,7 @@ impl Checkpoint {
                 break;
             }
         }
-        let result = result.and_then(|()| store.flush()).and_then(|()| store.write_checkpoint_marker(self.through_seq));
+        let result = result.and_then(|()| store.finish_checkpoint(self.through_seq));
         match result {
             Ok(()) => {
                 tracing::debug!(

@@ -403,12 +403,9 @@ impl Store {
     /// Writes snapshots of the given jobs, then records that snapshots now cover the log through `through_seq`.
     ///
     /// Snapshots go in small batches (sled applies a batch under a database-wide lock, and a large one would stall
-    /// the commits running beside it); the marker goes last. A crash part-way leaves some snapshots newer than
-    /// the marker, which is harmless: restore replays the log after the marker and replaying an event a
-    /// snapshot already holds changes nothing (records skip ids they have).
-    ///
-    /// The snapshots are flushed before the marker is written; the marker itself is made durable by the next
-    /// group commit's flush (or shutdown), and until then a restore simply replays from the previous marker.
+    /// the commits running beside it), then [`Store::finish_checkpoint`]. A crash part-way leaves some snapshots
+    /// newer than the marker, which is harmless: restore skips the log entries a snapshot already holds.
+    /// (The committer's checkpointer writes its chunks under its own locks and finishes the same way.)
     pub fn checkpoint<'a>(
         &self,
         jobs: impl Iterator<Item = (&'a str, &'a JobRecord)>,
@@ -424,8 +421,7 @@ impl Store {
             }
         }
         self.write_snapshots(chunk)?;
-        self.flush()?;
-        self.write_checkpoint_marker(through_seq)?;
+        self.finish_checkpoint(through_seq)?;
         Ok(n)
     }
 
@@ -445,10 +441,13 @@ impl Store {
         Ok(())
     }
 
-    /// Records that snapshots cover the log through `through_seq`. Call only after every snapshot of the
-    /// checkpoint is written and flushed.
-    pub fn write_checkpoint_marker(&self, through_seq: u64) -> Result<(), StoreError> {
+    /// Ends a checkpoint whose snapshots are all written: flushes them, then records that snapshots cover the log
+    /// through `through_seq`. The flush comes first so a crash can never keep the marker and lose a snapshot it
+    /// depends on; the marker itself is made durable by the next group commit's flush (or shutdown), and until
+    /// then a restore simply replays from the previous marker.
+    pub fn finish_checkpoint(&self, through_seq: u64) -> Result<(), StoreError> {
         let t = self.t()?;
+        t.db.flush()?;
         t.jobs.insert(CHECKPOINT_KEY, seal(&through_seq.to_be_bytes()))?;
         Ok(())
     }
