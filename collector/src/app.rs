@@ -16,17 +16,18 @@ use crate::alert::http::HttpUrl;
 use crate::alert::notify::{self, Target};
 use crate::alert::{AlertBoard, AlertLoop, AlertStats};
 use crate::api::{self, ApiState};
+use crate::applier::{self, CommitterSettings};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::export::labels::LabelLimiter;
 use crate::export::{Sources, Telemetry};
-use crate::ingest::committer::{self, CommitterSettings};
+use crate::index::cold::{ColdJobs, Dictionary, Folded};
+use crate::index::{JobIndex, SharedIndex};
 use crate::ingest::conn::{ConnectionLimits, Incoming};
 use crate::ingest::service::{EdgeSettings, Ingest, IngestServer};
 use crate::ingest::IngestStats;
 use crate::slo::SloEngine;
-use crate::state::{JobIndex, SharedIndex};
-use crate::store::{Store, StoreError};
+use crate::store::{Restored, Store, StoreError, StoreOptions};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -105,14 +106,16 @@ pub async fn run_with_clock(
     let slo_defs = config.slos.clone();
     let now = clock.now_ms();
     let limiter = LabelLimiter::new(&config.metrics.labels);
+    let cache_bytes = config.cache_bytes;
     let (store, restored, index, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
-        let store = Store::open(&path)?;
-        let mut restored = store.restore()?;
+        let store = Store::open_with(&path, StoreOptions { cache_bytes })?;
+        let (mut restored, cold) = restore_index(&store)?;
         // SLO state and metric gauges are derived from the jobs: rebuilding them after a restore finds every
         // deadline crossed while the collector was down, and stored alert state keeps those pages from repeating.
         let jobs = std::mem::take(&mut restored.jobs);
         let dirty = std::mem::take(&mut restored.dirty);
-        let index = JobIndex::new_at(jobs, restored.last_seq, SloEngine::new(slo_defs), limiter, now).with_dirty(dirty);
+        let index =
+            JobIndex::new_at(jobs, cold, restored.last_seq, SloEngine::new(slo_defs), limiter, now).with_dirty(dirty);
         let alerts = store.load_alerts()?;
         Ok((store, restored, index, alerts))
     })
@@ -120,7 +123,10 @@ pub async fn run_with_clock(
     .map_err(|e| AppError::Runtime(format!("restore task: {e}")))?
     .map_err(store_err)?;
     tracing::info!(
-        jobs = index.jobs.len(),
+        jobs = index.len(),
+        hot = index.jobs.len(),
+        folded = restored.folded,
+        unfolded = restored.unfolded,
         snapshots = restored.snapshots,
         replayed = restored.replayed,
         rebuilt_from_log = restored.rebuilt.as_deref().unwrap_or("no"),
@@ -163,7 +169,7 @@ pub async fn run_with_clock(
     };
 
     let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
-    let committer = committer::spawn(
+    let committer = applier::spawn(
         store.clone(),
         index.clone(),
         rx,
@@ -176,6 +182,8 @@ pub async fn run_with_clock(
             retention: config.retention,
             retention_interval: config.retention_interval,
             max_events_per_job: config.max_events_per_job,
+            fold_after: config.fold_after,
+            fold_interval: config.fold_interval,
         },
         stats.clone(),
         health.clone(),
@@ -374,4 +382,23 @@ pub async fn run_with_clock(
     }
     tracing::info!("collector stopped");
     Ok(())
+}
+
+/// Restores the store with its folded jobs decoded into rows: the dictionary first, then every summary.
+pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> {
+    let dict = Dictionary::load(store.load_dictionary()?).map_err(|reason| StoreError::Corrupt {
+        what: "dictionary",
+        key: String::new(),
+        reason,
+    })?;
+    let mut cold = ColdJobs { rows: std::collections::BTreeMap::new(), dict };
+    let restored = store.restore_with(|job_id, body| {
+        let row = Folded::decode(body)?;
+        if cold.dict.get(row.attrs).is_none() {
+            return Err(format!("attribute set {} is not in the dictionary", row.attrs));
+        }
+        cold.rows.insert(job_id.into(), row);
+        Ok(())
+    })?;
+    Ok((restored, cold))
 }

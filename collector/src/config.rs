@@ -183,6 +183,13 @@ pub struct StoreSection {
     pub retention_interval: Option<String>,
     /// Most events stored per job; later events of a job that has this many are rejected. Default 100000.
     pub max_events_per_job: Option<usize>,
+    /// Ended jobs unchanged for this long are folded out of memory into a compact summary (their events stay
+    /// on disk), e.g. `"5m"`. Default 5m; `"0s"` keeps every job in memory.
+    pub fold_after: Option<String>,
+    /// How often jobs to fold are looked for. Default 10s.
+    pub fold_interval: Option<String>,
+    /// sled's page cache, MiB. Default 64.
+    pub cache_mib: Option<usize>,
 }
 
 /// `[grpc]`
@@ -277,6 +284,12 @@ pub struct Config {
     pub retention_interval: Duration,
     /// Most events stored per job.
     pub max_events_per_job: usize,
+    /// Ended jobs unchanged for this long are folded out of memory (None: never).
+    pub fold_after: Option<Duration>,
+    /// How often fold candidates are looked for.
+    pub fold_interval: Duration,
+    /// sled's page cache, bytes.
+    pub cache_bytes: u64,
     /// gRPC listen address.
     pub grpc_listen: SocketAddr,
     /// Largest gRPC message, bytes.
@@ -412,6 +425,17 @@ impl FileConfig {
         );
         let max_events_per_job =
             range(&mut errs, "store.max_events_per_job", self.store.max_events_per_job, 100_000, 1, 10_000_000);
+        let fold_after =
+            dur(&mut errs, "store.fold_after", &self.store.fold_after, Duration::from_secs(300), Duration::ZERO);
+        let fold_after = (!fold_after.is_zero()).then_some(fold_after);
+        let fold_interval = dur(
+            &mut errs,
+            "store.fold_interval",
+            &self.store.fold_interval,
+            Duration::from_secs(10),
+            Duration::from_millis(10),
+        );
+        let cache_bytes = range(&mut errs, "store.cache_mib", self.store.cache_mib, 64, 4, 1 << 20) as u64 * (1 << 20);
         let grpc_listen = addr(&mut errs, "grpc.listen", &self.grpc.listen, "127.0.0.1:50051");
         let http_listen = addr(&mut errs, "http.listen", &self.http.listen, "127.0.0.1:8080");
         if grpc_listen == http_listen && grpc_listen.port() != 0 {
@@ -591,6 +615,9 @@ impl FileConfig {
             retention,
             retention_interval,
             max_events_per_job,
+            fold_after,
+            fold_interval,
+            cache_bytes,
             grpc_listen,
             max_message_bytes,
             max_batch_events,

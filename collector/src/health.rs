@@ -1,6 +1,7 @@
 //! The collector's health as /healthz, /readyz and self-metrics report it: whether storage writes are failing
 //! (and why, in words safe to show a client), and whether the committer thread is still alive. Written by the
-//! applier (committer and checkpointer), read by the API and the exporter.
+//! applier (committer and checkpointer), read by the API and the exporter. Also the ingest counters
+//! ([`IngestStats`]), written by the edge and the applier and read by the exporter.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -98,5 +99,33 @@ mod tests {
         h.committer_died();
         h.storage_ok();
         assert!(!h.is_healthy(), "a dead committer is not cured by a write");
+    }
+}
+
+/// Counters of the ingest path, read by the metrics exporter and the benchmark.
+#[derive(Debug, Default)]
+pub struct IngestStats {
+    /// Events stored for the first time.
+    pub accepted: AtomicU64,
+    /// Events acknowledged as duplicates.
+    pub duplicates: AtomicU64,
+    /// Events rejected by validation or by the per-job event cap.
+    pub rejected: AtomicU64,
+    /// Group commits written.
+    pub commits: AtomicU64,
+    /// Total time spent in group commits (write + flush), microseconds.
+    pub commit_micros: AtomicU64,
+    /// Batches refused because the queue was full (`when_full = "reject"`).
+    pub refused_full: AtomicU64,
+    /// gRPC connections closed at accept because `grpc.max_connections` were open.
+    pub connections_refused: AtomicU64,
+    /// gRPC connections closed because their HTTP/2 handshake did not arrive within `grpc.handshake_timeout`.
+    pub connections_timed_out: AtomicU64,
+}
+
+impl IngestStats {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
     }
 }

@@ -19,13 +19,14 @@
 pub mod alert;
 pub mod api;
 pub mod app;
+pub mod applier;
 pub mod clock;
 pub mod compare;
 pub mod config;
 pub mod export;
 pub mod health;
+pub mod index;
 pub mod ingest;
 pub mod job;
 pub mod slo;
-pub mod state;
 pub mod store;

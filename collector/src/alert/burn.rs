@@ -120,8 +120,8 @@ mod tests {
                     kind: EventKind::FirstStep { step: 1 },
                 });
             }
-            let mut rec = JobRecord::from_events(evs);
-            e.on_job(&id, &mut rec, T0);
+            let rec = JobRecord::from_events(evs);
+            e.on_job(&id, &rec.timeline, &mut Vec::new(), T0);
         }
         e
     }

@@ -13,7 +13,7 @@ pub mod notify;
 
 use crate::clock::Clock;
 use crate::config::AlertConfig;
-use crate::state::{JobIndex, SharedIndex};
+use crate::index::{JobIndex, SharedIndex};
 use crate::store::Store;
 use serde::{Deserialize, Serialize};
 use startline_proto::labels::Label;
@@ -191,8 +191,8 @@ impl AlertLoop {
     fn job_pages(&self, now: i64, reconcile: bool) -> Vec<AlertRecord> {
         let mut out = Vec::new();
         let mut idx = self.index.write();
+        idx.advance_deadlines(now);
         let JobIndex { jobs, slo, .. } = &mut *idx;
-        slo.advance(jobs, now);
         let changes = slo.take_changes();
         for ch in changes {
             let Some(def) = slo.defs().get(ch.slo as usize) else { continue };
@@ -202,7 +202,7 @@ impl AlertLoop {
             let key = format!("job/{}/{}", def.name, ch.job_id);
             if ch.firing {
                 let Some(rec) = jobs.get(&ch.job_id) else { continue };
-                let t = &rec.timeline;
+                let t = &rec.rec.timeline;
                 let Some(attrs) = t.attrs.as_ref() else { continue };
                 let sub = t.submitted_at.unwrap_or(now);
                 if now - (sub + def.threshold_ms) > self.config.page_max_age.as_millis() as i64 {

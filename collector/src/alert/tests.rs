@@ -61,8 +61,14 @@ struct Harness {
 
 fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
     let map: BTreeMap<String, JobRecord> = jobs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    let index =
-        SharedIndex::new(JobIndex::new_at(map, 1, SloEngine::new(SloDef::defaults()), limiter(), clock.now_ms()));
+    let index = SharedIndex::new(JobIndex::new_at(
+        map,
+        Default::default(),
+        1,
+        SloEngine::new(SloDef::defaults()),
+        limiter(),
+        clock.now_ms(),
+    ));
     let board = AlertBoard::default();
     for a in store.load_alerts().expect("load alerts") {
         board.insert(a);
@@ -122,16 +128,14 @@ async fn pages_at_the_crossing_and_resolves_when_the_job_starts() {
     tokio::time::advance(Duration::from_millis(2 * MIN as u64)).await;
     {
         let mut idx = h.index.write();
-        let JobIndex { jobs, slo, .. } = &mut *idx;
-        let rec = jobs.get_mut("slurm/a/1").expect("job");
-        rec.insert(CompactEvent {
+        let ev = CompactEvent {
             at_ms: T0 + 12 * MIN,
             id_hash: 7,
             seq: 2,
             attempt: None,
             kind: EventKind::FirstStep { step: 1 },
-        });
-        slo.on_job("slurm/a/1", rec, T0 + 12 * MIN);
+        };
+        idx.insert("slurm/a/1", ev, T0 + 12 * MIN);
     }
     h.wake.notify_one();
     let resolved = h.next().await;
@@ -192,7 +196,14 @@ async fn a_slow_notifier_never_blocks_the_loop() {
     // A notifier queue of one that nobody reads, and many jobs crossing: the loop keeps going and counts drops.
     let (tx, _rx) = mpsc::channel(1);
     let jobs: BTreeMap<String, JobRecord> = (0..20).map(|i| (format!("j{i}"), urgent_job(&format!("j{i}")))).collect();
-    let index = SharedIndex::new(JobIndex::new_at(jobs, 1, SloEngine::new(SloDef::defaults()), limiter(), T0));
+    let index = SharedIndex::new(JobIndex::new_at(
+        jobs,
+        Default::default(),
+        1,
+        SloEngine::new(SloDef::defaults()),
+        limiter(),
+        T0,
+    ));
     let stats = Arc::new(AlertStats::default());
     let board = AlertBoard::default();
     let stop = CancellationToken::new();

@@ -3,7 +3,7 @@
 use super::extract::{ApiPath, Params};
 use super::json::{attrs_detail, event_json, job_summary, parse_time, timeline_detail};
 use super::{ApiError, ApiState};
-use crate::job::{JobRecord, JobState};
+use crate::job::{CompactEvent, JobRecord, JobState, Timeline};
 use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
@@ -23,8 +23,7 @@ struct Filter {
 }
 
 impl Filter {
-    fn matches(&self, rec: &JobRecord) -> bool {
-        let t = &rec.timeline;
+    fn matches(&self, t: &Timeline) -> bool {
         if self.state.is_some_and(|s| s != t.state) {
             return false;
         }
@@ -97,8 +96,8 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<V
     let (jobs, next) = tokio::task::spawn_blocking(move || {
         let mut jobs: Vec<Value> = Vec::with_capacity(limit.min(1000));
         let mut next = None;
-        index.scan_from(page_token.as_deref(), super::compare::SCAN_CHUNK, |id, rec| {
-            if !f.matches(rec) {
+        index.scan_from(page_token.as_deref(), super::compare::SCAN_CHUNK, |id, job| {
+            if !f.matches(job.timeline) {
                 return true;
             }
             if jobs.len() == limit {
@@ -106,7 +105,7 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<V
                 next = jobs.last().and_then(|j| j["job_id"].as_str().map(str::to_string));
                 return false;
             }
-            jobs.push(job_summary(id, rec, now));
+            jobs.push(job_summary(id, job.timeline, now));
             true
         });
         (jobs, next)
@@ -116,30 +115,40 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<V
     Ok(Json(json!({ "jobs": jobs, "next_page_token": next })))
 }
 
-/// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events.
+/// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events. A folded job's events
+/// are read from its archive and its timeline derived again from them.
 pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>) -> Result<Json<Value>, ApiError> {
     let now = startline_proto::time::now_ms();
-    let (mut body, seqs) = {
+    let hot = {
         let idx = s.index.read();
-        let rec = idx.jobs.get(&job_id).ok_or_else(|| ApiError::not_found(format!("job {job_id:?} is not known")))?;
-        let mut body = job_summary(&job_id, rec, now);
-        body["attributes"] = attrs_detail(&rec.timeline);
-        body["timeline"] = timeline_detail(&rec.timeline, now);
-        (body, rec.events.iter().map(|e| e.seq).collect::<Vec<_>>())
+        match idx.jobs.get(&job_id) {
+            Some(h) => Some((h.rec.timeline.clone(), h.rec.events.iter().map(|e| e.seq).collect::<Vec<_>>())),
+            None if idx.folded(&job_id).is_some() => None,
+            None => return Err(ApiError::not_found(format!("job {job_id:?} is not known"))),
+        }
     };
     let store = s.store.clone();
-    let events = tokio::task::spawn_blocking(move || -> Result<Vec<Value>, crate::store::StoreError> {
-        let mut out = Vec::with_capacity(seqs.len());
-        for seq in seqs {
-            if let Some(ev) = store.event(seq)? {
-                out.push(event_json(seq, &ev));
+    let id = job_id.clone();
+    let (timeline, events) = tokio::task::spawn_blocking(move || -> Result<_, crate::store::StoreError> {
+        let (timeline, events) = match hot {
+            Some((t, seqs)) => (t, store.job_events(&id, &seqs)?),
+            None => {
+                // Shown in the job's canonical order, as for a hot job.
+                let mut by_seq: std::collections::HashMap<u64, _> = store.archived(&id)?.into_iter().collect();
+                let compact = by_seq.iter().filter_map(|(seq, e)| CompactEvent::from_pb(e, *seq)).collect();
+                let rec = JobRecord::from_events(compact);
+                let events = rec.events.iter().filter_map(|c| Some((c.seq, by_seq.remove(&c.seq)?))).collect();
+                (rec.timeline, events)
             }
-        }
-        Ok(out)
+        };
+        Ok((timeline, events))
     })
     .await
     .map_err(ApiError::unavailable)?
     .map_err(ApiError::unavailable)?;
-    body["events"] = Value::Array(events);
+    let mut body = job_summary(&job_id, &timeline, now);
+    body["attributes"] = attrs_detail(&timeline);
+    body["timeline"] = timeline_detail(&timeline, now);
+    body["events"] = Value::Array(events.iter().map(|(seq, ev)| event_json(*seq, ev)).collect());
     Ok(Json(body))
 }

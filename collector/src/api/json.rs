@@ -1,6 +1,6 @@
 //! JSON renderings of jobs, timelines and raw events, and time parsing for query parameters.
 
-use crate::job::{JobRecord, Timeline};
+use crate::job::Timeline;
 use serde_json::{json, Map, Value};
 use startline_proto::labels::Label;
 use startline_proto::pb::{self, lifecycle_event::Kind};
@@ -36,8 +36,7 @@ fn secs(ms: i64) -> f64 {
 }
 
 /// The summary of a job shown in listings.
-pub fn job_summary(job_id: &str, rec: &JobRecord, now_ms: i64) -> Value {
-    let t = &rec.timeline;
+pub fn job_summary(job_id: &str, t: &Timeline, now_ms: i64) -> Value {
     let mut m = Map::new();
     m.insert("job_id".into(), json!(job_id));
     m.insert("state".into(), json!(t.state.label()));

@@ -12,7 +12,7 @@ mod overview;
 pub mod serve;
 mod slos;
 
-use crate::state::SharedIndex;
+use crate::index::SharedIndex;
 use crate::store::Store;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

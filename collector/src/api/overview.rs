@@ -42,8 +42,8 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
         let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
         let mut by_pool: BTreeMap<(String, String, String, String), Vec<f64>> = BTreeMap::new();
         let mut series: BTreeMap<(String, i64), Vec<f64>> = BTreeMap::new();
-        index.for_each_job(super::compare::SCAN_CHUNK, |_, rec| {
-            let t = &rec.timeline;
+        index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
+            let t = job.timeline;
             *states.entry(t.state.label()).or_default() += 1;
             let (Some(a), Some(f), Some(ttfs)) = (t.attrs.as_ref(), t.first_step_at, t.time_to_first_step_ms()) else {
                 return;

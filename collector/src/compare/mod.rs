@@ -9,7 +9,8 @@
 pub mod stats;
 pub mod svg;
 
-use crate::job::{JobAttrs, JobRecord};
+use crate::index::JobRef;
+use crate::job::JobAttrs;
 use crate::slo::{SloDef, Standing};
 use serde::Serialize;
 use startline_proto::labels::Label;
@@ -251,8 +252,8 @@ fn secs(ms: i64) -> f64 {
 }
 
 impl Side {
-    fn add(&mut self, rec: &JobRecord) {
-        let t = &rec.timeline;
+    fn add(&mut self, job: JobRef<'_>) {
+        let t = job.timeline;
         self.jobs += 1;
         // Saturating: timestamps come from clients, and a difference of extreme ones must not overflow.
         let ttfs = t.first_step_at.zip(t.submitted_at).map(|(f, s)| f.saturating_sub(s));
@@ -270,7 +271,7 @@ impl Side {
             let e = self.wait_ms.entry(seg.label()).or_default();
             *e = e.saturating_add(*ms);
         }
-        for c in &rec.slo {
+        for c in job.slo {
             let e = self.slo.entry(c.slo).or_default();
             match c.standing {
                 Standing::Good { .. } => e.0 += 1,
@@ -360,9 +361,9 @@ impl Collector {
     }
 
     /// Adds one job (ignored unless submitted in the window and on a side).
-    pub fn add(&mut self, rec: &JobRecord) {
+    pub fn add(&mut self, job: JobRef<'_>) {
         let q = &self.q;
-        let t = &rec.timeline;
+        let t = job.timeline;
         let (Some(a), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
         if sub < q.now_ms.saturating_sub(q.window_ms) || sub > q.now_ms {
             return;
@@ -378,10 +379,10 @@ impl Collector {
         for k in keys {
             let g = self.groups.entry(k).or_default();
             if l {
-                g.0.add(rec);
+                g.0.add(job);
             }
             if r {
-                g.1.add(rec);
+                g.1.add(job);
             }
         }
     }

@@ -5,6 +5,7 @@
 
 use super::svg::{cdf_overlay, MAX_NAME_CHARS, NO_DATA};
 use super::*;
+use crate::index::HotJob;
 use crate::job::{Segment, Timeline};
 use crate::slo::Contribution;
 use proptest::prelude::*;
@@ -274,8 +275,8 @@ proptest! {
         let mut c = Collector::new(q.clone());
         let mut s = Collector::new(Query { by: None, ..q });
         for rec in &jobs {
-            c.add(rec);
-            s.add(rec);
+            c.add(rec.view());
+            s.add(rec.view());
         }
         let report = c.finish(&slos);
         let text = serde_json::to_string(&report).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -335,7 +336,7 @@ fn instant() -> impl Strategy<Value = i64> {
 }
 
 /// A job record with a hand-made timeline (as odd as timestamps from clients can make it).
-fn job() -> impl Strategy<Value = JobRecord> {
+fn job() -> impl Strategy<Value = HotJob> {
     (
         prop_oneof![Just(pb::PoolKind::Managed), Just(pb::PoolKind::Dedicated)],
         prop_oneof![Just("h100"), Just("a100")],
@@ -364,8 +365,8 @@ fn job() -> impl Strategy<Value = JobRecord> {
                     breached_waiting: false,
                 })
                 .collect();
-            let mut rec = JobRecord::default();
-            (rec.timeline, rec.slo) = (timeline, slo);
+            let mut rec = HotJob::default();
+            (rec.rec.timeline, rec.slo) = (timeline, slo);
             rec
         })
 }

@@ -6,13 +6,13 @@
 //! Synchronous instruments (histograms, counters) are recorded by the committer from job transitions
 //! ([`jobs`]); gauges are observed at collection time from state kept incrementally (no scan of all jobs).
 
-pub mod jobs;
-pub mod labels;
+/// Moved to the index (derived per-job metric state lives beside the jobs); re-exported for old paths.
+pub use crate::index::{footprint as jobs, labels};
 
 use crate::alert::AlertBoard;
 use crate::clock::Clock;
+use crate::index::SharedIndex;
 use crate::ingest::IngestStats;
-use crate::state::SharedIndex;
 use crate::store::Store;
 use jobs::Observation;
 use labels::JobLabels;

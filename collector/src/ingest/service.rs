@@ -11,8 +11,8 @@
 //! connections cannot keep the committer from draining at shutdown.
 
 use super::codec::{inbound_error, PublishCodec};
-use super::committer::{CommitError, CommitRequest, CommitResult, PreparedEvent};
 use super::IngestStats;
+use crate::applier::{CommitError, CommitRequest, CommitResult, PreparedEvent};
 use crate::config::WhenFull;
 use crate::job::CompactEvent;
 use crate::store::encode_log_value;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The job's attributes, from its `submitted` event.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct JobAttrs {
     /// Managed endpoint or dedicated pool.
     pub pool_kind: pb::PoolKind,
@@ -36,6 +36,28 @@ pub struct JobAttrs {
     pub chain_stage: String,
     /// Extra labels (stored and shown, never exported as metric labels).
     pub labels: BTreeMap<String, String>,
+}
+
+impl JobAttrs {
+    /// Placeholder attributes (every name `unknown`), shown when stored attributes cannot be read.
+    pub fn unknown() -> JobAttrs {
+        let u = || "unknown".to_string();
+        JobAttrs {
+            pool_kind: pb::PoolKind::default(),
+            provider: u(),
+            pool: u(),
+            priority: pb::PriorityClass::default(),
+            gpu_class: String::new(),
+            gpu_count: 0,
+            node_count: 0,
+            region: String::new(),
+            team: u(),
+            project: String::new(),
+            chain_id: String::new(),
+            chain_stage: String::new(),
+            labels: BTreeMap::new(),
+        }
+    }
 }
 
 /// What happened, reduced to what the timeline uses.

@@ -40,12 +40,6 @@ pub struct JobRecord {
     /// Derived from `events`; kept up to date on every insert.
     #[serde(skip)]
     pub timeline: Timeline,
-    /// The job's current contribution to each SLO that covers it (kept by [`crate::slo::SloEngine`]).
-    #[serde(skip)]
-    pub slo: Vec<crate::slo::Contribution>,
-    /// What the metrics last saw of the job (kept by [`crate::export::jobs`]).
-    #[serde(skip)]
-    pub metrics: Option<crate::export::jobs::Footprint>,
     /// Where the fold that derived `timeline` left off.
     #[serde(skip)]
     fold: Fold,
@@ -57,10 +51,7 @@ pub struct JobRecord {
 /// Records are equal when their events and what was derived from them are; the caches do not count.
 impl PartialEq for JobRecord {
     fn eq(&self, other: &Self) -> bool {
-        self.events == other.events
-            && self.timeline == other.timeline
-            && self.slo == other.slo
-            && self.metrics == other.metrics
+        self.events == other.events && self.timeline == other.timeline
     }
 }
 

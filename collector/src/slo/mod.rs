@@ -18,7 +18,7 @@
 pub mod def;
 pub mod window;
 
-use crate::job::{JobRecord, Timeline};
+use crate::job::Timeline;
 pub use def::{Hours, Selector, SloDef};
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -216,11 +216,18 @@ impl SloEngine {
         std::mem::take(&mut self.changes)
     }
 
-    /// Re-assesses one job after its timeline changed, replacing its old contributions.
-    pub fn on_job(&mut self, job_id: &str, rec: &mut JobRecord, now_ms: i64) {
-        let new: Vec<Contribution> =
-            self.defs.iter().enumerate().filter_map(|(i, d)| assess(i as u16, d, &rec.timeline, now_ms)).collect();
-        let old = std::mem::take(&mut rec.slo);
+    /// Every contribution of a timeline, as of `now_ms`, into `out` (cleared first).
+    pub fn assess_into(&self, t: &Timeline, now_ms: i64, out: &mut Vec<Contribution>) {
+        out.clear();
+        out.extend(self.defs.iter().enumerate().filter_map(|(i, d)| assess(i as u16, d, t, now_ms)));
+    }
+
+    /// Re-assesses one job after its timeline changed, replacing its old contributions (`contribs`: what the job
+    /// contributed so far, updated to what it contributes now).
+    pub fn on_job(&mut self, job_id: &str, t: &Timeline, contribs: &mut Vec<Contribution>, now_ms: i64) {
+        let mut new = Vec::new();
+        self.assess_into(t, now_ms, &mut new);
+        let old = std::mem::take(contribs);
         for c in &old {
             self.apply(job_id, c, -1);
         }
@@ -239,13 +246,23 @@ impl SloEngine {
                 self.changes.push(PageChange { slo: o.slo, job_id: job_id.to_string(), firing: false });
             }
         }
-        rec.slo = new;
+        *contribs = new;
     }
 
     /// Removes a job's contributions (the job is being deleted).
-    pub fn forget(&mut self, job_id: &str, rec: &mut JobRecord) {
-        for c in std::mem::take(&mut rec.slo) {
+    pub fn forget(&mut self, job_id: &str, contribs: &mut Vec<Contribution>) {
+        for c in std::mem::take(contribs) {
             self.apply(job_id, &c, -1);
+        }
+    }
+
+    /// Adds (`sign` 1) or removes (-1) the contributions of an ended job that keeps none of its own (a folded
+    /// job): an ended job's contributions do not depend on `now_ms`, so they are recomputed, not remembered.
+    pub fn count_ended(&mut self, job_id: &str, t: &Timeline, now_ms: i64, sign: i64) {
+        let mut cs = Vec::new();
+        self.assess_into(t, now_ms, &mut cs);
+        for c in &cs {
+            self.apply(job_id, c, sign);
         }
     }
 
@@ -273,8 +290,9 @@ impl SloEngine {
         }
     }
 
-    /// Moves every job whose deadline is at or before `now_ms` from pending to bad. Returns how many crossed.
-    pub fn advance(&mut self, jobs: &mut std::collections::BTreeMap<String, JobRecord>, now_ms: i64) -> usize {
+    /// Takes the jobs whose deadline is at or before `now_ms` (each once, in id order): the caller re-assesses
+    /// each with [`SloEngine::on_job`], which moves it from pending to bad.
+    pub fn take_due(&mut self, now_ms: i64) -> Vec<String> {
         let mut due = Vec::new();
         while let Some(first) = self.deadlines.first() {
             if first.0 > now_ms {
@@ -286,20 +304,7 @@ impl SloEngine {
         }
         due.sort();
         due.dedup();
-        for job_id in &due {
-            if let Some(rec) = jobs.get_mut(job_id) {
-                self.on_job(job_id, rec, now_ms);
-            }
-        }
-        due.len()
-    }
-
-    /// Assesses every job from scratch (after a restore), ignoring contributions recorded by another engine.
-    pub fn rebuild(&mut self, jobs: &mut std::collections::BTreeMap<String, JobRecord>, now_ms: i64) {
-        for (id, rec) in jobs.iter_mut() {
-            rec.slo.clear();
-            self.on_job(id, rec, now_ms);
-        }
+        due
     }
 
     /// Status of SLO `i` over the `window_ms` ending at `now_ms`.

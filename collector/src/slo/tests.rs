@@ -94,17 +94,22 @@ fn late_first_step_moves_a_breach_to_good_without_double_counting() {
     let mut jobs = BTreeMap::new();
     jobs.insert(
         "j".to_string(),
-        JobRecord::from_events(vec![ev("j", 0, T0, EventKind::Submitted(attrs(pb::PriorityClass::Urgent)))]),
+        Tracked::of(JobRecord::from_events(vec![ev(
+            "j",
+            0,
+            T0,
+            EventKind::Submitted(attrs(pb::PriorityClass::Urgent)),
+        )])),
     );
-    e.rebuild(&mut jobs, T0);
+    rebuild(&mut e, &mut jobs, T0);
     assert_eq!(e.next_deadline(), Some(T0 + 10 * MIN));
-    assert_eq!(e.advance(&mut jobs, T0 + 10 * MIN), 1);
+    assert_eq!(advance(&mut e, &mut jobs, T0 + 10 * MIN), 1);
     assert_eq!(e.take_changes(), vec![PageChange { slo: 0, job_id: "j".into(), firing: true }]);
     assert_eq!(e.counts(0, T0 + 11 * MIN, 3_600_000), Counts { good: 0, bad: 1 });
     // The first step, stamped 9 minutes after submit, arrives late.
-    let rec = jobs.get_mut("j").expect("job");
-    rec.insert(ev("j", 1, T0 + 9 * MIN, EventKind::FirstStep { step: 1 }));
-    e.on_job("j", rec, T0 + 12 * MIN);
+    let tr = jobs.get_mut("j").expect("job");
+    tr.rec.insert(ev("j", 1, T0 + 9 * MIN, EventKind::FirstStep { step: 1 }));
+    e.on_job("j", &tr.rec.timeline, &mut tr.slo, T0 + 12 * MIN);
     assert_eq!(e.counts(0, T0 + 12 * MIN, 3_600_000), Counts { good: 1, bad: 0 });
     assert_eq!(e.take_changes(), vec![PageChange { slo: 0, job_id: "j".into(), firing: false }]);
     assert_eq!(e.next_deadline(), None);
@@ -115,10 +120,11 @@ fn late_submitted_places_the_job_by_its_own_times() {
     let mut e = SloEngine::new(vec![urgent_slo()]);
     let mut rec =
         JobRecord::from_events(vec![ev("j", 1, T0 - 2 * 86_400_000 + 5 * MIN, EventKind::FirstStep { step: 1 })]);
-    e.on_job("j", &mut rec, T0);
+    let mut slo = Vec::new();
+    e.on_job("j", &rec.timeline, &mut slo, T0);
     assert_eq!(e.counts(0, T0, 28 * 86_400_000).total(), 0, "not covered until submitted arrives");
     rec.insert(ev("j", 0, T0 - 2 * 86_400_000, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))));
-    e.on_job("j", &mut rec, T0);
+    e.on_job("j", &rec.timeline, &mut slo, T0);
     // Decided two days ago: inside 3d, outside 1d.
     assert_eq!(e.counts(0, T0, 3 * 86_400_000), Counts { good: 1, bad: 0 });
     assert_eq!(e.counts(0, T0, 86_400_000).total(), 0);
@@ -162,17 +168,17 @@ proptest! {
         }
         // Deliver in a scrambled order (with repeats), re-assessing each time, then everything once more.
         let mut e = SloEngine::new(vec![def]);
-        let mut recs: BTreeMap<String, JobRecord> = BTreeMap::new();
-        let deliver = |e: &mut SloEngine, recs: &mut BTreeMap<String, JobRecord>, (id, evt): &(String, CompactEvent)| {
-            let r = recs.entry(id.clone()).or_default();
-            r.insert(evt.clone());
-            e.on_job(id, r, now);
+        let mut recs: BTreeMap<String, Tracked> = BTreeMap::new();
+        let deliver = |e: &mut SloEngine, recs: &mut BTreeMap<String, Tracked>, (id, evt): &(String, CompactEvent)| {
+            let r = recs.entry(id.clone()).or_insert_with(|| Tracked::of(JobRecord::default()));
+            r.rec.insert(evt.clone());
+            e.on_job(id, &r.rec.timeline, &mut r.slo, now);
         };
         for ix in &order {
             if !events.is_empty() { deliver(&mut e, &mut recs, &events[ix.index(events.len())]); }
         }
         for item in &events { deliver(&mut e, &mut recs, item); }
-        e.advance(&mut recs, now);
+        advance(&mut e, &mut recs, now);
 
         let (mut good, mut bad) = (0u64, 0u64);
         for (sub, fs, done) in &truth {
@@ -186,7 +192,7 @@ proptest! {
         prop_assert_eq!(c, Counts { good, bad });
         // A fresh engine rebuilt from the final records agrees.
         let mut fresh = SloEngine::new(vec![urgent_slo()]);
-        fresh.rebuild(&mut recs, now);
+        rebuild(&mut fresh, &mut recs, now);
         prop_assert_eq!(fresh.counts(0, now, 400 * 86_400_000), c);
         // Identities.
         let st = e.status(0, now, 28 * 86_400_000).expect("status");
@@ -218,11 +224,11 @@ fn percentiles_are_within_one_percent_of_exact_order_statistics() {
         let id = format!("p{i}");
         let sub = T0 + 1800 * 1000 - ttfs.min(1_700_000); // every start falls inside the queried window
         let start = sub + ttfs;
-        let mut rec = JobRecord::from_events(vec![
+        let rec = JobRecord::from_events(vec![
             ev(&id, 0, sub, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
             ev(&id, 1, start, EventKind::FirstStep { step: 1 }),
         ]);
-        e.on_job(&id, &mut rec, start + 1);
+        e.on_job(&id, &rec.timeline, &mut Vec::new(), start + 1);
         values.push(ttfs as f64 / 1000.0);
     }
     values.sort_by(f64::total_cmp);
@@ -245,11 +251,11 @@ fn percentiles_of_waits_of_90_and_400_days_are_not_capped() {
     for (i, days) in [90i64, 400, 400].into_iter().enumerate() {
         let id = format!("long{i}");
         let ttfs = days * DAY + 12_345;
-        let mut rec = JobRecord::from_events(vec![
+        let rec = JobRecord::from_events(vec![
             ev(&id, 0, start - ttfs, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
             ev(&id, 1, start, EventKind::FirstStep { step: 1 }),
         ]);
-        e.on_job(&id, &mut rec, start + 1);
+        e.on_job(&id, &rec.timeline, &mut Vec::new(), start + 1);
         exact.push(ttfs as f64 / 1000.0);
     }
     let st = e.status(0, T0 + 86_400_000, 28 * DAY).expect("status");
@@ -262,14 +268,45 @@ fn percentiles_of_waits_of_90_and_400_days_are_not_capped() {
     let (lone, want) = {
         let mut e = SloEngine::new(vec![SloDef { threshold_ms: DAY, ..urgent_slo() }]);
         let ttfs = 90 * DAY;
-        let mut rec = JobRecord::from_events(vec![
+        let rec = JobRecord::from_events(vec![
             ev("ninety", 0, start - ttfs, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
             ev("ninety", 1, start, EventKind::FirstStep { step: 1 }),
         ]);
-        e.on_job("ninety", &mut rec, start + 1);
+        e.on_job("ninety", &rec.timeline, &mut Vec::new(), start + 1);
         (e.status(0, T0 + DAY, 28 * DAY).and_then(|s| s.ttfs_seconds).expect("percentiles"), 90.0 * 86_400.0)
     };
     for got in [lone.p50, lone.p99, lone.max] {
         assert!((got - want).abs() <= want * 0.01, "histogram {got} s vs exact {want} s");
     }
+}
+
+/// A job and its remembered contributions, as the index keeps them.
+struct Tracked {
+    rec: JobRecord,
+    slo: Vec<Contribution>,
+}
+
+impl Tracked {
+    fn of(rec: JobRecord) -> Self {
+        Tracked { rec, slo: Vec::new() }
+    }
+}
+
+/// Assesses every job from scratch, as the index does after a restore.
+fn rebuild(e: &mut SloEngine, jobs: &mut BTreeMap<String, Tracked>, now: i64) {
+    for (id, t) in jobs.iter_mut() {
+        t.slo.clear();
+        e.on_job(id, &t.rec.timeline, &mut t.slo, now);
+    }
+}
+
+/// Re-assesses the jobs whose deadline passed, as the index does.
+fn advance(e: &mut SloEngine, jobs: &mut BTreeMap<String, Tracked>, now: i64) -> usize {
+    let due = e.take_due(now);
+    for id in &due {
+        if let Some(t) = jobs.get_mut(id) {
+            e.on_job(id, &t.rec.timeline, &mut t.slo, now);
+        }
+    }
+    due.len()
 }

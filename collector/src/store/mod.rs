@@ -8,6 +8,15 @@
 //! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)`. Job snapshots, written by
 //!   checkpoints.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
+//! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence a fold removed from
+//!   the log (sequence numbers never go back, even when the newest log entries were folded away).
+//! - tree `archive`: `job_id` -> sealed archive: every event of a *folded* job (an ended job whose history left
+//!   memory), as `[format 1] ++ varint(raw length) ++ zstd(raw)`, raw being, per event in sequence order,
+//!   `varint(seq delta) ++ varint(len) ++ protobuf LifecycleEvent without its job_id` (the key holds it).
+//! - tree `summaries`: `job_id` -> sealed summary of a folded job. The body's format belongs to the index (the
+//!   store seals and checks it, and never looks inside).
+//! - tree `dictionary`: `u32` big-endian -> sealed entry: the job attribute sets summaries refer to by number
+//!   (the index's format). Append-only; written in the same transaction as the summaries that first use them.
 //!
 //! A *sealed* value is `[version u8] ++ crc32(body) as u32 little-endian ++ body` (version 2). Version-1 values
 //! (written before checksums) are `[1u8] ++ body`: log values and alert records are still read; version-1
@@ -25,9 +34,19 @@
 //! - sequence numbers never go backwards, even when retention deletes the newest log entries: the next
 //!   sequence is above both the last log entry and the marker.
 //!
+//! # Folded jobs
+//! A fold moves one ended job's events out of the log and its snapshot into its archive, and writes its
+//! summary, in one transaction over the four trees. For every job, then, its snapshot **or its archive** holds
+//! every event with `seq <= checkpoint_seq`. A job is *unfolded* when it is hot again (a late event) while its
+//! archive and summary remain: its events are the union of its archive, its snapshot and its log entries, and
+//! restore treats any job that has a summary and a snapshot or log-tail entries this way. A fold never runs
+//! while a checkpoint chunk is being written (they share one thread and the `store_writes` lock), so a snapshot
+//! written after a fold holds every event of the job, archived ones included.
+//!
 //! # Restore
-//! Reads every snapshot, then replays only the log entries after `checkpoint_seq`: restart cost is bounded by
-//! the number of jobs plus the events since the last checkpoint. A snapshot that fails its checksum, cannot be
+//! Reads every snapshot, then replays only the log entries after `checkpoint_seq`, then reads the summaries
+//! (never a folded job's events, except for unfolded jobs): restart cost is bounded by the number of jobs plus
+//! the events since the last checkpoint. A snapshot that fails its checksum, cannot be
 //! decoded or has an old version is reported with its job and key, and every job is then rebuilt from the whole
 //! log (which holds every accepted event until retention deletes the job). A damaged log value cannot be
 //! rebuilt from anything: restore refuses with an error naming its sequence number, rather than serve a timeline
@@ -53,6 +72,13 @@ const SEALED_VERSION: u8 = 2;
 /// Values written before checksums: `[1u8] ++ body`.
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
+const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
+/// The format of an archive body (inside the sealed value).
+const ARCHIVE_FORMAT: u8 = 1;
+/// Largest decompressed archive accepted (a job holds at most `store.max_events_per_job` events).
+const ARCHIVE_MAX_RAW: u64 = 1 << 30;
+/// zstd level for archives: fast, and most of the gain (events of one job repeat their source and id prefixes).
+const ARCHIVE_ZSTD_LEVEL: i32 = 3;
 const JOB_PREFIX: u8 = 1;
 
 /// Failures of the store. Messages are for logs and operators; clients see only "storage unavailable".
@@ -144,6 +170,39 @@ pub struct Restored {
     pub dirty: HashSet<String>,
     /// Why the snapshots were set aside and every job rebuilt from the log, if they were.
     pub rebuilt: Option<String>,
+    /// Summaries of folded jobs, `(job_id, body)`, when restored with [`Store::restore`] (with
+    /// [`Store::restore_with`] they go to the callback instead).
+    pub summaries: Vec<(String, Vec<u8>)>,
+    /// Summaries read (folded jobs).
+    pub folded: usize,
+    /// Folded jobs found hot again (an archive plus later events), restored with their archived events.
+    pub unfolded: usize,
+}
+
+/// Options of the store.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// sled's page cache, bytes.
+    pub cache_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { cache_bytes: 64 << 20 }
+    }
+}
+
+/// One job to fold (see [`Store::fold_jobs`]).
+#[derive(Debug)]
+pub struct FoldWrite {
+    /// The job.
+    pub job_id: String,
+    /// Its log entries, removed by the fold (their events are in `archive`).
+    pub log_seqs: Vec<u64>,
+    /// The sealed archive of every event of the job ([`encode_archive`]).
+    pub archive: Vec<u8>,
+    /// The summary body (the index's format); the store seals it.
+    pub summary: Vec<u8>,
 }
 
 /// Snapshots per sled batch in a checkpoint: sled applies a batch under a database-wide lock, and a large one
@@ -207,6 +266,7 @@ fn decode_snapshot(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
 #[derive(Clone)]
 pub struct Store {
     path: Arc<PathBuf>,
+    options: Arc<StoreOptions>,
     /// The open database; `None` between a failed reopen and the next attempt.
     inner: Arc<RwLock<Option<Trees>>>,
 }
@@ -218,15 +278,20 @@ struct Trees {
     log: sled::Tree,
     jobs: sled::Tree,
     alerts: sled::Tree,
+    archive: sled::Tree,
+    summaries: sled::Tree,
+    dictionary: sled::Tree,
 }
 
 impl Trees {
     /// Opens the database. sled's background writers may hold the directory's lock for a moment after the last
     /// handle of a previous open is dropped, so a lock conflict is retried for up to two seconds.
-    fn open(path: &Path) -> Result<Trees, StoreError> {
+    fn open(path: &Path, options: &StoreOptions) -> Result<Trees, StoreError> {
         let mut attempts = 0;
         let db = loop {
-            match sled::Config::new().path(path).mode(sled::Mode::HighThroughput).open() {
+            let config =
+                sled::Config::new().path(path).mode(sled::Mode::HighThroughput).cache_capacity(options.cache_bytes);
+            match config.open() {
                 Ok(db) => break db,
                 Err(sled::Error::Io(e)) if attempts < 100 && e.to_string().contains("could not acquire lock") => {
                     attempts += 1;
@@ -235,7 +300,15 @@ impl Trees {
                 Err(e) => return Err(e.into()),
             }
         };
-        Ok(Trees { log: db.open_tree("log")?, jobs: db.open_tree("jobs")?, alerts: db.open_tree("alerts")?, db })
+        Ok(Trees {
+            log: db.open_tree("log")?,
+            jobs: db.open_tree("jobs")?,
+            alerts: db.open_tree("alerts")?,
+            archive: db.open_tree("archive")?,
+            summaries: db.open_tree("summaries")?,
+            dictionary: db.open_tree("dictionary")?,
+            db,
+        })
     }
 }
 
@@ -270,9 +343,18 @@ impl Store {
     /// Opens (or creates) the store under `path`. A directory it creates is made 0700 (job, team and project
     /// names are not for every local user); an existing directory is left as the operator set it.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, StoreOptions::default())
+    }
+
+    /// [`Store::open`] with options.
+    pub fn open_with(path: &Path, options: StoreOptions) -> Result<Store, StoreError> {
         create_private_dir(path)?;
-        let trees = Trees::open(path)?;
-        Ok(Store { path: Arc::new(path.to_path_buf()), inner: Arc::new(RwLock::new(Some(trees))) })
+        let trees = Trees::open(path, &options)?;
+        Ok(Store {
+            path: Arc::new(path.to_path_buf()),
+            options: Arc::new(options),
+            inner: Arc::new(RwLock::new(Some(trees))),
+        })
     }
 
     /// The open trees (cheap clones of sled handles), or an error while the store is closed for a reopen.
@@ -289,12 +371,29 @@ impl Store {
         let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
         // The old database must be gone before sled will open the directory again.
         drop(g.take());
-        *g = Some(Trees::open(&self.path)?);
+        *g = Some(Trees::open(&self.path, &self.options)?);
         Ok(())
     }
 
-    /// Reads every job snapshot and replays the log after the last checkpoint (see the module doc).
+    /// Reads every job snapshot, replays the log after the last checkpoint and collects the summaries of folded
+    /// jobs into [`Restored::summaries`] (see the module doc).
     pub fn restore(&self) -> Result<Restored, StoreError> {
+        let mut summaries = Vec::new();
+        let mut out = self.restore_with(|id, body| {
+            summaries.push((id.to_string(), body.to_vec()));
+            Ok(())
+        })?;
+        out.summaries = summaries;
+        Ok(out)
+    }
+
+    /// Like [`Store::restore`], handing each folded job's summary body to `on_summary` instead of collecting
+    /// them. A summary `on_summary` refuses (it cannot decode it) is set aside: the job is rebuilt from its
+    /// archive as a hot job (which the next fold folds again).
+    pub fn restore_with(
+        &self,
+        mut on_summary: impl FnMut(&str, &[u8]) -> Result<(), String>,
+    ) -> Result<Restored, StoreError> {
         let t = self.t()?;
         let mut out = Restored::default();
         let marker = match self.checkpoint_seq() {
@@ -355,6 +454,30 @@ impl Store {
         if out.rebuilt.is_some() {
             out.dirty.extend(events.keys().cloned());
         }
+        // Folded jobs: a summary each, unless the job is hot again (then its archived events join the rest).
+        for kv in t.summaries.iter() {
+            let (k, v) = kv?;
+            let job_id = std::str::from_utf8(&k).map_err(|_| corrupt("summaries", &k, "job id is not UTF-8"))?;
+            let usable = match unseal(&v, false) {
+                Ok(body) if !events.contains_key(job_id) => on_summary(job_id, body),
+                Ok(_) => {
+                    out.unfolded += 1;
+                    Err(String::new())
+                }
+                Err(reason) => Err(reason),
+            };
+            match usable {
+                Ok(()) => out.folded += 1,
+                Err(reason) => {
+                    if !reason.is_empty() {
+                        tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its archive");
+                    }
+                    let archived = self.archived(job_id)?;
+                    let evs = events.entry(job_id.to_string()).or_default();
+                    evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                }
+            }
+        }
         // One derivation per job (records dedupe by sequence number, never by id hash: two events whose ids
         // collide are both kept).
         out.jobs = events.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
@@ -362,8 +485,111 @@ impl Store {
             Some((k, _)) => seq_from_key(&k)?,
             None => 0,
         };
-        out.last_seq = last_logged.max(marker);
+        out.last_seq = last_logged.max(marker).max(self.max_folded_seq()?);
         Ok(out)
+    }
+
+    /// Every dictionary entry, `(number, body)`, in number order.
+    pub fn load_dictionary(&self) -> Result<Vec<(u32, Vec<u8>)>, StoreError> {
+        let t = self.t()?;
+        let mut out = Vec::new();
+        for kv in t.dictionary.iter() {
+            let (k, v) = kv?;
+            let arr: [u8; 4] = k.as_ref().try_into().map_err(|_| corrupt("dictionary", &k, "key is not 4 bytes"))?;
+            let body = unseal(&v, false).map_err(|r| corrupt("dictionary", &k, r))?;
+            out.push((u32::from_be_bytes(arr), body.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// The highest sequence a fold removed from the log (0 if none).
+    fn max_folded_seq(&self) -> Result<u64, StoreError> {
+        let t = self.t()?;
+        let Some(v) = t.jobs.get(MAX_SEQ_KEY)? else { return Ok(0) };
+        let bad = |r: String| corrupt("jobs", MAX_SEQ_KEY, r);
+        let body = unseal(&v, false).map_err(bad)?;
+        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
+        Ok(u64::from_be_bytes(arr))
+    }
+
+    /// Every archived event of a job, in sequence order (empty if the job was never folded).
+    pub fn archived(&self, job_id: &str) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+        let t = self.t()?;
+        match t.archive.get(job_id.as_bytes())? {
+            Some(v) => decode_archive(job_id, &v).map_err(|r| corrupt("archive", job_id.as_bytes(), r)),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// One event of a job, from the log or, for a job that was folded, from its archive.
+    pub fn job_event(&self, job_id: &str, seq: u64) -> Result<Option<pb::LifecycleEvent>, StoreError> {
+        if let Some(ev) = self.event(seq)? {
+            return Ok(Some(ev));
+        }
+        Ok(self.archived(job_id)?.into_iter().find(|(s, _)| *s == seq).map(|(_, e)| e))
+    }
+
+    /// The events of a job at the given sequences (in the order given), from the log or its archive. A sequence
+    /// found in neither is an error: the job's record says the store holds it.
+    pub fn job_events(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+        let mut archive: Option<HashMap<u64, pb::LifecycleEvent>> = None;
+        let mut out = Vec::with_capacity(seqs.len());
+        for &seq in seqs {
+            if let Some(ev) = self.event(seq)? {
+                out.push((seq, ev));
+                continue;
+            }
+            if archive.is_none() {
+                archive = Some(self.archived(job_id)?.into_iter().collect());
+            }
+            match archive.as_mut().and_then(|a| a.remove(&seq)) {
+                Some(ev) => out.push((seq, ev)),
+                None => {
+                    return Err(StoreError::Corrupt {
+                        what: "log",
+                        key: format!("seq {seq}"),
+                        reason: format!("event of job {job_id:?} is in neither the log nor its archive"),
+                    })
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Folds jobs: for each, writes its archive and summary and removes its log entries and snapshot, all in one
+    /// transaction, then records `max_seq` (the highest sequence used so far) and flushes.
+    pub fn fold_jobs(&self, jobs: &[FoldWrite], dictionary: &[(u32, Vec<u8>)], max_seq: u64) -> Result<(), StoreError> {
+        use sled::transaction::{TransactionError, Transactional};
+        let t = self.t()?;
+        let mut dict = sled::Batch::default();
+        for (id, body) in dictionary {
+            dict.insert(&id.to_be_bytes(), seal(body));
+        }
+        let mut log = sled::Batch::default();
+        let mut snaps = sled::Batch::default();
+        let mut archive = sled::Batch::default();
+        let mut summaries = sled::Batch::default();
+        for j in jobs {
+            for seq in &j.log_seqs {
+                log.remove(&seq.to_be_bytes());
+            }
+            snaps.remove(job_key(&j.job_id));
+            archive.insert(j.job_id.as_bytes(), j.archive.as_slice());
+            summaries.insert(j.job_id.as_bytes(), seal(&j.summary));
+        }
+        snaps.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()));
+        let applied: Result<(), TransactionError<()>> = (&t.log, &t.jobs, &t.archive, &t.summaries, &t.dictionary)
+            .transaction(|(l, j, a, s, d)| {
+                l.apply_batch(&log)?;
+                j.apply_batch(&snaps)?;
+                a.apply_batch(&archive)?;
+                s.apply_batch(&summaries)?;
+                d.apply_batch(&dict)?;
+                Ok(())
+            });
+        transaction_result(applied)?;
+        t.db.flush()?;
+        Ok(())
     }
 
     /// The log sequence that the job snapshots cover.
@@ -494,35 +720,39 @@ impl Store {
         Ok(out)
     }
 
-    /// Deletes jobs with their logged events and snapshots, atomically, and flushes.
+    /// Deletes jobs with their logged events, snapshots, archives and summaries, atomically, and flushes.
     pub fn delete_jobs(&self, jobs: &[(String, Vec<u64>)]) -> Result<(), StoreError> {
-        use sled::transaction::{TransactionError, Transactional};
+        use sled::transaction::Transactional;
         let t = self.t()?;
         let mut log = sled::Batch::default();
         let mut snaps = sled::Batch::default();
+        let mut folded = sled::Batch::default();
         for (job_id, seqs) in jobs {
             for seq in seqs {
                 log.remove(&seq.to_be_bytes());
             }
             snaps.remove(job_key(job_id));
+            folded.remove(job_id.as_bytes());
         }
-        // One transaction over both trees: a crash keeps all of a job or none of it (deleting the log entries
+        // One transaction over the trees: a crash keeps all of a job or none of it (deleting the log entries
         // first would let a restart restore the snapshot without its raw events; the snapshot first, rebuild the
         // job from just its log tail).
-        let applied: Result<(), TransactionError<()>> = (&t.log, &t.jobs).transaction(|(l, j)| {
+        let applied = (&t.log, &t.jobs, &t.archive, &t.summaries).transaction(|(l, j, a, s)| {
             l.apply_batch(&log)?;
             j.apply_batch(&snaps)?;
+            a.apply_batch(&folded)?;
+            s.apply_batch(&folded)?;
             Ok(())
         });
-        match applied {
-            Ok(()) => {}
-            Err(TransactionError::Storage(e)) => return Err(e.into()),
-            Err(TransactionError::Abort(())) => {
-                return Err(StoreError::Corrupt { what: "jobs", key: String::new(), reason: "delete aborted".into() })
-            }
-        }
+        transaction_result(applied)?;
         t.db.flush()?;
         Ok(())
+    }
+
+    /// Entries per tree (log, snapshots, archives, summaries), for tests and self-metrics. Counts by scanning.
+    pub fn counts(&self) -> Result<[usize; 4], StoreError> {
+        let t = self.t()?;
+        Ok([t.log.len(), t.jobs.scan_prefix([JOB_PREFIX]).count(), t.archive.len(), t.summaries.len()])
     }
 
     /// Flushes everything written so far.
@@ -537,6 +767,74 @@ impl Store {
         let t = self.t()?;
         Ok(t.db.size_on_disk()?)
     }
+}
+
+fn transaction_result(r: Result<(), sled::transaction::TransactionError<()>>) -> Result<(), StoreError> {
+    match r {
+        Ok(()) => Ok(()),
+        Err(sled::transaction::TransactionError::Storage(e)) => Err(e.into()),
+        Err(sled::transaction::TransactionError::Abort(())) => {
+            Err(StoreError::Corrupt { what: "jobs", key: String::new(), reason: "transaction aborted".into() })
+        }
+    }
+}
+
+/// Encodes a folded job's events (any order; sorted here by sequence) as a sealed archive value.
+pub fn encode_archive(job_id: &str, events: &[(u64, pb::LifecycleEvent)]) -> Result<Vec<u8>, StoreError> {
+    let mut sorted: Vec<&(u64, pb::LifecycleEvent)> = events.iter().collect();
+    sorted.sort_by_key(|(seq, _)| *seq);
+    let mut raw = Vec::with_capacity(events.len() * 96);
+    prost::encoding::encode_varint(sorted.len() as u64, &mut raw);
+    let mut prev = 0u64;
+    for (seq, ev) in sorted {
+        prost::encoding::encode_varint(seq.wrapping_sub(prev), &mut raw);
+        prev = *seq;
+        // The job id is the key; everything else of the event is kept as it arrived.
+        let mut ev = ev.clone();
+        ev.job_id = String::new();
+        prost::encoding::encode_varint(ev.encoded_len() as u64, &mut raw);
+        ev.encode(&mut raw).map_err(|e| corrupt("archive", job_id.as_bytes(), e))?;
+    }
+    let packed =
+        zstd::bulk::compress(&raw, ARCHIVE_ZSTD_LEVEL).map_err(|e| corrupt("archive", job_id.as_bytes(), e))?;
+    let mut body = Vec::with_capacity(packed.len() + 10);
+    body.push(ARCHIVE_FORMAT);
+    prost::encoding::encode_varint(raw.len() as u64, &mut body);
+    body.extend_from_slice(&packed);
+    Ok(seal(&body))
+}
+
+/// Decodes a sealed archive value into `(seq, event)` pairs in sequence order, with the job id restored.
+fn decode_archive(job_id: &str, v: &[u8]) -> Result<Vec<(u64, pb::LifecycleEvent)>, String> {
+    let body = unseal(v, false)?;
+    let Some((&ARCHIVE_FORMAT, mut rest)) = body.split_first() else {
+        return Err(format!("unknown archive format {:?}", body.first()));
+    };
+    let raw_len = prost::encoding::decode_varint(&mut rest).map_err(|e| e.to_string())?;
+    if raw_len > ARCHIVE_MAX_RAW {
+        return Err(format!("archive claims {raw_len} bytes"));
+    }
+    let raw = zstd::bulk::decompress(rest, raw_len as usize).map_err(|e| e.to_string())?;
+    let mut buf: &[u8] = &raw;
+    let n = prost::encoding::decode_varint(&mut buf).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(n.min(1 << 20) as usize);
+    let mut seq = 0u64;
+    for _ in 0..n {
+        seq = seq.wrapping_add(prost::encoding::decode_varint(&mut buf).map_err(|e| e.to_string())?);
+        let len = prost::encoding::decode_varint(&mut buf).map_err(|e| e.to_string())? as usize;
+        if len > buf.len() {
+            return Err("archive truncated".to_string());
+        }
+        let (one, tail) = buf.split_at(len);
+        let mut ev = pb::LifecycleEvent::decode(one).map_err(|e| e.to_string())?;
+        ev.job_id = job_id.to_string();
+        out.push((seq, ev));
+        buf = tail;
+    }
+    if !buf.is_empty() {
+        return Err(format!("{} bytes after the last archived event", buf.len()));
+    }
+    Ok(out)
 }
 
 /// Creates `path` (and missing parents) with mode 0700 on Unix.

@@ -248,6 +248,10 @@ mod model {
         Expire(u8),
         /// Drop the store (everything acknowledged was flushed) and restore.
         Restart,
+        /// Fold a hot job (archive + summary, log entries and snapshot removed) and drop it from memory.
+        Fold(u8),
+        /// Fold a hot job whose late event arrives meanwhile: written, but the job stays hot.
+        FoldKeptHot(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -257,6 +261,8 @@ mod model {
             1 => (0u8..6).prop_map(Op::TornCheckpoint),
             1 => (0u8..6).prop_map(Op::Expire),
             2 => Just(Op::Restart),
+            2 => (0u8..6).prop_map(Op::Fold),
+            1 => (0u8..6).prop_map(Op::FoldKeptHot),
         ]
     }
 
@@ -271,6 +277,8 @@ mod model {
             // The committer's view.
             let mut mem: BTreeMap<String, JobRecord> = BTreeMap::new();
             let mut dirty: HashSet<String> = HashSet::new();
+            // Folded jobs, with the record they had when folded.
+            let mut folded: BTreeMap<String, JobRecord> = BTreeMap::new();
             let mut last_seq = 0u64;
             // The highest sequence a checkpoint marker claims: new events must be numbered above it.
             let mut marker = 0u64;
@@ -289,6 +297,14 @@ mod model {
                                     Kind::Checkpoint(pb::Checkpoint { step: n, ..Default::default() })
                                 };
                                 evs.push(ev(&job, &format!("e{n}"), 1_000_000 + n as i64, kind));
+                            }
+                            // A late event for a folded job unfolds it from its archive first.
+                            if let Some(rec) = folded.remove(&job) {
+                                let archived = store.archived(&job).expect("archive");
+                                let compact = archived.iter().filter_map(|(q, e)| CompactEvent::from_pb(e, *q)).collect();
+                                let back = JobRecord::from_events(compact);
+                                prop_assert_eq!(&back, &rec);
+                                mem.insert(job.clone(), back);
                             }
                         }
                         write(&store, &mut mem, &mut last_seq, &evs);
@@ -311,8 +327,39 @@ mod model {
                             .collect();
                         store.write_snapshots(snaps).expect("snapshots");
                     }
+                    Op::Fold(j) | Op::FoldKeptHot(j) => {
+                        let job = format!("j{j}");
+                        if let Some(rec) = mem.get(&job) {
+                            let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
+                            let events = store.job_events(&job, &seqs).expect("events");
+                            let fw = FoldWrite {
+                                job_id: job.clone(),
+                                log_seqs: seqs,
+                                archive: encode_archive(&job, &events).expect("archive"),
+                                summary: job.as_bytes().to_vec(),
+                            };
+                            store.fold_jobs(&[fw], &[], last_seq).expect("fold");
+                            if matches!(op, Op::Fold(_)) {
+                                if let Some(rec) = mem.remove(&job) {
+                                    folded.insert(job.clone(), rec);
+                                }
+                                dirty.remove(&job);
+                            } else {
+                                // The late event that kept it hot (logged after the fold's copy).
+                                n += 1;
+                                let late = ev(&job, &format!("e{n}"), 1_000_000 + n as i64, Kind::NodeAssigned(Default::default()));
+                                write(&store, &mut mem, &mut last_seq, std::slice::from_ref(&late));
+                                dirty.insert(job.clone());
+                                acked.entry(job.clone()).or_default().insert(late.event_id);
+                            }
+                        }
+                    }
                     Op::Expire(j) => {
                         let job = format!("j{j}");
+                        if folded.remove(&job).is_some() {
+                            store.delete_jobs(&[(job.clone(), Vec::new())]).expect("delete");
+                            acked.remove(&job);
+                        }
                         if let Some(rec) = mem.remove(&job) {
                             store
                                 .delete_jobs(&[(job.clone(), rec.events.iter().map(|e| e.seq).collect())])
@@ -328,23 +375,37 @@ mod model {
                         let r = store.restore().expect("restore");
                         // Sequences may be reused only when every event holding them was deleted (retention),
                         // never below a live event or the checkpoint marker.
-                        let live = mem.values().flat_map(|r| r.events.iter().map(|e| e.seq)).max().unwrap_or(0);
+                        let live = mem
+                            .values()
+                            .chain(folded.values())
+                            .flat_map(|r| r.events.iter().map(|e| e.seq))
+                            .max()
+                            .unwrap_or(0);
                         let floor = live.max(marker);
                         prop_assert!(r.last_seq >= floor, "sequence went back: {} < {}", r.last_seq, floor);
-                        let got: BTreeMap<String, BTreeSet<String>> = r
+                        let mut got: BTreeMap<String, BTreeSet<String>> = r
                             .jobs
                             .iter()
                             .map(|(id, rec)| {
                                 let ids = rec
                                     .events
                                     .iter()
-                                    .map(|e| store.event(e.seq).expect("read").expect("logged").event_id)
+                                    .map(|e| store.job_event(id, e.seq).expect("read").expect("stored").event_id)
                                     .collect();
                                 (id.clone(), ids)
                             })
                             .collect();
+                        for (id, _) in &r.summaries {
+                            let ids = store.archived(id).expect("archive").into_iter().map(|(_, e)| e.event_id).collect();
+                            prop_assert!(got.insert(id.clone(), ids).is_none(), "{} both hot and folded", id);
+                        }
                         prop_assert_eq!(&got, &acked);
                         prop_assert_eq!(&r.jobs, &mem);
+                        let summarized: BTreeSet<&String> = r.summaries.iter().map(|(id, _)| id).collect();
+                        prop_assert_eq!(summarized, folded.keys().collect::<BTreeSet<_>>());
+                        for (id, body) in &r.summaries {
+                            prop_assert_eq!(body.as_slice(), id.as_bytes());
+                        }
                         mem = r.jobs;
                         dirty = r.dirty;
                         last_seq = r.last_seq;

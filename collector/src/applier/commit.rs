@@ -1,0 +1,206 @@
+//! Group commit and acknowledgements: drains batches into one durable sled append, filters duplicates (against
+//! hot jobs' id hashes, or a folded job's archive), enforces the per-job event cap, unfolds folded jobs a late
+//! event reaches, applies the new events to the index after they are durable, records metrics, then answers.
+
+use super::{CommitError, CommitRejection, CommitRequest, CommitResult, Committer};
+use crate::health::IngestStats;
+use crate::index::JobIndex;
+use crate::job::CompactEvent;
+use crate::store::StoreError;
+use startline_proto::pb;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+/// Archived events of folded jobs, by job id.
+type Archives = HashMap<String, Vec<(u64, pb::LifecycleEvent)>>;
+
+impl Committer {
+    /// Is this event already stored? For a folded job, its archive says (`folded`); for a hot one, each hash
+    /// match is confirmed against the stored event id (distinct ids may share a hash).
+    fn is_stored(&self, job_id: &str, event_id: &str, id_hash: u64, folded: &Archives) -> Result<bool, StoreError> {
+        if let Some(archived) = folded.get(job_id) {
+            return Ok(archived.iter().any(|(_, e)| e.event_id == event_id));
+        }
+        let seqs: Vec<u64> =
+            self.index.read().jobs.get(job_id).map(|h| h.rec.seqs_of_hash(id_hash).collect()).unwrap_or_default();
+        for seq in seqs {
+            if self.store.job_event(job_id, seq)?.is_some_and(|e| e.event_id == event_id) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The archived events of the folded jobs a group writes to (read once per group, outside the index lock).
+    fn archives_of(&self, group: &[CommitRequest]) -> Result<Archives, StoreError> {
+        let wanted: HashSet<&str> = {
+            let idx = self.index.read();
+            group
+                .iter()
+                .flat_map(|r| r.events.iter())
+                .map(|e| e.job_id.as_str())
+                .filter(|j| idx.folded(j).is_some())
+                .collect()
+        };
+        let mut out = HashMap::with_capacity(wanted.len());
+        for job_id in wanted {
+            out.insert(job_id.to_string(), self.store.archived(job_id)?);
+        }
+        Ok(out)
+    }
+
+    /// Would storing one more event of `job_id` pass the per-job cap, counting the events of this group already
+    /// let through (`incoming`)? If so, counts it.
+    fn take_job_room<'a>(&self, job_id: &'a str, incoming: &mut HashMap<&'a str, usize>, folded: &Archives) -> bool {
+        let stored = match folded.get(job_id) {
+            Some(a) => a.len(),
+            None => self.index.read().jobs.get(job_id).map_or(0, |h| h.rec.events.len()),
+        };
+        let n = incoming.entry(job_id).or_insert(0);
+        if stored + *n >= self.settings.max_events_per_job {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    pub(super) fn commit_group(&self, mut group: Vec<CommitRequest>) {
+        let started = Instant::now();
+        let mut results = vec![CommitResult::default(); group.len()];
+        // Per request, per event: is it new?
+        let mut fresh: Vec<Vec<bool>> = Vec::with_capacity(group.len());
+        let mut failed: Option<&'static str> = None;
+        let folded = match self.archives_of(&group) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the archive of a folded job");
+                failed = Some(self.cause_of(&e));
+                HashMap::new()
+            }
+        };
+        {
+            let mut seen: HashSet<(&str, &str)> = HashSet::new();
+            // New events of this group per job, for the per-job cap.
+            let mut incoming: HashMap<&str, usize> = HashMap::new();
+            for (ri, req) in group.iter().enumerate() {
+                let mut flags = Vec::with_capacity(req.events.len());
+                for (ei, ev) in req.events.iter().enumerate() {
+                    let dup = !seen.insert((ev.job_id.as_str(), ev.event_id.as_str()))
+                        || match self.is_stored(&ev.job_id, &ev.event_id, ev.compact.id_hash, &folded) {
+                            Ok(d) => d,
+                            Err(e) => {
+                                tracing::error!(error = %e, "duplicate check failed");
+                                failed = Some(self.cause_of(&e));
+                                false
+                            }
+                        };
+                    // A duplicate is answered as one even when its job is full; a new event of a full job is not
+                    // stored (and a later copy of it in this group is not a duplicate).
+                    let capped = !dup && !self.take_job_room(&ev.job_id, &mut incoming, &folded);
+                    if capped {
+                        seen.remove(&(ev.job_id.as_str(), ev.event_id.as_str()));
+                        results[ri].rejections.push(CommitRejection {
+                            index: ei,
+                            event_id: ev.event_id.clone(),
+                            field: "job_id",
+                            reason: format!(
+                                "job has reached store.max_events_per_job = {} events; event not stored",
+                                self.settings.max_events_per_job
+                            ),
+                        });
+                    } else if dup {
+                        results[ri].duplicates += 1;
+                    } else {
+                        results[ri].accepted += 1;
+                    }
+                    flags.push(!dup && !capped);
+                }
+                fresh.push(flags);
+            }
+        }
+        let first_seq = self.index.read().last_seq + 1;
+        let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (req, flags) in group.iter_mut().zip(&fresh) {
+            for (ev, _) in req.events.iter_mut().zip(flags).filter(|(_, f)| **f) {
+                entries.push((first_seq + entries.len() as u64, std::mem::take(&mut ev.encoded)));
+            }
+        }
+        if failed.is_none() && !entries.is_empty() {
+            if let Err(e) = self.store.append_durable(&entries) {
+                tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
+                failed = Some(self.cause_of(&e));
+            }
+        }
+        if let Some(cause) = failed {
+            self.health.storage_failed(cause);
+            for req in group {
+                let _ = req.reply.send(Err(CommitError { cause }));
+            }
+            self.recover_store();
+            return;
+        }
+        self.health.storage_ok();
+        // Durable: now visible.
+        let accepted = entries.len() as u64;
+        drop(entries);
+        let mut replies = Vec::with_capacity(group.len());
+        let mut observations = Vec::new();
+        {
+            let now = self.settings.clock.now_ms();
+            let mut idx = self.index.write();
+            let mut seq = first_seq;
+            for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
+                for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
+                    let mut compact = ev.compact;
+                    compact.seq = seq;
+                    if idx.folded(&ev.job_id).is_some() {
+                        self.unfold(&mut idx, &ev.job_id, &folded, now);
+                    }
+                    observations.extend(idx.insert(&ev.job_id, compact, now));
+                    seq += 1;
+                }
+                replies.push((req.reply, res.clone()));
+            }
+        }
+        let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
+        let rejected: usize = results.iter().map(|r| r.rejections.len()).sum();
+        IngestStats::add(&self.stats.accepted, accepted);
+        IngestStats::add(&self.stats.duplicates, duplicates);
+        IngestStats::add(&self.stats.rejected, rejected as u64);
+        IngestStats::add(&self.stats.commits, 1);
+        IngestStats::add(&self.stats.commit_micros, started.elapsed().as_micros() as u64);
+        // Metrics before acks: once a client holds an ack, /metrics reflects its events.
+        if let Some(t) = &self.settings.telemetry {
+            t.record(&observations);
+            t.record_commit(started.elapsed());
+        }
+        for (reply, res) in replies {
+            let _ = reply.send(Ok(res));
+        }
+        self.settings.wake.notify_one();
+    }
+
+    /// Makes a folded job hot before a new event joins it, from the archive read for this group or, if the job
+    /// was folded since (by the fold pass, between the duplicate check and now), from the store.
+    fn unfold(&self, idx: &mut JobIndex, job_id: &str, folded: &Archives, now: i64) {
+        let read;
+        let archived = match folded.get(job_id) {
+            Some(a) => a,
+            None => match self.store.archived(job_id) {
+                Ok(a) => {
+                    read = a;
+                    &read
+                }
+                Err(e) => {
+                    // The event is durable and restore unfolds the job from its archive; until a restart its
+                    // timeline in memory lacks the archived events.
+                    tracing::error!(error = %e, job_id, "cannot read a folded job's archive to apply a late event");
+                    self.health.storage_failed(e.cause());
+                    return;
+                }
+            },
+        };
+        let events = archived.iter().filter_map(|(seq, e)| CompactEvent::from_pb(e, *seq)).collect();
+        idx.unfold(job_id, events, now);
+    }
+}

@@ -1,0 +1,338 @@
+//! The applier: one thread (the committer) that owns all writes, and a maintenance thread beside it.
+//!
+//! - [`commit`]: drains the ingest channel into group commits (many batches, from many streams, in one sled
+//!   batch and one flush), filters duplicates, rejects new events of a job that already holds
+//!   `store.max_events_per_job`, applies the new events to the job index after they are durable, and answers
+//!   each batch.
+//! - [`checkpoint`]: periodically (and at shutdown) the committer takes the jobs changed since the last
+//!   checkpoint and hands them to the maintenance thread, which writes their snapshots off the commit path.
+//! - [`fold`]: periodically the maintenance thread folds ended, settled jobs out of memory (archive + summary).
+//! - [`retention`]: deletes jobs that ended longer ago than `store.retention`.
+//!
+//! Durability rules kept here (the store's module doc states the checkpoint invariant they serve):
+//! - one checkpoint at a time: a new one is taken only after the previous one finished, and one that fails
+//!   hands its jobs back to the dirty set, so no marker ever covers a snapshot that was not written;
+//! - checkpoints and folds run one after the other on the maintenance thread, and retention's deletes exclude
+//!   both (`store_writes`), so a snapshot encoded before a job expired or folded is never written back after;
+//! - a failed storage write answers every batch of the group with an error naming the cause, marks the
+//!   collector unhealthy, and the next group tries again (reopening the store if sled has given up), so ingest
+//!   resumes by itself when space returns.
+
+mod checkpoint;
+mod commit;
+pub mod fold;
+mod retention;
+
+use crate::health::{Health, IngestStats};
+use crate::index::SharedIndex;
+use crate::job::CompactEvent;
+use crate::store::{Store, StoreError};
+use checkpoint::Checkpoint;
+use fold::FoldPass;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+/// A validated event ready to store.
+#[derive(Debug)]
+pub struct PreparedEvent {
+    /// The job id.
+    pub job_id: String,
+    /// The event id (the idempotency key within the job).
+    pub event_id: String,
+    /// The compact form (its `seq` is assigned at commit).
+    pub compact: CompactEvent,
+    /// The log value (version byte + protobuf).
+    pub encoded: Vec<u8>,
+}
+
+/// The committer's answer for one batch.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CommitResult {
+    /// Stored for the first time.
+    pub accepted: u32,
+    /// Already stored.
+    pub duplicates: u32,
+    /// Not stored, and why (the job reached `store.max_events_per_job`).
+    pub rejections: Vec<CommitRejection>,
+}
+
+/// An event of a batch that the committer did not store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitRejection {
+    /// The event's position in [`CommitRequest::events`].
+    pub index: usize,
+    /// The event's id.
+    pub event_id: String,
+    /// The field the reason is about.
+    pub field: &'static str,
+    /// Why it was not stored.
+    pub reason: String,
+}
+
+/// The store failed; nothing of the batch is acknowledged.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("storage unavailable: {cause}")]
+pub struct CommitError {
+    /// The cause, safe to show a client ("no space left on device").
+    pub cause: &'static str,
+}
+
+/// One batch handed to the committer.
+#[derive(Debug)]
+pub struct CommitRequest {
+    /// The valid events of the batch.
+    pub events: Vec<PreparedEvent>,
+    /// Where the answer goes, after the events are durable.
+    pub reply: oneshot::Sender<Result<CommitResult, CommitError>>,
+}
+
+/// Settings of the committer.
+#[derive(Clone)]
+pub struct CommitterSettings {
+    /// Most events per group commit.
+    pub group_max_events: usize,
+    /// How often to checkpoint job snapshots.
+    pub checkpoint_interval: Duration,
+    /// The clock SLO assessments use.
+    pub clock: crate::clock::Clock,
+    /// Woken after each commit so the alert loop re-reads deadlines and page changes.
+    pub wake: Arc<tokio::sync::Notify>,
+    /// Metrics, when enabled.
+    pub telemetry: Option<Arc<crate::export::Telemetry>>,
+    /// Ended jobs older than this are deleted (None: keep forever).
+    pub retention: Option<Duration>,
+    /// How often expired jobs are looked for.
+    pub retention_interval: Duration,
+    /// Most events stored per job: later new events of a job that has this many are rejected.
+    pub max_events_per_job: usize,
+    /// Ended jobs unchanged for this long are folded out of memory (None: never fold).
+    pub fold_after: Option<Duration>,
+    /// How often fold candidates are looked for.
+    pub fold_interval: Duration,
+}
+
+/// Starts the committer thread (call it within the tokio runtime: the thread borrows its timer). It runs until
+/// every sender of `rx` is dropped, then drains, checkpoints, flushes and returns.
+pub fn spawn(
+    store: Store,
+    index: SharedIndex,
+    rx: mpsc::Receiver<CommitRequest>,
+    settings: CommitterSettings,
+    stats: Arc<IngestStats>,
+    health: Arc<Health>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let runtime = tokio::runtime::Handle::current();
+    std::thread::Builder::new().name("startline-committer".into()).spawn(move || {
+        Committer {
+            runtime,
+            store,
+            index,
+            settings,
+            stats,
+            health,
+            checkpoint_busy: Arc::new(AtomicBool::new(false)),
+            fold_busy: Arc::new(AtomicBool::new(false)),
+            store_writes: Arc::new(Mutex::new(())),
+            last_reopen: std::cell::Cell::new(None),
+        }
+        .run(rx)
+    })
+}
+
+/// The committer's state (see the module doc).
+struct Committer {
+    runtime: tokio::runtime::Handle,
+    store: Store,
+    index: SharedIndex,
+    settings: CommitterSettings,
+    stats: Arc<IngestStats>,
+    health: Arc<Health>,
+    /// Set while a checkpoint is queued or being written: the next one waits for it.
+    checkpoint_busy: Arc<AtomicBool>,
+    /// Set while a fold pass is queued or running.
+    fold_busy: Arc<AtomicBool>,
+    /// Held by the checkpointer while it encodes and writes a chunk, and by retention while it deletes.
+    store_writes: Arc<Mutex<()>>,
+    /// When the store was last reopened after a failure (reopens are at most once per [`REOPEN_BACKOFF`]).
+    last_reopen: std::cell::Cell<Option<Instant>>,
+}
+
+/// Records with more events than this are copied under the index lock and encoded outside it at checkpoints.
+const ENCODE_UNDER_LOCK_MAX_EVENTS: usize = 1024;
+
+/// The least time between two reopens of a failing store.
+const REOPEN_BACKOFF: Duration = Duration::from_millis(500);
+
+impl Committer {
+    fn run(self, mut rx: mpsc::Receiver<CommitRequest>) {
+        // Should this thread ever panic, health and readiness must say so (clients would only see UNAVAILABLE).
+        struct Unhealthy(Arc<Health>);
+        impl Drop for Unhealthy {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.committer_died();
+                    tracing::error!("committer panicked; the collector is unhealthy");
+                }
+            }
+        }
+        let _guard = Unhealthy(self.health.clone());
+        // One checkpoint (and one fold pass) at a time: the busy flag is set when one is handed over and cleared
+        // when it is done, and none is taken meanwhile (the dirty set simply grows until the next interval).
+        let (task_tx, task_rx) = std::sync::mpsc::sync_channel::<Task>(2);
+        let store = self.store.clone();
+        let maintenance = std::thread::Builder::new().name("startline-maintenance".into()).spawn(move || {
+            for task in task_rx {
+                task.run(&store);
+            }
+        });
+        let maintenance = match maintenance {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the maintenance thread; checkpoints and folds run inline");
+                None
+            }
+        };
+        let mut last_checkpoint = Instant::now();
+        let mut last_retention = Instant::now();
+        let mut last_fold = Instant::now();
+        loop {
+            // Wake at least every retention and fold interval, so expiry and folding run on an idle collector.
+            let mut wait = self.settings.checkpoint_interval.saturating_sub(last_checkpoint.elapsed());
+            if self.settings.retention.is_some() {
+                wait = wait.min(self.settings.retention_interval.saturating_sub(last_retention.elapsed()));
+            }
+            if self.settings.fold_after.is_some() {
+                wait = wait.min(self.settings.fold_interval.saturating_sub(last_fold.elapsed()));
+            }
+            let first = match rx.try_recv() {
+                Ok(r) => Some(r),
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                // Idle: a timed wait on the runtime's timer (the committer is a plain thread).
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    match self.runtime.block_on(async { tokio::time::timeout(wait, rx.recv()).await }) {
+                        Ok(Some(r)) => Some(r),
+                        Ok(None) => break,
+                        Err(_) => None,
+                    }
+                }
+            };
+            if let Some(retention) = self.settings.retention {
+                if last_retention.elapsed() >= self.settings.retention_interval {
+                    self.expire(retention);
+                    last_retention = Instant::now();
+                }
+            }
+            if let Some(first) = first {
+                let mut group = vec![first];
+                let mut n = group[0].events.len();
+                while n < self.settings.group_max_events {
+                    match rx.try_recv() {
+                        Ok(req) => {
+                            n += req.events.len();
+                            group.push(req);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                self.commit_group(group);
+            }
+            if last_checkpoint.elapsed() >= self.settings.checkpoint_interval
+                && !self.checkpoint_busy.load(Ordering::Acquire)
+            {
+                if let Some(ck) = self.take_checkpoint() {
+                    self.checkpoint_busy.store(true, Ordering::Release);
+                    match task_tx.try_send(Task::Checkpoint(ck)) {
+                        Ok(()) => {}
+                        Err(std::sync::mpsc::TrySendError::Full(t)) => t.give_back(),
+                        Err(std::sync::mpsc::TrySendError::Disconnected(t)) => t.run(&self.store),
+                    }
+                }
+                last_checkpoint = Instant::now();
+            }
+            if let Some(after) = self.settings.fold_after {
+                if last_fold.elapsed() >= self.settings.fold_interval && !self.fold_busy.load(Ordering::Acquire) {
+                    self.fold_busy.store(true, Ordering::Release);
+                    let pass = FoldPass {
+                        index: self.index.clone(),
+                        health: self.health.clone(),
+                        store_writes: self.store_writes.clone(),
+                        busy: self.fold_busy.clone(),
+                        unchanged_since: self.settings.clock.now_ms() - after.as_millis() as i64,
+                    };
+                    match task_tx.try_send(Task::Fold(pass)) {
+                        Ok(()) => {}
+                        Err(std::sync::mpsc::TrySendError::Full(t)) => t.give_back(),
+                        Err(std::sync::mpsc::TrySendError::Disconnected(t)) => t.run(&self.store),
+                    }
+                    last_fold = Instant::now();
+                }
+            }
+        }
+        // Final checkpoint: after the tasks in progress (a failed checkpoint hands its jobs back), then flush.
+        drop(task_tx);
+        if let Some(h) = maintenance {
+            if h.join().is_err() {
+                tracing::error!("maintenance thread panicked");
+            }
+        }
+        if let Some(ck) = self.take_checkpoint() {
+            ck.write(&self.store);
+        }
+        if let Err(e) = self.store.flush() {
+            tracing::error!(error = %e, "final flush failed");
+        }
+        tracing::info!("committer stopped");
+    }
+
+    /// The cause to report for a store error: while the store is closed for a reopen, the failure that closed it.
+    fn cause_of(&self, e: &StoreError) -> &'static str {
+        match e {
+            StoreError::Closed => self.health.last_cause().unwrap_or(e.cause()),
+            _ => e.cause(),
+        }
+    }
+
+    /// After a failed write: sled refuses every later write once it has seen an I/O error, so the store is
+    /// reopened (at most once per [`REOPEN_BACKOFF`]); the next group then finds out whether the cause is gone.
+    /// The in-memory index is unaffected: it holds only acknowledged events, and those were flushed.
+    fn recover_store(&self) {
+        if self.last_reopen.get().is_some_and(|t| t.elapsed() < REOPEN_BACKOFF) {
+            return;
+        }
+        self.last_reopen.set(Some(Instant::now()));
+        match self.store.reopen() {
+            Ok(()) => {
+                self.health.reopened();
+                tracing::warn!("store reopened after a write failure");
+            }
+            Err(e) => tracing::warn!(error = %e, "store reopen failed; trying again with a later batch"),
+        }
+    }
+}
+
+/// Work for the maintenance thread.
+enum Task {
+    Checkpoint(Checkpoint),
+    Fold(FoldPass),
+}
+
+impl Task {
+    fn run(self, store: &Store) {
+        match self {
+            Task::Checkpoint(ck) => ck.write(store),
+            Task::Fold(f) => {
+                f.run(store);
+            }
+        }
+    }
+
+    /// Not handed over: a checkpoint returns its jobs to the dirty set; a fold pass is simply skipped.
+    fn give_back(self) {
+        match self {
+            Task::Checkpoint(ck) => ck.give_back(),
+            Task::Fold(f) => f.busy.store(false, Ordering::Release),
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Folded ("cold") jobs: ended jobs whose events left memory, each kept as one fixed-size [`Folded`] row, plus
+//! the interned job attributes the rows point to. Owns both stored codecs: the summary body (sealed by the
+//! store in its `summaries` tree) and the attribute dictionary entries (its `dictionary` tree).
+//!
+//! A row holds everything of a done job's [`Timeline`]: [`Folded::timeline`] gives back exactly the timeline it
+//! was made from (a property test checks it), so readers see a folded job as they saw it hot, and the SLO
+//! contributions and metric footprints of a folded job are recomputed from it when needed instead of kept.
+
+use crate::job::{JobAttrs, JobState, Segment, Timeline};
+use serde::{Deserialize, Serialize};
+use startline_proto::pb;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// "No value" in an `i64` time field of a row.
+const NONE: i64 = i64::MIN;
+/// The summary body's format (inside the store's seal).
+const SUMMARY_FORMAT: u8 = 1;
+
+/// One folded job. Times are Unix milliseconds, [`NONE`] when absent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Folded {
+    /// Index into the attribute dictionary.
+    pub attrs: u32,
+    submitted_at: i64,
+    done_at: i64,
+    first_step_at: i64,
+    first_queued_at: i64,
+    node_assigned_at: i64,
+    preparing_at: i64,
+    checkpoint_at: i64,
+    checkpoint_step: u64,
+    requeue_wait_ms: i64,
+    lost_work_ms: i64,
+    lost_steps: u64,
+    max_step: u64,
+    runs: u32,
+    attempts: u32,
+    preemptions: u32,
+    node_losses: u32,
+    ignored_after_done: u32,
+    exit_code: i32,
+    /// `pb::Outcome` as i32.
+    outcome: i32,
+    /// Bit 0: has exit code; bit 1: has max step; bit 2: has outcome.
+    flags: u8,
+    /// The initial wait by segment, in segment order.
+    waits: Box<[(Segment, i64)]>,
+}
+
+fn opt(v: i64) -> Option<i64> {
+    (v != NONE).then_some(v)
+}
+
+impl Folded {
+    /// When the job was submitted.
+    pub fn submitted_at(&self) -> i64 {
+        self.submitted_at
+    }
+
+    /// When the job ended.
+    pub fn done_at(&self) -> i64 {
+        self.done_at
+    }
+
+    /// The row of a done timeline with its attributes interned as `attrs`; `None` unless the job is done and
+    /// submitted.
+    pub fn of(t: &Timeline, attrs: u32) -> Option<Folded> {
+        if t.state != JobState::Done || t.attrs.is_none() || t.current_wait.is_some() {
+            return None;
+        }
+        let mut flags = 0;
+        if t.exit_code.is_some() {
+            flags |= 1;
+        }
+        if t.max_step.is_some() {
+            flags |= 2;
+        }
+        if t.outcome.is_some() {
+            flags |= 4;
+        }
+        Some(Folded {
+            attrs,
+            submitted_at: t.submitted_at?,
+            done_at: t.done_at?,
+            first_step_at: t.first_step_at.unwrap_or(NONE),
+            first_queued_at: t.first_queued_at.unwrap_or(NONE),
+            node_assigned_at: t.node_assigned_at.unwrap_or(NONE),
+            preparing_at: t.preparing_at.unwrap_or(NONE),
+            checkpoint_at: t.last_checkpoint.map_or(NONE, |c| c.0),
+            checkpoint_step: t.last_checkpoint.map_or(0, |c| c.1),
+            requeue_wait_ms: t.requeue_wait_ms,
+            lost_work_ms: t.lost_work_ms,
+            lost_steps: t.lost_steps,
+            max_step: t.max_step.unwrap_or(0),
+            runs: t.runs,
+            attempts: t.attempts,
+            preemptions: t.preemptions,
+            node_losses: t.node_losses,
+            ignored_after_done: t.ignored_after_done,
+            exit_code: t.exit_code.unwrap_or(0),
+            outcome: t.outcome.map_or(0, |o| o as i32),
+            flags,
+            waits: t.initial_wait_ms.iter().map(|(s, ms)| (*s, *ms)).collect(),
+        })
+    }
+
+    /// Writes the job's timeline into `t` (reusing its allocations), with `attrs` as its attributes.
+    pub fn fill(&self, attrs: &Arc<JobAttrs>, t: &mut Timeline) {
+        t.state = JobState::Done;
+        if !t.attrs.as_ref().is_some_and(|a| Arc::ptr_eq(a, attrs)) {
+            t.attrs = Some(attrs.clone());
+        }
+        t.submitted_at = Some(self.submitted_at);
+        t.first_queued_at = opt(self.first_queued_at);
+        t.node_assigned_at = opt(self.node_assigned_at);
+        t.preparing_at = opt(self.preparing_at);
+        t.first_step_at = opt(self.first_step_at);
+        t.last_checkpoint = opt(self.checkpoint_at).map(|at| (at, self.checkpoint_step));
+        t.done_at = Some(self.done_at);
+        t.outcome = (self.flags & 4 != 0).then(|| pb::Outcome::try_from(self.outcome).unwrap_or_default());
+        t.exit_code = (self.flags & 1 != 0).then_some(self.exit_code);
+        t.current_wait = None;
+        t.wait_started_at = None;
+        t.current_raw_reason = None;
+        t.initial_wait_ms.clear();
+        t.initial_wait_ms.extend(self.waits.iter().copied());
+        t.requeue_wait_ms = self.requeue_wait_ms;
+        t.runs = self.runs;
+        t.attempts = self.attempts;
+        t.preemptions = self.preemptions;
+        t.node_losses = self.node_losses;
+        t.lost_work_ms = self.lost_work_ms;
+        t.lost_steps = self.lost_steps;
+        t.max_step = (self.flags & 2 != 0).then_some(self.max_step);
+        t.ignored_after_done = self.ignored_after_done;
+    }
+
+    /// The stored summary body.
+    pub fn encode(&self) -> Vec<u8> {
+        let disk = Disk {
+            attrs: self.attrs,
+            times: [
+                self.submitted_at,
+                self.done_at,
+                self.first_step_at,
+                self.first_queued_at,
+                self.node_assigned_at,
+                self.preparing_at,
+                self.checkpoint_at,
+            ],
+            counts: [self.checkpoint_step, self.lost_steps, self.max_step],
+            requeue_wait_ms: self.requeue_wait_ms,
+            lost_work_ms: self.lost_work_ms,
+            small: [self.runs, self.attempts, self.preemptions, self.node_losses, self.ignored_after_done],
+            exit_code: self.exit_code,
+            outcome: self.outcome,
+            flags: self.flags,
+            waits: self.waits.iter().map(|(s, ms)| (*s, *ms)).collect(),
+        };
+        let mut out = vec![SUMMARY_FORMAT];
+        // Serializing plain integers and enums into a Vec cannot fail.
+        out.extend(postcard::to_stdvec(&disk).unwrap_or_default());
+        out
+    }
+
+    /// Decodes a stored summary body.
+    pub fn decode(body: &[u8]) -> Result<Folded, String> {
+        let Some((&SUMMARY_FORMAT, rest)) = body.split_first() else {
+            return Err(format!("unknown summary format {:?}", body.first()));
+        };
+        let d: Disk = postcard::from_bytes(rest).map_err(|e| e.to_string())?;
+        let [submitted_at, done_at, first_step_at, first_queued_at, node_assigned_at, preparing_at, checkpoint_at] =
+            d.times;
+        let [checkpoint_step, lost_steps, max_step] = d.counts;
+        let [runs, attempts, preemptions, node_losses, ignored_after_done] = d.small;
+        Ok(Folded {
+            attrs: d.attrs,
+            submitted_at,
+            done_at,
+            first_step_at,
+            first_queued_at,
+            node_assigned_at,
+            preparing_at,
+            checkpoint_at,
+            checkpoint_step,
+            requeue_wait_ms: d.requeue_wait_ms,
+            lost_work_ms: d.lost_work_ms,
+            lost_steps,
+            max_step,
+            runs,
+            attempts,
+            preemptions,
+            node_losses,
+            ignored_after_done,
+            exit_code: d.exit_code,
+            outcome: d.outcome,
+            flags: d.flags,
+            waits: d.waits.into_boxed_slice(),
+        })
+    }
+}
+
+/// The summary as stored (postcard: integers as varints).
+#[derive(Serialize, Deserialize)]
+struct Disk {
+    attrs: u32,
+    times: [i64; 7],
+    counts: [u64; 3],
+    requeue_wait_ms: i64,
+    lost_work_ms: i64,
+    small: [u32; 5],
+    exit_code: i32,
+    outcome: i32,
+    flags: u8,
+    waits: Vec<(Segment, i64)>,
+}
+
+/// Job attributes by number, shared by folded rows. Append-only: an attribute set keeps its number for the
+/// life of the store (numbers are persisted in summaries), so retention does not shrink it; it holds one entry
+/// per distinct attribute set, which fleets repeat (same pool, team, project).
+#[derive(Debug, Default)]
+pub struct Dictionary {
+    list: Vec<Arc<JobAttrs>>,
+    ids: HashMap<Arc<JobAttrs>, u32>,
+    /// Entries below this number are in the store.
+    persisted: u32,
+}
+
+impl Dictionary {
+    /// The number of an attribute set, adding it if new.
+    pub fn intern(&mut self, a: &Arc<JobAttrs>) -> u32 {
+        if let Some(id) = self.ids.get(a) {
+            return *id;
+        }
+        let id = self.list.len() as u32;
+        self.list.push(a.clone());
+        self.ids.insert(a.clone(), id);
+        id
+    }
+
+    /// The attributes of a number.
+    pub fn get(&self, id: u32) -> Option<&Arc<JobAttrs>> {
+        self.list.get(id as usize)
+    }
+
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Entries not yet stored: `(number, encoded)`.
+    pub fn unpersisted(&self) -> Vec<(u32, Vec<u8>)> {
+        (self.persisted..self.list.len() as u32)
+            .filter_map(|id| Some((id, encode_attrs(self.list.get(id as usize)?))))
+            .collect()
+    }
+
+    /// Records that every entry below `upto` is stored.
+    pub fn mark_persisted(&mut self, upto: u32) {
+        self.persisted = self.persisted.max(upto);
+    }
+
+    /// Loads stored entries (numbers must be dense from 0).
+    pub fn load(entries: Vec<(u32, Vec<u8>)>) -> Result<Dictionary, String> {
+        let mut d = Dictionary::default();
+        for (i, (id, body)) in entries.into_iter().enumerate() {
+            if id as usize != i {
+                return Err(format!("dictionary entry {id} where {i} was expected"));
+            }
+            let a: JobAttrs = postcard::from_bytes(&body).map_err(|e| format!("dictionary entry {id}: {e}"))?;
+            let a = Arc::new(a);
+            d.ids.insert(a.clone(), id);
+            d.list.push(a);
+        }
+        d.persisted = d.list.len() as u32;
+        Ok(d)
+    }
+}
+
+fn encode_attrs(a: &JobAttrs) -> Vec<u8> {
+    postcard::to_stdvec(a).unwrap_or_default()
+}
+
+/// Every folded job, by id, with the dictionary its rows point to.
+#[derive(Debug, Default)]
+pub struct ColdJobs {
+    /// Rows by job id (listings page by id).
+    pub rows: BTreeMap<Box<str>, Folded>,
+    /// The attributes rows point to.
+    pub dict: Dictionary,
+}
+
+impl ColdJobs {
+    /// The full timeline of a folded job.
+    pub fn timeline(&self, row: &Folded) -> Timeline {
+        let mut t = Timeline::default();
+        self.fill(row, &mut t);
+        t
+    }
+
+    /// Writes a folded job's timeline into `t`.
+    pub fn fill(&self, row: &Folded, t: &mut Timeline) {
+        match self.dict.get(row.attrs) {
+            Some(a) => row.fill(a, t),
+            // Rows are only made from interned attributes; an unknown number means a damaged dictionary.
+            None => {
+                let a = Arc::new(JobAttrs::unknown());
+                row.fill(&a, t)
+            }
+        }
+    }
+
+    /// Folded jobs.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether none.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}

@@ -1,0 +1,328 @@
+//! The in-memory job index: hot jobs (waiting, running, or ended too recently to fold) with their events and
+//! timelines, folded jobs as compact rows ([`cold`]), and the state derived from both: SLO windows and the
+//! deadline index ([`SloEngine`]), metric gauges and per-job metric footprints ([`footprint`]), and the label
+//! limits ([`labels`]). The applier is the only writer; readers (API, export, alert) scan it through
+//! [`SharedIndex`] under short read locks and see hot and folded jobs alike as a [`JobRef`].
+//!
+//! # Memory model
+//! A hot job costs its events, its timeline and its derived state (about 2-3 KiB for a typical job). A folded
+//! job costs one [`cold::Folded`] row (about 150 bytes plus its wait segments) and its id; its attributes are
+//! shared through a dictionary, and its SLO contributions are recomputed from its row when needed (an ended
+//! job's contributions do not change), not kept.
+
+pub mod cold;
+pub mod footprint;
+pub mod labels;
+
+use crate::job::{CompactEvent, JobRecord, Timeline};
+use crate::slo::{Contribution, SloEngine};
+use cold::{ColdJobs, Folded};
+use footprint::{footprint, Footprint, JobGauges, Observation};
+use labels::{LabelLimiter, LabelSettings};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Bound;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// A job in memory with everything derived from it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HotJob {
+    /// Its events and timeline.
+    pub rec: JobRecord,
+    /// Its current contribution to each SLO that covers it.
+    pub slo: Vec<Contribution>,
+    /// What the metrics last saw of it.
+    pub metrics: Option<Footprint>,
+}
+
+impl HotJob {
+    /// How readers see it.
+    pub fn view(&self) -> JobRef<'_> {
+        JobRef { timeline: &self.rec.timeline, slo: &self.slo, folded: false }
+    }
+}
+
+/// How a reader sees one job, hot or folded.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRef<'a> {
+    /// Its timeline.
+    pub timeline: &'a Timeline,
+    /// Its contribution to each SLO that covers it.
+    pub slo: &'a [Contribution],
+    /// Whether it is folded (its events are on disk only).
+    pub folded: bool,
+}
+
+/// Every job the collector knows, plus which changed since the last checkpoint, and the state derived from them
+/// (kept under the same lock so it always matches the jobs).
+#[derive(Debug)]
+pub struct JobIndex {
+    /// Hot jobs by id, in id order (the API paginates by id).
+    pub jobs: BTreeMap<String, HotJob>,
+    /// Folded jobs.
+    pub cold: ColdJobs,
+    /// Hot jobs changed since the last checkpoint.
+    pub dirty: HashSet<String>,
+    /// Hot jobs that have ended, with when they last changed (collector time): fold candidates.
+    pub settling: HashMap<String, i64>,
+    /// The highest log sequence applied.
+    pub last_seq: u64,
+    /// SLO windows and the deadline index.
+    pub slo: SloEngine,
+    /// Job gauges for metrics, kept incrementally.
+    pub gauges: JobGauges,
+    /// Bounds free-text metric attributes.
+    pub limiter: LabelLimiter,
+}
+
+impl Default for JobIndex {
+    fn default() -> Self {
+        JobIndex::new(BTreeMap::new(), 0, SloEngine::new(Vec::new()), LabelLimiter::new(&LabelSettings::default()))
+    }
+}
+
+impl JobIndex {
+    /// An index over restored jobs: assesses every job for the SLOs and the metric gauges (silently: no counter
+    /// moves for history).
+    pub fn new(jobs: BTreeMap<String, JobRecord>, last_seq: u64, slo: SloEngine, limiter: LabelLimiter) -> Self {
+        Self::new_at(jobs, ColdJobs::default(), last_seq, slo, limiter, startline_proto::time::now_ms())
+    }
+
+    /// [`JobIndex::new`] with folded jobs, as of a given time.
+    pub fn new_at(
+        jobs: BTreeMap<String, JobRecord>,
+        cold: ColdJobs,
+        last_seq: u64,
+        slo: SloEngine,
+        limiter: LabelLimiter,
+        now: i64,
+    ) -> Self {
+        let mut idx = JobIndex {
+            jobs: BTreeMap::new(),
+            cold,
+            dirty: HashSet::new(),
+            settling: HashMap::new(),
+            last_seq,
+            slo,
+            gauges: JobGauges::default(),
+            limiter,
+        };
+        let mut t = Timeline::default();
+        for (id, row) in &idx.cold.rows {
+            idx.cold.fill(row, &mut t);
+            idx.slo.count_ended(id, &t, now, 1);
+        }
+        for (id, rec) in jobs {
+            let mut hot = HotJob { rec, ..Default::default() };
+            idx.slo.on_job(&id, &hot.rec.timeline, &mut hot.slo, now);
+            hot.metrics = footprint(&hot.rec.timeline, &idx.limiter, None);
+            idx.gauges.update(&id, None, hot.metrics.as_ref(), &hot.rec.timeline, true);
+            if hot.rec.timeline.state == crate::job::JobState::Done {
+                idx.settling.insert(id.clone(), now);
+            }
+            idx.jobs.insert(id, hot);
+        }
+        idx
+    }
+
+    /// Marks jobs as changed since the last checkpoint: after a restore, every job rebuilt from the log tail,
+    /// whose snapshot lacks those events (else the next checkpoint would move the marker past them unwritten).
+    pub fn with_dirty(mut self, dirty: HashSet<String>) -> Self {
+        self.dirty = dirty;
+        self
+    }
+
+    /// Jobs known, hot and folded.
+    pub fn len(&self) -> usize {
+        self.jobs.len() + self.cold.len()
+    }
+
+    /// Whether no job is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether a job is known (hot or folded).
+    pub fn contains(&self, job_id: &str) -> bool {
+        self.jobs.contains_key(job_id) || self.cold.rows.contains_key(job_id)
+    }
+
+    /// A folded job's row.
+    pub fn folded(&self, job_id: &str) -> Option<&Folded> {
+        self.cold.rows.get(job_id)
+    }
+
+    /// Inserts a new, durable event (its `seq` assigned) into its job, creating the job if needed, and updates
+    /// everything derived. The job must be hot (see [`JobIndex::unfold`]). Returns the transitions to record.
+    pub fn insert(&mut self, job_id: &str, ev: CompactEvent, now: i64) -> Vec<Observation> {
+        let seq = ev.seq;
+        let hot = match self.jobs.get_mut(job_id) {
+            Some(h) => {
+                h.rec.insert_unchecked(ev);
+                h
+            }
+            None => self
+                .jobs
+                .entry(job_id.to_string())
+                .or_insert_with(|| HotJob { rec: JobRecord::from_events(vec![ev]), ..Default::default() }),
+        };
+        self.slo.on_job(job_id, &hot.rec.timeline, &mut hot.slo, now);
+        let fp = footprint(&hot.rec.timeline, &self.limiter, hot.metrics.as_ref());
+        let obs = self.gauges.update(job_id, hot.metrics.as_ref(), fp.as_ref(), &hot.rec.timeline, false);
+        hot.metrics = fp;
+        if hot.rec.timeline.state == crate::job::JobState::Done {
+            self.settling.insert(job_id.to_string(), now);
+        } else {
+            self.settling.remove(job_id);
+        }
+        if !self.dirty.contains(job_id) {
+            self.dirty.insert(job_id.to_string());
+        }
+        self.last_seq = self.last_seq.max(seq);
+        obs
+    }
+
+    /// Re-assesses jobs whose SLO deadline passed (they become bad while still waiting). Returns how many.
+    pub fn advance_deadlines(&mut self, now: i64) -> usize {
+        let due = self.slo.take_due(now);
+        for job_id in &due {
+            if let Some(h) = self.jobs.get_mut(job_id) {
+                self.slo.on_job(job_id, &h.rec.timeline, &mut h.slo, now);
+            }
+        }
+        due.len()
+    }
+
+    /// Makes a folded job hot again from its events (read from its archive), before a late event is applied to
+    /// it. Its SLO contributions and footprint are recomputed silently (the windows already count them).
+    /// Returns false if the job is not folded.
+    pub fn unfold(&mut self, job_id: &str, events: Vec<CompactEvent>, now: i64) -> bool {
+        if self.cold.rows.remove(job_id).is_none() {
+            return false;
+        }
+        let rec = JobRecord::from_events(events);
+        let mut slo = Vec::new();
+        self.slo.assess_into(&rec.timeline, now, &mut slo);
+        let metrics = footprint(&rec.timeline, &self.limiter, None);
+        if rec.timeline.state == crate::job::JobState::Done {
+            self.settling.insert(job_id.to_string(), now);
+        }
+        self.jobs.insert(job_id.to_string(), HotJob { rec, slo, metrics });
+        true
+    }
+
+    /// Folds a hot, ended job into a row, dropping its events from memory. Its SLO contributions stay counted
+    /// (they are final). Returns the row, or `None` if the job is not hot and ended.
+    pub fn fold(&mut self, job_id: &str) -> Option<Folded> {
+        let hot = self.jobs.get(job_id)?;
+        let attrs = hot.rec.timeline.attrs.as_ref()?;
+        let id = self.cold.dict.intern(attrs);
+        let row = Folded::of(&hot.rec.timeline, id)?;
+        self.jobs.remove(job_id);
+        self.dirty.remove(job_id);
+        self.settling.remove(job_id);
+        self.cold.rows.insert(job_id.into(), row.clone());
+        Some(row)
+    }
+
+    /// Removes a job (hot or folded) with its SLO contributions and metric footprint. Returns the log sequences
+    /// of a hot job's events (empty for a folded job), or `None` if unknown.
+    pub fn remove(&mut self, job_id: &str, now: i64) -> Option<Vec<u64>> {
+        if let Some(mut h) = self.jobs.remove(job_id) {
+            self.slo.forget(job_id, &mut h.slo);
+            self.gauges.update(job_id, h.metrics.as_ref(), None, &h.rec.timeline, true);
+            self.dirty.remove(job_id);
+            self.settling.remove(job_id);
+            return Some(h.rec.events.iter().map(|e| e.seq).collect());
+        }
+        let row = self.cold.rows.remove(job_id)?;
+        let t = self.cold.timeline(&row);
+        self.slo.count_ended(job_id, &t, now, -1);
+        Some(Vec::new())
+    }
+}
+
+/// A cheaply clonable handle to the index. Readers hold the lock briefly; never across `.await`.
+#[derive(Debug, Clone, Default)]
+pub struct SharedIndex(Arc<RwLock<JobIndex>>);
+
+impl SharedIndex {
+    /// Wraps an index.
+    pub fn new(index: JobIndex) -> Self {
+        SharedIndex(Arc::new(RwLock::new(index)))
+    }
+
+    /// Read access. A poisoned lock (a panic while writing) is still readable: the index is only ever changed
+    /// by whole-event inserts.
+    pub fn read(&self) -> RwLockReadGuard<'_, JobIndex> {
+        self.0.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Visits every job, hot and folded, in id order, `chunk` jobs per read lock, releasing the lock between
+    /// chunks so a long scan (comparisons, overviews, filtered listings over a million jobs) never holds the
+    /// applier off for more than one chunk. Jobs changed during the scan are seen in whichever state the visit
+    /// finds them.
+    pub fn for_each_job(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
+        self.scan_from(None, chunk, |k, r| {
+            f(k, r);
+            true
+        });
+    }
+
+    /// Like [`SharedIndex::for_each_job`], starting after `after` and stopping when `f` returns false.
+    pub fn scan_from(&self, after: Option<&str>, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>) -> bool) {
+        let chunk = chunk.max(1);
+        let mut after: Option<String> = after.map(str::to_string);
+        let mut scratch = Timeline::default();
+        let mut contribs: Vec<Contribution> = Vec::new();
+        let now = startline_proto::time::now_ms();
+        loop {
+            let idx = self.read();
+            let lower = match &after {
+                Some(k) => Bound::Excluded(k.as_str()),
+                None => Bound::Unbounded,
+            };
+            let mut hot = idx.jobs.range::<str, _>((lower, Bound::Unbounded)).peekable();
+            let mut cold = idx.cold.rows.range::<str, _>((lower, Bound::Unbounded)).peekable();
+            let mut n = 0;
+            let mut last: Option<&str> = None;
+            while n < chunk {
+                let take_hot = match (hot.peek(), cold.peek()) {
+                    (Some((h, _)), Some((c, _))) => h.as_str() < &***c,
+                    (Some(_), None) => true,
+                    (None, Some(_)) => false,
+                    (None, None) => break,
+                };
+                let (k, go_on) = if take_hot {
+                    let Some((k, h)) = hot.next() else { break };
+                    (k.as_str(), f(k, JobRef { timeline: &h.rec.timeline, slo: &h.slo, folded: false }))
+                } else {
+                    let Some((k, row)) = cold.next() else { break };
+                    idx.cold.fill(row, &mut scratch);
+                    idx.slo.assess_into(&scratch, now, &mut contribs);
+                    (&**k, f(k, JobRef { timeline: &scratch, slo: &contribs, folded: true }))
+                };
+                if !go_on {
+                    return;
+                }
+                n += 1;
+                last = Some(k);
+            }
+            let next = last.map(str::to_string);
+            drop(hot);
+            drop(cold);
+            drop(idx);
+            if n < chunk {
+                return;
+            }
+            after = next;
+        }
+    }
+
+    /// Write access, for the applier.
+    pub fn write(&self) -> RwLockWriteGuard<'_, JobIndex> {
+        self.0.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;

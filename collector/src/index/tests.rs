@@ -1,0 +1,270 @@
+//! Index tests: scans over hot and folded jobs, folding and unfolding.
+
+use super::*;
+
+#[test]
+fn chunked_scan_visits_every_job_once_in_order() {
+    let mut idx = JobIndex::default();
+    for i in 0..7 {
+        idx.jobs.insert(format!("j{i}"), HotJob::default());
+    }
+    let shared = SharedIndex::new(idx);
+    for chunk in [1, 2, 3, 7, 8, 100] {
+        let mut seen = Vec::new();
+        shared.for_each_job(chunk, |k, _| seen.push(k.to_string()));
+        let want: Vec<String> = (0..7).map(|i| format!("j{i}")).collect();
+        assert_eq!(seen, want, "chunk {chunk}");
+        // Resuming after a key, and stopping early.
+        let mut part = Vec::new();
+        shared.scan_from(Some("j2"), chunk, |k, _| {
+            part.push(k.to_string());
+            part.len() < 3
+        });
+        assert_eq!(part, ["j3", "j4", "j5"], "chunk {chunk}");
+    }
+}
+
+mod fold_model {
+    //! Folding and unfolding interleaved at random with deliveries in any order (with duplicates) and
+    //! restarts: every job's timeline and every SLO count must equal the all-in-memory derivation from the
+    //! same set of events.
+    use super::*;
+    use crate::index::labels::LabelSettings;
+    use crate::job::{event_id_hash, EventKind, JobAttrs};
+    use crate::slo::def::SloDef;
+    use proptest::prelude::*;
+    use startline_proto::pb;
+
+    const T0: i64 = 1_767_225_600_000;
+    const MIN: i64 = 60_000;
+
+    fn attrs(urgent: bool) -> Arc<JobAttrs> {
+        let mut a = JobAttrs::unknown();
+        a.priority = if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal };
+        a.pool_kind = pb::PoolKind::Dedicated;
+        a.pool = "p".into();
+        Arc::new(a)
+    }
+
+    /// The events of job `j`: a plausible lifecycle with random times, some of them optional.
+    fn job_events(j: u8) -> impl Strategy<Value = Vec<CompactEvent>> {
+        (any::<bool>(), 0i64..40, prop::option::of(0i64..40), prop::option::of(0i64..80), 0u8..4, any::<bool>())
+            .prop_map(move |(urgent, q, fs, done, outcome, preempt)| {
+                let id = |n: u32| event_id_hash(&format!("j{j}-{n}"));
+                let at = |m: i64| T0 + i64::from(j) * MIN + m * MIN;
+                let mut v = vec![
+                    CompactEvent {
+                        at_ms: at(0),
+                        id_hash: id(0),
+                        seq: 0,
+                        attempt: None,
+                        kind: EventKind::Submitted(attrs(urgent)),
+                    },
+                    CompactEvent {
+                        at_ms: at(q),
+                        id_hash: id(1),
+                        seq: 0,
+                        attempt: None,
+                        kind: EventKind::Queued { reason: pb::WaitReason::Capacity, raw_reason: "Resources".into() },
+                    },
+                ];
+                if let Some(f) = fs {
+                    v.push(CompactEvent {
+                        at_ms: at(q + f),
+                        id_hash: id(2),
+                        seq: 0,
+                        attempt: None,
+                        kind: EventKind::FirstStep { step: 1 },
+                    });
+                    if preempt {
+                        v.push(CompactEvent {
+                            at_ms: at(q + f + 3),
+                            id_hash: id(3),
+                            seq: 0,
+                            attempt: None,
+                            kind: EventKind::Preempted { checkpoint_saved: false },
+                        });
+                    }
+                }
+                if let Some(d) = done {
+                    let outcome =
+                        [pb::Outcome::Succeeded, pb::Outcome::Failed, pb::Outcome::Cancelled, pb::Outcome::Preempted]
+                            [usize::from(outcome)];
+                    v.push(CompactEvent {
+                        at_ms: at(q + d),
+                        id_hash: id(4),
+                        seq: 0,
+                        attempt: None,
+                        kind: EventKind::Done { outcome, exit_code: Some(1) },
+                    });
+                }
+                v
+            })
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Deliver event `i` (modulo the count) of the whole set; delivering one twice is a duplicate.
+        Deliver(usize),
+        /// Fold job `j` if it is hot and ended.
+        Fold(u8),
+        /// Rebuild the index from its hot records and folded rows (a restart).
+        Restart,
+        /// Advance the clock past deadlines.
+        Tick,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => any::<usize>().prop_map(Op::Deliver),
+            3 => (0u8..4).prop_map(Op::Fold),
+            1 => Just(Op::Restart),
+            1 => Just(Op::Tick),
+        ]
+    }
+
+    fn fresh(hot: BTreeMap<String, JobRecord>, cold: ColdJobs, now: i64) -> JobIndex {
+        JobIndex::new_at(
+            hot,
+            cold,
+            0,
+            SloEngine::new(SloDef::defaults()),
+            LabelLimiter::new(&LabelSettings::default()),
+            now,
+        )
+    }
+
+    /// Every job's timeline, hot or folded.
+    fn timelines(idx: &JobIndex) -> BTreeMap<String, Timeline> {
+        let mut out: BTreeMap<String, Timeline> =
+            idx.jobs.iter().map(|(k, h)| (k.clone(), h.rec.timeline.clone())).collect();
+        for (k, row) in &idx.cold.rows {
+            out.insert(k.to_string(), idx.cold.timeline(row));
+        }
+        out
+    }
+
+    fn counts(idx: &JobIndex, now: i64) -> Vec<(u64, u64, Option<i64>)> {
+        (0..idx.slo.defs().len())
+            .map(|i| {
+                let c = idx.slo.counts(i, now, 400 * 86_400_000);
+                (c.good, c.bad, idx.slo.next_deadline())
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+        #[test]
+        fn folds_and_unfolds_never_change_timelines_or_slo_counts(
+            j0 in job_events(0),
+            more in (job_events(1), job_events(2), job_events(3)),
+            ops in prop::collection::vec(op(), 1..80),
+        ) {
+            let mut all: Vec<(String, CompactEvent)> = Vec::new();
+            for (j, evs) in [j0, more.0, more.1, more.2].into_iter().enumerate() {
+                all.extend(evs.into_iter().map(|e| (format!("j{j}"), e)));
+            }
+            let mut now = T0 + 10 * MIN;
+            let mut idx = fresh(BTreeMap::new(), ColdJobs::default(), now);
+            // The oracle: the set of delivered events per job.
+            let mut delivered: BTreeMap<String, Vec<CompactEvent>> = BTreeMap::new();
+            let mut seq = 0u64;
+            for op in ops {
+                match op {
+                    Op::Deliver(i) => {
+                        let (job, ev) = &all[i % all.len()];
+                        let have = delivered.entry(job.clone()).or_default();
+                        if have.iter().any(|e| e.id_hash == ev.id_hash) {
+                            continue; // a duplicate: the applier answers it without touching the index
+                        }
+                        seq += 1;
+                        let mut ev = ev.clone();
+                        ev.seq = seq;
+                        have.push(ev.clone());
+                        if idx.folded(job).is_some() {
+                            // The archive holds exactly the events delivered before the fold.
+                            let archived: Vec<CompactEvent> = have.iter().filter(|e| e.seq != seq).cloned().collect();
+                            prop_assert!(idx.unfold(job, archived, now));
+                        }
+                        idx.insert(job, ev, now);
+                    }
+                    Op::Fold(j) => {
+                        let job = format!("j{j}");
+                        let done = idx.jobs.get(&job).is_some_and(|h| h.rec.timeline.state == crate::job::JobState::Done);
+                        let folded = idx.fold(&job).is_some();
+                        prop_assert_eq!(folded, done);
+                    }
+                    Op::Restart => {
+                        let hot = std::mem::take(&mut idx.jobs).into_iter().map(|(k, h)| (k, JobRecord::from_events(h.rec.events))).collect();
+                        let cold = std::mem::take(&mut idx.cold);
+                        idx = fresh(hot, cold, now);
+                    }
+                    Op::Tick => {
+                        now += 7 * MIN;
+                        idx.advance_deadlines(now);
+                    }
+                }
+                // Against the oracle: timelines from all delivered events, and the counts of an index that never
+                // folded anything.
+                let want: BTreeMap<String, Timeline> = delivered
+                    .iter()
+                    .map(|(k, evs)| (k.clone(), JobRecord::from_events(evs.clone()).timeline))
+                    .collect();
+                prop_assert_eq!(&timelines(&idx), &want);
+                let plain = fresh(
+                    delivered.iter().map(|(k, evs)| (k.clone(), JobRecord::from_events(evs.clone()))).collect(),
+                    ColdJobs::default(),
+                    now,
+                );
+                prop_assert_eq!(counts(&idx, now), counts(&plain, now));
+                // A folded job contributes what it contributed hot.
+                for (k, row) in &idx.cold.rows {
+                    let t = idx.cold.timeline(row);
+                    let mut a = Vec::new();
+                    idx.slo.assess_into(&t, now, &mut a);
+                    let mut b = Vec::new();
+                    plain.slo.assess_into(&plain.jobs[&**k].rec.timeline, now, &mut b);
+                    prop_assert_eq!(a, b);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_summary_survives_its_codec() {
+        let events = vec![
+            CompactEvent { at_ms: T0, id_hash: 1, seq: 1, attempt: None, kind: EventKind::Submitted(attrs(true)) },
+            CompactEvent { at_ms: T0 + MIN, id_hash: 2, seq: 2, attempt: None, kind: EventKind::FirstStep { step: 5 } },
+            CompactEvent {
+                at_ms: T0 + 2 * MIN,
+                id_hash: 3,
+                seq: 3,
+                attempt: None,
+                kind: EventKind::Checkpoint { step: 9 },
+            },
+            CompactEvent {
+                at_ms: T0 + 3 * MIN,
+                id_hash: 4,
+                seq: 4,
+                attempt: None,
+                kind: EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) },
+            },
+        ];
+        let rec = JobRecord::from_events(events);
+        let mut cold = ColdJobs::default();
+        let n = cold.dict.intern(rec.timeline.attrs.as_ref().expect("attrs"));
+        let row = cold::Folded::of(&rec.timeline, n).expect("done");
+        let back = cold::Folded::decode(&row.encode()).expect("decodes");
+        assert_eq!(back, row);
+        assert_eq!(cold.timeline(&back), rec.timeline);
+        // A version this build does not know, and garbage, are refused with a reason.
+        let mut bad = row.encode();
+        bad[0] = 9;
+        assert!(cold::Folded::decode(&bad).expect_err("unknown format").contains("format"));
+        assert!(cold::Folded::decode(&[1, 0xff]).is_err());
+        // The dictionary round-trips through its stored entries.
+        let d = cold::Dictionary::load(cold.dict.unpersisted()).expect("loads");
+        assert_eq!(d.get(n), cold.dict.get(n));
+    }
+}
