@@ -14,10 +14,10 @@ pub mod record;
 
 pub use record::AlertRecord;
 
-use crate::clock::Clock;
 use crate::config::AlertConfig;
 use crate::state::{JobIndex, SharedIndex};
 use crate::store::Store;
+use crate::time::{format_ms, Clock};
 use startline_proto::labels::Label;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -227,7 +227,7 @@ impl AlertLoop {
                     ("raw_reason", raw),
                     ("waited_seconds", (waited / 1000).to_string()),
                     ("threshold_seconds", (def.threshold_ms / 1000).to_string()),
-                    ("submitted_at", crate::api::format_ms(sub)),
+                    ("submitted_at", format_ms(sub)),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))

@@ -10,10 +10,10 @@ pub mod jobs;
 pub mod labels;
 
 use crate::alert::AlertBoard;
-use crate::clock::Clock;
 use crate::ingest::IngestStats;
 use crate::state::SharedIndex;
 use crate::store::Store;
+use crate::time::Clock;
 use jobs::Observation;
 use labels::JobLabels;
 use opentelemetry::metrics::{Counter, Histogram, MeterProvider};
