@@ -2,7 +2,8 @@
 //! API over them.
 //!
 //! # Layout
-//! - [`config`]: the TOML file and CLI flags, validated into [`config::Config`] before any port is bound.
+//! - [`config`]: the TOML file and CLI flags, validated into [`config::Config`] before any port is bound; each
+//!   section checked by its own `validate(&mut errors)` with the helpers of [`settings`].
 //! - [`job`]: the pure domain: compact events, job records and the timeline state machine.
 //! - [`store`]: sled key layout, codecs, durable append, checkpoints and restore.
 //! - [`state`]: the in-memory job index shared by the committer and readers.
@@ -25,6 +26,7 @@ pub mod export;
 pub mod health;
 pub mod ingest;
 pub mod job;
+pub mod settings;
 pub mod slo;
 pub mod state;
 pub mod store;

@@ -8,13 +8,14 @@
 //! notifier never blocks the loop, and never ingest.
 
 pub mod burn;
+pub mod config;
 pub mod http;
 pub mod notify;
 pub mod record;
 
+pub use config::AlertConfig;
 pub use record::AlertRecord;
 
-use crate::config::AlertConfig;
 use crate::state::{JobIndex, SharedIndex};
 use crate::store::Store;
 use crate::time::{format_ms, Clock};

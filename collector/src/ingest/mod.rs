@@ -12,6 +12,15 @@ pub mod service;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// What a full ingest queue does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Wait for room; backpressure reaches the client through flow control.
+    Wait,
+    /// Answer `RESOURCE_EXHAUSTED` at once.
+    Reject,
+}
+
 /// Counters of the ingest path, read by the metrics exporter and the benchmark.
 #[derive(Debug, Default)]
 pub struct IngestStats {

@@ -13,7 +13,7 @@
 use super::codec::{inbound_error, PublishCodec};
 use super::committer::{CommitError, CommitRequest, CommitResult, PreparedEvent};
 use super::IngestStats;
-use crate::config::WhenFull;
+use super::WhenFull;
 use crate::job::CompactEvent;
 use crate::store::encode_log_value;
 use startline_proto::pb::{self, ingest_service_server::IngestService};
