@@ -2,6 +2,9 @@
 //! override it, and [`FileConfig::validate`] turns it into the [`Config`] the rest of the collector uses,
 //! reporting every problem at once before any port is bound.
 
+pub use crate::alert::config::{AlertConfig, AlertsSection};
+pub use crate::ingest::WhenFull;
+use crate::settings::{duration, range, socket_addr};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -126,48 +129,6 @@ pub struct SelectorSection {
     pub timezone: Option<String>,
 }
 
-/// `[alerts]`
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AlertsSection {
-    /// Alertmanager base URLs (`http://host:port`); alerts go to `/api/v2/alerts`.
-    #[serde(default)]
-    pub alertmanager: Vec<String>,
-    /// Generic JSON webhook URLs.
-    #[serde(default)]
-    pub webhook: Vec<String>,
-    /// How often burn rates are evaluated. Default 10s.
-    pub evaluation_interval: Option<String>,
-    /// How often firing alerts are re-posted to Alertmanager (their `endsAt` is 3 intervals ahead). Default 1m.
-    pub resend_interval: Option<String>,
-    /// Low-volume guard: a burn-rate alert needs at least this many decided jobs in its long window. Default 5.
-    pub min_jobs: Option<u64>,
-    /// How long resolved alerts stay listed. Default 24h.
-    pub resolved_retention: Option<String>,
-    /// Per-job pages are sent only for crossings at most this old when first seen (an adapter catching up on
-    /// history must not page for jobs that breached days ago). Default 1h.
-    pub page_max_age: Option<String>,
-}
-
-/// Validated alerting settings.
-#[derive(Debug, Clone)]
-pub struct AlertConfig {
-    /// Alertmanager base URLs.
-    pub alertmanagers: Vec<String>,
-    /// Webhook URLs.
-    pub webhooks: Vec<String>,
-    /// Burn-rate evaluation interval.
-    pub evaluation_interval: Duration,
-    /// Re-post interval for firing alerts.
-    pub resend_interval: Duration,
-    /// Low-volume guard.
-    pub min_jobs: u64,
-    /// Resolved-alert retention.
-    pub resolved_retention: Duration,
-    /// Oldest crossing that still pages.
-    pub page_max_age: Duration,
-}
-
 /// `[store]`
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -262,15 +223,6 @@ pub struct IngestSection {
     pub max_labels: Option<usize>,
 }
 
-/// What a full ingest queue does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WhenFull {
-    /// Wait for room; backpressure reaches the client through flow control.
-    Wait,
-    /// Answer `RESOURCE_EXHAUSTED` at once.
-    Reject,
-}
-
 /// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -361,51 +313,77 @@ impl FileConfig {
         toml::from_str(text).map_err(|e| e.to_string().trim().to_string())
     }
 
-    /// Checks every field and builds the validated config, or lists every problem.
+    /// Checks every section and builds the validated config, or lists every problem.
     pub fn validate(&self) -> Result<Config, ConfigErrors> {
         let mut errs = Vec::new();
-        let addr = |errs: &mut Vec<String>, name: &str, v: &Option<String>, def: &str| -> SocketAddr {
-            let s = v.as_deref().unwrap_or(def);
-            s.parse().unwrap_or_else(|_| {
-                errs.push(format!("{name}: {s:?} is not a socket address like 127.0.0.1:8080"));
-                SocketAddr::from(([127, 0, 0, 1], 0))
-            })
-        };
-        let dur = |errs: &mut Vec<String>, name: &str, v: &Option<String>, def: Duration, min: Duration| match v {
-            None => def,
-            Some(s) => match humantime::parse_duration(s) {
-                Ok(d) if d >= min => d,
-                Ok(_) => {
-                    errs.push(format!("{name}: {s:?} is shorter than {}", humantime::format_duration(min)));
-                    def
-                }
-                Err(e) => {
-                    errs.push(format!("{name}: {s:?} is not a duration like \"5m\": {e}"));
-                    def
-                }
-            },
-        };
-        let range = |errs: &mut Vec<String>, name: &str, v: Option<usize>, def: usize, lo: usize, hi: usize| {
-            let x = v.unwrap_or(def);
-            if !(lo..=hi).contains(&x) {
-                errs.push(format!("{name}: {x} is outside {lo}..={hi}"));
-            }
-            x
-        };
+        let store = self.store.validate(&mut errs);
+        let grpc = self.grpc.validate(&mut errs);
+        let http = self.http.validate(&mut errs);
+        let ingest = self.ingest.validate(&mut errs);
+        let slos =
+            if self.slo.is_empty() { crate::slo::SloDef::defaults() } else { validate_slos(&self.slo, &mut errs) };
+        let alerts = self.alerts.validate(&mut errs);
+        let metrics = self.metrics.validate(&mut errs);
+        check_listeners_differ(&mut errs, grpc.listen, http.listen);
+        check_retention_covers_slos(&mut errs, store.retention, &slos);
+        if !errs.is_empty() {
+            return Err(ConfigErrors(errs));
+        }
+        Ok(Config {
+            metrics,
+            store_path: store.path,
+            checkpoint_interval: store.checkpoint_interval,
+            retention: store.retention,
+            retention_interval: store.retention_interval,
+            max_events_per_job: store.max_events_per_job,
+            fold_after: store.fold_after,
+            fold_interval: store.fold_interval,
+            cache_bytes: store.cache_bytes,
+            grpc_listen: grpc.listen,
+            max_message_bytes: grpc.max_message_bytes,
+            max_batch_events: grpc.max_batch_events,
+            max_concurrent_streams: grpc.max_concurrent_streams,
+            max_inflight_batches: grpc.max_inflight_batches,
+            grpc_connections: grpc.connections,
+            http_listen: http.listen,
+            max_page_size: http.max_page_size,
+            queue_capacity: ingest.queue_capacity,
+            when_full: ingest.when_full,
+            group_commit_max_events: ingest.group_commit_max_events,
+            limits: ingest.limits,
+            slos,
+            alerts,
+        })
+    }
+}
 
-        let store_path = self.store.path.clone().unwrap_or_else(|| PathBuf::from("./startline-data"));
-        if store_path.as_os_str().is_empty() {
+/// The validated `[store]` fields.
+struct StoreSettings {
+    path: PathBuf,
+    checkpoint_interval: Duration,
+    retention: Option<Duration>,
+    retention_interval: Duration,
+    max_events_per_job: usize,
+    fold_after: Option<Duration>,
+    fold_interval: Duration,
+    cache_bytes: u64,
+}
+
+impl StoreSection {
+    fn validate(&self, errs: &mut Vec<String>) -> StoreSettings {
+        let path = self.path.clone().unwrap_or_else(|| PathBuf::from("./startline-data"));
+        if path.as_os_str().is_empty() {
             errs.push("store.path: must not be empty".to_string());
         }
-        let checkpoint_interval = dur(
-            &mut errs,
+        let checkpoint_interval = duration(
+            errs,
             "store.checkpoint_interval",
-            &self.store.checkpoint_interval,
+            &self.checkpoint_interval,
             Duration::from_secs(2),
             Duration::from_millis(10),
         );
         let retention =
-            dur(&mut errs, "store.retention", &self.store.retention, Duration::from_secs(90 * 86_400), Duration::ZERO);
+            duration(errs, "store.retention", &self.retention, Duration::from_secs(90 * 86_400), Duration::ZERO);
         let retention = if retention.is_zero() {
             None
         } else if retention < Duration::from_secs(86_400) {
@@ -416,201 +394,27 @@ impl FileConfig {
         } else {
             Some(retention)
         };
-        let retention_interval = dur(
-            &mut errs,
+        let retention_interval = duration(
+            errs,
             "store.retention_interval",
-            &self.store.retention_interval,
+            &self.retention_interval,
             Duration::from_secs(600),
             Duration::from_millis(100),
         );
         let max_events_per_job =
-            range(&mut errs, "store.max_events_per_job", self.store.max_events_per_job, 100_000, 1, 10_000_000);
-        let fold_after =
-            dur(&mut errs, "store.fold_after", &self.store.fold_after, Duration::from_secs(300), Duration::ZERO);
+            range(errs, "store.max_events_per_job", self.max_events_per_job, 100_000, 1, 10_000_000);
+        let fold_after = duration(errs, "store.fold_after", &self.fold_after, Duration::from_secs(300), Duration::ZERO);
         let fold_after = (!fold_after.is_zero()).then_some(fold_after);
-        let fold_interval = dur(
-            &mut errs,
+        let fold_interval = duration(
+            errs,
             "store.fold_interval",
-            &self.store.fold_interval,
+            &self.fold_interval,
             Duration::from_secs(10),
             Duration::from_millis(10),
         );
-        let cache_bytes = range(&mut errs, "store.cache_mib", self.store.cache_mib, 64, 4, 1 << 20) as u64 * (1 << 20);
-        let grpc_listen = addr(&mut errs, "grpc.listen", &self.grpc.listen, "127.0.0.1:50051");
-        let http_listen = addr(&mut errs, "http.listen", &self.http.listen, "127.0.0.1:8080");
-        if grpc_listen == http_listen && grpc_listen.port() != 0 {
-            errs.push(format!("http.listen: {http_listen} is also grpc.listen"));
-        }
-        let max_message_bytes =
-            range(&mut errs, "grpc.max_message_bytes", self.grpc.max_message_bytes, 4 << 20, 4096, 64 << 20);
-        let max_batch_events =
-            range(&mut errs, "grpc.max_batch_events", self.grpc.max_batch_events, 10_000, 1, 1_000_000);
-        let max_concurrent_streams = range(
-            &mut errs,
-            "grpc.max_concurrent_streams",
-            self.grpc.max_concurrent_streams.map(|v| v as usize),
-            100,
-            1,
-            65_536,
-        ) as u32;
-        let max_inflight_batches =
-            range(&mut errs, "grpc.max_inflight_batches", self.grpc.max_inflight_batches, 32, 1, 4096);
-        let grpc_connections = GrpcConnections {
-            max_connections: range(&mut errs, "grpc.max_connections", self.grpc.max_connections, 4096, 1, 1 << 20),
-            handshake_timeout: dur(
-                &mut errs,
-                "grpc.handshake_timeout",
-                &self.grpc.handshake_timeout,
-                Duration::from_secs(10),
-                Duration::from_millis(100),
-            ),
-            keepalive_interval: dur(
-                &mut errs,
-                "grpc.keepalive_interval",
-                &self.grpc.keepalive_interval,
-                Duration::from_secs(30),
-                Duration::from_secs(1),
-            ),
-            keepalive_timeout: dur(
-                &mut errs,
-                "grpc.keepalive_timeout",
-                &self.grpc.keepalive_timeout,
-                Duration::from_secs(10),
-                Duration::from_secs(1),
-            ),
-            drain_timeout: dur(
-                &mut errs,
-                "grpc.drain_timeout",
-                &self.grpc.drain_timeout,
-                Duration::from_secs(10),
-                Duration::ZERO,
-            ),
-        };
-        if grpc_connections.drain_timeout > Duration::from_secs(600) {
-            errs.push("grpc.drain_timeout: at most 10m (a shutdown must finish)".to_string());
-        }
-        let max_page_size = range(&mut errs, "http.max_page_size", self.http.max_page_size, 1000, 1, 100_000);
-        let queue_capacity = range(&mut errs, "ingest.queue_capacity", self.ingest.queue_capacity, 256, 1, 1 << 20);
-        let group_commit_max_events = range(
-            &mut errs,
-            "ingest.group_commit_max_events",
-            self.ingest.group_commit_max_events,
-            32_768,
-            1,
-            10_000_000,
-        );
-        let when_full = match self.ingest.when_full.as_deref() {
-            None | Some("wait") => WhenFull::Wait,
-            Some("reject") => WhenFull::Reject,
-            Some(other) => {
-                errs.push(format!("ingest.when_full: {other:?} is not one of \"wait\", \"reject\""));
-                WhenFull::Wait
-            }
-        };
-        let skew = dur(
-            &mut errs,
-            "ingest.max_future_skew",
-            &self.ingest.max_future_skew,
-            Duration::from_secs(300),
-            Duration::ZERO,
-        );
-        let max_labels = range(&mut errs, "ingest.max_labels", self.ingest.max_labels, 16, 0, 64);
-        let slos =
-            if self.slo.is_empty() { crate::slo::SloDef::defaults() } else { validate_slos(&self.slo, &mut errs) };
-        let mut urls = |name: &str, list: &[String]| -> Vec<String> {
-            for u in list {
-                if let Err(e) = crate::alert::http::HttpUrl::parse(u) {
-                    errs.push(format!("{name}: {u:?}: {e}"));
-                }
-            }
-            list.to_vec()
-        };
-        let alertmanagers = urls("alerts.alertmanager", &self.alerts.alertmanager);
-        let webhooks = urls("alerts.webhook", &self.alerts.webhook);
-        let alerts = AlertConfig {
-            alertmanagers,
-            webhooks,
-            evaluation_interval: dur(
-                &mut errs,
-                "alerts.evaluation_interval",
-                &self.alerts.evaluation_interval,
-                Duration::from_secs(10),
-                Duration::from_millis(100),
-            ),
-            resend_interval: dur(
-                &mut errs,
-                "alerts.resend_interval",
-                &self.alerts.resend_interval,
-                Duration::from_secs(60),
-                Duration::from_secs(1),
-            ),
-            min_jobs: self.alerts.min_jobs.unwrap_or(5),
-            page_max_age: dur(
-                &mut errs,
-                "alerts.page_max_age",
-                &self.alerts.page_max_age,
-                Duration::from_secs(3600),
-                Duration::from_secs(1),
-            ),
-            resolved_retention: dur(
-                &mut errs,
-                "alerts.resolved_retention",
-                &self.alerts.resolved_retention,
-                Duration::from_secs(86_400),
-                Duration::from_secs(1),
-            ),
-        };
-        let m = &self.metrics;
-        let otlp_interval =
-            dur(&mut errs, "metrics.otlp_interval", &m.otlp_interval, Duration::from_secs(30), Duration::from_secs(1));
-        match m.otlp_protocol.as_deref() {
-            None | Some("grpc") => {}
-            Some(other) => {
-                errs.push(format!("metrics.otlp_protocol: {other:?} is not supported; only \"grpc\" is built"))
-            }
-        }
-        if let Some(e) = &m.otlp_endpoint {
-            if !(e.starts_with("http://") || e.starts_with("https://")) {
-                errs.push(format!("metrics.otlp_endpoint: {e:?} must start with http:// or https://"));
-            }
-        }
-        let metrics = MetricsConfig {
-            labels: crate::export::labels::LabelSettings {
-                providers: m.providers.clone(),
-                pools: m.pools.clone(),
-                gpu_classes: m.gpu_classes.clone(),
-                regions: m.regions.clone(),
-                max_values_per_label: range(
-                    &mut errs,
-                    "metrics.max_values_per_label",
-                    m.max_values_per_label,
-                    32,
-                    1,
-                    1000,
-                ),
-            },
-            otlp: m
-                .otlp_endpoint
-                .clone()
-                .map(|endpoint| crate::export::OtlpSettings { endpoint, interval: otlp_interval }),
-        };
-        if let Some(r) = retention {
-            for d in &slos {
-                if (r.as_millis() as i64) < d.window_ms {
-                    errs.push(format!(
-                        "store.retention: {} is shorter than slo {:?}'s window; its figures would lose history",
-                        humantime::format_duration(r),
-                        d.name
-                    ));
-                }
-            }
-        }
-        if !errs.is_empty() {
-            return Err(ConfigErrors(errs));
-        }
-        Ok(Config {
-            metrics,
-            store_path,
+        let cache_bytes = range(errs, "store.cache_mib", self.cache_mib, 64, 4, 1 << 20) as u64 * (1 << 20);
+        StoreSettings {
+            path,
             checkpoint_interval,
             retention,
             retention_interval,
@@ -618,14 +422,114 @@ impl FileConfig {
             fold_after,
             fold_interval,
             cache_bytes,
-            grpc_listen,
+        }
+    }
+}
+
+/// The validated `[grpc]` fields.
+struct GrpcSettings {
+    listen: SocketAddr,
+    max_message_bytes: usize,
+    max_batch_events: usize,
+    max_concurrent_streams: u32,
+    max_inflight_batches: usize,
+    connections: GrpcConnections,
+}
+
+impl GrpcSection {
+    fn validate(&self, errs: &mut Vec<String>) -> GrpcSettings {
+        let listen = socket_addr(errs, "grpc.listen", &self.listen, "127.0.0.1:50051");
+        let max_message_bytes = range(errs, "grpc.max_message_bytes", self.max_message_bytes, 4 << 20, 4096, 64 << 20);
+        let max_batch_events = range(errs, "grpc.max_batch_events", self.max_batch_events, 10_000, 1, 1_000_000);
+        let max_concurrent_streams =
+            range(errs, "grpc.max_concurrent_streams", self.max_concurrent_streams.map(|v| v as usize), 100, 1, 65_536)
+                as u32;
+        let max_inflight_batches = range(errs, "grpc.max_inflight_batches", self.max_inflight_batches, 32, 1, 4096);
+        let connections = GrpcConnections {
+            max_connections: range(errs, "grpc.max_connections", self.max_connections, 4096, 1, 1 << 20),
+            handshake_timeout: duration(
+                errs,
+                "grpc.handshake_timeout",
+                &self.handshake_timeout,
+                Duration::from_secs(10),
+                Duration::from_millis(100),
+            ),
+            keepalive_interval: duration(
+                errs,
+                "grpc.keepalive_interval",
+                &self.keepalive_interval,
+                Duration::from_secs(30),
+                Duration::from_secs(1),
+            ),
+            keepalive_timeout: duration(
+                errs,
+                "grpc.keepalive_timeout",
+                &self.keepalive_timeout,
+                Duration::from_secs(10),
+                Duration::from_secs(1),
+            ),
+            drain_timeout: duration(
+                errs,
+                "grpc.drain_timeout",
+                &self.drain_timeout,
+                Duration::from_secs(10),
+                Duration::ZERO,
+            ),
+        };
+        if connections.drain_timeout > Duration::from_secs(600) {
+            errs.push("grpc.drain_timeout: at most 10m (a shutdown must finish)".to_string());
+        }
+        GrpcSettings {
+            listen,
             max_message_bytes,
             max_batch_events,
             max_concurrent_streams,
             max_inflight_batches,
-            grpc_connections,
-            http_listen,
-            max_page_size,
+            connections,
+        }
+    }
+}
+
+/// The validated `[http]` fields.
+struct HttpSettings {
+    listen: SocketAddr,
+    max_page_size: usize,
+}
+
+impl HttpSection {
+    fn validate(&self, errs: &mut Vec<String>) -> HttpSettings {
+        HttpSettings {
+            listen: socket_addr(errs, "http.listen", &self.listen, "127.0.0.1:8080"),
+            max_page_size: range(errs, "http.max_page_size", self.max_page_size, 1000, 1, 100_000),
+        }
+    }
+}
+
+/// The validated `[ingest]` fields.
+struct IngestSettings {
+    queue_capacity: usize,
+    when_full: WhenFull,
+    group_commit_max_events: usize,
+    limits: startline_proto::Limits,
+}
+
+impl IngestSection {
+    fn validate(&self, errs: &mut Vec<String>) -> IngestSettings {
+        let queue_capacity = range(errs, "ingest.queue_capacity", self.queue_capacity, 256, 1, 1 << 20);
+        let group_commit_max_events =
+            range(errs, "ingest.group_commit_max_events", self.group_commit_max_events, 32_768, 1, 10_000_000);
+        let when_full = match self.when_full.as_deref() {
+            None | Some("wait") => WhenFull::Wait,
+            Some("reject") => WhenFull::Reject,
+            Some(other) => {
+                errs.push(format!("ingest.when_full: {other:?} is not one of \"wait\", \"reject\""));
+                WhenFull::Wait
+            }
+        };
+        let skew =
+            duration(errs, "ingest.max_future_skew", &self.max_future_skew, Duration::from_secs(300), Duration::ZERO);
+        let max_labels = range(errs, "ingest.max_labels", self.max_labels, 16, 0, 64);
+        IngestSettings {
             queue_capacity,
             when_full,
             group_commit_max_events,
@@ -633,9 +537,71 @@ impl FileConfig {
                 max_future_skew_ms: i64::try_from(skew.as_millis()).unwrap_or(i64::MAX),
                 max_labels,
             },
-            slos,
-            alerts,
-        })
+        }
+    }
+}
+
+impl MetricsSection {
+    fn validate(&self, errs: &mut Vec<String>) -> MetricsConfig {
+        let otlp_interval = duration(
+            errs,
+            "metrics.otlp_interval",
+            &self.otlp_interval,
+            Duration::from_secs(30),
+            Duration::from_secs(1),
+        );
+        match self.otlp_protocol.as_deref() {
+            None | Some("grpc") => {}
+            Some(other) => {
+                errs.push(format!("metrics.otlp_protocol: {other:?} is not supported; only \"grpc\" is built"))
+            }
+        }
+        if let Some(e) = &self.otlp_endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                errs.push(format!("metrics.otlp_endpoint: {e:?} must start with http:// or https://"));
+            }
+        }
+        MetricsConfig {
+            labels: crate::export::labels::LabelSettings {
+                providers: self.providers.clone(),
+                pools: self.pools.clone(),
+                gpu_classes: self.gpu_classes.clone(),
+                regions: self.regions.clone(),
+                max_values_per_label: range(
+                    errs,
+                    "metrics.max_values_per_label",
+                    self.max_values_per_label,
+                    32,
+                    1,
+                    1000,
+                ),
+            },
+            otlp: self
+                .otlp_endpoint
+                .clone()
+                .map(|endpoint| crate::export::OtlpSettings { endpoint, interval: otlp_interval }),
+        }
+    }
+}
+
+/// Across `[grpc]` and `[http]`: the two listeners cannot share a fixed address.
+fn check_listeners_differ(errs: &mut Vec<String>, grpc_listen: SocketAddr, http_listen: SocketAddr) {
+    if grpc_listen == http_listen && grpc_listen.port() != 0 {
+        errs.push(format!("http.listen: {http_listen} is also grpc.listen"));
+    }
+}
+
+/// Across `[store]` and `[[slo]]`: retention must keep the history of every SLO window.
+fn check_retention_covers_slos(errs: &mut Vec<String>, retention: Option<Duration>, slos: &[crate::slo::SloDef]) {
+    let Some(r) = retention else { return };
+    for d in slos {
+        if (r.as_millis() as i64) < d.window_ms {
+            errs.push(format!(
+                "store.retention: {} is shorter than slo {:?}'s window; its figures would lose history",
+                humantime::format_duration(r),
+                d.name
+            ));
+        }
     }
 }
 
@@ -930,6 +896,164 @@ mod tests {
     fn unknown_keys_are_errors() {
         let e = FileConfig::parse("[grpc]\nlisten_addr = \"x\"\n").expect_err("unknown key");
         assert!(e.contains("listen_addr"), "{e}");
+    }
+
+    fn fields(errs: &[String]) -> Vec<&str> {
+        errs.iter().filter_map(|e| e.split(':').next()).collect()
+    }
+
+    #[test]
+    fn store_section_reports_each_bad_field() {
+        let s = StoreSection {
+            path: Some(PathBuf::new()),
+            checkpoint_interval: Some("1ms".into()),
+            retention: Some("2h".into()),
+            retention_interval: Some("soon".into()),
+            max_events_per_job: Some(0),
+            fold_after: Some("later".into()),
+            fold_interval: Some("1ms".into()),
+            cache_mib: Some(1),
+        };
+        let mut errs = Vec::new();
+        let v = s.validate(&mut errs);
+        assert_eq!(errs[0], "store.path: must not be empty");
+        assert_eq!(errs[1], "store.checkpoint_interval: \"1ms\" is shorter than 10ms");
+        assert_eq!(errs[2], "store.retention: keep at least 1d (or \"0s\" for forever); SLO windows need the history");
+        assert!(
+            errs[3].starts_with("store.retention_interval: \"soon\" is not a duration like \"5m\": "),
+            "{}",
+            errs[3]
+        );
+        assert_eq!(errs[4], "store.max_events_per_job: 0 is outside 1..=10000000");
+        assert!(errs[5].starts_with("store.fold_after: \"later\" is not a duration"), "{}", errs[5]);
+        assert_eq!(errs[6], "store.fold_interval: \"1ms\" is shorter than 10ms");
+        assert_eq!(errs[7], "store.cache_mib: 1 is outside 4..=1048576");
+        assert_eq!(errs.len(), 8, "{errs:#?}");
+        assert_eq!((v.checkpoint_interval, v.retention), (Duration::from_secs(2), None));
+    }
+
+    #[test]
+    fn grpc_section_reports_each_bad_field() {
+        let s = GrpcSection {
+            listen: Some("nowhere".into()),
+            max_message_bytes: Some(1),
+            max_batch_events: Some(0),
+            max_concurrent_streams: Some(0),
+            max_inflight_batches: Some(5000),
+            max_connections: Some(0),
+            handshake_timeout: Some("1ms".into()),
+            keepalive_interval: Some("often".into()),
+            keepalive_timeout: Some("0s".into()),
+            drain_timeout: Some("1h".into()),
+        };
+        let mut errs = Vec::new();
+        s.validate(&mut errs);
+        assert_eq!(
+            fields(&errs),
+            [
+                "grpc.listen",
+                "grpc.max_message_bytes",
+                "grpc.max_batch_events",
+                "grpc.max_concurrent_streams",
+                "grpc.max_inflight_batches",
+                "grpc.max_connections",
+                "grpc.handshake_timeout",
+                "grpc.keepalive_interval",
+                "grpc.keepalive_timeout",
+                "grpc.drain_timeout",
+            ],
+            "{errs:#?}"
+        );
+        assert_eq!(errs[0], "grpc.listen: \"nowhere\" is not a socket address like 127.0.0.1:8080");
+        assert_eq!(errs[1], "grpc.max_message_bytes: 1 is outside 4096..=67108864");
+        assert_eq!(errs[3], "grpc.max_concurrent_streams: 0 is outside 1..=65536");
+        assert_eq!(errs[6], "grpc.handshake_timeout: \"1ms\" is shorter than 100ms");
+        assert_eq!(errs[8], "grpc.keepalive_timeout: \"0s\" is shorter than 1s");
+        assert_eq!(errs[9], "grpc.drain_timeout: at most 10m (a shutdown must finish)");
+    }
+
+    #[test]
+    fn http_section_reports_each_bad_field() {
+        let s = HttpSection { listen: Some("8080".into()), max_page_size: Some(0) };
+        let mut errs = Vec::new();
+        s.validate(&mut errs);
+        assert_eq!(
+            errs,
+            [
+                "http.listen: \"8080\" is not a socket address like 127.0.0.1:8080",
+                "http.max_page_size: 0 is outside 1..=100000",
+            ]
+        );
+    }
+
+    #[test]
+    fn ingest_section_reports_each_bad_field() {
+        let s = IngestSection {
+            queue_capacity: Some(0),
+            when_full: Some("drop".into()),
+            group_commit_max_events: Some(0),
+            max_future_skew: Some("soon".into()),
+            max_labels: Some(65),
+        };
+        let mut errs = Vec::new();
+        let v = s.validate(&mut errs);
+        assert_eq!(errs[0], "ingest.queue_capacity: 0 is outside 1..=1048576");
+        assert_eq!(errs[1], "ingest.group_commit_max_events: 0 is outside 1..=10000000");
+        assert_eq!(errs[2], "ingest.when_full: \"drop\" is not one of \"wait\", \"reject\"");
+        assert!(errs[3].starts_with("ingest.max_future_skew: \"soon\" is not a duration"), "{}", errs[3]);
+        assert_eq!(errs[4], "ingest.max_labels: 65 is outside 0..=64");
+        assert_eq!(errs.len(), 5, "{errs:#?}");
+        assert_eq!(v.when_full, WhenFull::Wait);
+        assert_eq!(v.limits.max_future_skew_ms, 300_000);
+    }
+
+    #[test]
+    fn metrics_section_reports_each_bad_field() {
+        let s = MetricsSection {
+            max_values_per_label: Some(0),
+            otlp_endpoint: Some("collector:4317".into()),
+            otlp_protocol: Some("http/protobuf".into()),
+            otlp_interval: Some("1ms".into()),
+            ..Default::default()
+        };
+        let mut errs = Vec::new();
+        let v = s.validate(&mut errs);
+        assert_eq!(
+            errs,
+            [
+                "metrics.otlp_interval: \"1ms\" is shorter than 1s",
+                "metrics.otlp_protocol: \"http/protobuf\" is not supported; only \"grpc\" is built",
+                "metrics.otlp_endpoint: \"collector:4317\" must start with http:// or https://",
+                "metrics.max_values_per_label: 0 is outside 1..=1000",
+            ]
+        );
+        assert_eq!(v.otlp.map(|o| o.interval), Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn listeners_may_share_only_an_ephemeral_port() {
+        let fixed: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
+        let ephemeral: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let mut errs = Vec::new();
+        check_listeners_differ(&mut errs, ephemeral, ephemeral);
+        assert!(errs.is_empty());
+        check_listeners_differ(&mut errs, fixed, fixed);
+        assert_eq!(errs, ["http.listen: 127.0.0.1:8080 is also grpc.listen"]);
+    }
+
+    #[test]
+    fn retention_shorter_than_an_slo_window_names_the_slo() {
+        let slos = crate::slo::SloDef::defaults();
+        let mut errs = Vec::new();
+        check_retention_covers_slos(&mut errs, None, &slos);
+        check_retention_covers_slos(&mut errs, Some(Duration::from_secs(90 * 86_400)), &slos);
+        assert!(errs.is_empty(), "{errs:?}");
+        check_retention_covers_slos(&mut errs, Some(Duration::from_secs(7 * 86_400)), &slos);
+        assert_eq!(
+            errs[0],
+            "store.retention: 7days is shorter than slo \"urgent-start\"'s window; its figures would lose history"
+        );
+        assert_eq!(errs.len(), slos.len());
     }
 
     #[test]

@@ -2,17 +2,21 @@
 //! API over them.
 //!
 //! # Layout
-//! - [`config`]: the TOML file and CLI flags, validated into [`config::Config`] before any port is bound.
+//! - [`config`]: the TOML file and CLI flags, validated into [`config::Config`] before any port is bound; each
+//!   section checked by its own `validate(&mut errors)` with the helpers of [`settings`].
 //! - [`job`]: the pure domain: compact events, job records and the timeline state machine.
-//! - [`store`]: sled key layout, codecs, durable append, checkpoints and restore.
-//! - [`state`]: the in-memory job index shared by the committer and readers.
-//! - [`ingest`]: the gRPC edge (validation, policy when full) and the committer thread (group commit, acks).
+//! - [`store`]: sled key layout, codecs, durable append, checkpoints, folds and restore.
+//! - [`index`]: the in-memory job index (hot jobs, folded rows, derived SLO and metric state) shared by the
+//!   applier (its only writer) and readers.
+//! - [`applier`]: the committer thread (group commit, acks) and the maintenance thread (checkpoints, folds),
+//!   and retention.
+//! - [`ingest`]: the gRPC edge (validation, policy when full), handing batches to the applier.
 //! - [`slo`]: start objectives: selectors, rolling windows of counts and HDR histograms, the deadline index.
 //! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
 //! - [`export`]: metrics: one OpenTelemetry MeterProvider, Prometheus `/metrics` and OTLP push.
 //! - [`compare`]: side-by-side comparison of two job sets (managed vs dedicated) with significance tests.
 //! - [`health`]: whether storage writes fail (and why) and whether the committer lives, for health checks.
-//! - [`clock`]: wall time advanced by tokio's clock (pausable in tests).
+//! - [`time`]: the clock (wall time advanced by tokio's clock, pausable in tests) and the text form of times.
 //! - [`api`]: the axum router: JSON API, health and readiness.
 //! - [`app`]: wiring and the shutdown order.
 
@@ -20,7 +24,6 @@ pub mod alert;
 pub mod api;
 pub mod app;
 pub mod applier;
-pub mod clock;
 pub mod compare;
 pub mod config;
 pub mod export;
@@ -28,5 +31,7 @@ pub mod health;
 pub mod index;
 pub mod ingest;
 pub mod job;
+pub mod settings;
 pub mod slo;
 pub mod store;
+pub mod time;

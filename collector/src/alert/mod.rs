@@ -8,42 +8,23 @@
 //! notifier never blocks the loop, and never ingest.
 
 pub mod burn;
+pub mod config;
 pub mod http;
 pub mod notify;
+pub mod record;
 
-use crate::clock::Clock;
-use crate::config::AlertConfig;
+pub use config::AlertConfig;
+pub use record::AlertRecord;
+
 use crate::index::{JobIndex, SharedIndex};
 use crate::store::Store;
-use serde::{Deserialize, Serialize};
+use crate::time::{format_ms, Clock};
 use startline_proto::labels::Label;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
-
-/// One alert and its lifecycle.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AlertRecord {
-    /// Identity: `job/<slo>/<job_id>` or `burn/<slo>/<severity>`.
-    pub key: String,
-    /// Alertmanager labels (identity for deduplication there).
-    pub labels: BTreeMap<String, String>,
-    /// Human-readable details.
-    pub annotations: BTreeMap<String, String>,
-    /// When it started firing (Unix ms).
-    pub starts_at_ms: i64,
-    /// When it resolved, if it has.
-    pub resolved_at_ms: Option<i64>,
-}
-
-impl AlertRecord {
-    /// Whether it is firing.
-    pub fn firing(&self) -> bool {
-        self.resolved_at_ms.is_none()
-    }
-}
 
 /// The current alerts, shared with the API.
 #[derive(Debug, Clone, Default)]
@@ -151,7 +132,10 @@ impl AlertLoop {
                 // Stored before delivery, so a crash in between cannot page twice. Inline: alert changes are
                 // rare and a small sled write plus flush takes about a millisecond; keeping it on this task also
                 // keeps paused-clock tests exact.
-                if let Err(e) = self.store.save_alerts(&changed) {
+                let saved = record::encode_all(&changed)
+                    .map_err(|e| e.to_string())
+                    .and_then(|values| self.store.save_alerts(&values).map_err(|e| e.to_string()));
+                if let Err(e) = saved {
                     tracing::error!(error = %e, "cannot save alert state");
                 }
                 for a in &changed {
@@ -244,7 +228,7 @@ impl AlertLoop {
                     ("raw_reason", raw),
                     ("waited_seconds", (waited / 1000).to_string()),
                     ("threshold_seconds", (def.threshold_ms / 1000).to_string()),
-                    ("submitted_at", crate::api::format_ms(sub)),
+                    ("submitted_at", format_ms(sub)),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))

@@ -6,8 +6,7 @@
 
 use super::http::{post_json, HttpUrl};
 use super::AlertRecord;
-use crate::api::format_ms;
-use crate::clock::Clock;
+use crate::time::{format_ms, Clock};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::sync::mpsc;

@@ -145,7 +145,7 @@ async fn pages_at_the_crossing_and_resolves_when_the_job_starts() {
     h.stop().await;
 
     // Stored: resolved, not re-paged after a "restart" on the same store.
-    let stored = store.load_alerts().expect("load");
+    let stored: Vec<AlertRecord> = store.load_alerts().expect("load");
     assert_eq!(stored.len(), 1);
     assert!(!stored[0].firing());
 }

@@ -1,31 +1,11 @@
-//! JSON renderings of jobs, timelines and raw events, and time parsing for query parameters.
+//! JSON renderings of jobs, timelines and raw events.
 
 use crate::job::Timeline;
+// Temporary re-export: `api/jobs.rs` still imports `parse_time` from here.
+pub(super) use crate::time::{format_ms, parse_time};
 use serde_json::{json, Map, Value};
 use startline_proto::labels::Label;
 use startline_proto::pb::{self, lifecycle_event::Kind};
-use std::time::{Duration, UNIX_EPOCH};
-
-/// Formats Unix milliseconds as RFC 3339 UTC with milliseconds.
-pub fn format_ms(ms: i64) -> String {
-    let t = if ms >= 0 {
-        UNIX_EPOCH + Duration::from_millis(ms as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs())
-    };
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
-/// Parses an RFC 3339 time (`2026-01-02T03:04:05Z`) or Unix seconds into Unix milliseconds.
-pub fn parse_time(s: &str) -> Result<i64, String> {
-    if let Ok(secs) = s.parse::<i64>() {
-        return secs.checked_mul(1000).ok_or_else(|| format!("{s:?} is out of range"));
-    }
-    let t = humantime::parse_rfc3339_weak(s)
-        .map_err(|_| format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z or Unix seconds"))?;
-    let d = t.duration_since(UNIX_EPOCH).map_err(|_| format!("{s:?} is before 1970"))?;
-    i64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is out of range"))
-}
 
 fn opt_time(v: Option<i64>) -> Value {
     v.map_or(Value::Null, |ms| Value::String(format_ms(ms)))
@@ -156,18 +136,4 @@ pub fn event_json(seq: u64, ev: &pb::LifecycleEvent) -> Value {
         "kind": kind,
         "detail": detail,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn time_formats_and_parses_back() {
-        let ms = 1_767_225_600_123;
-        assert_eq!(format_ms(ms), "2026-01-01T00:00:00.123Z");
-        assert_eq!(parse_time("2026-01-01T00:00:00Z"), Ok(1_767_225_600_000));
-        assert_eq!(parse_time("1767225600"), Ok(1_767_225_600_000));
-        assert!(parse_time("yesterday").is_err());
-    }
 }

@@ -22,7 +22,8 @@ use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-pub use json::{format_ms, parse_time};
+/// Temporary re-export for `api/jobs.rs`, `api/overview.rs` and the tests crate; use [`crate::time`] directly.
+pub use crate::time::{format_ms, parse_time};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -38,7 +39,7 @@ pub struct ApiState {
     /// Page size cap for listings.
     pub max_page_size: usize,
     /// The clock.
-    pub clock: crate::clock::Clock,
+    pub clock: crate::time::Clock,
     /// Current alerts.
     pub board: crate::alert::AlertBoard,
     /// Metrics, when enabled.

@@ -1,9 +1,9 @@
 //! `GET /api/v1/slos`, `GET /api/v1/slos/{name}?window=7d`, `GET /api/v1/alerts?state=firing|resolved|all`.
 
 use super::extract::{ApiPath, Params};
-use super::json::format_ms;
 use super::{ApiError, ApiState};
 use crate::slo::SloDef;
+use crate::time::format_ms;
 use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};

@@ -96,11 +96,11 @@ pub struct CommitterSettings {
     /// How often to checkpoint job snapshots.
     pub checkpoint_interval: Duration,
     /// The clock SLO assessments use.
-    pub clock: crate::clock::Clock,
+    pub clock: crate::time::Clock,
     /// Woken after each commit so the alert loop re-reads deadlines and page changes.
     pub wake: Arc<tokio::sync::Notify>,
     /// Metrics, when enabled.
-    pub telemetry: Option<Arc<crate::export::Telemetry>>,
+    pub telemetry: Option<Arc<dyn crate::index::footprint::MetricsSink>>,
     /// Ended jobs older than this are deleted (None: keep forever).
     pub retention: Option<Duration>,
     /// How often expired jobs are looked for.

@@ -10,13 +10,13 @@
 pub use crate::index::{footprint as jobs, labels};
 
 use crate::alert::AlertBoard;
-use crate::clock::Clock;
+use crate::health::IngestStats;
 use crate::index::SharedIndex;
-use crate::ingest::IngestStats;
 use crate::store::Store;
+use crate::time::Clock;
 use jobs::Observation;
 use labels::JobLabels;
-use opentelemetry::metrics::{Counter, Histogram, MeterProvider};
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use std::sync::atomic::Ordering;
@@ -82,7 +82,7 @@ pub struct Sources {
 
 /// An observable counter over ingest counters, one attribute value (`key`) per counter.
 fn stats_counter(
-    meter: &opentelemetry::metrics::Meter,
+    meter: &Meter,
     sources: &Sources,
     (name, unit, key): (&'static str, &'static str, &'static str),
     description: &'static str,
@@ -113,267 +113,18 @@ fn job_attrs(l: &JobLabels) -> Vec<KeyValue> {
 }
 
 impl Telemetry {
-    /// Builds the provider, its readers and every instrument.
+    /// Builds the provider, its readers and every instrument. Observable instruments are registered in a fixed
+    /// order, group by group.
     pub fn new(sources: Sources, otlp: Option<OtlpSettings>) -> Result<Telemetry, TelemetryError> {
-        let registry = prometheus::Registry::new();
-        let prom = opentelemetry_prometheus::exporter()
-            .with_registry(registry.clone())
-            .without_target_info()
-            .build()
-            .map_err(|e| TelemetryError(e.to_string()))?;
-        let mut builder = SdkMeterProvider::builder().with_reader(prom);
-        if let Some(o) = otlp {
-            use opentelemetry_otlp::WithExportConfig;
-            let exporter = opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                .with_endpoint(o.endpoint)
-                .build()
-                .map_err(|e| TelemetryError(format!("otlp exporter: {e}")))?;
-            builder = builder.with_reader(
-                opentelemetry_sdk::metrics::PeriodicReader::builder(exporter).with_interval(o.interval).build(),
-            );
-        }
-        let provider = builder.build();
+        let (provider, registry) = meter_provider(otlp)?;
         let meter = provider.meter("startline-collector");
-
-        let instruments = Instruments {
-            ttfs: meter
-                .f64_histogram("startline.job.time_to_first_step")
-                .with_unit("s")
-                .with_description("Time from submit to the first training step, recorded when a job first starts")
-                .with_boundaries(WAIT_BOUNDARIES.to_vec())
-                .build(),
-            wait: meter
-                .f64_histogram("startline.job.wait.duration")
-                .with_unit("s")
-                .with_description("Time a job spent in each wait segment before its first step (reason or phase)")
-                .with_boundaries(WAIT_BOUNDARIES.to_vec())
-                .build(),
-            started: meter
-                .u64_counter("startline.jobs.started")
-                .with_unit("{job}")
-                .with_description("Jobs that reached their first step")
-                .build(),
-            finished: meter
-                .u64_counter("startline.jobs.finished")
-                .with_unit("{job}")
-                .with_description("Jobs that ended, by outcome")
-                .build(),
-            preemptions: meter
-                .u64_counter("startline.job.preemptions")
-                .with_unit("{preemption}")
-                .with_description("Preemptions of running jobs")
-                .build(),
-            lost_work: meter
-                .f64_counter("startline.job.lost_work.gpu_seconds")
-                .with_unit("{gpu_second}")
-                .with_description(
-                    "GPU-seconds of training lost since the last checkpoint to preemptions, node losses and restarts",
-                )
-                .build(),
-            commit: meter
-                .f64_histogram("startline.collector.commit.duration")
-                .with_unit("s")
-                .with_description("Duration of one group commit (sled write and flush)")
-                .with_boundaries(COMMIT_BOUNDARIES.to_vec())
-                .build(),
-        };
-
-        // Gauges and observable counters, read at collection time.
-        let s = sources.clone();
-        let _ = meter
-            .i64_observable_gauge("startline.jobs.waiting")
-            .with_unit("{job}")
-            .with_description(
-                "Jobs waiting now, by wait segment (queued:<reason>, assigned, preparing:<phase>, unreported)",
-            )
-            .with_callback(move |o| {
-                let idx = s.index.read();
-                for ((labels, segment), n) in &idx.gauges.waiting {
-                    let mut a = job_attrs(labels);
-                    a.push(KeyValue::new("segment", segment.clone()));
-                    o.observe(*n, &a);
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .f64_observable_gauge("startline.job.oldest_wait")
-            .with_unit("s")
-            .with_description("Age of the oldest waiting job, by pool and priority")
-            .with_callback(move |o| {
-                let now = s.clock.now_ms();
-                let idx = s.index.read();
-                for ((kind, provider, pool, priority), age) in idx.gauges.oldest_ages(now) {
-                    o.observe(
-                        age,
-                        &[
-                            KeyValue::new("pool.kind", kind),
-                            KeyValue::new("provider", provider.to_string()),
-                            KeyValue::new("pool", pool.to_string()),
-                            KeyValue::new("priority", priority),
-                        ],
-                    );
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .f64_observable_gauge("startline.slo.compliance")
-            .with_unit("1")
-            .with_description("Share of good jobs over the SLO's window")
-            .with_callback(move |o| {
-                for st in slo_statuses(&s) {
-                    o.observe(st.compliance, &[KeyValue::new("slo", st.name.clone())]);
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .f64_observable_gauge("startline.slo.error_budget.remaining")
-            .with_unit("1")
-            .with_description("Share of the SLO's error budget left over its window (negative when overspent)")
-            .with_callback(move |o| {
-                for st in slo_statuses(&s) {
-                    o.observe(st.error_budget_remaining, &[KeyValue::new("slo", st.name.clone())]);
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .f64_observable_gauge("startline.slo.burn_rate")
-            .with_unit("1")
-            .with_description("Error-budget burn rate over a window: (bad / total) / (1 - objective)")
-            .with_callback(move |o| {
-                for st in slo_statuses(&s) {
-                    for (w, r, _) in &st.burn_rates {
-                        o.observe(*r, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("window", w.clone())]);
-                    }
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .i64_observable_gauge("startline.slo.jobs")
-            .with_unit("{job}")
-            .with_description(
-                "Jobs decided over the SLO's window, by result (good, bad); breached_waiting and pending are now",
-            )
-            .with_callback(move |o| {
-                for st in slo_statuses(&s) {
-                    for (result, n) in [
-                        ("good", st.good),
-                        ("bad", st.bad),
-                        ("breached_waiting", st.breached_waiting),
-                        ("pending", st.pending),
-                    ] {
-                        o.observe(n as i64, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("result", result)]);
-                    }
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .i64_observable_gauge("startline.slo.window.jobs")
-            .with_unit("{job}")
-            .with_description("Jobs decided within each burn-rate window, by result (good, bad): sum across collectors for global burn rates")
-            .with_callback(move |o| {
-                let now = s.clock.now_ms();
-                let idx = s.index.read();
-                for (i, d) in idx.slo.defs().iter().enumerate() {
-                    for (w, ms) in crate::slo::BURN_WINDOWS {
-                        let c = idx.slo.counts(i, now, ms);
-                        for (result, n) in [("good", c.good), ("bad", c.bad)] {
-                            o.observe(
-                                n as i64,
-                                &[KeyValue::new("slo", d.name.clone()), KeyValue::new("window", w), KeyValue::new("result", result)],
-                            );
-                        }
-                    }
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .f64_observable_gauge("startline.slo.objective")
-            .with_unit("1")
-            .with_description("The SLO's objective, as a share (0.99 for 99%)")
-            .with_callback(move |o| {
-                let idx = s.index.read();
-                for d in idx.slo.defs() {
-                    o.observe(d.objective, &[KeyValue::new("slo", d.name.clone())]);
-                }
-            })
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .i64_observable_gauge("startline.alerts.firing")
-            .with_unit("{alert}")
-            .with_description("Alerts firing now, by alert name, severity and SLO")
-            .with_callback(move |o| {
-                let mut counts: std::collections::BTreeMap<(String, String, String), i64> = Default::default();
-                for a in s.board.snapshot().into_iter().filter(|a| a.firing()) {
-                    let g = |k: &str| a.labels.get(k).cloned().unwrap_or_default();
-                    *counts.entry((g("alertname"), g("severity"), g("slo"))).or_default() += 1;
-                }
-                for ((name, sev, slo), n) in counts {
-                    o.observe(
-                        n,
-                        &[KeyValue::new("alertname", name), KeyValue::new("severity", sev), KeyValue::new("slo", slo)],
-                    );
-                }
-            })
-            .build();
-        stats_counter(
-            &meter,
-            &sources,
-            ("startline.collector.events", "{event}", "result"),
-            "Events received, by result (accepted, duplicate, rejected)",
-            |st| [("accepted", &st.accepted), ("duplicate", &st.duplicates), ("rejected", &st.rejected)],
-        );
-        stats_counter(
-            &meter,
-            &sources,
-            ("startline.collector.refusals", "{refusal}", "reason"),
-            "Batches and connections refused at the edge, by reason (queue_full with when_full = reject, \
-             connection_limit over grpc.max_connections, handshake_timeout past grpc.handshake_timeout)",
-            |st| {
-                [
-                    ("queue_full", &st.refused_full),
-                    ("connection_limit", &st.connections_refused),
-                    ("handshake_timeout", &st.connections_timed_out),
-                ]
-            },
-        );
-        let s = sources.clone();
-        let _ = meter
-            .u64_observable_gauge("startline.collector.store.healthy")
-            .with_description("1 while storage writes succeed, 0 while they fail (see /healthz for the cause)")
-            .with_callback(move |o| o.observe(u64::from(s.health.is_healthy()), &[]))
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .u64_observable_counter("startline.collector.store.write.errors")
-            .with_description("Storage writes that failed (group commits, checkpoints, retention)")
-            .with_callback(move |o| o.observe(s.health.storage_errors(), &[]))
-            .build();
-        let s = sources.clone();
-        let _ = meter
-            .u64_observable_counter("startline.collector.store.reopens")
-            .with_description("Times the store was reopened to recover from a write failure")
-            .with_callback(move |o| o.observe(s.health.reopens(), &[]))
-            .build();
-        let s = sources;
-        let _ = meter
-            .u64_observable_gauge("startline.collector.store.size")
-            .with_unit("By")
-            .with_description("Bytes the sled database occupies on disk")
-            .with_callback(move |o| {
-                if let Ok(n) = s.store.size_on_disk() {
-                    o.observe(n, &[]);
-                }
-            })
-            .build();
+        let instruments = Instruments::new(&meter);
+        observe_waiting_jobs(&meter, &sources);
+        observe_slo_status(&meter, &sources);
+        observe_slo_windows(&meter, &sources);
+        observe_alerts(&meter, &sources);
+        observe_ingest(&meter, &sources);
+        observe_store(&meter, &sources);
         Ok(Telemetry { provider, registry, instruments })
     }
 
@@ -427,8 +178,430 @@ impl Telemetry {
     }
 }
 
+/// The provider with its readers: Prometheus (into the returned registry) and, when configured, OTLP push.
+fn meter_provider(otlp: Option<OtlpSettings>) -> Result<(SdkMeterProvider, prometheus::Registry), TelemetryError> {
+    let registry = prometheus::Registry::new();
+    let prom = opentelemetry_prometheus::exporter()
+        .with_registry(registry.clone())
+        .without_target_info()
+        .build()
+        .map_err(|e| TelemetryError(e.to_string()))?;
+    let mut builder = SdkMeterProvider::builder().with_reader(prom);
+    if let Some(o) = otlp {
+        use opentelemetry_otlp::WithExportConfig;
+        let exporter = opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .with_endpoint(o.endpoint)
+            .build()
+            .map_err(|e| TelemetryError(format!("otlp exporter: {e}")))?;
+        builder = builder.with_reader(
+            opentelemetry_sdk::metrics::PeriodicReader::builder(exporter).with_interval(o.interval).build(),
+        );
+    }
+    Ok((builder.build(), registry))
+}
+
+impl Instruments {
+    /// The synchronous instruments: job transitions (recorded by the committer) and group commits.
+    fn new(meter: &Meter) -> Instruments {
+        Instruments {
+            ttfs: meter
+                .f64_histogram("startline.job.time_to_first_step")
+                .with_unit("s")
+                .with_description("Time from submit to the first training step, recorded when a job first starts")
+                .with_boundaries(WAIT_BOUNDARIES.to_vec())
+                .build(),
+            wait: meter
+                .f64_histogram("startline.job.wait.duration")
+                .with_unit("s")
+                .with_description("Time a job spent in each wait segment before its first step (reason or phase)")
+                .with_boundaries(WAIT_BOUNDARIES.to_vec())
+                .build(),
+            started: meter
+                .u64_counter("startline.jobs.started")
+                .with_unit("{job}")
+                .with_description("Jobs that reached their first step")
+                .build(),
+            finished: meter
+                .u64_counter("startline.jobs.finished")
+                .with_unit("{job}")
+                .with_description("Jobs that ended, by outcome")
+                .build(),
+            preemptions: meter
+                .u64_counter("startline.job.preemptions")
+                .with_unit("{preemption}")
+                .with_description("Preemptions of running jobs")
+                .build(),
+            lost_work: meter
+                .f64_counter("startline.job.lost_work.gpu_seconds")
+                .with_unit("{gpu_second}")
+                .with_description(
+                    "GPU-seconds of training lost since the last checkpoint to preemptions, node losses and restarts",
+                )
+                .build(),
+            commit: meter
+                .f64_histogram("startline.collector.commit.duration")
+                .with_unit("s")
+                .with_description("Duration of one group commit (sled write and flush)")
+                .with_boundaries(COMMIT_BOUNDARIES.to_vec())
+                .build(),
+        }
+    }
+}
+
+/// Gauges of the jobs waiting now: how many per segment, and the oldest wait.
+fn observe_waiting_jobs(meter: &Meter, sources: &Sources) {
+    let s = sources.clone();
+    let _ = meter
+        .i64_observable_gauge("startline.jobs.waiting")
+        .with_unit("{job}")
+        .with_description(
+            "Jobs waiting now, by wait segment (queued:<reason>, assigned, preparing:<phase>, unreported)",
+        )
+        .with_callback(move |o| {
+            let idx = s.index.read();
+            for ((labels, segment), n) in &idx.gauges.waiting {
+                let mut a = job_attrs(labels);
+                a.push(KeyValue::new("segment", segment.clone()));
+                o.observe(*n, &a);
+            }
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .f64_observable_gauge("startline.job.oldest_wait")
+        .with_unit("s")
+        .with_description("Age of the oldest waiting job, by pool and priority")
+        .with_callback(move |o| {
+            let now = s.clock.now_ms();
+            let idx = s.index.read();
+            for ((kind, provider, pool, priority), age) in idx.gauges.oldest_ages(now) {
+                o.observe(
+                    age,
+                    &[
+                        KeyValue::new("pool.kind", kind),
+                        KeyValue::new("provider", provider.to_string()),
+                        KeyValue::new("pool", pool.to_string()),
+                        KeyValue::new("priority", priority),
+                    ],
+                );
+            }
+        })
+        .build();
+}
+
+/// Gauges of each SLO's status over its window: compliance, error budget, burn rates, job counts.
+fn observe_slo_status(meter: &Meter, sources: &Sources) {
+    let s = sources.clone();
+    let _ = meter
+        .f64_observable_gauge("startline.slo.compliance")
+        .with_unit("1")
+        .with_description("Share of good jobs over the SLO's window")
+        .with_callback(move |o| {
+            for st in slo_statuses(&s) {
+                o.observe(st.compliance, &[KeyValue::new("slo", st.name.clone())]);
+            }
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .f64_observable_gauge("startline.slo.error_budget.remaining")
+        .with_unit("1")
+        .with_description("Share of the SLO's error budget left over its window (negative when overspent)")
+        .with_callback(move |o| {
+            for st in slo_statuses(&s) {
+                o.observe(st.error_budget_remaining, &[KeyValue::new("slo", st.name.clone())]);
+            }
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .f64_observable_gauge("startline.slo.burn_rate")
+        .with_unit("1")
+        .with_description("Error-budget burn rate over a window: (bad / total) / (1 - objective)")
+        .with_callback(move |o| {
+            for st in slo_statuses(&s) {
+                for (w, r, _) in &st.burn_rates {
+                    o.observe(*r, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("window", w.clone())]);
+                }
+            }
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .i64_observable_gauge("startline.slo.jobs")
+        .with_unit("{job}")
+        .with_description(
+            "Jobs decided over the SLO's window, by result (good, bad); breached_waiting and pending are now",
+        )
+        .with_callback(move |o| {
+            for st in slo_statuses(&s) {
+                for (result, n) in [
+                    ("good", st.good),
+                    ("bad", st.bad),
+                    ("breached_waiting", st.breached_waiting),
+                    ("pending", st.pending),
+                ] {
+                    o.observe(n as i64, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("result", result)]);
+                }
+            }
+        })
+        .build();
+}
+
+/// Gauges of each SLO's burn-rate windows (counts to sum across collectors) and its objective.
+fn observe_slo_windows(meter: &Meter, sources: &Sources) {
+    let s = sources.clone();
+    let _ = meter
+        .i64_observable_gauge("startline.slo.window.jobs")
+        .with_unit("{job}")
+        .with_description("Jobs decided within each burn-rate window, by result (good, bad): sum across collectors for global burn rates")
+        .with_callback(move |o| {
+            let now = s.clock.now_ms();
+            let idx = s.index.read();
+            for (i, d) in idx.slo.defs().iter().enumerate() {
+                for (w, ms) in crate::slo::BURN_WINDOWS {
+                    let c = idx.slo.counts(i, now, ms);
+                    for (result, n) in [("good", c.good), ("bad", c.bad)] {
+                        o.observe(
+                            n as i64,
+                            &[KeyValue::new("slo", d.name.clone()), KeyValue::new("window", w), KeyValue::new("result", result)],
+                        );
+                    }
+                }
+            }
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .f64_observable_gauge("startline.slo.objective")
+        .with_unit("1")
+        .with_description("The SLO's objective, as a share (0.99 for 99%)")
+        .with_callback(move |o| {
+            let idx = s.index.read();
+            for d in idx.slo.defs() {
+                o.observe(d.objective, &[KeyValue::new("slo", d.name.clone())]);
+            }
+        })
+        .build();
+}
+
+/// The gauge of firing alerts.
+fn observe_alerts(meter: &Meter, sources: &Sources) {
+    let s = sources.clone();
+    let _ = meter
+        .i64_observable_gauge("startline.alerts.firing")
+        .with_unit("{alert}")
+        .with_description("Alerts firing now, by alert name, severity and SLO")
+        .with_callback(move |o| {
+            let mut counts: std::collections::BTreeMap<(String, String, String), i64> = Default::default();
+            for a in s.board.snapshot().into_iter().filter(|a| a.firing()) {
+                let g = |k: &str| a.labels.get(k).cloned().unwrap_or_default();
+                *counts.entry((g("alertname"), g("severity"), g("slo"))).or_default() += 1;
+            }
+            for ((name, sev, slo), n) in counts {
+                o.observe(
+                    n,
+                    &[KeyValue::new("alertname", name), KeyValue::new("severity", sev), KeyValue::new("slo", slo)],
+                );
+            }
+        })
+        .build();
+}
+
+/// Observable counters over the ingest path's counters: events by result, refusals by reason.
+fn observe_ingest(meter: &Meter, sources: &Sources) {
+    stats_counter(
+        meter,
+        sources,
+        ("startline.collector.events", "{event}", "result"),
+        "Events received, by result (accepted, duplicate, rejected)",
+        |st| [("accepted", &st.accepted), ("duplicate", &st.duplicates), ("rejected", &st.rejected)],
+    );
+    stats_counter(
+        meter,
+        sources,
+        ("startline.collector.refusals", "{refusal}", "reason"),
+        "Batches and connections refused at the edge, by reason (queue_full with when_full = reject, \
+         connection_limit over grpc.max_connections, handshake_timeout past grpc.handshake_timeout)",
+        |st| {
+            [
+                ("queue_full", &st.refused_full),
+                ("connection_limit", &st.connections_refused),
+                ("handshake_timeout", &st.connections_timed_out),
+            ]
+        },
+    );
+}
+
+/// Storage health, write errors, reopens and size on disk.
+fn observe_store(meter: &Meter, sources: &Sources) {
+    let s = sources.clone();
+    let _ = meter
+        .u64_observable_gauge("startline.collector.store.healthy")
+        .with_description("1 while storage writes succeed, 0 while they fail (see /healthz for the cause)")
+        .with_callback(move |o| o.observe(u64::from(s.health.is_healthy()), &[]))
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .u64_observable_counter("startline.collector.store.write.errors")
+        .with_description("Storage writes that failed (group commits, checkpoints, retention)")
+        .with_callback(move |o| o.observe(s.health.storage_errors(), &[]))
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .u64_observable_counter("startline.collector.store.reopens")
+        .with_description("Times the store was reopened to recover from a write failure")
+        .with_callback(move |o| o.observe(s.health.reopens(), &[]))
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .u64_observable_gauge("startline.collector.store.size")
+        .with_unit("By")
+        .with_description("Bytes the sled database occupies on disk")
+        .with_callback(move |o| {
+            if let Ok(n) = s.store.size_on_disk() {
+                o.observe(n, &[]);
+            }
+        })
+        .build();
+}
+
 fn slo_statuses(s: &Sources) -> Vec<crate::slo::SloStatus> {
     let now = s.clock.now_ms();
     let idx = s.index.read();
     (0..idx.slo.defs().len()).filter_map(|i| idx.slo.status(i, now, idx.slo.defs()[i].window_ms)).collect()
+}
+
+impl crate::index::footprint::MetricsSink for Telemetry {
+    fn record(&self, observations: &[Observation]) {
+        Telemetry::record(self, observations);
+    }
+
+    fn record_commit(&self, took: Duration) {
+        Telemetry::record_commit(self, took);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alert::AlertRecord;
+    use crate::index::JobIndex;
+    use crate::job::{event_id_hash, CompactEvent, EventKind, JobAttrs, JobRecord};
+    use crate::slo::{SloDef, SloEngine};
+    use startline_proto::pb;
+
+    const T0: i64 = 1_767_225_600_000;
+
+    /// The `# TYPE` lines of the Prometheus text: every metric family exposed.
+    fn families(text: &str) -> Vec<String> {
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(str::to_string).collect()
+    }
+
+    /// A job submitted at `T0` and still waiting.
+    fn waiting_job() -> JobRecord {
+        JobRecord::from_events(vec![CompactEvent {
+            at_ms: T0,
+            id_hash: event_id_hash("w-s"),
+            seq: 1,
+            attempt: None,
+            kind: EventKind::Submitted(Arc::new(JobAttrs {
+                pool_kind: pb::PoolKind::Dedicated,
+                provider: "slurm".into(),
+                pool: "a100".into(),
+                priority: pb::PriorityClass::Urgent,
+                gpu_class: "a100".into(),
+                gpu_count: 8,
+                node_count: 1,
+                region: "dc".into(),
+                team: String::new(),
+                project: String::new(),
+                chain_id: String::new(),
+                chain_stage: String::new(),
+                labels: Default::default(),
+            })),
+        }])
+    }
+
+    /// The instrument set and one paused-clock gauge, checked against the output of `Telemetry::new` before it
+    /// was split into groups (identical then, apart from the timing-dependent store size).
+    #[tokio::test(start_paused = true)]
+    async fn every_instrument_group_is_registered_and_exposed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let clock = Clock::starting_at(T0 + 60_000);
+        let limiter = labels::LabelLimiter::new(&Default::default());
+        let index = SharedIndex::new(JobIndex::new_at(
+            [("slurm/a/1".to_string(), waiting_job())].into_iter().collect(),
+            Default::default(),
+            1,
+            SloEngine::new(SloDef::defaults()),
+            limiter,
+            T0 + 60_000,
+        ));
+        let board = AlertBoard::default();
+        board.insert(AlertRecord {
+            key: "burn/urgent-start/page".into(),
+            labels: [("alertname".to_string(), "StartlineSLOBurnRate".to_string())].into_iter().collect(),
+            annotations: Default::default(),
+            starts_at_ms: T0,
+            resolved_at_ms: None,
+        });
+        let sources = Sources {
+            index,
+            stats: Arc::new(IngestStats::default()),
+            board,
+            store: Store::open(dir.path()).expect("store"),
+            health: Arc::new(crate::health::Health::default()),
+            clock,
+        };
+        let t = Telemetry::new(sources, None).expect("telemetry");
+        let labels = Arc::new(JobLabels {
+            pool_kind: "dedicated",
+            provider: "slurm".into(),
+            pool: "a100".into(),
+            priority: "urgent",
+            gpu_class: "a100".into(),
+            region: "dc".into(),
+        });
+        t.record(&[
+            Observation::Started { labels: labels.clone(), ttfs_seconds: 12.0 },
+            Observation::WaitSegment { labels: labels.clone(), segment: "queued:capacity".into(), seconds: 10.0 },
+            Observation::Finished { labels: labels.clone(), outcome: pb::Outcome::Succeeded },
+            Observation::Preempted { labels: labels.clone(), count: 1 },
+            Observation::LostWork { labels, gpu_seconds: 8.0 },
+        ]);
+        t.record_commit(Duration::from_millis(2));
+        let text = t.prometheus_text().expect("text");
+        // Sorted by name, as the Prometheus registry gathers them; every group of `Telemetry::new` is there.
+        assert_eq!(
+            families(&text),
+            [
+                "startline_alerts_firing gauge",
+                "startline_collector_commit_duration_seconds histogram",
+                "startline_collector_events_total counter",
+                "startline_collector_refusals_total counter",
+                "startline_collector_store_healthy gauge",
+                "startline_collector_store_reopens_total counter",
+                "startline_collector_store_size_bytes gauge",
+                "startline_collector_store_write_errors_total counter",
+                "startline_job_lost_work_gpu_seconds_total counter",
+                "startline_job_oldest_wait_seconds gauge",
+                "startline_job_preemptions_total counter",
+                "startline_job_time_to_first_step_seconds histogram",
+                "startline_job_wait_duration_seconds histogram",
+                "startline_jobs_finished_total counter",
+                "startline_jobs_started_total counter",
+                "startline_jobs_waiting gauge",
+                "startline_slo_burn_rate_ratio gauge",
+                "startline_slo_compliance_ratio gauge",
+                "startline_slo_error_budget_remaining_ratio gauge",
+                "startline_slo_jobs gauge",
+                "startline_slo_objective_ratio gauge",
+                "startline_slo_window_jobs gauge",
+            ]
+        );
+        assert!(text.contains("startline_job_oldest_wait_seconds{pool=\"other\",pool_kind=\"dedicated\",priority=\"urgent\",provider=\"other\",otel_scope_name=\"startline-collector\"} 60\n"), "{text}");
+        t.shutdown();
+    }
 }

@@ -73,6 +73,15 @@ pub enum Observation {
     },
 }
 
+/// Where the applier records job transitions and commit times: the metrics exporter implements it (the applier
+/// does not know the exporter).
+pub trait MetricsSink: Send + Sync {
+    /// Records the transitions of one group commit.
+    fn record(&self, observations: &[Observation]);
+    /// Records how long one group commit took.
+    fn record_commit(&self, took: std::time::Duration);
+}
+
 /// Key of the oldest-wait gauge: pool kind, provider, pool, priority.
 pub type PoolKey = (&'static str, Arc<str>, Arc<str>, &'static str);
 

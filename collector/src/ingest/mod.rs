@@ -10,3 +10,12 @@ pub mod conn;
 pub mod service;
 
 pub use crate::health::IngestStats;
+
+/// What a full ingest queue does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Wait for room; backpressure reaches the client through flow control.
+    Wait,
+    /// Answer `RESOURCE_EXHAUSTED` at once.
+    Reject,
+}

@@ -12,8 +12,8 @@
 
 use super::codec::{inbound_error, PublishCodec};
 use super::IngestStats;
+use super::WhenFull;
 use crate::applier::{CommitError, CommitRequest, CommitResult, PreparedEvent};
-use crate::config::WhenFull;
 use crate::job::CompactEvent;
 use crate::store::encode_log_value;
 use startline_proto::pb::{self, ingest_service_server::IngestService};

@@ -679,13 +679,12 @@ impl Store {
     }
 
     /// Saves alert records (by key) and flushes, so a restart neither loses a firing alert nor re-pages a
-    /// resolved one.
-    pub fn save_alerts(&self, alerts: &[crate::alert::AlertRecord]) -> Result<(), StoreError> {
+    /// resolved one. Each value is `(key, body)`, the body encoded by the alert module; the store seals it.
+    pub fn save_alerts(&self, alerts: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
         let t = self.t()?;
         let mut batch = sled::Batch::default();
-        for a in alerts {
-            let v = serde_json::to_vec(a).map_err(|e| corrupt("alerts", a.key.as_bytes(), e))?;
-            batch.insert(a.key.as_bytes(), seal(&v));
+        for (key, body) in alerts {
+            batch.insert(key.as_bytes(), seal(body));
         }
         t.alerts.apply_batch(batch)?;
         t.db.flush()?;
@@ -703,8 +702,13 @@ impl Store {
         Ok(())
     }
 
-    /// Every stored alert record.
-    pub fn load_alerts(&self) -> Result<Vec<crate::alert::AlertRecord>, StoreError> {
+    /// Every stored alert record as `(key, body)`, the body unsealed and checked (a legacy bare-JSON value is
+    /// returned as stored), then turned into `T` by its owner's codec; `T = (String, Vec<u8>)` keeps the raw pairs.
+    pub fn load_alerts<T>(&self) -> Result<Vec<T>, StoreError>
+    where
+        T: TryFrom<(String, Vec<u8>)>,
+        T::Error: std::fmt::Display,
+    {
         let t = self.t()?;
         let mut out = Vec::new();
         for kv in t.alerts.iter() {
@@ -715,7 +719,8 @@ impl Store {
             } else {
                 unseal(&v, false).map_err(|r| corrupt("alerts", &k, r))?
             };
-            out.push(serde_json::from_slice(body).map_err(|e| corrupt("alerts", &k, e))?);
+            let pair = (String::from_utf8_lossy(&k).into_owned(), body.to_vec());
+            out.push(T::try_from(pair).map_err(|e| corrupt("alerts", &k, e))?);
         }
         Ok(out)
     }

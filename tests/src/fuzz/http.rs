@@ -226,7 +226,7 @@ impl Http {
             ready: Arc::new(AtomicBool::new(true)),
             health: Arc::new(startline_collector::health::Health::default()),
             max_page_size: 1000,
-            clock: startline_collector::clock::Clock::system(),
+            clock: startline_collector::time::Clock::system(),
             board,
             telemetry: None,
         };
