@@ -391,13 +391,13 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
         key: String::new(),
         reason,
     })?;
-    let mut cold = ColdJobs { rows: std::collections::BTreeMap::new(), dict };
+    let mut cold = ColdJobs::with_dictionary(dict);
     let restored = store.restore_with(|job_id, body| {
         let row = Folded::decode(body)?;
         if cold.dict.get(row.attrs).is_none() {
             return Err(format!("attribute set {} is not in the dictionary", row.attrs));
         }
-        cold.rows.insert(job_id.into(), row);
+        cold.insert(job_id, row);
         Ok(())
     })?;
     Ok((restored, cold))

@@ -125,6 +125,7 @@ impl Telemetry {
         observe_alerts(&meter, &sources);
         observe_ingest(&meter, &sources);
         observe_store(&meter, &sources);
+        observe_memory(&meter, &sources);
         Ok(Telemetry { provider, registry, instruments })
     }
 
@@ -467,6 +468,35 @@ fn observe_store(meter: &Meter, sources: &Sources) {
         .build();
 }
 
+/// The index's residents and their estimated memory, and the store's cache budget.
+fn observe_memory(meter: &Meter, sources: &Sources) {
+    let s = sources.clone();
+    let _ = meter
+        .u64_observable_gauge("startline.collector.jobs")
+        .with_description("Jobs tracked: `residence=hot` in memory with their events, `folded` as compact summaries")
+        .with_callback(move |o| {
+            let m = s.index.read().memory();
+            o.observe(m.hot_jobs as u64, &[KeyValue::new("residence", "hot")]);
+            o.observe(m.folded_jobs as u64, &[KeyValue::new("residence", "folded")]);
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .u64_observable_gauge("startline.collector.memory")
+        .with_unit("By")
+        .with_description(
+            "Estimated bytes by part: hot_jobs, folded_jobs (index), store_cache (sled's page cache budget, \
+             store.cache_mib)",
+        )
+        .with_callback(move |o| {
+            let m = s.index.read().memory();
+            o.observe(m.hot_bytes as u64, &[KeyValue::new("part", "hot_jobs")]);
+            o.observe(m.folded_bytes as u64, &[KeyValue::new("part", "folded_jobs")]);
+            o.observe(s.store.cache_bytes(), &[KeyValue::new("part", "store_cache")]);
+        })
+        .build();
+}
+
 fn slo_statuses(s: &Sources) -> Vec<crate::slo::SloStatus> {
     let now = s.clock.now_ms();
     let idx = s.index.read();
@@ -580,6 +610,8 @@ mod tests {
                 "startline_alerts_firing gauge",
                 "startline_collector_commit_duration_seconds histogram",
                 "startline_collector_events_total counter",
+                "startline_collector_jobs gauge",
+                "startline_collector_memory_bytes gauge",
                 "startline_collector_refusals_total counter",
                 "startline_collector_store_healthy gauge",
                 "startline_collector_store_reopens_total counter",

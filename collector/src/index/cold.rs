@@ -290,13 +290,48 @@ fn encode_attrs(a: &JobAttrs) -> Vec<u8> {
 /// Every folded job, by id, with the dictionary its rows point to.
 #[derive(Debug, Default)]
 pub struct ColdJobs {
-    /// Rows by job id (listings page by id).
+    /// Rows by job id (listings page by id). Change them with [`ColdJobs::insert`] and [`ColdJobs::remove`].
     pub rows: BTreeMap<Box<str>, Folded>,
     /// The attributes rows point to.
     pub dict: Dictionary,
+    /// Estimated bytes of the rows.
+    bytes: usize,
+}
+
+/// Estimated bytes of one row in the map beside its id and wait segments (the row, the key's box, and the
+/// B-tree's share of a node).
+const ROW_OVERHEAD: usize = std::mem::size_of::<Folded>() + std::mem::size_of::<Box<str>>() + 16;
+
+fn row_bytes(id: &str, row: &Folded) -> usize {
+    ROW_OVERHEAD + id.len() + std::mem::size_of_val(&*row.waits)
 }
 
 impl ColdJobs {
+    /// No rows yet, over a loaded dictionary.
+    pub fn with_dictionary(dict: Dictionary) -> ColdJobs {
+        ColdJobs { rows: BTreeMap::new(), dict, bytes: 0 }
+    }
+
+    /// Adds (or replaces) a folded job.
+    pub fn insert(&mut self, job_id: &str, row: Folded) {
+        self.bytes += row_bytes(job_id, &row);
+        if let Some(old) = self.rows.insert(job_id.into(), row) {
+            self.bytes -= row_bytes(job_id, &old);
+        }
+    }
+
+    /// Removes a folded job.
+    pub fn remove(&mut self, job_id: &str) -> Option<Folded> {
+        let row = self.rows.remove(job_id)?;
+        self.bytes -= row_bytes(job_id, &row);
+        Some(row)
+    }
+
+    /// Estimated bytes of the rows.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// The full timeline of a folded job.
     pub fn timeline(&self, row: &Folded) -> Timeline {
         let mut t = Timeline::default();

@@ -141,6 +141,20 @@ impl JobIndex {
         self.len() == 0
     }
 
+    /// What the index holds and its estimated size in memory, for self-metrics.
+    pub fn memory(&self) -> MemoryUse {
+        let events: usize = self.jobs.values().map(|h| h.rec.events.len()).sum();
+        let hot_bytes = self.jobs.len() * HOT_JOB_BYTES + events * std::mem::size_of::<CompactEvent>();
+        MemoryUse {
+            hot_jobs: self.jobs.len(),
+            hot_events: events,
+            hot_bytes,
+            folded_jobs: self.cold.len(),
+            folded_bytes: self.cold.bytes(),
+            dictionary_entries: self.cold.dict.len(),
+        }
+    }
+
     /// Whether a job is known (hot or folded).
     pub fn contains(&self, job_id: &str) -> bool {
         self.jobs.contains_key(job_id) || self.cold.rows.contains_key(job_id)
@@ -196,7 +210,7 @@ impl JobIndex {
     /// it. Its SLO contributions and footprint are recomputed silently (the windows already count them).
     /// Returns false if the job is not folded.
     pub fn unfold(&mut self, job_id: &str, events: Vec<CompactEvent>, now: i64) -> bool {
-        if self.cold.rows.remove(job_id).is_none() {
+        if self.cold.remove(job_id).is_none() {
             return false;
         }
         let rec = JobRecord::from_events(events);
@@ -220,7 +234,7 @@ impl JobIndex {
         self.jobs.remove(job_id);
         self.dirty.remove(job_id);
         self.settling.remove(job_id);
-        self.cold.rows.insert(job_id.into(), row.clone());
+        self.cold.insert(job_id, row.clone());
         Some(row)
     }
 
@@ -234,11 +248,32 @@ impl JobIndex {
             self.settling.remove(job_id);
             return Some(h.rec.events.iter().map(|e| e.seq).collect());
         }
-        let row = self.cold.rows.remove(job_id)?;
+        let row = self.cold.remove(job_id)?;
         let t = self.cold.timeline(&row);
         self.slo.count_ended(job_id, &t, now, -1);
         Some(Vec::new())
     }
+}
+
+/// Fixed bytes of one hot job beside its events: the record, timeline, fold state, SLO contributions, metric
+/// footprint and map entry (an estimate; variable parts such as labels and attributes are shared or small).
+const HOT_JOB_BYTES: usize = 1024;
+
+/// What the index holds, with estimated bytes (reported in self-metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Hot jobs.
+    pub hot_jobs: usize,
+    /// Events held by hot jobs.
+    pub hot_events: usize,
+    /// Estimated bytes of hot jobs.
+    pub hot_bytes: usize,
+    /// Folded jobs.
+    pub folded_jobs: usize,
+    /// Estimated bytes of folded rows, their ids and wait segments.
+    pub folded_bytes: usize,
+    /// Distinct attribute sets of folded jobs.
+    pub dictionary_entries: usize,
 }
 
 /// A cheaply clonable handle to the index. Readers hold the lock briefly; never across `.await`.

@@ -767,6 +767,11 @@ impl Store {
         Ok(())
     }
 
+    /// sled's page cache budget, bytes.
+    pub fn cache_bytes(&self) -> u64 {
+        self.options.cache_bytes
+    }
+
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         let t = self.t()?;

@@ -1,0 +1,200 @@
+//! Folding ended jobs out of memory changes nothing a user can see. Two real collectors get the same events:
+//! one keeps every job in memory (`store.fold_after = "0s"`), the other folds ended jobs after 50 ms. Every
+//! answer that does not depend on the current time (job details with their raw events, listings, SLO counts
+//! and percentiles, comparisons, the overview's job counts) must be identical: after the folds, after a
+//! restart, after late events and duplicates reach folded jobs (they unfold, then fold again), and after a
+//! second restart.
+
+use serde_json::Value;
+use startline_agent::uplink::{Publisher, UplinkSettings};
+use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_tests::{ago, event, http_get_text, submitted, wait_until, Collector};
+use std::path::Path;
+use std::time::Duration;
+
+const JOBS: usize = 40;
+
+fn config(dir: &Path, name: &str, fold: bool) -> String {
+    let path = dir.join(format!("{name}.toml"));
+    let fold = if fold { "fold_after = \"50ms\"\nfold_interval = \"50ms\"\n" } else { "fold_after = \"0s\"\n" };
+    std::fs::write(&path, format!("[store]\ncheckpoint_interval = \"100ms\"\n{fold}")).expect("config");
+    path.to_str().expect("utf8").to_string()
+}
+
+/// A varied fleet: managed and dedicated, urgent and normal, waiting, running, ended (succeeded, failed,
+/// cancelled before starting), preempted and requeued with lost work, checkpoints.
+fn fleet() -> Vec<pb::LifecycleEvent> {
+    let mut out = Vec::new();
+    for i in 0..JOBS {
+        let job = format!("fleet/{i:03}");
+        let kind = if i % 2 == 0 { pb::PoolKind::Managed } else { pb::PoolKind::Dedicated };
+        let prio = if i % 3 == 0 { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal };
+        let t0 = 3 * 86_400 - (i as i64) * 1800;
+        let at = |m: i64| ago(t0 - m * 60);
+        out.push(event(&job, "s", at(0), submitted(kind, prio, 8)));
+        out.push(event(
+            &job,
+            "q",
+            at(1),
+            Kind::Queued(pb::Queued {
+                reason: pb::WaitReason::Capacity as i32,
+                raw_reason: "Resources".into(),
+                message: String::new(),
+            }),
+        ));
+        if i % 7 == 6 {
+            continue; // still waiting
+        }
+        out.push(event(&job, "n", at(3 + (i as i64 % 5) * 4), Kind::NodeAssigned(Default::default())));
+        if i % 11 == 10 {
+            out.push(event(
+                &job,
+                "d",
+                at(30),
+                Kind::Done(pb::Done { outcome: pb::Outcome::Cancelled as i32, ..Default::default() }),
+            ));
+            continue; // ended before starting
+        }
+        out.push(event(&job, "f", at(5 + (i as i64 % 5) * 4), Kind::FirstStep(pb::FirstStep { step: 1 })));
+        out.push(event(&job, "c", at(40), Kind::Checkpoint(pb::Checkpoint { step: 100, ..Default::default() })));
+        if i % 4 == 1 {
+            out.push(event(&job, "p", at(55), Kind::Preempted(Default::default())));
+            out.push(event(&job, "r", at(70), Kind::Requeued(pb::Requeued { resume_step: 100, ..Default::default() })));
+            out.push(event(&job, "f2", at(90), Kind::FirstStep(pb::FirstStep { step: 101 })));
+        }
+        if i % 5 == 4 {
+            continue; // still running
+        }
+        let outcome = if i % 9 == 8 { pb::Outcome::Failed } else { pb::Outcome::Succeeded };
+        out.push(event(&job, "d", at(120), Kind::Done(pb::Done { outcome: outcome as i32, ..Default::default() })));
+    }
+    out
+}
+
+/// Removes what depends on the moment of the request.
+fn stable(mut v: Value) -> Value {
+    fn strip(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                for k in ["as_of", "waiting_seconds"] {
+                    m.remove(k);
+                }
+                // A waiting job's open segment counts up to the moment of the request.
+                if matches!(m.get("state").and_then(Value::as_str), Some("queued" | "assigned" | "preparing")) {
+                    m.remove("timeline");
+                }
+                m.values_mut().for_each(strip);
+            }
+            Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut v);
+    v
+}
+
+/// Everything compared, by request path.
+fn answers(c: &Collector) -> Vec<(String, Value)> {
+    let mut paths: Vec<String> = (0..JOBS).map(|i| format!("/api/v1/jobs/fleet%2F{i:03}")).collect();
+    paths.push("/api/v1/jobs?state=done&limit=1000".into());
+    paths.push("/api/v1/jobs?limit=7".into());
+    paths.push("/api/v1/jobs?pool_kind=dedicated&limit=1000".into());
+    paths.push("/api/v1/slos/urgent-start?window=28d".into());
+    paths.push("/api/v1/slos/normal-start?window=28d".into());
+    paths.push("/api/v1/compare?window=30d".into());
+    paths.push("/api/v1/compare?window=30d&by=priority".into());
+    let mut out: Vec<(String, Value)> = paths
+        .into_iter()
+        .map(|p| {
+            let (code, body) = c.get(&p);
+            assert_eq!(code, 200, "{p}: {body}");
+            (p, stable(body))
+        })
+        .collect();
+    let (code, overview) = c.get("/api/v1/overview");
+    assert_eq!(code, 200);
+    out.push(("/api/v1/overview states".into(), overview["jobs_by_state"].clone()));
+    out
+}
+
+fn folded_jobs(c: &Collector) -> u64 {
+    let (_, text) = http_get_text(c.http, "/metrics");
+    text.lines()
+        .find(|l| l.starts_with("startline_collector_jobs{") && l.contains("residence=\"folded\""))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+fn assert_same(plain: &Collector, folding: &Collector, when: &str) {
+    let (a, b) = (answers(plain), answers(folding));
+    for ((path, x), (_, y)) in a.iter().zip(&b) {
+        assert_eq!(x, y, "{when}: {path} differs between the in-memory and the folding collector");
+    }
+}
+
+async fn send(c: &Collector, events: Vec<pb::LifecycleEvent>) {
+    let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");
+    up.send(events).await.expect("send");
+    up.flush().await.expect("flush");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn folded_jobs_answer_exactly_as_jobs_kept_in_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (plain_cfg, fold_cfg) = (config(dir.path(), "plain", false), config(dir.path(), "fold", true));
+    let (plain_db, fold_db) = (dir.path().join("plain"), dir.path().join("fold"));
+    let plain = Collector::start(&plain_db, &["--config", &plain_cfg]);
+    let mut folding = Collector::start(&fold_db, &["--config", &fold_cfg]);
+    let events = fleet();
+    let ended: u64 = {
+        let mut ids: Vec<&str> =
+            events.iter().filter(|e| matches!(e.kind, Some(Kind::Done(_)))).map(|e| e.job_id.as_str()).collect();
+        ids.dedup();
+        ids.len() as u64
+    };
+    send(&plain, events.clone()).await;
+    send(&folding, events.clone()).await;
+    wait_until("every ended job folded", Duration::from_secs(30), || folded_jobs(&folding) == ended);
+    assert_eq!(folded_jobs(&plain), 0);
+    assert_same(&plain, &folding, "after folding");
+
+    // A restart restores folded jobs from their summaries.
+    folding.signal_and_wait("TERM");
+    folding = Collector::start(&fold_db, &["--config", &fold_cfg]);
+    assert_eq!(folded_jobs(&folding), ended);
+    assert_same(&plain, &folding, "after a restart");
+
+    // Every event again (duplicates, several reaching folded jobs), plus late events for two folded jobs: a
+    // checkpoint stamped before the end (changes the timeline) and one stamped after it (ignored but stored).
+    let (_, before) = folding.get("/api/v1/jobs/fleet%2F000");
+    let late = vec![
+        event(
+            "fleet/000",
+            "late-c",
+            ago(3 * 86_400 - 50 * 60),
+            Kind::Checkpoint(pb::Checkpoint { step: 150, ..Default::default() }),
+        ),
+        event("fleet/002", "late-after", ago(3 * 86_400 - 3600 - 200 * 60), Kind::NodeLost(Default::default())),
+    ];
+    let mut again = events.clone();
+    again.extend(late.clone());
+    send(&plain, again.clone()).await;
+    send(&folding, again).await;
+    let (_, after) = folding.get("/api/v1/jobs/fleet%2F000");
+    assert_eq!(after["events"].as_array().map(Vec::len), before["events"].as_array().map(|e| e.len() + 1));
+    assert_same(&plain, &folding, "after duplicates and late events");
+    wait_until("the unfolded jobs fold again", Duration::from_secs(30), || folded_jobs(&folding) == ended);
+    assert_same(&plain, &folding, "after folding again");
+
+    // And once more across a restart.
+    folding.signal_and_wait("TERM");
+    folding = Collector::start(&fold_db, &["--config", &fold_cfg]);
+    assert_same(&plain, &folding, "after a second restart");
+    // Duplicates of folded jobs' events are answered as duplicates, not stored again.
+    let mut up = Publisher::new(UplinkSettings::new(folding.endpoint())).expect("publisher");
+    up.send(late).await.expect("send");
+    up.flush().await.expect("flush");
+    let (_, after2) = folding.get("/api/v1/jobs/fleet%2F000");
+    assert_eq!(after2["events"], after["events"]);
+}
