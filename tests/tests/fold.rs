@@ -59,7 +59,7 @@ fn fleet() -> Vec<pb::LifecycleEvent> {
         out.push(event(&job, "c", at(40), Kind::Checkpoint(pb::Checkpoint { step: 100, ..Default::default() })));
         if i % 4 == 1 {
             out.push(event(&job, "p", at(55), Kind::Preempted(Default::default())));
-            out.push(event(&job, "r", at(70), Kind::Requeued(pb::Requeued { resume_step: 100, ..Default::default() })));
+            out.push(event(&job, "r", at(70), Kind::Requeued(pb::Requeued { resume_step: 100 })));
             out.push(event(&job, "f2", at(90), Kind::FirstStep(pb::FirstStep { step: 101 })));
         }
         if i % 5 == 4 {
