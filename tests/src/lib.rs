@@ -3,6 +3,7 @@
 //!
 //! The binaries must be built first (`cargo build --workspace --bins`, which the test script does).
 
+pub mod corebench;
 pub mod crashtrial;
 pub mod fuzz;
 pub mod overload;

@@ -17,6 +17,11 @@
 //! `--busy-rate`, default 20000/s) spread over 1000 jobs, onto one job in time order, and onto one job with 1% of
 //! its events late.
 //!
+//! `core` (`startline-bench core [--jobs N | --sizes N,N] [--open-share F] [--days D] [--keep-dir PATH] ...`,
+//! see `corebench`) measures the collector core's costs as tracked jobs grow (issue 9): ingest of the simulator's
+//! 30-day mix, bytes on disk per event against protobuf, RSS per million jobs, API timings and restart. It is
+//! long, so `all` does not include it.
+//!
 //! Results print as Markdown for BENCHMARKS.md. Timings live here, never in tests.
 
 use startline_agent::simulate::model::{default_pools, job_events};
@@ -75,12 +80,12 @@ fn parse_args() -> Result<Args, String> {
             "--batch" => a.batch = val("--batch")? as usize,
             "--restart-jobs" => a.restart_jobs = val("--restart-jobs")?,
             "--collector-config" => a.collector_config = Some(it.next().ok_or("--collector-config needs a file")?),
-            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest|slo|busy|overload|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--overload-secs N] [--collector-config FILE]")),
+            other => return Err(format!("unknown argument {other:?}; usage: startline-bench ingest|slo|busy|overload|all|core [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--overload-secs N] [--collector-config FILE]")),
         }
     }
     if !saw_cmd {
         return Err(
-            "usage: startline-bench ingest|slo|busy|overload|all [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--overload-secs N] [--collector-config FILE]"
+            "usage: startline-bench ingest|slo|busy|overload|all|core [--events N] [--batch N] [--restart-jobs N] [--waiting N] [--crossing N] [--busy-events N] [--busy-rate EV_PER_S] [--overload-secs N] [--collector-config FILE]"
                 .into(),
         );
     }
@@ -310,6 +315,17 @@ fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
 }
 
 fn main() {
+    // `core` has options of its own (lists, shares, paths): it parses them itself.
+    if std::env::args().skip(1).any(|x| x == "core") {
+        match startline_tests::corebench::parse_args(std::env::args().skip(1)) {
+            Ok(a) => startline_tests::corebench::main(a),
+            Err(e) => {
+                eprintln!("startline-bench core: {e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
