@@ -826,6 +826,7 @@ fn run_size(rt: &tokio::runtime::Runtime, a: &CoreArgs, jobs: u64) -> SizeReport
         "collector CPU per event (ingest)",
         format!("{:.1} µs", ingest["collector_cpu_us_per_event"].as_f64().unwrap_or(0.0)),
     );
+    rep.cell("jobs in memory / folded (collector self-metrics)", residence(&c));
     let disk_ingest = ingest["disk_bytes_after_ingest"].as_f64().unwrap_or(0.0) / events as f64;
     rep.cell(
         "bytes on disk per event, after ingest (x protobuf)",
@@ -1057,4 +1058,23 @@ fn print_table(a: &CoreArgs, reports: &[SizeReport]) {
         "Durable ingest against the sled ceiling of the same run and ack p99 at 10% of max rate are not repeated \
          here: `startline-bench ingest` (or `./scripts/bench.sh ingest`) measures them."
     );
+}
+
+/// `hot / folded` jobs and the index's estimated bytes, from the collector's `/metrics`.
+fn residence(c: &Collector) -> String {
+    let (_, text) = http_get_text(c.http, "/metrics");
+    let value = |prefix: &str, attr: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(prefix) && l.contains(attr))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    format!(
+        "{} / {} (index estimate: hot {:.0} MiB, folded {:.0} MiB)",
+        thousands(value("startline_collector_jobs{", "residence=\"hot\"") as u64),
+        thousands(value("startline_collector_jobs{", "residence=\"folded\"") as u64),
+        value("startline_collector_memory_bytes{", "part=\"hot_jobs\"") / 1048576.0,
+        value("startline_collector_memory_bytes{", "part=\"folded_jobs\"") / 1048576.0,
+    )
 }

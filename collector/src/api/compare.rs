@@ -67,7 +67,7 @@ pub async fn json(State(s): State<ApiState>, Params(q): Params) -> Result<Json<c
     // A full scan: off the async workers, in chunks under short read locks.
     let report = tokio::task::spawn_blocking(move || {
         let mut c = compare::Collector::new(query);
-        index.for_each_job(SCAN_CHUNK, |_, r| c.add(r));
+        index.for_each_job_with_slo(SCAN_CHUNK, |_, r| c.add(r));
         c.finish(&slos)
     })
     .await
@@ -81,7 +81,7 @@ pub async fn svg(State(s): State<ApiState>, Params(q): Params) -> Result<Respons
     let index = s.index.clone();
     let samples = tokio::task::spawn_blocking(move || {
         let mut c = compare::Collector::new(compare::Query { by: None, ..query });
-        index.for_each_job(SCAN_CHUNK, |_, r| c.add(r));
+        index.for_each_job_with_slo(SCAN_CHUNK, |_, r| c.add(r));
         c.samples()
     })
     .await

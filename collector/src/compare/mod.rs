@@ -10,7 +10,7 @@ pub mod stats;
 pub mod svg;
 
 use crate::index::JobRef;
-use crate::job::JobAttrs;
+use crate::job::{JobAttrs, Segment};
 use crate::slo::{SloDef, Standing};
 use serde::Serialize;
 use startline_proto::labels::Label;
@@ -107,7 +107,7 @@ struct Side {
     waiting: u64,
     ended_before_start: u64,
     ttfs: Vec<f64>,
-    wait_ms: BTreeMap<String, i64>,
+    wait_ms: BTreeMap<Segment, i64>,
     slo: BTreeMap<u16, (u64, u64)>,
     by_hour: BTreeMap<u32, Vec<f64>>,
 }
@@ -268,7 +268,7 @@ impl Side {
             (None, None) => self.waiting += 1,
         }
         for (seg, ms) in &t.initial_wait_ms {
-            let e = self.wait_ms.entry(seg.label()).or_default();
+            let e = self.wait_ms.entry(*seg).or_default();
             *e = e.saturating_add(*ms);
         }
         for c in job.slo {
@@ -292,7 +292,7 @@ impl Side {
             .iter()
             .map(|(k, ms)| {
                 let share = if total_wait > 0 { *ms as f64 / total_wait as f64 } else { 0.0 };
-                (k.clone(), WaitShare { seconds: secs(*ms), share })
+                (k.label(), WaitShare { seconds: secs(*ms), share })
             })
             .collect();
         let slo = self
@@ -372,12 +372,13 @@ impl Collector {
         if !l && !r {
             return;
         }
-        let mut keys = vec!["all".to_string()];
-        if let Some(by) = q.by {
-            keys.push(by.of(a).to_string());
-        }
-        for k in keys {
-            let g = self.groups.entry(k).or_default();
+        let by = q.by.map(|by| by.of(a));
+        for k in std::iter::once("all").chain(by) {
+            // Look up before allocating a key: almost every job joins groups that already exist.
+            let g = match self.groups.get_mut(k) {
+                Some(g) => g,
+                None => self.groups.entry(k.to_string()).or_default(),
+            };
             if l {
                 g.0.add(job);
             }

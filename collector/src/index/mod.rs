@@ -295,16 +295,29 @@ impl SharedIndex {
     /// Visits every job, hot and folded, in id order, `chunk` jobs per read lock, releasing the lock between
     /// chunks so a long scan (comparisons, overviews, filtered listings over a million jobs) never holds the
     /// applier off for more than one chunk. Jobs changed during the scan are seen in whichever state the visit
-    /// finds them.
+    /// finds them. Folded jobs' SLO contributions are not computed ([`JobRef::slo`] is empty for them): use
+    /// [`SharedIndex::for_each_job_with_slo`] when they are needed.
     pub fn for_each_job(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
-        self.scan_from(None, chunk, |k, r| {
+        self.scan(None, chunk, false, |k, r| {
+            f(k, r);
+            true
+        });
+    }
+
+    /// [`SharedIndex::for_each_job`] with every job's SLO contributions.
+    pub fn for_each_job_with_slo(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
+        self.scan(None, chunk, true, |k, r| {
             f(k, r);
             true
         });
     }
 
     /// Like [`SharedIndex::for_each_job`], starting after `after` and stopping when `f` returns false.
-    pub fn scan_from(&self, after: Option<&str>, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>) -> bool) {
+    pub fn scan_from(&self, after: Option<&str>, chunk: usize, f: impl FnMut(&str, JobRef<'_>) -> bool) {
+        self.scan(after, chunk, false, f)
+    }
+
+    fn scan(&self, after: Option<&str>, chunk: usize, with_slo: bool, mut f: impl FnMut(&str, JobRef<'_>) -> bool) {
         let chunk = chunk.max(1);
         let mut after: Option<String> = after.map(str::to_string);
         let mut scratch = Timeline::default();
@@ -333,7 +346,9 @@ impl SharedIndex {
                 } else {
                     let Some((k, row)) = cold.next() else { break };
                     idx.cold.fill(row, &mut scratch);
-                    idx.slo.assess_into(&scratch, now, &mut contribs);
+                    if with_slo {
+                        idx.slo.assess_into(&scratch, now, &mut contribs);
+                    }
                     (&**k, f(k, JobRef { timeline: &scratch, slo: &contribs, folded: true }))
                 };
                 if !go_on {

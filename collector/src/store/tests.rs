@@ -252,6 +252,9 @@ mod model {
         Fold(u8),
         /// Fold a hot job whose late event arrives meanwhile: written, but the job stays hot.
         FoldKeptHot(u8),
+        /// A fold that crashes between its two steps: archive and summary written, nothing deleted (the job
+        /// stays hot in memory; the next restart must restore it whole).
+        TornFold(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -263,6 +266,7 @@ mod model {
             2 => Just(Op::Restart),
             2 => (0u8..6).prop_map(Op::Fold),
             1 => (0u8..6).prop_map(Op::FoldKeptHot),
+            1 => (0u8..6).prop_map(Op::TornFold),
         ]
     }
 
@@ -326,6 +330,20 @@ mod model {
                             .filter_map(|id| mem.get(id).map(|r| encode_snapshot(id, r).expect("encode")))
                             .collect();
                         store.write_snapshots(snaps).expect("snapshots");
+                    }
+                    Op::TornFold(j) => {
+                        let job = format!("j{j}");
+                        if let Some(rec) = mem.get(&job) {
+                            let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
+                            let events = store.job_events(&job, &seqs).expect("events");
+                            let fw = FoldWrite {
+                                job_id: job.clone(),
+                                log_seqs: seqs,
+                                archive: encode_archive(&job, &events).expect("archive"),
+                                summary: job.as_bytes().to_vec(),
+                            };
+                            store.fold_write(&[fw], &[]).expect("fold write");
+                        }
                     }
                     Op::Fold(j) | Op::FoldKeptHot(j) => {
                         let job = format!("j{j}");
