@@ -8,13 +8,16 @@
 
 use crate::health::Health;
 use crate::index::SharedIndex;
-use crate::store::{encode_archive, FoldWrite, Store, StoreError};
+use crate::store::{ArchiveEncoder, FoldWrite, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// Jobs folded per transaction.
-pub const FOLD_CHUNK: usize = 256;
+/// Jobs folded per store write.
+pub const FOLD_CHUNK: usize = 512;
+
+/// Longest a pass runs before it yields the maintenance thread (to a checkpoint) and asks for another pass.
+const PASS_BUDGET: Duration = Duration::from_millis(500);
 
 /// One pass over the fold candidates.
 pub(super) struct FoldPass {
@@ -25,6 +28,10 @@ pub(super) struct FoldPass {
     pub busy: Arc<AtomicBool>,
     /// Fold jobs that have not changed since this time (collector milliseconds).
     pub unchanged_since: i64,
+    /// Set when the pass stopped with candidates left: the committer starts the next pass at once.
+    pub more: Arc<AtomicBool>,
+    /// Set at shutdown: the pass stops after its current chunk (the jobs stay hot; nothing is lost).
+    pub stop: Arc<AtomicBool>,
 }
 
 /// A job prepared for folding.
@@ -38,14 +45,33 @@ impl FoldPass {
     /// Folds every candidate; returns how many jobs left memory.
     pub fn run(self, store: &Store) -> usize {
         let started = Instant::now();
-        let mut candidates: Vec<String> = {
+        self.more.store(false, Ordering::Release);
+        // At most what one pass can fold (the rest waits for the next pass), in no particular order.
+        let candidates: Vec<String> = {
             let idx = self.index.read();
-            idx.settling.iter().filter(|(_, at)| **at <= self.unchanged_since).map(|(k, _)| k.clone()).collect()
+            idx.settling
+                .iter()
+                .filter(|(_, at)| **at <= self.unchanged_since)
+                .map(|(k, _)| k.clone())
+                .take(FOLD_CHUNK * 32)
+                .collect()
         };
-        candidates.sort();
         let mut folded = 0;
-        for chunk in candidates.chunks(FOLD_CHUNK) {
-            match self.fold_chunk(store, chunk) {
+        let mut encoder = match ArchiveEncoder::new() {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(error = %e, "fold: cannot create a compressor");
+                self.busy.store(false, Ordering::Release);
+                return 0;
+            }
+        };
+        let mut chunks = candidates.chunks(FOLD_CHUNK);
+        for chunk in chunks.by_ref() {
+            if started.elapsed() >= PASS_BUDGET || self.stop.load(Ordering::Acquire) {
+                self.more.store(!self.stop.load(Ordering::Acquire), Ordering::Release);
+                break;
+            }
+            match self.fold_chunk(store, chunk, &mut encoder) {
                 Ok(n) => folded += n,
                 Err(e) => {
                     tracing::error!(error = %e, "fold failed; the jobs stay in memory and are tried again later");
@@ -54,6 +80,10 @@ impl FoldPass {
                 }
             }
         }
+        if candidates.len() == FOLD_CHUNK * 32 && chunks.next().is_none() && !self.stop.load(Ordering::Acquire) {
+            // Took as many as one pass may: there may be more.
+            self.more.store(true, Ordering::Release);
+        }
         if folded > 0 {
             tracing::debug!(jobs = folded, elapsed_ms = started.elapsed().as_millis() as u64, "jobs folded");
         }
@@ -61,7 +91,7 @@ impl FoldPass {
         folded
     }
 
-    fn fold_chunk(&self, store: &Store, chunk: &[String]) -> Result<usize, StoreError> {
+    fn fold_chunk(&self, store: &Store, chunk: &[String], encoder: &mut ArchiveEncoder) -> Result<usize, StoreError> {
         let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
         // Rows and sequences, under a short write lock (interning may add dictionary entries).
         let (prepared, dictionary, dict_len, max_seq) = {
@@ -90,7 +120,7 @@ impl FoldPass {
             let events = store.job_events(&p.job_id, &p.seqs)?;
             writes.push(FoldWrite {
                 job_id: p.job_id.clone(),
-                archive: encode_archive(&p.job_id, &events)?,
+                archive: encoder.encode(&p.job_id, &events)?,
                 log_seqs: p.seqs.clone(),
                 summary: p.summary.clone(),
             });

@@ -134,6 +134,8 @@ pub fn spawn(
             health,
             checkpoint_busy: Arc::new(AtomicBool::new(false)),
             fold_busy: Arc::new(AtomicBool::new(false)),
+            fold_more: Arc::new(AtomicBool::new(false)),
+            stopping: Arc::new(AtomicBool::new(false)),
             store_writes: Arc::new(Mutex::new(())),
             last_reopen: std::cell::Cell::new(None),
         }
@@ -153,6 +155,10 @@ struct Committer {
     checkpoint_busy: Arc<AtomicBool>,
     /// Set while a fold pass is queued or running.
     fold_busy: Arc<AtomicBool>,
+    /// Set by a fold pass that ran out of its time budget with jobs left to fold.
+    fold_more: Arc<AtomicBool>,
+    /// Set at shutdown, so a running fold pass stops after its chunk.
+    stopping: Arc<AtomicBool>,
     /// Held by the checkpointer while it encodes and writes a chunk, and by retention while it deletes.
     store_writes: Arc<Mutex<()>>,
     /// When the store was last reopened after a failure (reopens are at most once per [`REOPEN_BACKOFF`]).
@@ -204,7 +210,12 @@ impl Committer {
                 wait = wait.min(self.settings.retention_interval.saturating_sub(last_retention.elapsed()));
             }
             if self.settings.fold_after.is_some() {
-                wait = wait.min(self.settings.fold_interval.saturating_sub(last_fold.elapsed()));
+                let fold_wait = if self.fold_more.load(Ordering::Acquire) {
+                    Duration::from_millis(20)
+                } else {
+                    self.settings.fold_interval.saturating_sub(last_fold.elapsed())
+                };
+                wait = wait.min(fold_wait);
             }
             let first = match rx.try_recv() {
                 Ok(r) => Some(r),
@@ -252,7 +263,8 @@ impl Committer {
                 last_checkpoint = Instant::now();
             }
             if let Some(after) = self.settings.fold_after {
-                if last_fold.elapsed() >= self.settings.fold_interval && !self.fold_busy.load(Ordering::Acquire) {
+                let due = last_fold.elapsed() >= self.settings.fold_interval || self.fold_more.load(Ordering::Acquire);
+                if due && !self.fold_busy.load(Ordering::Acquire) {
                     self.fold_busy.store(true, Ordering::Release);
                     let pass = FoldPass {
                         index: self.index.clone(),
@@ -260,6 +272,8 @@ impl Committer {
                         store_writes: self.store_writes.clone(),
                         busy: self.fold_busy.clone(),
                         unchanged_since: self.settings.clock.now_ms() - after.as_millis() as i64,
+                        more: self.fold_more.clone(),
+                        stop: self.stopping.clone(),
                     };
                     match task_tx.try_send(Task::Fold(pass)) {
                         Ok(()) => {}
@@ -270,7 +284,9 @@ impl Committer {
                 }
             }
         }
-        // Final checkpoint: after the tasks in progress (a failed checkpoint hands its jobs back), then flush.
+        // Final checkpoint: after the tasks in progress (a fold pass stops after its chunk; a failed checkpoint
+        // hands its jobs back), then flush.
+        self.stopping.store(true, Ordering::Release);
         drop(task_tx);
         if let Some(h) = maintenance {
             if h.join().is_err() {

@@ -807,27 +807,46 @@ fn transaction_result(r: Result<(), sled::transaction::TransactionError<()>>) ->
 
 /// Encodes a folded job's events (any order; sorted here by sequence) as a sealed archive value.
 pub fn encode_archive(job_id: &str, events: &[(u64, pb::LifecycleEvent)]) -> Result<Vec<u8>, StoreError> {
-    let mut sorted: Vec<&(u64, pb::LifecycleEvent)> = events.iter().collect();
-    sorted.sort_by_key(|(seq, _)| *seq);
-    let mut raw = Vec::with_capacity(events.len() * 96);
-    prost::encoding::encode_varint(sorted.len() as u64, &mut raw);
-    let mut prev = 0u64;
-    for (seq, ev) in sorted {
-        prost::encoding::encode_varint(seq.wrapping_sub(prev), &mut raw);
-        prev = *seq;
-        // The job id is the key; everything else of the event is kept as it arrived.
-        let mut ev = ev.clone();
-        ev.job_id = String::new();
-        prost::encoding::encode_varint(ev.encoded_len() as u64, &mut raw);
-        ev.encode(&mut raw).map_err(|e| corrupt("archive", job_id.as_bytes(), e))?;
+    ArchiveEncoder::new()?.encode(job_id, events)
+}
+
+/// Encodes archives with one zstd context (creating a context per archive costs more than compressing one).
+pub struct ArchiveEncoder {
+    zstd: zstd::bulk::Compressor<'static>,
+    raw: Vec<u8>,
+}
+
+impl ArchiveEncoder {
+    /// A new encoder.
+    pub fn new() -> Result<ArchiveEncoder, StoreError> {
+        let zstd = zstd::bulk::Compressor::new(ARCHIVE_ZSTD_LEVEL).map_err(|e| corrupt("archive", b"", e))?;
+        Ok(ArchiveEncoder { zstd, raw: Vec::new() })
     }
-    let packed =
-        zstd::bulk::compress(&raw, ARCHIVE_ZSTD_LEVEL).map_err(|e| corrupt("archive", job_id.as_bytes(), e))?;
-    let mut body = Vec::with_capacity(packed.len() + 10);
-    body.push(ARCHIVE_FORMAT);
-    prost::encoding::encode_varint(raw.len() as u64, &mut body);
-    body.extend_from_slice(&packed);
-    Ok(seal(&body))
+
+    /// Encodes one job's events (any order; sorted here by sequence) as a sealed archive value.
+    pub fn encode(&mut self, job_id: &str, events: &[(u64, pb::LifecycleEvent)]) -> Result<Vec<u8>, StoreError> {
+        let mut sorted: Vec<&(u64, pb::LifecycleEvent)> = events.iter().collect();
+        sorted.sort_by_key(|(seq, _)| *seq);
+        let raw = &mut self.raw;
+        raw.clear();
+        prost::encoding::encode_varint(sorted.len() as u64, raw);
+        let mut prev = 0u64;
+        for (seq, ev) in sorted {
+            prost::encoding::encode_varint(seq.wrapping_sub(prev), raw);
+            prev = *seq;
+            // The job id is the key; everything else of the event is kept as it arrived.
+            let mut ev = ev.clone();
+            ev.job_id = String::new();
+            prost::encoding::encode_varint(ev.encoded_len() as u64, raw);
+            ev.encode(raw).map_err(|e| corrupt("archive", job_id.as_bytes(), e))?;
+        }
+        let packed = self.zstd.compress(raw).map_err(|e| corrupt("archive", job_id.as_bytes(), e))?;
+        let mut body = Vec::with_capacity(packed.len() + 10);
+        body.push(ARCHIVE_FORMAT);
+        prost::encoding::encode_varint(raw.len() as u64, &mut body);
+        body.extend_from_slice(&packed);
+        Ok(seal(&body))
+    }
 }
 
 /// Decodes a sealed archive value into `(seq, event)` pairs in sequence order, with the job id restored.
