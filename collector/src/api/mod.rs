@@ -11,6 +11,8 @@ mod json;
 mod overview;
 pub mod serve;
 mod slos;
+#[cfg(test)]
+mod tests;
 
 use crate::index::SharedIndex;
 use crate::store::Store;
