@@ -343,3 +343,180 @@ pub enum EventDetail {
     /// `done`.
     Done { exit_code: Option<i32>, message: String, outcome: &'static str },
 }
+
+/// `GET /api/v1/slos`.
+#[derive(Debug, Serialize)]
+pub struct SloList {
+    pub as_of: String,
+    pub slos: Vec<Slo>,
+}
+
+/// An SLO's definition and its status over a window.
+#[derive(Debug, Serialize)]
+pub struct Slo {
+    /// `GET /api/v1/slos/{name}` only (the list has one for all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<String>,
+    pub description: String,
+    pub exclude_cancelled: bool,
+    pub name: String,
+    pub objective_percent: f64,
+    pub page_on_breach: bool,
+    pub selector: SloSelector,
+    /// `null` when the engine has no figures for it.
+    pub status: Option<SloStatus>,
+    pub threshold_seconds: f64,
+    /// Its own window, as text (`28days`).
+    pub window: String,
+    pub window_seconds: i64,
+}
+
+impl Slo {
+    /// The definition, with the given status.
+    pub fn new(d: &crate::slo::SloDef, status: Option<&crate::slo::SloStatus>) -> Slo {
+        let sel = &d.selector;
+        Slo {
+            as_of: None,
+            description: d.description.clone(),
+            exclude_cancelled: d.exclude_cancelled,
+            name: d.name.clone(),
+            objective_percent: d.objective * 100.0,
+            page_on_breach: d.page_on_breach,
+            selector: SloSelector {
+                gpu_class: sel.gpu_class.clone(),
+                gpu_count_max: sel.gpu_count_max,
+                gpu_count_min: sel.gpu_count_min,
+                hours: sel.hours.as_ref().map(|h| {
+                    format!(
+                        "{:02}:{:02}-{:02}:{:02} {}",
+                        h.from_min / 60,
+                        h.from_min % 60,
+                        h.to_min / 60,
+                        h.to_min % 60,
+                        h.tz_name
+                    )
+                }),
+                pool: sel.pool.clone(),
+                pool_kind: sel.pool_kind.iter().map(|p| p.label()).collect(),
+                priority: sel.priority.iter().map(|p| p.label()).collect(),
+                provider: sel.provider.clone(),
+                region: sel.region.clone(),
+            },
+            status: status.map(SloStatus::new),
+            threshold_seconds: d.threshold_ms as f64 / 1000.0,
+            window: humantime::format_duration(std::time::Duration::from_millis(d.window_ms as u64)).to_string(),
+            window_seconds: d.window_ms / 1000,
+        }
+    }
+}
+
+/// Which jobs an SLO covers (empty lists: any).
+#[derive(Debug, Serialize)]
+pub struct SloSelector {
+    pub gpu_class: Vec<String>,
+    pub gpu_count_max: Option<u32>,
+    pub gpu_count_min: Option<u32>,
+    /// `HH:MM-HH:MM Zone`.
+    pub hours: Option<String>,
+    pub pool: Vec<String>,
+    pub pool_kind: Vec<&'static str>,
+    pub priority: Vec<&'static str>,
+    pub provider: Vec<String>,
+    pub region: Vec<String>,
+}
+
+/// An SLO's figures over a window.
+#[derive(Debug, Serialize)]
+pub struct SloStatus {
+    pub bad: u64,
+    pub breached_waiting: u64,
+    pub burn_rates: Vec<BurnRate>,
+    pub compliance: f64,
+    pub error_budget_remaining: f64,
+    pub good: u64,
+    pub objective: f64,
+    pub pending: u64,
+    pub time_to_first_step_seconds: Option<Percentiles>,
+    pub total: u64,
+    pub window_seconds: i64,
+}
+
+impl SloStatus {
+    fn new(s: &crate::slo::SloStatus) -> SloStatus {
+        SloStatus {
+            bad: s.bad,
+            breached_waiting: s.breached_waiting,
+            burn_rates: s
+                .burn_rates
+                .iter()
+                .map(|(w, r, n)| BurnRate { burn_rate: *r, decided_jobs: *n, window: w.clone() })
+                .collect(),
+            compliance: s.compliance,
+            error_budget_remaining: s.error_budget_remaining,
+            good: s.good,
+            objective: s.objective,
+            pending: s.pending,
+            time_to_first_step_seconds: s.ttfs_seconds.map(|p| Percentiles {
+                count: p.count,
+                max: p.max,
+                p50: p.p50,
+                p90: p.p90,
+                p95: p.p95,
+                p99: p.p99,
+            }),
+            total: s.total,
+            window_seconds: s.window_ms / 1000,
+        }
+    }
+}
+
+/// The burn rate over one alerting window.
+#[derive(Debug, Serialize)]
+pub struct BurnRate {
+    pub burn_rate: f64,
+    pub decided_jobs: u64,
+    pub window: String,
+}
+
+/// Time-to-first-step percentiles, seconds ([`crate::slo::Percentiles`] with its keys in API order).
+#[derive(Debug, Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub max: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+}
+
+/// `GET /api/v1/alerts`.
+#[derive(Debug, Serialize)]
+pub struct AlertList {
+    pub alerts: Vec<Alert>,
+}
+
+/// One alert, firing or resolved.
+#[derive(Debug, Serialize)]
+pub struct Alert {
+    pub annotations: BTreeMap<String, String>,
+    pub key: String,
+    pub labels: BTreeMap<String, String>,
+    pub resolved_at: Option<String>,
+    pub starts_at: String,
+    /// `firing` or `resolved`.
+    pub state: &'static str,
+}
+
+impl Alert {
+    /// The API's view of an alert record.
+    pub fn new(a: &crate::alert::AlertRecord) -> Alert {
+        Alert {
+            annotations: a.annotations.clone(),
+            key: a.key.clone(),
+            labels: a.labels.clone(),
+            resolved_at: a.resolved_at_ms.map(format_ms),
+            starts_at: format_ms(a.starts_at_ms),
+            state: if a.firing() { "firing" } else { "resolved" },
+        }
+    }
+}
