@@ -3,6 +3,11 @@
 //! (or 503) with a JSON body `{"error": "..."}`, extractor rejections, unknown paths and wrong methods included
 //! (see [`extract`]); internal error text never reaches clients. [`serve`] runs the router on a listener with
 //! header-read and idle timeouts and a bounded shutdown.
+//!
+//! Every JSON body is a typed struct serialized by serde: the routes' bodies are in `types` (declared with keys in
+//! alphabetical order, the order those routes have always written them), the comparison's is
+//! [`crate::compare::Report`] and errors are [`ApiError`]. `tests` calls every route in process against golden
+//! bodies.
 
 mod compare;
 pub mod extract;

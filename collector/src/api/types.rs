@@ -520,3 +520,52 @@ impl Alert {
         }
     }
 }
+
+/// `GET /api/v1/overview`.
+#[derive(Debug, Serialize)]
+pub struct Overview {
+    pub as_of: String,
+    pub bucket_seconds: i64,
+    pub jobs_by_state: BTreeMap<&'static str, u64>,
+    /// Longest current wait per pool and priority, longest first.
+    pub oldest_wait: Vec<OldestWait>,
+    pub ttfs_by_pool: Vec<PoolTtfs>,
+    pub ttfs_series: Vec<SeriesPoint>,
+    pub waiting_by_segment: BTreeMap<String, i64>,
+    pub waiting_total: i64,
+    pub window_seconds: i64,
+}
+
+/// The longest current wait in one pool and priority.
+#[derive(Debug, Serialize)]
+pub struct OldestWait {
+    pub pool: String,
+    pub pool_kind: &'static str,
+    pub priority: &'static str,
+    pub provider: String,
+    pub seconds: f64,
+}
+
+/// Time-to-first-step percentiles (seconds) of the jobs of one pool and priority that started in the window.
+#[derive(Debug, Serialize)]
+pub struct PoolTtfs {
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    pub pool: String,
+    pub pool_kind: String,
+    pub priority: String,
+    pub provider: String,
+    pub started: usize,
+}
+
+/// p50 and p90 time to first step (seconds) of one pool kind's jobs that started in one bucket.
+#[derive(Debug, Serialize)]
+pub struct SeriesPoint {
+    pub at: String,
+    pub at_ms: i64,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub pool_kind: String,
+    pub started: usize,
+}
