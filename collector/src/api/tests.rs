@@ -187,7 +187,8 @@ fn fixture() -> Fixture {
     let last_seq = entries.len() as u64;
     let jobs: BTreeMap<String, JobRecord> =
         by_job.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
-    let limiter = LabelLimiter::new(&LabelSettings::default());
+    // Room for every value, so that gauges (the overview's oldest waits) keep real pool names, not `other`.
+    let limiter = LabelLimiter::new(&LabelSettings { max_values_per_label: 50, ..Default::default() });
     let mut index =
         JobIndex::new_at(jobs, Default::default(), last_seq, SloEngine::new(SloDef::defaults()), limiter, NOW);
     // Fold one ended job as the applier does: archive and summary written, log entries removed, row in memory.
