@@ -1,12 +1,12 @@
 //! `GET /api/v1/jobs` (filtered, paginated by job id) and `GET /api/v1/jobs/{job_id}`.
 
 use super::extract::{ApiPath, Params};
-use super::json::{attrs_detail, event_json, job_summary, parse_time, timeline_detail};
+use super::types::{Job, JobList};
 use super::{ApiError, ApiState};
 use crate::job::{CompactEvent, JobRecord, JobState, Timeline};
+use crate::time::parse_time;
 use axum::extract::State;
 use axum::Json;
-use serde_json::{json, Value};
 use startline_proto::labels::Label;
 use startline_proto::pb;
 
@@ -58,7 +58,7 @@ fn enum_param<T: Label>(name: &str, v: &str) -> Result<T, ApiError> {
 }
 
 /// `GET /api/v1/jobs?pool_kind=&provider=&pool=&priority=&state=&submitted_after=&submitted_before=&limit=&page_token=`
-pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Value>, ApiError> {
+pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<JobList>, ApiError> {
     let mut f = Filter::default();
     let mut limit = 100usize;
     let mut page_token: Option<String> = None;
@@ -94,7 +94,7 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<V
     let index = s.index.clone();
     // A filtered listing may scan many jobs: off the async workers, in chunks under short read locks.
     let (jobs, next) = tokio::task::spawn_blocking(move || {
-        let mut jobs: Vec<Value> = Vec::with_capacity(limit.min(1000));
+        let mut jobs: Vec<Job> = Vec::with_capacity(limit.min(1000));
         let mut next = None;
         index.scan_from(page_token.as_deref(), super::compare::SCAN_CHUNK, |id, job| {
             if !f.matches(job.timeline) {
@@ -102,22 +102,22 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<V
             }
             if jobs.len() == limit {
                 // There is at least one more match: the page ends at the previous job.
-                next = jobs.last().and_then(|j| j["job_id"].as_str().map(str::to_string));
+                next = jobs.last().map(|j| j.job_id.clone());
                 return false;
             }
-            jobs.push(job_summary(id, job.timeline, now));
+            jobs.push(Job::summary(id, job.timeline, now));
             true
         });
         (jobs, next)
     })
     .await
     .map_err(ApiError::unavailable)?;
-    Ok(Json(json!({ "jobs": jobs, "next_page_token": next })))
+    Ok(Json(JobList { jobs, next_page_token: next }))
 }
 
 /// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events. A folded job's events
 /// are read from its archive and its timeline derived again from them.
-pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>) -> Result<Json<Value>, ApiError> {
+pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>) -> Result<Json<Job>, ApiError> {
     let now = startline_proto::time::now_ms();
     let hot = {
         let idx = s.index.read();
@@ -146,9 +146,5 @@ pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>)
     .await
     .map_err(ApiError::unavailable)?
     .map_err(ApiError::unavailable)?;
-    let mut body = job_summary(&job_id, &timeline, now);
-    body["attributes"] = attrs_detail(&timeline);
-    body["timeline"] = timeline_detail(&timeline, now);
-    body["events"] = Value::Array(events.iter().map(|(seq, ev)| event_json(*seq, ev)).collect());
-    Ok(Json(body))
+    Ok(Json(Job::detail(&job_id, &timeline, &events, now)))
 }

@@ -3,16 +3,17 @@
 //! for jobs that started in the window, and p50/p90 over time per pool kind (24 buckets across the window).
 
 use super::extract::Params;
+use super::types::{OldestWait, Overview, PoolTtfs, SeriesPoint};
 use super::{ApiError, ApiState};
 use crate::compare::stats::percentile;
+use crate::time::format_ms;
 use axum::extract::State;
 use axum::Json;
-use serde_json::{json, Value};
 use startline_proto::labels::Label;
 use std::collections::BTreeMap;
 
 /// The overview.
-pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Value>, ApiError> {
+pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Overview>, ApiError> {
     let mut window_ms: i64 = 86_400_000;
     for (k, v) in &q {
         match k.as_str() {
@@ -73,42 +74,59 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
     for ((_, seg), n) in &idx.gauges.waiting {
         *waiting.entry(seg.clone()).or_default() += n;
     }
-    let oldest: Vec<Value> = {
+    let oldest: Vec<OldestWait> = {
         let mut v: Vec<_> = idx.gauges.oldest_ages(now);
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         v.into_iter()
-            .map(|((kind, provider, pool, priority), age)| {
-                json!({"pool_kind": kind, "provider": &*provider, "pool": &*pool, "priority": priority, "seconds": age})
+            .map(|((pool_kind, provider, pool, priority), seconds)| OldestWait {
+                pool: pool.to_string(),
+                pool_kind,
+                priority,
+                provider: provider.to_string(),
+                seconds,
             })
             .collect()
     };
     drop(idx);
-    let pools: Vec<Value> = by_pool
+    let pools: Vec<PoolTtfs> = by_pool
         .into_iter()
-        .map(|((kind, provider, pool, priority), mut xs)| {
+        .map(|((pool_kind, provider, pool, priority), mut xs)| {
             xs.sort_by(f64::total_cmp);
-            json!({
-                "pool_kind": kind, "provider": provider, "pool": pool, "priority": priority, "started": xs.len(),
-                "p50": percentile(&xs, 0.5), "p90": percentile(&xs, 0.9), "p99": percentile(&xs, 0.99),
-            })
+            PoolTtfs {
+                p50: percentile(&xs, 0.5),
+                p90: percentile(&xs, 0.9),
+                p99: percentile(&xs, 0.99),
+                pool,
+                pool_kind,
+                priority,
+                provider,
+                started: xs.len(),
+            }
         })
         .collect();
-    let series: Vec<Value> = series
+    let series: Vec<SeriesPoint> = series
         .into_iter()
-        .map(|((kind, at), mut xs)| {
+        .map(|((pool_kind, at), mut xs)| {
             xs.sort_by(f64::total_cmp);
-            json!({"pool_kind": kind, "at": super::format_ms(at), "at_ms": at, "started": xs.len(), "p50": percentile(&xs, 0.5), "p90": percentile(&xs, 0.9)})
+            SeriesPoint {
+                at: format_ms(at),
+                at_ms: at,
+                p50: percentile(&xs, 0.5),
+                p90: percentile(&xs, 0.9),
+                pool_kind,
+                started: xs.len(),
+            }
         })
         .collect();
-    Ok(Json(json!({
-        "as_of": super::format_ms(now),
-        "window_seconds": window_ms / 1000,
-        "bucket_seconds": step / 1000,
-        "jobs_by_state": states,
-        "waiting_by_segment": waiting,
-        "waiting_total": waiting.values().sum::<i64>(),
-        "oldest_wait": oldest,
-        "ttfs_by_pool": pools,
-        "ttfs_series": series,
-    })))
+    Ok(Json(Overview {
+        as_of: format_ms(now),
+        bucket_seconds: step / 1000,
+        jobs_by_state: states,
+        oldest_wait: oldest,
+        ttfs_by_pool: pools,
+        ttfs_series: series,
+        waiting_total: waiting.values().sum::<i64>(),
+        waiting_by_segment: waiting,
+        window_seconds: window_ms / 1000,
+    }))
 }

@@ -1,0 +1,452 @@
+//! In-process router tests: every route answered by [`super::router`] over a small fixed index (hot and folded
+//! jobs in every state, two SLOs, two alerts) with a fixed clock, no socket.
+//!
+//! Each answer is compared byte for byte (status, then body) with a golden file in `api/golden/`, captured from
+//! the API as it answered before its responses were typed: any change to a field name, nesting, value type,
+//! null versus absent, number formatting or key order fails here. Values that follow the wall clock rather than
+//! the state's clock (`waiting_seconds` and the open initial-wait segment of a waiting job) are masked first.
+//! `STARTLINE_BLESS=1` rewrites the golden files (only when an answer is meant to change).
+
+use super::{router, ApiState};
+use crate::alert::{AlertBoard, AlertRecord};
+use crate::index::labels::{LabelLimiter, LabelSettings};
+use crate::index::{JobIndex, SharedIndex};
+use crate::job::{CompactEvent, JobRecord};
+use crate::slo::{SloDef, SloEngine};
+use crate::store::{encode_archive, encode_log_value, FoldWrite, Store};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::time::ms_to_timestamp;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use tower::ServiceExt;
+
+/// The state's clock: 2026-03-10T12:00:00Z.
+const NOW: i64 = 1_773_144_000_000;
+const MIN: i64 = 60_000;
+const HOUR: i64 = 3_600_000;
+
+struct Fixture {
+    state: ApiState,
+    _dir: tempfile::TempDir,
+}
+
+fn ev(job: &str, n: usize, at: i64, kind: Kind) -> pb::LifecycleEvent {
+    pb::LifecycleEvent {
+        event_id: format!("{job}#{n}"),
+        job_id: job.into(),
+        attempt: if n > 6 { Some(2) } else { None },
+        source: "test".into(),
+        occurred_at: Some(ms_to_timestamp(at)),
+        kind: Some(kind),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn submitted(kind: pb::PoolKind, provider: &str, pool: &str, prio: pb::PriorityClass, gpu: &str, region: &str) -> Kind {
+    Kind::Submitted(pb::Submitted {
+        pool_kind: kind as i32,
+        provider: provider.into(),
+        pool: pool.into(),
+        priority: prio as i32,
+        gpu_class: gpu.into(),
+        gpu_count: 8,
+        node_count: 1,
+        region: region.into(),
+        team: "research".into(),
+        project: "llm".into(),
+        ..Default::default()
+    })
+}
+
+fn queued(reason: pb::WaitReason, raw: &str) -> Kind {
+    Kind::Queued(pb::Queued { reason: reason as i32, raw_reason: raw.into(), message: "waiting".into() })
+}
+
+fn assigned() -> Kind {
+    Kind::NodeAssigned(pb::NodeAssigned { nodes: vec!["node-1".into()], gpu_ids: vec!["0".into(), "1".into()] })
+}
+
+fn preparing(phase: pb::PreparingPhase) -> Kind {
+    Kind::Preparing(pb::Preparing { phase: phase as i32, message: "pulling".into() })
+}
+
+fn first_step(step: u64) -> Kind {
+    Kind::FirstStep(pb::FirstStep { step })
+}
+
+fn done(outcome: pb::Outcome, exit_code: Option<i32>) -> Kind {
+    Kind::Done(pb::Done { outcome: outcome as i32, exit_code, message: "bye".into() })
+}
+
+/// The jobs: every state, every event kind, managed and dedicated, urgent and normal.
+fn events() -> Vec<pb::LifecycleEvent> {
+    use pb::{Outcome, PoolKind::*, PreparingPhase, PriorityClass::*, WaitReason};
+    let mut out = Vec::new();
+    let mut job = |id: &str, kinds: Vec<(i64, Kind)>| {
+        for (n, (at, k)) in kinds.into_iter().enumerate() {
+            out.push(ev(id, n + 1, at, k));
+        }
+    };
+    // Ended 5 h ago after a 15-minute wait; folded below.
+    let t = NOW - 8 * HOUR;
+    job(
+        "slurm/cluster-a/100",
+        vec![
+            (t, submitted(Dedicated, "slurm", "gpu", Urgent, "h100", "site-a")),
+            (t, queued(WaitReason::Capacity, "Resources")),
+            (t + 10 * MIN, assigned()),
+            (t + 11 * MIN, preparing(PreparingPhase::ImagePull)),
+            (t + 15 * MIN, first_step(0)),
+            (t + HOUR, Kind::Checkpoint(pb::Checkpoint { step: 500, uri: "s3://ck/500".into(), save_seconds: 12.5 })),
+            (t + 3 * HOUR, done(Outcome::Succeeded, Some(0))),
+        ],
+    );
+    // Managed, normal, with labels and a chain; preempted, requeued and restarted, then failed.
+    let t = NOW - 6 * HOUR;
+    let mut sub = submitted(Managed, "sagemaker", "ml.p5.48xlarge", Normal, "a100", "us-east-1");
+    if let Kind::Submitted(s) = &mut sub {
+        s.chain_id = "chain-7".into();
+        s.chain_stage = "pretrain".into();
+        s.labels = HashMap::from([("owner".into(), "ana".into()), ("exp".into(), "e42".into())]);
+    }
+    job(
+        "sagemaker/123/train-2",
+        vec![
+            (t, sub),
+            (t + MIN, queued(WaitReason::Provisioning, "Starting")),
+            (t + 20 * MIN, preparing(PreparingPhase::DataStaging)),
+            (t + 45 * MIN, first_step(1)),
+            (t + 2 * HOUR, Kind::Preempted(pb::Preempted { reason: "spot".into(), checkpoint_saved: false })),
+            (t + 2 * HOUR + MIN, Kind::Requeued(pb::Requeued { resume_step: 0 })),
+            (t + 3 * HOUR, Kind::Restarted(pb::Restarted { resume_step: 0 })),
+            (
+                t + 3 * HOUR + 5 * MIN,
+                Kind::NodeLost(pb::NodeLost { node: "ip-10-0-0-1".into(), message: "gone".into() }),
+            ),
+            (t + 4 * HOUR, done(Outcome::Failed, Some(137))),
+        ],
+    );
+    // Running since 30 minutes ago.
+    let t = NOW - 2 * HOUR;
+    job(
+        "slurm/cluster-b/7",
+        vec![
+            (t, submitted(Dedicated, "slurm", "gpu-urgent", Normal, "h100", "site-a")),
+            (t, queued(WaitReason::Priority, "Priority")),
+            (t + 80 * MIN, assigned()),
+            (t + 90 * MIN, first_step(0)),
+        ],
+    );
+    // Managed, urgent, running after a short wait.
+    let t = NOW - 3 * HOUR;
+    job(
+        "vertex/ml-prod/9000001",
+        vec![
+            (t, submitted(Managed, "vertex", "a3-highgpu-8g", Urgent, "h100", "europe-west4")),
+            (t + MIN, queued(WaitReason::Capacity, "STOCKOUT")),
+            (t + 30 * MIN, first_step(0)),
+        ],
+    );
+    // Still queued (its wait counts up to the wall clock).
+    let t = NOW - 20 * MIN;
+    job(
+        "slurm/cluster-a/200",
+        vec![
+            (t, submitted(Dedicated, "slurm", "gpu", Urgent, "a100", "site-a")),
+            (t, queued(WaitReason::Quota, "QOSMaxGRESPerUser")),
+        ],
+    );
+    // Never submitted (no attributes), so never done either.
+    job(
+        "kubernetes/ns/pod-x",
+        vec![(NOW - HOUR, queued(WaitReason::Unknown, "")), (NOW - 30 * MIN, done(Outcome::Cancelled, None))],
+    );
+    out
+}
+
+/// The job folded by the fixture.
+const FOLDED: &str = "slurm/cluster-a/100";
+/// A job left hot.
+const HOT: &str = "sagemaker/123/train-2";
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Store::open(dir.path()).expect("store");
+    let mut entries = Vec::new();
+    let mut by_job: BTreeMap<String, Vec<CompactEvent>> = BTreeMap::new();
+    for (i, e) in events().iter().enumerate() {
+        let seq = i as u64 + 1;
+        entries.push((seq, encode_log_value(e)));
+        by_job.entry(e.job_id.clone()).or_default().push(CompactEvent::from_pb(e, seq).expect("has kind"));
+    }
+    store.append_durable(&entries).expect("append");
+    let last_seq = entries.len() as u64;
+    let jobs: BTreeMap<String, JobRecord> =
+        by_job.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
+    // Room for every value, so that gauges (the overview's oldest waits) keep real pool names, not `other`.
+    let limiter = LabelLimiter::new(&LabelSettings { max_values_per_label: 50, ..Default::default() });
+    let mut index =
+        JobIndex::new_at(jobs, Default::default(), last_seq, SloEngine::new(SloDef::defaults()), limiter, NOW);
+    // Fold one ended job as the applier does: archive and summary written, log entries removed, row in memory.
+    let seqs: Vec<u64> = index.jobs[FOLDED].rec.events.iter().map(|e| e.seq).collect();
+    let events = store.job_events(FOLDED, &seqs).expect("events");
+    let row = index.fold(FOLDED).expect("ended job folds");
+    let write = FoldWrite {
+        job_id: FOLDED.into(),
+        log_seqs: seqs,
+        archive: encode_archive(FOLDED, &events).expect("archive"),
+        summary: row.encode(),
+    };
+    store.fold_jobs(&[write], &index.cold.dict.unpersisted(), last_seq).expect("fold");
+    assert!(index.folded(FOLDED).is_some() && index.jobs.contains_key(HOT));
+    let board = AlertBoard::default();
+    for (key, started, resolved) in [
+        ("job/urgent-start/slurm/cluster-a/200", NOW - 10 * MIN, None),
+        ("burn/normal-start/page", NOW - 2 * HOUR, Some(NOW - HOUR)),
+    ] {
+        board.insert(AlertRecord {
+            key: key.into(),
+            labels: BTreeMap::from([("alertname".into(), "StartlineUrgentStart".into()), ("slo".into(), "x".into())]),
+            annotations: BTreeMap::from([("summary".into(), "waited \u{2265} 10 min".into())]),
+            starts_at_ms: started,
+            resolved_at_ms: resolved,
+        });
+    }
+    let state = ApiState {
+        index: SharedIndex::new(index),
+        store,
+        ready: Arc::new(AtomicBool::new(true)),
+        health: Arc::new(crate::health::Health::default()),
+        max_page_size: 3,
+        clock: crate::time::Clock::starting_at(NOW),
+        board,
+        telemetry: None,
+    };
+    Fixture { state, _dir: dir }
+}
+
+/// One request through the router: status, content type and body text.
+async fn call(state: &ApiState, method: &str, uri: &str) -> (StatusCode, String, String) {
+    let req = Request::builder().method(method).uri(uri).body(Body::empty()).expect("request");
+    let res = router(state.clone()).oneshot(req).await.expect("infallible");
+    let status = res.status();
+    let ctype =
+        res.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let body = res.into_body().collect().await.expect("body").to_bytes();
+    (status, ctype, String::from_utf8(body.to_vec()).expect("utf-8"))
+}
+
+/// Replaces the value after each `"key":` (a number, or an object without nested objects) with `"<wall>"`.
+fn mask(body: &str, key: &str) -> String {
+    let pat = format!("\"{key}\":");
+    let mut out = String::with_capacity(body.len());
+    let mut rest = body;
+    while let Some(i) = rest.find(&pat) {
+        out.push_str(&rest[..i + pat.len()]);
+        rest = &rest[i + pat.len()..];
+        let end = if rest.starts_with('{') { rest.find('}').map(|j| j + 1) } else { rest.find([',', '}', ']']) }
+            .expect("value ends");
+        if &rest[..end] != "null" {
+            out.push_str("\"<wall>\"");
+        } else {
+            out.push_str("null");
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Compares an answer with its golden file (`STARTLINE_BLESS=1` writes it instead).
+fn golden(name: &str, status: StatusCode, ctype: &str, body: &str) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api/golden").join(name);
+    let got = format!("{} {ctype}\n{body}\n", status.as_u16());
+    if std::env::var_os("STARTLINE_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("golden dir");
+        std::fs::write(&path, &got).expect("write golden");
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(got == want, "{name} changed\n--- want\n{want}\n--- got\n{got}");
+}
+
+/// Calls `uri`, checks the status, compares with the golden file (after masking wall-clock values) and returns
+/// the parsed body.
+async fn check(f: &Fixture, name: &str, uri: &str, want: StatusCode) -> serde_json::Value {
+    let (status, ctype, body) = call(&f.state, "GET", uri).await;
+    assert_eq!(status, want, "{uri}: {body}");
+    assert_eq!(ctype, "application/json", "{uri}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    golden(name, status, &ctype, &mask(&body, "waiting_seconds"));
+    v
+}
+
+/// An error answer: status, golden body, and the one `error` field.
+async fn check_error(f: &Fixture, name: &str, uri: &str, want: StatusCode) -> String {
+    let v = check(f, name, uri, want).await;
+    let obj = v.as_object().expect("object");
+    assert_eq!(obj.len(), 1, "{uri}: {v}");
+    obj["error"].as_str().expect("error text").to_string()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<&str> {
+    v["jobs"].as_array().expect("jobs").iter().map(|j| j["job_id"].as_str().expect("id")).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn jobs_listing_filters_and_pages() {
+    let f = fixture();
+    // The default page (100) is not capped by the configured maximum (3 here).
+    let v = check(&f, "jobs_all.json", "/api/v1/jobs", StatusCode::OK).await;
+    assert_eq!(ids(&v).len(), 6);
+    assert!(v["next_page_token"].is_null());
+    let v = check(&f, "jobs_page1.json", "/api/v1/jobs?limit=3", StatusCode::OK).await;
+    assert_eq!(ids(&v), ["kubernetes/ns/pod-x", "sagemaker/123/train-2", "slurm/cluster-a/100"]);
+    assert_eq!(v["next_page_token"], "slurm/cluster-a/100");
+    let v =
+        check(&f, "jobs_page2.json", "/api/v1/jobs?limit=3&page_token=slurm%2Fcluster-a%2F100", StatusCode::OK).await;
+    assert_eq!(ids(&v), ["slurm/cluster-a/200", "slurm/cluster-b/7", "vertex/ml-prod/9000001"]);
+    assert!(v["next_page_token"].is_null());
+    let v = check(&f, "jobs_limit1.json", "/api/v1/jobs?limit=1", StatusCode::OK).await;
+    assert_eq!(v["next_page_token"], "kubernetes/ns/pod-x");
+    let v = check(&f, "jobs_managed.json", "/api/v1/jobs?pool_kind=managed&priority=urgent", StatusCode::OK).await;
+    assert_eq!(ids(&v), ["vertex/ml-prod/9000001"]);
+    let v = check(&f, "jobs_queued.json", "/api/v1/jobs?state=queued", StatusCode::OK).await;
+    assert_eq!(ids(&v), ["slurm/cluster-a/200"]);
+    assert!(v["jobs"][0]["waiting_seconds"].as_f64().is_some_and(|s| s > 0.0));
+    let v = check(
+        &f,
+        "jobs_provider_time.json",
+        "/api/v1/jobs?provider=slurm&pool=gpu&submitted_after=2026-03-10T00:00:00Z&submitted_before=1773142000",
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(ids(&v), ["slurm/cluster-a/100"]);
+    let v = check(&f, "jobs_done.json", "/api/v1/jobs?state=done", StatusCode::OK).await;
+    assert_eq!(ids(&v), ["sagemaker/123/train-2", "slurm/cluster-a/100"]);
+    let v = check(&f, "jobs_unsubmitted.json", "/api/v1/jobs?state=unsubmitted", StatusCode::OK).await;
+    assert_eq!(ids(&v), ["kubernetes/ns/pod-x"]);
+    // A job without attributes has no attribute fields at all; nulls stay nulls.
+    let j = &v["jobs"][0];
+    assert!(j.get("pool").is_none() && j["first_step_at"].is_null() && j["current_wait"].is_null());
+}
+
+#[tokio::test(start_paused = true)]
+async fn jobs_listing_errors() {
+    let f = fixture();
+    let e = check_error(&f, "err_jobs_unknown_param.json", "/api/v1/jobs?colour=red", StatusCode::BAD_REQUEST).await;
+    assert_eq!(e, "colour: unknown query parameter");
+    let e =
+        check_error(&f, "err_jobs_bad_time.json", "/api/v1/jobs?submitted_after=yesterday", StatusCode::BAD_REQUEST)
+            .await;
+    assert!(e.starts_with("submitted_after: "), "{e}");
+    let e = check_error(&f, "err_jobs_limit.json", "/api/v1/jobs?limit=4", StatusCode::BAD_REQUEST).await;
+    assert_eq!(e, "limit: must be an integer in 1..=3");
+    check_error(&f, "err_jobs_limit0.json", "/api/v1/jobs?limit=0", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_jobs_state.json", "/api/v1/jobs?state=sleeping", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_jobs_pool_kind.json", "/api/v1/jobs?pool_kind=cloud", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_jobs_twice.json", "/api/v1/jobs?limit=1&limit=2", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_jobs_percent.json", "/api/v1/jobs?pool=%G1", StatusCode::BAD_REQUEST).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn job_detail_hot_folded_and_unknown() {
+    let f = fixture();
+    let v = check(&f, "job_hot.json", "/api/v1/jobs/sagemaker/123/train-2", StatusCode::OK).await;
+    assert_eq!(v["job_id"], HOT);
+    assert_eq!(v["attributes"]["labels"]["owner"], "ana");
+    assert_eq!(v["events"].as_array().map(Vec::len), Some(9));
+    assert_eq!(v["timeline"]["preemptions"], 1);
+    let v = check(&f, "job_folded.json", "/api/v1/jobs/slurm/cluster-a/100", StatusCode::OK).await;
+    assert_eq!(v["outcome"], "succeeded");
+    assert_eq!(v["events"].as_array().map(Vec::len), Some(7));
+    assert_eq!(v["timeline"]["milestones"]["last_checkpoint"]["step"], 500);
+    let v = check(&f, "job_running.json", "/api/v1/jobs/vertex/ml-prod/9000001", StatusCode::OK).await;
+    assert_eq!(v["state"], "running");
+    let v = check(&f, "job_no_attrs.json", "/api/v1/jobs/kubernetes/ns/pod-x", StatusCode::OK).await;
+    assert!(v["attributes"].is_null() && v.get("provider").is_none());
+    // A waiting job: its open segment and wait follow the wall clock.
+    let (status, ctype, body) = call(&f.state, "GET", "/api/v1/jobs/slurm/cluster-a/200").await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert!(v["timeline"]["initial_wait_seconds"]["queued:quota"].as_f64().is_some_and(|s| s >= 1200.0), "{v}");
+    golden("job_waiting.json", status, &ctype, &mask(&mask(&body, "waiting_seconds"), "initial_wait_seconds"));
+    let e = check_error(&f, "err_job_unknown.json", "/api/v1/jobs/slurm/nope", StatusCode::NOT_FOUND).await;
+    assert_eq!(e, "job \"slurm/nope\" is not known");
+}
+
+#[tokio::test(start_paused = true)]
+async fn slos_and_alerts() {
+    let f = fixture();
+    let v = check(&f, "slos.json", "/api/v1/slos", StatusCode::OK).await;
+    assert_eq!(v["slos"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["as_of"], "2026-03-10T12:00:00.000Z");
+    let v = check(&f, "slo_urgent.json", "/api/v1/slos/urgent-start", StatusCode::OK).await;
+    assert_eq!(v["name"], "urgent-start");
+    assert!(v["status"]["time_to_first_step_seconds"].is_object());
+    check(&f, "slo_urgent_7d.json", "/api/v1/slos/urgent-start?window=7d", StatusCode::OK).await;
+    check(&f, "slo_normal_1h.json", "/api/v1/slos/normal-start?window=1h", StatusCode::OK).await;
+    check_error(&f, "err_slo_unknown.json", "/api/v1/slos/nope", StatusCode::NOT_FOUND).await;
+    check_error(&f, "err_slo_window.json", "/api/v1/slos/urgent-start?window=soon", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_slo_window_long.json", "/api/v1/slos/urgent-start?window=300d", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_slo_param.json", "/api/v1/slos/urgent-start?x=1", StatusCode::BAD_REQUEST).await;
+    let v = check(&f, "alerts.json", "/api/v1/alerts", StatusCode::OK).await;
+    assert_eq!(v["alerts"].as_array().map(Vec::len), Some(2));
+    let v = check(&f, "alerts_firing.json", "/api/v1/alerts?state=firing", StatusCode::OK).await;
+    assert!(v["alerts"][0]["resolved_at"].is_null());
+    check(&f, "alerts_resolved.json", "/api/v1/alerts?state=resolved", StatusCode::OK).await;
+    check_error(&f, "err_alerts_state.json", "/api/v1/alerts?state=open", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_alerts_param.json", "/api/v1/alerts?since=1", StatusCode::BAD_REQUEST).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn overview_and_compare() {
+    let f = fixture();
+    let v = check(&f, "overview.json", "/api/v1/overview", StatusCode::OK).await;
+    assert_eq!(v["window_seconds"], 86_400);
+    assert_eq!(v["waiting_total"], 1);
+    check(&f, "overview_6h.json", "/api/v1/overview?window=6h", StatusCode::OK).await;
+    check_error(&f, "err_overview_window.json", "/api/v1/overview?window=1m", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_overview_param.json", "/api/v1/overview?by=pool", StatusCode::BAD_REQUEST).await;
+    check(&f, "compare.json", "/api/v1/compare", StatusCode::OK).await;
+    check(
+        &f,
+        "compare_by_gpu.json",
+        "/api/v1/compare?left=provider%3Dslurm&right=&by=gpu_class&window=7d",
+        StatusCode::OK,
+    )
+    .await;
+    check_error(&f, "err_compare_by.json", "/api/v1/compare?by=colour", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_compare_left.json", "/api/v1/compare?left=colour%3Dred", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_compare_window.json", "/api/v1/compare?window=1s", StatusCode::BAD_REQUEST).await;
+    let (status, ctype, body) = call(&f.state, "GET", "/api/v1/compare.svg?window=1d").await;
+    assert_eq!((status, ctype.as_str()), (StatusCode::OK, "image/svg+xml"));
+    assert!(body.starts_with("<svg"), "{body}");
+    golden("compare.svg", status, &ctype, &body);
+    check_error(&f, "err_compare_svg.json", "/api/v1/compare.svg?right=gpu%3D", StatusCode::BAD_REQUEST).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn health_readiness_and_fallbacks() {
+    let f = fixture();
+    check(&f, "healthz.json", "/healthz", StatusCode::OK).await;
+    check(&f, "readyz.json", "/readyz", StatusCode::OK).await;
+    check_error(&f, "err_metrics_disabled.json", "/metrics", StatusCode::NOT_FOUND).await;
+    check_error(&f, "err_unknown_route.json", "/api/v2/jobs", StatusCode::NOT_FOUND).await;
+    let (status, ctype, body) = call(&f.state, "POST", "/api/v1/jobs").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    golden("err_method.json", status, &ctype, &body);
+    let (status, ctype, _) = call(&f.state, "GET", "/dashboard").await;
+    assert_eq!((status, ctype.as_str()), (StatusCode::OK, "text/html; charset=utf-8"));
+    // Not ready yet, then unhealthy.
+    f.state.ready.store(false, std::sync::atomic::Ordering::Relaxed);
+    check(&f, "readyz_starting.json", "/readyz", StatusCode::SERVICE_UNAVAILABLE).await;
+    f.state.ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    f.state.health.committer_died();
+    check(&f, "healthz_unhealthy.json", "/healthz", StatusCode::SERVICE_UNAVAILABLE).await;
+    check(&f, "readyz_unhealthy.json", "/readyz", StatusCode::SERVICE_UNAVAILABLE).await;
+}

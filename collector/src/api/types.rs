@@ -1,0 +1,571 @@
+//! The API's response bodies as typed structs, serialized by serde (the comparison's body is
+//! [`crate::compare::Report`], typed where it is computed).
+//!
+//! Every struct here declares its fields in alphabetical order: that is the order in which the API has always
+//! written keys (its bodies used to be `serde_json` maps, which sort their keys), so keep new fields in it.
+//! `Option` fields are written as `null` unless marked `skip_serializing_if`, in which case they are absent.
+//! Maps keyed by data (segment labels, job states, free-form labels) are `BTreeMap`s, so they come out sorted too.
+
+use crate::job::Timeline;
+use crate::time::format_ms;
+use serde::Serialize;
+use startline_proto::labels::Label;
+use startline_proto::pb::{self, lifecycle_event::Kind};
+use std::collections::BTreeMap;
+
+fn opt_time(v: Option<i64>) -> Option<String> {
+    v.map(format_ms)
+}
+
+fn secs(ms: i64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+/// `{"status": ...}` of `/healthz` and `/readyz`, with the reason when not healthy or not ready.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub status: &'static str,
+}
+
+/// `GET /api/v1/jobs`: one page of job summaries.
+#[derive(Debug, Serialize)]
+pub struct JobList {
+    pub jobs: Vec<Job>,
+    /// The last job of this page when there are more matches (pass it as `page_token`).
+    pub next_page_token: Option<String>,
+}
+
+/// A job: its summary in listings; with `attributes`, `events` and `timeline` too in `GET /api/v1/jobs/{id}`.
+/// The attribute fields (`pool_kind` .. `team`) are absent, not null, for a job whose `submitted` is not known.
+#[derive(Debug, Serialize)]
+pub struct Job {
+    /// Detail only; `null` for a job without attributes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<Option<Attributes>>,
+    pub current_wait: Option<CurrentWait>,
+    pub done_at: Option<String>,
+    /// Detail only: the raw events, in the job's canonical order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<Event>>,
+    pub first_step_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_class: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_count: Option<u32>,
+    pub job_id: String,
+    pub outcome: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_kind: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    pub state: &'static str,
+    pub submitted_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    pub time_to_first_step_seconds: Option<f64>,
+    /// Detail only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<TimelineDetail>,
+    /// Seconds since the current wait began (`null` when not waiting).
+    pub waiting_seconds: Option<f64>,
+}
+
+impl Job {
+    /// The summary of a job shown in listings.
+    pub fn summary(job_id: &str, t: &Timeline, now_ms: i64) -> Job {
+        let a = t.attrs.as_ref();
+        Job {
+            attributes: None,
+            current_wait: t.current_wait.map(|(seg, since)| CurrentWait {
+                raw_reason: t.current_raw_reason.as_deref().map(str::to_string),
+                segment: seg.label(),
+                since: format_ms(since),
+            }),
+            done_at: opt_time(t.done_at),
+            events: None,
+            first_step_at: opt_time(t.first_step_at),
+            gpu_class: a.map(|a| a.gpu_class.clone()),
+            gpu_count: a.map(|a| a.gpu_count),
+            job_id: job_id.to_string(),
+            outcome: t.outcome.map(|o| o.label()),
+            pool: a.map(|a| a.pool.clone()),
+            pool_kind: a.map(|a| a.pool_kind.label()),
+            priority: a.map(|a| a.priority.label()),
+            project: a.map(|a| a.project.clone()),
+            provider: a.map(|a| a.provider.clone()),
+            region: a.map(|a| a.region.clone()),
+            state: t.state.label(),
+            submitted_at: opt_time(t.submitted_at),
+            team: a.map(|a| a.team.clone()),
+            time_to_first_step_seconds: t.time_to_first_step_ms().map(secs),
+            timeline: None,
+            waiting_seconds: t.wait_started_at.map(|since| secs((now_ms - since).max(0))),
+        }
+    }
+
+    /// The job in full: summary, attributes, timeline and raw events.
+    pub fn detail(job_id: &str, t: &Timeline, events: &[(u64, pb::LifecycleEvent)], now_ms: i64) -> Job {
+        Job {
+            attributes: Some(t.attrs.as_ref().map(|a| Attributes {
+                chain_id: a.chain_id.clone(),
+                chain_stage: a.chain_stage.clone(),
+                labels: a.labels.clone(),
+                node_count: a.node_count,
+            })),
+            events: Some(events.iter().map(|(seq, ev)| Event::new(*seq, ev)).collect()),
+            timeline: Some(TimelineDetail::new(t, now_ms)),
+            ..Job::summary(job_id, t, now_ms)
+        }
+    }
+}
+
+/// The wait a job is in now.
+#[derive(Debug, Serialize)]
+pub struct CurrentWait {
+    pub raw_reason: Option<String>,
+    pub segment: String,
+    pub since: String,
+}
+
+/// A job's attributes beyond those in its summary.
+#[derive(Debug, Serialize)]
+pub struct Attributes {
+    pub chain_id: String,
+    pub chain_stage: String,
+    pub labels: BTreeMap<String, String>,
+    pub node_count: u32,
+}
+
+/// The full timeline of a job.
+#[derive(Debug, Serialize)]
+pub struct TimelineDetail {
+    pub attempts: u32,
+    pub exit_code: Option<i32>,
+    pub ignored_after_done: u32,
+    /// Seconds per wait segment before the first step (a job still in its initial wait: up to now).
+    pub initial_wait_seconds: BTreeMap<String, f64>,
+    pub lost_gpu_seconds: f64,
+    pub lost_steps: u64,
+    pub lost_work_seconds: f64,
+    pub milestones: Milestones,
+    pub node_losses: u32,
+    pub preemptions: u32,
+    pub requeue_wait_seconds: f64,
+    pub runs: u32,
+}
+
+impl TimelineDetail {
+    fn new(t: &Timeline, now_ms: i64) -> TimelineDetail {
+        let mut initial: BTreeMap<String, f64> =
+            t.initial_wait_ms.iter().map(|(s, ms)| (s.label(), secs(*ms))).collect();
+        // A job still in its initial wait: the open segment counts up to now.
+        if t.first_step_at.is_none() && t.done_at.is_none() {
+            if let Some((seg, since)) = t.current_wait {
+                *initial.entry(seg.label()).or_insert(0.0) += secs((now_ms - since).max(0));
+            }
+        }
+        TimelineDetail {
+            attempts: t.attempts,
+            exit_code: t.exit_code,
+            ignored_after_done: t.ignored_after_done,
+            initial_wait_seconds: initial,
+            lost_gpu_seconds: t.lost_gpu_seconds(),
+            lost_steps: t.lost_steps,
+            lost_work_seconds: secs(t.lost_work_ms),
+            milestones: Milestones {
+                done: opt_time(t.done_at),
+                first_queued: opt_time(t.first_queued_at),
+                first_step: opt_time(t.first_step_at),
+                last_checkpoint: t.last_checkpoint.map(|(at, step)| LastCheckpoint { at: format_ms(at), step }),
+                node_assigned: opt_time(t.node_assigned_at),
+                preparing: opt_time(t.preparing_at),
+                submitted: opt_time(t.submitted_at),
+            },
+            node_losses: t.node_losses,
+            preemptions: t.preemptions,
+            requeue_wait_seconds: secs(t.requeue_wait_ms),
+            runs: t.runs,
+        }
+    }
+}
+
+/// When a job reached each milestone (`null`: not yet).
+#[derive(Debug, Serialize)]
+pub struct Milestones {
+    pub done: Option<String>,
+    pub first_queued: Option<String>,
+    pub first_step: Option<String>,
+    pub last_checkpoint: Option<LastCheckpoint>,
+    pub node_assigned: Option<String>,
+    pub preparing: Option<String>,
+    pub submitted: Option<String>,
+}
+
+/// The latest checkpoint.
+#[derive(Debug, Serialize)]
+pub struct LastCheckpoint {
+    pub at: String,
+    pub step: u64,
+}
+
+/// One raw event as stored.
+#[derive(Debug, Serialize)]
+pub struct Event {
+    pub attempt: Option<u32>,
+    /// The kind's fields (`null` for an event without a kind).
+    pub detail: Option<EventDetail>,
+    pub event_id: String,
+    pub kind: &'static str,
+    pub occurred_at: Option<String>,
+    pub seq: u64,
+    pub source: String,
+}
+
+impl Event {
+    /// The event at log sequence `seq`.
+    pub fn new(seq: u64, ev: &pb::LifecycleEvent) -> Event {
+        let (kind, detail) = match &ev.kind {
+            None => ("none", None),
+            Some(Kind::Submitted(s)) => (
+                "submitted",
+                Some(EventDetail::Submitted {
+                    chain_id: s.chain_id.clone(),
+                    chain_stage: s.chain_stage.clone(),
+                    gpu_class: s.gpu_class.clone(),
+                    gpu_count: s.gpu_count,
+                    labels: s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    node_count: s.node_count,
+                    pool: s.pool.clone(),
+                    pool_kind: s.pool_kind().label(),
+                    priority: s.priority().label(),
+                    project: s.project.clone(),
+                    provider: s.provider.clone(),
+                    region: s.region.clone(),
+                    team: s.team.clone(),
+                }),
+            ),
+            Some(Kind::Queued(q)) => (
+                "queued",
+                Some(EventDetail::Queued {
+                    message: q.message.clone(),
+                    raw_reason: q.raw_reason.clone(),
+                    reason: q.reason().label(),
+                }),
+            ),
+            Some(Kind::NodeAssigned(n)) => (
+                "node_assigned",
+                Some(EventDetail::NodeAssigned { gpu_ids: n.gpu_ids.clone(), nodes: n.nodes.clone() }),
+            ),
+            Some(Kind::Preparing(p)) => {
+                ("preparing", Some(EventDetail::Preparing { message: p.message.clone(), phase: p.phase().label() }))
+            }
+            Some(Kind::FirstStep(f)) => ("first_step", Some(EventDetail::Step { step: f.step })),
+            Some(Kind::Checkpoint(c)) => (
+                "checkpoint",
+                Some(EventDetail::Checkpoint { save_seconds: c.save_seconds, step: c.step, uri: c.uri.clone() }),
+            ),
+            Some(Kind::Preempted(p)) => (
+                "preempted",
+                Some(EventDetail::Preempted { checkpoint_saved: p.checkpoint_saved, reason: p.reason.clone() }),
+            ),
+            Some(Kind::Requeued(r)) => ("requeued", Some(EventDetail::Resume { resume_step: r.resume_step })),
+            Some(Kind::Restarted(r)) => ("restarted", Some(EventDetail::Resume { resume_step: r.resume_step })),
+            Some(Kind::NodeLost(n)) => {
+                ("node_lost", Some(EventDetail::NodeLost { message: n.message.clone(), node: n.node.clone() }))
+            }
+            Some(Kind::Done(d)) => (
+                "done",
+                Some(EventDetail::Done {
+                    exit_code: d.exit_code,
+                    message: d.message.clone(),
+                    outcome: d.outcome().label(),
+                }),
+            ),
+        };
+        Event {
+            attempt: ev.attempt,
+            detail,
+            event_id: ev.event_id.clone(),
+            kind,
+            occurred_at: ev.occurred_at.as_ref().map(|t| format_ms(startline_proto::time::timestamp_to_ms(t))),
+            seq,
+            source: ev.source.clone(),
+        }
+    }
+}
+
+/// The fields of an event's kind (the kind itself is [`Event::kind`]).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum EventDetail {
+    /// `submitted`.
+    Submitted {
+        chain_id: String,
+        chain_stage: String,
+        gpu_class: String,
+        gpu_count: u32,
+        labels: BTreeMap<String, String>,
+        node_count: u32,
+        pool: String,
+        pool_kind: &'static str,
+        priority: &'static str,
+        project: String,
+        provider: String,
+        region: String,
+        team: String,
+    },
+    /// `queued`.
+    Queued { message: String, raw_reason: String, reason: &'static str },
+    /// `node_assigned`.
+    NodeAssigned { gpu_ids: Vec<String>, nodes: Vec<String> },
+    /// `preparing`.
+    Preparing { message: String, phase: &'static str },
+    /// `first_step`.
+    Step { step: u64 },
+    /// `checkpoint`.
+    Checkpoint { save_seconds: f64, step: u64, uri: String },
+    /// `preempted`.
+    Preempted { checkpoint_saved: bool, reason: String },
+    /// `requeued` and `restarted`.
+    Resume { resume_step: u64 },
+    /// `node_lost`.
+    NodeLost { message: String, node: String },
+    /// `done`.
+    Done { exit_code: Option<i32>, message: String, outcome: &'static str },
+}
+
+/// `GET /api/v1/slos`.
+#[derive(Debug, Serialize)]
+pub struct SloList {
+    pub as_of: String,
+    pub slos: Vec<Slo>,
+}
+
+/// An SLO's definition and its status over a window.
+#[derive(Debug, Serialize)]
+pub struct Slo {
+    /// `GET /api/v1/slos/{name}` only (the list has one for all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<String>,
+    pub description: String,
+    pub exclude_cancelled: bool,
+    pub name: String,
+    pub objective_percent: f64,
+    pub page_on_breach: bool,
+    pub selector: SloSelector,
+    /// `null` when the engine has no figures for it.
+    pub status: Option<SloStatus>,
+    pub threshold_seconds: f64,
+    /// Its own window, as text (`28days`).
+    pub window: String,
+    pub window_seconds: i64,
+}
+
+impl Slo {
+    /// The definition, with the given status.
+    pub fn new(d: &crate::slo::SloDef, status: Option<&crate::slo::SloStatus>) -> Slo {
+        let sel = &d.selector;
+        Slo {
+            as_of: None,
+            description: d.description.clone(),
+            exclude_cancelled: d.exclude_cancelled,
+            name: d.name.clone(),
+            objective_percent: d.objective * 100.0,
+            page_on_breach: d.page_on_breach,
+            selector: SloSelector {
+                gpu_class: sel.gpu_class.clone(),
+                gpu_count_max: sel.gpu_count_max,
+                gpu_count_min: sel.gpu_count_min,
+                hours: sel.hours.as_ref().map(|h| {
+                    format!(
+                        "{:02}:{:02}-{:02}:{:02} {}",
+                        h.from_min / 60,
+                        h.from_min % 60,
+                        h.to_min / 60,
+                        h.to_min % 60,
+                        h.tz_name
+                    )
+                }),
+                pool: sel.pool.clone(),
+                pool_kind: sel.pool_kind.iter().map(|p| p.label()).collect(),
+                priority: sel.priority.iter().map(|p| p.label()).collect(),
+                provider: sel.provider.clone(),
+                region: sel.region.clone(),
+            },
+            status: status.map(SloStatus::new),
+            threshold_seconds: d.threshold_ms as f64 / 1000.0,
+            window: humantime::format_duration(std::time::Duration::from_millis(d.window_ms as u64)).to_string(),
+            window_seconds: d.window_ms / 1000,
+        }
+    }
+}
+
+/// Which jobs an SLO covers (empty lists: any).
+#[derive(Debug, Serialize)]
+pub struct SloSelector {
+    pub gpu_class: Vec<String>,
+    pub gpu_count_max: Option<u32>,
+    pub gpu_count_min: Option<u32>,
+    /// `HH:MM-HH:MM Zone`.
+    pub hours: Option<String>,
+    pub pool: Vec<String>,
+    pub pool_kind: Vec<&'static str>,
+    pub priority: Vec<&'static str>,
+    pub provider: Vec<String>,
+    pub region: Vec<String>,
+}
+
+/// An SLO's figures over a window.
+#[derive(Debug, Serialize)]
+pub struct SloStatus {
+    pub bad: u64,
+    pub breached_waiting: u64,
+    pub burn_rates: Vec<BurnRate>,
+    pub compliance: f64,
+    pub error_budget_remaining: f64,
+    pub good: u64,
+    pub objective: f64,
+    pub pending: u64,
+    pub time_to_first_step_seconds: Option<Percentiles>,
+    pub total: u64,
+    pub window_seconds: i64,
+}
+
+impl SloStatus {
+    fn new(s: &crate::slo::SloStatus) -> SloStatus {
+        SloStatus {
+            bad: s.bad,
+            breached_waiting: s.breached_waiting,
+            burn_rates: s
+                .burn_rates
+                .iter()
+                .map(|(w, r, n)| BurnRate { burn_rate: *r, decided_jobs: *n, window: w.clone() })
+                .collect(),
+            compliance: s.compliance,
+            error_budget_remaining: s.error_budget_remaining,
+            good: s.good,
+            objective: s.objective,
+            pending: s.pending,
+            time_to_first_step_seconds: s.ttfs_seconds.map(|p| Percentiles {
+                count: p.count,
+                max: p.max,
+                p50: p.p50,
+                p90: p.p90,
+                p95: p.p95,
+                p99: p.p99,
+            }),
+            total: s.total,
+            window_seconds: s.window_ms / 1000,
+        }
+    }
+}
+
+/// The burn rate over one alerting window.
+#[derive(Debug, Serialize)]
+pub struct BurnRate {
+    pub burn_rate: f64,
+    pub decided_jobs: u64,
+    pub window: String,
+}
+
+/// Time-to-first-step percentiles, seconds ([`crate::slo::Percentiles`] with its keys in API order).
+#[derive(Debug, Serialize)]
+pub struct Percentiles {
+    pub count: u64,
+    pub max: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+}
+
+/// `GET /api/v1/alerts`.
+#[derive(Debug, Serialize)]
+pub struct AlertList {
+    pub alerts: Vec<Alert>,
+}
+
+/// One alert, firing or resolved.
+#[derive(Debug, Serialize)]
+pub struct Alert {
+    pub annotations: BTreeMap<String, String>,
+    pub key: String,
+    pub labels: BTreeMap<String, String>,
+    pub resolved_at: Option<String>,
+    pub starts_at: String,
+    /// `firing` or `resolved`.
+    pub state: &'static str,
+}
+
+impl Alert {
+    /// The API's view of an alert record.
+    pub fn new(a: &crate::alert::AlertRecord) -> Alert {
+        Alert {
+            annotations: a.annotations.clone(),
+            key: a.key.clone(),
+            labels: a.labels.clone(),
+            resolved_at: a.resolved_at_ms.map(format_ms),
+            starts_at: format_ms(a.starts_at_ms),
+            state: if a.firing() { "firing" } else { "resolved" },
+        }
+    }
+}
+
+/// `GET /api/v1/overview`.
+#[derive(Debug, Serialize)]
+pub struct Overview {
+    pub as_of: String,
+    pub bucket_seconds: i64,
+    pub jobs_by_state: BTreeMap<&'static str, u64>,
+    /// Longest current wait per pool and priority, longest first.
+    pub oldest_wait: Vec<OldestWait>,
+    pub ttfs_by_pool: Vec<PoolTtfs>,
+    pub ttfs_series: Vec<SeriesPoint>,
+    pub waiting_by_segment: BTreeMap<String, i64>,
+    pub waiting_total: i64,
+    pub window_seconds: i64,
+}
+
+/// The longest current wait in one pool and priority.
+#[derive(Debug, Serialize)]
+pub struct OldestWait {
+    pub pool: String,
+    pub pool_kind: &'static str,
+    pub priority: &'static str,
+    pub provider: String,
+    pub seconds: f64,
+}
+
+/// Time-to-first-step percentiles (seconds) of the jobs of one pool and priority that started in the window.
+#[derive(Debug, Serialize)]
+pub struct PoolTtfs {
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+    pub pool: String,
+    pub pool_kind: String,
+    pub priority: String,
+    pub provider: String,
+    pub started: usize,
+}
+
+/// p50 and p90 time to first step (seconds) of one pool kind's jobs that started in one bucket.
+#[derive(Debug, Serialize)]
+pub struct SeriesPoint {
+    pub at: String,
+    pub at_ms: i64,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub pool_kind: String,
+    pub started: usize,
+}
