@@ -131,7 +131,8 @@ pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>)
     let id = job_id.clone();
     let (timeline, events) = tokio::task::spawn_blocking(move || -> Result<_, crate::store::StoreError> {
         let (timeline, events) = match hot {
-            Some((t, seqs)) => (t, store.job_events(&id, &seqs)?),
+            // Events that vanish meanwhile (retention deleted the job after the lookup) are left out.
+            Some((t, seqs)) => (t, store.job_events_present(&id, &seqs)?),
             None => {
                 // Shown in the job's canonical order, as for a hot job.
                 let mut by_seq: std::collections::HashMap<u64, _> = store.archived(&id)?.into_iter().collect();

@@ -21,8 +21,17 @@ impl Committer {
         if let Some(archived) = folded.get(job_id) {
             return Ok(archived.iter().any(|(_, e)| e.event_id == event_id));
         }
-        let seqs: Vec<u64> =
-            self.index.read().jobs.get(job_id).map(|h| h.rec.seqs_of_hash(id_hash).collect()).unwrap_or_default();
+        let (seqs, folded_since) = {
+            let idx = self.index.read();
+            match idx.jobs.get(job_id) {
+                Some(h) => (h.rec.seqs_of_hash(id_hash).collect(), false),
+                None => (Vec::new(), idx.folded(job_id).is_some()),
+            }
+        };
+        if folded_since {
+            // Folded by the maintenance thread after this group's archives were read: its archive says.
+            return Ok(self.store.archived(job_id)?.iter().any(|(_, e)| e.event_id == event_id));
+        }
         for seq in seqs {
             if self.store.job_event(job_id, seq)?.is_some_and(|e| e.event_id == event_id) {
                 return Ok(true);
@@ -54,7 +63,18 @@ impl Committer {
     fn take_job_room<'a>(&self, job_id: &'a str, incoming: &mut HashMap<&'a str, usize>, folded: &Archives) -> bool {
         let stored = match folded.get(job_id) {
             Some(a) => a.len(),
-            None => self.index.read().jobs.get(job_id).map_or(0, |h| h.rec.events.len()),
+            None => {
+                let idx = self.index.read();
+                match (idx.jobs.get(job_id), idx.folded(job_id)) {
+                    (Some(h), _) => h.rec.events.len(),
+                    // Folded since this group's archives were read: its events are all in its archive.
+                    (None, Some(_)) => {
+                        drop(idx);
+                        self.store.archived(job_id).map_or(0, |a| a.len())
+                    }
+                    (None, None) => 0,
+                }
+            }
         };
         let n = incoming.entry(job_id).or_insert(0);
         if stored + *n >= self.settings.max_events_per_job {

@@ -556,6 +556,30 @@ impl Store {
         Ok(out)
     }
 
+    /// Like [`Store::job_events`], leaving out sequences found in neither the log nor the archive (for readers
+    /// racing retention, which may delete a job between their index lookup and this read).
+    pub fn job_events_present(
+        &self,
+        job_id: &str,
+        seqs: &[u64],
+    ) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+        let mut archive: Option<HashMap<u64, pb::LifecycleEvent>> = None;
+        let mut out = Vec::with_capacity(seqs.len());
+        for &seq in seqs {
+            if let Some(ev) = self.event(seq)? {
+                out.push((seq, ev));
+                continue;
+            }
+            if archive.is_none() {
+                archive = Some(self.archived(job_id)?.into_iter().collect());
+            }
+            if let Some(ev) = archive.as_mut().and_then(|a| a.remove(&seq)) {
+                out.push((seq, ev));
+            }
+        }
+        Ok(out)
+    }
+
     /// Folds jobs: writes their archives, summaries and new dictionary entries, flushes, then removes their log
     /// entries and snapshots and records `max_seq` (the highest sequence used so far), and flushes again.
     ///
