@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 pub const FOLD_CHUNK: usize = 512;
 
 /// Longest a pass runs before it yields the maintenance thread (to a checkpoint) and asks for another pass.
-const PASS_BUDGET: Duration = Duration::from_millis(500);
+const PASS_BUDGET: Duration = Duration::from_secs(2);
 
 /// One pass over the fold candidates.
 pub(super) struct FoldPass {

@@ -249,9 +249,14 @@ impl Committer {
                 }
                 self.commit_group(group);
             }
-            if last_checkpoint.elapsed() >= self.settings.checkpoint_interval
-                && !self.checkpoint_busy.load(Ordering::Acquire)
-            {
+            // While folding has a backlog, checkpoint less often: most dirty jobs are about to fold (their
+            // events go to archives), and a checkpoint would spend the maintenance thread on their snapshots.
+            let checkpoint_every = if self.fold_more.load(Ordering::Acquire) {
+                self.settings.checkpoint_interval * 4
+            } else {
+                self.settings.checkpoint_interval
+            };
+            if last_checkpoint.elapsed() >= checkpoint_every && !self.checkpoint_busy.load(Ordering::Acquire) {
                 if let Some(ck) = self.take_checkpoint() {
                     self.checkpoint_busy.store(true, Ordering::Release);
                     match task_tx.try_send(Task::Checkpoint(ck)) {

@@ -558,11 +558,7 @@ impl Store {
 
     /// Like [`Store::job_events`], leaving out sequences found in neither the log nor the archive (for readers
     /// racing retention, which may delete a job between their index lookup and this read).
-    pub fn job_events_present(
-        &self,
-        job_id: &str,
-        seqs: &[u64],
-    ) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+    pub fn job_events_present(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         let mut archive: Option<HashMap<u64, pb::LifecycleEvent>> = None;
         let mut out = Vec::with_capacity(seqs.len());
         for &seq in seqs {
