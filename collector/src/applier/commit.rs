@@ -212,10 +212,13 @@ impl Committer {
                     &read
                 }
                 Err(e) => {
-                    // The event is durable and restore unfolds the job from its archive; until a restart its
-                    // timeline in memory lacks the archived events.
+                    // The event is durable. The folded row goes (with its SLO contributions, so nothing counts
+                    // twice) and the event starts a hot record, which the next checkpoint snapshots; restore
+                    // then finds the summary beside the snapshot and rebuilds the whole job from its archive.
+                    // Until a restart the job's timeline in memory lacks the archived events.
                     tracing::error!(error = %e, job_id, "cannot read a folded job's archive to apply a late event");
                     self.health.storage_failed(e.cause());
+                    idx.remove(job_id, now);
                     return;
                 }
             },
