@@ -469,7 +469,8 @@ fn mib(kib: u64) -> f64 {
 }
 
 /// User + system CPU seconds of a process.
-fn cpu_seconds(pid: u32) -> f64 {
+/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
+pub fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = rest.split_whitespace().collect();

@@ -53,11 +53,6 @@ fn opt(v: i64) -> Option<i64> {
 }
 
 impl Folded {
-    /// When the job was submitted.
-    pub fn submitted_at(&self) -> i64 {
-        self.submitted_at
-    }
-
     /// When the job ended.
     pub fn done_at(&self) -> i64 {
         self.done_at

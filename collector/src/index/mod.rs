@@ -155,11 +155,6 @@ impl JobIndex {
         }
     }
 
-    /// Whether a job is known (hot or folded).
-    pub fn contains(&self, job_id: &str) -> bool {
-        self.jobs.contains_key(job_id) || self.cold.rows.contains_key(job_id)
-    }
-
     /// A folded job's row.
     pub fn folded(&self, job_id: &str) -> Option<&Folded> {
         self.cold.rows.get(job_id)

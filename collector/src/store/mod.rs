@@ -532,6 +532,22 @@ impl Store {
     /// The events of a job at the given sequences (in the order given), from the log or its archive. A sequence
     /// found in neither is an error: the job's record says the store holds it.
     pub fn job_events(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+        self.read_job_events(job_id, seqs, true)
+    }
+
+    /// Like [`Store::job_events`], leaving out sequences found in neither the log nor the archive (for readers
+    /// racing retention, which may delete a job between their index lookup and this read).
+    pub fn job_events_present(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+        self.read_job_events(job_id, seqs, false)
+    }
+
+    /// Reads each sequence from the log, else from the job's archive (decoded once, on the first miss).
+    fn read_job_events(
+        &self,
+        job_id: &str,
+        seqs: &[u64],
+        strict: bool,
+    ) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         let mut archive: Option<HashMap<u64, pb::LifecycleEvent>> = None;
         let mut out = Vec::with_capacity(seqs.len());
         for &seq in seqs {
@@ -544,6 +560,7 @@ impl Store {
             }
             match archive.as_mut().and_then(|a| a.remove(&seq)) {
                 Some(ev) => out.push((seq, ev)),
+                None if !strict => {}
                 None => {
                     return Err(StoreError::Corrupt {
                         what: "log",
@@ -551,26 +568,6 @@ impl Store {
                         reason: format!("event of job {job_id:?} is in neither the log nor its archive"),
                     })
                 }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Like [`Store::job_events`], leaving out sequences found in neither the log nor the archive (for readers
-    /// racing retention, which may delete a job between their index lookup and this read).
-    pub fn job_events_present(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
-        let mut archive: Option<HashMap<u64, pb::LifecycleEvent>> = None;
-        let mut out = Vec::with_capacity(seqs.len());
-        for &seq in seqs {
-            if let Some(ev) = self.event(seq)? {
-                out.push((seq, ev));
-                continue;
-            }
-            if archive.is_none() {
-                archive = Some(self.archived(job_id)?.into_iter().collect());
-            }
-            if let Some(ev) = archive.as_mut().and_then(|a| a.remove(&seq)) {
-                out.push((seq, ev));
             }
         }
         Ok(out)
@@ -788,12 +785,6 @@ impl Store {
         transaction_result(applied)?;
         t.db.flush()?;
         Ok(())
-    }
-
-    /// Entries per tree (log, snapshots, archives, summaries), for tests and self-metrics. Counts by scanning.
-    pub fn counts(&self) -> Result<[usize; 4], StoreError> {
-        let t = self.t()?;
-        Ok([t.log.len(), t.jobs.scan_prefix([JOB_PREFIX]).count(), t.archive.len(), t.summaries.len()])
     }
 
     /// Flushes everything written so far.

@@ -270,6 +270,18 @@ mod model {
         ]
     }
 
+    /// What a fold of `job` writes: its archive from the store, and its id as the summary.
+    fn fold_write(store: &Store, job: &str, rec: &JobRecord) -> FoldWrite {
+        let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
+        let events = store.job_events(job, &seqs).expect("events");
+        FoldWrite {
+            job_id: job.to_string(),
+            log_seqs: seqs,
+            archive: encode_archive(job, &events).expect("archive"),
+            summary: job.as_bytes().to_vec(),
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
         #[test]
@@ -334,28 +346,14 @@ mod model {
                     Op::TornFold(j) => {
                         let job = format!("j{j}");
                         if let Some(rec) = mem.get(&job) {
-                            let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
-                            let events = store.job_events(&job, &seqs).expect("events");
-                            let fw = FoldWrite {
-                                job_id: job.clone(),
-                                log_seqs: seqs,
-                                archive: encode_archive(&job, &events).expect("archive"),
-                                summary: job.as_bytes().to_vec(),
-                            };
+                            let fw = fold_write(&store, &job, rec);
                             store.fold_write(&[fw], &[]).expect("fold write");
                         }
                     }
                     Op::Fold(j) | Op::FoldKeptHot(j) => {
                         let job = format!("j{j}");
                         if let Some(rec) = mem.get(&job) {
-                            let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
-                            let events = store.job_events(&job, &seqs).expect("events");
-                            let fw = FoldWrite {
-                                job_id: job.clone(),
-                                log_seqs: seqs,
-                                archive: encode_archive(&job, &events).expect("archive"),
-                                summary: job.as_bytes().to_vec(),
-                            };
+                            let fw = fold_write(&store, &job, rec);
                             store.fold_jobs(&[fw], &[], last_seq).expect("fold");
                             if matches!(op, Op::Fold(_)) {
                                 if let Some(rec) = mem.remove(&job) {

@@ -244,23 +244,6 @@ async fn open_loop(endpoint: &str, batches: Batches, events_per_sec: f64) -> (f6
     (q(0.5), q(0.99), achieved)
 }
 
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which is in parentheses and may contain spaces).
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let hz = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .unwrap_or(100.0);
-    ticks / hz
-}
-
 fn dir_size(p: &std::path::Path) -> u64 {
     let mut total = 0;
     if let Ok(rd) = std::fs::read_dir(p) {
@@ -458,10 +441,10 @@ async fn ingest_bench(a: &Args) -> Vec<String> {
     }
     let c = Collector::start(&db, &extra);
     let ep = c.endpoint();
-    let cpu0 = cpu_seconds(c.child.id());
+    let cpu0 = startline_tests::corebench::cpu_seconds(c.child.id());
     let ev = make_events(a.events, "durable");
     let durable_eps = closed_loop(&ep, batches(ev, a.batch), 8).await;
-    let cpu = cpu_seconds(c.child.id()) - cpu0;
+    let cpu = startline_tests::corebench::cpu_seconds(c.child.id()) - cpu0;
     println!("- collector durable max (stream, 8 batches in flight): {durable_eps:.0} events/s");
     println!("  server CPU per event: {:.1} us", cpu * 1e6 / a.events as f64);
 
