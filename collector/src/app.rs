@@ -17,12 +17,15 @@ use crate::alert::notify::{self, Target};
 use crate::alert::{AlertBoard, AlertLoop, AlertStats};
 use crate::api::{self, ApiState};
 use crate::applier::{self, CommitterSettings};
+use crate::auth::tls::TlsState;
+use crate::auth::Scope;
 use crate::config::Config;
 use crate::export::labels::LabelLimiter;
 use crate::export::{Sources, Telemetry};
 use crate::index::cold::{ColdJobs, Dictionary, Folded};
 use crate::index::{JobIndex, SharedIndex};
-use crate::ingest::conn::{ConnectionLimits, Incoming};
+use crate::ingest::conn::{self, ConnectionLimits};
+use crate::ingest::guard::Guarded;
 use crate::ingest::service::{EdgeSettings, Ingest, IngestServer};
 use crate::ingest::IngestStats;
 use crate::slo::SloEngine;
@@ -64,6 +67,9 @@ pub enum AppError {
     /// gRPC reflection could not be built from the descriptor set.
     #[error("grpc reflection: {0}")]
     Reflection(String),
+    /// A TLS file could not be loaded.
+    #[error("{0}")]
+    Tls(String),
     /// A server or thread failed.
     #[error("{0}")]
     Runtime(String),
@@ -142,9 +148,28 @@ pub async fn run_with_clock(
     let health = Arc::new(crate::health::Health::default());
     let ready = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(IngestStats::default());
+    // Identities and TLS: loaded before any port is bound, so a bad key or CA file stops the start.
+    let exposed = !config.grpc_listen.ip().is_loopback() || !config.http_listen.ip().is_loopback();
+    let insecure = exposed && !config.auth.enabled();
+    if insecure {
+        tracing::warn!(
+            grpc = %config.grpc_listen,
+            http = %config.http_listen,
+            "auth.insecure = true: listening beyond loopback with NO authentication; anyone who can reach these \
+             ports can write events and read every job (startline_collector_auth_insecure = 1)"
+        );
+    } else if exposed && config.tls.is_none() {
+        tracing::warn!("listening beyond loopback without [tls]: bearer tokens cross the network in clear text");
+    }
+    let auth = Arc::new(crate::auth::Auth::new(config.auth.keyring(), insecure, config.auth.metrics_protected));
+    let tls = match &config.tls {
+        None => None,
+        Some(files) => Some(Arc::new(TlsState::load(files.clone()).map_err(|e| AppError::Tls(e.to_string()))?)),
+    };
     let telemetry = Arc::new(
         Telemetry::new(
             Sources {
+                auth: auth.clone(),
                 index: index.clone(),
                 stats: stats.clone(),
                 board: board.clone(),
@@ -199,6 +224,7 @@ pub async fn run_with_clock(
             when_full: config.when_full,
             limits: config.limits.clone(),
             max_message_bytes: config.max_message_bytes,
+            auth: auth.clone(),
         },
         stats.clone(),
         shutdown.clone(),
@@ -219,13 +245,15 @@ pub async fn run_with_clock(
         .build_v1alpha()
         .map_err(|e| AppError::Reflection(e.to_string()))?;
     // Message size and batch cap are enforced before decoding (see ingest::codec).
-    let ingest_server = IngestServer::new(ingest);
+    let ingest_server = Guarded::new(IngestServer::new(ingest), auth.clone(), Some(Scope::Ingest));
+    let reflection_v1 = Guarded::new(reflection_v1, auth.clone(), None);
+    let reflection_v1alpha = Guarded::new(reflection_v1alpha, auth.clone(), None);
 
     // Connections: at most grpc.max_connections, each with a handshake deadline; HTTP/2 keepalive pings find
     // silent and half-open peers; `close_connections` closes every one at the end of the shutdown drain.
     let conns = config.grpc_connections;
     let close_connections = CancellationToken::new();
-    let grpc_incoming = Incoming::new(
+    let grpc_incoming = conn::accept(
         // Small acks must not wait for Nagle: set TCP_NODELAY on every accepted socket. TCP keepalive finds dead
         // peers even when HTTP/2 pings cannot be sent.
         tonic::transport::server::TcpIncoming::from(grpc_listener)
@@ -236,6 +264,7 @@ pub async fn run_with_clock(
         ConnectionLimits { max_connections: conns.max_connections, handshake_timeout: conns.handshake_timeout },
         close_connections.clone(),
         stats.clone(),
+        tls.clone(),
     );
     let grpc_stop = shutdown.clone();
     let mut grpc = tokio::spawn(
@@ -252,6 +281,13 @@ pub async fn run_with_clock(
             .serve_with_incoming_shutdown(grpc_incoming, async move { grpc_stop.cancelled().await }),
     );
 
+    // Reloads of [auth] and [tls]: SIGHUP, a changed config, certificate or key file, or the admin route.
+    let reload: Option<api::Reload> = config.source.clone().map(|path| {
+        let (auth, tls) = (auth.clone(), tls.clone());
+        Arc::new(move || reload_security(&path, &auth, tls.as_deref(), exposed)) as api::Reload
+    });
+    let reloader = tokio::spawn(watch_reloads(reload.clone(), config.source.clone(), tls.clone(), shutdown.clone()));
+
     let http_stop = CancellationToken::new();
     let api_state = ApiState {
         index: index.clone(),
@@ -262,6 +298,9 @@ pub async fn run_with_clock(
         clock,
         board: board.clone(),
         telemetry: Some(telemetry.clone()),
+        auth: auth.clone(),
+        sessions: Arc::default(),
+        reload: reload.clone(),
     };
     let http_stop_wait = http_stop.clone();
     // Header-read and idle timeouts; at shutdown, connections still open after the drain deadline are closed.
@@ -269,6 +308,7 @@ pub async fn run_with_clock(
         http_listener,
         api::router(api_state),
         api::serve::Timeouts::default(),
+        tls.clone(),
         async move { http_stop_wait.cancelled().await },
     ));
 
@@ -380,8 +420,92 @@ pub async fn run_with_clock(
         Ok(Err(e)) => tracing::error!(error = %e, "http server error"),
         Err(e) => tracing::error!(error = %e, "http task failed"),
     }
+    reloader.abort();
     tracing::info!("collector stopped");
     Ok(())
+}
+
+/// Re-reads `[auth]` and `[tls]` from the config file and applies them; the rest of the file needs a restart.
+/// Nothing changes unless both sections are valid.
+pub fn reload_security(
+    path: &std::path::Path,
+    auth: &crate::auth::Auth,
+    tls: Option<&TlsState>,
+    exposed: bool,
+) -> Result<api::types::Reloaded, String> {
+    let file = crate::config::FileConfig::load(path).map_err(|e| e.to_string())?;
+    let mut errs = Vec::new();
+    let files = file.tls.validate(&mut errs);
+    let has_ca = files.as_ref().is_some_and(|f| f.client_ca_file.is_some());
+    let cfg = file.auth.validate(&mut errs, has_ca);
+    if exposed && !cfg.enabled() && !cfg.insecure {
+        errs.push("auth: no [[auth.identity]] is left while a listener is reachable beyond loopback".into());
+    }
+    match (tls, &files) {
+        (Some(_), Some(_)) | (None, None) => {}
+        _ => errs.push("tls: turning [tls] on or off needs a restart".into()),
+    }
+    if !errs.is_empty() {
+        return Err(format!("reload refused, nothing changed:\n  - {}", errs.join("\n  - ")));
+    }
+    if let (Some(state), Some(files)) = (tls, files) {
+        state.reload(files).map_err(|e| format!("reload refused, nothing changed: {e}"))?;
+    }
+    let identities = cfg.identities.len();
+    auth.reload(cfg.keyring(), exposed && !cfg.enabled(), cfg.metrics_protected);
+    tracing::info!(identities, tls = tls.is_some(), "reloaded [auth] and [tls]");
+    Ok(api::types::Reloaded { identities, tls: tls.is_some() })
+}
+
+/// How often the config, certificate and key files are checked for changes.
+const RELOAD_POLL: Duration = Duration::from_secs(2);
+
+/// Runs `reload` on SIGHUP and when the config file or a TLS file changes.
+async fn watch_reloads(
+    reload: Option<api::Reload>,
+    source: Option<std::path::PathBuf>,
+    tls: Option<Arc<TlsState>>,
+    shutdown: CancellationToken,
+) {
+    let Some(reload) = reload else { return };
+    let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let mut seen = source.as_deref().and_then(mtime);
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let hup_recv = async {
+            match hup.as_mut() {
+                Some(h) => h.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup_recv = std::future::pending::<Option<()>>();
+        let why = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = hup_recv => "SIGHUP",
+            _ = tokio::time::sleep(RELOAD_POLL) => {
+                let now = source.as_deref().and_then(mtime);
+                if now != seen {
+                    "config file changed"
+                } else if tls.as_ref().is_some_and(|t| t.files_changed()) {
+                    "tls file changed"
+                } else {
+                    continue;
+                }
+            }
+        };
+        seen = source.as_deref().and_then(mtime);
+        let r = reload.clone();
+        match tokio::task::spawn_blocking(move || r()).await {
+            Ok(Ok(_)) => tracing::info!(trigger = why, "reload done"),
+            Ok(Err(e)) => {
+                tracing::error!(trigger = why, error = %e, "reload failed; the previous identities and certificates stay")
+            }
+            Err(e) => tracing::error!(error = %e, "reload task failed"),
+        }
+    }
 }
 
 /// Restores the store with its folded jobs decoded into rows: the dictionary first, then every summary.

@@ -3,6 +3,8 @@
 //! reporting every problem at once before any port is bound.
 
 pub use crate::alert::config::{AlertConfig, AlertsSection};
+pub use crate::auth::config::{AuthConfig, AuthSection, TlsSection};
+pub use crate::auth::tls::TlsFiles;
 pub use crate::ingest::WhenFull;
 use crate::settings::{duration, range, socket_addr};
 use serde::Deserialize;
@@ -36,6 +38,12 @@ pub struct FileConfig {
     /// `[metrics]`
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// `[auth]`: identities, scopes, restrictions.
+    #[serde(default)]
+    pub auth: AuthSection,
+    /// `[tls]`: certificate, key, client CA.
+    #[serde(default)]
+    pub tls: TlsSection,
 }
 
 /// `[metrics]`: bounded attribute values and OTLP push.
@@ -272,6 +280,12 @@ pub struct Config {
     pub alerts: AlertConfig,
     /// Metrics.
     pub metrics: MetricsConfig,
+    /// Identities (empty: no authentication, loopback only unless `auth.insecure`).
+    pub auth: AuthConfig,
+    /// TLS on both listeners.
+    pub tls: Option<TlsFiles>,
+    /// The file this config came from, re-read on reload (SIGHUP) for `[auth]` and `[tls]`.
+    pub source: Option<PathBuf>,
 }
 
 /// Every problem found in a configuration.
@@ -324,7 +338,11 @@ impl FileConfig {
             if self.slo.is_empty() { crate::slo::SloDef::defaults() } else { validate_slos(&self.slo, &mut errs) };
         let alerts = self.alerts.validate(&mut errs);
         let metrics = self.metrics.validate(&mut errs);
+        let tls = self.tls.validate(&mut errs);
+        let has_client_ca = tls.as_ref().is_some_and(|t| t.client_ca_file.is_some());
+        let auth = self.auth.validate(&mut errs, has_client_ca);
         check_listeners_differ(&mut errs, grpc.listen, http.listen);
+        check_exposure(&mut errs, &auth, &[("grpc.listen", grpc.listen), ("http.listen", http.listen)]);
         check_retention_covers_slos(&mut errs, store.retention, &slos);
         if !errs.is_empty() {
             return Err(ConfigErrors(errs));
@@ -353,7 +371,26 @@ impl FileConfig {
             limits: ingest.limits,
             slos,
             alerts,
+            auth,
+            tls,
+            source: None,
         })
+    }
+}
+
+/// Across `[auth]`, `[grpc]` and `[http]`: with no identity configured, a listener beyond loopback is an error
+/// unless `auth.insecure = true` says it is meant.
+fn check_exposure(errs: &mut Vec<String>, auth: &AuthConfig, listeners: &[(&str, SocketAddr)]) {
+    if auth.enabled() || auth.insecure {
+        return;
+    }
+    for (name, addr) in listeners {
+        if !addr.ip().is_loopback() {
+            errs.push(format!(
+                "{name}: {addr} is reachable beyond this host but no [[auth.identity]] is configured: add \
+                 identities (see `startline-collector token`), listen on 127.0.0.1, or set auth.insecure = true"
+            ));
+        }
     }
 }
 

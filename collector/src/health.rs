@@ -121,6 +121,9 @@ pub struct IngestStats {
     pub connections_refused: AtomicU64,
     /// gRPC connections closed because their HTTP/2 handshake did not arrive within `grpc.handshake_timeout`.
     pub connections_timed_out: AtomicU64,
+    /// gRPC connections whose TLS handshake failed (no certificate where one is required, a bad certificate,
+    /// not TLS at all).
+    pub tls_handshake_failures: AtomicU64,
 }
 
 impl IngestStats {

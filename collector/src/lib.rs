@@ -18,12 +18,15 @@
 //! - [`health`]: whether storage writes fail (and why) and whether the committer lives, for health checks.
 //! - [`time`]: the clock (wall time advanced by tokio's clock, pausable in tests) and the text form of times.
 //! - [`api`]: the axum router: JSON API, health and readiness.
+//! - [`auth`]: identities, scopes, bearer-token hashes, client-certificate names, rate limits and TLS for both
+//!   listeners.
 //! - [`app`]: wiring and the shutdown order.
 
 pub mod alert;
 pub mod api;
 pub mod app;
 pub mod applier;
+pub mod auth;
 pub mod compare;
 pub mod config;
 pub mod export;

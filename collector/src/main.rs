@@ -47,6 +47,51 @@ enum Command {
     CheckConfig,
     /// Compare time to first step between two sets of jobs, through a running collector's API.
     Compare(CompareArgs),
+    /// Make a new bearer token: prints the token (give it to the client) and the hash for [[auth.identity]].
+    Token(TokenArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct TokenArgs {
+    /// Identity name for the printed config snippet.
+    #[arg(long, default_value = "my-client")]
+    name: String,
+    /// Scopes for the printed config snippet (comma-separated: ingest, read, admin).
+    #[arg(long, default_value = "read")]
+    scopes: String,
+    /// Hash an existing token read from standard input instead of making one.
+    #[arg(long)]
+    hash_stdin: bool,
+}
+
+fn run_token(a: &TokenArgs) -> anyhow::Result<()> {
+    use startline_collector::auth::{generate_token, Scope, TokenHash};
+    let scopes: Vec<&str> = a.scopes.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    if let Some(bad) = scopes.iter().find(|s| Scope::parse(s).is_none()) {
+        anyhow::bail!("--scopes: {bad:?} is not ingest, read or admin");
+    }
+    let (token, shown) = if a.hash_stdin {
+        let mut t = String::new();
+        std::io::stdin().read_line(&mut t).context("cannot read the token from standard input")?;
+        (t.trim().to_string(), false)
+    } else {
+        (generate_token().map_err(anyhow::Error::msg)?, true)
+    };
+    if token.is_empty() {
+        anyhow::bail!("no token on standard input");
+    }
+    let hash = TokenHash::of(&token).to_config();
+    let mut out = std::io::stdout().lock();
+    if shown {
+        writeln!(out, "token: {token}")?;
+        writeln!(
+            out,
+            "# Give the token to the client (a file readable only by it: --token-file); it is not stored anywhere."
+        )?;
+    }
+    writeln!(out, "hash:  {hash}")?;
+    writeln!(out, "\n[[auth.identity]]\nname = {:?}\ntoken_hashes = [{hash:?}]\nscopes = {scopes:?}", a.name)?;
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]
@@ -200,7 +245,9 @@ fn load(cli: &Cli) -> anyhow::Result<startline_collector::config::Config> {
     if let Some(a) = &cli.http_listen {
         file.http.listen = Some(a.clone());
     }
-    Ok(file.validate()?)
+    let mut config = file.validate()?;
+    config.source = cli.config.clone();
+    Ok(config)
 }
 
 fn main() -> std::process::ExitCode {
@@ -217,6 +264,9 @@ fn main() -> std::process::ExitCode {
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::Compare(a)) = &cli.command {
         return run_compare(a);
+    }
+    if let Some(Command::Token(a)) = &cli.command {
+        return run_token(a);
     }
     let config = load(&cli)?;
     if matches!(cli.command, Some(Command::CheckConfig)) {

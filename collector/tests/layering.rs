@@ -41,13 +41,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The applier: group commit and acks, checkpoints, folds, retention.
     ("applier", &["job", "slo", "index", "store", "time", "health"]),
     // The ingest edge: validation and the batch handed to the applier.
-    ("ingest", &["job", "applier", "store", "time", "health", "settings"]),
+    // Who is talking and what they may do: used by both edges and exported by `export`.
+    ("auth", &["settings", "time"]),
+    ("ingest", &["job", "applier", "store", "time", "health", "settings", "auth"]),
     // Readers: never the ingest path or the applier. `export` observes the alert board for its gauges (alert
     // never imports export); `api` serves every reader.
     ("alert", &["job", "slo", "index", "store", "time", "health", "settings"]),
-    ("export", &["job", "slo", "index", "store", "time", "health", "settings", "alert"]),
+    ("export", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "auth"]),
     ("compare", &["job", "slo", "index", "time"]),
-    ("api", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "export", "compare"]),
+    ("api", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "export", "compare", "auth"]),
     // The top.
     ("config", &["*"]),
     ("app", &["*"]),

@@ -9,6 +9,7 @@
 //! [`crate::compare::Report`] and errors are [`ApiError`]. `tests` calls every route in process against golden
 //! bodies.
 
+pub mod auth;
 mod compare;
 pub mod extract;
 mod jobs;
@@ -17,7 +18,7 @@ pub mod serve;
 mod slos;
 #[cfg(test)]
 mod tests;
-mod types;
+pub mod types;
 
 use crate::index::SharedIndex;
 use crate::store::Store;
@@ -52,7 +53,16 @@ pub struct ApiState {
     pub board: crate::alert::AlertBoard,
     /// Metrics, when enabled.
     pub telemetry: Option<Arc<crate::export::Telemetry>>,
+    /// Identities and refusal counts.
+    pub auth: Arc<crate::auth::Auth>,
+    /// Dashboard sessions.
+    pub sessions: Arc<auth::Sessions>,
+    /// Re-reads `[auth]` and `[tls]` (absent without a config file); answers what it loaded.
+    pub reload: Option<Reload>,
 }
+
+/// The reload hook `POST /api/v1/admin/reload` calls.
+pub type Reload = Arc<dyn Fn() -> Result<types::Reloaded, String> + Send + Sync>;
 
 /// An error answer: a status and a message for the client.
 #[derive(Debug)]
@@ -109,8 +119,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/dashboard", get(dashboard))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/login", get(auth::login_form).post(auth::login))
+        .route("/logout", axum::routing::post(auth::logout))
+        .route("/api/v1/admin/reload", axum::routing::post(auth::reload))
         .fallback(extract::unknown_route)
         .method_not_allowed_fallback(extract::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require))
         .layer(axum::middleware::map_response(extract::json_errors))
         .with_state(state)
 }

@@ -1,4 +1,6 @@
-//! Runs the HTTP API on a listener, HTTP/1.1 and HTTP/2 (prior knowledge), with the limits `axum::serve` lacks:
+//! Runs the HTTP API on a listener, HTTP/1.1 and HTTP/2 (prior knowledge, or ALPN over TLS when `[tls]` is set),
+//! with the limits `axum::serve` lacks. Each connection's [`Peer`] (address, verified client certificate names)
+//! goes into every request's extensions for the auth middleware.
 //!
 //! - **header-read timeout** ([`Timeouts::header_read`]): a request's head (request line and headers) must
 //!   arrive within it, counted from when the server starts waiting for it, so a half-sent request line, or an
@@ -10,6 +12,8 @@
 //!   accepted, open ones are asked to finish (in-flight requests complete, idle ones close), and after the drain
 //!   deadline every connection still open is closed. [`serve`] returns within about that deadline.
 
+use crate::auth::tls::{peer_names, Listener, TlsState};
+use crate::auth::Peer;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
@@ -17,10 +21,11 @@ use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -55,6 +60,7 @@ pub async fn serve(
     listener: TcpListener,
     router: Router,
     timeouts: Timeouts,
+    tls: Option<Arc<TlsState>>,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let conns = TaskTracker::new();
@@ -66,7 +72,7 @@ pub async fn serve(
             biased;
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok((stream, peer)) => (stream, peer),
                 Err(e) => {
                     tracing::warn!(error = %e, "http accept failed");
                     tokio::select! {
@@ -76,8 +82,36 @@ pub async fn serve(
                 }
             },
         };
+        let (stream, peer) = stream;
         let _ = stream.set_nodelay(true);
-        conns.spawn(connection(stream, router.clone(), timeouts, graceful.clone(), force.clone()));
+        let (router, graceful, force) = (router.clone(), graceful.clone(), force.clone());
+        match &tls {
+            None => {
+                let peer = Peer { remote: Some(peer), cert_names: Arc::from(Vec::new()), tls: false };
+                conns.spawn(connection(stream, peer, router, timeouts, graceful, force));
+            }
+            Some(tls) => {
+                let acceptor = tls.acceptor(Listener::Http);
+                conns.spawn(async move {
+                    // The TLS handshake counts against the header-read timeout, and shutdown ends it at once.
+                    let handshake = tokio::time::timeout(timeouts.header_read, acceptor.accept(stream));
+                    let stream = tokio::select! {
+                        r = handshake => match r {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "http tls handshake failed");
+                                return;
+                            }
+                            Err(_) => return,
+                        },
+                        () = graceful.cancelled() => return,
+                    };
+                    let names = peer_names(stream.get_ref().1);
+                    let peer = Peer { remote: Some(peer), cert_names: Arc::from(names), tls: true };
+                    connection(stream, peer, router, timeouts, graceful, force).await
+                });
+            }
+        }
     }
     drop(listener);
     graceful.cancel();
@@ -91,8 +125,9 @@ pub async fn serve(
 }
 
 /// Serves one connection until it ends, is idle too long, or shutdown forces it closed.
-async fn connection(
-    stream: TcpStream,
+async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: S,
+    peer: Peer,
     router: Router,
     timeouts: Timeouts,
     graceful: CancellationToken,
@@ -102,7 +137,8 @@ async fn connection(
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(timeouts.header_read);
     builder.http2().timer(TokioTimer::new());
-    let conn = builder.serve_connection(io, TowerToHyperService::new(router));
+    // Handlers and the auth middleware see who is connected (address, client certificate names).
+    let conn = builder.serve_connection(io, TowerToHyperService::new(router.layer(axum::Extension(peer))));
     tokio::pin!(conn);
     let ended = tokio::select! {
         r = conn.as_mut() => Some(r),
@@ -126,14 +162,14 @@ async fn connection(
 
 /// A TCP stream that fails with `TimedOut` when it waits for a read or a write while no byte has moved for the
 /// idle timeout (or, before the first byte read, for the first-byte timeout).
-struct IdleIo {
-    inner: TcpStream,
+struct IdleIo<S> {
+    inner: S,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
 }
 
-impl IdleIo {
-    fn new(inner: TcpStream, first_byte: Duration, idle: Duration) -> Self {
+impl<S> IdleIo<S> {
+    fn new(inner: S, first_byte: Duration, idle: Duration) -> Self {
         IdleIo { inner, idle, deadline: Box::pin(tokio::time::sleep(first_byte)) }
     }
 
@@ -151,7 +187,7 @@ impl IdleIo {
     }
 }
 
-impl AsyncRead for IdleIo {
+impl<S: AsyncRead + Unpin> AsyncRead for IdleIo<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
@@ -168,7 +204,7 @@ impl AsyncRead for IdleIo {
     }
 }
 
-impl IdleIo {
+impl<S> IdleIo<S> {
     /// After a write attempt: bytes moved reset the idle clock; a pending write checks the deadline.
     fn wrote(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<usize>>) -> Poll<io::Result<usize>> {
         match r {
@@ -184,7 +220,7 @@ impl IdleIo {
     }
 }
 
-impl AsyncWrite for IdleIo {
+impl<S: AsyncWrite + Unpin> AsyncWrite for IdleIo<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
@@ -219,6 +255,7 @@ mod tests {
     use super::*;
     use axum::routing::get;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     async fn start(
         timeouts: Timeouts,
@@ -228,7 +265,7 @@ mod tests {
         let stop = CancellationToken::new();
         let router = Router::new().route("/", get(|| async { "ok" }));
         let s = stop.clone();
-        let task = tokio::spawn(serve(listener, router, timeouts, async move { s.cancelled().await }));
+        let task = tokio::spawn(serve(listener, router, timeouts, None, async move { s.cancelled().await }));
         (addr, stop, task)
     }
 

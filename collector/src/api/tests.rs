@@ -225,6 +225,9 @@ fn fixture() -> Fixture {
         clock: crate::time::Clock::starting_at(NOW),
         board,
         telemetry: None,
+        auth: std::sync::Arc::new(crate::auth::Auth::open()),
+        sessions: Default::default(),
+        reload: None,
     };
     Fixture { state, _dir: dir }
 }

@@ -569,3 +569,12 @@ pub struct SeriesPoint {
     pub pool_kind: String,
     pub started: usize,
 }
+
+/// `POST /api/v1/admin/reload`: what the reload loaded.
+#[derive(Debug, Serialize)]
+pub struct Reloaded {
+    /// Identities now configured.
+    pub identities: usize,
+    /// Whether TLS certificates were reloaded.
+    pub tls: bool,
+}

@@ -78,15 +78,17 @@ pub struct Sources {
     pub health: Arc<crate::health::Health>,
     /// The clock.
     pub clock: Clock,
+    /// Authentication: refusal counts, whether the collector runs exposed.
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 /// An observable counter over ingest counters, one attribute value (`key`) per counter.
-fn stats_counter(
+fn stats_counter<const N: usize>(
     meter: &Meter,
     sources: &Sources,
     (name, unit, key): (&'static str, &'static str, &'static str),
     description: &'static str,
-    pick: fn(&IngestStats) -> [(&'static str, &std::sync::atomic::AtomicU64); 3],
+    pick: fn(&IngestStats) -> [(&'static str, &std::sync::atomic::AtomicU64); N],
 ) {
     let s = sources.clone();
     let _ = meter
@@ -124,6 +126,7 @@ impl Telemetry {
         observe_slo_windows(&meter, &sources);
         observe_alerts(&meter, &sources);
         observe_ingest(&meter, &sources);
+        observe_auth(&meter, &sources);
         observe_store(&meter, &sources);
         observe_memory(&meter, &sources);
         Ok(Telemetry { provider, registry, instruments })
@@ -424,15 +427,44 @@ fn observe_ingest(meter: &Meter, sources: &Sources) {
         sources,
         ("startline.collector.refusals", "{refusal}", "reason"),
         "Batches and connections refused at the edge, by reason (queue_full with when_full = reject, \
-         connection_limit over grpc.max_connections, handshake_timeout past grpc.handshake_timeout)",
+         connection_limit over grpc.max_connections, handshake_timeout past grpc.handshake_timeout, tls_handshake \
+         for failed TLS handshakes)",
         |st| {
             [
                 ("queue_full", &st.refused_full),
                 ("connection_limit", &st.connections_refused),
                 ("handshake_timeout", &st.connections_timed_out),
+                ("tls_handshake", &st.tls_handshake_failures),
             ]
         },
     );
+}
+
+/// Authentication refusals by reason, and whether the collector runs exposed without authentication.
+fn observe_auth(meter: &Meter, sources: &Sources) {
+    let a = sources.auth.clone();
+    let _ = meter
+        .u64_observable_counter("startline.collector.auth.refusals")
+        .with_unit("{refusal}")
+        .with_description(
+            "Requests and events refused by authentication or authorization, by reason (missing, malformed, \
+             unknown, scope, rate_limited; not_permitted counts events outside the identity's job-id prefixes or \
+             sources)",
+        )
+        .with_callback(move |o| {
+            for (reason, n) in a.stats.by_reason() {
+                o.observe(n, &[KeyValue::new("reason", reason)]);
+            }
+        })
+        .build();
+    let a = sources.auth.clone();
+    let _ = meter
+        .u64_observable_gauge("startline.collector.auth.insecure")
+        .with_description(
+            "1 when a listener is reachable beyond loopback with no authentication (auth.insecure = true), else 0",
+        )
+        .with_callback(move |o| o.observe(u64::from(a.insecure() && !a.required()), &[]))
+        .build();
 }
 
 /// Storage health, write errors, reopens and size on disk.
@@ -584,6 +616,7 @@ mod tests {
             store: Store::open(dir.path()).expect("store"),
             health: Arc::new(crate::health::Health::default()),
             clock,
+            auth: Arc::new(crate::auth::Auth::open()),
         };
         let t = Telemetry::new(sources, None).expect("telemetry");
         let labels = Arc::new(JobLabels {
@@ -608,6 +641,8 @@ mod tests {
             families(&text),
             [
                 "startline_alerts_firing gauge",
+                "startline_collector_auth_insecure gauge",
+                "startline_collector_auth_refusals_total counter",
                 "startline_collector_commit_duration_seconds histogram",
                 "startline_collector_events_total counter",
                 "startline_collector_jobs gauge",

@@ -1,7 +1,9 @@
 //! gRPC connections as the ingest server accepts them: a cap on how many are open at once, a deadline for the
 //! HTTP/2 handshake, and one switch that closes every open connection at the end of the shutdown drain.
 //!
-//! [`Incoming`] wraps tonic's `TcpIncoming` (which sets `TCP_NODELAY` and TCP keepalive). Each accepted socket
+//! [`accept`] reads tonic's `TcpIncoming` (which sets `TCP_NODELAY` and TCP keepalive) in its own task, runs the
+//! TLS handshake when `[tls]` is configured (each in its own task, under the handshake deadline; the verified client
+//! certificate's names go into [`Peer`], which tonic puts in every request's extensions). Each accepted socket
 //! takes a permit of a semaphore of `grpc.max_connections`; with none left the socket is closed at once, before
 //! a byte is read (the client sees the connection reset and retries with backoff). Each [`GuardedConn`] holds its
 //! permit until it is dropped and fails its reads and writes:
@@ -12,20 +14,24 @@
 //!   keep the committer's channel open.
 
 use super::IngestStats;
+use crate::auth::tls::{peer_names, Listener, TlsState};
+use crate::auth::Peer;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
-use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
-use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
+use tonic::transport::server::{Connected, TcpIncoming};
 
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4).
 const PREFACE_LEN: usize = 24;
@@ -41,56 +47,139 @@ pub struct ConnectionLimits {
     pub handshake_timeout: Duration,
 }
 
-/// The accepted-connection stream handed to tonic's server.
-pub struct Incoming {
+/// The accepted-connection stream handed to tonic's server: an accept task feeds it, so a slow TLS handshake
+/// never holds up the next accept.
+pub type Incoming = ReceiverStream<io::Result<GuardedConn>>;
+
+/// Starts accepting on `inner`. With `tls`, each connection's TLS handshake runs in its own task under the
+/// handshake deadline and the connection is handed over once it completes, with the verified client
+/// certificate's names. The accept task ends when tonic drops the stream (at shutdown).
+pub fn accept(
     inner: TcpIncoming,
-    permits: Arc<Semaphore>,
     limits: ConnectionLimits,
     close: CancellationToken,
     stats: Arc<IngestStats>,
+    tls: Option<Arc<TlsState>>,
+) -> Incoming {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut inner = inner;
+        let permits = Arc::new(Semaphore::new(limits.max_connections));
+        loop {
+            let next = tokio::select! {
+                _ = tx.closed() => break,
+                n = inner.next() => n,
+            };
+            let stream = match next {
+                None => break,
+                Some(Err(e)) => {
+                    if tx.send(Err(e)).await.is_err() {
+                        break;
+                    }
+                    continue;
+                }
+                Some(Ok(stream)) => stream,
+            };
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                let n = stats.connections_refused.fetch_add(1, Ordering::Relaxed) + 1;
+                // The first refusal and then one in a thousand: a flood must not flood the log too.
+                if n % 1000 == 1 {
+                    tracing::warn!(
+                        max_connections = limits.max_connections,
+                        refused_so_far = n,
+                        peer = ?stream.peer_addr().ok(),
+                        "grpc connection refused: grpc.max_connections are open"
+                    );
+                }
+                drop(stream);
+                continue;
+            };
+            let remote = stream.peer_addr().ok();
+            match &tls {
+                None => {
+                    let peer = Peer { remote, cert_names: Arc::from(Vec::new()), tls: false };
+                    let conn = GuardedConn::new(Io::Plain(stream), peer, permit, &limits, &close, stats.clone());
+                    if tx.send(Ok(conn)).await.is_err() {
+                        break;
+                    }
+                }
+                Some(tls) => {
+                    let acceptor = tls.acceptor(Listener::Grpc);
+                    let (tx, close, stats) = (tx.clone(), close.clone(), stats.clone());
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(stream)).await {
+                            Ok(Ok(tls_stream)) => {
+                                let names = peer_names(tls_stream.get_ref().1);
+                                let peer = Peer { remote, cert_names: Arc::from(names), tls: true };
+                                let io = Io::Tls(Box::new(tls_stream));
+                                let conn = GuardedConn::new(io, peer, permit, &limits, &close, stats);
+                                let _ = tx.send(Ok(conn)).await;
+                            }
+                            Ok(Err(e)) => {
+                                count(&stats.tls_handshake_failures);
+                                tracing::debug!(peer = ?remote, error = %e, "grpc tls handshake failed");
+                            }
+                            Err(_) => {
+                                count(&stats.connections_timed_out);
+                                tracing::debug!(peer = ?remote, "grpc connection closed: no tls handshake in time");
+                            }
+                        }
+                    });
+                }
+            }
+        }
+    });
+    ReceiverStream::new(rx)
 }
 
-impl Incoming {
-    /// Wraps `inner`; `close` closes every connection it accepted (and any it accepts later).
-    pub fn new(
-        inner: TcpIncoming,
-        limits: ConnectionLimits,
-        close: CancellationToken,
-        stats: Arc<IngestStats>,
-    ) -> Self {
-        Incoming { inner, permits: Arc::new(Semaphore::new(limits.max_connections)), limits, close, stats }
+/// A connection's byte stream: plain TCP or TLS over it.
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
     }
 }
 
-impl Stream for Incoming {
-    type Item = io::Result<GuardedConn>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        loop {
-            let stream = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
-                None => return Poll::Ready(None),
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                Some(Ok(stream)) => stream,
-            };
-            match self.permits.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    let conn = GuardedConn::new(stream, permit, &self.limits, &self.close, self.stats.clone());
-                    return Poll::Ready(Some(Ok(conn)));
-                }
-                Err(_) => {
-                    let n = self.stats.connections_refused.fetch_add(1, Ordering::Relaxed) + 1;
-                    // The first refusal and then one in a thousand: a flood must not flood the log too.
-                    if n % 1000 == 1 {
-                        tracing::warn!(
-                            max_connections = self.limits.max_connections,
-                            refused_so_far = n,
-                            peer = ?stream.peer_addr().ok(),
-                            "grpc connection refused: grpc.max_connections are open"
-                        );
-                    }
-                    drop(stream);
-                }
-            }
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, data),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, data),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
         }
     }
 }
@@ -126,7 +215,8 @@ impl Handshake {
 /// An accepted gRPC connection: a TCP stream, its connection permit, its handshake deadline and the close
 /// switch.
 pub struct GuardedConn {
-    stream: TcpStream,
+    stream: Io,
+    peer: Peer,
     _permit: OwnedSemaphorePermit,
     closed: Pin<Box<WaitForCancellationFutureOwned>>,
     handshake: Option<Handshake>,
@@ -136,7 +226,8 @@ pub struct GuardedConn {
 
 impl GuardedConn {
     fn new(
-        stream: TcpStream,
+        stream: Io,
+        peer: Peer,
         permit: OwnedSemaphorePermit,
         limits: &ConnectionLimits,
         close: &CancellationToken,
@@ -144,6 +235,7 @@ impl GuardedConn {
     ) -> Self {
         GuardedConn {
             stream,
+            peer,
             _permit: permit,
             closed: Box::pin(close.clone().cancelled_owned()),
             handshake: Some(Handshake {
@@ -167,7 +259,7 @@ impl GuardedConn {
                 count(&self.stats.connections_timed_out);
                 tracing::debug!(
                     timeout = ?self.handshake_timeout,
-                    peer = ?self.stream.peer_addr().ok(),
+                    peer = ?self.peer.remote,
                     "grpc connection closed: no http/2 handshake in time"
                 );
                 return Some(io::Error::new(
@@ -240,10 +332,10 @@ impl AsyncWrite for GuardedConn {
 }
 
 impl Connected for GuardedConn {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = Peer;
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
+    fn connect_info(&self) -> Peer {
+        self.peer.clone()
     }
 }
 

@@ -3,10 +3,12 @@
 //! job index, and only then answers each batch's ack.
 //!
 //! In front of the edge: [`conn`] caps and times out connections and closes them all at the end of the
-//! shutdown drain; [`codec`] refuses a batch over the event cap before decoding it.
+//! shutdown drain and runs TLS handshakes; [`guard`] proves each request's identity and scope; [`codec`] refuses a
+//! batch over the event cap before decoding it.
 
 pub mod codec;
 pub mod conn;
+pub mod guard;
 pub mod service;
 
 pub use crate::health::IngestStats;

@@ -11,9 +11,11 @@
 //! connections cannot keep the committer from draining at shutdown.
 
 use super::codec::{inbound_error, PublishCodec};
+use super::guard::{status_of, Caller};
 use super::IngestStats;
 use super::WhenFull;
 use crate::applier::{CommitError, CommitRequest, CommitResult, PreparedEvent};
+use crate::auth::{Auth, Identity};
 use crate::job::CompactEvent;
 use crate::store::encode_log_value;
 use startline_proto::pb::{self, ingest_service_server::IngestService};
@@ -40,6 +42,8 @@ pub struct EdgeSettings {
     pub limits: startline_proto::Limits,
     /// Largest message, bytes (enforced by tonic from the length prefix; named in the error).
     pub max_message_bytes: usize,
+    /// Identities: per-event job-id and source restrictions, rate limits.
+    pub auth: Arc<Auth>,
 }
 
 /// The committer's sender, shared by every copy of the service until [`Intake::close`] takes it away.
@@ -132,7 +136,7 @@ impl Ingest {
     }
 
     /// Validates a batch and queues its valid events for commit.
-    async fn submit(&self, req: pb::PublishRequest) -> Result<Pending, Status> {
+    async fn submit(&self, req: pb::PublishRequest, caller: Option<&Caller>) -> Result<Pending, Status> {
         if req.events.len() > self.settings.max_batch_events {
             return Err(Status::invalid_argument(format!(
                 "events: batch has {} events, at most {} allowed",
@@ -140,13 +144,30 @@ impl Ingest {
                 self.settings.max_batch_events
             )));
         }
+        let anonymous;
+        let identity = match caller {
+            Some(c) => &c.0,
+            None => {
+                anonymous = Arc::new(Identity::anonymous());
+                &anonymous
+            }
+        };
+        // A batch over the identity's rate is refused whole, before any of it is stored.
+        self.settings.auth.take(identity, req.events.len() as u64).map_err(|d| status_of(&d))?;
         let now = startline_proto::time::now_ms();
         let mut ack = pb::PublishAck { batch_seq: req.batch_seq, ..Default::default() };
         let mut prepared = Vec::with_capacity(req.events.len());
         let mut origin = Vec::with_capacity(req.events.len());
         for (i, ev) in req.events.into_iter().enumerate() {
             let checked = validate_event(&ev, now, &self.settings.limits)
-                .and_then(|()| CompactEvent::from_pb(&ev, 0).ok_or_else(|| field_error("kind", "is required")));
+                .and_then(|()| CompactEvent::from_pb(&ev, 0).ok_or_else(|| field_error("kind", "is required")))
+                .and_then(|c| match identity.permits_event(&ev.job_id, &ev.source) {
+                    Ok(()) => Ok(c),
+                    Err(field) => {
+                        IngestStats::add(&self.settings.auth.stats.not_permitted, 1);
+                        Err(field_error(field, &format!("not permitted for identity {:?}", identity.name)))
+                    }
+                });
             match checked {
                 Ok(compact) => {
                     origin.push(i as u32);
@@ -198,6 +219,7 @@ impl IngestService for Ingest {
         &self,
         request: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
+        let caller = request.extensions().get::<Caller>().cloned();
         let mut inbound = request.into_inner();
         let cap = self.settings.max_inflight_batches;
         let (out_tx, out_rx) = mpsc::channel(cap);
@@ -228,7 +250,7 @@ impl IngestService for Ingest {
                         break;
                     }
                 };
-                let item = svc.submit(req).await;
+                let item = svc.submit(req, caller.as_ref()).await;
                 let stop = item.is_err();
                 if pending_tx.send(item).await.is_err() || stop {
                     break;
@@ -255,7 +277,8 @@ impl IngestService for Ingest {
         if self.shutdown.is_cancelled() {
             return Err(shutting_down());
         }
-        let pending = self.submit(request.into_inner()).await?;
+        let caller = request.extensions().get::<Caller>().cloned();
+        let pending = self.submit(request.into_inner(), caller.as_ref()).await?;
         pending.resolve().await.map(Response::new)
     }
 }
@@ -362,6 +385,7 @@ mod tests {
             when_full,
             limits: startline_proto::Limits::default(),
             max_message_bytes: 1 << 20,
+            auth: Arc::new(Auth::open()),
         };
         let ingest =
             Ingest::new(tx, settings, Arc::new(IngestStats::default()), CancellationToken::new(), TaskTracker::new());

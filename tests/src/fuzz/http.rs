@@ -229,6 +229,9 @@ impl Http {
             clock: startline_collector::time::Clock::system(),
             board,
             telemetry: None,
+            auth: std::sync::Arc::new(startline_collector::auth::Auth::open()),
+            sessions: Default::default(),
+            reload: None,
         };
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
