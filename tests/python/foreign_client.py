@@ -50,7 +50,19 @@ def main():
         ev("p5", 100, done=pb.Done(outcome=pb.OUTCOME_SUCCEEDED, exit_code=0)),
         ev("bad", 50, done=pb.Done()),  # outcome unspecified: rejected, the rest of the batch is kept
     ]
-    with grpc.insecure_channel(addr) as ch:
+    # Over TLS with a bearer token when STARTLINE_CA_FILE and STARTLINE_TOKEN are set (the security test); the
+    # token goes in `authorization: Bearer`, which grpcio only sends over a secure channel.
+    ca_file = os.environ.get("STARTLINE_CA_FILE")
+    token = os.environ.get("STARTLINE_TOKEN")
+    if ca_file:
+        with open(ca_file, "rb") as f:
+            creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+        if token:
+            creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+        channel = grpc.secure_channel(addr, creds)
+    else:
+        channel = grpc.insecure_channel(addr)
+    with channel as ch:
         health = health_pb2_grpc.HealthStub(ch).Check(
             health_pb2.HealthCheckRequest(service="startline.v1.IngestService"), timeout=10)
         stub = rpc.IngestServiceStub(ch)

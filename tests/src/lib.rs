@@ -7,6 +7,7 @@ pub mod corebench;
 pub mod crashtrial;
 pub mod fuzz;
 pub mod overload;
+pub mod pki;
 
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;
@@ -68,7 +69,8 @@ impl Collector {
         Self::try_start_on(data_dir, "127.0.0.1:0", extra)
     }
 
-    fn try_start_on(data_dir: &Path, grpc_listen: &str, extra: &[&str]) -> Result<Collector, (String, String)> {
+    /// [`Collector::try_start`] with a given gRPC listen address.
+    pub fn try_start_on(data_dir: &Path, grpc_listen: &str, extra: &[&str]) -> Result<Collector, (String, String)> {
         let log = data_dir.with_extension("log");
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let mut child = Command::new(binary("startline-collector"))
