@@ -37,9 +37,9 @@ fn token_hashes_round_trip_and_bad_ones_say_why() {
         TokenHash::of("abc").to_config(),
         "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     );
-    assert!(TokenHash::parse("md5:00").unwrap_err().contains("sha256:"));
-    assert!(TokenHash::parse("sha256:abc").unwrap_err().contains("64 expected"));
-    assert!(TokenHash::parse(&format!("sha256:{}", "g".repeat(64))).unwrap_err().contains("hex"));
+    assert!(TokenHash::parse("md5:00").expect_err("refused").contains("sha256:"));
+    assert!(TokenHash::parse("sha256:abc").expect_err("refused").contains("64 expected"));
+    assert!(TokenHash::parse(&format!("sha256:{}", "g".repeat(64))).expect_err("refused").contains("hex"));
 }
 
 #[test]
@@ -68,12 +68,12 @@ fn without_identities_everyone_is_anonymous_with_every_scope() {
 fn tokens_scopes_and_reloads_decide_every_request() {
     let s = section(vec![ident("reader", "tok-r", &["read"]), ident("boss", "tok-a", &["admin"])]);
     let a = auth_of(&s);
-    assert_eq!(a.authorize(Credentials::default(), Scope::Read).unwrap_err(), Denied::Missing);
-    assert_eq!(a.authorize(bearer_creds("Token tok-r"), Scope::Read).unwrap_err(), Denied::Malformed);
-    assert_eq!(a.authorize(bearer_creds("Bearer nope"), Scope::Read).unwrap_err(), Denied::Unknown);
+    assert_eq!(a.authorize(Credentials::default(), Scope::Read).expect_err("refused"), Denied::Missing);
+    assert_eq!(a.authorize(bearer_creds("Token tok-r"), Scope::Read).expect_err("refused"), Denied::Malformed);
+    assert_eq!(a.authorize(bearer_creds("Bearer nope"), Scope::Read).expect_err("refused"), Denied::Unknown);
     assert_eq!(a.authorize(bearer_creds("Bearer tok-r"), Scope::Read).expect("read").name, "reader");
     assert_eq!(
-        a.authorize(bearer_creds("Bearer tok-r"), Scope::Ingest).unwrap_err(),
+        a.authorize(bearer_creds("Bearer tok-r"), Scope::Ingest).expect_err("refused"),
         Denied::Scope { identity: "reader".into(), needed: Scope::Ingest }
     );
     // admin implies read, not ingest.
@@ -86,8 +86,8 @@ fn tokens_scopes_and_reloads_decide_every_request() {
     let mut errs = Vec::new();
     let cfg = section(vec![ident("boss", "tok-a", &["admin"])]).validate(&mut errs, false);
     a.reload(cfg.keyring(), false, false);
-    assert_eq!(a.authorize(bearer_creds("Bearer tok-r"), Scope::Read).unwrap_err(), Denied::Unknown);
-    assert_eq!(a.authorize(sess, Scope::Read).unwrap_err(), Denied::Unknown);
+    assert_eq!(a.authorize(bearer_creds("Bearer tok-r"), Scope::Read).expect_err("refused"), Denied::Unknown);
+    assert_eq!(a.authorize(sess, Scope::Read).expect_err("refused"), Denied::Unknown);
     let counts: std::collections::HashMap<_, _> = a.stats.by_reason().into_iter().collect();
     assert_eq!(counts["missing"], 1);
     assert_eq!(counts["malformed"], 1);
@@ -117,7 +117,7 @@ fn certificate_names_prove_identities_and_tokens_win_over_them() {
     assert_eq!(a.authorize(by_cert, Scope::Ingest).expect("cert").name, "agent");
     let unknown = vec!["stranger".to_string()];
     assert_eq!(
-        a.authorize(Credentials { cert_names: &unknown, ..Default::default() }, Scope::Ingest).unwrap_err(),
+        a.authorize(Credentials { cert_names: &unknown, ..Default::default() }, Scope::Ingest).expect_err("refused"),
         Denied::Unknown
     );
     let both = Credentials { authorization: Some(b"Bearer tok-r"), session: None, cert_names: &names };
