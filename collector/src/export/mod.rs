@@ -129,6 +129,33 @@ impl Telemetry {
         Ok(Telemetry { provider, registry, instruments })
     }
 
+    /// Registers `startline.alerts.notifications`: each notifier's outcomes (`sent`, `failed` attempts,
+    /// `abandoned` after every retry, `dropped` on a full queue) by its config name. Called once, when the
+    /// notifiers start (after the provider is built, which the SDK allows).
+    pub fn observe_notifiers(&self, stats: Arc<crate::alert::AlertStats>) {
+        let _ = self
+            .provider
+            .meter("startline-collector")
+            .u64_observable_counter("startline.alerts.notifications")
+            .with_unit("{notification}")
+            .with_description(
+                "Notifier outcomes by target: sent, failed attempts (retried), abandoned after every retry, dropped on a full queue",
+            )
+            .with_callback(move |o| {
+                for (name, s) in &stats.notifiers {
+                    for (result, c) in
+                        [("sent", &s.sent), ("failed", &s.failed), ("abandoned", &s.abandoned), ("dropped", &s.dropped)]
+                    {
+                        o.observe(
+                            c.load(Ordering::Relaxed),
+                            &[KeyValue::new("target", name.clone()), KeyValue::new("result", result)],
+                        );
+                    }
+                }
+            })
+            .build();
+    }
+
     /// Records job transitions.
     pub fn record(&self, observations: &[Observation]) {
         let i = &self.instruments;
