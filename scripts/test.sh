@@ -7,12 +7,14 @@ cd "$(dirname "$0")/.."
 
 log() { printf '==> %s\n' "$*"; }
 
-# Debian packages the integration tests start for real: Alertmanager (alerting test), Prometheus (promtool),
+# Debian packages the integration tests start for real: Alertmanager (alerting tests; htpasswd from apache2-utils
+# makes the bcrypt hash of its basic-auth user), Prometheus (promtool),
 # Chromium (built-in dashboard test), Slurm with munge, slurmdbd and MariaDB (Slurm adapter test; started by
 # scripts/slurm-up.sh), tzdata (SLO time zones).
 need=()
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v htpasswd >/dev/null 2>&1 || need+=(apache2-utils)
 [ -e /usr/share/zoneinfo/Europe/Moscow ] || need+=(tzdata)
 command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm munge)

@@ -12,9 +12,8 @@
 //! 4. the alert loop and notifiers stop (alert state is already stored);
 //! 5. HTTP stops last, so health and the API answer until the store is closed.
 
-use crate::alert::http::HttpUrl;
-use crate::alert::notify::{self, Target};
-use crate::alert::{AlertBoard, AlertLoop, AlertStats};
+use crate::alert::notify;
+use crate::alert::{AlertBoard, AlertLoop};
 use crate::api::{self, ApiState};
 use crate::applier::{self, CommitterSettings};
 use crate::auth::tls::TlsState;
@@ -316,31 +315,8 @@ pub async fn run_with_clock(
     let alert_stop = CancellationToken::new();
     let alert_tasks = TaskTracker::new();
     let generator_url = format!("http://{}/api/v1/alerts", bound.http);
-    let mut notifiers = Vec::new();
-    for u in &config.alerts.alertmanagers {
-        if let Ok(url) = HttpUrl::parse(u) {
-            notifiers.push(notify::spawn(
-                Target::Alertmanager(url),
-                clock,
-                config.alerts.resend_interval,
-                generator_url.clone(),
-                &alert_tasks,
-                alert_stop.clone(),
-            ));
-        }
-    }
-    for u in &config.alerts.webhooks {
-        if let Ok(url) = HttpUrl::parse(u) {
-            notifiers.push(notify::spawn(
-                Target::Webhook(url),
-                clock,
-                config.alerts.resend_interval,
-                generator_url.clone(),
-                &alert_tasks,
-                alert_stop.clone(),
-            ));
-        }
-    }
+    let notifiers = notify::spawn_all(&config.alerts, clock, &generator_url, &alert_tasks, &alert_stop);
+    telemetry.observe_notifiers(notifiers.stats.clone());
     let alert_loop = AlertLoop {
         index: index.clone(),
         store: store.clone(),
@@ -348,8 +324,8 @@ pub async fn run_with_clock(
         config: config.alerts.clone(),
         board: board.clone(),
         wake,
-        notifiers,
-        stats: Arc::new(AlertStats::default()),
+        notifiers: notifiers.queues,
+        stats: notifiers.stats,
         generator_url,
     };
     alert_tasks.spawn(alert_loop.run(alert_stop.clone()));

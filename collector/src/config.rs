@@ -70,6 +70,17 @@ pub struct MetricsSection {
     pub otlp_protocol: Option<String>,
     /// OTLP push interval. Default 30s.
     pub otlp_interval: Option<String>,
+    /// PEM CA bundle trusted for an `https://` OTLP endpoint instead of the built-in (webpki) roots.
+    pub otlp_ca_file: Option<PathBuf>,
+    /// PEM client certificate for OTLP (mTLS); needs `otlp_client_key_file`.
+    pub otlp_client_cert_file: Option<PathBuf>,
+    /// PEM private key of `otlp_client_cert_file`.
+    pub otlp_client_key_file: Option<PathBuf>,
+    /// File holding a bearer token sent as `authorization: Bearer <token>` with every export.
+    pub otlp_bearer_token_file: Option<PathBuf>,
+    /// gRPC metadata sent with every export, e.g. `{ "x-scope-orgid" = "team-a" }`; values are never logged.
+    #[serde(default)]
+    pub otlp_headers: std::collections::BTreeMap<String, String>,
 }
 
 /// Validated metrics settings.
@@ -598,6 +609,17 @@ impl MetricsSection {
                 errs.push(format!("metrics.otlp_endpoint: {e:?} must start with http:// or https://"));
             }
         }
+        let (otlp_tls, otlp_headers) = crate::export::otlp_client_settings(
+            errs,
+            self.otlp_endpoint.as_deref(),
+            crate::export::OtlpClientFiles {
+                ca_file: self.otlp_ca_file.as_deref(),
+                client_cert_file: self.otlp_client_cert_file.as_deref(),
+                client_key_file: self.otlp_client_key_file.as_deref(),
+                bearer_token_file: self.otlp_bearer_token_file.as_deref(),
+                headers: &self.otlp_headers,
+            },
+        );
         MetricsConfig {
             labels: crate::export::labels::LabelSettings {
                 providers: self.providers.clone(),
@@ -613,10 +635,12 @@ impl MetricsSection {
                     1000,
                 ),
             },
-            otlp: self
-                .otlp_endpoint
-                .clone()
-                .map(|endpoint| crate::export::OtlpSettings { endpoint, interval: otlp_interval }),
+            otlp: self.otlp_endpoint.clone().map(|endpoint| crate::export::OtlpSettings {
+                endpoint,
+                interval: otlp_interval,
+                tls: otlp_tls,
+                headers: otlp_headers,
+            }),
         }
     }
 }

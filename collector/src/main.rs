@@ -1,8 +1,11 @@
 //! `startline-collector`: the command line. Parses flags, loads and validates config, initialises logging,
-//! runs the collector until SIGINT or SIGTERM, and maps failures to exit codes.
+//! runs the collector until SIGINT or SIGTERM, and maps failures to exit codes. `compare` is a client of a
+//! running collector's API: reqwest on a small single-threaded runtime, `http://` or `https://` (a CA file or
+//! the built-in roots), with a bearer token from a file, a flag or the environment.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use startline_collector::alert::client::{build_http_client, read_pem_certs, read_secret_file, ClientTlsFiles, Secret};
 use startline_collector::config::FileConfig;
 use std::io::Write;
 use std::path::PathBuf;
@@ -46,7 +49,7 @@ enum Command {
     /// Validate the configuration and print it, without binding anything.
     CheckConfig,
     /// Compare time to first step between two sets of jobs, through a running collector's API.
-    Compare(CompareArgs),
+    Compare(Box<CompareArgs>),
     /// Make a new bearer token: prints the token (give it to the client) and the hash for [[auth.identity]].
     Token(TokenArgs),
 }
@@ -96,9 +99,18 @@ fn run_token(a: &TokenArgs) -> anyhow::Result<()> {
 
 #[derive(clap::Args, Debug)]
 struct CompareArgs {
-    /// The collector's HTTP API.
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    /// The collector's HTTP API, `http://` or `https://`.
+    #[arg(long, env = "STARTLINE_API", default_value = "http://127.0.0.1:8080")]
     api: String,
+    /// File holding a bearer token with the `read` scope (preferred over --token: not visible in `ps`).
+    #[arg(long, env = "STARTLINE_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+    /// Bearer token with the `read` scope (--token-file wins when both are given).
+    #[arg(long, env = "STARTLINE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// PEM CA bundle to trust for an `https://` API instead of the built-in roots.
+    #[arg(long, env = "STARTLINE_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Left set, `attribute=value[,attribute=value]` (pool_kind, provider, pool, priority, gpu_class, region).
     #[arg(long, default_value = "pool_kind=managed")]
     left: String,
@@ -128,34 +140,71 @@ fn pct_encode(s: &str) -> String {
         .collect()
 }
 
-/// A blocking HTTP/1.1 GET against the API; returns the status and body.
-fn http_get(api: &str, path_and_query: &str) -> anyhow::Result<(u16, String)> {
-    use std::io::{Read, Write as _};
-    let authority = api.strip_prefix("http://").context("--api must start with http://")?.trim_end_matches('/');
-    let mut s = std::net::TcpStream::connect(authority).with_context(|| format!("cannot connect to {authority}"))?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
-    write!(s, "GET {path_and_query} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").context("malformed http response")?;
-    let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("no http status")?;
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        let mut out = String::new();
-        let mut rest = body;
-        while let Some((size, after)) = rest.split_once("\r\n") {
-            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if n == 0 || after.len() < n {
-                break;
-            }
-            out.push_str(&after[..n]);
-            rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+/// The API client of `compare`: one reqwest client and the token, used on a single-threaded runtime.
+struct ApiClient {
+    base: reqwest::Url,
+    client: reqwest::Client,
+    token: Option<Secret>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl ApiClient {
+    fn new(a: &CompareArgs) -> anyhow::Result<ApiClient> {
+        let mut base = reqwest::Url::parse(&a.api).with_context(|| format!("--api {:?} is not a URL", a.api))?;
+        // A base with a path prefix (a reverse proxy's `/startline`) keeps it: request paths are joined under it.
+        if !base.path().ends_with('/') {
+            base.set_path(&format!("{}/", base.path()));
         }
-        out
-    } else {
-        body.to_string()
-    };
-    Ok((status, body))
+        anyhow::ensure!(
+            matches!(base.scheme(), "http" | "https") && base.host_str().is_some(),
+            "--api {:?} must look like http://host:port or https://host:port",
+            a.api
+        );
+        let token = match (&a.token_file, &a.token) {
+            (Some(p), _) => Some(read_secret_file("--token-file", p).map_err(anyhow::Error::msg)?),
+            (None, Some(t)) if !t.trim().is_empty() => Some(Secret::new(t.trim())),
+            (None, _) => None,
+        };
+        let mut tls = ClientTlsFiles::default();
+        if let Some(p) = &a.ca_file {
+            tls.ca = Some((p.clone(), read_pem_certs("--ca-file", p).map_err(anyhow::Error::msg)?));
+        }
+        let client = build_http_client(&tls, std::time::Duration::from_secs(60)).map_err(anyhow::Error::msg)?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start runtime")?;
+        Ok(ApiClient { base, client, token, rt })
+    }
+
+    /// GETs `path_and_query` under the API's base; Ok with the body when the answer is 200.
+    fn get(&self, path_and_query: &str) -> anyhow::Result<String> {
+        let url = self.base.join(path_and_query.trim_start_matches('/')).context("cannot build the request URL")?;
+        let mut req = self.client.get(url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t.expose());
+        }
+        self.rt.block_on(async {
+            let resp = req.send().await.map_err(|e| {
+                let e = e.without_url();
+                let mut msg = format!("cannot reach {}: {e}", self.base);
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    msg += &format!(": {s}");
+                    src = s.source();
+                }
+                anyhow::anyhow!(msg)
+            })?;
+            let status = resp.status();
+            let body = resp.text().await.context("cannot read the collector's answer")?;
+            match status.as_u16() {
+                200 => Ok(body),
+                401 if self.token.is_none() => anyhow::bail!(
+                    "the collector requires a token (401 Unauthorized): pass --token-file, --token or STARTLINE_TOKEN"
+                ),
+                401 => anyhow::bail!("the collector refused the token (401 Unauthorized): it is unknown or expired"),
+                403 => anyhow::bail!("the token is not permitted to read (403 Forbidden): it needs the read scope"),
+                s => anyhow::bail!("collector answered {s}: {body}"),
+            }
+        })
+    }
 }
 
 fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
@@ -163,12 +212,11 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     if let Some(b) = &a.by {
         q += &format!("&by={}", pct_encode(b));
     }
-    let (status, body) = http_get(&a.api, &format!("/api/v1/compare?{q}"))?;
-    anyhow::ensure!(status == 200, "collector answered {status}: {body}");
+    let api = ApiClient::new(a)?;
+    let body = api.get(&format!("/api/v1/compare?{q}"))?;
     let v: serde_json::Value = serde_json::from_str(&body).context("collector answered invalid json")?;
     if let Some(path) = &a.svg {
-        let (status, svg) = http_get(&a.api, &format!("/api/v1/compare.svg?{q}"))?;
-        anyhow::ensure!(status == 200, "collector answered {status} for the chart");
+        let svg = api.get(&format!("/api/v1/compare.svg?{q}")).context("the chart")?;
         std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
     }
     match a.format.as_str() {

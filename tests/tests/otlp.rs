@@ -1,6 +1,9 @@
 //! OTLP push: the collector, configured with `[metrics] otlp_endpoint`, exports its metrics over OTLP/gRPC to a
 //! receiver started here (opentelemetry-proto's MetricsService server; no OpenTelemetry Collector can be
-//! installed here, and Debian's Prometheus 2.42 has no OTLP receiver). The pushed values match the API.
+//! installed here, and Debian's Prometheus 2.42 has no OTLP receiver). The pushed values match the API. A second
+//! receiver speaks TLS and requires a client certificate (certificates made here with rcgen): the collector,
+//! given `otlp_ca_file`, a client certificate, a bearer token file and `otlp_headers`, pushes to it and the
+//! token and tenant header arrive as gRPC metadata.
 
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,
@@ -14,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[derive(Clone, Default)]
-struct Receiver(Arc<Mutex<Vec<ExportMetricsServiceRequest>>>);
+struct Receiver(Arc<Mutex<Vec<ExportMetricsServiceRequest>>>, Arc<Mutex<Vec<(String, String)>>>);
 
 #[tonic::async_trait]
 impl MetricsService for Receiver {
@@ -22,6 +25,12 @@ impl MetricsService for Receiver {
         &self,
         request: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let metadata = request.metadata();
+        let pick = |k: &str| metadata.get(k).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        let seen = (pick("authorization"), pick("x-scope-orgid"));
+        if let Ok(mut v) = self.1.lock() {
+            v.push(seen);
+        }
         if let Ok(mut v) = self.0.lock() {
             v.push(request.into_inner());
         }
@@ -95,5 +104,93 @@ async fn metrics_are_pushed_over_otlp_grpc() {
     }
     assert_eq!(got, Some(3.0), "the pushed started-jobs counter matches the 3 started jobs");
     assert_eq!(pushed_sum(&receiver, "startline.collector.events"), Some(6.0));
+    server.abort();
+}
+
+/// A CA and two certificates it signs: the receiver's (for 127.0.0.1) and the collector's client certificate.
+/// Written as PEM files into `dir`: ca.pem, server.pem, server.key, client.pem, client.key.
+fn write_certificates(dir: &std::path::Path) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let ca_key = KeyPair::generate().expect("ca key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "startline test ca");
+    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
+    let signed = |names: Vec<String>, cn: &str| {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::new(names).expect("params");
+        p.distinguished_name.push(DnType::CommonName, cn);
+        (p.signed_by(&key, &ca, &ca_key).expect("signed"), key)
+    };
+    let (server, server_key) = signed(vec!["127.0.0.1".into(), "localhost".into()], "otlp receiver");
+    let (client, client_key) = signed(vec!["startline-collector".into()], "startline-collector");
+    for (name, pem) in [
+        ("ca.pem", ca.pem()),
+        ("server.pem", server.pem()),
+        ("server.key", server_key.serialize_pem()),
+        ("client.pem", client.pem()),
+        ("client.key", client_key.serialize_pem()),
+    ] {
+        std::fs::write(dir.join(name), pem).expect("write pem");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_pushed_over_otlp_with_tls_a_client_certificate_and_headers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_certificates(dir.path());
+    let read = |n: &str| std::fs::read(dir.path().join(n)).expect("read pem");
+    let tls = tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(read("server.pem"), read("server.key")))
+        .client_ca_root(tonic::transport::Certificate::from_pem(read("ca.pem")));
+    let receiver = Receiver::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tls_config(tls)
+            .expect("server tls")
+            .add_service(MetricsServiceServer::new(receiver.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    std::fs::write(dir.path().join("token"), "otlp-secret-token\n").expect("token");
+    let p = |n: &str| dir.path().join(n).display().to_string();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[metrics]\notlp_endpoint = \"https://127.0.0.1:{}\"\notlp_interval = \"1s\"\notlp_ca_file = \"{}\"\n\
+             otlp_client_cert_file = \"{}\"\notlp_client_key_file = \"{}\"\notlp_bearer_token_file = \"{}\"\n\
+             otlp_headers = {{ \"X-Scope-OrgID\" = \"team-a\" }}\n",
+            addr.port(),
+            p("ca.pem"),
+            p("client.pem"),
+            p("client.key"),
+            p("token")
+        ),
+    )
+    .expect("config");
+    let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf8")]);
+    let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");
+    up.send(vec![event("otlp-tls/1", "s", ago(100), submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 1))])
+        .await
+        .expect("send");
+    up.flush().await.expect("flush");
+
+    let mut got = None;
+    for _ in 0..100 {
+        got = pushed_sum(&receiver, "startline.collector.events");
+        if got == Some(1.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got, Some(1.0), "pushed over TLS with the client certificate");
+    let seen = receiver.1.lock().expect("lock").clone();
+    assert!(!seen.is_empty());
+    for (auth, org) in &seen {
+        assert_eq!(auth, "Bearer otlp-secret-token");
+        assert_eq!(org, "team-a");
+    }
     server.abort();
 }

@@ -1,6 +1,7 @@
 //! Alerts: per-job pages (an urgent job past its start threshold while still waiting) and multi-window
 //! burn-rate alerts per SLO; their state (firing since, resolved at) kept in the store; delivery to
-//! Alertmanager and webhooks through [`notify`].
+//! Alertmanager and webhooks through [`notify`], over HTTP or HTTPS with the credentials of [`config`]
+//! (secrets read from files at start, kept as [`client::Secret`]s).
 //!
 //! The alert loop is one task. It sleeps until the earliest SLO deadline (the deadline index), a wake-up from
 //! the committer (a job changed), the evaluation tick (burn rates) or the resend tick (re-post firing alerts),
@@ -8,8 +9,8 @@
 //! notifier never blocks the loop, and never ingest.
 
 pub mod burn;
+pub mod client;
 pub mod config;
-pub mod http;
 pub mod notify;
 pub mod record;
 
@@ -51,6 +52,8 @@ impl AlertBoard {
 pub struct AlertStats {
     /// Notifications dropped because a notifier's queue was full (the next resend covers firing alerts).
     pub dropped: std::sync::atomic::AtomicU64,
+    /// Each notifier's outcomes by its config name (`alerts.webhook[0]`), in the order of the loop's queues.
+    pub notifiers: Vec<(String, Arc<notify::NotifierStats>)>,
 }
 
 /// Everything the alert loop needs.
@@ -162,9 +165,12 @@ impl AlertLoop {
     }
 
     fn deliver(&self, alerts: Vec<AlertRecord>) {
-        for n in &self.notifiers {
+        for (i, n) in self.notifiers.iter().enumerate() {
             if n.try_send(alerts.clone()).is_err() {
                 self.stats.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some((_, s)) = self.stats.notifiers.get(i) {
+                    s.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 tracing::warn!("notifier queue full; notification dropped (firing alerts are re-sent)");
             }
         }

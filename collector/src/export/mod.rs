@@ -1,5 +1,6 @@
 //! Metrics: one OpenTelemetry `SdkMeterProvider` with a Prometheus reader (served at `/metrics`) and, when
-//! configured, a periodic OTLP/gRPC exporter. Names follow OpenTelemetry conventions (dot-separated, unit in
+//! configured, a periodic OTLP/gRPC exporter (plain or TLS with a CA file or the built-in webpki roots, an
+//! optional client certificate, and gRPC metadata such as a bearer token or a tenant header: [`OtlpSettings`]). Names follow OpenTelemetry conventions (dot-separated, unit in
 //! metadata); every attribute is bounded (closed enums, config-listed or capped values, SLO names from config),
 //! never a job id. `docs/METRICS.md` specifies each metric.
 //!
@@ -9,6 +10,7 @@
 /// Moved to the index (derived per-job metric state lives beside the jobs); re-exported for old paths.
 pub use crate::index::{footprint as jobs, labels};
 
+use crate::alert::client::{read_secret_file, ClientTlsFiles, Secret};
 use crate::alert::AlertBoard;
 use crate::health::IngestStats;
 use crate::index::SharedIndex;
@@ -34,10 +36,63 @@ pub const COMMIT_BOUNDARIES: [f64; 11] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.
 /// OTLP push settings.
 #[derive(Debug, Clone)]
 pub struct OtlpSettings {
-    /// Collector endpoint, e.g. `http://127.0.0.1:4317`.
+    /// Collector endpoint, e.g. `http://127.0.0.1:4317` or `https://otel.example:4317`.
     pub endpoint: String,
     /// Export interval.
     pub interval: Duration,
+    /// CA bundle and client certificate, read at start (paths only in `Debug`).
+    pub tls: ClientTlsFiles,
+    /// gRPC metadata sent with every export (lowercase keys; values redacted in `Debug`).
+    pub headers: Vec<(String, Secret)>,
+}
+
+/// The `[metrics]` OTLP client fields as written (paths and header map).
+pub struct OtlpClientFiles<'a> {
+    /// `otlp_ca_file`
+    pub ca_file: Option<&'a std::path::Path>,
+    /// `otlp_client_cert_file`
+    pub client_cert_file: Option<&'a std::path::Path>,
+    /// `otlp_client_key_file`
+    pub client_key_file: Option<&'a std::path::Path>,
+    /// `otlp_bearer_token_file`
+    pub bearer_token_file: Option<&'a std::path::Path>,
+    /// `otlp_headers`
+    pub headers: &'a std::collections::BTreeMap<String, String>,
+}
+
+/// Reads and checks the OTLP client fields of `[metrics]` (files read now; one message per problem, naming the
+/// field, never a secret): the TLS files, then the metadata (headers, and `authorization` from the token file).
+pub fn otlp_client_settings(
+    errs: &mut Vec<String>,
+    endpoint: Option<&str>,
+    f: OtlpClientFiles<'_>,
+) -> (ClientTlsFiles, Vec<(String, Secret)>) {
+    let tls = ClientTlsFiles::read(errs, "metrics.otlp_", f.ca_file, f.client_cert_file, f.client_key_file);
+    let is_https = endpoint.is_some_and(|e| e.starts_with("https://"));
+    if (tls.ca.is_some() || tls.identity.is_some()) && !is_https {
+        errs.push("metrics.otlp_ca_file: TLS files need an https:// otlp_endpoint".to_string());
+    }
+    let mut headers = Vec::new();
+    for (k, v) in f.headers {
+        let key = k.to_ascii_lowercase();
+        let field = format!("metrics.otlp_headers.{k}");
+        if tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(key.as_bytes()).is_err() {
+            errs.push(format!("{field}: not a valid gRPC metadata key"));
+        } else if key == "authorization" {
+            errs.push(format!("{field}: use otlp_bearer_token_file (a file keeps the token out of the config)"));
+        } else if tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(v.as_str()).is_err() {
+            errs.push(format!("{field}: the value is not valid gRPC metadata"));
+        } else {
+            headers.push((key, Secret::new(v.clone())));
+        }
+    }
+    if let Some(p) = f.bearer_token_file {
+        match read_secret_file("metrics.otlp_bearer_token_file", p) {
+            Ok(t) => headers.push(("authorization".to_string(), Secret::new(format!("Bearer {}", t.expose())))),
+            Err(e) => errs.push(e),
+        }
+    }
+    (tls, headers)
 }
 
 /// Failure to set up metrics.
@@ -132,6 +187,33 @@ impl Telemetry {
         Ok(Telemetry { provider, registry, instruments })
     }
 
+    /// Registers `startline.alerts.notifications`: each notifier's outcomes (`sent`, `failed` attempts,
+    /// `abandoned` after every retry, `dropped` on a full queue) by its config name. Called once, when the
+    /// notifiers start (after the provider is built, which the SDK allows).
+    pub fn observe_notifiers(&self, stats: Arc<crate::alert::AlertStats>) {
+        let _ = self
+            .provider
+            .meter("startline-collector")
+            .u64_observable_counter("startline.alerts.notifications")
+            .with_unit("{notification}")
+            .with_description(
+                "Notifier outcomes by target: sent, failed attempts (retried), abandoned after every retry, dropped on a full queue",
+            )
+            .with_callback(move |o| {
+                for (name, s) in &stats.notifiers {
+                    for (result, c) in
+                        [("sent", &s.sent), ("failed", &s.failed), ("abandoned", &s.abandoned), ("dropped", &s.dropped)]
+                    {
+                        o.observe(
+                            c.load(Ordering::Relaxed),
+                            &[KeyValue::new("target", name.clone()), KeyValue::new("result", result)],
+                        );
+                    }
+                }
+            })
+            .build();
+    }
+
     /// Records job transitions.
     pub fn record(&self, observations: &[Observation]) {
         let i = &self.instruments;
@@ -192,17 +274,45 @@ fn meter_provider(otlp: Option<OtlpSettings>) -> Result<(SdkMeterProvider, prome
         .map_err(|e| TelemetryError(e.to_string()))?;
     let mut builder = SdkMeterProvider::builder().with_reader(prom);
     if let Some(o) = otlp {
-        use opentelemetry_otlp::WithExportConfig;
-        let exporter = opentelemetry_otlp::MetricExporter::builder()
-            .with_tonic()
-            .with_endpoint(o.endpoint)
-            .build()
-            .map_err(|e| TelemetryError(format!("otlp exporter: {e}")))?;
+        use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
+        let mut b = opentelemetry_otlp::MetricExporter::builder().with_tonic();
+        if o.endpoint.starts_with("https://") {
+            b = b.with_tls_config(otlp_tls_config(&o.tls));
+        }
+        if !o.headers.is_empty() {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            for (k, v) in &o.headers {
+                // Checked at validation; a value is never put in an error message.
+                let key = tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(k.as_bytes())
+                    .map_err(|_| TelemetryError(format!("otlp header {k:?}: not a valid metadata key")))?;
+                let value = tonic::metadata::MetadataValue::<tonic::metadata::Ascii>::try_from(v.expose())
+                    .map_err(|_| TelemetryError(format!("otlp header {k:?}: not a valid metadata value")))?;
+                metadata.insert(key, value);
+            }
+            b = b.with_metadata(metadata);
+        }
+        let exporter =
+            b.with_endpoint(o.endpoint).build().map_err(|e| TelemetryError(format!("otlp exporter: {e}")))?;
         builder = builder.with_reader(
             opentelemetry_sdk::metrics::PeriodicReader::builder(exporter).with_interval(o.interval).build(),
         );
     }
     Ok((builder.build(), registry))
+}
+
+/// TLS for an `https://` OTLP endpoint: the configured CA bundle, or else the built-in webpki roots (the
+/// same roots reqwest uses for notifiers), and the client certificate when configured.
+fn otlp_tls_config(files: &ClientTlsFiles) -> tonic::transport::ClientTlsConfig {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut tls = ClientTlsConfig::new();
+    tls = match &files.ca {
+        Some((_, pem)) => tls.ca_certificate(Certificate::from_pem(pem)),
+        None => tls.trust_anchors(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    };
+    if let Some((_, cert, key)) = &files.identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    tls
 }
 
 impl Instruments {
@@ -670,5 +780,63 @@ mod tests {
         );
         assert!(text.contains("startline_job_oldest_wait_seconds{pool=\"other\",pool_kind=\"dedicated\",priority=\"urgent\",provider=\"other\",otel_scope_name=\"startline-collector\"} 60\n"), "{text}");
         t.shutdown();
+    }
+
+    #[tokio::test]
+    async fn otlp_client_fields_are_read_checked_and_redacted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let token = dir.path().join("token");
+        std::fs::write(&token, "otlp-t0ken\n").expect("write");
+        let headers: std::collections::BTreeMap<String, String> =
+            [("X-Scope-OrgID".to_string(), "tenant-s3cret".to_string())].into_iter().collect();
+        let mut errs = Vec::new();
+        let files = OtlpClientFiles {
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
+            bearer_token_file: Some(&token),
+            headers: &headers,
+        };
+        let (tls, h) = otlp_client_settings(&mut errs, Some("https://otel.example:4317"), files);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert!(tls.ca.is_none());
+        let keys: Vec<&str> = h.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["x-scope-orgid", "authorization"]);
+        assert_eq!(h[1].1.expose(), "Bearer otlp-t0ken");
+        let settings = OtlpSettings {
+            endpoint: "https://otel.example:4317".into(),
+            interval: Duration::from_secs(30),
+            tls,
+            headers: h,
+        };
+        let debug = format!("{settings:?}");
+        assert!(!debug.contains("otlp-t0ken") && !debug.contains("tenant-s3cret"), "{debug}");
+        // An https endpoint with the built-in roots builds (no CA file needed).
+        let (provider, _) = meter_provider(Some(settings)).expect("exporter with webpki roots");
+        drop(provider);
+
+        let bad: std::collections::BTreeMap<String, String> =
+            [("Authorization".to_string(), "Bearer x".to_string()), ("bad key".to_string(), "v".to_string())]
+                .into_iter()
+                .collect();
+        let mut errs = Vec::new();
+        let files = OtlpClientFiles {
+            ca_file: Some(std::path::Path::new("/nonexistent/ca.pem")),
+            client_cert_file: None,
+            client_key_file: None,
+            bearer_token_file: Some(std::path::Path::new("/nonexistent/token")),
+            headers: &bad,
+        };
+        otlp_client_settings(&mut errs, Some("http://127.0.0.1:4317"), files);
+        let prefixes = [
+            "metrics.otlp_ca_file: cannot read /nonexistent/ca.pem",
+            "metrics.otlp_headers.Authorization: use otlp_bearer_token_file",
+            "metrics.otlp_headers.bad key: not a valid gRPC metadata key",
+            "metrics.otlp_bearer_token_file: cannot read /nonexistent/token",
+        ];
+        assert_eq!(errs.len(), prefixes.len(), "{errs:#?}");
+        for (e, p) in errs.iter().zip(prefixes) {
+            assert!(e.starts_with(p), "{e:?} should start with {p:?}");
+        }
     }
 }
