@@ -229,14 +229,14 @@ pub enum SocketError {
     #[error("{0} exists and is not a socket")]
     NotASocket(PathBuf),
     /// A file operation failed.
-    #[error("socket {path}: {what}: {source}")]
+    #[error("socket {path}: {what}: {cause}")]
     Io {
         /// The path.
         path: PathBuf,
         /// The operation.
         what: &'static str,
         /// Why.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -264,7 +264,7 @@ pub fn group_id(name: &str) -> Result<u32, SocketError> {
 /// before its permissions are set.
 pub fn bind_socket(path: &Path, gid: Option<u32>) -> Result<UnixListener, SocketError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    let io = |what: &'static str| move |source| SocketError::Io { path: path.to_path_buf(), what, source };
+    let io = |what: &'static str| move |cause| SocketError::Io { path: path.to_path_buf(), what, cause };
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {

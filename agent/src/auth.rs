@@ -42,12 +42,12 @@ impl std::fmt::Display for Secret {
 #[derive(Debug, thiserror::Error)]
 pub enum CredentialError {
     /// The token file could not be read.
-    #[error("cannot read token file {path}: {source}")]
+    #[error("cannot read token file {path}: {cause}")]
     Unreadable {
         /// The file.
         path: PathBuf,
         /// Why.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The token file (or the token given directly) is empty after trimming whitespace.
     #[error("token {0} is empty")]
@@ -73,7 +73,7 @@ pub fn check_token(value: &str, origin: &str) -> Result<Secret, CredentialError>
 /// Reads a token file: its content, trimmed. A missing, unreadable or empty file is an error naming the file.
 pub fn read_token_file(path: &Path) -> Result<Secret, CredentialError> {
     let text = std::fs::read_to_string(path)
-        .map_err(|source| CredentialError::Unreadable { path: path.to_path_buf(), source })?;
+        .map_err(|cause| CredentialError::Unreadable { path: path.to_path_buf(), cause })?;
     check_token(&text, &format!("file {}", path.display()))
 }
 

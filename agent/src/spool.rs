@@ -353,7 +353,8 @@ fn client_of(k: &[u8]) -> Option<String> {
 }
 
 /// Delivers spooled events until `stop`: batches of up to `batch` oldest events, each removed once acknowledged.
-/// Collector outages are retried inside the publisher (jittered backoff); nothing is removed until acked.
+/// Collector outages are retried inside the publisher (jittered backoff), and so are credential refusals when
+/// the publisher's `retry_auth_failures` is set (the agent modes set it); nothing is removed until acked.
 pub async fn deliver(
     spool: Spool,
     mut up: crate::uplink::Publisher,
