@@ -1,17 +1,25 @@
 //! The Startline agent: everything that sends lifecycle events to the collector.
 //!
 //! # Layout
+//! - [`access`]: who may post to the node agent: Host/Origin, content type, local token, job allow-list,
+//!   client identity (socket peer credentials) and quotas, the socket's mode and group.
+//! - [`auth`]: bearer tokens (a [`auth::Secret`] prints `<redacted>`), token files, constant-time comparison.
 //! - [`uplink`]: the gRPC publisher shared by every mode: pipelined batches, ordered acks, reconnect with
 //!   jittered backoff and redelivery of unacknowledged batches.
 //! - [`simulate`]: a seeded fleet of managed and dedicated pools that publishes through the uplink.
 //! - [`spool`]: the durable on-disk spool (a private, 0700 directory) every agent mode writes to, and its
 //!   delivery task.
+//! - [`emit`]: the client of the node agent's endpoint (`startline-agent emit`): TCP (reqwest) or the unix
+//!   socket, with the optional local token.
 //! - [`node`]: the node agent's local HTTP endpoint (JSON events from training loops and scripts), the
 //!   specified content ids that make a retried post a duplicate, `emit`'s event body, and job identity from
 //!   the environment.
 //! - [`provider`]: provider adapters (Slurm), each a pure `parse + diff -> events` core and a polling shell.
 //! - [`rng`]: the seeded random generator the simulator and backoff use.
 
+pub mod access;
+pub mod auth;
+pub mod emit;
 pub mod node;
 pub mod provider;
 pub mod rng;

@@ -1,11 +1,17 @@
 //! `startline-agent`: the command line for every agent mode: `node` (local endpoint + spool + delivery),
 //! `emit` (one event to the node agent, for scripts), `slurm` (the Slurm adapter) and `simulate` (a fleet
 //! simulator).
+//!
+//! Every mode that talks to the collector takes the global credentials and TLS options (`--token-file` or
+//! `--token`, `--ca-file`, `--client-cert`/`--client-key`); an `https://` collector URL means TLS. `emit` talks
+//! to the node agent instead (`--agent` URL or `--socket`, `--node-token-file`/`--node-token`).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use startline_agent::auth::{check_token, read_token_file, Secret, TokenSource};
 use startline_agent::simulate::{self, tokio_util_free::stop_pair, SimSettings};
-use startline_agent::uplink::{Publisher, UplinkSettings};
+use startline_agent::uplink::{Publisher, TlsFiles, UplinkSettings};
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
@@ -17,8 +23,44 @@ struct Cli {
     /// Log filter (RUST_LOG also works).
     #[arg(long, global = true, default_value = "info")]
     log: String,
+    /// File holding the bearer token for the collector (content trimmed; read again at each reconnect).
+    #[arg(long, global = true, env = "STARTLINE_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
+    /// Bearer token for the collector. Less safe than --token-file: it shows in `ps` and the environment.
+    #[arg(long, global = true, env = "STARTLINE_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
+    token: Option<String>,
+    /// PEM bundle of CAs that verify an https:// collector (default: the webpki roots).
+    #[arg(long, global = true, env = "STARTLINE_CA_FILE", value_name = "PATH")]
+    ca_file: Option<PathBuf>,
+    /// PEM client certificate chain for mutual TLS (with --client-key).
+    #[arg(long, global = true, env = "STARTLINE_CLIENT_CERT", value_name = "PATH", requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// PEM private key of the client certificate.
+    #[arg(long, global = true, env = "STARTLINE_CLIENT_KEY", value_name = "PATH", requires = "client_cert")]
+    client_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How the uplink reaches the collector: endpoint, credentials, TLS.
+struct Connection {
+    collector: String,
+    token: Option<TokenSource>,
+    tls: TlsFiles,
+}
+
+impl Connection {
+    /// Uplink settings that retry forever (the spooled modes); a missing or empty token file fails here.
+    fn settings(&self) -> anyhow::Result<UplinkSettings> {
+        if let Some(t) = &self.token {
+            t.load().context("the collector token cannot be used")?;
+        }
+        let mut s = UplinkSettings::new(self.collector.clone());
+        s.give_up_after = None;
+        s.token = self.token.clone();
+        s.tls = self.tls.clone();
+        Ok(s)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -135,9 +177,32 @@ struct NodeArgs {
     /// Most bytes the spool holds before refusing new ones.
     #[arg(long, default_value_t = 512 << 20)]
     spool_max_bytes: u64,
-    /// Source name on events that do not set one (default: node-agent/<hostname>).
+    /// Source name stamped on every event (default: node-agent/<hostname>); clients cannot set their own.
     #[arg(long)]
     source: Option<String>,
+    /// Also serve the endpoint on this unix socket (mode 0660; a stale socket file is removed at start).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Group of the socket (a name in /etc/group, or a gid); its members may post.
+    #[arg(long, value_name = "NAME", requires = "socket")]
+    socket_group: Option<String>,
+    /// File holding a local token: POSTs must carry `Authorization: Bearer <it>` (else 401).
+    #[arg(long, env = "STARTLINE_NODE_LOCAL_TOKEN_FILE", value_name = "PATH")]
+    local_token_file: Option<PathBuf>,
+    /// Accept events only for this job id (repeatable); with --allow-jobs-file or this, only the listed jobs and
+    /// the agent's own job (from its environment) may be reported.
+    #[arg(long = "allow-job-id", value_name = "ID")]
+    allow_job_ids: Vec<String>,
+    /// File of allowed job ids, one per line, re-read when it changes (e.g. written by a Slurm prolog).
+    #[arg(long, value_name = "PATH")]
+    allow_jobs_file: Option<PathBuf>,
+    /// Most events one client (a socket peer's uid, or all of loopback TCP) may hold in the spool (default: a
+    /// quarter of --spool-max-events).
+    #[arg(long)]
+    client_quota: Option<u64>,
+    /// Most bytes one client may hold in the spool (default: a quarter of --spool-max-bytes).
+    #[arg(long)]
+    client_quota_bytes: Option<u64>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -148,6 +213,15 @@ struct EmitArgs {
     /// The node agent's endpoint.
     #[arg(long, default_value = "http://127.0.0.1:7465", env = "STARTLINE_AGENT")]
     agent: String,
+    /// Post over the node agent's unix socket instead of --agent.
+    #[arg(long, env = "STARTLINE_NODE_SOCKET", value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// File holding the node agent's local token (content trimmed).
+    #[arg(long, env = "STARTLINE_NODE_TOKEN_FILE", value_name = "PATH")]
+    node_token_file: Option<PathBuf>,
+    /// The node agent's local token. Less safe than --node-token-file: it shows in `ps` and the environment.
+    #[arg(long, env = "STARTLINE_NODE_TOKEN", hide_env_values = true, conflicts_with = "node_token_file")]
+    node_token: Option<String>,
     /// Job id (default: from STARTLINE_JOB_ID, SLURM_JOB_ID/SLURM_CLUSTER_NAME, or POD_NAMESPACE/POD_NAME).
     #[arg(long)]
     job: Option<String>,
@@ -220,11 +294,17 @@ fn main() -> std::process::ExitCode {
 }
 
 fn emit(a: EmitArgs) -> anyhow::Result<()> {
+    use startline_agent::emit::{post_with_retry, Client, Target};
     let env: std::collections::HashMap<String, String> = std::env::vars().collect();
     let job = match a.job {
         Some(j) => j,
         None => startline_agent::node::job_from_env(&env)
             .context("no --job given and none found in STARTLINE_JOB_ID, SLURM_JOB_ID or POD_NAMESPACE/POD_NAME")?,
+    };
+    let token: Option<Secret> = match (&a.node_token_file, &a.node_token) {
+        (Some(p), _) => Some(read_token_file(p)?),
+        (None, Some(t)) => Some(check_token(t, "--node-token")?),
+        (None, None) => None,
     };
     // Stamped once: every retry below sends these exact bytes (same event id, same occurred_at).
     let body = startline_agent::node::emit_body(
@@ -235,57 +315,22 @@ fn emit(a: EmitArgs) -> anyhow::Result<()> {
         startline_proto::time::now_ms(),
     )?;
     let payload = body.to_string();
-    let authority = a.agent.strip_prefix("http://").context("--agent must start with http://")?.trim_end_matches('/');
-    let deadline = std::time::Instant::now() + a.retry_for;
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        let failure = match post_once(authority, &payload) {
-            Ok((202, _)) => return Ok(()),
-            Ok((status, answer)) if status == 0 || status == 408 || status == 429 || status >= 500 => {
-                format!("node agent answered {status}: {}", answer.trim())
-            }
-            Ok((status, answer)) => anyhow::bail!("node agent answered {status}: {}", answer.trim()),
-            Err(e) => format!("cannot reach the node agent at {authority}: {e}"),
-        };
-        let now = std::time::Instant::now();
-        if now + backoff > deadline {
-            anyhow::bail!("{failure} (gave up after --retry-for {})", humantime::format_duration(a.retry_for));
-        }
-        eprintln!("startline-agent: {failure}; retrying in {} ms", backoff.as_millis());
-        std::thread::sleep(backoff);
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
+    let target = match a.socket {
+        Some(p) => Target::Socket(p),
+        None => Target::Url(a.agent),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start runtime")?;
+    rt.block_on(async move {
+        let client = Client::new(target, token)?;
+        post_with_retry(&client, &payload, a.retry_for, |failure, wait| {
+            eprintln!("startline-agent: {failure}; retrying in {} ms", wait.as_millis());
+        })
+        .await?;
+        Ok(())
+    })
 }
 
-/// One POST of `payload` to the node agent: its status and body.
-fn post_once(authority: &str, payload: &str) -> std::io::Result<(u16, String)> {
-    use std::io::{Read, Write};
-    use std::net::ToSocketAddrs;
-    let timeout = Duration::from_secs(30);
-    let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-    let mut stream = None;
-    for addr in authority.to_socket_addrs()? {
-        match std::net::TcpStream::connect_timeout(&addr, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = e,
-        }
-    }
-    let mut s = stream.ok_or(last)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    write!(s, "POST /v1/events HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{payload}", payload.len())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let raw = String::from_utf8_lossy(&raw);
-    let (head, answer) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    Ok((status, answer.to_string()))
-}
-
-async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {
+async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
     use startline_agent::simulate::tokio_util_free::stop_pair;
     use startline_agent::spool::{Spool, SpoolLimits};
     let limits = SpoolLimits { max_events: a.spool_max_events, max_bytes: a.spool_max_bytes };
@@ -295,12 +340,34 @@ async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
     let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "node".into());
     let source = a.source.unwrap_or_else(|| format!("node-agent/{host}"));
+    let mut access = startline_agent::access::Access::open(limits);
+    if let Some(q) = a.client_quota {
+        access.client_quota.max_events = q;
+    }
+    if let Some(q) = a.client_quota_bytes {
+        access.client_quota.max_bytes = q;
+    }
+    if let Some(p) = &a.local_token_file {
+        access.local_token = Some(read_token_file(p).context("--local-token-file")?);
+    }
+    if !a.allow_job_ids.is_empty() || a.allow_jobs_file.is_some() {
+        let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+        let own = startline_agent::node::job_from_env(&env);
+        access.jobs = Some(startline_agent::access::JobAllowList::new(
+            a.allow_job_ids.iter().cloned().chain(own),
+            a.allow_jobs_file.clone(),
+        ));
+    }
+    let gid = a.socket_group.as_deref().map(startline_agent::access::group_id).transpose()?;
+    let up = Publisher::new(conn.settings()?)?;
     let listener =
         tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("cannot listen on {}", a.listen))?;
     let bound = listener.local_addr()?;
-    let mut up_settings = UplinkSettings::new(collector);
-    up_settings.give_up_after = None;
-    let up = Publisher::new(up_settings)?;
+    access.listen_hosts = vec![a.listen.to_ascii_lowercase(), bound.to_string()];
+    let unix = match &a.socket {
+        Some(p) => Some(startline_agent::access::bind_socket(p, gid).context("cannot serve the node agent socket")?),
+        None => None,
+    };
     let (handle, stop) = stop_pair();
     let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
     let app = startline_agent::node::router(startline_agent::node::NodeState {
@@ -308,9 +375,18 @@ async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {
         spool: spool.clone(),
         source,
         limits: startline_proto::Limits::default(),
+        access: std::sync::Arc::new(access),
     });
-    println!("startline-agent node ready listen={bound} spool={} held={}", a.spool.display(), spool.len());
+    let socket_note = a.socket.as_ref().map(|p| format!(" socket={}", p.display())).unwrap_or_default();
+    println!("startline-agent node ready listen={bound}{socket_note} spool={} held={}", a.spool.display(), spool.len());
     let stop_http = stop.clone();
+    let unix_server = unix.map(|u| {
+        let app = app.clone().into_make_service_with_connect_info::<startline_agent::access::PeerCred>();
+        let stop_unix = stop.clone();
+        tokio::spawn(
+            async move { axum::serve(u, app).with_graceful_shutdown(async move { stop_unix.wait().await }).await },
+        )
+    });
     let server = tokio::spawn(async move {
         axum::serve(listener, app).with_graceful_shutdown(async move { stop_http.wait().await }).await
     });
@@ -318,6 +394,12 @@ async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {
     tracing::info!(held = spool.len(), "stopping; spooled events stay on disk for the next start");
     handle.stop();
     let _ = server.await;
+    if let Some(u) = unix_server {
+        let _ = u.await;
+    }
+    if let Some(p) = &a.socket {
+        let _ = std::fs::remove_file(p);
+    }
     match delivery.await {
         Ok(Err(e)) => tracing::warn!(error = %e, "delivery stopped"),
         Err(e) => tracing::warn!(error = %e, "delivery task failed"),
@@ -326,7 +408,7 @@ async fn run_node(a: NodeArgs, collector: String) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_slurm(a: SlurmArgs, collector: String) -> anyhow::Result<()> {
+async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
     use startline_agent::provider::{slurm, MemoryStore};
     use startline_agent::simulate::tokio_util_free::stop_pair;
     use startline_agent::spool::{Spool, SpoolLimits};
@@ -345,9 +427,7 @@ async fn run_slurm(a: SlurmArgs, collector: String) -> anyhow::Result<()> {
         cluster: a.cluster,
     };
     let shell = slurm::ShellSettings { squeue: split(&a.squeue), sacct: split(&a.sacct), interval: a.interval };
-    let mut up_settings = UplinkSettings::new(collector);
-    up_settings.give_up_after = None;
-    let up = Publisher::new(up_settings)?;
+    let up = Publisher::new(conn.settings()?)?;
     let (handle, stop) = stop_pair();
     let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
     let poller = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, stop.clone()));
@@ -359,7 +439,7 @@ async fn run_slurm(a: SlurmArgs, collector: String) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_sagemaker(a: SagemakerArgs, collector: String) -> anyhow::Result<()> {
+async fn run_sagemaker(a: SagemakerArgs, conn: Connection) -> anyhow::Result<()> {
     use startline_agent::provider::{sagemaker, sigv4::Credentials, MemoryStore};
     use startline_agent::simulate::tokio_util_free::stop_pair;
     use startline_agent::spool::{Spool, SpoolLimits};
@@ -377,9 +457,7 @@ async fn run_sagemaker(a: SagemakerArgs, collector: String) -> anyhow::Result<()
     let memory = MemoryStore::open(&spool, "sagemaker").context("cannot open the adapter's memory")?;
     let mapping =
         sagemaker::Mapping { region: a.region.clone(), urgent_prefixes: a.urgent_prefixes, namespace: a.namespace };
-    let mut up_settings = UplinkSettings::new(collector);
-    up_settings.give_up_after = None;
-    let up = Publisher::new(up_settings)?;
+    let up = Publisher::new(conn.settings()?)?;
     let (handle, stop) = stop_pair();
     let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
     let poller =
@@ -392,7 +470,7 @@ async fn run_sagemaker(a: SagemakerArgs, collector: String) -> anyhow::Result<()
     Ok(())
 }
 
-async fn run_vertex(a: VertexArgs, collector: String) -> anyhow::Result<()> {
+async fn run_vertex(a: VertexArgs, conn: Connection) -> anyhow::Result<()> {
     use startline_agent::provider::{vertex, MemoryStore};
     use startline_agent::simulate::tokio_util_free::stop_pair;
     use startline_agent::spool::{Spool, SpoolLimits};
@@ -409,9 +487,7 @@ async fn run_vertex(a: VertexArgs, collector: String) -> anyhow::Result<()> {
         .await?
         .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
     let memory = MemoryStore::open(&spool, "vertex").context("cannot open the adapter's memory")?;
-    let mut up_settings = UplinkSettings::new(collector);
-    up_settings.give_up_after = None;
-    let up = Publisher::new(up_settings)?;
+    let up = Publisher::new(conn.settings()?)?;
     let (handle, stop) = stop_pair();
     let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
     let mapping = vertex::Mapping { urgent_prefixes: a.urgent_prefixes };
@@ -440,11 +516,17 @@ async fn wait_for_signal() {
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
-    let Cli { collector, log, command } = cli;
+    let Cli { collector, log, token_file, token, ca_file, client_cert, client_key, command } = cli;
     let command = match command {
         Command::Emit(a) => return emit(a),
         other => other,
     };
+    let token = match (token_file, token) {
+        (Some(p), _) => Some(TokenSource::File(p)),
+        (None, Some(t)) => Some(TokenSource::Static(check_token(&t, "--token")?)),
+        (None, None) => None,
+    };
+    let conn = Connection { collector, token, tls: TlsFiles { ca_file, client_cert, client_key } };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&log))
         .context("invalid --log filter")?;
@@ -456,18 +538,20 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start runtime")?;
     rt.block_on(async move {
         match command {
-            Command::Node(a) => run_node(a, collector).await,
-            Command::Slurm(a) => run_slurm(a, collector).await,
-            Command::Sagemaker(a) => run_sagemaker(a, collector).await,
-            Command::Vertex(a) => run_vertex(a, collector).await,
+            Command::Node(a) => run_node(a, conn).await,
+            Command::Slurm(a) => run_slurm(a, conn).await,
+            Command::Sagemaker(a) => run_sagemaker(a, conn).await,
+            Command::Vertex(a) => run_vertex(a, conn).await,
             Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {
                     anyhow::ensure!((0.0..=1.0).contains(&p), "{name} must be a probability in 0..=1");
                 }
                 anyhow::ensure!(a.batch_size >= 1, "--batch-size must be at least 1");
-                let mut up_settings = UplinkSettings::new(collector.clone());
+                let mut up_settings = conn.settings()?;
                 up_settings.give_up_after = Some(a.give_up_after);
+                // Not spooled: a refused token ends the run at once instead of retrying.
+                up_settings.retry_auth_failures = false;
                 let mut up = Publisher::new(up_settings)?;
                 let (handle, stop) = stop_pair();
                 tokio::spawn(async move {

@@ -5,11 +5,21 @@
 //! JSON: one event object or `{"events": [...]}`. Fields: `kind` (submitted, queued, node_assigned, preparing,
 //! first_step, checkpoint, preempted, requeued, restarted, node_lost, done), `job_id`, optional `event_id`
 //! (default: derived from the event's content, see below), optional `occurred_at` (RFC 3339 or Unix seconds;
-//! default: stamped on arrival), `attempt`, `source`, and the kind's fields (`step`, `uri`, `save_seconds`,
+//! default: stamped on arrival), `attempt`, and the kind's fields (`step`, `uri`, `save_seconds`,
 //! `phase`, `reason`, `raw_reason`, `message`, `nodes`, `gpu_ids`, `checkpoint_saved`, `resume_step`, `node`,
 //! `outcome`, `exit_code`, and for `submitted`: `pool_kind`, `provider`, `pool`, `priority`, `gpu_class`,
 //! `gpu_count`, `node_count`, `region`, `team`, `project`, `chain_id`, `chain_stage`, `labels`). Errors are
 //! 4xx JSON naming the field; a full spool answers 503.
+//!
+//! # Hardening (issue 10)
+//! The same router serves the loopback TCP port and the unix socket ([`crate::access`] has the rules). In
+//! order, a request is refused with: 403 when its `Host` or `Origin` is foreign (every route but `/healthz`);
+//! for a POST, 401 without the local token (when one is configured), 415 unless the body is
+//! `application/json`, 400 naming `events[i].source` when the client sets `source` (the agent stamps its own,
+//! [`NodeState::source`], on every event: a client cannot claim to be an adapter), 403 naming
+//! `events[i].job_id` ("not permitted") for a job outside the allow-list when one is configured, and 429 with
+//! `Retry-After` when the client (socket peer uid, or `tcp`) holds its quota of the spool. A request is all
+//! or nothing: one refused event refuses the request.
 //!
 //! # Event ids: a retried post is a duplicate
 //! An event without `event_id` gets a **content id** ([`content_id`]): FNV-1a 64 (a hash fixed by its
@@ -34,9 +44,11 @@
 //!
 //! The id is `c-` and the hash's 16 lowercase hex digits.
 
+use crate::access::{self, Access};
 use crate::spool::{Spool, SpoolError};
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{header, Extensions, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -73,10 +85,12 @@ pub struct NodeState {
     pub clock: MonotonicWall,
     /// The spool.
     pub spool: Spool,
-    /// Source name for events that do not set one, e.g. `node-agent/gpu-017`.
+    /// Source name stamped on every event, e.g. `node-agent/gpu-017`.
     pub source: String,
     /// Validation limits.
     pub limits: startline_proto::Limits,
+    /// Who may post, and how much.
+    pub access: std::sync::Arc<Access>,
 }
 
 /// The endpoint's router.
@@ -84,20 +98,78 @@ pub fn router(state: NodeState) -> Router {
     Router::new()
         .route("/v1/events", post(post_events))
         .route("/v1/spool", get(spool_status))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), same_host_only))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .with_state(state)
 }
 
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
 fn bad(field: &str, reason: impl Into<String>) -> Response {
-    (StatusCode::BAD_REQUEST, Json(json!({"error": format!("{field}: {}", reason.into()), "field": field})))
-        .into_response()
+    field_error(StatusCode::BAD_REQUEST, field, reason)
+}
+
+fn field_error(status: StatusCode, field: &str, reason: impl Into<String>) -> Response {
+    (status, Json(json!({"error": format!("{field}: {}", reason.into()), "field": field}))).into_response()
+}
+
+/// Refuses a foreign `Host` (DNS rebinding) or `Origin` (a browser's cross-site request) with 403.
+async fn same_host_only(State(s): State<NodeState>, req: Request, next: Next) -> Response {
+    let listen = &s.access.listen_hosts;
+    let host = match req.headers().get(header::HOST) {
+        Some(h) => match h.to_str() {
+            Ok(h) => Some(h.to_string()),
+            Err(_) => return error(StatusCode::FORBIDDEN, "Host header is not text"),
+        },
+        None => req.uri().authority().map(|a| a.to_string()),
+    };
+    if let Some(h) = &host {
+        if !access::host_allowed(h, listen) {
+            tracing::debug!("refused a request for a foreign Host");
+            return error(StatusCode::FORBIDDEN, "Host is not this agent's address (localhost or the listen address)");
+        }
+    }
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        if !origin.to_str().is_ok_and(|o| access::origin_allowed(o, host.as_deref(), listen)) {
+            tracing::debug!("refused a cross-origin request");
+            return error(StatusCode::FORBIDDEN, "cross-origin requests are refused");
+        }
+    }
+    next.run(req).await
+}
+
+/// The local token and content type checks of a POST, before its body is parsed: the refusal, if any.
+fn check_post(s: &NodeState, headers: &HeaderMap) -> Option<Response> {
+    if let Some(expected) = &s.access.local_token {
+        let presented = headers.get(header::AUTHORIZATION).and_then(|v| crate::auth::bearer(v.as_bytes()));
+        if !presented.is_some_and(|p| crate::auth::secret_eq(p, expected)) {
+            let mut r = error(StatusCode::UNAUTHORIZED, "missing or wrong local token (Authorization: Bearer)");
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            return Some(r);
+        }
+    }
+    let json = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(access::json_content_type);
+    if !json {
+        return Some(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));
+    }
+    None
 }
 
 async fn spool_status(State(s): State<NodeState>) -> Json<Value> {
     Json(json!({"events": s.spool.len(), "refused_full": s.spool.refused()}))
 }
 
-async fn post_events(State(s): State<NodeState>, body: axum::body::Bytes) -> Response {
+async fn post_events(
+    State(s): State<NodeState>,
+    extensions: Extensions,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Some(refused) = check_post(&s, &headers) {
+        return refused;
+    }
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return bad("body", format!("is not JSON: {e}")),
@@ -110,6 +182,21 @@ async fn post_events(State(s): State<NodeState>, body: axum::body::Bytes) -> Res
     let now = s.clock.now_ms();
     let mut events = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
+        if item.get("source").is_some_and(|x| !x.is_null()) {
+            return bad(
+                &format!("events[{i}].source"),
+                format!("is stamped by the node agent ({}); leave it out", s.source),
+            );
+        }
+        if let (Some(jobs), Some(job)) = (&s.access.jobs, item.get("job_id").and_then(Value::as_str)) {
+            if !jobs.permits(job) {
+                return field_error(
+                    StatusCode::FORBIDDEN,
+                    &format!("events[{i}].job_id"),
+                    format!("job {job:?} is not permitted on this node"),
+                );
+            }
+        }
         match event_from_json(item, &s.source, now) {
             Ok(ev) => match startline_proto::validate::validate_event(&ev, now, &s.limits) {
                 Ok(()) => events.push(ev),
@@ -120,8 +207,15 @@ async fn post_events(State(s): State<NodeState>, body: axum::body::Bytes) -> Res
     }
     let spool = s.spool.clone();
     let n = events.len();
-    match tokio::task::spawn_blocking(move || spool.append(&events)).await {
+    let client = access::client_id(&extensions);
+    let quota = s.access.client_quota;
+    match tokio::task::spawn_blocking(move || spool.append_for(&events, Some((&client, quota)))).await {
         Ok(Ok(())) => (StatusCode::ACCEPTED, Json(json!({"spooled": n}))).into_response(),
+        Ok(Err(e @ SpoolError::Quota { .. })) => {
+            let mut r = error(StatusCode::TOO_MANY_REQUESTS, e.to_string());
+            r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
+            r
+        }
         Ok(Err(e @ SpoolError::Full { .. })) => {
             (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": e.to_string()}))).into_response()
         }

@@ -8,12 +8,20 @@
 //! caller gets [`SpoolError::Full`], the node agent answers 503, `emit` exits non-zero, and a warning is
 //! logged with the refusal count); events already spooled are never dropped.
 //!
+//! **Per-client quotas** (the node agent): an event appended for a client ([`Spool::append_for`]) carries the
+//! client's id in its key (`sequence (8 bytes, big-endian) || client id`), so the events each client holds are
+//! counted exactly, recomputed when the spool is opened, and released when delivered. A client over its
+//! [`ClientQuota`] is refused with [`SpoolError::Quota`] (the node agent answers 429) before the spool fills,
+//! so one local user cannot make another job's own events fail. Events appended without a client (the
+//! adapters) and spools written before quotas (8-byte keys) count for no client.
+//!
 //! Private: the spool directory (and any missing parent the agent creates) is created with mode 0700, and an
 //! existing spool directory (one holding sled's `conf`) readable by others is narrowed to 0700 when opened, so
 //! events (job ids, labels, node names) are not readable by other local users.
 
 use prost::Message;
 use startline_proto::pb;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,6 +42,15 @@ impl Default for SpoolLimits {
     }
 }
 
+/// The most one client may hold in the spool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientQuota {
+    /// Most events.
+    pub max_events: u64,
+    /// Most bytes of encoded events.
+    pub max_bytes: u64,
+}
+
 /// Spool failures.
 #[derive(Debug, thiserror::Error)]
 pub enum SpoolError {
@@ -47,6 +64,18 @@ pub enum SpoolError {
         /// Event limit.
         max_events: u64,
         /// Byte limit.
+        max_bytes: u64,
+    },
+    /// The client already holds its quota of the spool; the events were not spooled.
+    #[error("client quota exceeded: {events} events, {bytes} bytes held for this client (quota {max_events} events, {max_bytes} bytes); retry when they are delivered")]
+    Quota {
+        /// Events the client holds.
+        events: u64,
+        /// Bytes the client holds.
+        bytes: u64,
+        /// The client's event quota.
+        max_events: u64,
+        /// The client's byte quota.
         max_bytes: u64,
     },
     /// sled failed.
@@ -81,7 +110,17 @@ struct State {
     events: AtomicU64,
     bytes: AtomicU64,
     refused: AtomicU64,
-    lock: std::sync::Mutex<()>,
+    /// Events and bytes held per client; the lock also serializes appends and removals.
+    lock: std::sync::Mutex<HashMap<String, Held>>,
+}
+
+/// Events and bytes one client holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Events.
+    pub events: u64,
+    /// Bytes of encoded events.
+    pub bytes: u64,
 }
 
 impl Spool {
@@ -92,10 +131,16 @@ impl Spool {
         let tree = db.open_tree("spool")?;
         let mut events = 0u64;
         let mut bytes = 0u64;
+        let mut clients: HashMap<String, Held> = HashMap::new();
         for kv in tree.iter() {
-            let (_, v) = kv?;
+            let (k, v) = kv?;
             events += 1;
             bytes += v.len() as u64;
+            if let Some(client) = client_of(&k) {
+                let h = clients.entry(client).or_default();
+                h.events += 1;
+                h.bytes += v.len() as u64;
+            }
         }
         let next = match tree.last()? {
             Some((k, _)) => seq_of(&k)? + 1,
@@ -109,7 +154,7 @@ impl Spool {
                 events: AtomicU64::new(events),
                 bytes: AtomicU64::new(bytes),
                 refused: AtomicU64::new(0),
-                lock: std::sync::Mutex::new(()),
+                lock: std::sync::Mutex::new(clients),
             }),
             limits,
             appended: Arc::new(Notify::new()),
@@ -118,9 +163,30 @@ impl Spool {
 
     /// Appends events and flushes. When this returns `Ok`, the events survive a crash.
     pub fn append(&self, events: &[pb::LifecycleEvent]) -> Result<(), SpoolError> {
+        self.append_for(events, None)
+    }
+
+    /// Appends events for a client, if one is given, within its quota; then flushes. When this returns `Ok`,
+    /// the events survive a crash.
+    pub fn append_for(
+        &self,
+        events: &[pb::LifecycleEvent],
+        client: Option<(&str, ClientQuota)>,
+    ) -> Result<(), SpoolError> {
         let encoded: Vec<Vec<u8>> = events.iter().map(|e| e.encode_to_vec()).collect();
         let add_bytes: u64 = encoded.iter().map(|v| v.len() as u64).sum();
-        let _g = self.state.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut clients = self.state.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((id, quota)) = client {
+            let h = clients.get(id).copied().unwrap_or_default();
+            if h.events + encoded.len() as u64 > quota.max_events || h.bytes + add_bytes > quota.max_bytes {
+                return Err(SpoolError::Quota {
+                    events: h.events,
+                    bytes: h.bytes,
+                    max_events: quota.max_events,
+                    max_bytes: quota.max_bytes,
+                });
+            }
+        }
         let (held, held_bytes) = (self.state.events.load(Ordering::Relaxed), self.state.bytes.load(Ordering::Relaxed));
         if held + encoded.len() as u64 > self.limits.max_events || held_bytes + add_bytes > self.limits.max_bytes {
             let refused = self.state.refused.fetch_add(encoded.len() as u64, Ordering::Relaxed) + encoded.len() as u64;
@@ -135,13 +201,22 @@ impl Spool {
         let mut batch = sled::Batch::default();
         for v in encoded {
             let seq = self.state.next_seq.fetch_add(1, Ordering::Relaxed);
-            batch.insert(&seq.to_be_bytes(), v);
+            let mut key = seq.to_be_bytes().to_vec();
+            if let Some((id, _)) = client {
+                key.extend_from_slice(id.as_bytes());
+            }
+            batch.insert(key, v);
         }
         self.tree.apply_batch(batch)?;
         self.db.flush()?;
         self.state.events.fetch_add(events.len() as u64, Ordering::Relaxed);
         self.state.bytes.fetch_add(add_bytes, Ordering::Relaxed);
-        drop(_g);
+        if let Some((id, _)) = client {
+            let h = clients.entry(id.to_string()).or_default();
+            h.events += events.len() as u64;
+            h.bytes += add_bytes;
+        }
+        drop(clients);
         self.appended.notify_one();
         Ok(())
     }
@@ -159,17 +234,33 @@ impl Spool {
 
     /// Removes every event up to and including `seq` (they were acknowledged).
     pub fn remove_through(&self, seq: u64) -> Result<(), SpoolError> {
-        let _g = self.state.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut clients = self.state.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut batch = sled::Batch::default();
         let (mut n, mut bytes) = (0u64, 0u64);
-        for kv in self.tree.range(..=seq.to_be_bytes()) {
+        let mut released: HashMap<String, Held> = HashMap::new();
+        // Keys are the sequence number, then the client id, if any: everything below `seq + 1` is through `seq`.
+        for kv in self.tree.range(..seq.saturating_add(1).to_be_bytes()) {
             let (k, v) = kv?;
+            if let Some(client) = client_of(&k) {
+                let h = released.entry(client).or_default();
+                h.events += 1;
+                h.bytes += v.len() as u64;
+            }
             batch.remove(k);
             n += 1;
             bytes += v.len() as u64;
         }
         self.tree.apply_batch(batch)?;
         self.db.flush()?;
+        for (client, r) in released {
+            if let Some(h) = clients.get_mut(&client) {
+                h.events = h.events.saturating_sub(r.events);
+                h.bytes = h.bytes.saturating_sub(r.bytes);
+                if h.events == 0 {
+                    clients.remove(&client);
+                }
+            }
+        }
         self.state.events.fetch_sub(n.min(self.state.events.load(Ordering::Relaxed)), Ordering::Relaxed);
         self.state.bytes.fetch_sub(bytes.min(self.state.bytes.load(Ordering::Relaxed)), Ordering::Relaxed);
         Ok(())
@@ -189,6 +280,16 @@ impl Spool {
     /// process per database).
     pub fn open_tree(&self, name: &str) -> Result<sled::Tree, sled::Error> {
         self.db.open_tree(name)
+    }
+
+    /// What a client holds in the spool.
+    pub fn held_by(&self, client: &str) -> Held {
+        self.state.lock.lock().unwrap_or_else(|p| p.into_inner()).get(client).copied().unwrap_or_default()
+    }
+
+    /// The spool's limits.
+    pub fn limits(&self) -> SpoolLimits {
+        self.limits
     }
 
     /// Events refused because the spool was full, since start.
@@ -242,12 +343,18 @@ pub fn private_dir(path: &Path) -> std::io::Result<()> {
 }
 
 fn seq_of(k: &[u8]) -> Result<u64, SpoolError> {
-    let arr: [u8; 8] = k.try_into().map_err(|_| SpoolError::Corrupt(0))?;
+    let arr: [u8; 8] = k.get(..8).and_then(|s| s.try_into().ok()).ok_or(SpoolError::Corrupt(0))?;
     Ok(u64::from_be_bytes(arr))
 }
 
+/// The client an entry was appended for (the key's bytes after the sequence number), if any.
+fn client_of(k: &[u8]) -> Option<String> {
+    k.get(8..).filter(|c| !c.is_empty()).map(|c| String::from_utf8_lossy(c).into_owned())
+}
+
 /// Delivers spooled events until `stop`: batches of up to `batch` oldest events, each removed once acknowledged.
-/// Collector outages are retried inside the publisher (jittered backoff); nothing is removed until acked.
+/// Collector outages are retried inside the publisher (jittered backoff), and so are credential refusals when
+/// the publisher's `retry_auth_failures` is set (the agent modes set it); nothing is removed until acked.
 pub async fn deliver(
     spool: Spool,
     mut up: crate::uplink::Publisher,
@@ -328,6 +435,35 @@ mod tests {
         assert!(matches!(s.append(&[ev(3)]), Err(SpoolError::Full { events: 2, .. })));
         assert_eq!(s.refused(), 1);
         assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn client_quotas_count_per_client_release_on_delivery_and_survive_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let quota = ClientQuota { max_events: 2, max_bytes: 1 << 20 };
+        {
+            let s = Spool::open(dir.path(), SpoolLimits { max_events: 10, max_bytes: 1 << 20 }).expect("open");
+            s.append_for(&[ev(1), ev(2)], Some(("uid:1000", quota))).expect("within quota");
+            assert!(matches!(
+                s.append_for(&[ev(3)], Some(("uid:1000", quota))),
+                Err(SpoolError::Quota { events: 2, max_events: 2, .. })
+            ));
+            s.append_for(&[ev(4)], Some(("uid:1001", quota))).expect("another client has its own quota");
+            s.append(&[ev(5)]).expect("no client, no quota");
+            assert_eq!(s.held_by("uid:1000").events, 2);
+            assert_eq!(s.len(), 4);
+        }
+        let s = Spool::open(dir.path(), SpoolLimits { max_events: 10, max_bytes: 1 << 20 }).expect("reopen");
+        assert_eq!((s.held_by("uid:1000").events, s.held_by("uid:1001").events), (2, 1), "recounted on open");
+        let ids: Vec<String> = s.oldest(10).expect("oldest").into_iter().map(|(_, e)| e.event_id).collect();
+        assert_eq!(ids, ["e1", "e2", "e4", "e5"], "order is the sequence, whatever the client");
+        let first = s.oldest(1).expect("oldest")[0].0;
+        s.remove_through(first).expect("deliver one");
+        assert_eq!(s.held_by("uid:1000").events, 1, "delivery releases quota");
+        s.append_for(&[ev(6)], Some(("uid:1000", quota))).expect("room again");
+        let last = s.oldest(10).expect("oldest").last().expect("some").0;
+        s.remove_through(last).expect("deliver all");
+        assert_eq!((s.len(), s.held_by("uid:1000"), s.held_by("uid:1001")), (0, Held::default(), Held::default()));
     }
 
     #[test]

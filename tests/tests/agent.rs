@@ -44,7 +44,7 @@ fn start_agent(collector: &str, spool: &std::path::Path) -> Agent {
 
 fn post(addr: SocketAddr, body: &str) -> (u16, serde_json::Value) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(s, "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).expect("write");
+    write!(s, "POST /v1/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).expect("write");
     let mut raw = String::new();
     s.read_to_string(&mut raw).expect("read");
     let (head, b) = raw.split_once("\r\n\r\n").expect("response");
