@@ -180,3 +180,21 @@ fn sigterm_with_a_half_sent_request_open_exits_promptly_with_status_zero() {
     assert!(took < Duration::from_secs(15), "took {took:?}");
     drop(half);
 }
+
+#[test]
+fn an_oversized_request_head_is_refused_with_431_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    let big = "a".repeat(100 << 10);
+    let req = format!("GET /api/v1/jobs HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\nConnection: close\r\n\r\n");
+    let mut s = TcpStream::connect(c.http).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    // The server may answer and close before the whole head is written: a failed write is fine.
+    let _ = s.write_all(req.as_bytes());
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 431"), "an oversized head was not refused with 431: {text:?}");
+    let (status, _) = c.get("/healthz");
+    assert_eq!(status, 200, "the server stopped serving");
+}

@@ -34,6 +34,8 @@ use tokio_util::task::TaskTracker;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default time a connection may go without reading or writing a byte.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest HTTP/1.1 request head (request line and headers) read.
+pub const MAX_HEAD_BYTES: usize = 64 << 10;
 /// Default time open connections get to finish at shutdown before they are closed.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -135,8 +137,10 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 ) {
     let io = TokioIo::new(IdleIo::new(stream, timeouts.header_read, timeouts.idle));
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(timeouts.header_read);
-    builder.http2().timer(TokioTimer::new());
+    // Header size limits: 64 KiB of request head on HTTP/1.1 (hyper answers 431 beyond it), 16 KiB of header
+    // list on HTTP/2.
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(timeouts.header_read).max_buf_size(MAX_HEAD_BYTES);
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(16 << 10);
     // Handlers and the auth middleware see who is connected (address, client certificate names).
     let conn = builder.serve_connection(io, TowerToHyperService::new(router.layer(axum::Extension(peer))));
     tokio::pin!(conn);
