@@ -59,7 +59,7 @@ pub trait Target {
 }
 
 /// The names of every target, in the order `--target all` runs them.
-pub const TARGETS: &[&str] = &["proto", "http", "node", "slurm", "sagemaker", "vertex"];
+pub const TARGETS: &[&str] = &["proto", "http", "node", "slurm", "sagemaker", "vertex", "auth"];
 
 /// A target by name.
 pub fn target(name: &str) -> Result<Box<dyn Target>, String> {
@@ -70,6 +70,7 @@ pub fn target(name: &str) -> Result<Box<dyn Target>, String> {
         "slurm" => Box::new(targets::Slurm::new()),
         "sagemaker" => Box::new(targets::SageMaker::new()),
         "vertex" => Box::new(targets::Vertex::new()),
+        "auth" => Box::new(targets::AuthParsers::new()),
         other => return Err(format!("unknown target {other:?}; one of {} or all", TARGETS.join(", "))),
     })
 }

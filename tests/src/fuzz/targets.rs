@@ -773,3 +773,94 @@ impl Target for Vertex {
         Ok(adapter_outcome(&all, jobs))
     }
 }
+
+/// The credential parsers both edges share: the `Authorization` header (`bearer`), token hashes from the config
+/// (`TokenHash::parse`) and the authenticator itself, with one configured identity. Input: the header value, a
+/// newline, a token-hash string. Invariants: a parsed token is a printable slice of the header; a parsed hash
+/// round-trips; only the configured token authenticates; no refusal message echoes the input.
+pub struct AuthParsers {
+    auth: startline_collector::auth::Auth,
+    dict: Vec<Vec<u8>>,
+}
+
+/// The token of the fuzz run's one identity.
+const FUZZ_TOKEN: &str = "stl_0123456789abcdef";
+
+impl AuthParsers {
+    /// The target.
+    pub fn new() -> Self {
+        use startline_collector::auth::{Identity, Keyring, TokenHash};
+        let keyring = Keyring::new(vec![(Identity::anonymous(), vec![TokenHash::of(FUZZ_TOKEN)], Vec::new())]);
+        let dict = ["Bearer ", "bearer", "Basic ", " ", "\t", "sha256:", FUZZ_TOKEN, "%", "\u{0}", "\r\n", "\u{ff}"]
+            .iter()
+            .map(|s| s.as_bytes().to_vec())
+            .collect();
+        AuthParsers { auth: startline_collector::auth::Auth::new(keyring, false, false), dict }
+    }
+}
+
+impl Default for AuthParsers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Target for AuthParsers {
+    fn name(&self) -> &'static str {
+        "auth"
+    }
+
+    fn seeds(&self) -> Vec<Vec<u8>> {
+        let h = startline_collector::auth::TokenHash::of(FUZZ_TOKEN).to_config();
+        [
+            format!("Bearer {FUZZ_TOKEN}\n{h}"),
+            format!("bearer   {FUZZ_TOKEN}\n{}", h.to_uppercase()),
+            "Bearer stl_wrong\nsha256:00".to_string(),
+            "Basic dXNlcjpwYXNz\nmd5:abc".to_string(),
+            "Bearer\n".to_string(),
+        ]
+        .into_iter()
+        .map(String::into_bytes)
+        .collect()
+    }
+
+    fn mutate(&self, rng: &mut Rng, input: &mut Vec<u8>, corpus: &[Vec<u8>]) {
+        super::mutate::bytes(rng, input, corpus, &self.dict);
+    }
+
+    fn run(&mut self, input: &[u8]) -> Result<Outcome, String> {
+        use startline_collector::auth::{bearer, Credentials, Scope, TokenHash};
+        let (header, hash) = match input.iter().position(|&b| b == b'\n') {
+            Some(i) => (&input[..i], &input[i + 1..]),
+            None => (input, &[][..]),
+        };
+        if let Some(t) = bearer(header) {
+            let inside = header.windows(t.len()).any(|w| w == t.as_bytes());
+            if t.is_empty() || t.len() > 1024 || !inside || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(format!("bearer() returned {t:?} from {:?}", String::from_utf8_lossy(header)));
+            }
+        }
+        if let Ok(text) = std::str::from_utf8(hash) {
+            if let Ok(h) = TokenHash::parse(text) {
+                if TokenHash::parse(&h.to_config()) != Ok(h) || !text.eq_ignore_ascii_case(&h.to_config()) {
+                    return Err(format!("hash {text:?} does not round-trip"));
+                }
+            }
+        }
+        let creds = Credentials { authorization: Some(header), session: None, cert_names: &[] };
+        match self.auth.authorize(creds, Scope::Ingest) {
+            Ok(_) if bearer(header) == Some(FUZZ_TOKEN) => Ok(Outcome::Accepted("authenticated".into())),
+            Ok(_) => Err(format!("{:?} authenticated", String::from_utf8_lossy(header))),
+            Err(d) => {
+                let msg = d.message();
+                // Longer than any word of the fixed messages, so a hit is an echo.
+                if let Some(t) = bearer(header).filter(|t| t.len() >= 12) {
+                    if msg.contains(t) {
+                        return Err(format!("refusal message echoes the token: {msg}"));
+                    }
+                }
+                Ok(Outcome::Rejected(d.reason().into()))
+            }
+        }
+    }
+}
