@@ -9,7 +9,9 @@
 //!   `; charset=utf-8`), else 415; a browser cannot send that cross-origin without a CORS preflight, which the
 //!   agent never grants.
 //! - **Local token** ([`Access::local_token`]): when configured, a POST without `Authorization: Bearer <it>`
-//!   gets 401; compared in constant time ([`crate::auth::secret_eq`]).
+//!   gets 401; compared in constant time ([`crate::auth::secret_eq`]). A token file is read again when it
+//!   changes ([`LocalToken`]): a rotated token applies from the next request and the old one fails; a file
+//!   that becomes missing or empty refuses every POST (fail closed) until it is fixed.
 //! - **Job ids** ([`JobAllowList`]): when a restriction is configured, only the listed jobs (flags, the
 //!   agent's own job from its environment, and a file such as a Slurm prolog writes, re-read when it changes)
 //!   may be reported, else 403 naming `job_id`.
@@ -33,7 +35,7 @@ use tokio::net::UnixListener;
 #[derive(Debug)]
 pub struct Access {
     /// Token a POST must carry as `Authorization: Bearer`, if any.
-    pub local_token: Option<Secret>,
+    pub local_token: Option<LocalToken>,
     /// `Host` values accepted besides `localhost`, `127.0.0.1` and `[::1]` (the listen address as given and
     /// as bound), lowercase.
     pub listen_hosts: Vec<String>,
@@ -113,6 +115,56 @@ pub fn json_content_type(value: &str) -> bool {
         }
         None => p.trim().is_empty(),
     })
+}
+
+/// The node agent's local token: fixed, or a file read again when its modification time, size or inode changes.
+#[derive(Debug)]
+pub enum LocalToken {
+    /// A fixed value (tests, or a token given on the command line).
+    Fixed(Secret),
+    /// A file (`--local-token-file`).
+    File {
+        /// The file.
+        path: PathBuf,
+        /// Its stamp when last read, and the token then (None: unreadable or empty: refuse everything).
+        cache: Mutex<(Option<FileStamp>, Option<Secret>)>,
+    },
+}
+
+impl LocalToken {
+    /// A token file, read now (a missing or empty file is a startup error).
+    pub fn file(path: PathBuf) -> Result<LocalToken, crate::auth::CredentialError> {
+        let token = crate::auth::read_token_file(&path)?;
+        let st = stamp(&path);
+        Ok(LocalToken::File { path, cache: Mutex::new((st, Some(token))) })
+    }
+
+    /// The token a POST must carry now; `None` refuses every POST (the file became unreadable or empty).
+    pub fn current(&self) -> Option<Secret> {
+        match self {
+            LocalToken::Fixed(s) => Some(s.clone()),
+            LocalToken::File { path, cache } => {
+                let now = stamp(path);
+                let mut c = cache.lock().ok()?;
+                if c.0 != now || now.is_none() {
+                    let token = match crate::auth::read_token_file(path) {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            if c.1.is_some() {
+                                tracing::error!(error = %e, "local token file unusable: every POST is refused until it is fixed");
+                            }
+                            None
+                        }
+                    };
+                    if token.is_some() && c.1.is_some() && now != c.0 {
+                        tracing::info!(file = %path.display(), "local token file changed: the new token applies");
+                    }
+                    *c = (now, token);
+                }
+                c.1.clone()
+            }
+        }
+    }
 }
 
 /// Job ids the agent accepts events for: fixed ones (flags, the agent's own job) and a file with one id per

@@ -348,7 +348,7 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         access.client_quota.max_bytes = q;
     }
     if let Some(p) = &a.local_token_file {
-        access.local_token = Some(read_token_file(p).context("--local-token-file")?);
+        access.local_token = Some(startline_agent::access::LocalToken::file(p.clone()).context("--local-token-file")?);
     }
     if !a.allow_job_ids.is_empty() || a.allow_jobs_file.is_some() {
         let env: std::collections::HashMap<String, String> = std::env::vars().collect();

@@ -142,9 +142,10 @@ async fn same_host_only(State(s): State<NodeState>, req: Request, next: Next) ->
 
 /// The local token and content type checks of a POST, before its body is parsed: the refusal, if any.
 fn check_post(s: &NodeState, headers: &HeaderMap) -> Option<Response> {
-    if let Some(expected) = &s.access.local_token {
+    if let Some(local) = &s.access.local_token {
+        let expected = local.current();
         let presented = headers.get(header::AUTHORIZATION).and_then(|v| crate::auth::bearer(v.as_bytes()));
-        if !presented.is_some_and(|p| crate::auth::secret_eq(p, expected)) {
+        if !presented.zip(expected.as_ref()).is_some_and(|(p, e)| crate::auth::secret_eq(p, e)) {
             let mut r = error(StatusCode::UNAUTHORIZED, "missing or wrong local token (Authorization: Bearer)");
             r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
             return Some(r);

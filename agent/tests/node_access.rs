@@ -7,7 +7,7 @@ use axum::extract::ConnectInfo;
 use axum::http::{header, HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use startline_agent::access::{bind_socket, Access, JobAllowList, PeerCred};
+use startline_agent::access::{bind_socket, Access, JobAllowList, LocalToken, PeerCred};
 use startline_agent::auth::Secret;
 use startline_agent::emit::{post_with_retry, Client, PostError, Target};
 use startline_agent::node::{router, MonotonicWall, NodeState};
@@ -130,7 +130,7 @@ async fn foreign_hosts_and_cross_origin_requests_get_403() {
 #[tokio::test]
 async fn with_a_local_token_posts_without_the_right_bearer_get_401() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (state, spool) = node(dir.path(), |a| a.local_token = Some(Secret::new("stl_local_right")));
+    let (state, spool) = node(dir.path(), |a| a.local_token = Some(LocalToken::Fixed(Secret::new("stl_local_right"))));
     let (status, v, headers) = send(&state, post(first_step("j/1"), |_| {})).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "missing");
     assert_eq!(headers.get(header::WWW_AUTHENTICATE).and_then(|h| h.to_str().ok()), Some("Bearer"));
@@ -145,6 +145,29 @@ async fn with_a_local_token_posts_without_the_right_bearer_get_401() {
         send(&state, post(first_step("j/1"), |r| set(r, header::AUTHORIZATION, "Bearer stl_local_right"))).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(spool.len(), 1);
+}
+
+#[tokio::test]
+async fn a_rotated_local_token_file_applies_at_once_and_a_removed_one_refuses_everything() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("local-token");
+    std::fs::write(&file, "stl_first\n").expect("token");
+    let token = LocalToken::file(file.clone()).expect("token file");
+    let (state, spool) = node(&dir.path().join("spool"), |a| a.local_token = Some(token));
+    let with = |t: &'static str| post(first_step("j/1"), move |r| set(r, header::AUTHORIZATION, t));
+    assert_eq!(send(&state, with("Bearer stl_first")).await.0, StatusCode::ACCEPTED);
+    // Rotate by rename (a new inode), as a secret manager does.
+    let next = dir.path().join("local-token.new");
+    std::fs::write(&next, "stl_second_token\n").expect("token");
+    std::fs::rename(&next, &file).expect("rotate");
+    assert_eq!(send(&state, with("Bearer stl_first")).await.0, StatusCode::UNAUTHORIZED, "the old token still works");
+    assert_eq!(send(&state, with("Bearer stl_second_token")).await.0, StatusCode::ACCEPTED);
+    // Removed or emptied: fail closed.
+    std::fs::write(&file, "").expect("empty");
+    assert_eq!(send(&state, with("Bearer stl_second_token")).await.0, StatusCode::UNAUTHORIZED);
+    std::fs::remove_file(&file).expect("remove");
+    assert_eq!(send(&state, with("Bearer stl_second_token")).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(spool.len(), 2);
 }
 
 #[tokio::test]
@@ -256,7 +279,8 @@ async fn the_socket_is_0660_knows_its_peer_and_takes_emit_posts_with_the_local_t
         (m.uid(), m.gid())
     };
     let path = dir.path().join("agent.sock");
-    let (state, spool) = node(&dir.path().join("spool"), |a| a.local_token = Some(Secret::new("stl_socket_token")));
+    let (state, spool) =
+        node(&dir.path().join("spool"), |a| a.local_token = Some(LocalToken::Fixed(Secret::new("stl_socket_token"))));
     let listener = bind_socket(&path, Some(my_gid)).expect("bind");
     let meta = std::fs::metadata(&path).expect("socket metadata");
     assert_eq!(meta.permissions().mode() & 0o777, 0o660, "socket mode");
@@ -304,7 +328,7 @@ async fn the_socket_is_0660_knows_its_peer_and_takes_emit_posts_with_the_local_t
 #[tokio::test]
 async fn emit_posts_over_tcp_with_the_local_token_and_stops_at_a_refusal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (state, spool) = node(dir.path(), |a| a.local_token = Some(Secret::new("stl_tcp_token")));
+    let (state, spool) = node(dir.path(), |a| a.local_token = Some(LocalToken::Fixed(Secret::new("stl_tcp_token"))));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let app = router(state);

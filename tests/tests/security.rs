@@ -440,3 +440,70 @@ fn the_secure_example_config_starts_with_real_certificates() {
 fn gauge_is(metrics: &str, name: &str, value: &str) -> bool {
     metrics.lines().any(|l| l.starts_with(name) && l.ends_with(&format!(" {value}")))
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_uplink_proves_its_identity_with_a_client_certificate_when_one_is_required() {
+    use startline_agent::uplink::{Publisher, TlsFiles, UplinkSettings};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let server_ca = TestCa::new(d, "server");
+    let clients_ca = TestCa::new(d, "clients");
+    let server = server_ca.server("collector");
+    let agent = clients_ca.client("agent", &["node-agent.cluster-a.example"]);
+    let quota_token = token();
+    let cfg = d.join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\nclient_ca_file = \"{}\"\nclient_certs = \"required\"\n\
+             [[auth.identity]]\nname = \"agents-a\"\ncert_names = [\"node-agent.cluster-a.example\"]\n\
+             scopes = [\"ingest\"]\njob_id_prefixes = [\"slurm/cluster-a/\"]\nevents_per_day = 3\n\
+             [[auth.identity]]\nname = \"quota\"\ntoken_hashes = [\"{}\"]\nscopes = [\"ingest\"]\n",
+            server.cert_file.display(),
+            server.key_file.display(),
+            clients_ca.ca_file.display(),
+            hash(&quota_token)
+        ),
+    )
+    .expect("config");
+    let c = Collector::start(&d.join("db"), &["--config", &cfg.display().to_string()]);
+    let endpoint = format!("https://localhost:{}", c.grpc.port());
+    let settings = |client: bool| {
+        let mut s = UplinkSettings::new(endpoint.clone());
+        s.give_up_after = Some(Duration::from_secs(3));
+        s.backoff_max = Duration::from_millis(200);
+        s.tls = TlsFiles {
+            ca_file: Some(server_ca.ca_file.clone()),
+            client_cert: client.then(|| agent.cert_file.clone()),
+            client_key: client.then(|| agent.key_file.clone()),
+        };
+        s
+    };
+    // With the certificate: its identity (prefix restricted), no token.
+    let mut up = Publisher::new(settings(true)).expect("publisher");
+    let mut evs = job("slurm/cluster-a/1", "node-agent/n1");
+    evs.extend(job("slurm/cluster-b/1", "node-agent/n1"));
+    up.send(evs).await.expect("send");
+    up.flush().await.expect("flush");
+    let t = up.totals();
+    assert_eq!((t.accepted, t.rejected), (1, 1));
+    assert_eq!(t.rejections[0].field, "job_id");
+    // The daily quota of 3 events counts every event offered (the rejected one too): one more fits, then a
+    // batch is refused whole.
+    let ch = channel(&c, &server_ca.ca_file, Some(&agent)).await.expect("mtls");
+    assert_eq!(publish(&ch, job("slurm/cluster-a/2", "node-agent/n1"), None).await.expect("within quota").accepted, 1);
+    let e = publish(&ch, job("slurm/cluster-a/9", "node-agent/n1"), None).await.expect_err("over quota");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("daily event quota"), "{}", e.message());
+    assert!(e.metadata().get("retry-after-ms").is_some());
+    // Without a certificate the handshake fails, whatever token is sent: nothing gets in.
+    let mut s = settings(false);
+    s.token = Some(startline_agent::auth::TokenSource::Static(startline_agent::auth::Secret::new(quota_token.clone())));
+    let mut up = Publisher::new(s).expect("publisher");
+    let sent = async {
+        up.send(job("slurm/cluster-a/5", "x")).await?;
+        up.flush().await
+    };
+    assert!(sent.await.is_err(), "a client without a certificate got in");
+    assert_eq!(up.totals().accepted, 0);
+}

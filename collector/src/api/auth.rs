@@ -88,7 +88,7 @@ fn wants_html(req: &Request) -> bool {
 fn refused(d: &Denied) -> Response {
     let status = if d.is_unauthenticated() {
         StatusCode::UNAUTHORIZED
-    } else if matches!(d, Denied::RateLimited { .. }) {
+    } else if matches!(d, Denied::RateLimited { .. } | Denied::Quota { .. }) {
         StatusCode::TOO_MANY_REQUESTS
     } else {
         StatusCode::FORBIDDEN
@@ -97,7 +97,7 @@ fn refused(d: &Denied) -> Response {
     if d.is_unauthenticated() {
         r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"startline\""));
     }
-    if let Denied::RateLimited { retry_after_ms, .. } = d {
+    if let Denied::RateLimited { retry_after_ms, .. } | Denied::Quota { retry_after_ms, .. } = d {
         if let Ok(v) = HeaderValue::from_str(&retry_after_ms.div_ceil(1000).max(1).to_string()) {
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }

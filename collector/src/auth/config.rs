@@ -14,6 +14,7 @@
 //! sources = ["slurm-adapter/cluster-a"]
 //! rate_per_second = 2000      # events (gRPC) or requests (HTTP) per second
 //! burst = 20000
+//! events_per_day = 50000000  # a daily quota (UTC days; counted in memory)
 //!
 //! [tls]
 //! cert_file = "/etc/startline/tls.crt"
@@ -67,6 +68,8 @@ pub struct IdentitySection {
     pub rate_per_second: Option<f64>,
     /// Burst (default: one second's worth, at least 1).
     pub burst: Option<f64>,
+    /// Most events per UTC day.
+    pub events_per_day: Option<u64>,
 }
 
 /// `[tls]` as written.
@@ -187,6 +190,12 @@ impl AuthSection {
                     ));
                 }
             }
+            if s.events_per_day == Some(0) {
+                errs.push(format!(
+                    "{}: 0 refuses every event; remove the identity's ingest scope instead",
+                    at("events_per_day")
+                ));
+            }
             let rate = match s.rate_per_second {
                 None => {
                     if s.burst.is_some() {
@@ -207,7 +216,14 @@ impl AuthSection {
                 }
             };
             identities.push((
-                Identity { name, scopes, job_id_prefixes: s.job_id_prefixes.clone(), sources: s.sources.clone(), rate },
+                Identity {
+                    name,
+                    scopes,
+                    job_id_prefixes: s.job_id_prefixes.clone(),
+                    sources: s.sources.clone(),
+                    rate,
+                    events_per_day: s.events_per_day,
+                },
                 tokens,
                 s.cert_names.clone(),
             ));

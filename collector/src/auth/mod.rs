@@ -99,6 +99,8 @@ pub struct Identity {
     pub sources: Vec<String>,
     /// Events (ingest) or requests (HTTP) per second, with a burst.
     pub rate: Option<RateSpec>,
+    /// Most events per UTC day (ingest only).
+    pub events_per_day: Option<u64>,
 }
 
 impl Identity {
@@ -110,6 +112,7 @@ impl Identity {
             job_id_prefixes: Vec::new(),
             sources: Vec::new(),
             rate: None,
+            events_per_day: None,
         }
     }
 
@@ -239,6 +242,13 @@ pub enum Denied {
         /// The scope needed.
         needed: Scope,
     },
+    /// Over the identity's daily event quota.
+    Quota {
+        /// The identity.
+        identity: String,
+        /// Until the quota resets (the next UTC midnight), milliseconds.
+        retry_after_ms: u64,
+    },
     /// Over the identity's rate limit.
     RateLimited {
         /// The identity.
@@ -257,6 +267,7 @@ impl Denied {
             Denied::Unknown => "unknown",
             Denied::Scope { .. } => "scope",
             Denied::RateLimited { .. } => "rate_limited",
+            Denied::Quota { .. } => "quota",
         }
     }
 
@@ -277,6 +288,9 @@ impl Denied {
             Denied::RateLimited { identity, retry_after_ms } => {
                 format!("identity {identity:?} is over its rate limit; retry after {retry_after_ms} ms")
             }
+            Denied::Quota { identity, retry_after_ms } => {
+                format!("identity {identity:?} has used its daily event quota; retry after {retry_after_ms} ms")
+            }
         }
     }
 }
@@ -294,6 +308,8 @@ pub struct AuthStats {
     pub scope: AtomicU64,
     /// Batches and requests over a rate limit.
     pub rate_limited: AtomicU64,
+    /// Batches over a daily event quota.
+    pub quota: AtomicU64,
     /// Events refused because their job id or source is not permitted for the identity.
     pub not_permitted: AtomicU64,
     /// Successful reloads of the identities.
@@ -309,12 +325,13 @@ impl AuthStats {
             Denied::Unknown => &self.unknown,
             Denied::Scope { .. } => &self.scope,
             Denied::RateLimited { .. } => &self.rate_limited,
+            Denied::Quota { .. } => &self.quota,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every counter with its reason label.
-    pub fn by_reason(&self) -> [(&'static str, u64); 6] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("missing", g(&self.missing)),
@@ -322,6 +339,7 @@ impl AuthStats {
             ("unknown", g(&self.unknown)),
             ("scope", g(&self.scope)),
             ("rate_limited", g(&self.rate_limited)),
+            ("quota", g(&self.quota)),
             ("not_permitted", g(&self.not_permitted)),
         ]
     }
@@ -358,6 +376,8 @@ pub struct Auth {
     /// Whether `/metrics` needs a `read` identity.
     metrics_protected: AtomicBool,
     buckets: Mutex<HashMap<String, Bucket>>,
+    /// Events taken per identity in the current UTC day: (day number, events).
+    days: Mutex<HashMap<String, (u64, u64)>>,
     /// Refusal counts.
     pub stats: AuthStats,
 }
@@ -370,6 +390,7 @@ impl Auth {
             insecure: AtomicBool::new(insecure),
             metrics_protected: AtomicBool::new(metrics_protected),
             buckets: Mutex::new(HashMap::new()),
+            days: Mutex::new(HashMap::new()),
             stats: AuthStats::default(),
         }
     }
@@ -414,6 +435,9 @@ impl Auth {
         self.metrics_protected.store(metrics_protected, Ordering::Relaxed);
         if let Ok(mut b) = self.buckets.lock() {
             b.retain(|name, _| names.contains(name));
+        }
+        if let Ok(mut d) = self.days.lock() {
+            d.retain(|name, _| names.contains(name));
         }
         self.stats.reloads.fetch_add(1, Ordering::Relaxed);
     }
@@ -463,6 +487,35 @@ impl Auth {
     /// Takes `n` units (events or requests) from the identity's rate limit, if it has one.
     pub fn take(&self, id: &Identity, n: u64) -> Result<(), Denied> {
         self.take_at(id, n, Instant::now())
+    }
+
+    /// Takes `n` events from the identity's rate limit and its daily quota (UTC days, counted in memory: a
+    /// restart starts the day's count afresh). A batch over either is refused whole.
+    pub fn take_events(&self, id: &Identity, n: u64) -> Result<(), Denied> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        self.take_events_at(id, n, Instant::now(), now_ms)
+    }
+
+    fn take_events_at(&self, id: &Identity, n: u64, now: Instant, wall_ms: u64) -> Result<(), Denied> {
+        const DAY_MS: u64 = 86_400_000;
+        let Some(max) = id.events_per_day else { return self.take_at(id, n, now) };
+        let day = wall_ms / DAY_MS;
+        let Ok(mut days) = self.days.lock() else { return self.take_at(id, n, now) };
+        let entry = days.entry(id.name.clone()).or_insert((day, 0));
+        if entry.0 != day {
+            *entry = (day, 0);
+        }
+        if entry.1.saturating_add(n) > max {
+            let d = Denied::Quota { identity: id.name.clone(), retry_after_ms: (day + 1) * DAY_MS - wall_ms };
+            self.stats.count(&d);
+            return Err(d);
+        }
+        self.take_at(id, n, now)?;
+        entry.1 += n;
+        Ok(())
     }
 
     fn take_at(&self, id: &Identity, n: u64, now: Instant) -> Result<(), Denied> {

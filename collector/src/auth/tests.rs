@@ -132,6 +132,7 @@ fn events_outside_prefixes_or_sources_are_not_permitted() {
         job_id_prefixes: vec!["slurm/cluster-a/".into()],
         sources: vec!["slurm-adapter/cluster-a".into()],
         rate: None,
+        events_per_day: None,
     };
     assert_eq!(id.permits_event("slurm/cluster-a/1", "slurm-adapter/cluster-a"), Ok(()));
     assert_eq!(id.permits_event("slurm/cluster-b/1", "slurm-adapter/cluster-a"), Err("job_id"));
@@ -218,4 +219,28 @@ fn listening_beyond_loopback_needs_identities_or_an_explicit_insecure() {
     assert!(parse(&with_id).is_ok());
     // Loopback needs nothing.
     assert!(parse("").is_ok());
+}
+
+#[test]
+fn a_daily_quota_refuses_whole_batches_until_the_next_utc_day() {
+    let mut s = section(vec![ident("q", "tq", &["ingest"])]);
+    s.identity[0].events_per_day = Some(100);
+    let a = auth_of(&s);
+    let id = a.authorize(bearer_creds("Bearer tq"), Scope::Ingest).expect("q");
+    let t0 = Instant::now();
+    let day = 86_400_000u64;
+    let noon = 20_000 * day + day / 2;
+    assert!(a.take_events_at(&id, 60, t0, noon).is_ok());
+    assert!(a.take_events_at(&id, 40, t0, noon + 1).is_ok());
+    match a.take_events_at(&id, 1, t0, noon + 2) {
+        Err(Denied::Quota { identity, retry_after_ms }) => {
+            assert_eq!(identity, "q");
+            assert_eq!(retry_after_ms, day / 2 - 2, "until the next UTC midnight");
+        }
+        other => panic!("{other:?}"),
+    }
+    // A refused batch takes nothing: the next day starts at zero.
+    assert!(a.take_events_at(&id, 100, t0, 20_001 * day).is_ok());
+    assert!(a.take_events_at(&id, 1, t0, 20_001 * day + 5).is_err());
+    assert_eq!(a.stats.quota.load(Ordering::Relaxed), 2);
 }

@@ -558,7 +558,7 @@ fn observe_auth(meter: &Meter, sources: &Sources) {
         .with_unit("{refusal}")
         .with_description(
             "Requests and events refused by authentication or authorization, by reason (missing, malformed, \
-             unknown, scope, rate_limited; not_permitted counts events outside the identity's job-id prefixes or \
+             unknown, scope, rate_limited, quota; not_permitted counts events outside the identity's job-id prefixes or \
              sources)",
         )
         .with_callback(move |o| {

@@ -39,7 +39,7 @@ impl<S: NamedService> NamedService for Guarded<S> {
 pub fn status_of(d: &Denied) -> Status {
     match d {
         d if d.is_unauthenticated() => Status::unauthenticated(d.message()),
-        Denied::RateLimited { retry_after_ms, .. } => {
+        Denied::RateLimited { retry_after_ms, .. } | Denied::Quota { retry_after_ms, .. } => {
             let mut s = Status::resource_exhausted(d.message());
             if let Ok(v) = retry_after_ms.to_string().parse() {
                 s.metadata_mut().insert("retry-after-ms", v);

@@ -153,7 +153,7 @@ impl Ingest {
             }
         };
         // A batch over the identity's rate is refused whole, before any of it is stored.
-        self.settings.auth.take(identity, req.events.len() as u64).map_err(|d| status_of(&d))?;
+        self.settings.auth.take_events(identity, req.events.len() as u64).map_err(|d| status_of(&d))?;
         let now = startline_proto::time::now_ms();
         let mut ack = pb::PublishAck { batch_seq: req.batch_seq, ..Default::default() };
         let mut prepared = Vec::with_capacity(req.events.len());
