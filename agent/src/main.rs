@@ -17,9 +17,20 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(name = "startline-agent", version, about = "Startline agent: sends job lifecycle events to the collector")]
 struct Cli {
-    /// Collector gRPC endpoint.
-    #[arg(long, global = true, env = "STARTLINE_COLLECTOR", default_value = "http://127.0.0.1:50051")]
-    collector: String,
+    /// Collector gRPC endpoint; repeat it (or give a comma-separated list) to deliver every event to each
+    /// collector of an HA pair, each from its own spool cursor.
+    #[arg(
+        long,
+        global = true,
+        env = "STARTLINE_COLLECTOR",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:50051"
+    )]
+    collector: Vec<String>,
+    /// With several collectors: one that acknowledged nothing for this long while events wait stops holding
+    /// events in the spool (it gets what is left when it answers again).
+    #[arg(long, global = true, env = "STARTLINE_COLLECTOR_GIVE_UP", default_value = "6h", value_parser = humantime::parse_duration)]
+    collector_give_up: Duration,
     /// Log filter (RUST_LOG also works).
     #[arg(long, global = true, default_value = "info")]
     log: String,
@@ -44,7 +55,8 @@ struct Cli {
 
 /// How the uplink reaches the collector: endpoint, credentials, TLS.
 struct Connection {
-    collector: String,
+    collector: Vec<String>,
+    give_up: Duration,
     token: Option<TokenSource>,
     tls: TlsFiles,
 }
@@ -52,10 +64,35 @@ struct Connection {
 impl Connection {
     /// Uplink settings that retry forever (the spooled modes); a missing or empty token file fails here.
     fn settings(&self) -> anyhow::Result<UplinkSettings> {
+        match self.collector.as_slice() {
+            [one] => self.settings_for(one),
+            _ => anyhow::bail!("this mode publishes to one collector; give --collector once"),
+        }
+    }
+
+    /// One publisher per collector, named by its endpoint (the spool's cursor key).
+    fn publishers(&self) -> anyhow::Result<Vec<(String, Publisher)>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for c in &self.collector {
+            let c = c.trim();
+            anyhow::ensure!(!c.is_empty(), "--collector: an empty endpoint in the list");
+            anyhow::ensure!(seen.insert(c.to_string()), "--collector: {c} is listed twice");
+            out.push((c.to_string(), Publisher::new(self.settings_for(c)?)?));
+        }
+        Ok(out)
+    }
+
+    /// How the spool treats a silent collector: only with several collectors does one stop holding events.
+    fn give_up(&self) -> Option<Duration> {
+        (self.collector.len() > 1).then_some(self.give_up)
+    }
+
+    fn settings_for(&self, collector: &str) -> anyhow::Result<UplinkSettings> {
         if let Some(t) = &self.token {
             t.load().context("the collector token cannot be used")?;
         }
-        let mut s = UplinkSettings::new(self.collector.clone());
+        let mut s = UplinkSettings::new(collector.to_string());
         s.give_up_after = None;
         s.token = self.token.clone();
         s.tls = self.tls.clone();
@@ -359,7 +396,7 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         ));
     }
     let gid = a.socket_group.as_deref().map(startline_agent::access::group_id).transpose()?;
-    let up = Publisher::new(conn.settings()?)?;
+    let up = conn.publishers()?;
     let listener =
         tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("cannot listen on {}", a.listen))?;
     let bound = listener.local_addr()?;
@@ -369,7 +406,7 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         None => None,
     };
     let (handle, stop) = stop_pair();
-    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
+    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
     let app = startline_agent::node::router(startline_agent::node::NodeState {
         clock: startline_agent::node::MonotonicWall::start(),
         spool: spool.clone(),
@@ -427,9 +464,9 @@ async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
         cluster: a.cluster,
     };
     let shell = slurm::ShellSettings { squeue: split(&a.squeue), sacct: split(&a.sacct), interval: a.interval };
-    let up = Publisher::new(conn.settings()?)?;
+    let up = conn.publishers()?;
     let (handle, stop) = stop_pair();
-    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
+    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
     let poller = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, stop.clone()));
     println!("startline-agent slurm ready spool={} held={}", a.spool.display(), spool.len());
     wait_for_signal().await;
@@ -457,9 +494,9 @@ async fn run_sagemaker(a: SagemakerArgs, conn: Connection) -> anyhow::Result<()>
     let memory = MemoryStore::open(&spool, "sagemaker").context("cannot open the adapter's memory")?;
     let mapping =
         sagemaker::Mapping { region: a.region.clone(), urgent_prefixes: a.urgent_prefixes, namespace: a.namespace };
-    let up = Publisher::new(conn.settings()?)?;
+    let up = conn.publishers()?;
     let (handle, stop) = stop_pair();
-    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
+    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
     let poller =
         tokio::spawn(sagemaker::run(mapping, client, a.lookback, a.interval, spool.clone(), memory, stop.clone()));
     println!("startline-agent sagemaker ready endpoint={endpoint} spool={} held={}", a.spool.display(), spool.len());
@@ -487,9 +524,9 @@ async fn run_vertex(a: VertexArgs, conn: Connection) -> anyhow::Result<()> {
         .await?
         .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
     let memory = MemoryStore::open(&spool, "vertex").context("cannot open the adapter's memory")?;
-    let up = Publisher::new(conn.settings()?)?;
+    let up = conn.publishers()?;
     let (handle, stop) = stop_pair();
-    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone()));
+    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
     let mapping = vertex::Mapping { urgent_prefixes: a.urgent_prefixes };
     let poller = tokio::spawn(vertex::run(mapping, client, a.interval, spool.clone(), memory, stop.clone()));
     println!("startline-agent vertex ready endpoint={endpoint} spool={} held={}", a.spool.display(), spool.len());
@@ -516,7 +553,7 @@ async fn wait_for_signal() {
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
-    let Cli { collector, log, token_file, token, ca_file, client_cert, client_key, command } = cli;
+    let Cli { collector, collector_give_up, log, token_file, token, ca_file, client_cert, client_key, command } = cli;
     let command = match command {
         Command::Emit(a) => return emit(a),
         other => other,
@@ -526,7 +563,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         (None, Some(t)) => Some(TokenSource::Static(check_token(&t, "--token")?)),
         (None, None) => None,
     };
-    let conn = Connection { collector, token, tls: TlsFiles { ca_file, client_cert, client_key } };
+    let conn =
+        Connection { collector, give_up: collector_give_up, token, tls: TlsFiles { ca_file, client_cert, client_key } };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&log))
         .context("invalid --log filter")?;

@@ -99,6 +99,9 @@ pub enum SpoolError {
 pub struct Spool {
     db: sled::Db,
     tree: sled::Tree,
+    /// Per destination (collector endpoint): the last sequence it acknowledged.
+    cursors: sled::Tree,
+    dests: Arc<std::sync::Mutex<HashMap<String, Dest>>>,
     state: Arc<State>,
     limits: SpoolLimits,
     /// Woken when events are appended.
@@ -112,6 +115,15 @@ struct State {
     refused: AtomicU64,
     /// Events and bytes held per client; the lock also serializes appends and removals.
     lock: std::sync::Mutex<HashMap<String, Held>>,
+}
+
+/// One delivery destination's progress.
+#[derive(Debug, Clone, Copy)]
+struct Dest {
+    /// Last sequence acknowledged (durable in the `cursors` tree).
+    acked: u64,
+    /// When it last acknowledged something, or was registered.
+    progress: std::time::Instant,
 }
 
 /// Events and bytes one client holds.
@@ -129,6 +141,7 @@ impl Spool {
         private_dir(path).map_err(|source| SpoolError::Directory { path: path.to_path_buf(), source })?;
         let db = open_retrying_lock(path)?;
         let tree = db.open_tree("spool")?;
+        let cursors = db.open_tree("cursors")?;
         let mut events = 0u64;
         let mut bytes = 0u64;
         let mut clients: HashMap<String, Held> = HashMap::new();
@@ -149,6 +162,8 @@ impl Spool {
         Ok(Spool {
             db,
             tree,
+            cursors,
+            dests: Arc::default(),
             state: Arc::new(State {
                 next_seq: AtomicU64::new(next),
                 events: AtomicU64::new(events),
@@ -266,6 +281,58 @@ impl Spool {
         Ok(())
     }
 
+    /// Registers a delivery destination (a collector endpoint) and returns the last sequence it acknowledged
+    /// (0 for a new one: it starts from the oldest event held).
+    pub fn register(&self, dest: &str) -> Result<u64, SpoolError> {
+        let acked = match self.cursors.get(dest.as_bytes())? {
+            Some(v) => seq_of(&v)?,
+            None => 0,
+        };
+        let mut d = self.dests.lock().unwrap_or_else(|p| p.into_inner());
+        d.insert(dest.to_string(), Dest { acked, progress: std::time::Instant::now() });
+        Ok(acked)
+    }
+
+    /// The oldest events after `cursor`, up to `max`, with their sequence numbers.
+    pub fn after(&self, cursor: u64, max: usize) -> Result<Vec<(u64, pb::LifecycleEvent)>, SpoolError> {
+        let mut out = Vec::new();
+        for kv in self.tree.range(cursor.saturating_add(1).to_be_bytes()..).take(max) {
+            let (k, v) = kv?;
+            let seq = seq_of(&k)?;
+            out.push((seq, pb::LifecycleEvent::decode(v.as_ref()).map_err(|_| SpoolError::Corrupt(seq))?));
+        }
+        Ok(out)
+    }
+
+    /// Records that `dest` acknowledged every event through `seq` (durably), then removes the events every
+    /// destination still counted has acknowledged. A destination that has events to deliver but acknowledged
+    /// nothing for `give_up` stops holding events back (they are removed once the others have them; it resumes
+    /// with what is left when it answers again); with every destination stalled, nothing is removed.
+    pub fn ack(&self, dest: &str, seq: u64, give_up: Option<std::time::Duration>) -> Result<(), SpoolError> {
+        self.cursors.insert(dest.as_bytes(), &seq.to_be_bytes())?;
+        let through = {
+            let mut d = self.dests.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            d.insert(dest.to_string(), Dest { acked: seq, progress: now });
+            let newest = self.state.next_seq.load(Ordering::Relaxed).saturating_sub(1);
+            let live =
+                |x: &Dest| x.acked >= newest || give_up.is_none_or(|g| now.saturating_duration_since(x.progress) < g);
+            let counted: Vec<u64> = d.values().filter(|x| live(x)).map(|x| x.acked).collect();
+            let all: Vec<u64> = d.values().map(|x| x.acked).collect();
+            let stalled: Vec<&String> = d.iter().filter(|(_, x)| !live(x)).map(|(k, _)| k).collect();
+            if !stalled.is_empty() && !counted.is_empty() {
+                tracing::warn!(?stalled, "collectors silent past the give-up time no longer hold events in the spool");
+            }
+            if counted.is_empty() { all.into_iter().min() } else { counted.into_iter().min() }.unwrap_or(0)
+        };
+        if through == 0 {
+            self.db.flush()?;
+            return Ok(());
+        }
+        // remove_through flushes, which also makes the cursor durable.
+        self.remove_through(through)
+    }
+
     /// Events held.
     pub fn len(&self) -> u64 {
         self.state.events.load(Ordering::Relaxed)
@@ -352,26 +419,62 @@ fn client_of(k: &[u8]) -> Option<String> {
     k.get(8..).filter(|c| !c.is_empty()).map(|c| String::from_utf8_lossy(c).into_owned())
 }
 
-/// Delivers spooled events until `stop`: batches of up to `batch` oldest events, each removed once acknowledged.
-/// Collector outages are retried inside the publisher (jittered backoff), and so are credential refusals when
-/// the publisher's `retry_auth_failures` is set (the agent modes set it); nothing is removed until acked.
+/// Delivers spooled events until `stop` to every collector in `publishers` (name: its endpoint), each at its
+/// own pace from its own durable cursor: batches of up to `batch` events after the cursor, the cursor advanced
+/// once the collector acknowledged them (after its own durable commit). An event leaves the spool once every
+/// collector acknowledged it, or once the collectors that did not have been silent for `give_up` (see
+/// [`Spool::ack`]). Collector outages are retried inside each publisher (jittered backoff), and so are
+/// credential refusals when the publisher's `retry_auth_failures` is set (the agent modes set it).
 pub async fn deliver(
     spool: Spool,
+    publishers: Vec<(String, crate::uplink::Publisher)>,
+    batch: usize,
+    stop: crate::simulate::tokio_util_free::Stop,
+    give_up: Option<std::time::Duration>,
+) -> Result<(), crate::uplink::UplinkError> {
+    let mut tasks = Vec::new();
+    for (name, up) in publishers {
+        let cursor = spool.register(&name).map_err(|e| crate::uplink::UplinkError::Spool(e.to_string()))?;
+        tasks.push(tokio::spawn(deliver_one(spool.clone(), name, cursor, up, batch, stop.clone(), give_up)));
+    }
+    let mut first_err = None;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(crate::uplink::UplinkError::Spool(format!("delivery task failed: {e}")));
+            }
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+async fn deliver_one(
+    spool: Spool,
+    name: String,
+    mut cursor: u64,
     mut up: crate::uplink::Publisher,
     batch: usize,
     stop: crate::simulate::tokio_util_free::Stop,
+    give_up: Option<std::time::Duration>,
 ) -> Result<(), crate::uplink::UplinkError> {
     loop {
         if stop.is_stopped() {
             return Ok(());
         }
         let s = spool.clone();
-        let items =
-            tokio::task::spawn_blocking(move || s.oldest(batch)).await.ok().and_then(Result::ok).unwrap_or_default();
+        let items = tokio::task::spawn_blocking(move || s.after(cursor, batch))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default();
         if items.is_empty() {
             tokio::select! {
                 _ = spool.appended.notified() => {}
-                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
                 _ = stop.wait() => return Ok(()),
             }
             continue;
@@ -388,15 +491,17 @@ pub async fn deliver(
             // Rejected events can never be accepted as they are: they leave the spool, loudly.
             let last = t.rejections.last();
             tracing::warn!(
+                collector = %name,
                 rejected = t.rejected - rejected_before,
                 field = last.map_or("", |r| r.field.as_str()),
                 reason = last.map_or("", |r| r.reason.as_str()),
                 "collector rejected spooled events"
             );
         }
-        let s = spool.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.remove_through(last)).await {
-            tracing::error!(error = %e, "cannot remove delivered events from the spool; they will be redelivered");
+        cursor = last;
+        let (s, n) = (spool.clone(), name.clone());
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || s.ack(&n, last, give_up)).await {
+            tracing::error!(collector = %name, error = %e, "cannot record a delivery in the spool; it will be redelivered");
         }
     }
 }
@@ -407,6 +512,88 @@ mod tests {
 
     fn ev(i: u32) -> pb::LifecycleEvent {
         pb::LifecycleEvent { event_id: format!("e{i}"), job_id: "j".into(), source: "t".into(), ..Default::default() }
+    }
+
+    /// Random sequences of appends, acknowledgements by two collectors (in any order, repeated, stale) and
+    /// reopens, against a model: an event stays until both collectors acknowledged it, each collector sees
+    /// exactly the events after its own cursor, and cursors survive reopening.
+    #[test]
+    fn two_collectors_each_get_every_event_and_an_event_leaves_only_when_both_have_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n.max(1)
+        };
+        let dests = ["http://a:1", "http://b:1"];
+        let mut s = Spool::open(dir.path(), SpoolLimits::default()).expect("open");
+        let mut model_acked = [0u64; 2];
+        let mut appended = 0u64;
+        for d in dests {
+            assert_eq!(s.register(d).expect("register"), 0);
+        }
+        for step in 0..600 {
+            match next(10) {
+                0..=3 => {
+                    let n = next(5) + 1;
+                    let evs: Vec<_> = (0..n).map(|i| ev((appended + i + 1) as u32)).collect();
+                    s.append(&evs).expect("append");
+                    appended += n;
+                }
+                4..=7 => {
+                    let d = next(2) as usize;
+                    // A collector acknowledges up to what it was sent: somewhere after its cursor.
+                    let seen = s.after(model_acked[d], next(8) as usize + 1).expect("after");
+                    if let Some((seq, _)) = seen.last() {
+                        s.ack(dests[d], *seq, None).expect("ack");
+                        model_acked[d] = *seq;
+                    }
+                }
+                8 => {
+                    drop(s);
+                    s = Spool::open(dir.path(), SpoolLimits::default()).expect("reopen");
+                    for (d, name) in dests.iter().enumerate() {
+                        assert_eq!(s.register(name).expect("register"), model_acked[d], "cursor lost at step {step}");
+                    }
+                }
+                _ => {}
+            }
+            let low = model_acked.iter().copied().min().unwrap_or(0);
+            let held: Vec<u64> = s.oldest(100_000).expect("oldest").into_iter().map(|(q, _)| q).collect();
+            let want: Vec<u64> = (low + 1..=appended).collect();
+            assert_eq!(held, want, "step {step}: held events");
+            assert_eq!(s.len(), want.len() as u64, "step {step}: count");
+            for (d, acked) in model_acked.iter().enumerate() {
+                let pending: Vec<u64> = s.after(*acked, 100_000).expect("after").into_iter().map(|(q, _)| q).collect();
+                assert_eq!(pending, (acked + 1..=appended).collect::<Vec<_>>(), "step {step}: pending for {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_collector_silent_past_the_give_up_time_stops_holding_events() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = Spool::open(dir.path(), SpoolLimits::default()).expect("open");
+        s.register("a").expect("a");
+        s.register("b").expect("b");
+        s.append(&[ev(1), ev(2), ev(3)]).expect("append");
+        let give_up = Some(std::time::Duration::from_millis(200));
+        s.ack("a", 2, give_up).expect("ack");
+        assert_eq!(s.len(), 3, "b has acknowledged nothing yet and is within its give-up time");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        s.ack("a", 3, give_up).expect("ack");
+        assert_eq!(s.len(), 0, "b is silent past the give-up time: a's acknowledgements remove events");
+        // b comes back: it gets what is left after its cursor (nothing of the removed events), and new events.
+        s.append(&[ev(4)]).expect("append");
+        let for_b: Vec<String> = s.after(0, 10).expect("after").into_iter().map(|(_, e)| e.event_id).collect();
+        assert_eq!(for_b, ["e4"]);
+        // With both silent, nothing is removed.
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        s.append(&[ev(5)]).expect("append");
+        s.ack("a", 3, give_up).expect("stale ack");
+        assert_eq!(s.len(), 2);
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub enum UplinkError {
     /// The token cannot be used.
     #[error(transparent)]
     Credential(#[from] CredentialError),
+    /// The spool that feeds the uplink failed.
+    #[error("spool: {0}")]
+    Spool(String),
     /// The collector stayed unreachable for longer than the retry budget.
     #[error("collector unreachable for {waited:?}: {last}")]
     GaveUp {
