@@ -395,3 +395,98 @@ impl HookServer {
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
+
+/// Starts a real Alertmanager (Debian `prometheus-alertmanager`) on a free port routing every alert to `hook`
+/// at `/am` (grouped by alertname and job id, no wait), and waits until it is ready; returns it and its URL.
+pub fn start_alertmanager(dir: &std::path::Path, hook: &HookServer) -> (ChildGuard, String) {
+    let cfg = dir.join("alertmanager.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "route:\n  receiver: hook\n  group_by: ['alertname', 'job_id']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: hook\n    webhook_configs:\n      - url: 'http://{}/am'\n        send_resolved: true\n",
+            hook.addr
+        ),
+    )
+    .expect("write am config");
+    let port = free_port();
+    let child = Command::new("prometheus-alertmanager")
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!("--storage.path={}", dir.join("am-data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg("--cluster.listen-address=")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("am.log")).expect("am log"))
+        .spawn()
+        .expect("prometheus-alertmanager runs (scripts/test.sh installs it)");
+    let am = ChildGuard(child);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) =
+            std::panic::catch_unwind(|| http_get(addr, "/-/ready")).unwrap_or((0, serde_json::Value::Null));
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "alertmanager not ready: {}",
+            std::fs::read_to_string(dir.join("am.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (am, format!("http://127.0.0.1:{port}"))
+}
+
+/// A running node agent (`startline-agent node`) on a free loopback port.
+pub struct NodeAgent {
+    /// The child process.
+    pub child: Child,
+    /// Its HTTP address.
+    pub addr: SocketAddr,
+}
+
+impl Drop for NodeAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl NodeAgent {
+    /// Starts a node agent delivering to `collectors` from `spool`, and reads its bound address.
+    pub fn start(collectors: &[&str], spool: &Path) -> NodeAgent {
+        let mut child = Command::new(binary("startline-agent"))
+            .args(["--collector", &collectors.join(","), "node", "--listen", "127.0.0.1:0", "--spool"])
+            .arg(spool)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent");
+        let out = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(out).lines();
+        let line = lines.next().and_then(Result::ok).unwrap_or_default();
+        std::thread::spawn(move || for _ in lines {});
+        let addr = line
+            .split_whitespace()
+            .find_map(|p| p.strip_prefix("listen="))
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("agent ready line: {line:?}"));
+        NodeAgent { child, addr }
+    }
+}
+
+/// Posts a JSON body to a node agent's `/v1/events`; returns the status and the JSON answer.
+pub fn post_events(addr: SocketAddr, body: &str) -> (u16, serde_json::Value) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST /v1/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, b) = raw.split_once("\r\n\r\n").expect("response");
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("status");
+    (status, serde_json::from_str(b.trim()).unwrap_or(serde_json::Value::Null))
+}

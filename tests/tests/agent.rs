@@ -4,52 +4,18 @@
 //! three times as the same bytes (without `occurred_at`), `emit` retrying through lost answers, and `emit`
 //! re-run with `--event-id`, each stored once.
 
-use startline_tests::{binary, free_port, http_get, path_escape, wait_until, workspace_root, Collector};
-use std::io::{BufRead, BufReader, Read, Write};
+use startline_tests::{binary, free_port, http_get, path_escape, wait_until, workspace_root, Collector, NodeAgent};
+
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-struct Agent {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_agent(collector: &str, spool: &std::path::Path) -> Agent {
-    let mut child = Command::new(binary("startline-agent"))
-        .args(["--collector", collector, "node", "--listen", "127.0.0.1:0", "--spool"])
-        .arg(spool)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("agent");
-    let out = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(out).lines();
-    let line = lines.next().and_then(Result::ok).unwrap_or_default();
-    std::thread::spawn(move || for _ in lines {});
-    let addr = line
-        .split_whitespace()
-        .find_map(|p| p.strip_prefix("listen="))
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("agent ready line: {line:?}"));
-    Agent { child, addr }
+fn start_agent(collector: &str, spool: &std::path::Path) -> NodeAgent {
+    NodeAgent::start(&[collector], spool)
 }
 
 fn post(addr: SocketAddr, body: &str) -> (u16, serde_json::Value) {
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(s, "POST /v1/events HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).expect("write");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, b) = raw.split_once("\r\n\r\n").expect("response");
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("status");
-    (status, serde_json::from_str(b.trim()).unwrap_or(serde_json::Value::Null))
+    startline_tests::post_events(addr, body)
 }
 
 #[test]

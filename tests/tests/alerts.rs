@@ -6,47 +6,12 @@
 
 use startline_agent::uplink::{Publisher, UplinkSettings};
 use startline_proto::pb::{self, lifecycle_event::Kind};
-use startline_tests::{event, free_port, submitted, ChildGuard, Collector, HookServer};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use startline_tests::{event, submitted, ChildGuard, Collector, HookServer};
+
+use std::time::Duration;
 
 fn start_alertmanager(dir: &std::path::Path, hook: &HookServer) -> (ChildGuard, String) {
-    let cfg = dir.join("alertmanager.yml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "route:\n  receiver: hook\n  group_by: ['alertname', 'job_id']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: hook\n    webhook_configs:\n      - url: 'http://{}/am'\n        send_resolved: true\n",
-            hook.addr
-        ),
-    )
-    .expect("write am config");
-    let port = free_port();
-    let child = Command::new("prometheus-alertmanager")
-        .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!("--storage.path={}", dir.join("am-data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .arg("--cluster.listen-address=")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("am.log")).expect("am log"))
-        .spawn()
-        .expect("prometheus-alertmanager runs (scripts/test.sh installs it)");
-    let am = ChildGuard(child);
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, _) = std::panic::catch_unwind(|| startline_tests::http_get(addr, "/-/ready"))
-            .unwrap_or((0, serde_json::Value::Null));
-        if status == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "alertmanager not ready: {}",
-            std::fs::read_to_string(dir.join("am.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    (am, format!("http://127.0.0.1:{port}"))
+    startline_tests::start_alertmanager(dir, hook)
 }
 
 fn collector_config(dir: &std::path::Path, am: Option<&str>, hook: &HookServer) -> std::path::PathBuf {
