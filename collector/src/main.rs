@@ -27,17 +27,20 @@ struct Cli {
     #[arg(long, short, global = true, env = "STARTLINE_CONFIG")]
     config: Option<PathBuf>,
     /// sled directory (overrides store.path).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "STARTLINE_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// gRPC ingest listen address (overrides grpc.listen); port 0 picks a free port.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "STARTLINE_GRPC_LISTEN")]
     grpc_listen: Option<String>,
     /// HTTP API listen address (overrides http.listen); port 0 picks a free port.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "STARTLINE_HTTP_LISTEN")]
     http_listen: Option<String>,
-    /// Log filter, e.g. "info" or "startline_collector=debug" (RUST_LOG also works).
-    #[arg(long, global = true, default_value = "info")]
-    log: String,
+    /// Log filter, e.g. "info" or "startline_collector=debug" (default: RUST_LOG, else info).
+    #[arg(long, global = true, env = "STARTLINE_LOG")]
+    log: Option<String>,
+    /// Log format: text (default; colour on a terminal) or json (one object per line).
+    #[arg(long, global = true, env = "STARTLINE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -298,15 +301,56 @@ fn load(cli: &Cli) -> anyhow::Result<startline_collector::config::Config> {
     Ok(config)
 }
 
+/// Log output formats.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Exit codes (sysexits.h): usage errors are 2 (clap), a bad config 78, a store or port that cannot be used 69,
+/// anything else 1.
+const EXIT_CONFIG: u8 = 78;
+const EXIT_UNAVAILABLE: u8 = 69;
+
+fn exit_code(e: &anyhow::Error) -> u8 {
+    use startline_collector::app::AppError;
+    use startline_collector::config::{ConfigErrors, LoadError};
+    if e.downcast_ref::<ConfigErrors>().is_some() || e.downcast_ref::<LoadError>().is_some() {
+        return EXIT_CONFIG;
+    }
+    match e.downcast_ref::<AppError>() {
+        Some(AppError::Tls(_)) => EXIT_CONFIG,
+        Some(AppError::Store { .. } | AppError::Bind { .. }) => EXIT_UNAVAILABLE,
+        _ => 1,
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match real_main(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("startline-collector: {e:#}");
-            std::process::ExitCode::from(1)
+            std::process::ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// Logging to stderr: the filter from --log (or STARTLINE_LOG), else RUST_LOG, else info; text or JSON.
+fn init_logging(log: Option<&str>, format: LogFormat) -> anyhow::Result<()> {
+    let filter = match log {
+        Some(f) => tracing_subscriber::EnvFilter::try_new(f).context("invalid --log filter")?,
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .or_else(|_| tracing_subscriber::EnvFilter::try_new("info"))
+            .context("invalid RUST_LOG filter")?,
+    };
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => fmt.json().with_current_span(true).init(),
+        LogFormat::Text => fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
+    Ok(())
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
@@ -321,14 +365,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         println!("{config:#?}");
         return Ok(());
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log))
-        .context("invalid --log filter")?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(cli.log.as_deref(), cli.log_format)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start runtime")?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();

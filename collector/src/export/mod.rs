@@ -184,6 +184,7 @@ impl Telemetry {
         observe_auth(&meter, &sources);
         observe_store(&meter, &sources);
         observe_memory(&meter, &sources);
+        observe_process(&meter);
         Ok(Telemetry { provider, registry, instruments })
     }
 
@@ -272,7 +273,17 @@ fn meter_provider(otlp: Option<OtlpSettings>) -> Result<(SdkMeterProvider, prome
         .without_target_info()
         .build()
         .map_err(|e| TelemetryError(e.to_string()))?;
-    let mut builder = SdkMeterProvider::builder().with_reader(prom);
+    // OTLP receivers see who reports: service name, version and this process's instance id. (Prometheus gets
+    // `startline_build_info` instead, and tells replicas apart by the scrape's `instance` label.)
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("startline-collector")
+        .with_attributes([
+            KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+            KeyValue::new("service.instance.id", format!("{host}:{}", std::process::id())),
+        ])
+        .build();
+    let mut builder = SdkMeterProvider::builder().with_resource(resource).with_reader(prom);
     if let Some(o) = otlp {
         use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
         let mut b = opentelemetry_otlp::MetricExporter::builder().with_tonic();
@@ -298,6 +309,75 @@ fn meter_provider(otlp: Option<OtlpSettings>) -> Result<(SdkMeterProvider, prome
         );
     }
     Ok((builder.build(), registry))
+}
+
+/// `startline_build_info` and the process metrics Prometheus users expect from any exporter (resident memory,
+/// CPU seconds, open file descriptors, start time), read from `/proc/self` at collection time.
+fn observe_process(meter: &Meter) {
+    let _ = meter
+        .u64_observable_gauge("startline.build.info")
+        .with_description("Always 1; the labels say which build runs")
+        .with_callback(|o| {
+            o.observe(
+                1,
+                &[KeyValue::new("version", env!("CARGO_PKG_VERSION")), KeyValue::new("binary", "startline-collector")],
+            )
+        })
+        .build();
+    let _ = meter
+        .u64_observable_gauge("process.resident_memory")
+        .with_unit("By")
+        .with_description("Resident set size")
+        .with_callback(|o| {
+            if let Some(kib) = proc_status_kib("VmRSS:") {
+                o.observe(kib * 1024, &[]);
+            }
+        })
+        .build();
+    let _ = meter
+        .f64_observable_counter("process.cpu")
+        .with_unit("s")
+        .with_description("User and system CPU time spent")
+        .with_callback(|o| {
+            if let Some(s) = proc_cpu_seconds() {
+                o.observe(s, &[]);
+            }
+        })
+        .build();
+    let _ = meter
+        .u64_observable_gauge("process.open_fds")
+        .with_description("Open file descriptors")
+        .with_callback(|o| {
+            if let Ok(d) = std::fs::read_dir("/proc/self/fd") {
+                o.observe(d.count() as u64, &[]);
+            }
+        })
+        .build();
+    let started =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    let _ = meter
+        .f64_observable_gauge("process.start_time")
+        .with_unit("s")
+        .with_description("When the collector started, Unix seconds")
+        .with_callback(move |o| o.observe(started, &[]))
+        .build();
+}
+
+/// A `kB` field of /proc/self/status.
+fn proc_status_kib(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// utime + stime of /proc/self/stat, in seconds (Linux reports them in USER_HZ = 100 ticks per second).
+fn proc_cpu_seconds() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &text[text.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (utime, stime): (u64, u64) = (f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?);
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// TLS for an `https://` OTLP endpoint: the configured CA bundle, or else the built-in webpki roots (the
@@ -750,7 +830,12 @@ mod tests {
         assert_eq!(
             families(&text),
             [
+                "process_cpu_seconds_total counter",
+                "process_open_fds gauge",
+                "process_resident_memory_bytes gauge",
+                "process_start_time_seconds gauge",
                 "startline_alerts_firing gauge",
+                "startline_build_info gauge",
                 "startline_collector_auth_insecure gauge",
                 "startline_collector_auth_refusals_total counter",
                 "startline_collector_commit_duration_seconds histogram",

@@ -1,0 +1,67 @@
+//! Operating the collector: documented exit codes (usage 2, config 78, unavailable 69), JSON logs selected by
+//! flag or environment, and the build and process metrics every exporter is expected to have.
+
+use startline_tests::{binary, http_get_text, Collector};
+use std::process::Command;
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let out = Command::new(binary("startline-collector")).args(args).envs(env.iter().copied()).output().expect("runs");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn failures_exit_with_their_documented_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (code, err) = run(&["--no-such-flag"], &[]);
+    assert_eq!(code, 2, "usage: {err}");
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[grpc]\nlisten_addr = \"x\"\n").expect("config");
+    let (code, err) = run(&["check-config", "--config", &bad.display().to_string()], &[]);
+    assert_eq!(code, 78, "unknown key: {err}");
+    assert!(err.contains("listen_addr"), "{err}");
+    std::fs::write(&bad, "[store]\nretention = \"soon\"\n").expect("config");
+    let (code, err) = run(&["--config", &bad.display().to_string()], &[]);
+    assert_eq!(code, 78, "invalid value: {err}");
+    assert!(err.contains("store.retention"), "{err}");
+    // A port in use: unavailable.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let db = dir.path().join("db").display().to_string();
+    let (code, err) = run(&["--data-dir", &db, "--grpc-listen", &addr, "--http-listen", "127.0.0.1:0"], &[]);
+    assert_eq!(code, 69, "port in use: {err}");
+    assert!(err.contains(&addr), "{err}");
+}
+
+#[test]
+fn json_logs_from_the_environment_and_build_and_process_metrics() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::env::set_var("STARTLINE_LOG_FORMAT", "json");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    std::env::remove_var("STARTLINE_LOG_FORMAT");
+    let (status, metrics) = http_get_text(c.http, "/metrics");
+    assert_eq!(status, 200);
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    assert!(metrics.contains(&format!("startline_build_info{{binary=\"startline-collector\"")), "{metrics}");
+    assert!(metrics.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))));
+    assert!(value("process_resident_memory_bytes") > 1_000_000.0);
+    assert!(value("process_open_fds") >= 3.0);
+    assert!(value("process_cpu_seconds_total") > 0.0);
+    let started = value("process_start_time_seconds");
+    let now = startline_proto::time::now_ms() as f64 / 1000.0;
+    assert!(started <= now && now - started < 600.0, "start time {started} vs now {now}");
+    let log = std::fs::read_to_string(&c.log).expect("log");
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
+    }
+    assert!(lines.iter().any(|l| l.contains("collector ready")), "{log}");
+}
