@@ -85,6 +85,9 @@ impl Committer {
     }
 
     pub(super) fn commit_group(&self, mut group: Vec<CommitRequest>) {
+        // Every log line of a group commit (a storage error, a refused event) carries its span in JSON logs.
+        let events: usize = group.iter().map(|r| r.events.len()).sum();
+        let _span = tracing::info_span!("commit", batches = group.len(), events).entered();
         let started = Instant::now();
         let mut results = vec![CommitResult::default(); group.len()];
         // Per request, per event: is it new?

@@ -81,10 +81,17 @@ where
         };
         match proven {
             Ok(id) => {
+                // The request's span: what the logs of this call (validation, refusals, drain) are about.
+                let span = tracing::info_span!(
+                    "grpc",
+                    method = req.uri().path().rsplit('/').next().unwrap_or(""),
+                    identity = %id.name,
+                    peer = ?peer.as_ref().and_then(|p| p.remote),
+                );
                 req.extensions_mut().insert(Caller(id));
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
-                Box::pin(inner.call(req))
+                Box::pin(tracing::Instrument::instrument(inner.call(req), span))
             }
             Err(d) => {
                 self.auth.audit(&d, peer.as_ref().and_then(|p| p.remote), req.uri().path());
