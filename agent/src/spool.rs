@@ -155,10 +155,16 @@ impl Spool {
                 h.bytes += v.len() as u64;
             }
         }
-        let next = match tree.last()? {
+        // Sequence numbers never go back, even when every event was delivered and removed: a collector's cursor
+        // may point at the last one, and a new event must come after it.
+        let mut next = match tree.last()? {
             Some((k, _)) => seq_of(&k)? + 1,
             None => 1,
         };
+        for kv in cursors.iter() {
+            let (_, v) = kv?;
+            next = next.max(seq_of(&v)? + 1);
+        }
         Ok(Spool {
             db,
             tree,
@@ -545,7 +551,7 @@ mod tests {
                 4..=7 => {
                     let d = next(2) as usize;
                     // A collector acknowledges up to what it was sent: somewhere after its cursor.
-                    let seen = s.after(model_acked[d], next(8) as usize + 1).expect("after");
+                    let seen = s.after(model_acked[d], next(12) as usize + 1).expect("after");
                     if let Some((seq, _)) = seen.last() {
                         s.ack(dests[d], *seq, None).expect("ack");
                         model_acked[d] = *seq;
@@ -570,6 +576,24 @@ mod tests {
                 assert_eq!(pending, (acked + 1..=appended).collect::<Vec<_>>(), "step {step}: pending for {d}");
             }
         }
+    }
+
+    #[test]
+    fn after_everything_was_delivered_a_reopened_spool_numbers_new_events_after_every_cursor() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let s = Spool::open(dir.path(), SpoolLimits::default()).expect("open");
+            s.register("a").expect("a");
+            s.append(&[ev(1), ev(2)]).expect("append");
+            s.ack("a", 2, None).expect("ack");
+            assert!(s.is_empty());
+        }
+        let s = Spool::open(dir.path(), SpoolLimits::default()).expect("reopen");
+        let cursor = s.register("a").expect("a");
+        assert_eq!(cursor, 2);
+        s.append(&[ev(3)]).expect("append");
+        let next: Vec<String> = s.after(cursor, 10).expect("after").into_iter().map(|(_, e)| e.event_id).collect();
+        assert_eq!(next, ["e3"], "a new event after a full delivery and a restart reaches the collector");
     }
 
     #[test]
