@@ -336,6 +336,18 @@ impl Metrics {
         for code in ["unavailable", "unauthenticated", "permission_denied", "resource_exhausted", "other"] {
             inner.uplink_failures.with_label_values(&[code]);
         }
+        if mode == "node" {
+            for r in [
+                Refusal::Host,
+                Refusal::Origin,
+                Refusal::ContentType,
+                Refusal::LocalToken,
+                Refusal::JobNotPermitted,
+                Refusal::Quota,
+            ] {
+                inner.http_refusals.with_label_values(&[r.label()]);
+            }
+        }
         Ok(Metrics { inner: Arc::new(inner) })
     }
 
