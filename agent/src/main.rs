@@ -5,6 +5,9 @@
 //! Every mode that talks to the collector takes the global credentials and TLS options (`--token-file` or
 //! `--token`, `--ca-file`, `--client-cert`/`--client-key`); an `https://` collector URL means TLS. `emit` talks
 //! to the node agent instead (`--agent` URL or `--socket`, `--node-token-file`/`--node-token`).
+//!
+//! Every mode but `emit` can serve its own metrics on `--metrics-listen ADDR` (off by default); the node agent
+//! also serves them at `/metrics` on `--listen`.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};

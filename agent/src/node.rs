@@ -11,6 +11,9 @@
 //! `gpu_count`, `node_count`, `region`, `team`, `project`, `chain_id`, `chain_stage`, `labels`). Errors are
 //! 4xx JSON naming the field; a full spool answers 503.
 //!
+//! `GET /metrics` serves the agent's own metrics ([`crate::metrics`]) behind the same Host and Origin checks;
+//! `GET /v1/spool` the spool's depth as JSON; `GET /healthz` is unchecked.
+//!
 //! # Hardening (issue 10)
 //! The same router serves the loopback TCP port and the unix socket ([`crate::access`] has the rules). In
 //! order, a request is refused with: 403 when its `Host` or `Origin` is foreign (every route but `/healthz`);

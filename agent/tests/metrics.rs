@@ -281,3 +281,38 @@ async fn slurm_polls_count_jobs_transitions_errors_and_the_last_success() {
         1.0
     );
 }
+
+#[test]
+fn every_metric_is_documented_in_metrics_md_and_every_documented_one_exists() {
+    use startline_agent::metrics::{PollErrorKind, Provider, Refusal};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spool = Spool::open(dir.path(), SpoolLimits::default()).expect("spool");
+    let m = Metrics::new("slurm").expect("metrics");
+    m.watch_spool(spool);
+    m.register_provider(Provider::Slurm);
+    m.poll_succeeded(Provider::Slurm, Duration::from_millis(5), 1, &[], std::time::SystemTime::now());
+    m.poll_failed(Provider::Slurm, Duration::from_millis(5), PollErrorKind::Parse);
+    let ev = startline_proto::pb::LifecycleEvent::default();
+    m.poll_succeeded(Provider::Slurm, Duration::from_millis(5), 1, &[ev], std::time::SystemTime::now());
+    m.http_request("events", StatusCode::ACCEPTED);
+    m.refused(Refusal::Host);
+    m.uplink_acked(1, 0, 0);
+    let text = m.render().expect("render");
+    let mut exported: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(String::from)
+        .collect();
+    exported.sort();
+    let doc = std::fs::read_to_string(format!("{}/../docs/METRICS.md", env!("CARGO_MANIFEST_DIR"))).expect("doc");
+    let section = doc.split("## Agent metrics").nth(1).expect("an Agent metrics section");
+    let mut documented: Vec<String> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `startline_agent_"))
+        .filter_map(|l| l.split('`').next())
+        .map(|rest| format!("startline_agent_{rest}"))
+        .collect();
+    documented.sort();
+    assert_eq!(exported, documented);
+}
