@@ -196,3 +196,19 @@ mod free_text_tests {
         assert!(t.chars().all(|c| c == '€'));
     }
 }
+
+#[cfg(test)]
+mod poll_error_tests {
+    use super::{PollError, PollErrorKind};
+
+    #[test]
+    fn http_answers_are_throttled_or_http_status() {
+        assert_eq!(PollError::http("vertex", 429, "").kind, PollErrorKind::Throttled);
+        let aws = r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#;
+        assert_eq!(PollError::http("sagemaker", 400, aws).kind, PollErrorKind::Throttled);
+        let aws = r#"{"__type":"ValidationException","message":"bad"}"#;
+        assert_eq!(PollError::http("sagemaker", 400, aws).kind, PollErrorKind::HttpStatus);
+        assert_eq!(PollError::http("vertex", 503, "unavailable").kind, PollErrorKind::HttpStatus);
+        assert!(PollError::http("vertex", 503, &"x".repeat(2000)).message.len() < 600, "the body is cut");
+    }
+}
