@@ -11,6 +11,8 @@
 //!   delivery task.
 //! - [`emit`]: the client of the node agent's endpoint (`startline-agent emit`): TCP (reqwest) or the unix
 //!   socket, with the optional local token.
+//! - [`metrics`]: the agent's own metrics (spool, uplink, adapter polls, the node agent's requests), served as
+//!   the Prometheus text exposition at `/metrics`.
 //! - [`node`]: the node agent's local HTTP endpoint (JSON events from training loops and scripts), the
 //!   specified content ids that make a retried post a duplicate, `emit`'s event body, and job identity from
 //!   the environment.
@@ -20,6 +22,7 @@
 pub mod access;
 pub mod auth;
 pub mod emit;
+pub mod metrics;
 pub mod node;
 pub mod provider;
 pub mod rng;

@@ -5,10 +5,14 @@
 //! Every mode that talks to the collector takes the global credentials and TLS options (`--token-file` or
 //! `--token`, `--ca-file`, `--client-cert`/`--client-key`); an `https://` collector URL means TLS. `emit` talks
 //! to the node agent instead (`--agent` URL or `--socket`, `--node-token-file`/`--node-token`).
+//!
+//! Every mode but `emit` can serve its own metrics on `--metrics-listen ADDR` (off by default); the node agent
+//! also serves them at `/metrics` on `--listen`.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use startline_agent::auth::{check_token, read_token_file, Secret, TokenSource};
+use startline_agent::metrics::Metrics;
 use startline_agent::simulate::{self, tokio_util_free::stop_pair, SimSettings};
 use startline_agent::uplink::{Publisher, TlsFiles, UplinkSettings};
 use std::path::PathBuf;
@@ -116,8 +120,20 @@ enum Command {
     Vertex(VertexArgs),
 }
 
+/// Where the agent's own metrics are served.
+#[derive(clap::Args, Debug, Clone)]
+struct MetricsArgs {
+    /// Serve the agent's metrics (Prometheus text) at http://ADDR/metrics, e.g. 127.0.0.1:9464 (default: not
+    /// served; the node agent also serves /metrics on --listen). A non-loopback address exposes them to the
+    /// network: the operator's choice.
+    #[arg(long, env = "STARTLINE_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<String>,
+}
+
 #[derive(clap::Args, Debug)]
 struct VertexArgs {
+    #[command(flatten)]
+    metrics: MetricsArgs,
     /// Spool directory (sled; also holds the adapter's per-job memory).
     #[arg(long, default_value = "./startline-vertex-spool")]
     spool: std::path::PathBuf,
@@ -143,6 +159,8 @@ struct VertexArgs {
 
 #[derive(clap::Args, Debug)]
 struct SagemakerArgs {
+    #[command(flatten)]
+    metrics: MetricsArgs,
     /// Spool directory (sled; also holds the adapter's per-job memory).
     #[arg(long, default_value = "./startline-sagemaker-spool")]
     spool: std::path::PathBuf,
@@ -168,6 +186,8 @@ struct SagemakerArgs {
 
 #[derive(clap::Args, Debug)]
 struct SlurmArgs {
+    #[command(flatten)]
+    metrics: MetricsArgs,
     /// Spool directory (sled; also holds the adapter's per-job memory).
     #[arg(long, default_value = "./startline-slurm-spool")]
     spool: std::path::PathBuf,
@@ -202,6 +222,8 @@ struct SlurmArgs {
 
 #[derive(clap::Args, Debug)]
 struct NodeArgs {
+    #[command(flatten)]
+    metrics: MetricsArgs,
     /// Local endpoint address.
     #[arg(long, default_value = "127.0.0.1:7465")]
     listen: String,
@@ -284,6 +306,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 #[derive(clap::Args, Debug)]
 struct SimulateArgs {
+    #[command(flatten)]
+    metrics: MetricsArgs,
     /// Seed; the same seed gives the same fleet.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -396,7 +420,11 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         ));
     }
     let gid = a.socket_group.as_deref().map(startline_agent::access::group_id).transpose()?;
-    let up = conn.publishers()?;
+    let metrics = agent_metrics("node", Some(&spool))?;
+    let mut up = conn.publishers()?;
+    for (_, p) in &mut up {
+        p.set_metrics(metrics.clone());
+    }
     let listener =
         tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("cannot listen on {}", a.listen))?;
     let bound = listener.local_addr()?;
@@ -413,9 +441,15 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         source,
         limits: startline_proto::Limits::default(),
         access: std::sync::Arc::new(access),
+        metrics: metrics.clone(),
     });
+    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
     let socket_note = a.socket.as_ref().map(|p| format!(" socket={}", p.display())).unwrap_or_default();
-    println!("startline-agent node ready listen={bound}{socket_note} spool={} held={}", a.spool.display(), spool.len());
+    println!(
+        "startline-agent node ready listen={bound}{socket_note} spool={} held={}{metrics_note}",
+        a.spool.display(),
+        spool.len()
+    );
     let stop_http = stop.clone();
     let unix_server = unix.map(|u| {
         let app = app.clone().into_make_service_with_connect_info::<startline_agent::access::PeerCred>();
@@ -433,6 +467,9 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
     let _ = server.await;
     if let Some(u) = unix_server {
         let _ = u.await;
+    }
+    if let Some(m) = metrics_server {
+        let _ = m.await;
     }
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);
@@ -464,15 +501,23 @@ async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
         cluster: a.cluster,
     };
     let shell = slurm::ShellSettings { squeue: split(&a.squeue), sacct: split(&a.sacct), interval: a.interval };
-    let up = conn.publishers()?;
+    let metrics = agent_metrics("slurm", Some(&spool))?;
+    let mut up = conn.publishers()?;
+    for (_, p) in &mut up {
+        p.set_metrics(metrics.clone());
+    }
     let (handle, stop) = stop_pair();
+    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
     let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
-    let poller = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, stop.clone()));
-    println!("startline-agent slurm ready spool={} held={}", a.spool.display(), spool.len());
+    let poller = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, metrics, stop.clone()));
+    println!("startline-agent slurm ready spool={} held={}{metrics_note}", a.spool.display(), spool.len());
     wait_for_signal().await;
     handle.stop();
     let _ = poller.await;
     let _ = delivery.await;
+    if let Some(m) = metrics_server {
+        let _ = m.await;
+    }
     Ok(())
 }
 
@@ -494,16 +539,35 @@ async fn run_sagemaker(a: SagemakerArgs, conn: Connection) -> anyhow::Result<()>
     let memory = MemoryStore::open(&spool, "sagemaker").context("cannot open the adapter's memory")?;
     let mapping =
         sagemaker::Mapping { region: a.region.clone(), urgent_prefixes: a.urgent_prefixes, namespace: a.namespace };
-    let up = conn.publishers()?;
+    let metrics = agent_metrics("sagemaker", Some(&spool))?;
+    let mut up = conn.publishers()?;
+    for (_, p) in &mut up {
+        p.set_metrics(metrics.clone());
+    }
     let (handle, stop) = stop_pair();
+    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
     let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
-    let poller =
-        tokio::spawn(sagemaker::run(mapping, client, a.lookback, a.interval, spool.clone(), memory, stop.clone()));
-    println!("startline-agent sagemaker ready endpoint={endpoint} spool={} held={}", a.spool.display(), spool.len());
+    let poller = tokio::spawn(sagemaker::run(
+        mapping,
+        client,
+        sagemaker::Schedule { lookback: a.lookback, interval: a.interval },
+        spool.clone(),
+        memory,
+        metrics,
+        stop.clone(),
+    ));
+    println!(
+        "startline-agent sagemaker ready endpoint={endpoint} spool={} held={}{metrics_note}",
+        a.spool.display(),
+        spool.len()
+    );
     wait_for_signal().await;
     handle.stop();
     let _ = poller.await;
     let _ = delivery.await;
+    if let Some(m) = metrics_server {
+        let _ = m.await;
+    }
     Ok(())
 }
 
@@ -524,17 +588,62 @@ async fn run_vertex(a: VertexArgs, conn: Connection) -> anyhow::Result<()> {
         .await?
         .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
     let memory = MemoryStore::open(&spool, "vertex").context("cannot open the adapter's memory")?;
-    let up = conn.publishers()?;
+    let metrics = agent_metrics("vertex", Some(&spool))?;
+    let mut up = conn.publishers()?;
+    for (_, p) in &mut up {
+        p.set_metrics(metrics.clone());
+    }
     let (handle, stop) = stop_pair();
+    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
     let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
     let mapping = vertex::Mapping { urgent_prefixes: a.urgent_prefixes };
-    let poller = tokio::spawn(vertex::run(mapping, client, a.interval, spool.clone(), memory, stop.clone()));
-    println!("startline-agent vertex ready endpoint={endpoint} spool={} held={}", a.spool.display(), spool.len());
+    let poller = tokio::spawn(vertex::run(mapping, client, a.interval, spool.clone(), memory, metrics, stop.clone()));
+    println!(
+        "startline-agent vertex ready endpoint={endpoint} spool={} held={}{metrics_note}",
+        a.spool.display(),
+        spool.len()
+    );
     wait_for_signal().await;
     handle.stop();
     let _ = poller.await;
     let _ = delivery.await;
+    if let Some(m) = metrics_server {
+        let _ = m.await;
+    }
     Ok(())
+}
+
+/// Starts `--metrics-listen`'s server, if one is asked for; returns ` metrics=<bound address>` for the ready
+/// line (empty without one) and the server's task.
+async fn serve_metrics(
+    a: &MetricsArgs,
+    metrics: &Metrics,
+    stop: startline_agent::simulate::tokio_util_free::Stop,
+) -> anyhow::Result<(String, Option<tokio::task::JoinHandle<std::io::Result<()>>>)> {
+    let Some(addr) = &a.metrics_listen else {
+        return Ok((String::new(), None));
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
+    let bound = listener.local_addr()?;
+    if !bound.ip().is_loopback() {
+        tracing::info!(%bound, "metrics served beyond loopback (--metrics-listen)");
+    }
+    let app = startline_agent::metrics::router(metrics.clone());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async move { stop.wait().await }).await
+    });
+    Ok((format!(" metrics={bound}"), Some(task)))
+}
+
+/// The agent's metrics for `mode`, reporting `spool` when given.
+fn agent_metrics(mode: &'static str, spool: Option<&startline_agent::spool::Spool>) -> anyhow::Result<Metrics> {
+    let m = Metrics::new(mode)?;
+    if let Some(s) = spool {
+        m.watch_spool(s.clone());
+    }
+    Ok(m)
 }
 
 async fn wait_for_signal() {
@@ -591,7 +700,15 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 // Not spooled: a refused token ends the run at once instead of retrying.
                 up_settings.retry_auth_failures = false;
                 let mut up = Publisher::new(up_settings)?;
+                let metrics = agent_metrics("simulate", None)?;
+                up.set_metrics(metrics.clone());
                 let (handle, stop) = stop_pair();
+                let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
+                if !metrics_note.is_empty() {
+                    println!("startline-agent simulate ready{metrics_note}");
+                }
+                // The metrics server ends with the runtime, when the simulation is over.
+                drop(metrics_server);
                 tokio::spawn(async move {
                     let _ = tokio::signal::ctrl_c().await;
                     handle.stop();

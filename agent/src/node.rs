@@ -11,6 +11,9 @@
 //! `gpu_count`, `node_count`, `region`, `team`, `project`, `chain_id`, `chain_stage`, `labels`). Errors are
 //! 4xx JSON naming the field; a full spool answers 503.
 //!
+//! `GET /metrics` serves the agent's own metrics ([`crate::metrics`]) behind the same Host and Origin checks;
+//! `GET /v1/spool` the spool's depth as JSON; `GET /healthz` is unchecked.
+//!
 //! # Hardening (issue 10)
 //! The same router serves the loopback TCP port and the unix socket ([`crate::access`] has the rules). In
 //! order, a request is refused with: 403 when its `Host` or `Origin` is foreign (every route but `/healthz`);
@@ -45,6 +48,7 @@
 //! The id is `c-` and the hash's 16 lowercase hex digits.
 
 use crate::access::{self, Access};
+use crate::metrics::{Metrics, Refusal};
 use crate::spool::{Spool, SpoolError};
 use axum::extract::{Request, State};
 use axum::http::{header, Extensions, HeaderMap, StatusCode};
@@ -91,6 +95,8 @@ pub struct NodeState {
     pub limits: startline_proto::Limits,
     /// Who may post, and how much.
     pub access: std::sync::Arc<Access>,
+    /// The agent's metrics (served at `/metrics`; requests and refusals are counted here).
+    pub metrics: Metrics,
 }
 
 /// The endpoint's router.
@@ -98,8 +104,10 @@ pub fn router(state: NodeState) -> Router {
     Router::new()
         .route("/v1/events", post(post_events))
         .route("/v1/spool", get(spool_status))
+        .route("/metrics", get(metrics))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), same_host_only))
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .layer(axum::middleware::from_fn_with_state(state.metrics.clone(), crate::metrics::count_requests))
         .with_state(state)
 }
 
@@ -121,19 +129,24 @@ async fn same_host_only(State(s): State<NodeState>, req: Request, next: Next) ->
     let host = match req.headers().get(header::HOST) {
         Some(h) => match h.to_str() {
             Ok(h) => Some(h.to_string()),
-            Err(_) => return error(StatusCode::FORBIDDEN, "Host header is not text"),
+            Err(_) => {
+                s.metrics.refused(Refusal::Host);
+                return error(StatusCode::FORBIDDEN, "Host header is not text");
+            }
         },
         None => req.uri().authority().map(|a| a.to_string()),
     };
     if let Some(h) = &host {
         if !access::host_allowed(h, listen) {
             tracing::debug!("refused a request for a foreign Host");
+            s.metrics.refused(Refusal::Host);
             return error(StatusCode::FORBIDDEN, "Host is not this agent's address (localhost or the listen address)");
         }
     }
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         if !origin.to_str().is_ok_and(|o| access::origin_allowed(o, host.as_deref(), listen)) {
             tracing::debug!("refused a cross-origin request");
+            s.metrics.refused(Refusal::Origin);
             return error(StatusCode::FORBIDDEN, "cross-origin requests are refused");
         }
     }
@@ -148,14 +161,20 @@ fn check_post(s: &NodeState, headers: &HeaderMap) -> Option<Response> {
         if !presented.zip(expected.as_ref()).is_some_and(|(p, e)| crate::auth::secret_eq(p, e)) {
             let mut r = error(StatusCode::UNAUTHORIZED, "missing or wrong local token (Authorization: Bearer)");
             r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+            s.metrics.refused(Refusal::LocalToken);
             return Some(r);
         }
     }
     let json = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(access::json_content_type);
     if !json {
+        s.metrics.refused(Refusal::ContentType);
         return Some(error(StatusCode::UNSUPPORTED_MEDIA_TYPE, "Content-Type must be application/json"));
     }
     None
+}
+
+async fn metrics(State(s): State<NodeState>) -> Response {
+    crate::metrics::serve(State(s.metrics.clone())).await
 }
 
 async fn spool_status(State(s): State<NodeState>) -> Json<Value> {
@@ -191,6 +210,7 @@ async fn post_events(
         }
         if let (Some(jobs), Some(job)) = (&s.access.jobs, item.get("job_id").and_then(Value::as_str)) {
             if !jobs.permits(job) {
+                s.metrics.refused(Refusal::JobNotPermitted);
                 return field_error(
                     StatusCode::FORBIDDEN,
                     &format!("events[{i}].job_id"),
@@ -213,6 +233,8 @@ async fn post_events(
     match tokio::task::spawn_blocking(move || spool.append_for(&events, Some((&client, quota)))).await {
         Ok(Ok(())) => (StatusCode::ACCEPTED, Json(json!({"spooled": n}))).into_response(),
         Ok(Err(e @ SpoolError::Quota { .. })) => {
+            s.metrics.refused(Refusal::Quota);
+            s.metrics.quota_refused(n as u64);
             let mut r = error(StatusCode::TOO_MANY_REQUESTS, e.to_string());
             r.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
             r

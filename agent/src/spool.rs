@@ -115,6 +115,10 @@ struct State {
     refused: AtomicU64,
     /// Events and bytes held per client; the lock also serializes appends and removals.
     lock: std::sync::Mutex<HashMap<String, Held>>,
+    /// When events were appended, for the oldest event's age (metrics): runs of sequence numbers as (last
+    /// sequence number of the run, Unix ms of its first append), oldest first; appends within a second share a
+    /// run. Not persisted: events found when the spool is opened count from the open.
+    appended_at: std::sync::Mutex<std::collections::VecDeque<(u64, i64)>>,
 }
 
 /// One delivery destination's progress.
@@ -176,6 +180,9 @@ impl Spool {
                 bytes: AtomicU64::new(bytes),
                 refused: AtomicU64::new(0),
                 lock: std::sync::Mutex::new(clients),
+                appended_at: std::sync::Mutex::new(
+                    (events > 0).then(|| (next - 1, startline_proto::time::now_ms())).into_iter().collect(),
+                ),
             }),
             limits,
             appended: Arc::new(Notify::new()),
@@ -220,8 +227,10 @@ impl Spool {
             });
         }
         let mut batch = sled::Batch::default();
+        let mut last_seq = 0;
         for v in encoded {
             let seq = self.state.next_seq.fetch_add(1, Ordering::Relaxed);
+            last_seq = seq;
             let mut key = seq.to_be_bytes().to_vec();
             if let Some((id, _)) = client {
                 key.extend_from_slice(id.as_bytes());
@@ -238,6 +247,9 @@ impl Spool {
             h.bytes += add_bytes;
         }
         drop(clients);
+        if !events.is_empty() {
+            self.note_appended(last_seq, startline_proto::time::now_ms());
+        }
         self.appended.notify_one();
         Ok(())
     }
@@ -273,6 +285,7 @@ impl Spool {
         }
         self.tree.apply_batch(batch)?;
         self.db.flush()?;
+        self.forget_appended_through(seq);
         for (client, r) in released {
             if let Some(h) = clients.get_mut(&client) {
                 h.events = h.events.saturating_sub(r.events);
@@ -368,6 +381,39 @@ impl Spool {
     /// Events refused because the spool was full, since start.
     pub fn refused(&self) -> u64 {
         self.state.refused.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of encoded events held.
+    pub fn bytes(&self) -> u64 {
+        self.state.bytes.load(Ordering::Relaxed)
+    }
+
+    /// How long ago (ms before `now_ms`) the oldest event still held was appended; `None` when empty. Events
+    /// found when the spool was opened count from the open.
+    pub fn oldest_age_ms(&self, now_ms: i64) -> Option<i64> {
+        let (k, _) = self.tree.first().ok()??;
+        let oldest = seq_of(&k).ok()?;
+        self.forget_appended_through(oldest.saturating_sub(1));
+        let runs = self.state.appended_at.lock().unwrap_or_else(|p| p.into_inner());
+        let at = runs.iter().find(|(last, _)| *last >= oldest).map_or(now_ms, |(_, at)| *at);
+        Some((now_ms - at).max(0))
+    }
+
+    /// Records an append through `last_seq` at `now_ms` (joining the newest run if it began within a second).
+    fn note_appended(&self, last_seq: u64, now_ms: i64) {
+        let mut runs = self.state.appended_at.lock().unwrap_or_else(|p| p.into_inner());
+        match runs.back_mut() {
+            Some((last, at)) if now_ms - *at < 1000 => *last = last_seq.max(*last),
+            _ => runs.push_back((last_seq, now_ms)),
+        }
+    }
+
+    /// Drops the append times of runs that are wholly removed (everything through `seq`).
+    fn forget_appended_through(&self, seq: u64) {
+        let mut runs = self.state.appended_at.lock().unwrap_or_else(|p| p.into_inner());
+        while runs.front().is_some_and(|(last, _)| *last <= seq) {
+            runs.pop_front();
+        }
     }
 }
 

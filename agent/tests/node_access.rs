@@ -30,6 +30,7 @@ fn node(dir: &std::path::Path, configure: impl FnOnce(&mut Access)) -> (NodeStat
         source: SOURCE.into(),
         limits: startline_proto::Limits::default(),
         access: Arc::new(access),
+        metrics: startline_agent::metrics::Metrics::new("node").expect("metrics"),
     };
     (state, spool)
 }

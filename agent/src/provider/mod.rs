@@ -10,6 +10,7 @@ pub mod sigv4;
 pub mod slurm;
 pub mod vertex;
 
+use crate::metrics::{Metrics, PollErrorKind, Provider};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -28,22 +29,74 @@ pub fn free_text(s: &str, max_bytes: usize) -> String {
     out
 }
 
+/// A failed poll: its kind (the `kind` label of `startline_agent_poll_errors_total`) and what is logged.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct PollError {
+    /// What failed.
+    pub kind: PollErrorKind,
+    /// Why, for the log.
+    pub message: String,
+}
+
+impl PollError {
+    /// A failure of `kind`.
+    pub fn new(kind: PollErrorKind, message: impl Into<String>) -> Self {
+        PollError { kind, message: message.into() }
+    }
+
+    /// The provider answered HTTP `status` with `body`: throttled on 429 or an AWS throttling error, else
+    /// `http_status`.
+    pub fn http(provider: &str, status: u16, body: &str) -> Self {
+        let throttled = status == 429 || body.contains("ThrottlingException") || body.contains("RESOURCE_EXHAUSTED");
+        let kind = if throttled { PollErrorKind::Throttled } else { PollErrorKind::HttpStatus };
+        PollError::new(kind, format!("{provider} answered {status}: {}", body.chars().take(500).collect::<String>()))
+    }
+}
+
+/// What a successful poll did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PollReport {
+    /// Jobs the poll followed (listed by the provider and diffed).
+    pub jobs: usize,
+    /// The events it spooled.
+    pub events: Vec<startline_proto::pb::LifecycleEvent>,
+}
+
 /// Runs `poll` every `interval` until `stop`, logging what each poll spooled or why it failed (a failed poll is
-/// retried at the next interval; nothing is lost, since memories only move after events are spooled).
+/// retried at the next interval; nothing is lost, since memories only move after events are spooled), and
+/// counting each in `metrics` as `provider`.
 pub async fn poll_loop<F, Fut>(
-    adapter: &str,
+    provider: Provider,
+    metrics: Metrics,
     interval: std::time::Duration,
     stop: crate::simulate::tokio_util_free::Stop,
     mut poll: F,
 ) where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<usize, String>>,
+    Fut: std::future::Future<Output = Result<PollReport, PollError>>,
 {
+    let adapter = provider.label();
+    metrics.register_provider(provider);
     loop {
+        let started = tokio::time::Instant::now();
         match poll().await {
-            Ok(n) if n > 0 => tracing::info!(adapter, events = n, "transitions spooled"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(adapter, error = %e, "poll failed; retrying next interval"),
+            Ok(report) => {
+                metrics.poll_succeeded(
+                    provider,
+                    started.elapsed(),
+                    report.jobs,
+                    &report.events,
+                    std::time::SystemTime::now(),
+                );
+                if !report.events.is_empty() {
+                    tracing::info!(adapter, events = report.events.len(), "transitions spooled");
+                }
+            }
+            Err(e) => {
+                metrics.poll_failed(provider, started.elapsed(), e.kind);
+                tracing::warn!(adapter, kind = e.kind.label(), error = %e, "poll failed; retrying next interval");
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
@@ -53,22 +106,30 @@ pub async fn poll_loop<F, Fut>(
 }
 
 /// Spools one job's new events, then saves its memory (in that order: a crash in between re-emits the same
-/// ids, which the collector treats as duplicates). Returns the events spooled.
+/// ids, which the collector treats as duplicates). The job and its events are added to `report`.
 pub fn record(
     spool: &crate::spool::Spool,
     memory: &MemoryStore,
     key: &str,
     old: &JobMemory,
-    events: &[startline_proto::pb::LifecycleEvent],
+    events: Vec<startline_proto::pb::LifecycleEvent>,
     new: &JobMemory,
-) -> Result<usize, String> {
+    report: &mut PollReport,
+) -> Result<(), PollError> {
     if !events.is_empty() {
-        spool.append(events).map_err(|e| e.to_string())?;
+        spool.append(&events).map_err(|e| PollError::new(PollErrorKind::Spool, e.to_string()))?;
     }
     if new != old {
-        memory.put(key, new).map_err(|e| e.to_string())?;
+        memory.put(key, new).map_err(|e| PollError::new(PollErrorKind::Spool, e.to_string()))?;
     }
-    Ok(events.len())
+    report.jobs += 1;
+    report.events.extend(events);
+    Ok(())
+}
+
+/// Flushes the adapter's memory at the end of a poll.
+pub fn flush(memory: &MemoryStore) -> Result<(), PollError> {
+    memory.flush().map_err(|e| PollError::new(PollErrorKind::Spool, e.to_string()))
 }
 
 /// What an adapter remembers about one job between polls (and across restarts).
@@ -133,5 +194,21 @@ mod free_text_tests {
         let t = free_text(&"€".repeat(1000), 1024);
         assert_eq!(t.len(), 1023);
         assert!(t.chars().all(|c| c == '€'));
+    }
+}
+
+#[cfg(test)]
+mod poll_error_tests {
+    use super::{PollError, PollErrorKind};
+
+    #[test]
+    fn http_answers_are_throttled_or_http_status() {
+        assert_eq!(PollError::http("vertex", 429, "").kind, PollErrorKind::Throttled);
+        let aws = r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#;
+        assert_eq!(PollError::http("sagemaker", 400, aws).kind, PollErrorKind::Throttled);
+        let aws = r#"{"__type":"ValidationException","message":"bad"}"#;
+        assert_eq!(PollError::http("sagemaker", 400, aws).kind, PollErrorKind::HttpStatus);
+        assert_eq!(PollError::http("vertex", 503, "unavailable").kind, PollErrorKind::HttpStatus);
+        assert!(PollError::http("vertex", 503, &"x".repeat(2000)).message.len() < 600, "the body is cut");
     }
 }

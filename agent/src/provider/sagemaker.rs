@@ -13,7 +13,8 @@
 //! MaxRuntimeExceeded/MaxWaitTimeExceeded -> timed_out. `Uploading` and `Stopping` are not wait states.
 
 use super::sigv4::{amz_date, authorization, Credentials};
-use super::{JobMemory, MemoryStore};
+use super::{JobMemory, MemoryStore, PollError, PollReport};
+use crate::metrics::{PollErrorKind, Provider};
 use serde_json::{json, Value};
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;
@@ -231,6 +232,19 @@ pub enum ClientError {
         /// Body (AWS error JSON).
         body: String,
     },
+    /// A 2xx answer that is not JSON.
+    #[error("sagemaker answered invalid json: {0}")]
+    Parse(String),
+}
+
+impl From<ClientError> for PollError {
+    fn from(e: ClientError) -> PollError {
+        match e {
+            ClientError::Http(e) => PollError::new(PollErrorKind::Transport, format!("http: {e}")),
+            ClientError::Api { status, body } => PollError::http("sagemaker", status, &body),
+            e @ ClientError::Parse(_) => PollError::new(PollErrorKind::Parse, e.to_string()),
+        }
+    }
 }
 
 /// A SigV4-signed SageMaker API client (AWS JSON 1.1 protocol).
@@ -280,7 +294,7 @@ impl Client {
         if !(200..300).contains(&status) {
             return Err(ClientError::Api { status, body: text.chars().take(500).collect() });
         }
-        serde_json::from_str(&text).map_err(|e| ClientError::Api { status, body: format!("invalid json: {e}") })
+        serde_json::from_str(&text).map_err(|e| ClientError::Parse(e.to_string()))
     }
 
     /// Names of training jobs created after `after_ms`, all pages.
@@ -311,46 +325,56 @@ impl Client {
     }
 }
 
+/// How often the adapter polls, and how far back it lists.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    /// Jobs created within this window are followed.
+    pub lookback: std::time::Duration,
+    /// Poll interval.
+    pub interval: std::time::Duration,
+}
+
 /// Polls until `stop`: list recent jobs, describe those not yet done, spool their transitions.
 pub async fn run(
     m: Mapping,
     client: Client,
-    lookback: std::time::Duration,
-    interval: std::time::Duration,
+    Schedule { lookback, interval }: Schedule,
     spool: crate::spool::Spool,
     memory: MemoryStore,
+    metrics: crate::metrics::Metrics,
     stop: crate::simulate::tokio_util_free::Stop,
 ) {
-    super::poll_loop("sagemaker", interval, stop, || poll_once(&m, &client, lookback, &spool, &memory)).await
+    super::poll_loop(Provider::Sagemaker, metrics, interval, stop, || poll_once(&m, &client, lookback, &spool, &memory))
+        .await
 }
 
-/// One poll; returns the events spooled.
+/// One poll; returns the jobs followed (listed and not yet done) and the events spooled.
 pub async fn poll_once(
     m: &Mapping,
     client: &Client,
     lookback: std::time::Duration,
     spool: &crate::spool::Spool,
     memory: &MemoryStore,
-) -> Result<usize, String> {
+) -> Result<PollReport, PollError> {
     let after = startline_proto::time::now_ms() - lookback.as_millis() as i64;
-    let names = client.list(after).await.map_err(|e| e.to_string())?;
-    let mut total = 0;
+    let names = client.list(after).await?;
+    let mut report = PollReport::default();
     for name in names {
         let key = format!("sagemaker/{}/{name}", m.namespace);
         let mem = memory.get(&key);
         if mem.done {
             continue;
         }
-        let v = client.describe(&name).await.map_err(|e| e.to_string())?;
+        let v = client.describe(&name).await?;
         let Some(job) = parse_describe(&v) else {
             tracing::warn!(job = %name, "unreadable DescribeTrainingJob answer");
             continue;
         };
         let (events, new_mem) = diff(m, &job, &mem);
-        total += super::record(spool, memory, &key, &mem, &events, &new_mem)?;
+        super::record(spool, memory, &key, &mem, events, &new_mem, &mut report)?;
     }
-    memory.flush().map_err(|e| e.to_string())?;
-    Ok(total)
+    super::flush(memory)?;
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -20,7 +20,8 @@
 //!   The exit code comes from squeue's raw wait status while the job is listed there (sacct 22.05 reports
 //!   SUCCESS for failed jobs).
 
-use super::{JobMemory, MemoryStore};
+use super::{JobMemory, MemoryStore, PollError, PollReport};
+use crate::metrics::{PollErrorKind, Provider};
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;
@@ -426,13 +427,15 @@ pub struct ShellSettings {
     pub interval: std::time::Duration,
 }
 
-async fn run_json(cmd: &[String]) -> Result<String, String> {
-    let (prog, args) = cmd.split_first().ok_or("empty command")?;
-    let out = tokio::process::Command::new(prog).args(args).output().await.map_err(|e| format!("{prog}: {e}"))?;
+async fn run_json(cmd: &[String]) -> Result<String, PollError> {
+    let failed = |m: String| PollError::new(PollErrorKind::CommandFailed, m);
+    let (prog, args) = cmd.split_first().ok_or_else(|| failed("empty command".into()))?;
+    let out =
+        tokio::process::Command::new(prog).args(args).output().await.map_err(|e| failed(format!("{prog}: {e}")))?;
     if !out.status.success() {
-        return Err(format!("{prog} exited {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+        return Err(failed(format!("{prog} exited {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())));
     }
-    String::from_utf8(out.stdout).map_err(|e| e.to_string())
+    String::from_utf8(out.stdout).map_err(|e| PollError::new(PollErrorKind::Parse, format!("{prog}: {e}")))
 }
 
 /// Polls Slurm until `stop`, appending events to the spool and persisting job memories.
@@ -441,36 +444,39 @@ pub async fn run(
     shell: ShellSettings,
     spool: crate::spool::Spool,
     memory: MemoryStore,
+    metrics: crate::metrics::Metrics,
     stop: crate::simulate::tokio_util_free::Stop,
 ) {
-    super::poll_loop("slurm", shell.interval, stop, || poll_once(&m, &shell, &spool, &memory)).await
+    super::poll_loop(Provider::Slurm, metrics, shell.interval, stop, || poll_once(&m, &shell, &spool, &memory)).await
 }
 
-/// One poll: read both views, diff every job, spool the events, save memories. Returns the events spooled.
+/// One poll: read both views, diff every job, spool the events, save memories. Returns the jobs followed and
+/// the events spooled.
 pub async fn poll_once(
     m: &Mapping,
     shell: &ShellSettings,
     spool: &crate::spool::Spool,
     memory: &MemoryStore,
-) -> Result<usize, String> {
-    let live = parse_squeue(&run_json(&shell.squeue).await?).map_err(|e| format!("squeue: {e}"))?;
+) -> Result<PollReport, PollError> {
+    let parse = |what: &str, e: ParseError| PollError::new(PollErrorKind::Parse, format!("{what}: {e}"));
+    let live = parse_squeue(&run_json(&shell.squeue).await?).map_err(|e| parse("squeue", e))?;
     let acct = match run_json(&shell.sacct).await {
-        Ok(p) => parse_sacct(&p).map_err(|e| format!("sacct: {e}"))?,
+        Ok(p) => parse_sacct(&p).map_err(|e| parse("sacct", e))?,
         Err(e) => {
             tracing::debug!(error = %e, "sacct unavailable; using squeue only");
             Vec::new()
         }
     };
     let now = startline_proto::time::now_ms();
-    let mut total = 0;
+    let mut report = PollReport::default();
     for j in merge(live, acct) {
         let key = startline_id(m, &j);
         let mem = memory.get(&key);
         let (events, new_mem) = diff(m, &j, &mem, now);
-        total += super::record(spool, memory, &key, &mem, &events, &new_mem)?;
+        super::record(spool, memory, &key, &mem, events, &new_mem, &mut report)?;
     }
-    memory.flush().map_err(|e| e.to_string())?;
-    Ok(total)
+    super::flush(memory)?;
+    Ok(report)
 }
 
 #[cfg(test)]

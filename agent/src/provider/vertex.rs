@@ -11,7 +11,8 @@
 //! kept as the message), CANCELLED -> cancelled, EXPIRED -> timed_out. Priority comes from the job label
 //! `startline-priority` (`urgent` or `normal`) or a display-name prefix.
 
-use super::{JobMemory, MemoryStore};
+use super::{JobMemory, MemoryStore, PollError, PollReport};
+use crate::metrics::{PollErrorKind, Provider};
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;
@@ -235,15 +236,19 @@ impl Client {
         })
     }
 
-    async fn token(&self) -> Result<String, String> {
+    async fn token(&self) -> Result<String, PollError> {
         match &self.token {
             TokenSource::Static(t) => Ok(t.clone()),
             TokenSource::Command(cmd) => {
-                let (prog, args) = cmd.split_first().ok_or("empty token command")?;
-                let out =
-                    tokio::process::Command::new(prog).args(args).output().await.map_err(|e| format!("{prog}: {e}"))?;
+                let failed = |m: String| PollError::new(PollErrorKind::CommandFailed, m);
+                let (prog, args) = cmd.split_first().ok_or_else(|| failed("empty token command".into()))?;
+                let out = tokio::process::Command::new(prog)
+                    .args(args)
+                    .output()
+                    .await
+                    .map_err(|e| failed(format!("{prog}: {e}")))?;
                 if !out.status.success() {
-                    return Err(format!("{prog} exited {}", out.status));
+                    return Err(failed(format!("{prog} exited {}", out.status)));
                 }
                 Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
             }
@@ -251,7 +256,8 @@ impl Client {
     }
 
     /// Every CustomJob of the project and location (all pages).
-    pub async fn list(&self) -> Result<Vec<Value>, String> {
+    pub async fn list(&self) -> Result<Vec<Value>, PollError> {
+        let transport = |e: reqwest::Error| PollError::new(PollErrorKind::Transport, e.to_string());
         let token = self.token().await?;
         let mut jobs = Vec::new();
         let mut page: Option<String> = None;
@@ -263,13 +269,14 @@ impl Client {
             if let Some(p) = &page {
                 url.push_str(&format!("&pageToken={p}"));
             }
-            let resp = self.http.get(&url).bearer_auth(&token).send().await.map_err(|e| e.to_string())?;
+            let resp = self.http.get(&url).bearer_auth(&token).send().await.map_err(transport)?;
             let status = resp.status().as_u16();
-            let text = resp.text().await.map_err(|e| e.to_string())?;
+            let text = resp.text().await.map_err(transport)?;
             if !(200..300).contains(&status) {
-                return Err(format!("vertex answered {status}: {}", text.chars().take(300).collect::<String>()));
+                return Err(PollError::http("vertex", status, &text));
             }
-            let v: Value = serde_json::from_str(&text).map_err(|e| format!("invalid json: {e}"))?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| PollError::new(PollErrorKind::Parse, format!("vertex answered invalid json: {e}")))?;
             jobs.extend(v["customJobs"].as_array().cloned().unwrap_or_default());
             match v["nextPageToken"].as_str() {
                 Some(t) if !t.is_empty() => page = Some(t.to_string()),
@@ -286,20 +293,21 @@ pub async fn run(
     interval: std::time::Duration,
     spool: crate::spool::Spool,
     memory: MemoryStore,
+    metrics: crate::metrics::Metrics,
     stop: crate::simulate::tokio_util_free::Stop,
 ) {
-    super::poll_loop("vertex", interval, stop, || poll_once(&m, &client, &spool, &memory)).await
+    super::poll_loop(Provider::Vertex, metrics, interval, stop, || poll_once(&m, &client, &spool, &memory)).await
 }
 
-/// One poll; returns the events spooled.
+/// One poll; returns the jobs followed (listed and not yet done) and the events spooled.
 pub async fn poll_once(
     m: &Mapping,
     client: &Client,
     spool: &crate::spool::Spool,
     memory: &MemoryStore,
-) -> Result<usize, String> {
+) -> Result<PollReport, PollError> {
     let now = startline_proto::time::now_ms();
-    let mut total = 0;
+    let mut report = PollReport::default();
     for v in client.list().await? {
         let Some(job) = parse_custom_job(&v) else { continue };
         let key = startline_id(&job);
@@ -308,10 +316,10 @@ pub async fn poll_once(
             continue;
         }
         let (events, new_mem) = diff(m, &job, &mem, now);
-        total += super::record(spool, memory, &key, &mem, &events, &new_mem)?;
+        super::record(spool, memory, &key, &mem, events, &new_mem, &mut report)?;
     }
-    memory.flush().map_err(|e| e.to_string())?;
-    Ok(total)
+    super::flush(memory)?;
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -225,6 +225,8 @@ pub struct Publisher {
     auth_logged: Option<(Code, String)>,
     /// Whether the current run of failures was logged.
     failure_logged: bool,
+    /// Where acks and failures are counted (`/metrics`), if anywhere.
+    metrics: Option<crate::metrics::Metrics>,
 }
 
 /// Whether a failure is worth retrying as it is. Credential refusals are decided by
@@ -294,7 +296,13 @@ impl Publisher {
             totals: Totals::default(),
             rng: Rng::new(seed),
             failing_since: None,
+            metrics: None,
         })
+    }
+
+    /// Counts acks and failures in `metrics` from now on.
+    pub fn set_metrics(&mut self, metrics: crate::metrics::Metrics) {
+        self.metrics = Some(metrics);
     }
 
     /// Totals so far.
@@ -373,6 +381,9 @@ impl Publisher {
 
     async fn on_failure(&mut self, status: Status) -> Result<(), UplinkError> {
         self.conn = None;
+        if let Some(m) = &self.metrics {
+            m.uplink_failed(status.code(), self.backoff);
+        }
         if is_auth_failure(&status) {
             self.totals.auth_failures += 1;
             if !self.settings.retry_auth_failures {
@@ -445,6 +456,9 @@ impl Publisher {
                     self.totals.accepted += u64::from(ack.accepted);
                     self.totals.duplicates += u64::from(ack.duplicates);
                     self.totals.rejected += ack.rejections.len() as u64;
+                    if let Some(m) = &self.metrics {
+                        m.uplink_acked(ack.accepted.into(), ack.duplicates.into(), ack.rejections.len() as u64);
+                    }
                     for r in ack.rejections {
                         if self.totals.rejections.len() < 100 {
                             self.totals.rejections.push(r);
