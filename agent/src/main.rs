@@ -35,9 +35,12 @@ struct Cli {
     /// events in the spool (it gets what is left when it answers again).
     #[arg(long, global = true, env = "STARTLINE_COLLECTOR_GIVE_UP", default_value = "6h", value_parser = humantime::parse_duration)]
     collector_give_up: Duration,
-    /// Log filter (RUST_LOG also works).
-    #[arg(long, global = true, default_value = "info")]
-    log: String,
+    /// Log filter, e.g. "info" or "startline_agent=debug" (default: RUST_LOG, else info).
+    #[arg(long, env = "STARTLINE_LOG", global = true)]
+    log: Option<String>,
+    /// Log format: text (default; colour on a terminal) or json (one object per line).
+    #[arg(long, global = true, env = "STARTLINE_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
     /// File holding the bearer token for the collector (content trimmed; read again at each reconnect).
     #[arg(long, global = true, env = "STARTLINE_TOKEN_FILE", value_name = "PATH")]
     token_file: Option<PathBuf>,
@@ -104,6 +107,13 @@ impl Connection {
     }
 }
 
+/// Log output formats.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Simulate a fleet of managed and dedicated pools and publish its events.
@@ -135,25 +145,25 @@ struct VertexArgs {
     #[command(flatten)]
     metrics: MetricsArgs,
     /// Spool directory (sled; also holds the adapter's per-job memory).
-    #[arg(long, default_value = "./startline-vertex-spool")]
+    #[arg(long, env = "STARTLINE_SPOOL", default_value = "./startline-vertex-spool")]
     spool: std::path::PathBuf,
     /// Google Cloud project.
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_PROJECT")]
     project: String,
     /// Location (region), e.g. europe-west4.
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_LOCATION")]
     location: String,
     /// API base (default https://<location>-aiplatform.googleapis.com).
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_ENDPOINT")]
     endpoint: Option<String>,
     /// Command printing an access token, run before each poll (default: VERTEX_ACCESS_TOKEN from the environment).
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_TOKEN_COMMAND")]
     token_command: Option<String>,
     /// Display-name prefixes that mark urgent jobs (repeatable).
-    #[arg(long = "urgent-prefix")]
+    #[arg(long = "urgent-prefix", env = "STARTLINE_URGENT_PREFIXES", value_delimiter = ',')]
     urgent_prefixes: Vec<String>,
     /// Poll interval.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "STARTLINE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     interval: Duration,
 }
 
@@ -162,25 +172,25 @@ struct SagemakerArgs {
     #[command(flatten)]
     metrics: MetricsArgs,
     /// Spool directory (sled; also holds the adapter's per-job memory).
-    #[arg(long, default_value = "./startline-sagemaker-spool")]
+    #[arg(long, env = "STARTLINE_SPOOL", default_value = "./startline-sagemaker-spool")]
     spool: std::path::PathBuf,
     /// AWS region.
     #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
     region: String,
     /// API endpoint (default https://api.sagemaker.<region>.amazonaws.com).
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_ENDPOINT")]
     endpoint: Option<String>,
     /// Namespace in job ids (`sagemaker/<namespace>/<job name>`), e.g. the AWS account id.
-    #[arg(long, default_value = "default")]
+    #[arg(long, env = "STARTLINE_NAMESPACE", default_value = "default")]
     namespace: String,
     /// Job-name prefixes that mark urgent jobs (repeatable).
-    #[arg(long = "urgent-prefix")]
+    #[arg(long = "urgent-prefix", env = "STARTLINE_URGENT_PREFIXES", value_delimiter = ',')]
     urgent_prefixes: Vec<String>,
     /// Poll interval.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, env = "STARTLINE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     interval: Duration,
     /// Jobs created within this window are followed.
-    #[arg(long, default_value = "2d", value_parser = parse_duration)]
+    #[arg(long, env = "STARTLINE_LOOKBACK", default_value = "2d", value_parser = parse_duration)]
     lookback: Duration,
 }
 
@@ -189,34 +199,34 @@ struct SlurmArgs {
     #[command(flatten)]
     metrics: MetricsArgs,
     /// Spool directory (sled; also holds the adapter's per-job memory).
-    #[arg(long, default_value = "./startline-slurm-spool")]
+    #[arg(long, env = "STARTLINE_SPOOL", default_value = "./startline-slurm-spool")]
     spool: std::path::PathBuf,
     /// Poll interval.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "STARTLINE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     interval: Duration,
     /// The live-view command (whitespace-separated).
-    #[arg(long, default_value = "squeue --json")]
+    #[arg(long, env = "STARTLINE_SQUEUE", default_value = "squeue --json")]
     squeue: String,
     /// The accounting command (whitespace-separated).
-    #[arg(long, default_value = "sacct --json --allusers --starttime now-2days")]
+    #[arg(long, env = "STARTLINE_SACCT", default_value = "sacct --json --allusers --starttime now-2days")]
     sacct: String,
     /// Partitions whose jobs are urgent (repeatable).
-    #[arg(long = "urgent-partition")]
+    #[arg(long = "urgent-partition", env = "STARTLINE_URGENT_PARTITIONS", value_delimiter = ',')]
     urgent_partitions: Vec<String>,
     /// QOS names whose jobs are urgent (repeatable).
-    #[arg(long = "urgent-qos")]
+    #[arg(long = "urgent-qos", env = "STARTLINE_URGENT_QOS", value_delimiter = ',')]
     urgent_qos: Vec<String>,
     /// Region or site reported for every job.
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "STARTLINE_SITE", default_value = "")]
     site: String,
     /// GPU class reported for every job.
-    #[arg(long, default_value = "")]
+    #[arg(long, env = "STARTLINE_GPU_CLASS", default_value = "")]
     gpu_class: String,
     /// Cluster name when Slurm's payload has none.
-    #[arg(long, default_value = "default")]
+    #[arg(long, env = "STARTLINE_CLUSTER", default_value = "default")]
     cluster: String,
     /// Report the job's start as its first step (for jobs without a node agent reporting real first steps).
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_FIRST_STEP_ON_START")]
     first_step_on_start: bool,
 }
 
@@ -225,42 +235,42 @@ struct NodeArgs {
     #[command(flatten)]
     metrics: MetricsArgs,
     /// Local endpoint address.
-    #[arg(long, default_value = "127.0.0.1:7465")]
+    #[arg(long, env = "STARTLINE_LISTEN", default_value = "127.0.0.1:7465")]
     listen: String,
     /// Spool directory (sled).
-    #[arg(long, default_value = "./startline-spool")]
+    #[arg(long, env = "STARTLINE_SPOOL", default_value = "./startline-spool")]
     spool: std::path::PathBuf,
     /// Most events the spool holds before refusing new ones.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, env = "STARTLINE_SPOOL_MAX_EVENTS", default_value_t = 1_000_000)]
     spool_max_events: u64,
     /// Most bytes the spool holds before refusing new ones.
-    #[arg(long, default_value_t = 512 << 20)]
+    #[arg(long, env = "STARTLINE_SPOOL_MAX_BYTES", default_value_t = 512 << 20)]
     spool_max_bytes: u64,
     /// Source name stamped on every event (default: node-agent/<hostname>); clients cannot set their own.
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_SOURCE")]
     source: Option<String>,
     /// Also serve the endpoint on this unix socket (mode 0660; a stale socket file is removed at start).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "STARTLINE_SOCKET", value_name = "PATH")]
     socket: Option<PathBuf>,
     /// Group of the socket (a name in /etc/group, or a gid); its members may post.
-    #[arg(long, value_name = "NAME", requires = "socket")]
+    #[arg(long, env = "STARTLINE_SOCKET_GROUP", value_name = "NAME", requires = "socket")]
     socket_group: Option<String>,
     /// File holding a local token: POSTs must carry `Authorization: Bearer <it>` (else 401).
     #[arg(long, env = "STARTLINE_NODE_LOCAL_TOKEN_FILE", value_name = "PATH")]
     local_token_file: Option<PathBuf>,
     /// Accept events only for this job id (repeatable); with --allow-jobs-file or this, only the listed jobs and
     /// the agent's own job (from its environment) may be reported.
-    #[arg(long = "allow-job-id", value_name = "ID")]
+    #[arg(long = "allow-job-id", env = "STARTLINE_ALLOW_JOB_IDS", value_name = "ID")]
     allow_job_ids: Vec<String>,
     /// File of allowed job ids, one per line, re-read when it changes (e.g. written by a Slurm prolog).
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, env = "STARTLINE_ALLOW_JOBS_FILE", value_name = "PATH")]
     allow_jobs_file: Option<PathBuf>,
     /// Most events one client (a socket peer's uid, or all of loopback TCP) may hold in the spool (default: a
     /// quarter of --spool-max-events).
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_CLIENT_QUOTA")]
     client_quota: Option<u64>,
     /// Most bytes one client may hold in the spool (default: a quarter of --spool-max-bytes).
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_CLIENT_QUOTA_BYTES")]
     client_quota_bytes: Option<u64>,
 }
 
@@ -282,21 +292,21 @@ struct EmitArgs {
     #[arg(long, env = "STARTLINE_NODE_TOKEN", hide_env_values = true, conflicts_with = "node_token_file")]
     node_token: Option<String>,
     /// Job id (default: from STARTLINE_JOB_ID, SLURM_JOB_ID/SLURM_CLUSTER_NAME, or POD_NAMESPACE/POD_NAME).
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_JOB")]
     job: Option<String>,
     /// Extra fields as key=value (e.g. step=100 phase=image_pull outcome=succeeded exit_code=0 nodes=gpu1,gpu2
     /// labels.team=vision), sent as the type the field has: integers for step, resume_step, gpu_count,
     /// node_count, attempt, exit_code; true/false for checkpoint_saved; lists for nodes and gpu_ids; text for
     /// the rest (so nodes=1001 or pool=42 stay text).
-    #[arg(long = "field", short = 'f', value_name = "KEY=VALUE")]
+    #[arg(long = "field", env = "STARTLINE_FIELDS", short = 'f', value_name = "KEY=VALUE")]
     fields: Vec<String>,
     /// The event's id. Default: derived from the event and its occurred_at, stamped once per invocation, so
     /// retries inside one invocation are duplicates. A script that may run the whole command again for the
     /// same event passes a stable id (e.g. "epilog-done-$SLURM_JOB_ID") so the re-run is a duplicate too.
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_EVENT_ID")]
     event_id: Option<String>,
     /// Keep retrying (node agent unreachable, 5xx, timeouts) this long, with the same event id and occurred_at.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "STARTLINE_RETRY_FOR", default_value = "60s", value_parser = parse_duration)]
     retry_for: Duration,
 }
 
@@ -309,37 +319,37 @@ struct SimulateArgs {
     #[command(flatten)]
     metrics: MetricsArgs,
     /// Seed; the same seed gives the same fleet.
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, env = "STARTLINE_SEED", default_value_t = 42)]
     seed: u64,
     /// Simulated history to backfill, ending now.
-    #[arg(long, default_value = "7d", value_parser = parse_duration)]
+    #[arg(long, env = "STARTLINE_HISTORY", default_value = "7d", value_parser = parse_duration)]
     history: Duration,
     /// Jobs submitted over the history (default: from --jobs-per-hour).
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_JOBS")]
     jobs: Option<u64>,
     /// Average job arrivals per hour.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, env = "STARTLINE_JOBS_PER_HOUR", default_value_t = 60.0)]
     jobs_per_hour: f64,
     /// Simulated seconds per wall second during the backfill; 0 = as fast as the collector acknowledges.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, env = "STARTLINE_SPEEDUP", default_value_t = 0.0)]
     speedup: f64,
     /// Most events per second sent; 0 = unlimited.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, env = "STARTLINE_RATE", default_value_t = 0.0)]
     rate: f64,
     /// Keep simulating in real time after the backfill, until Ctrl-C.
-    #[arg(long)]
+    #[arg(long, env = "STARTLINE_FOLLOW")]
     follow: bool,
     /// Probability that an event is delivered late (out of order).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, env = "STARTLINE_DISORDER", default_value_t = 0.0)]
     disorder: f64,
     /// Probability that an event is delivered twice.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, env = "STARTLINE_DUPLICATES", default_value_t = 0.0)]
     duplicates: f64,
     /// Events per batch.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, env = "STARTLINE_BATCH_SIZE", default_value_t = 1000)]
     batch_size: usize,
     /// Give up if the collector stays unreachable this long.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "STARTLINE_GIVE_UP_AFTER", default_value = "60s", value_parser = parse_duration)]
     give_up_after: Duration,
 }
 
@@ -662,7 +672,18 @@ async fn wait_for_signal() {
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
-    let Cli { collector, collector_give_up, log, token_file, token, ca_file, client_cert, client_key, command } = cli;
+    let Cli {
+        collector,
+        collector_give_up,
+        log,
+        log_format,
+        token_file,
+        token,
+        ca_file,
+        client_cert,
+        client_key,
+        command,
+    } = cli;
     let command = match command {
         Command::Emit(a) => return emit(a),
         other => other,
@@ -674,14 +695,17 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     };
     let conn =
         Connection { collector, give_up: collector_give_up, token, tls: TlsFiles { ca_file, client_cert, client_key } };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&log))
-        .context("invalid --log filter")?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = match &log {
+        Some(f) => tracing_subscriber::EnvFilter::try_new(f).context("invalid --log filter")?,
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .or_else(|_| tracing_subscriber::EnvFilter::try_new("info"))
+            .context("invalid RUST_LOG filter")?,
+    };
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match log_format {
+        LogFormat::Json => fmt.json().with_current_span(true).init(),
+        LogFormat::Text => fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+    }
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start runtime")?;
     rt.block_on(async move {
         match command {

@@ -65,3 +65,29 @@ fn json_logs_from_the_environment_and_build_and_process_metrics() {
     }
     assert!(lines.iter().any(|l| l.contains("collector ready")), "{log}");
 }
+
+#[test]
+fn the_agent_takes_every_setting_from_the_environment_and_logs_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    let out = Command::new(binary("startline-agent"))
+        .arg("simulate")
+        .env("STARTLINE_COLLECTOR", c.endpoint())
+        .env("STARTLINE_LOG_FORMAT", "json")
+        .env("STARTLINE_JOBS", "7")
+        .env("STARTLINE_HISTORY", "2h")
+        .env("STARTLINE_SEED", "11")
+        .env("STARTLINE_LOG", "debug")
+        .output()
+        .expect("agent runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "no log lines");
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string(), "{l}");
+    }
+    let (_, jobs) = c.get("/api/v1/jobs?limit=100");
+    assert_eq!(jobs["jobs"].as_array().map(Vec::len), Some(7), "STARTLINE_JOBS was not used: {jobs}");
+}
