@@ -45,6 +45,11 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
+if ! cargo deny --version >/dev/null 2>&1; then
+  log "installing cargo-deny (supply-chain check)"
+  cargo install --locked cargo-deny
+fi
+
 log "cargo fmt --check"
 cargo fmt --all -- --check
 log "cargo clippy"
