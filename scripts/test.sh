@@ -56,5 +56,9 @@ log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "building binaries for the end-to-end tests"
 cargo build --workspace --bins --locked
+# The release build the container image and the .deb packages are made from (tests/tests/container.rs and
+# packaging.rs run this same command; built here, it is a no-op there and does not compete with other tests).
+log "release build for the packaging tests"
+cargo build --release --locked -p startline-collector -p startline-agent
 log "running tests"
 cargo nextest run --workspace --locked --no-fail-fast
