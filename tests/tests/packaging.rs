@@ -153,12 +153,27 @@ fn debs_carry_binaries_units_conffiles_and_a_system_user() {
     // binaries document themselves with --help; a man page is future work).
     for deb in [&collector, &agent] {
         let out = Command::new("lintian")
-            .args(["--tag-display-limit", "0"])
+            .args(["--tag-display-limit", "0", "--show-overrides"])
             .arg(deb)
             .output()
             .expect("lintian is not installed: apt-get install lintian (scripts/test.sh does)");
         let said = String::from_utf8_lossy(&out.stdout);
         println!("lintian {}:\n{said}", deb.display());
+        assert!(
+            out.status.success(),
+            "lintian {}: {}\n{said}{}",
+            deb.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Proof that lintian read the package: our one override (0640 conffiles) is reported as overridden.
+        assert!(
+            said.lines()
+                .any(|l| l.starts_with("O: ") && l.contains("non-standard-file-perm 0640 != 0644 [etc/startline/")),
+            "lintian did not report the conffile override for {}:\n{said}{}",
+            deb.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         let unexpected: Vec<&str> = said
             .lines()
             .filter(|l| l.starts_with("E: ") || (l.starts_with("W: ") && !l.contains(" no-manual-page ")))
