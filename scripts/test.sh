@@ -10,7 +10,9 @@ log() { printf '==> %s\n' "$*"; }
 # Debian packages the integration tests start for real: Alertmanager (alerting tests; htpasswd from apache2-utils
 # makes the bcrypt hash of its basic-auth user), Prometheus (promtool),
 # Chromium (built-in dashboard test), Slurm with munge, slurmdbd and MariaDB (Slurm adapter test; started by
-# scripts/slurm-up.sh), tzdata (SLO time zones).
+# scripts/slurm-up.sh), tzdata (SLO time zones); for the deployment artefacts: systemd (systemd-analyze verify),
+# lintian and dpkg-dev (the .deb packages), kubectl (kustomize rendering; this machine's kubectl carries kustomize
+# v5, Debian's kubernetes-client is the fallback but its kustomize is too old for the overlays, and the test says so).
 need=()
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
@@ -20,6 +22,11 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm munge)
 command -v slurmdbd >/dev/null 2>&1 || need+=(slurmdbd)
 command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v lintian >/dev/null 2>&1 || need+=(lintian)
+command -v dpkg-shlibdeps >/dev/null 2>&1 || need+=(dpkg-dev)
+command -v file >/dev/null 2>&1 || need+=(file)
+command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
   apt-get update -qq
@@ -29,9 +36,18 @@ if ! python3 -c 'import grpc_tools, grpc_health' 2>/dev/null; then
   log "installing Python grpcio, grpcio-tools, grpcio-health-checking (foreign client test)"
   python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools grpcio-health-checking
 fi
+if ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
+  log "installing Python kubernetes-validate, jsonschema, PyYAML (offline Kubernetes and CRD schema validation)"
+  python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate jsonschema pyyaml
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   log "installing cargo-nextest"
   cargo install --locked cargo-nextest
+fi
+
+if ! cargo deny --version >/dev/null 2>&1; then
+  log "installing cargo-deny (supply-chain check)"
+  cargo install --locked cargo-deny
 fi
 
 log "cargo fmt --check"
@@ -40,5 +56,9 @@ log "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 log "building binaries for the end-to-end tests"
 cargo build --workspace --bins --locked
+# The release build the container image and the .deb packages are made from (tests/tests/container.rs and
+# packaging.rs run this same command; built here, it is a no-op there and does not compete with other tests).
+log "release build for the packaging tests"
+cargo build --release --locked -p startline-collector -p startline-agent
 log "running tests"
 cargo nextest run --workspace --locked --no-fail-fast

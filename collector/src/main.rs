@@ -366,15 +366,20 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         return Ok(());
     }
     init_logging(cli.log.as_deref(), cli.log_format)?;
+    // systemd's readiness protocol (Type=notify): the socket is read once here, at the edge.
+    let notify = sd_notify::Notifier::from_env();
+    let stopping = notify.clone();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start runtime")?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let signals = shutdown.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
+            stopping.send("STOPPING=1");
             signals.cancel();
         });
         startline_collector::app::run(config, shutdown, |b| {
+            notify.send(&format!("READY=1\nSTATUS=grpc={} http={}", b.grpc, b.http));
             // One machine-readable line on stdout: tests and scripts read the bound ports from it.
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "startline-collector ready grpc={} http={}", b.grpc, b.http);
@@ -406,5 +411,107 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// systemd's `sd_notify` protocol without libsystemd: one datagram of `KEY=VALUE` lines to the unix socket named
+/// by `NOTIFY_SOCKET` (a path, or an abstract name written with a leading '@'). Best effort: a collector not
+/// started by systemd has no socket and sends nothing; a failed send is logged, never fatal.
+mod sd_notify {
+    use std::ffi::OsString;
+    use std::os::unix::net::UnixDatagram;
+
+    /// Where readiness and stopping are announced, if anywhere.
+    #[derive(Clone, Debug, Default)]
+    pub struct Notifier {
+        /// The value of `NOTIFY_SOCKET`; `None` when the collector was not started by systemd (Type=notify).
+        socket: Option<OsString>,
+    }
+
+    impl Notifier {
+        pub fn from_env() -> Notifier {
+            Notifier::to(std::env::var_os("NOTIFY_SOCKET"))
+        }
+
+        pub fn to(socket: Option<OsString>) -> Notifier {
+            Notifier { socket: socket.filter(|s| !s.is_empty()) }
+        }
+
+        /// Sends `state` (e.g. `READY=1`); logs instead of failing.
+        pub fn send(&self, state: &str) {
+            if let Some(socket) = &self.socket {
+                if let Err(e) = send_to(socket, state) {
+                    tracing::warn!(socket = ?socket, "cannot notify systemd ({state:?}): {e}");
+                }
+            }
+        }
+    }
+
+    /// One datagram with `state` to `socket`: a filesystem path, or `@name` for the abstract namespace.
+    pub fn send_to(socket: &std::ffi::OsStr, state: &str) -> std::io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let sock = UnixDatagram::unbound()?;
+        let bytes = socket.as_bytes();
+        match bytes.strip_prefix(b"@") {
+            #[cfg(target_os = "linux")]
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+                sock.send_to_addr(state.as_bytes(), &addr)?;
+            }
+            #[cfg(not(target_os = "linux"))]
+            Some(_) => return Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "abstract sockets need Linux")),
+            None => {
+                sock.send_to(state.as_bytes(), socket)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use std::time::Duration;
+
+        fn recv(listener: &UnixDatagram) -> String {
+            listener.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            let mut buf = [0u8; 512];
+            let n = listener.recv(&mut buf).expect("a datagram within 5 s");
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        }
+
+        #[test]
+        fn sends_ready_to_a_path_socket() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("notify.sock");
+            let listener = UnixDatagram::bind(&path).expect("bind");
+            let n = Notifier::to(Some(path.clone().into_os_string()));
+            n.send("READY=1\nSTATUS=grpc=127.0.0.1:1 http=127.0.0.1:2");
+            assert_eq!(recv(&listener), "READY=1\nSTATUS=grpc=127.0.0.1:1 http=127.0.0.1:2");
+            n.send("STOPPING=1");
+            assert_eq!(recv(&listener), "STOPPING=1");
+        }
+
+        #[cfg(target_os = "linux")]
+        #[test]
+        fn sends_to_an_abstract_socket_named_with_at() {
+            use std::os::linux::net::SocketAddrExt;
+            let name = format!("startline-notify-test-{}", std::process::id());
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).expect("abstract name");
+            let listener = UnixDatagram::bind_addr(&addr).expect("bind abstract");
+            Notifier::to(Some(format!("@{name}").into())).send("READY=1");
+            assert_eq!(recv(&listener), "READY=1");
+        }
+
+        #[test]
+        fn without_a_socket_nothing_is_sent_and_nothing_fails() {
+            assert!(Notifier::to(None).socket.is_none());
+            assert!(Notifier::to(Some(OsString::new())).socket.is_none());
+            let dir = tempfile::tempdir().expect("tempdir");
+            let err = send_to(dir.path().join("absent.sock").as_os_str(), "READY=1").expect_err("no listener");
+            assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+            // The best-effort sender only logs this.
+            Notifier::to(Some(dir.path().join("absent.sock").into_os_string())).send("READY=1");
+        }
     }
 }
