@@ -38,7 +38,15 @@ fn json_logs_from_the_environment_and_build_and_process_metrics() {
     std::env::set_var("STARTLINE_LOG_FORMAT", "json");
     let c = Collector::start(&dir.path().join("db"), &[]);
     std::env::remove_var("STARTLINE_LOG_FORMAT");
+    // CPU seconds read independently from the child's /proc before and after the scrape bracket the scraped value.
+    let cpu = |pid: u32| -> f64 {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+        let f: Vec<&str> = text[text.rfind(')').expect(")") + 2..].split_whitespace().collect();
+        (f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")) as f64 / 100.0
+    };
+    let before = cpu(c.child.id());
     let (status, metrics) = http_get_text(c.http, "/metrics");
+    let after = cpu(c.child.id());
     assert_eq!(status, 200);
     let value = |name: &str| -> f64 {
         metrics
@@ -52,7 +60,8 @@ fn json_logs_from_the_environment_and_build_and_process_metrics() {
     assert!(metrics.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))));
     assert!(value("process_resident_memory_bytes") > 1_000_000.0);
     assert!(value("process_open_fds") >= 3.0);
-    assert!(value("process_cpu_seconds_total") > 0.0);
+    let scraped = value("process_cpu_seconds_total");
+    assert!(before <= scraped && scraped <= after, "cpu {scraped} outside [{before}, {after}]");
     let started = value("process_start_time_seconds");
     let now = startline_proto::time::now_ms() as f64 / 1000.0;
     assert!(started <= now && now - started < 600.0, "start time {started} vs now {now}");
