@@ -20,8 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 use startline_proto::pb::lifecycle_event::Kind;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -172,11 +171,11 @@ struct Inner {
     spool_capacity_bytes: IntGauge,
     spool_oldest_age: Gauge,
     spool_refused: IntCounterVec,
-    uplink_batches: IntCounter,
+    uplink_batches: IntCounterVec,
     uplink_events: IntCounterVec,
     uplink_failures: IntCounterVec,
-    uplink_connected: IntGauge,
-    uplink_backoff: Gauge,
+    uplink_connected: IntGaugeVec,
+    uplink_backoff: GaugeVec,
     poll_duration: HistogramVec,
     poll_errors: IntCounterVec,
     last_poll: GaugeVec,
@@ -239,36 +238,46 @@ impl Metrics {
                 "Events refused by the spool: full (spool at its limit) or quota (a client over its share)",
                 &["reason"],
             )?,
-            uplink_batches: {
-                let m = IntCounter::new(
-                    "startline_agent_uplink_batches_total",
-                    "Batches the collector acknowledged (after its durable commit)",
-                )?;
-                r.register(Box::new(m.clone()))?;
-                m
-            },
+            uplink_batches: counter_vec(
+                &r,
+                "startline_agent_uplink_batches_total",
+                "Batches the collector acknowledged (after its durable commit), by collector endpoint",
+                &["collector"],
+            )?,
             uplink_events: counter_vec(
                 &r,
                 "startline_agent_uplink_events_total",
-                "Events in acknowledged batches, by the collector's answer",
-                &["result"],
+                "Events in acknowledged batches, by collector endpoint and the collector's answer",
+                &["collector", "result"],
             )?,
             uplink_failures: counter_vec(
                 &r,
                 "startline_agent_uplink_failures_total",
-                "Failed connects and streams to the collector, by gRPC code class",
-                &["code"],
+                "Failed connects and streams to the collector, by collector endpoint and gRPC code class",
+                &["collector", "code"],
             )?,
-            uplink_connected: int_gauge(
-                &r,
-                "startline_agent_uplink_connected",
-                "1 while the uplink has a working stream to the collector, 0 while it retries",
-            )?,
-            uplink_backoff: gauge(
-                &r,
-                "startline_agent_uplink_backoff_seconds",
-                "The current retry delay of the uplink (0 after a successful ack)",
-            )?,
+            uplink_connected: {
+                let m = IntGaugeVec::new(
+                    Opts::new(
+                        "startline_agent_uplink_connected",
+                        "1 while the uplink to this collector has a working stream, 0 while it retries",
+                    ),
+                    &["collector"],
+                )?;
+                r.register(Box::new(m.clone()))?;
+                m
+            },
+            uplink_backoff: {
+                let m = GaugeVec::new(
+                    Opts::new(
+                        "startline_agent_uplink_backoff_seconds",
+                        "The current retry delay of the uplink to this collector (0 after a successful ack)",
+                    ),
+                    &["collector"],
+                )?;
+                r.register(Box::new(m.clone()))?;
+                m
+            },
             poll_duration: {
                 let m = HistogramVec::new(
                     HistogramOpts::new("startline_agent_poll_duration_seconds", "Duration of one adapter poll")
@@ -330,12 +339,6 @@ impl Metrics {
         for reason in ["full", "quota"] {
             inner.spool_refused.with_label_values(&[reason]);
         }
-        for result in ["accepted", "duplicate", "rejected"] {
-            inner.uplink_events.with_label_values(&[result]);
-        }
-        for code in ["unavailable", "unauthenticated", "permission_denied", "resource_exhausted", "other"] {
-            inner.uplink_failures.with_label_values(&[code]);
-        }
         if mode == "node" {
             for r in [
                 Refusal::Host,
@@ -376,28 +379,43 @@ impl Metrics {
         }
     }
 
-    /// A batch acknowledged with these counts.
-    pub fn uplink_acked(&self, accepted: u64, duplicates: u64, rejected: u64) {
+    /// Creates the uplink series of one collector (its endpoint as configured: a bounded, config-listed value),
+    /// so they are scraped as 0 before its first ack or failure.
+    pub fn register_collector(&self, collector: &str) {
         let i = &self.inner;
-        i.uplink_batches.inc();
-        i.uplink_events.with_label_values(&["accepted"]).inc_by(accepted);
-        i.uplink_events.with_label_values(&["duplicate"]).inc_by(duplicates);
-        i.uplink_events.with_label_values(&["rejected"]).inc_by(rejected);
-        i.uplink_connected.set(1);
-        i.uplink_backoff.set(0.0);
+        i.uplink_batches.with_label_values(&[collector]);
+        for result in ["accepted", "duplicate", "rejected"] {
+            i.uplink_events.with_label_values(&[collector, result]);
+        }
+        for code in ["unavailable", "unauthenticated", "permission_denied", "resource_exhausted", "other"] {
+            i.uplink_failures.with_label_values(&[collector, code]);
+        }
+        i.uplink_connected.with_label_values(&[collector]);
+        i.uplink_backoff.with_label_values(&[collector]);
     }
 
-    /// A connect or a stream failed with `code`; the uplink waits `backoff` before the next attempt.
-    pub fn uplink_failed(&self, code: tonic::Code, backoff: Duration) {
+    /// A batch acknowledged by `collector` with these counts.
+    pub fn uplink_acked(&self, collector: &str, accepted: u64, duplicates: u64, rejected: u64) {
         let i = &self.inner;
-        i.uplink_failures.with_label_values(&[code_class(code)]).inc();
-        i.uplink_connected.set(0);
-        i.uplink_backoff.set(backoff.as_secs_f64());
+        i.uplink_batches.with_label_values(&[collector]).inc();
+        i.uplink_events.with_label_values(&[collector, "accepted"]).inc_by(accepted);
+        i.uplink_events.with_label_values(&[collector, "duplicate"]).inc_by(duplicates);
+        i.uplink_events.with_label_values(&[collector, "rejected"]).inc_by(rejected);
+        i.uplink_connected.with_label_values(&[collector]).set(1);
+        i.uplink_backoff.with_label_values(&[collector]).set(0.0);
+    }
+
+    /// A connect or a stream to `collector` failed with `code`; the uplink waits `backoff` before the next attempt.
+    pub fn uplink_failed(&self, collector: &str, code: tonic::Code, backoff: Duration) {
+        let i = &self.inner;
+        i.uplink_failures.with_label_values(&[collector, code_class(code)]).inc();
+        i.uplink_connected.with_label_values(&[collector]).set(0);
+        i.uplink_backoff.with_label_values(&[collector]).set(backoff.as_secs_f64());
     }
 
     /// The uplink has a stream (connected, not yet acknowledged).
-    pub fn uplink_connected(&self) {
-        self.inner.uplink_connected.set(1);
+    pub fn uplink_connected(&self, collector: &str) {
+        self.inner.uplink_connected.with_label_values(&[collector]).set(1);
     }
 
     /// A successful poll: its duration, the jobs it followed and the events it spooled; `now` stamps it.

@@ -166,7 +166,8 @@ async fn a_full_spool_counts_refused_events() {
 #[tokio::test]
 async fn an_unreachable_collector_counts_unavailable_failures_and_backoff() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-    let mut settings = startline_agent::uplink::UplinkSettings::new(format!("http://127.0.0.1:{port}"));
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut settings = startline_agent::uplink::UplinkSettings::new(endpoint.clone());
     settings.backoff_initial = Duration::from_millis(20);
     settings.backoff_max = Duration::from_millis(40);
     settings.give_up_after = Some(Duration::from_millis(200));
@@ -177,14 +178,21 @@ async fn an_unreachable_collector_counts_unavailable_failures_and_backoff() {
     up.send(vec![ev]).await.expect("queued");
     assert!(up.flush().await.is_err(), "gives up");
     let text = metrics.render().expect("render");
-    let failures = value(&text, "startline_agent_uplink_failures_total", &[("code", "unavailable")]);
+    let failures =
+        value(&text, "startline_agent_uplink_failures_total", &[("collector", &endpoint), ("code", "unavailable")]);
     assert!(failures >= 2.0, "{failures}");
     assert_eq!(failures, up.totals().reconnects as f64 + 1.0, "every failure, the last one (given up) too");
-    assert_eq!(value(&text, "startline_agent_uplink_failures_total", &[("code", "unauthenticated")]), 0.0);
-    assert_eq!(value(&text, "startline_agent_uplink_connected", &[]), 0.0);
-    assert!(value(&text, "startline_agent_uplink_backoff_seconds", &[]) > 0.0);
-    assert_eq!(value(&text, "startline_agent_uplink_batches_total", &[]), 0.0);
-    assert_eq!(value(&text, "startline_agent_uplink_events_total", &[("result", "accepted")]), 0.0);
+    assert_eq!(
+        value(&text, "startline_agent_uplink_failures_total", &[("collector", &endpoint), ("code", "unauthenticated")]),
+        0.0
+    );
+    assert_eq!(value(&text, "startline_agent_uplink_connected", &[("collector", &endpoint)]), 0.0);
+    assert!(value(&text, "startline_agent_uplink_backoff_seconds", &[("collector", &endpoint)]) > 0.0);
+    assert_eq!(value(&text, "startline_agent_uplink_batches_total", &[("collector", &endpoint)]), 0.0);
+    assert_eq!(
+        value(&text, "startline_agent_uplink_events_total", &[("collector", &endpoint), ("result", "accepted")]),
+        0.0
+    );
 }
 
 fn fixture(name: &str) -> String {
@@ -296,7 +304,8 @@ fn every_metric_is_documented_in_metrics_md_and_every_documented_one_exists() {
     m.poll_succeeded(Provider::Slurm, Duration::from_millis(5), 1, &[ev], std::time::SystemTime::now());
     m.http_request("events", StatusCode::ACCEPTED);
     m.refused(Refusal::Host);
-    m.uplink_acked(1, 0, 0);
+    m.register_collector("http://127.0.0.1:50051");
+    m.uplink_acked("http://127.0.0.1:50051", 1, 0, 0);
     let text = m.render().expect("render");
     let mut exported: Vec<String> = text
         .lines()

@@ -126,29 +126,36 @@ fn the_node_agent_counts_deliveries_as_the_collector_acknowledged_them_and_passe
     // A DNS-rebinding page: refused and counted.
     assert_eq!(post(listen, "evil.example", &bodies[1]), 403);
 
+    // Uplink series carry the collector endpoint as configured (--collector).
+    let ep = c.endpoint();
     wait_until("the collector to acknowledge all 12 events", Duration::from_secs(30), || {
         let t = scrape(metrics);
         sample(&t, "startline_agent_spool_events", &[]) == Some(0.0)
-            && sample(&t, "startline_agent_uplink_events_total", &[("result", "accepted")]).unwrap_or(0.0)
-                + sample(&t, "startline_agent_uplink_events_total", &[("result", "duplicate")]).unwrap_or(0.0)
+            && sample(&t, "startline_agent_uplink_events_total", &[("collector", &ep), ("result", "accepted")])
+                .unwrap_or(0.0)
+                + sample(&t, "startline_agent_uplink_events_total", &[("collector", &ep), ("result", "duplicate")])
+                    .unwrap_or(0.0)
                 == 12.0
     });
     // On the node agent's own listener (its Host check passes: the Host is the listen address).
     let text = scrape(listen);
-    assert_eq!(value(&text, "startline_agent_uplink_events_total", &[("result", "accepted")]), 9.0);
-    assert_eq!(value(&text, "startline_agent_uplink_events_total", &[("result", "duplicate")]), 3.0);
-    assert_eq!(value(&text, "startline_agent_uplink_events_total", &[("result", "rejected")]), 0.0);
+    assert_eq!(value(&text, "startline_agent_uplink_events_total", &[("collector", &ep), ("result", "accepted")]), 9.0);
     assert_eq!(
-        value(&text, "startline_agent_uplink_events_total", &[("result", "accepted")]),
+        value(&text, "startline_agent_uplink_events_total", &[("collector", &ep), ("result", "duplicate")]),
+        3.0
+    );
+    assert_eq!(value(&text, "startline_agent_uplink_events_total", &[("collector", &ep), ("result", "rejected")]), 0.0);
+    assert_eq!(
+        value(&text, "startline_agent_uplink_events_total", &[("collector", &ep), ("result", "accepted")]),
         collector_events(&c, "accepted")
     );
     assert_eq!(
-        value(&text, "startline_agent_uplink_events_total", &[("result", "duplicate")]),
+        value(&text, "startline_agent_uplink_events_total", &[("collector", &ep), ("result", "duplicate")]),
         collector_events(&c, "duplicate")
     );
-    assert!(value(&text, "startline_agent_uplink_batches_total", &[]) >= 1.0);
-    assert_eq!(value(&text, "startline_agent_uplink_connected", &[]), 1.0);
-    assert_eq!(value(&text, "startline_agent_uplink_backoff_seconds", &[]), 0.0);
+    assert!(value(&text, "startline_agent_uplink_batches_total", &[("collector", &ep)]) >= 1.0);
+    assert_eq!(value(&text, "startline_agent_uplink_connected", &[("collector", &ep)]), 1.0);
+    assert_eq!(value(&text, "startline_agent_uplink_backoff_seconds", &[("collector", &ep)]), 0.0);
     assert_eq!(value(&text, "startline_agent_spool_events", &[]), 0.0);
     assert_eq!(value(&text, "startline_agent_spool_bytes", &[]), 0.0);
     assert_eq!(value(&text, "startline_agent_spool_oldest_event_age_seconds", &[]), 0.0);
@@ -209,7 +216,13 @@ fn the_vertex_adapter_counts_a_throttled_poll_then_its_jobs_transitions_and_deli
             last = scrape(metrics);
             sample(&last, "startline_agent_last_successful_poll_timestamp_seconds", &[("provider", "vertex")]).is_some()
                 && sample(&last, "startline_agent_spool_events", &[]) == Some(0.0)
-                && sample(&last, "startline_agent_uplink_events_total", &[("result", "accepted")]).unwrap_or(0.0) > 0.0
+                && sample(
+                    &last,
+                    "startline_agent_uplink_events_total",
+                    &[("collector", &c.endpoint()), ("result", "accepted")],
+                )
+                .unwrap_or(0.0)
+                    > 0.0
         });
         last
     };
@@ -222,7 +235,8 @@ fn the_vertex_adapter_counts_a_throttled_poll_then_its_jobs_transitions_and_deli
     };
     assert_eq!(transitions("submitted"), 2.0, "one per job");
     assert_eq!(transitions("done"), 2.0, "both jobs ended");
-    let accepted = value(&text, "startline_agent_uplink_events_total", &[("result", "accepted")]);
+    let accepted =
+        value(&text, "startline_agent_uplink_events_total", &[("collector", &c.endpoint()), ("result", "accepted")]);
     assert_eq!(accepted, collector_events(&c, "accepted"));
     let spooled: f64 =
         ["submitted", "queued", "node_assigned", "preparing", "first_step", "preempted", "requeued", "done"]

@@ -302,6 +302,7 @@ impl Publisher {
 
     /// Counts acks and failures in `metrics` from now on.
     pub fn set_metrics(&mut self, metrics: crate::metrics::Metrics) {
+        metrics.register_collector(&self.settings.endpoint);
         self.metrics = Some(metrics);
     }
 
@@ -382,7 +383,7 @@ impl Publisher {
     async fn on_failure(&mut self, status: Status) -> Result<(), UplinkError> {
         self.conn = None;
         if let Some(m) = &self.metrics {
-            m.uplink_failed(status.code(), self.backoff);
+            m.uplink_failed(&self.settings.endpoint, status.code(), self.backoff);
         }
         if is_auth_failure(&status) {
             self.totals.auth_failures += 1;
@@ -457,7 +458,12 @@ impl Publisher {
                     self.totals.duplicates += u64::from(ack.duplicates);
                     self.totals.rejected += ack.rejections.len() as u64;
                     if let Some(m) = &self.metrics {
-                        m.uplink_acked(ack.accepted.into(), ack.duplicates.into(), ack.rejections.len() as u64);
+                        m.uplink_acked(
+                            &self.settings.endpoint,
+                            ack.accepted.into(),
+                            ack.duplicates.into(),
+                            ack.rejections.len() as u64,
+                        );
                     }
                     for r in ack.rejections {
                         if self.totals.rejections.len() < 100 {
