@@ -77,17 +77,25 @@ impl Connection {
         }
     }
 
-    /// One publisher per collector, named by its endpoint (the spool's cursor key).
-    fn publishers(&self) -> anyhow::Result<Vec<(String, Publisher)>> {
+    /// Starts delivering `spool` to every collector: one publisher per collector, named by its endpoint (the
+    /// spool's cursor key), each reporting into `metrics`.
+    fn deliver(
+        &self,
+        spool: &startline_agent::spool::Spool,
+        metrics: &Metrics,
+        stop: &startline_agent::simulate::tokio_util_free::Stop,
+    ) -> anyhow::Result<tokio::task::JoinHandle<Result<(), startline_agent::uplink::UplinkError>>> {
         let mut seen = std::collections::HashSet::new();
-        let mut out = Vec::new();
+        let mut up = Vec::new();
         for c in &self.collector {
             let c = c.trim();
             anyhow::ensure!(!c.is_empty(), "--collector: an empty endpoint in the list");
             anyhow::ensure!(seen.insert(c.to_string()), "--collector: {c} is listed twice");
-            out.push((c.to_string(), Publisher::new(self.settings_for(c)?)?));
+            let mut p = Publisher::new(self.settings_for(c)?)?;
+            p.set_metrics(metrics.clone());
+            up.push((c.to_string(), p));
         }
-        Ok(out)
+        Ok(tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), self.give_up())))
     }
 
     /// How the spool treats a silent collector: only with several collectors does one stop holding events.
@@ -431,10 +439,6 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
     }
     let gid = a.socket_group.as_deref().map(startline_agent::access::group_id).transpose()?;
     let metrics = agent_metrics("node", Some(&spool))?;
-    let mut up = conn.publishers()?;
-    for (_, p) in &mut up {
-        p.set_metrics(metrics.clone());
-    }
     let listener =
         tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("cannot listen on {}", a.listen))?;
     let bound = listener.local_addr()?;
@@ -444,7 +448,7 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         None => None,
     };
     let (handle, stop) = stop_pair();
-    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
+    let delivery = conn.deliver(&spool, &metrics, &stop)?;
     let app = startline_agent::node::router(startline_agent::node::NodeState {
         clock: startline_agent::node::MonotonicWall::start(),
         spool: spool.clone(),
@@ -512,13 +516,9 @@ async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
     };
     let shell = slurm::ShellSettings { squeue: split(&a.squeue), sacct: split(&a.sacct), interval: a.interval };
     let metrics = agent_metrics("slurm", Some(&spool))?;
-    let mut up = conn.publishers()?;
-    for (_, p) in &mut up {
-        p.set_metrics(metrics.clone());
-    }
     let (handle, stop) = stop_pair();
     let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
+    let delivery = conn.deliver(&spool, &metrics, &stop)?;
     let poller = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, metrics, stop.clone()));
     println!("startline-agent slurm ready spool={} held={}{metrics_note}", a.spool.display(), spool.len());
     wait_for_signal().await;
@@ -550,13 +550,9 @@ async fn run_sagemaker(a: SagemakerArgs, conn: Connection) -> anyhow::Result<()>
     let mapping =
         sagemaker::Mapping { region: a.region.clone(), urgent_prefixes: a.urgent_prefixes, namespace: a.namespace };
     let metrics = agent_metrics("sagemaker", Some(&spool))?;
-    let mut up = conn.publishers()?;
-    for (_, p) in &mut up {
-        p.set_metrics(metrics.clone());
-    }
     let (handle, stop) = stop_pair();
     let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
+    let delivery = conn.deliver(&spool, &metrics, &stop)?;
     let poller = tokio::spawn(sagemaker::run(
         mapping,
         client,
@@ -599,13 +595,9 @@ async fn run_vertex(a: VertexArgs, conn: Connection) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
     let memory = MemoryStore::open(&spool, "vertex").context("cannot open the adapter's memory")?;
     let metrics = agent_metrics("vertex", Some(&spool))?;
-    let mut up = conn.publishers()?;
-    for (_, p) in &mut up {
-        p.set_metrics(metrics.clone());
-    }
     let (handle, stop) = stop_pair();
     let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-    let delivery = tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), conn.give_up()));
+    let delivery = conn.deliver(&spool, &metrics, &stop)?;
     let mapping = vertex::Mapping { urgent_prefixes: a.urgent_prefixes };
     let poller = tokio::spawn(vertex::run(mapping, client, a.interval, spool.clone(), memory, metrics, stop.clone()));
     println!(

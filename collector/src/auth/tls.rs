@@ -142,11 +142,18 @@ fn stamps(files: &TlsFiles) -> Vec<Option<SystemTime>> {
 const GRPC_ALPN: &[&[u8]] = &[b"h2"];
 const HTTP_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 
+/// Both listeners' configs from one read of the files: the same certificate and verifier, each its own ALPN.
+fn configs(files: &TlsFiles) -> Result<(ServerConfig, ServerConfig), TlsError> {
+    let grpc = server_config(files, GRPC_ALPN)?;
+    let mut http = grpc.clone();
+    http.alpn_protocols = HTTP_ALPN.iter().map(|p| p.to_vec()).collect();
+    Ok((grpc, http))
+}
+
 impl TlsState {
     /// Loads the files.
     pub fn load(files: TlsFiles) -> Result<TlsState, TlsError> {
-        let grpc = server_config(&files, GRPC_ALPN)?;
-        let http = server_config(&files, HTTP_ALPN)?;
+        let (grpc, http) = configs(&files)?;
         let s = stamps(&files);
         Ok(TlsState {
             files: RwLock::new(files),
@@ -176,8 +183,7 @@ impl TlsState {
     /// Reloads from `files` (the same files, or new paths from a reloaded config). On error the old configs
     /// stay.
     pub fn reload(&self, files: TlsFiles) -> Result<(), TlsError> {
-        let grpc = server_config(&files, GRPC_ALPN)?;
-        let http = server_config(&files, HTTP_ALPN)?;
+        let (grpc, http) = configs(&files)?;
         let s = stamps(&files);
         if let Ok(mut g) = self.grpc.write() {
             *g = Arc::new(grpc);
