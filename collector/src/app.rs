@@ -280,10 +280,22 @@ pub async fn run_with_clock(
             .serve_with_incoming_shutdown(grpc_incoming, async move { grpc_stop.cancelled().await }),
     );
 
-    // Reloads of [auth] and [tls]: SIGHUP, a changed config, certificate or key file, or the admin route.
+    // Reloads ([auth], [tls], [[slo]], [alerts]): SIGHUP, a changed config, certificate or key file, or the admin
+    // route.
+    let (alert_settings, alert_settings_rx) = tokio::sync::watch::channel(config.alerts.clone());
     let reload: Option<api::Reload> = config.source.clone().map(|path| {
-        let (auth, tls) = (auth.clone(), tls.clone());
-        Arc::new(move || reload_security(&path, &auth, tls.as_deref(), exposed)) as api::Reload
+        let r = Reloader {
+            path,
+            running: std::sync::Mutex::new(config.clone()),
+            auth: auth.clone(),
+            tls: tls.clone(),
+            exposed,
+            index: index.clone(),
+            alerts: alert_settings,
+            wake: wake.clone(),
+            clock,
+        };
+        Arc::new(move || r.reload()) as api::Reload
     });
     let reloader = tokio::spawn(watch_reloads(reload.clone(), config.source.clone(), tls.clone(), shutdown.clone()));
 
@@ -315,8 +327,9 @@ pub async fn run_with_clock(
     let alert_stop = CancellationToken::new();
     let alert_tasks = TaskTracker::new();
     let generator_url = format!("http://{}/api/v1/alerts", bound.http);
-    let notifiers = notify::spawn_all(&config.alerts, clock, &generator_url, &alert_tasks, &alert_stop);
-    telemetry.observe_notifiers(notifiers.stats.clone());
+    let alert_stats = Arc::new(crate::alert::AlertStats::default());
+    let notifiers = notify::spawn_all(&config.alerts, clock, &generator_url, &alert_tasks, &alert_stop, &alert_stats);
+    telemetry.observe_notifiers(alert_stats.clone());
     let alert_loop = AlertLoop {
         index: index.clone(),
         store: store.clone(),
@@ -324,9 +337,14 @@ pub async fn run_with_clock(
         config: config.alerts.clone(),
         board: board.clone(),
         wake,
-        notifiers: notifiers.queues,
-        stats: notifiers.stats,
+        notifiers,
+        stats: alert_stats,
         generator_url,
+        reconfigure: Some(crate::alert::Reconfigure {
+            settings: alert_settings_rx,
+            tasks: alert_tasks.clone(),
+            shutdown: alert_stop.clone(),
+        }),
     };
     alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
 
@@ -401,36 +419,101 @@ pub async fn run_with_clock(
     Ok(())
 }
 
-/// Re-reads `[auth]` and `[tls]` from the config file and applies them; the rest of the file needs a restart.
-/// Nothing changes unless both sections are valid.
-pub fn reload_security(
-    path: &std::path::Path,
-    auth: &crate::auth::Auth,
-    tls: Option<&TlsState>,
-    exposed: bool,
-) -> Result<api::types::Reloaded, String> {
-    let file = crate::config::FileConfig::load(path).map_err(|e| e.to_string())?;
-    let mut errs = Vec::new();
-    let files = file.tls.validate(&mut errs);
-    let has_ca = files.as_ref().is_some_and(|f| f.client_ca_file.is_some());
-    let cfg = file.auth.validate(&mut errs, has_ca);
-    if exposed && !cfg.enabled() && !cfg.insecure {
-        errs.push("auth: no [[auth.identity]] is left while a listener is reachable beyond loopback".into());
+/// Applies a changed config file to the running collector. Reloadable: `[auth]`, `[tls]` (certificates and keys),
+/// `[[slo]]` and `[alerts]`. Other sections need a restart: a reload that changes them names them and leaves them as
+/// they are. The whole file is validated first (notifier files read); if anything is wrong nothing changes.
+pub struct Reloader {
+    /// The config file.
+    pub path: std::path::PathBuf,
+    /// The configuration in force (reloadable sections updated by each reload).
+    pub running: std::sync::Mutex<Config>,
+    /// Identities.
+    pub auth: Arc<crate::auth::Auth>,
+    /// TLS of both listeners, when on.
+    pub tls: Option<Arc<TlsState>>,
+    /// Whether a listener is reachable beyond loopback.
+    pub exposed: bool,
+    /// The job index, whose SLO engine is replaced when `[[slo]]` changed.
+    pub index: SharedIndex,
+    /// The alert loop's settings.
+    pub alerts: tokio::sync::watch::Sender<crate::alert::AlertConfig>,
+    /// Wakes the alert loop after an SLO change.
+    pub wake: Arc<Notify>,
+    /// The clock.
+    pub clock: Clock,
+}
+
+/// Sections a running collector cannot take without a restart.
+const RESTART_SECTIONS: [&str; 5] = ["store", "grpc", "http", "ingest", "metrics"];
+
+impl Reloader {
+    /// Re-reads the file and applies what it can; the answer lists what changed and what needs a restart.
+    pub fn reload(&self) -> Result<api::types::Reloaded, String> {
+        let refused = |errs: Vec<String>| format!("reload refused, nothing changed:\n  - {}", errs.join("\n  - "));
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut file = crate::config::FileConfig::load(&self.path).map_err(|e| refused(vec![e.to_string()]))?;
+        running.overrides.apply(&mut file);
+        let new = file.validate().map_err(|e| refused(e.0))?;
+        let mut errs = Vec::new();
+        if self.exposed && !new.auth.enabled() && !new.auth.insecure {
+            errs.push("auth: no [[auth.identity]] is left while a listener is reachable beyond loopback".into());
+        }
+        if self.tls.is_some() != new.tls.is_some() {
+            errs.push("tls: turning [tls] on or off needs a restart".into());
+        }
+        // The running store keeps its retention until a restart: it must still cover every new SLO window.
+        if let Some(r) = running.retention {
+            for d in &new.slos {
+                if (r.as_millis() as i64) < d.window_ms {
+                    errs.push(format!("slo {:?}: its window is longer than the running store.retention", d.name));
+                }
+            }
+        }
+        if !errs.is_empty() {
+            return Err(refused(errs));
+        }
+        if let (Some(state), Some(files)) = (&self.tls, &new.tls) {
+            state.reload(files.clone()).map_err(|e| refused(vec![e.to_string()]))?;
+        }
+        let changed = crate::config::changed_sections(&running.effective(), &new.effective());
+        let restart_needed: Vec<String> =
+            changed.iter().filter(|s| RESTART_SECTIONS.contains(s)).map(|s| s.to_string()).collect();
+        self.auth.reload(new.auth.keyring(), self.exposed && !new.auth.enabled(), new.auth.metrics_protected);
+        let slos_changed = changed.contains(&"slo");
+        if slos_changed {
+            let started = std::time::Instant::now();
+            self.index.write().replace_slos(new.slos.clone(), self.clock.now_ms());
+            tracing::info!(
+                slos = new.slos.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "SLOs replaced; every job assessed again"
+            );
+            self.wake.notify_one();
+        }
+        // Always sent: notifier credential files were re-read even when the section's text is unchanged.
+        self.alerts.send_replace(new.alerts.clone());
+        if !restart_needed.is_empty() {
+            tracing::warn!(sections = ?restart_needed, "changed sections need a restart to take effect; kept as they were");
+        }
+        running.slos = new.slos.clone();
+        running.alerts = new.alerts.clone();
+        running.auth = new.auth.clone();
+        running.tls = new.tls.clone();
+        running.written.slo = new.written.slo.clone();
+        running.written.alerts = new.written.alerts.clone();
+        running.written.auth = new.written.auth.clone();
+        running.written.tls = new.written.tls.clone();
+        let identities = new.auth.identities.len();
+        tracing::info!(identities, tls = self.tls.is_some(), changed = ?changed, "configuration reloaded");
+        Ok(api::types::Reloaded {
+            identities,
+            tls: self.tls.is_some(),
+            slos: new.slos.iter().map(|d| d.name.clone()).collect(),
+            notifiers: new.alerts.alertmanagers.len() + new.alerts.webhooks.len(),
+            changed: changed.iter().map(|s| s.to_string()).collect(),
+            restart_needed,
+        })
     }
-    match (tls, &files) {
-        (Some(_), Some(_)) | (None, None) => {}
-        _ => errs.push("tls: turning [tls] on or off needs a restart".into()),
-    }
-    if !errs.is_empty() {
-        return Err(format!("reload refused, nothing changed:\n  - {}", errs.join("\n  - ")));
-    }
-    if let (Some(state), Some(files)) = (tls, files) {
-        state.reload(files).map_err(|e| format!("reload refused, nothing changed: {e}"))?;
-    }
-    let identities = cfg.identities.len();
-    auth.reload(cfg.keyring(), exposed && !cfg.enabled(), cfg.metrics_protected);
-    tracing::info!(identities, tls = tls.is_some(), "reloaded [auth] and [tls]");
-    Ok(api::types::Reloaded { identities, tls: tls.is_some() })
 }
 
 /// How often the config, certificate and key files are checked for changes.
@@ -477,7 +560,7 @@ async fn watch_reloads(
         match tokio::task::spawn_blocking(move || r()).await {
             Ok(Ok(_)) => tracing::info!(trigger = why, "reload done"),
             Ok(Err(e)) => {
-                tracing::error!(trigger = why, error = %e, "reload failed; the previous identities and certificates stay")
+                tracing::error!(trigger = why, error = %e, "reload failed; the configuration in force stays")
             }
             Err(e) => tracing::error!(error = %e, "reload task failed"),
         }

@@ -6,15 +6,18 @@ pub use crate::alert::config::{AlertConfig, AlertsSection};
 pub use crate::auth::config::{AuthConfig, AuthSection, TlsSection};
 pub use crate::auth::tls::TlsFiles;
 pub use crate::ingest::WhenFull;
+pub use effective::{changed_sections, REDACTED};
+
+mod effective;
 use crate::settings::{duration, range, socket_addr};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// The TOML file, as written. Every field is optional; defaults give a collector on loopback with sled under
 /// `./startline-data`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     /// `[store]`
@@ -47,7 +50,7 @@ pub struct FileConfig {
 }
 
 /// `[metrics]`: bounded attribute values and OTLP push.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSection {
     /// Providers exported as themselves (others: `other`). Empty: the first `max_values_per_label` seen.
@@ -93,7 +96,7 @@ pub struct MetricsConfig {
 }
 
 /// `[[slo]]`: one start objective.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SloSection {
     /// Unique name, `[a-z0-9-]{1,64}`.
@@ -117,7 +120,7 @@ pub struct SloSection {
 }
 
 /// `[slo.selector]`: empty lists match everything.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SelectorSection {
     /// `normal`, `urgent`.
@@ -149,7 +152,7 @@ pub struct SelectorSection {
 }
 
 /// `[store]`
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
     /// Directory of the sled database. Default `./startline-data`.
@@ -173,7 +176,7 @@ pub struct StoreSection {
 }
 
 /// `[grpc]`
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GrpcSection {
     /// Listen address for ingest. Default `127.0.0.1:50051`.
@@ -216,7 +219,7 @@ pub struct GrpcConnections {
 }
 
 /// `[http]`
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSection {
     /// Listen address of the JSON API and dashboard. Default `127.0.0.1:8080`.
@@ -226,7 +229,7 @@ pub struct HttpSection {
 }
 
 /// `[ingest]`
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IngestSection {
     /// Batches that may wait for the committer. Default 256.
@@ -295,8 +298,39 @@ pub struct Config {
     pub auth: AuthConfig,
     /// TLS on both listeners.
     pub tls: Option<TlsFiles>,
-    /// The file this config came from, re-read on reload (SIGHUP) for `[auth]` and `[tls]`.
+    /// The file this config came from, re-read on reload (SIGHUP).
     pub source: Option<PathBuf>,
+    /// Command-line values that replace the file's, applied again to the file re-read on reload.
+    pub overrides: Overrides,
+    /// The file as written (after command-line overrides), secret values redacted: the parts of
+    /// [`Config::effective`] that have no defaults to fill in (notifier tables, identities, TLS paths).
+    pub written: FileConfig,
+}
+
+/// Command-line flags that override file fields (`--data-dir`, `--grpc-listen`, `--http-listen`).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `store.path`
+    pub data_dir: Option<PathBuf>,
+    /// `grpc.listen`
+    pub grpc_listen: Option<String>,
+    /// `http.listen`
+    pub http_listen: Option<String>,
+}
+
+impl Overrides {
+    /// Sets the overridden fields of `file`.
+    pub fn apply(&self, file: &mut FileConfig) {
+        if let Some(d) = &self.data_dir {
+            file.store.path = Some(d.clone());
+        }
+        if let Some(a) = &self.grpc_listen {
+            file.grpc.listen = Some(a.clone());
+        }
+        if let Some(a) = &self.http_listen {
+            file.http.listen = Some(a.clone());
+        }
+    }
 }
 
 /// Every problem found in a configuration.
@@ -336,6 +370,18 @@ impl FileConfig {
     /// Parses TOML text.
     pub fn parse(text: &str) -> Result<FileConfig, String> {
         toml::from_str(text).map_err(|e| e.to_string().trim().to_string())
+    }
+
+    /// A copy with every secret value (notifier and OTLP header values) replaced by [`REDACTED`].
+    pub fn redacted(&self) -> FileConfig {
+        let mut f = self.clone();
+        for t in f.alerts.alertmanager.iter_mut().chain(f.alerts.webhook.iter_mut()) {
+            if let crate::alert::config::TargetEntry::Table(t) = t {
+                t.headers.values_mut().for_each(|v| *v = REDACTED.to_string());
+            }
+        }
+        f.metrics.otlp_headers.values_mut().for_each(|v| *v = REDACTED.to_string());
+        f
     }
 
     /// Checks every section and builds the validated config, or lists every problem.
@@ -385,6 +431,8 @@ impl FileConfig {
             auth,
             tls,
             source: None,
+            overrides: Overrides::default(),
+            written: self.redacted(),
         })
     }
 }

@@ -6,7 +6,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use startline_collector::alert::client::{build_http_client, read_pem_certs, read_secret_file, ClientTlsFiles, Secret};
-use startline_collector::config::FileConfig;
+use startline_collector::config::{FileConfig, Overrides};
 use std::io::Write;
 use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
@@ -49,7 +49,8 @@ struct Cli {
 enum Command {
     /// Run the collector (the default).
     Run,
-    /// Validate the configuration and print it, without binding anything.
+    /// Validate the configuration and print the effective configuration as TOML (every default filled in,
+    /// secret values redacted), without binding anything. Exit 0 when valid, 78 with every problem listed when not.
     CheckConfig,
     /// Compare time to first step between two sets of jobs, through a running collector's API.
     Compare(Box<CompareArgs>),
@@ -287,17 +288,15 @@ fn load(cli: &Cli) -> anyhow::Result<startline_collector::config::Config> {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
     };
-    if let Some(d) = &cli.data_dir {
-        file.store.path = Some(d.clone());
-    }
-    if let Some(a) = &cli.grpc_listen {
-        file.grpc.listen = Some(a.clone());
-    }
-    if let Some(a) = &cli.http_listen {
-        file.http.listen = Some(a.clone());
-    }
+    let overrides = Overrides {
+        data_dir: cli.data_dir.clone(),
+        grpc_listen: cli.grpc_listen.clone(),
+        http_listen: cli.http_listen.clone(),
+    };
+    overrides.apply(&mut file);
     let mut config = file.validate()?;
     config.source = cli.config.clone();
+    config.overrides = overrides;
     Ok(config)
 }
 
@@ -362,7 +361,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     }
     let config = load(&cli)?;
     if matches!(cli.command, Some(Command::CheckConfig)) {
-        println!("{config:#?}");
+        print!("{}", config.effective_toml().map_err(|e| anyhow::anyhow!("cannot print the configuration: {e}"))?);
         return Ok(());
     }
     init_logging(cli.log.as_deref(), cli.log_format)?;

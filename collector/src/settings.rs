@@ -24,6 +24,22 @@ pub fn duration(errs: &mut Vec<String>, name: &str, v: &Option<String>, default:
     }
 }
 
+/// A duration as a config value that [`duration`] reads back exactly: `"0s"`, `"90d"`, `"1h30m"`, `"250ms"`.
+pub fn format_duration(d: Duration) -> String {
+    let mut ms = d.as_millis();
+    if ms == 0 {
+        return "0s".to_string();
+    }
+    let mut out = String::new();
+    for (unit, size) in [("d", 86_400_000u128), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)] {
+        if ms >= size {
+            out.push_str(&format!("{}{unit}", ms / size));
+            ms %= size;
+        }
+    }
+    out
+}
+
 /// A count field: `default` when unset; a value outside `lo..=hi` is reported (and returned as given).
 pub fn range(errs: &mut Vec<String>, name: &str, v: Option<usize>, default: usize, lo: usize, hi: usize) -> usize {
     let x = v.unwrap_or(default);
@@ -53,6 +69,20 @@ mod tests {
         assert_eq!(range(&mut errs, "a.c", None, 7, 1, 10), 7);
         assert_eq!(socket_addr(&mut errs, "a.d", &None, "127.0.0.1:9"), SocketAddr::from(([127, 0, 0, 1], 9)));
         assert!(errs.is_empty(), "{errs:?}");
+    }
+
+    #[test]
+    fn formatted_durations_read_back_exactly() {
+        for ms in [0u64, 1, 250, 1000, 2000, 60_000, 90 * 60_000, 86_400_000, 90 * 86_400_000, 93_784_005] {
+            let d = Duration::from_millis(ms);
+            let text = format_duration(d);
+            let mut errs = Vec::new();
+            assert_eq!(duration(&mut errs, "x", &Some(text.clone()), Duration::ZERO, Duration::ZERO), d, "{text}");
+            assert!(errs.is_empty(), "{text}: {errs:?}");
+        }
+        assert_eq!(format_duration(Duration::from_secs(90 * 86_400)), "90d");
+        assert_eq!(format_duration(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(format_duration(Duration::from_millis(93_784_005)), "1d2h3m4s5ms");
     }
 
     #[test]

@@ -32,6 +32,49 @@ fn failures_exit_with_their_documented_codes() {
     assert!(err.contains(&addr), "{err}");
 }
 
+/// `check-config` prints the effective configuration as TOML: defaults filled in, flags and environment applied,
+/// secrets redacted, and the printed text is itself a config that prints the same again.
+#[test]
+fn check_config_prints_effective_toml_that_reads_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("c.toml");
+    std::fs::write(
+        &file,
+        "[store]\nretention = \"30d\"\n[[slo]]\nname = \"gpu8\"\nthreshold = \"15m\"\nobjective = 99.5\n\
+         selector = { gpu_count_min = 8 }\n[alerts]\nwebhook = [{ url = \"http://127.0.0.1:9/h\", headers = { X-Api-Key = \"s3cret\" } }]\n",
+    )
+    .expect("config");
+    let print = |path: &std::path::Path| {
+        let out = Command::new(binary("startline-collector"))
+            .args(["check-config", "--config", &path.display().to_string(), "--http-listen", "127.0.0.1:18080"])
+            .env("STARTLINE_DATA_DIR", dir.path().join("db"))
+            .output()
+            .expect("runs");
+        assert!(out.status.success(), "check-config: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let first = print(&file);
+    for expected in [
+        "retention = \"30d\"",
+        "fold_after = \"5m\"",
+        "listen = \"127.0.0.1:18080\"",
+        &format!("path = \"{}\"", dir.path().join("db").display()),
+        "name = \"gpu8\"",
+        "objective = 99.5",
+        "gpu_count_min = 8",
+        "X-Api-Key = \"<secret>\"",
+        "timeout = \"5s\"",
+    ] {
+        assert!(first.contains(expected), "{expected} missing from:\n{first}");
+    }
+    assert!(!first.contains("s3cret"), "a secret was printed:\n{first}");
+    let again = dir.path().join("effective.toml");
+    std::fs::write(&again, &first).expect("write");
+    let second = print(&again);
+    let body = |s: &str| s.lines().filter(|l| !l.starts_with('#')).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(body(&first), body(&second));
+}
+
 #[test]
 fn json_logs_from_the_environment_and_build_and_process_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");

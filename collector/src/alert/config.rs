@@ -11,14 +11,14 @@
 use super::client::{build_http_client, read_secret_file, ClientTlsFiles, Secret};
 use crate::settings::duration;
 use serde::de::{self, MapAccess, Visitor};
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// `[alerts]`
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AlertsSection {
     /// Alertmanagers: base URLs (`http://host:port`, `https://...`) or tables; alerts go to `/api/v2/alerts`.
@@ -41,7 +41,8 @@ pub struct AlertsSection {
 }
 
 /// One notifier entry as written: a URL string, or a table.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
 pub enum TargetEntry {
     /// `"https://am.example:9093"`
     Url(String),
@@ -77,7 +78,7 @@ impl<'de> Deserialize<'de> for TargetEntry {
 }
 
 /// A notifier entry written as a table.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TargetSection {
     /// `http://` or `https://` URL, without credentials in it.
@@ -100,7 +101,7 @@ pub struct TargetSection {
 }
 
 /// `basic_auth = { username = "...", password_file = "..." }`
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BasicAuthSection {
     /// User name.

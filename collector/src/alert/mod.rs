@@ -53,7 +53,26 @@ pub struct AlertStats {
     /// Notifications dropped because a notifier's queue was full (the next resend covers firing alerts).
     pub dropped: std::sync::atomic::AtomicU64,
     /// Each notifier's outcomes by its config name (`alerts.webhook[0]`), in the order of the loop's queues.
-    pub notifiers: Vec<(String, Arc<notify::NotifierStats>)>,
+    /// Replaced when a reload changes the targets; a target that keeps its name keeps its counters.
+    pub notifiers: Mutex<Vec<(String, Arc<notify::NotifierStats>)>>,
+}
+
+impl AlertStats {
+    /// The current notifiers' counters.
+    pub fn notifiers(&self) -> Vec<(String, Arc<notify::NotifierStats>)> {
+        self.notifiers.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// How the alert loop takes new settings on a reload: it re-creates its timers and its notifier tasks (the old
+/// ones finish what they already queued, then stop).
+pub struct Reconfigure {
+    /// New settings, validated (their notifier files already read).
+    pub settings: tokio::sync::watch::Receiver<AlertConfig>,
+    /// Where notifier tasks run.
+    pub tasks: tokio_util::task::TaskTracker,
+    /// Stops notifier tasks at shutdown.
+    pub shutdown: CancellationToken,
 }
 
 /// Everything the alert loop needs.
@@ -76,6 +95,8 @@ pub struct AlertLoop {
     pub stats: Arc<AlertStats>,
     /// Link put in alerts, e.g. the collector's API URL.
     pub generator_url: String,
+    /// Settings reloads (None: fixed settings).
+    pub reconfigure: Option<Reconfigure>,
 }
 
 fn secs_text(ms: i64) -> String {
@@ -84,31 +105,74 @@ fn secs_text(ms: i64) -> String {
 
 impl AlertLoop {
     /// Runs until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
-        let mut eval = tokio::time::interval(self.config.evaluation_interval);
-        let mut resend = tokio::time::interval(self.config.resend_interval);
-        eval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let timers = |c: &AlertConfig| {
+            let mut eval = tokio::time::interval(c.evaluation_interval);
+            let mut resend = tokio::time::interval(c.resend_interval);
+            eval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            resend.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            (eval, resend)
+        };
+        let (mut eval, mut resend) = timers(&self.config);
+        let mut reconfigure = self.reconfigure.take();
         let mut first = true;
+        let mut slo_generation = self.index.read().slo_generation;
         loop {
             let next = self.index.read().slo.next_deadline();
+            let settings_changed = async {
+                match reconfigure.as_mut() {
+                    Some(r) => r.settings.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             let deadline = async {
                 match next {
                     Some(d) => tokio::time::sleep_until(self.clock.instant_at(d)).await,
                     None => std::future::pending().await,
                 }
             };
-            let (mut do_eval, mut do_resend) = (false, false);
+            let (mut do_eval, mut do_resend, mut reloaded) = (false, false, false);
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                ok = settings_changed => {
+                    if ok {
+                        reloaded = true;
+                    } else {
+                        // The sender is gone (shutdown under way): keep the settings in force.
+                        reconfigure = None;
+                    }
+                }
                 _ = deadline => {}
                 _ = self.wake.notified() => {}
                 _ = eval.tick() => do_eval = true,
                 _ = resend.tick() => do_resend = true,
             }
+            if let (true, Some(r)) = (reloaded, reconfigure.as_mut()) {
+                self.config = r.settings.borrow_and_update().clone();
+                (eval, resend) = timers(&self.config);
+                self.notifiers = notify::spawn_all(
+                    &self.config,
+                    self.clock,
+                    &self.generator_url,
+                    &r.tasks,
+                    &r.shutdown,
+                    &self.stats,
+                );
+                tracing::info!(
+                    alertmanagers = self.config.alertmanagers.len(),
+                    webhooks = self.config.webhooks.len(),
+                    "alert settings reloaded"
+                );
+            }
             let now = self.clock.now_ms();
-            let mut changed = self.job_pages(now, first);
+            // A reload that replaced the SLOs: reconcile firing alerts with the new definitions.
+            let generation = self.index.read().slo_generation;
+            let mut changed = self.job_pages(now, first || generation != slo_generation);
+            if generation != slo_generation {
+                changed.extend(self.resolve_burns_of_removed_slos(now));
+                slo_generation = generation;
+            }
             first = false;
             if do_eval {
                 changed.extend(self.burn_alerts(now));
@@ -168,7 +232,7 @@ impl AlertLoop {
         for (i, n) in self.notifiers.iter().enumerate() {
             if n.try_send(alerts.clone()).is_err() {
                 self.stats.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if let Some((_, s)) = self.stats.notifiers.get(i) {
+                if let Some((_, s)) = self.stats.notifiers().get(i) {
                     s.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 tracing::warn!("notifier queue full; notification dropped (firing alerts are re-sent)");
@@ -268,7 +332,7 @@ impl AlertLoop {
                     .collect()
             });
             for (key, slo_name, job_id) in firing_jobs {
-                let still = slo.defs().iter().position(|d| d.name == slo_name).is_some_and(|i| {
+                let still = slo.defs().iter().position(|d| d.name == slo_name && d.page_on_breach).is_some_and(|i| {
                     jobs.get(&job_id).is_some_and(|r| r.slo.iter().any(|c| c.slo as usize == i && c.breached_waiting))
                 });
                 if !still {
@@ -277,6 +341,19 @@ impl AlertLoop {
             }
         }
         out
+    }
+
+    /// Resolves burn-rate alerts of SLOs that a reload removed (those of kept SLOs are re-evaluated as usual).
+    fn resolve_burns_of_removed_slos(&self, now: i64) -> Vec<AlertRecord> {
+        let names: Vec<String> = self.index.read().slo.defs().iter().map(|d| d.name.clone()).collect();
+        let gone: Vec<String> = self.board.with(|b| {
+            b.values()
+                .filter(|a| a.firing() && a.key.starts_with("burn/"))
+                .filter(|a| a.labels.get("slo").is_none_or(|n| !names.contains(n)))
+                .map(|a| a.key.clone())
+                .collect()
+        });
+        gone.iter().filter_map(|k| self.resolve(k, now)).collect()
     }
 
     fn resolve(&self, key: &str, now: i64) -> Option<AlertRecord> {

@@ -80,23 +80,17 @@ pub fn webhook_body(alerts: &[AlertRecord]) -> Value {
     })
 }
 
-/// The notifier tasks of a config: their queues (in target order: Alertmanagers, then webhooks) and the
-/// counters the alert loop and the metrics share.
-pub struct Notifiers {
-    /// One queue per target.
-    pub queues: Vec<mpsc::Sender<Vec<AlertRecord>>>,
-    /// Drops and per-target outcomes.
-    pub stats: Arc<AlertStats>,
-}
-
-/// Starts one notifier task per configured target.
+/// Starts one notifier task per configured target and records their counters in `stats` (a target whose name
+/// was already there keeps its counters). Returns the task queues, in the order of `stats.notifiers`.
 pub fn spawn_all(
     config: &AlertConfig,
     clock: Clock,
     generator_url: &str,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
-) -> Notifiers {
+    stats_out: &AlertStats,
+) -> Vec<mpsc::Sender<Vec<AlertRecord>>> {
+    let before = stats_out.notifiers();
     let targets = config
         .alertmanagers
         .iter()
@@ -105,7 +99,10 @@ pub fn spawn_all(
     let mut queues = Vec::new();
     let mut stats = Vec::new();
     for (kind, target) in targets {
-        let s = Arc::new(NotifierStats::default());
+        let s = before
+            .iter()
+            .find(|(name, _)| *name == target.name)
+            .map_or_else(|| Arc::new(NotifierStats::default()), |(_, s)| s.clone());
         queues.push(spawn(
             kind,
             target.clone(),
@@ -118,7 +115,8 @@ pub fn spawn_all(
         ));
         stats.push((target.name.clone(), s));
     }
-    Notifiers { queues, stats: Arc::new(AlertStats { notifiers: stats, ..AlertStats::default() }) }
+    *stats_out.notifiers.lock().unwrap_or_else(|p| p.into_inner()) = stats;
+    queues
 }
 
 /// Why one post failed; the text names no URL query, header value or credential.

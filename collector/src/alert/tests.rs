@@ -86,6 +86,7 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
         notifiers: vec![tx],
         stats: Arc::new(AlertStats::default()),
         generator_url: "http://test".into(),
+        reconfigure: None,
     };
     let task = tokio::spawn(l.run(stop.clone()));
     Harness { index, clock, wake, rx, stop, task, board }
@@ -217,6 +218,7 @@ async fn a_slow_notifier_never_blocks_the_loop() {
         notifiers: vec![tx],
         stats: stats.clone(),
         generator_url: String::new(),
+        reconfigure: None,
     };
     let task = tokio::spawn(l.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(11 * MIN as u64)).await;

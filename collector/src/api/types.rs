@@ -577,4 +577,12 @@ pub struct Reloaded {
     pub identities: usize,
     /// Whether TLS certificates were reloaded.
     pub tls: bool,
+    /// SLOs now in force, by name.
+    pub slos: Vec<String>,
+    /// Alert notifier targets now in force.
+    pub notifiers: usize,
+    /// Sections whose effective settings differ from those in force before (`slo`, `alerts`, `grpc`, ...).
+    pub changed: Vec<String>,
+    /// Changed sections that need a restart (`store`, `grpc`, `http`, `ingest`, `metrics`); kept as they were.
+    pub restart_needed: Vec<String>,
 }

@@ -26,12 +26,12 @@
 use super::limit::RateSpec;
 use super::tls::{ClientCerts, TlsFiles};
 use super::{Identity, Keyring, Scope, Scopes, TokenHash};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::PathBuf;
 
 /// `[auth]` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSection {
     /// Listen beyond loopback with no identity configured (default false).
@@ -44,7 +44,7 @@ pub struct AuthSection {
 }
 
 /// One `[[auth.identity]]`.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdentitySection {
     /// Name (letters, digits, `.`, `_`, `-`).
@@ -73,7 +73,7 @@ pub struct IdentitySection {
 }
 
 /// `[tls]` as written.
-#[derive(Debug, Default, Clone, Deserialize)]
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsSection {
     /// PEM certificate chain.

@@ -201,7 +201,7 @@ impl Telemetry {
                 "Notifier outcomes by target: sent, failed attempts (retried), abandoned after every retry, dropped on a full queue",
             )
             .with_callback(move |o| {
-                for (name, s) in &stats.notifiers {
+                for (name, s) in &stats.notifiers() {
                     for (result, c) in
                         [("sent", &s.sent), ("failed", &s.failed), ("abandoned", &s.abandoned), ("dropped", &s.dropped)]
                     {

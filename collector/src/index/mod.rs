@@ -68,6 +68,8 @@ pub struct JobIndex {
     pub last_seq: u64,
     /// SLO windows and the deadline index.
     pub slo: SloEngine,
+    /// Bumped each time [`JobIndex::replace_slos`] installs new definitions (the alert loop then reconciles).
+    pub slo_generation: u64,
     /// Job gauges for metrics, kept incrementally.
     pub gauges: JobGauges,
     /// Bounds free-text metric attributes.
@@ -103,6 +105,7 @@ impl JobIndex {
             settling: HashMap::new(),
             last_seq,
             slo,
+            slo_generation: 0,
             gauges: JobGauges::default(),
             limiter,
         };
@@ -122,6 +125,25 @@ impl JobIndex {
             idx.jobs.insert(id, hot);
         }
         idx
+    }
+
+    /// Installs new SLO definitions (a reload): every job, hot and folded, is assessed again, so windows, deadlines
+    /// and breached-waiting counts are exactly those a restart with the new definitions would build. Jobs past a
+    /// new deadline and still waiting raise page changes (the alert loop pages them unless the crossing is older
+    /// than `page_max_age`, or the page is already firing). Takes time proportional to the jobs known.
+    pub fn replace_slos(&mut self, defs: Vec<crate::slo::SloDef>, now: i64) {
+        let mut slo = SloEngine::new(defs);
+        let mut t = Timeline::default();
+        for (id, row) in &self.cold.rows {
+            self.cold.fill(row, &mut t);
+            slo.count_ended(id, &t, now, 1);
+        }
+        for (id, hot) in self.jobs.iter_mut() {
+            hot.slo.clear();
+            slo.on_job(id, &hot.rec.timeline, &mut hot.slo, now);
+        }
+        self.slo = slo;
+        self.slo_generation += 1;
     }
 
     /// Marks jobs as changed since the last checkpoint: after a restore, every job rebuilt from the log tail,

@@ -112,6 +112,24 @@ mod fold_model {
         Restart,
         /// Advance the clock past deadlines.
         Tick,
+        /// Install SLO set `k` (a reload): the counts must equal those of an index built with it from scratch.
+        ReplaceSlos(u8),
+    }
+
+    /// SLO set 0 is the built-in pair; set 1 has a tighter urgent SLO and an any-priority one that does not page.
+    fn slo_set(k: u8) -> Vec<SloDef> {
+        if k % 2 == 0 {
+            return SloDef::defaults();
+        }
+        let mut tight = SloDef::defaults().remove(0);
+        tight.name = "urgent-tight".into();
+        tight.threshold_ms = 3 * MIN;
+        let mut any = SloDef::defaults().remove(1);
+        any.name = "any-start".into();
+        any.selector.priority.clear();
+        any.threshold_ms = 20 * MIN;
+        any.exclude_cancelled = false;
+        vec![any, tight]
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -120,18 +138,16 @@ mod fold_model {
             3 => (0u8..4).prop_map(Op::Fold),
             1 => Just(Op::Restart),
             1 => Just(Op::Tick),
+            1 => (0u8..2).prop_map(Op::ReplaceSlos),
         ]
     }
 
     fn fresh(hot: BTreeMap<String, JobRecord>, cold: ColdJobs, now: i64) -> JobIndex {
-        JobIndex::new_at(
-            hot,
-            cold,
-            0,
-            SloEngine::new(SloDef::defaults()),
-            LabelLimiter::new(&LabelSettings::default()),
-            now,
-        )
+        fresh_with(hot, cold, now, SloDef::defaults())
+    }
+
+    fn fresh_with(hot: BTreeMap<String, JobRecord>, cold: ColdJobs, now: i64, defs: Vec<SloDef>) -> JobIndex {
+        JobIndex::new_at(hot, cold, 0, SloEngine::new(defs), LabelLimiter::new(&LabelSettings::default()), now)
     }
 
     /// Every job's timeline, hot or folded.
@@ -170,6 +186,7 @@ mod fold_model {
             // The oracle: the set of delivered events per job.
             let mut delivered: BTreeMap<String, Vec<CompactEvent>> = BTreeMap::new();
             let mut seq = 0u64;
+            let mut slos = 0u8;
             for op in ops {
                 match op {
                     Op::Deliver(i) => {
@@ -198,11 +215,17 @@ mod fold_model {
                     Op::Restart => {
                         let hot = std::mem::take(&mut idx.jobs).into_iter().map(|(k, h)| (k, JobRecord::from_events(h.rec.events))).collect();
                         let cold = std::mem::take(&mut idx.cold);
-                        idx = fresh(hot, cold, now);
+                        idx = fresh_with(hot, cold, now, slo_set(slos));
                     }
                     Op::Tick => {
                         now += 7 * MIN;
                         idx.advance_deadlines(now);
+                    }
+                    Op::ReplaceSlos(k) => {
+                        slos = k;
+                        let generation = idx.slo_generation;
+                        idx.replace_slos(slo_set(k), now);
+                        prop_assert_eq!(idx.slo_generation, generation + 1);
                     }
                 }
                 // Against the oracle: timelines from all delivered events, and the counts of an index that never
@@ -212,10 +235,11 @@ mod fold_model {
                     .map(|(k, evs)| (k.clone(), JobRecord::from_events(evs.clone()).timeline))
                     .collect();
                 prop_assert_eq!(&timelines(&idx), &want);
-                let plain = fresh(
+                let plain = fresh_with(
                     delivered.iter().map(|(k, evs)| (k.clone(), JobRecord::from_events(evs.clone()))).collect(),
                     ColdJobs::default(),
                     now,
+                    slo_set(slos),
                 );
                 prop_assert_eq!(counts(&idx, now), counts(&plain, now));
                 // A folded job contributes what it contributed hot.
