@@ -56,6 +56,115 @@ enum Command {
     Compare(Box<CompareArgs>),
     /// Make a new bearer token: prints the token (give it to the client) and the hash for [[auth.identity]].
     Token(TokenArgs),
+    /// Ask a collector's gRPC health service (grpc.health.v1) whether ingest is serving, over TLS when the
+    /// endpoint is https: a liveness probe for Kubernetes `exec` (whose own `grpc:` probe cannot speak TLS),
+    /// systemd or scripts. Exit 0 when SERVING, 1 when not serving, 69 when unreachable.
+    Probe(ProbeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ProbeArgs {
+    /// The collector's gRPC endpoint, `http://` or `https://`.
+    #[arg(long, env = "STARTLINE_PROBE_ENDPOINT", default_value = "http://127.0.0.1:50051")]
+    endpoint: String,
+    /// The service to ask about; "" asks about the server as a whole.
+    #[arg(long, env = "STARTLINE_PROBE_SERVICE", default_value = "startline.v1.IngestService")]
+    service: String,
+    /// PEM CA bundle that signed the collector's certificate (https endpoints).
+    #[arg(long, env = "STARTLINE_CA_FILE")]
+    ca_file: Option<PathBuf>,
+    /// Name to verify the certificate against when it differs from the endpoint's host (e.g. probing
+    /// 127.0.0.1 inside a pod whose certificate names the Service).
+    #[arg(long, env = "STARTLINE_PROBE_SERVER_NAME")]
+    server_name: Option<String>,
+    /// PEM client certificate, when the collector requires one (`tls.client_certs = "required"`).
+    #[arg(long, env = "STARTLINE_PROBE_CERT_FILE", requires = "key_file")]
+    cert_file: Option<PathBuf>,
+    /// PEM private key of --cert-file.
+    #[arg(long, env = "STARTLINE_PROBE_KEY_FILE", requires = "cert_file")]
+    key_file: Option<PathBuf>,
+    /// Give up after this long.
+    #[arg(long, env = "STARTLINE_PROBE_TIMEOUT", default_value = "5s")]
+    timeout: humantime::Duration,
+}
+
+/// Why a probe did not answer SERVING.
+#[derive(Debug)]
+enum ProbeFailure {
+    /// The collector answered: not serving (or the service is unknown).
+    NotServing(String),
+    /// No answer: connection, TLS or timeout.
+    Unreachable(String),
+}
+
+impl std::fmt::Display for ProbeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeFailure::NotServing(s) => write!(f, "not serving: {s}"),
+            ProbeFailure::Unreachable(s) => write!(f, "unreachable: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for ProbeFailure {}
+
+fn run_probe(a: &ProbeArgs) -> anyhow::Result<()> {
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    let unreachable = |e: String| anyhow::Error::new(ProbeFailure::Unreachable(e));
+    let mut endpoint = tonic::transport::Endpoint::from_shared(a.endpoint.clone())
+        .map_err(|e| anyhow::anyhow!("--endpoint {:?}: {e}", a.endpoint))?
+        .connect_timeout(*a.timeout)
+        .timeout(*a.timeout);
+    if a.endpoint.starts_with("https://") {
+        let mut tls = tonic::transport::ClientTlsConfig::new();
+        match &a.ca_file {
+            Some(p) => {
+                let pem = std::fs::read(p).with_context(|| format!("--ca-file {}", p.display()))?;
+                tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(pem));
+            }
+            None => anyhow::bail!("--ca-file: needed for an https endpoint"),
+        }
+        if let Some(n) = &a.server_name {
+            tls = tls.domain_name(n.clone());
+        }
+        if let (Some(c), Some(k)) = (&a.cert_file, &a.key_file) {
+            let cert = std::fs::read(c).with_context(|| format!("--cert-file {}", c.display()))?;
+            let key = std::fs::read(k).with_context(|| format!("--key-file {}", k.display()))?;
+            tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        endpoint = endpoint.tls_config(tls).map_err(|e| anyhow::anyhow!("TLS settings: {e}"))?;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start runtime")?;
+    let service = a.service.clone();
+    let status = rt.block_on(async move {
+        let channel = endpoint.connect().await.map_err(|e| unreachable(error_chain(&e)))?;
+        let resp = HealthClient::new(channel).check(HealthCheckRequest { service }).await;
+        match resp {
+            Ok(r) => Ok(r.into_inner().status()),
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                Err(anyhow::Error::new(ProbeFailure::NotServing(format!("unknown service: {}", s.message()))))
+            }
+            Err(s) => Err(unreachable(format!("{}: {}", s.code(), s.message()))),
+        }
+    })?;
+    if status == ServingStatus::Serving {
+        println!("SERVING");
+        Ok(())
+    } else {
+        Err(anyhow::Error::new(ProbeFailure::NotServing(status.as_str_name().to_string())))
+    }
+}
+
+/// An error with its sources, one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 #[derive(clap::Args, Debug)]
@@ -318,6 +427,11 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<ConfigErrors>().is_some() || e.downcast_ref::<LoadError>().is_some() {
         return EXIT_CONFIG;
     }
+    match e.downcast_ref::<ProbeFailure>() {
+        Some(ProbeFailure::Unreachable(_)) => return EXIT_UNAVAILABLE,
+        Some(ProbeFailure::NotServing(_)) => return 1,
+        None => {}
+    }
     match e.downcast_ref::<AppError>() {
         Some(AppError::Tls(_)) => EXIT_CONFIG,
         Some(AppError::Store { .. } | AppError::Bind { .. }) => EXIT_UNAVAILABLE,
@@ -358,6 +472,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     }
     if let Some(Command::Token(a)) = &cli.command {
         return run_token(a);
+    }
+    if let Some(Command::Probe(a)) = &cli.command {
+        return run_probe(a);
     }
     let config = load(&cli)?;
     if matches!(cli.command, Some(Command::CheckConfig)) {

@@ -55,6 +55,11 @@ impl TestCa {
         self.issue(file, &["localhost", "127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// A server certificate for these DNS names (for example a Kubernetes Service name).
+    pub fn server_for(&self, file: &str, names: &[&str]) -> Issued {
+        self.issue(file, names, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
     /// A client certificate with these DNS names.
     pub fn client(&self, file: &str, names: &[&str]) -> Issued {
         self.issue(file, names, ExtendedKeyUsagePurpose::ClientAuth)

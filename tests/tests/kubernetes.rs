@@ -233,7 +233,13 @@ fn collector_statefulset_probes_drain_and_services() {
         (&ready["path"], &ready["port"], &ready["scheme"]),
         (&"/readyz".into(), &"http".into(), &"HTTPS".into())
     );
-    assert_eq!(c["livenessProbe"]["tcpSocket"]["port"], "grpc", "liveness on the gRPC listener");
+    let live: Vec<String> = c["livenessProbe"]["exec"]["command"]
+        .as_array()
+        .expect("liveness is an exec probe")
+        .iter()
+        .map(|a| a.as_str().expect("string").to_string())
+        .collect();
+    assert_eq!(live[..2], ["/usr/bin/startline-collector".to_string(), "probe".to_string()]);
     assert!(c["startupProbe"]["failureThreshold"].as_u64().is_some_and(|f| f >= 60), "restore may take minutes");
 
     // The config the pod reads: the ConfigMap, secured, and accepted by the real collector.
@@ -250,7 +256,8 @@ fn collector_statefulset_probes_drain_and_services() {
     assert!(grace >= drain + 5 + 15, "grace {grace}s must cover drain {drain}s + HTTP 5s + flush");
     let dir = tempfile::tempdir().expect("tempdir");
     let ca = TestCa::new(dir.path(), "k8s");
-    let server = ca.server("collector");
+    // Issued for the Service name, as the adapters reach it and the liveness probe verifies it.
+    let server = ca.server_for("collector", &["startline-collector.startline.svc", "startline-collector"]);
     let local = toml
         .replace("/etc/startline/tls/tls.crt", &server.cert_file.to_string_lossy())
         .replace("/etc/startline/tls/tls.key", &server.key_file.to_string_lossy())
@@ -262,6 +269,30 @@ fn collector_statefulset_probes_drain_and_services() {
         .output()
         .expect("startline-collector (cargo build --workspace --bins)");
     assert!(check.status.success(), "the ConfigMap's config: {}", String::from_utf8_lossy(&check.stderr));
+
+    // The liveness command, exactly as the pod runs it (paths and port mapped to this machine), against a
+    // collector started with the ConfigMap's config: SERVING over TLS; and "unavailable" once it is gone.
+    let collector = startline_tests::Collector::start(
+        &dir.path().join("data"),
+        &["--config", &dir.path().join("collector.toml").to_string_lossy()],
+    );
+    let probe = |port: u16| {
+        let args: Vec<String> = live[1..]
+            .iter()
+            .map(|a| {
+                a.replace("/etc/startline/tls/ca.crt", &ca.ca_file.to_string_lossy())
+                    .replace("127.0.0.1:50051", &format!("127.0.0.1:{port}"))
+            })
+            .collect();
+        Command::new(bin_dir().join("startline-collector")).args(&args).output().expect("probe")
+    };
+    let port = collector.grpc.port();
+    let out = probe(port);
+    assert!(out.status.success(), "liveness probe: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "SERVING");
+    drop(collector);
+    let out = probe(port);
+    assert_eq!(out.status.code(), Some(69), "a collector that is gone: {}", String::from_utf8_lossy(&out.stderr));
 
     for svc in ["startline-collector", "startline-collector-headless"] {
         let s = find(&objects, "Service", svc);
