@@ -173,6 +173,13 @@ struct VertexArgs {
     /// Poll interval.
     #[arg(long, env = "STARTLINE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     interval: Duration,
+    /// Jobs created within this window are followed on the first poll; later polls ask only for jobs updated since
+    /// the last successful poll.
+    #[arg(long, env = "STARTLINE_LOOKBACK", default_value = "2d", value_parser = parse_duration)]
+    lookback: Duration,
+    /// An accelerator type the built-in table lacks, `TYPE=CLASS` (repeatable), e.g. `NVIDIA_X1000=x1000`.
+    #[arg(long = "instance-type", env = "STARTLINE_INSTANCE_TYPES", value_delimiter = ',')]
+    instance_types: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -200,6 +207,9 @@ struct SagemakerArgs {
     /// Jobs created within this window are followed.
     #[arg(long, env = "STARTLINE_LOOKBACK", default_value = "2d", value_parser = parse_duration)]
     lookback: Duration,
+    /// An instance type the built-in table lacks, `TYPE=COUNT:CLASS` (repeatable), e.g. `ml.p7.48xlarge=8:b300`.
+    #[arg(long = "instance-type", env = "STARTLINE_INSTANCE_TYPES", value_delimiter = ',')]
+    instance_types: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -541,15 +551,21 @@ async fn run_sagemaker(a: SagemakerArgs, conn: Connection) -> anyhow::Result<()>
         session_token: std::env::var("AWS_SESSION_TOKEN").ok().filter(|t| !t.is_empty()),
     };
     let endpoint = a.endpoint.clone().unwrap_or_else(|| format!("https://api.sagemaker.{}.amazonaws.com", a.region));
+    let gpus = startline_agent::provider::gpus::GpuTable::parse(&a.instance_types).map_err(anyhow::Error::msg)?;
     let client = sagemaker::Client::new(&endpoint, &a.region, creds).map_err(anyhow::Error::msg)?;
     let path = a.spool.clone();
     let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
         .await?
         .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
     let memory = MemoryStore::open(&spool, "sagemaker").context("cannot open the adapter's memory")?;
-    let mapping =
-        sagemaker::Mapping { region: a.region.clone(), urgent_prefixes: a.urgent_prefixes, namespace: a.namespace };
+    let mapping = sagemaker::Mapping {
+        region: a.region.clone(),
+        urgent_prefixes: a.urgent_prefixes,
+        namespace: a.namespace,
+        gpus,
+    };
     let metrics = agent_metrics("sagemaker", Some(&spool))?;
+    let client = client.with_metrics(metrics.clone());
     let (handle, stop) = stop_pair();
     let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
     let delivery = conn.deliver(&spool, &metrics, &stop)?;
@@ -588,6 +604,7 @@ async fn run_vertex(a: VertexArgs, conn: Connection) -> anyhow::Result<()> {
         ),
     };
     let endpoint = a.endpoint.clone().unwrap_or_else(|| format!("https://{}-aiplatform.googleapis.com", a.location));
+    let gpus = startline_agent::provider::gpus::GpuTable::parse(&a.instance_types).map_err(anyhow::Error::msg)?;
     let client = vertex::Client::new(&endpoint, &a.project, &a.location, token).map_err(anyhow::Error::msg)?;
     let path = a.spool.clone();
     let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
@@ -598,8 +615,18 @@ async fn run_vertex(a: VertexArgs, conn: Connection) -> anyhow::Result<()> {
     let (handle, stop) = stop_pair();
     let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
     let delivery = conn.deliver(&spool, &metrics, &stop)?;
-    let mapping = vertex::Mapping { urgent_prefixes: a.urgent_prefixes };
-    let poller = tokio::spawn(vertex::run(mapping, client, a.interval, spool.clone(), memory, metrics, stop.clone()));
+    let mapping = vertex::Mapping { project: a.project.clone(), urgent_prefixes: a.urgent_prefixes, gpus };
+    let client = client.with_metrics(metrics.clone());
+    let poller = tokio::spawn(vertex::run(
+        mapping,
+        client,
+        a.interval,
+        a.lookback,
+        spool.clone(),
+        memory,
+        metrics,
+        stop.clone(),
+    ));
     println!(
         "startline-agent vertex ready endpoint={endpoint} spool={} held={}{metrics_note}",
         a.spool.display(),

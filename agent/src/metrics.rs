@@ -178,6 +178,8 @@ struct Inner {
     uplink_backoff: GaugeVec,
     poll_duration: HistogramVec,
     poll_errors: IntCounterVec,
+    call_retries: IntCounterVec,
+    unknown_types: IntCounterVec,
     last_poll: GaugeVec,
     jobs_tracked: IntGaugeVec,
     transitions: IntCounterVec,
@@ -293,6 +295,19 @@ impl Metrics {
                 "Adapter polls that failed, by kind",
                 &["provider", "kind"],
             )?,
+            call_retries: counter_vec(
+                &r,
+                "startline_agent_provider_call_retries_total",
+                "Provider API calls retried after a throttled or failed attempt, by kind of failure",
+                &["provider", "kind"],
+            )?,
+            unknown_types: counter_vec(
+                &r,
+                "startline_agent_unknown_instance_types_total",
+                "Jobs on an instance or accelerator type the adapter has no GPU count or class for (the type is logged; \
+                 add it with --instance-type)",
+                &["provider"],
+            )?,
             last_poll: {
                 let m = GaugeVec::new(
                     Opts::new(
@@ -367,6 +382,10 @@ impl Metrics {
         let i = &self.inner;
         i.poll_duration.with_label_values(&[p.label()]);
         i.jobs_tracked.with_label_values(&[p.label()]);
+        i.unknown_types.with_label_values(&[p.label()]);
+        for k in [PollErrorKind::Throttled, PollErrorKind::HttpStatus, PollErrorKind::Transport] {
+            i.call_retries.with_label_values(&[p.label(), k.label()]);
+        }
         for k in [
             PollErrorKind::Throttled,
             PollErrorKind::HttpStatus,
@@ -435,6 +454,16 @@ impl Metrics {
         for e in events {
             i.transitions.with_label_values(&[p.label(), kind_label(e.kind.as_ref())]).inc();
         }
+    }
+
+    /// A provider call that failed and is retried.
+    pub fn call_retried(&self, p: Provider, kind: PollErrorKind) {
+        self.inner.call_retries.with_label_values(&[p.label(), kind.label()]).inc();
+    }
+
+    /// A job on an instance or accelerator type with no known GPU count or class.
+    pub fn unknown_type(&self, p: Provider) {
+        self.inner.unknown_types.with_label_values(&[p.label()]).inc();
     }
 
     /// A failed poll.

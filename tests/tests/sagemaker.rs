@@ -2,6 +2,8 @@
 //! replays `ListTrainingJobs` and `DescribeTrainingJob` answers in SageMaker's documented format (no AWS here).
 //! A job's description moves from in progress to completed across polls, the adapter is killed and restarted
 //! in between, and the collector's timeline must hold every transition exactly once at SageMaker's times.
+//! Every third call is throttled (`ThrottlingException`, as SageMaker answers a rate limit): each throttled call
+//! is retried on its own, so no poll fails (the adapter's metrics say so).
 
 use startline_tests::{binary, serve_http, wait_until, workspace_root, ChildGuard, Collector};
 use std::process::{Command, Stdio};
@@ -18,7 +20,12 @@ fn fixture(name: &str) -> serde_json::Value {
 fn replay_server(complete: Arc<AtomicBool>, seen_auth: Arc<Mutex<Vec<String>>>) -> std::net::SocketAddr {
     let done_job = fixture("sagemaker-describe-completed.json");
     let failed_job = fixture("sagemaker-describe-failed.json");
+    let calls = std::sync::atomic::AtomicUsize::new(0);
     serve_http(move |r| {
+        if calls.fetch_add(1, Ordering::SeqCst) % 3 == 2 {
+            let throttled = serde_json::json!({"__type": "ThrottlingException", "message": "Rate exceeded"});
+            return (400, "application/x-amz-json-1.1", throttled.to_string());
+        }
         let req: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
         if let Ok(mut a) = seen_auth.lock() {
             a.push(r.header("authorization").unwrap_or("").to_string());
@@ -50,13 +57,15 @@ fn replay_server(complete: Arc<AtomicBool>, seen_auth: Arc<Mutex<Vec<String>>>) 
     })
 }
 
-fn adapter(collector: &str, endpoint: &str, spool: &std::path::Path) -> ChildGuard {
+fn adapter(collector: &str, endpoint: &str, spool: &std::path::Path, metrics: u16) -> ChildGuard {
     ChildGuard(
         Command::new(binary("startline-agent"))
             .args([
                 "--collector",
                 collector,
                 "sagemaker",
+                "--metrics-listen",
+                &format!("127.0.0.1:{metrics}"),
                 "--interval",
                 "1s",
                 "--namespace",
@@ -88,7 +97,7 @@ fn sagemaker_jobs_are_followed_through_a_replayed_api_across_an_adapter_restart(
     let spool = dir.path().join("spool");
     let job = "/api/v1/jobs/sagemaker/123456789012/llm-finetune-2026-11-30-01";
 
-    let mut first = adapter(&c.endpoint(), &endpoint, &spool);
+    let mut first = adapter(&c.endpoint(), &endpoint, &spool, startline_tests::free_port());
     wait_until("the in-progress view", Duration::from_secs(30), || {
         c.get(job).1["timeline"]["milestones"]["preparing"].is_string()
     });
@@ -98,7 +107,8 @@ fn sagemaker_jobs_are_followed_through_a_replayed_api_across_an_adapter_restart(
     let _ = first.0.kill();
     let _ = first.0.wait();
     complete.store(true, Ordering::SeqCst);
-    let _second = adapter(&c.endpoint(), &endpoint, &spool);
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], startline_tests::free_port()));
+    let _second = adapter(&c.endpoint(), &endpoint, &spool, metrics.port());
     wait_until("the job to be done", Duration::from_secs(30), || c.get(job).1["state"] == "done");
 
     let (_, j) = c.get(job);
@@ -127,6 +137,26 @@ fn sagemaker_jobs_are_followed_through_a_replayed_api_across_an_adapter_restart(
         f["events"].as_array().and_then(|e| e.iter().find(|x| x["kind"] == "done").cloned()).expect("done event");
     assert!(done["detail"]["message"].as_str().is_some_and(|m| m.starts_with("CapacityError")));
     assert!(f["timeline"]["initial_wait_seconds"]["queued:capacity"].as_f64().is_some_and(|s| s == 3500.0));
+
+    // Throttled calls were retried one by one: not one poll failed.
+    let scrape = || startline_tests::http_get_text(metrics, "/metrics").1;
+    wait_until("a retried call", Duration::from_secs(30), || {
+        startline_agent::metrics::sample(
+            &scrape(),
+            "startline_agent_provider_call_retries_total",
+            &[("provider", "sagemaker"), ("kind", "throttled")],
+        )
+        .is_some_and(|n| n > 0.0)
+    });
+    let text = scrape();
+    let polls_failed = ["throttled", "http_status", "transport"].iter().map(|k| {
+        startline_agent::metrics::sample(
+            &text,
+            "startline_agent_poll_errors_total",
+            &[("provider", "sagemaker"), ("kind", k)],
+        )
+    });
+    assert!(polls_failed.into_iter().all(|n| n == Some(0.0)), "{text}");
 
     // Every call was SigV4-signed for SageMaker in us-east-1 with the configured key.
     let auths = auths.lock().expect("auths").clone();

@@ -5,6 +5,8 @@
 //! collector, not new events. Adapters write to the same durable spool as the node agent, so the uplink does
 //! not change when an adapter is added (Kubernetes/Kueue and Azure ML slot in as new modules here).
 
+pub mod gpus;
+pub mod retry;
 pub mod sagemaker;
 pub mod sigv4;
 pub mod slurm;
@@ -170,6 +172,19 @@ impl MemoryStore {
     pub fn put(&self, key: &str, m: &JobMemory) -> Result<(), sled::Error> {
         let v = serde_json::to_vec(m).unwrap_or_default();
         self.tree.insert(key.as_bytes(), v)?;
+        Ok(())
+    }
+
+    /// A named poll cursor (Unix ms), e.g. the start of the last successful poll; None before the first. Kept
+    /// under a key no job id can have (job ids never start with a NUL byte).
+    pub fn cursor(&self, name: &str) -> Option<i64> {
+        let v = self.tree.get(format!("\0cursor/{name}").as_bytes()).ok().flatten()?;
+        Some(i64::from_be_bytes(v.as_ref().try_into().ok()?))
+    }
+
+    /// Moves a named cursor (flushed with the memories by `flush`).
+    pub fn set_cursor(&self, name: &str, ms: i64) -> Result<(), sled::Error> {
+        self.tree.insert(format!("\0cursor/{name}").as_bytes(), &ms.to_be_bytes())?;
         Ok(())
     }
 

@@ -12,6 +12,8 @@
 //! `FailureReason`, e.g. `CapacityError: ...`, kept as the message), Stopped -> cancelled,
 //! MaxRuntimeExceeded/MaxWaitTimeExceeded -> timed_out. `Uploading` and `Stopping` are not wait states.
 
+use super::gpus::{GpuTable, Known};
+use super::retry::{with_retries, Attempt, RetryPolicy};
 use super::sigv4::{amz_date, authorization, Credentials};
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
@@ -49,6 +51,8 @@ pub struct TrainingJob {
     pub instance_type: String,
     /// Instance count.
     pub instance_count: u32,
+    /// Heterogeneous clusters (`ResourceConfig.InstanceGroups`): (instance type, count) per group.
+    pub instance_groups: Vec<(String, u32)>,
     /// Spot training.
     pub spot: bool,
     /// The transitions, in order.
@@ -72,6 +76,17 @@ pub fn parse_describe(v: &Value) -> Option<TrainingJob> {
         instance_count: v["ResourceConfig"]["InstanceCount"]
             .as_u64()
             .map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        instance_groups: v["ResourceConfig"]["InstanceGroups"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|g| {
+                        let n = g["InstanceCount"].as_u64().map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX));
+                        Some((g["InstanceType"].as_str()?.to_string(), n))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         spot: v["EnableManagedSpotTraining"].as_bool().unwrap_or(false),
         transitions: v["SecondaryStatusTransitions"]
             .as_array()
@@ -90,16 +105,37 @@ pub fn parse_describe(v: &Value) -> Option<TrainingJob> {
     })
 }
 
-/// GPUs per instance of the common GPU instance types (0 when unknown).
-pub fn gpus_per_instance(instance_type: &str) -> u32 {
-    match instance_type {
-        "ml.p5.48xlarge" | "ml.p5e.48xlarge" | "ml.p5en.48xlarge" | "ml.p4d.24xlarge" | "ml.p4de.24xlarge"
-        | "ml.p3.16xlarge" | "ml.p3dn.24xlarge" | "ml.g5.48xlarge" | "ml.g6.48xlarge" => 8,
-        "ml.g5.12xlarge" | "ml.g5.24xlarge" | "ml.p3.8xlarge" | "ml.g6.12xlarge" | "ml.g6.24xlarge" => 4,
-        "ml.p3.2xlarge" | "ml.g5.xlarge" | "ml.g5.2xlarge" | "ml.g5.4xlarge" | "ml.g5.8xlarge" | "ml.g5.16xlarge"
-        | "ml.g6.xlarge" | "ml.g6.2xlarge" | "ml.g6.4xlarge" | "ml.g6.8xlarge" | "ml.g6.16xlarge" => 1,
-        _ => 0,
+/// The job's GPUs, GPU class and instance count over its instance type or groups, and the first type the table
+/// does not know (if any).
+pub fn gpus(table: &GpuTable, j: &TrainingJob) -> (u32, String, u32, Option<String>) {
+    let groups: Vec<(String, u32)> = if j.instance_groups.is_empty() {
+        vec![(j.instance_type.clone(), j.instance_count.max(1))]
+    } else {
+        j.instance_groups.clone()
+    };
+    let (mut total, mut nodes, mut class, mut unknown) = (0u32, 0u32, String::new(), None);
+    for (ty, n) in &groups {
+        nodes = nodes.saturating_add((*n).max(1));
+        match table.sagemaker(ty) {
+            // Saturating: a hostile or broken InstanceCount must not overflow (validation refuses the count).
+            Known::Gpus(per, c) => {
+                total = total.saturating_add(per.saturating_mul((*n).max(1)));
+                if class.is_empty() {
+                    class = c;
+                }
+            }
+            Known::Cpu => {}
+            Known::Unknown => unknown = unknown.or_else(|| Some(ty.clone())),
+        }
     }
+    (total, class, nodes, unknown)
+}
+
+/// Whether a status message says the provider is out of capacity (EC2's "Insufficient capacity ... retrying",
+/// SageMaker's "CapacityError"): the job waits for capacity, it is not being provisioned.
+pub fn is_capacity_message(msg: &str) -> bool {
+    let m = msg.to_ascii_lowercase();
+    m.contains("insufficient capacity") || m.contains("capacityerror") || m.contains("insufficientinstancecapacity")
 }
 
 /// How SageMaker jobs map onto Startline's attributes.
@@ -111,6 +147,8 @@ pub struct Mapping {
     pub urgent_prefixes: Vec<String>,
     /// Account or namespace for job ids: `sagemaker/<namespace>/<job name>`.
     pub namespace: String,
+    /// GPU counts and classes of instance types, with `--instance-type` overrides.
+    pub gpus: GpuTable,
 }
 
 /// The Startline job id.
@@ -136,14 +174,7 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
         }
     };
     let urgent = m.urgent_prefixes.iter().any(|p| j.name.starts_with(p.as_str()));
-    let gpu_class = match j.instance_type.as_str() {
-        t if t.starts_with("ml.p5") => "h100",
-        t if t.starts_with("ml.p4") => "a100",
-        t if t.starts_with("ml.p3") => "v100",
-        t if t.starts_with("ml.g5") => "a10g",
-        t if t.starts_with("ml.g6") => "l4",
-        _ => "",
-    };
+    let (gpu_count, gpu_class, node_count, _) = gpus(&m.gpus, j);
     let mut labels = std::collections::HashMap::new();
     if j.spot {
         labels.insert("capacity".to_string(), "spot".to_string());
@@ -157,10 +188,9 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
             provider: "sagemaker".into(),
             pool: if j.instance_type.is_empty() { "sagemaker".into() } else { j.instance_type.clone() },
             priority: if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal } as i32,
-            gpu_class: gpu_class.into(),
-            // Saturating: a hostile or broken InstanceCount must not overflow (validation refuses the count).
-            gpu_count: gpus_per_instance(&j.instance_type).saturating_mul(j.instance_count.max(1)),
-            node_count: j.instance_count.max(1),
+            gpu_class,
+            gpu_count,
+            node_count,
             region: m.region.clone(),
             labels,
             ..Default::default()
@@ -169,6 +199,12 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
     for (i, t) in j.transitions.iter().enumerate() {
         let key = format!("t{i}:{}", t.status);
         let kind = match t.status.as_str() {
+            // "Insufficient capacity error from EC2 while launching instances, retrying!": a capacity wait.
+            "Starting" if is_capacity_message(&t.message) => Kind::Queued(pb::Queued {
+                reason: pb::WaitReason::Capacity as i32,
+                raw_reason: "Starting".into(),
+                message: t.message.clone(),
+            }),
             "Starting" => Kind::Preparing(pb::Preparing {
                 phase: pb::PreparingPhase::Provisioning as i32,
                 message: t.message.clone(),
@@ -247,12 +283,15 @@ impl From<ClientError> for PollError {
     }
 }
 
-/// A SigV4-signed SageMaker API client (AWS JSON 1.1 protocol).
+/// A SigV4-signed SageMaker API client (AWS JSON 1.1 protocol). Each call is retried on throttling, 5xx and
+/// transport failures ([`super::retry`]).
 pub struct Client {
     http: reqwest::Client,
     endpoint: reqwest::Url,
     region: String,
     creds: Credentials,
+    retry: RetryPolicy,
+    metrics: Option<crate::metrics::Metrics>,
 }
 
 impl Client {
@@ -263,10 +302,37 @@ impl Client {
             .timeout(std::time::Duration::from_secs(30))
             .build()
             .map_err(|e| e.to_string())?;
-        Ok(Client { http, endpoint, region: region.to_string(), creds })
+        Ok(Client { http, endpoint, region: region.to_string(), creds, retry: RetryPolicy::default(), metrics: None })
     }
 
-    async fn call(&self, target: &str, body: &Value) -> Result<Value, ClientError> {
+    /// Counts retried calls in these metrics.
+    pub fn with_metrics(mut self, m: crate::metrics::Metrics) -> Client {
+        self.metrics = Some(m);
+        self
+    }
+
+    /// Retries calls by this policy.
+    pub fn with_retry(mut self, p: RetryPolicy) -> Client {
+        self.retry = p;
+        self
+    }
+
+    async fn call(&self, target: &str, body: &Value) -> Result<Value, PollError> {
+        with_retries(
+            &self.retry,
+            || async {
+                self.call_once(target, body).await.map_err(|(e, retry_after)| Attempt { error: e.into(), retry_after })
+            },
+            |e| {
+                if let Some(m) = &self.metrics {
+                    m.call_retried(Provider::Sagemaker, e.kind);
+                }
+            },
+        )
+        .await
+    }
+
+    async fn call_once(&self, target: &str, body: &Value) -> Result<Value, (ClientError, Option<std::time::Duration>)> {
         let bytes = body.to_string().into_bytes();
         let host = match self.endpoint.port() {
             Some(p) => format!("{}:{p}", self.endpoint.host_str().unwrap_or("")),
@@ -288,17 +354,18 @@ impl Client {
         for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
             req = req.header(k.as_str(), v.as_str());
         }
-        let resp = req.body(bytes).send().await?;
+        let resp = req.body(bytes).send().await.map_err(|e| (ClientError::Http(e), None))?;
         let status = resp.status().as_u16();
-        let text = resp.text().await?;
+        let wait = super::retry::retry_after(resp.headers());
+        let text = resp.text().await.map_err(|e| (ClientError::Http(e), None))?;
         if !(200..300).contains(&status) {
-            return Err(ClientError::Api { status, body: text.chars().take(500).collect() });
+            return Err((ClientError::Api { status, body: text.chars().take(500).collect() }, wait));
         }
-        serde_json::from_str(&text).map_err(|e| ClientError::Parse(e.to_string()))
+        serde_json::from_str(&text).map_err(|e| (ClientError::Parse(e.to_string()), None))
     }
 
     /// Names of training jobs created after `after_ms`, all pages.
-    pub async fn list(&self, after_ms: i64) -> Result<Vec<String>, ClientError> {
+    pub async fn list(&self, after_ms: i64) -> Result<Vec<String>, PollError> {
         let mut names = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -320,7 +387,7 @@ impl Client {
     }
 
     /// One job's description.
-    pub async fn describe(&self, name: &str) -> Result<Value, ClientError> {
+    pub async fn describe(&self, name: &str) -> Result<Value, PollError> {
         self.call("DescribeTrainingJob", &json!({"TrainingJobName": name})).await
     }
 }
@@ -370,6 +437,14 @@ pub async fn poll_once(
             tracing::warn!(job = %name, "unreadable DescribeTrainingJob answer");
             continue;
         };
+        if mem.emitted.is_empty() {
+            if let (_, _, _, Some(ty)) = gpus(&m.gpus, &job) {
+                super::gpus::warn_unknown_once("sagemaker", &ty);
+                if let Some(metrics) = &client.metrics {
+                    metrics.unknown_type(Provider::Sagemaker);
+                }
+            }
+        }
         let (events, new_mem) = diff(m, &job, &mem);
         super::record(spool, memory, &key, &mem, events, &new_mem, &mut report)?;
     }
@@ -386,6 +461,7 @@ mod tests {
             region: "us-east-1".into(),
             urgent_prefixes: vec!["urgent-".into()],
             namespace: "123456789012".into(),
+            gpus: GpuTable::default(),
         }
     }
 
@@ -406,6 +482,43 @@ mod tests {
                 _ => "other".into(),
             })
             .collect()
+    }
+
+    #[test]
+    fn an_ec2_capacity_retry_while_starting_is_a_capacity_wait_with_its_message() {
+        let mut v: Value =
+            serde_json::from_str(include_str!("fixtures/sagemaker-describe-completed.json")).expect("json");
+        v["SecondaryStatusTransitions"][0]["StatusMessage"] =
+            "Insufficient capacity error from EC2 while launching instances, retrying!".into();
+        let j = parse_describe(&v).expect("job");
+        let (evs, _) = diff(&mapping(), &j, &JobMemory::default());
+        assert_eq!(kinds(&evs)[1], "queued:Starting");
+        let Some(Kind::Queued(q)) = &evs[1].kind else { panic!("queued") };
+        assert_eq!(q.reason(), pb::WaitReason::Capacity);
+        assert!(q.message.starts_with("Insufficient capacity error from EC2"));
+        assert!(is_capacity_message("CapacityError: Unable to provision requested ML compute capacity"));
+        assert!(!is_capacity_message("Launching requested ML instances"));
+    }
+
+    #[test]
+    fn four_gpu_g4dn_instance_groups_and_unknown_types_are_counted_not_silently_zero() {
+        let mut v: Value = serde_json::from_str(include_str!("fixtures/sagemaker-describe-failed.json")).expect("json");
+        v["ResourceConfig"] = json!({"InstanceType": "ml.g4dn.12xlarge", "InstanceCount": 2});
+        let j = parse_describe(&v).expect("job");
+        assert_eq!(gpus(&GpuTable::default(), &j), (8, "t4".to_string(), 2, None));
+        // A heterogeneous cluster: GPUs summed over the groups, CPU groups count as nodes only.
+        v["ResourceConfig"] = json!({"InstanceGroups": [
+            {"InstanceGroupName": "train", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 2},
+            {"InstanceGroupName": "data", "InstanceType": "ml.c5.18xlarge", "InstanceCount": 3}
+        ]});
+        let j = parse_describe(&v).expect("job");
+        assert_eq!(gpus(&GpuTable::default(), &j), (16, "h100".to_string(), 5, None));
+        // A type the table lacks is reported as unknown; an override makes it known.
+        v["ResourceConfig"] = json!({"InstanceType": "ml.p7.48xlarge", "InstanceCount": 1});
+        let j = parse_describe(&v).expect("job");
+        assert_eq!(gpus(&GpuTable::default(), &j), (0, String::new(), 1, Some("ml.p7.48xlarge".to_string())));
+        let table = GpuTable::parse(&["ml.p7.48xlarge=8:b300".to_string()]).expect("spec");
+        assert_eq!(gpus(&table, &j), (8, "b300".to_string(), 1, None));
     }
 
     #[test]
@@ -430,7 +543,7 @@ mod tests {
         let Some(Kind::Submitted(s)) = &evs[0].kind else { panic!("submitted") };
         assert_eq!(
             (s.gpu_count, s.node_count, s.gpu_class.as_str(), s.pool_kind()),
-            (16, 2, "a100", pb::PoolKind::Managed)
+            (16, 2, "a100-40g", pb::PoolKind::Managed)
         );
         assert_eq!(startline_proto::time::timestamp_to_ms(evs[0].occurred_at.as_ref().expect("t")), 1_796_000_000_123);
         assert_eq!(evs[0].job_id, "sagemaker/123456789012/llm-finetune-2026-11-30-01");

@@ -3,14 +3,23 @@
 //! OAuth2 bearer token (the endpoint is configurable, so tests use a local server replaying documented
 //! payloads) and [`run`] polls.
 //!
+//! Job ids are `vertex/<project>/<location>/<id>` with the `--project` value as given (resource names carry the
+//! project *number*; the configured id keeps ids stable and as documented). Listing is bounded: the first poll
+//! asks for jobs updated within `--lookback`, each later one for jobs updated since the last successful poll
+//! (minus a 10-minute overlap for clock skew; the cursor is persisted), so a project with years of history costs
+//! one short page per poll. Each page request is retried on 429/5xx with jittered backoff ([`super::retry`]).
+//!
 //! Vertex keeps no state history, only `createTime`, `startTime` (first RUNNING) and `endTime`, so:
 //! `submitted` at `createTime`; the first state seen is dated `createTime`, later ones at the poll that saw them;
 //! `JOB_STATE_QUEUED` -> queued:capacity (raw state kept); `JOB_STATE_PENDING` -> preparing:provisioning;
 //! `startTime` -> first_step (the replicas started: Vertex's nearest signal); the terminal state at `endTime`:
 //! SUCCEEDED -> succeeded, FAILED -> failed (the `error.message`, e.g. "Resources are insufficient in region",
-//! kept as the message), CANCELLED -> cancelled, EXPIRED -> timed_out. Priority comes from the job label
+//! kept as the message), CANCELLED -> cancelled, EXPIRED -> timed_out (dated `endTime`, else `updateTime`: an
+//! expired job may never have run). Priority comes from the job label
 //! `startline-priority` (`urgent` or `normal`) or a display-name prefix.
 
+use super::gpus::{GpuTable, Known};
+use super::retry::{with_retries, Attempt, RetryPolicy};
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
 use serde_json::Value;
@@ -32,6 +41,8 @@ pub struct CustomJob {
     pub start_ms: Option<i64>,
     /// endTime, Unix ms.
     pub end_ms: Option<i64>,
+    /// updateTime, Unix ms.
+    pub update_ms: Option<i64>,
     /// error.message.
     pub error: String,
     /// Machine type of the first worker pool.
@@ -71,6 +82,7 @@ pub fn parse_custom_job(v: &Value) -> Option<CustomJob> {
         created_ms: rfc3339_ms(&v["createTime"])?,
         start_ms: rfc3339_ms(&v["startTime"]),
         end_ms: rfc3339_ms(&v["endTime"]),
+        update_ms: rfc3339_ms(&v["updateTime"]),
         error: v["error"]["message"].as_str().unwrap_or("").to_string(),
         machine_type: first["machineSpec"]["machineType"].as_str().unwrap_or("").to_string(),
         accelerator: first["machineSpec"]["acceleratorType"].as_str().unwrap_or("").to_string(),
@@ -91,28 +103,20 @@ pub fn parse_custom_job(v: &Value) -> Option<CustomJob> {
 /// How Vertex jobs map onto Startline's attributes.
 #[derive(Debug, Clone, Default)]
 pub struct Mapping {
+    /// The project as configured (`--project`): the id's project part, whatever the resource name carries.
+    pub project: String,
     /// Display-name prefixes that mark urgent jobs (besides the `startline-priority` label).
     pub urgent_prefixes: Vec<String>,
+    /// Accelerator classes, with `--instance-type` overrides.
+    pub gpus: GpuTable,
 }
 
-/// The Startline job id: `vertex/<project>/<location>/<id>`.
-pub fn startline_id(j: &CustomJob) -> String {
+/// The Startline job id: `vertex/<project>/<location>/<id>`, the project as configured.
+pub fn startline_id(m: &Mapping, j: &CustomJob) -> String {
     let parts: Vec<&str> = j.name.split('/').collect();
     match parts.as_slice() {
-        ["projects", p, "locations", l, "customJobs", id] => format!("vertex/{p}/{l}/{id}"),
-        _ => format!("vertex/{}", j.name),
-    }
-}
-
-fn gpu_class(accel: &str) -> String {
-    match accel {
-        "NVIDIA_H100_80GB" | "NVIDIA_H100_MEGA_80GB" => "h100".into(),
-        "NVIDIA_A100_80GB" => "a100-80g".into(),
-        "NVIDIA_TESLA_A100" => "a100-40g".into(),
-        "NVIDIA_L4" => "l4".into(),
-        "NVIDIA_TESLA_V100" => "v100".into(),
-        "NVIDIA_TESLA_T4" => "t4".into(),
-        other => other.to_ascii_lowercase(),
+        ["projects", _, "locations", l, "customJobs", id] => format!("vertex/{}/{l}/{id}", m.project),
+        _ => format!("vertex/{}/{}", m.project, j.name),
     }
 }
 
@@ -120,7 +124,7 @@ fn gpu_class(accel: &str) -> String {
 pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb::LifecycleEvent>, JobMemory) {
     let mut mem = mem.clone();
     let mut out = Vec::new();
-    let job = startline_id(j);
+    let job = startline_id(m, j);
     let location = j.name.split('/').nth(3).unwrap_or("").to_string();
     let mut emit = |mem: &mut JobMemory, key: &str, at: i64, kind: Kind| {
         if mem.emitted.insert(key.to_string()) {
@@ -154,7 +158,10 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
             provider: "vertex".into(),
             pool: if j.machine_type.is_empty() { "vertex".into() } else { j.machine_type.clone() },
             priority: if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal } as i32,
-            gpu_class: gpu_class(&j.accelerator),
+            gpu_class: match m.gpus.vertex(&j.accelerator) {
+                Known::Gpus(_, c) => c,
+                Known::Cpu | Known::Unknown => String::new(),
+            },
             gpu_count: j.gpus,
             node_count: j.replicas.max(1),
             region: location.clone(),
@@ -194,7 +201,7 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
         _ => None,
     };
     if let Some(o) = outcome {
-        let at = j.end_ms.unwrap_or(now_ms).max(j.created_ms);
+        let at = j.end_ms.or(j.update_ms).unwrap_or(now_ms).max(j.created_ms);
         let message = if j.error.is_empty() { j.state.clone() } else { super::free_text(&j.error, 1024) };
         emit(&mut mem, "done", at, Kind::Done(pb::Done { outcome: o as i32, exit_code: None, message }));
         mem.done = true;
@@ -202,13 +209,15 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
     (out, mem)
 }
 
-/// A Vertex AI REST client (v1) with a bearer token.
+/// A Vertex AI REST client (v1) with a bearer token; each page request is retried on 429 and 5xx.
 pub struct Client {
     http: reqwest::Client,
     base: String,
     project: String,
     location: String,
     token: TokenSource,
+    retry: RetryPolicy,
+    metrics: Option<crate::metrics::Metrics>,
 }
 
 /// Where access tokens come from.
@@ -233,7 +242,21 @@ impl Client {
             project: project.into(),
             location: location.into(),
             token,
+            retry: RetryPolicy::default(),
+            metrics: None,
         })
+    }
+
+    /// Counts retried calls in these metrics.
+    pub fn with_metrics(mut self, m: crate::metrics::Metrics) -> Client {
+        self.metrics = Some(m);
+        self
+    }
+
+    /// Retries calls by this policy.
+    pub fn with_retry(mut self, p: RetryPolicy) -> Client {
+        self.retry = p;
+        self
     }
 
     async fn token(&self) -> Result<String, PollError> {
@@ -255,28 +278,27 @@ impl Client {
         }
     }
 
-    /// Every CustomJob of the project and location (all pages).
-    pub async fn list(&self) -> Result<Vec<Value>, PollError> {
-        let transport = |e: reqwest::Error| PollError::new(PollErrorKind::Transport, e.to_string());
+    /// Every CustomJob of the project and location updated after `since_ms` (all pages).
+    pub async fn list(&self, since_ms: i64) -> Result<Vec<Value>, PollError> {
         let token = self.token().await?;
+        let url = format!("{}/v1/projects/{}/locations/{}/customJobs", self.base, self.project, self.location);
+        let since = humantime::format_rfc3339_millis(
+            std::time::UNIX_EPOCH + std::time::Duration::from_millis(since_ms.max(0) as u64),
+        );
+        let filter = format!("update_time>\"{since}\"");
         let mut jobs = Vec::new();
         let mut page: Option<String> = None;
         loop {
-            let mut url = format!(
-                "{}/v1/projects/{}/locations/{}/customJobs?pageSize=100",
-                self.base, self.project, self.location
-            );
-            if let Some(p) = &page {
-                url.push_str(&format!("&pageToken={p}"));
-            }
-            let resp = self.http.get(&url).bearer_auth(&token).send().await.map_err(transport)?;
-            let status = resp.status().as_u16();
-            let text = resp.text().await.map_err(transport)?;
-            if !(200..300).contains(&status) {
-                return Err(PollError::http("vertex", status, &text));
-            }
-            let v: Value = serde_json::from_str(&text)
-                .map_err(|e| PollError::new(PollErrorKind::Parse, format!("vertex answered invalid json: {e}")))?;
+            let v = with_retries(
+                &self.retry,
+                || self.page(&url, &filter, page.as_deref(), &token),
+                |e| {
+                    if let Some(m) = &self.metrics {
+                        m.call_retried(Provider::Vertex, e.kind);
+                    }
+                },
+            )
+            .await?;
             jobs.extend(v["customJobs"].as_array().cloned().unwrap_or_default());
             match v["nextPageToken"].as_str() {
                 Some(t) if !t.is_empty() => page = Some(t.to_string()),
@@ -284,40 +306,84 @@ impl Client {
             }
         }
     }
+
+    async fn page(&self, url: &str, filter: &str, page: Option<&str>, token: &str) -> Result<Value, Attempt> {
+        let transport = |e: reqwest::Error| Attempt::from(PollError::new(PollErrorKind::Transport, e.to_string()));
+        let mut query = vec![("pageSize", "100"), ("filter", filter)];
+        if let Some(p) = page {
+            query.push(("pageToken", p));
+        }
+        let resp = self.http.get(url).query(&query).bearer_auth(token).send().await.map_err(transport)?;
+        let status = resp.status().as_u16();
+        let retry_after = super::retry::retry_after(resp.headers());
+        let text = resp.text().await.map_err(transport)?;
+        if !(200..300).contains(&status) {
+            return Err(Attempt { error: PollError::http("vertex", status, &text), retry_after });
+        }
+        serde_json::from_str(&text).map_err(|e| {
+            Attempt::from(PollError::new(PollErrorKind::Parse, format!("vertex answered invalid json: {e}")))
+        })
+    }
 }
 
+/// How far back the listing cursor is moved: updates stamped by Google's clock up to this much before ours are
+/// still listed.
+pub const CURSOR_OVERLAP: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Polls until `stop`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     m: Mapping,
     client: Client,
     interval: std::time::Duration,
+    lookback: std::time::Duration,
     spool: crate::spool::Spool,
     memory: MemoryStore,
     metrics: crate::metrics::Metrics,
     stop: crate::simulate::tokio_util_free::Stop,
 ) {
-    super::poll_loop(Provider::Vertex, metrics, interval, stop, || poll_once(&m, &client, &spool, &memory)).await
+    super::poll_loop(Provider::Vertex, metrics.clone(), interval, stop, || {
+        poll_once(&m, &client, lookback, &spool, &memory, Some(&metrics))
+    })
+    .await
 }
 
-/// One poll; returns the jobs followed (listed and not yet done) and the events spooled.
+/// The persisted listing cursor's name.
+const CURSOR: &str = "vertex-update-time";
+
+/// One poll; returns the jobs followed (listed and not yet done) and the events spooled. Lists jobs updated
+/// since the last successful poll (or within `lookback` on the first), then moves the cursor.
 pub async fn poll_once(
     m: &Mapping,
     client: &Client,
+    lookback: std::time::Duration,
     spool: &crate::spool::Spool,
     memory: &MemoryStore,
+    metrics: Option<&crate::metrics::Metrics>,
 ) -> Result<PollReport, PollError> {
     let now = startline_proto::time::now_ms();
+    let since = match memory.cursor(CURSOR) {
+        Some(c) => c - CURSOR_OVERLAP.as_millis() as i64,
+        None => now - lookback.as_millis() as i64,
+    };
     let mut report = PollReport::default();
-    for v in client.list().await? {
+    for v in client.list(since).await? {
         let Some(job) = parse_custom_job(&v) else { continue };
-        let key = startline_id(&job);
+        let key = startline_id(m, &job);
         let mem = memory.get(&key);
         if mem.done {
             continue;
         }
+        if mem.emitted.is_empty() && m.gpus.vertex(&job.accelerator) == Known::Unknown {
+            super::gpus::warn_unknown_once("vertex", &job.accelerator);
+            if let Some(metrics) = metrics {
+                metrics.unknown_type(Provider::Vertex);
+            }
+        }
         let (events, new_mem) = diff(m, &job, &mem, now);
         super::record(spool, memory, &key, &mem, events, &new_mem, &mut report)?;
     }
+    memory.set_cursor(CURSOR, now).map_err(|e| PollError::new(PollErrorKind::Spool, e.to_string()))?;
     super::flush(memory)?;
     Ok(report)
 }
@@ -346,7 +412,7 @@ mod tests {
     #[test]
     fn a_job_seen_queued_then_pending_then_done() {
         let full = load(include_str!("fixtures/vertex-customjob-succeeded.json"));
-        let m = Mapping::default();
+        let m = Mapping { project: "ml-prod".into(), ..Mapping::default() };
         let mut j = full.clone();
         j.state = "JOB_STATE_QUEUED".into();
         j.start_ms = None;
@@ -389,6 +455,29 @@ mod tests {
         for ev in &e {
             startline_proto::validate::validate_event(ev, i64::MAX / 4, &Default::default()).expect("valid");
         }
+    }
+
+    #[test]
+    fn ids_carry_the_configured_project_and_an_expired_job_is_dated_by_its_update_time() {
+        let mut v: Value = serde_json::from_str(include_str!("fixtures/vertex-customjob-failed.json")).expect("json");
+        v["name"] = "projects/123456789012/locations/us-central1/customJobs/42".into();
+        v["state"] = "JOB_STATE_EXPIRED".into();
+        v["updateTime"] = "2026-11-30T05:00:00.125Z".into();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("endTime");
+            o.remove("startTime");
+        }
+        let j = parse_custom_job(&v).expect("job");
+        let m = Mapping { project: "ml-prod".into(), ..Mapping::default() };
+        assert_eq!(startline_id(&m, &j), "vertex/ml-prod/us-central1/42");
+        let (e, _) = diff(&m, &j, &JobMemory::default(), 1_900_000_000_000);
+        let done = e.last().expect("done");
+        assert_eq!(kinds(std::slice::from_ref(done)), ["done:TimedOut"]);
+        assert_eq!(
+            startline_proto::time::timestamp_to_ms(done.occurred_at.as_ref().expect("t")),
+            j.update_ms.expect("updateTime"),
+            "updateTime, not the poll"
+        );
     }
 
     #[test]

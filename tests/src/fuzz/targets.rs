@@ -61,11 +61,12 @@ fn sagemaker_mapping() -> sagemaker::Mapping {
         region: "us-east-1".into(),
         urgent_prefixes: vec!["urgent-".into()],
         namespace: "123456789012".into(),
+        gpus: Default::default(),
     }
 }
 
 fn vertex_mapping() -> vertex::Mapping {
-    vertex::Mapping { urgent_prefixes: vec!["urgent-".into()] }
+    vertex::Mapping { project: "ml-prod".into(), urgent_prefixes: vec!["urgent-".into()], gpus: Default::default() }
 }
 
 /// Events of every kind, as a dedicated and a managed job report them (built from the protocol types).
