@@ -11,7 +11,8 @@
 //! - `queued` whenever the pending reason changes, mapped through the full table in [`reasons`] (every
 //!   string Slurm 22.05..25.11 can print; the raw reason is kept). The first is dated at submit; later ones at
 //!   the poll that saw them (Slurm keeps no history of reasons), except that Slurm's `eligible_time` splits
-//!   the wait exactly: submit -> eligible is a dependency, hold or begin-time wait, eligible -> start a
+//!   the wait exactly: submit -> eligible (when more than [`ELIGIBLE_SLACK_MS`] apart) is a dependency, hold or
+//!   begin-time wait, eligible -> start a
 //!   resource, priority or quota wait. A job first seen waiting on, say, Resources with an `eligible_time`
 //!   after its submit gets a `queued:dependency_or_hold` (raw reason `eligible_time`) at submit and its reason
 //!   at `eligible_time`; a job seen going from a dependency/hold reason to another reason gets the new one at
@@ -194,11 +195,30 @@ fn job_id(j: &Value) -> String {
 /// default cluster's arrays are expanded whole).
 pub const MAX_ARRAY_TASKS: usize = 1001;
 
-/// The task ids of an array task string as squeue and sacct print it: `0-2`, `1,3,5-7`, `1-9:2` (a step),
-/// `[0-9]`, with an optional `%N` throttle. A string squeue cut short ends in `...`: its last, possibly
+/// The task ids of an array task string as squeue prints it (`0-2`, `1,3,5-7`, `1-9:2` with a step, `[0-9]`,
+/// an optional `%N` throttle) or sacct (`0x7`: a hex bitmap, task 0 the lowest bit). A string squeue cut short ends in `...`: its last, possibly
 /// partial, item is left out. At most `cap` ids; unreadable items are skipped.
 pub fn array_tasks(spec: &str, cap: usize) -> Vec<u32> {
     let spec = spec.split('%').next().unwrap_or("").trim().trim_start_matches('[').trim_end_matches(']');
+    if let Some(hex) = spec.strip_prefix("0x").or_else(|| spec.strip_prefix("0X")) {
+        // sacct prints the task bitmap as hex, the lowest task in the last digit.
+        let mut out = Vec::new();
+        for (k, d) in hex.chars().rev().filter_map(|c| c.to_digit(16)).enumerate() {
+            for bit in 0..4u32 {
+                let Some(t) = u32::try_from(k).ok().and_then(|k| k.checked_mul(4)).and_then(|b| b.checked_add(bit))
+                else {
+                    return out;
+                };
+                if d & (1 << bit) != 0 {
+                    if out.len() >= cap {
+                        return out;
+                    }
+                    out.push(t);
+                }
+            }
+        }
+        return out;
+    }
     let (spec, cut) = match spec.strip_suffix("...") {
         Some(s) => (s, true),
         None => (spec, false),
@@ -388,6 +408,11 @@ pub const MAX_REQUEUES_PER_POLL: u32 = 64;
 /// How far the scheduler's estimated start must move before a new `queued` event reports it.
 pub const ESTIMATE_STEP_MS: i64 = 60_000;
 
+/// How long after its submit a job may become eligible without that counting as a dependency, hold or begin
+/// time: Slurm 22.05 makes an array eligible at the scheduler pass after its submit (a second later, seen on
+/// real Slurm), a plain job at its submit.
+pub const ELIGIBLE_SLACK_MS: i64 = 2_000;
+
 /// The raw reason of the `queued:dependency_or_hold` that stands for the submit -> eligible part of a wait
 /// when the adapter first sees the job after that part ended.
 pub const INELIGIBLE_RAW_REASON: &str = "eligible_time";
@@ -467,8 +492,12 @@ pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb:
     let pending = j.state == "PENDING" && !j.reason.is_empty() && j.reason != "None";
     // squeue clamps a past estimate to its own clock: only a future one is an estimate.
     let estimate_ms = j.estimated_start.map(|s| s.saturating_mul(1000)).filter(|e| *e > now_ms && pending);
-    // Eligibility is trusted once it is past and after the submit (a plain job is eligible at its submit).
-    let eligible_ms = j.eligible.map(|e| e.saturating_mul(1000)).filter(|e| *e > submit_ms && *e <= now_ms);
+    // Eligibility is a boundary once it is past and more than ELIGIBLE_SLACK_MS after the submit (a plain job is
+    // eligible at its submit, an array's tasks a scheduler pass later).
+    let eligible_ms = j
+        .eligible
+        .map(|e| e.saturating_mul(1000))
+        .filter(|e| *e > submit_ms.saturating_add(ELIGIBLE_SLACK_MS) && *e <= now_ms);
     if pending && j.reason != mem.reason {
         let reason = map_reason(&j.reason);
         let first = mem.reasons_seen == 0 && attempt == 0;

@@ -252,6 +252,10 @@ fn array_task_strings_expand_with_steps_throttles_caps_and_cuts() {
     assert_eq!(array_tasks("0,2,4,6,8,10,1...", 100), [0, 2, 4, 6, 8, 10]);
     assert_eq!(array_tasks("x,3,4-y,5:0,7", 100), [3, 7]);
     assert!(array_tasks("", 100).is_empty());
+    // sacct 22.05 prints the pending tasks as a hex bitmap (seen on real Slurm: `0x7` for 0-2).
+    assert_eq!(array_tasks("0x7", 100), [0, 1, 2]);
+    assert_eq!(array_tasks("0xA0", 100), [5, 7]);
+    assert_eq!(array_tasks("0x12", 1), [1]);
     assert_eq!(array_tasks("4294967295", 100), [u32::MAX], "no overflow at the top");
 }
 
@@ -317,7 +321,7 @@ fn a_pending_array_in_sacct_is_one_job_per_task_too() {
     let mut job = v["jobs"][0].clone();
     job["job_id"] = 40.into();
     job["array"]["job_id"] = 40.into();
-    job["array"]["task"] = "1,3".into();
+    job["array"]["task"] = "0xA".into();
     job["state"] = serde_json::json!({"current": "PENDING", "reason": "Priority"});
     job["time"]["start"] = 0.into();
     v["jobs"] = serde_json::json!([job]);
@@ -346,6 +350,10 @@ fn eligible_time_splits_the_wait_exactly_in_both_shapes() {
     for ev in &e {
         assert!(startline_proto::validate::validate_event(ev, NOW, &Default::default()).is_ok());
     }
+    // Eligible a second after submit (an array on real 22.05): no ineligible phase.
+    let mut array_task = job.clone();
+    array_task.eligible = Some(array_task.submit + 1);
+    assert_eq!(kinds(&diff(&m, &array_task, &JobMemory::default(), NOW).0), ["submitted", "queued:Resources"]);
     // Seen waiting on its dependency first (no eligible_time yet), then on Resources: dated at eligible_time.
     let mut j = SlurmJob {
         id: "50".into(),
