@@ -225,9 +225,17 @@ struct SlurmArgs {
     /// The live-view command (whitespace-separated).
     #[arg(long, env = "STARTLINE_SQUEUE", default_value = "squeue --json")]
     squeue: String,
-    /// The accounting command (whitespace-separated).
-    #[arg(long, env = "STARTLINE_SACCT", default_value = "sacct --json --allusers --starttime now-2days")]
+    /// The accounting command (whitespace-separated). The adapter adds `--starttime` (from the last successful
+    /// poll) or `-j <ids>` (re-querying vanished jobs); a `--starttime`/`-S` given here is dropped.
+    #[arg(long, env = "STARTLINE_SACCT", default_value = "sacct --json --allusers")]
     sacct: String,
+    /// How far back the first accounting window reaches (later windows start at the last successful poll).
+    #[arg(long, env = "STARTLINE_LOOKBACK", default_value = "2d", value_parser = parse_duration)]
+    lookback: Duration,
+    /// How long a followed job may be missing from squeue and from accounting (re-queried by id) before it is
+    /// ended with outcome unknown (reported as cancelled).
+    #[arg(long, env = "STARTLINE_VANISHED_GRACE", default_value = "10m", value_parser = parse_duration)]
+    vanished_grace: Duration,
     /// Partitions whose jobs are urgent (repeatable).
     #[arg(long = "urgent-partition", env = "STARTLINE_URGENT_PARTITIONS", value_delimiter = ',')]
     urgent_partitions: Vec<String>,
@@ -524,7 +532,13 @@ async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
         first_step_on_start: a.first_step_on_start,
         cluster: a.cluster,
     };
-    let shell = slurm::ShellSettings { squeue: split(&a.squeue), sacct: split(&a.sacct), interval: a.interval };
+    let shell = slurm::ShellSettings {
+        squeue: split(&a.squeue),
+        sacct: split(&a.sacct),
+        interval: a.interval,
+        lookback: a.lookback,
+        vanished_grace: a.vanished_grace,
+    };
     let metrics = agent_metrics("slurm", Some(&spool))?;
     let (handle, stop) = stop_pair();
     let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;

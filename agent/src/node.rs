@@ -347,6 +347,7 @@ pub fn event_from_json(v: &Value, default_source: &str, now_ms: i64) -> Result<p
             reason: named::<pb::WaitReason>(v, "reason")?,
             raw_reason: s(v, "raw_reason")?,
             message: s(v, "message")?,
+            estimated_start: None,
         }),
         "node_assigned" => {
             Kind::NodeAssigned(pb::NodeAssigned { nodes: list(v, "nodes")?, gpu_ids: list(v, "gpu_ids")? })

@@ -214,8 +214,13 @@ async fn slurm_poll(squeue: &[&str], sacct: &[&str], spool: &Spool) -> String {
         cluster: "c1".into(),
     };
     let owned = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let shell =
-        slurm::ShellSettings { squeue: owned(squeue), sacct: owned(sacct), interval: Duration::from_secs(3600) };
+    let shell = slurm::ShellSettings {
+        squeue: owned(squeue),
+        sacct: owned(sacct),
+        interval: Duration::from_secs(3600),
+        lookback: Duration::from_secs(3600),
+        vanished_grace: Duration::from_secs(600),
+    };
     let (handle, stop) = startline_agent::simulate::tokio_util_free::stop_pair();
     let task = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, metrics.clone(), stop));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -238,7 +243,8 @@ async fn slurm_polls_count_jobs_transitions_errors_and_the_last_success() {
     let spool = Spool::open(dir.path(), SpoolLimits::default()).expect("spool");
     let (squeue, sacct) = (fixture("squeue-23.02.json"), fixture("sacct-22.05.json"));
     let before = startline_proto::time::now_ms() as f64 / 1000.0;
-    let text = slurm_poll(&["cat", &squeue], &["cat", &sacct], &spool).await;
+    // The adapter appends `--starttime uts<seconds>` to the sacct command: the stub ignores its arguments.
+    let text = slurm_poll(&["cat", &squeue], &["sh", "-c", "cat \"$0\"", &sacct], &spool).await;
 
     let live = slurm::parse_squeue(&std::fs::read_to_string(&squeue).expect("read")).expect("squeue");
     let acct = slurm::parse_sacct(&std::fs::read_to_string(&sacct).expect("read")).expect("sacct");

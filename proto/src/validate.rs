@@ -214,6 +214,15 @@ pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> 
             known_enum::<pb::WaitReason>("queued.reason", q.reason)?;
             optional_str("queued.raw_reason", &q.raw_reason, 256)?;
             optional_str("queued.message", &q.message, 1024)?;
+            // An estimate may lie far in the future (a scheduler's backlog): only its shape and a floor are checked.
+            if let Some(est) = &q.estimated_start {
+                if !(0..1_000_000_000).contains(&est.nanos) {
+                    return Err(err("queued.estimated_start.nanos", "must be in 0..999999999"));
+                }
+                if timestamp_to_ms(est) < MIN_OCCURRED_AT_MS {
+                    return Err(err("queued.estimated_start", "is before 2000-01-01"));
+                }
+            }
         }
         Kind::NodeAssigned(n) => {
             list("node_assigned.nodes", &n.nodes, 4096, 256)?;
@@ -442,6 +451,7 @@ mod tests {
                 reason: pb::WaitReason::Capacity as i32,
                 raw_reason: String::new(),
                 message: message.into(),
+                estimated_start: None,
             })),
             ..good()
         };
@@ -465,6 +475,25 @@ mod tests {
         for visible in ['a', ' ', '\u{200A}', '\u{2070}', '\u{FEFE}', 'é', '日', '\u{1F600}'] {
             assert!(!is_format_char(visible), "{visible:?}");
         }
+    }
+
+    #[test]
+    fn an_estimated_start_is_accepted_far_ahead_but_not_malformed() {
+        let queued = |est: Option<prost_types::Timestamp>| pb::LifecycleEvent {
+            kind: Some(Kind::Queued(pb::Queued {
+                reason: pb::WaitReason::Priority as i32,
+                raw_reason: "Priority".into(),
+                message: String::new(),
+                estimated_start: est,
+            })),
+            ..good()
+        };
+        assert_eq!(field_of(&queued(None)), None);
+        // A year ahead of the receiver's clock: an estimate, not an occurrence, so no skew check.
+        assert_eq!(field_of(&queued(Some(ms_to_timestamp(NOW + 365 * 86_400_000)))), None);
+        assert_eq!(field_of(&queued(Some(ms_to_timestamp(1000)))).as_deref(), Some("queued.estimated_start"));
+        let bad_nanos = prost_types::Timestamp { seconds: NOW / 1000, nanos: 1_000_000_000 };
+        assert_eq!(field_of(&queued(Some(bad_nanos))).as_deref(), Some("queued.estimated_start.nanos"));
     }
 
     #[test]

@@ -179,6 +179,7 @@ resend_interval = "2s"
                 reason: pb::WaitReason::Capacity as i32,
                 raw_reason: "Resources".into(),
                 message: String::new(),
+                estimated_start: None,
             }),
         ),
     ])

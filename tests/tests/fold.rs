@@ -40,6 +40,7 @@ fn fleet() -> Vec<pb::LifecycleEvent> {
                 reason: pb::WaitReason::Capacity as i32,
                 raw_reason: "Resources".into(),
                 message: String::new(),
+                estimated_start: None,
             }),
         ));
         if i % 7 == 6 {

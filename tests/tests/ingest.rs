@@ -20,6 +20,7 @@ fn job_events(job: &str) -> Vec<pb::LifecycleEvent> {
                 reason: pb::WaitReason::Capacity as i32,
                 raw_reason: "Resources".into(),
                 message: String::new(),
+                estimated_start: None,
             }),
         ),
         event(job, "e3", ago(300), Kind::NodeAssigned(pb::NodeAssigned { nodes: vec!["n1".into()], gpu_ids: vec![] })),

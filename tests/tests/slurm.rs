@@ -72,7 +72,7 @@ fn timelines_from_a_real_slurm_match_slurms_own_times() {
             ])
             .arg("--spool")
             .arg(dir.path().join("spool"))
-            .args(["--sacct", "sacct --json --allusers --starttime now-1hours"])
+            .args(["--lookback", "1h", "--vanished-grace", "10m"])
             .env("SLURM_CONF", &slurm.conf)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("adapter.log")).expect("log"))
@@ -92,6 +92,11 @@ fn timelines_from_a_real_slurm_match_slurms_own_times() {
     let f = slurm.sbatch(&["--wrap", "exit 3"]);
     let g = slurm.sbatch(&["--hold", "--wrap", "true"]);
     let h = slurm.sbatch(&["-p", "urgent", "--gres=gpu:1", "--wrap", "sleep 1"]);
+    // A job array pending as one squeue record (its tasks need the busy GPUs), and a job that becomes eligible
+    // 5 s after submit and then waits for both GPUs: its resource wait is dated at Slurm's eligible_time.
+    let arr = slurm.sbatch(&["--array=0-2", "--gres=gpu:1", "--wrap", "sleep 1"]);
+    let bj = slurm.sbatch(&["--begin=now+5", "--gres=gpu:2", "--wrap", "true"]);
+    let tasks: Vec<String> = (0..3).map(|t| format!("{arr}_{t}")).collect();
     std::thread::sleep(Duration::from_secs(3));
     slurm.cmd("scontrol", &["requeue", &r]);
     slurm.cmd("scancel", &[&g]);
@@ -101,7 +106,7 @@ fn timelines_from_a_real_slurm_match_slurms_own_times() {
     wait_until("r to run again", Duration::from_secs(60), || slurm.state(&r) == "RUNNING");
     std::thread::sleep(Duration::from_secs(2));
     slurm.cmd("scancel", &[&r]);
-    let all = [&r, &a, &b, &cc, &d, &e, &f, &g, &h];
+    let all = [&r, &a, &b, &cc, &d, &e, &f, &g, &h, &bj, &tasks[0], &tasks[1], &tasks[2]];
     let job_key = |id: &str| format!("/api/v1/jobs/slurm/startline/{id}");
     wait_until("every job to be done in the collector", Duration::from_secs(120), || {
         all.iter().all(|id| c.get(&job_key(id)).1["state"] == "done")
@@ -113,7 +118,12 @@ fn timelines_from_a_real_slurm_match_slurms_own_times() {
         serde_json::from_str(&slurm.cmd("sacct", &["--json", "--allusers", "-j", &ids])).expect("sacct json");
     let mut by_id: BTreeMap<String, serde_json::Value> = BTreeMap::new();
     for j in acct["jobs"].as_array().expect("jobs") {
-        by_id.insert(j["job_id"].to_string(), j.clone());
+        // Array tasks by `<array job>_<task>`, as the adapter names them.
+        let key = match (j["array"]["job_id"].as_i64(), j["array"]["task_id"].as_i64()) {
+            (Some(a), Some(t)) if a > 0 => format!("{a}_{t}"),
+            _ => j["job_id"].to_string(),
+        };
+        by_id.insert(key, j.clone());
     }
     let outcome = |id: &str| c.get(&job_key(id)).1["outcome"].as_str().unwrap_or("").to_string();
     for id in all {
@@ -144,6 +154,10 @@ fn timelines_from_a_real_slurm_match_slurms_own_times() {
         (&g, "cancelled"),
         (&h, "succeeded"),
         (&r, "cancelled"),
+        (&bj, "succeeded"),
+        (&tasks[0], "succeeded"),
+        (&tasks[1], "succeeded"),
+        (&tasks[2], "succeeded"),
     ] {
         assert_eq!(outcome(id), want, "job {id}");
     }
@@ -156,6 +170,25 @@ fn timelines_from_a_real_slurm_match_slurms_own_times() {
     assert!(segs(&d).keys().any(|k| k == "queued:priority" || k == "queued:capacity"), "d: {:?}", segs(&d));
     assert!(segs(&e).contains_key("queued:dependency_or_hold"), "e waited on its dependency: {:?}", segs(&e));
     assert!(segs(&g).contains_key("queued:dependency_or_hold"), "g was held: {:?}", segs(&g));
+    // The pending array record is no job of its own: only its tasks are.
+    assert_eq!(c.get(&job_key(&arr)).0, 404, "no job for the array record {arr}");
+    for t in &tasks {
+        assert!(segs(t).keys().any(|k| k.starts_with("queued:")), "task {t} waited: {:?}", segs(t));
+    }
+    // The begin-time job: dependency_or_hold from submit, then its resource wait from eligible_time exactly.
+    let bjob = c.get(&job_key(&bj)).1;
+    let eligible = by_id[bj.as_str()]["time"]["eligible"].as_i64().map(|x| x * 1000);
+    let queued: Vec<(String, Option<i64>)> = bjob["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["kind"] == "queued")
+        .map(|e| (e["detail"]["reason"].as_str().unwrap_or("").to_string(), ms(&e["occurred_at"])))
+        .collect();
+    assert_eq!(queued.first().map(|q| q.0.as_str()), Some("dependency_or_hold"), "{bjob}");
+    let after: Vec<&(String, Option<i64>)> = queued.iter().filter(|q| q.0 != "dependency_or_hold").collect();
+    assert!(!after.is_empty(), "bj waited for resources after its begin time: {bjob}");
+    assert_eq!(after[0].1, eligible, "dated at eligible_time: {bjob}");
     // The urgent partition maps to urgent; the requeue is a second attempt.
     assert_eq!(c.get(&job_key(&h)).1["priority"], "urgent");
     assert_eq!(c.get(&job_key(&a)).1["priority"], "normal");

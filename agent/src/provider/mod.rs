@@ -149,6 +149,13 @@ pub struct JobMemory {
     pub exit_code: Option<i32>,
     /// The job reached a terminal state and was reported done; it can be forgotten after a while.
     pub done: bool,
+    /// When the current wait reason was dated, Unix ms (Slurm: a later reason may be dated at eligible_time,
+    /// never before this).
+    #[serde(default)]
+    pub reason_at_ms: i64,
+    /// The scheduler's estimated start last reported, Unix ms.
+    #[serde(default)]
+    pub estimated_start_ms: Option<i64>,
 }
 
 /// Persisted job memories, in a sled tree of the spool's database.
@@ -175,16 +182,38 @@ impl MemoryStore {
         Ok(())
     }
 
-    /// A named poll cursor (Unix ms), e.g. the start of the last successful poll; None before the first. Kept
-    /// under a key no job id can have (job ids never start with a NUL byte).
+    /// A named poll cursor (Unix ms), e.g. the start of the last successful poll; None before the first. Kept as
+    /// adapter state (`@cursor/<name>`).
     pub fn cursor(&self, name: &str) -> Option<i64> {
-        let v = self.tree.get(format!("\0cursor/{name}").as_bytes()).ok().flatten()?;
-        Some(i64::from_be_bytes(v.as_ref().try_into().ok()?))
+        self.get_state(&format!("@cursor/{name}"))
     }
 
     /// Moves a named cursor (flushed with the memories by `flush`).
     pub fn set_cursor(&self, name: &str, ms: i64) -> Result<(), sled::Error> {
-        self.tree.insert(format!("\0cursor/{name}").as_bytes(), &ms.to_be_bytes())?;
+        self.put_state(&format!("@cursor/{name}"), &ms)
+    }
+
+    /// Every job memory stored, with its key (unreadable entries and adapter state keys left out).
+    pub fn entries(&self) -> Vec<(String, JobMemory)> {
+        self.tree
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(k, v)| {
+                let key = String::from_utf8(k.to_vec()).ok().filter(|k| !k.starts_with('@'))?;
+                Some((key, serde_json::from_slice(&v).ok()?))
+            })
+            .collect()
+    }
+
+    /// An adapter's own state stored under `key` (keys starting with `@` are never job ids), if readable.
+    pub fn get_state<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
+        self.tree.get(key.as_bytes()).ok().flatten().and_then(|v| serde_json::from_slice(&v).ok())
+    }
+
+    /// Saves an adapter's own state under `key` (flushed by `flush`).
+    pub fn put_state<T: Serialize>(&self, key: &str, state: &T) -> Result<(), sled::Error> {
+        let v = serde_json::to_vec(state).unwrap_or_default();
+        self.tree.insert(key.as_bytes(), v)?;
         Ok(())
     }
 

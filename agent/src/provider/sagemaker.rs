@@ -213,6 +213,7 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
                 reason: pb::WaitReason::Capacity as i32,
                 raw_reason: "Pending".into(),
                 message: t.message.clone(),
+                estimated_start: None,
             }),
             "Downloading" => {
                 let phase = if t.message.to_ascii_lowercase().contains("image") {

@@ -180,6 +180,7 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
                 reason: pb::WaitReason::Capacity as i32,
                 raw_reason: j.state.clone(),
                 message: String::new(),
+                estimated_start: None,
             }),
         ),
         "JOB_STATE_PENDING" => emit(

@@ -127,7 +127,12 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
     let queued = |b: &mut Builder, t: f64, reason: pb::WaitReason, raw: &str| {
         b.push(
             t as i64,
-            Kind::Queued(pb::Queued { reason: reason as i32, raw_reason: raw.into(), message: String::new() }),
+            Kind::Queued(pb::Queued {
+                reason: reason as i32,
+                raw_reason: raw.into(),
+                message: String::new(),
+                estimated_start: None,
+            }),
         )
     };
 

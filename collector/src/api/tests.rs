@@ -63,7 +63,12 @@ fn submitted(kind: pb::PoolKind, provider: &str, pool: &str, prio: pb::PriorityC
 }
 
 fn queued(reason: pb::WaitReason, raw: &str) -> Kind {
-    Kind::Queued(pb::Queued { reason: reason as i32, raw_reason: raw.into(), message: "waiting".into() })
+    Kind::Queued(pb::Queued {
+        reason: reason as i32,
+        raw_reason: raw.into(),
+        message: "waiting".into(),
+        estimated_start: None,
+    })
 }
 
 fn assigned() -> Kind {

@@ -69,7 +69,12 @@ fn reopen_restores_identical_state_from_snapshots_and_log_tail() {
                     "b",
                     "b2",
                     1_100_000,
-                    Kind::Queued(pb::Queued { reason: 1, raw_reason: "Pending".into(), message: String::new() }),
+                    Kind::Queued(pb::Queued {
+                        reason: 1,
+                        raw_reason: "Pending".into(),
+                        message: String::new(),
+                        estimated_start: None,
+                    }),
                 ),
                 ev("c", "c1", 1_200_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
             ],

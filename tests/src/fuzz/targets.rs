@@ -91,6 +91,7 @@ pub fn protocol_events(job: &str, base_ms: i64) -> Vec<pb::LifecycleEvent> {
             reason: pb::WaitReason::Capacity as i32,
             raw_reason: "Resources".into(),
             message: "waiting for 2 nodes".into(),
+            estimated_start: None,
         }),
         Kind::NodeAssigned(pb::NodeAssigned {
             nodes: vec!["gpu-001".into(), "gpu-002".into()],
