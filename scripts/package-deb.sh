@@ -168,16 +168,16 @@ write_control startline-collector startline-collector "Startline collector: meas
 stage_package startline-agent startline-agent
 install -m 0644 'deploy/systemd/startline-agent@.service' "$stage/startline-agent/lib/systemd/system/"
 : > "$stage/startline-agent/DEBIAN/conffiles"
-for i in node slurm sagemaker vertex; do
+for i in node slurm sagemaker vertex azureml; do
   install -m 0640 "deploy/systemd/agent-$i.env" "$stage/startline-agent/etc/startline/agent-$i.env"
   echo "/etc/startline/agent-$i.env" >> "$stage/startline-agent/DEBIAN/conffiles"
 done
-write_postinst startline-agent /var/lib/startline-agent 'startline-agent@<node|slurm|sagemaker|vertex>.service' \
-  'startline-agent@node.service startline-agent@slurm.service startline-agent@sagemaker.service startline-agent@vertex.service'
+write_postinst startline-agent /var/lib/startline-agent 'startline-agent@<node|slurm|sagemaker|vertex|azureml>.service' \
+  'startline-agent@node.service startline-agent@slurm.service startline-agent@sagemaker.service startline-agent@vertex.service startline-agent@azureml.service'
 write_control startline-agent startline-agent "Startline agents: job lifecycle events for the Startline collector
  The node agent (a local endpoint for training loops) and the Slurm,
- SageMaker and Vertex AI adapters, each with a durable spool that delivers
- events to the collector over gRPC."
+ SageMaker, Vertex AI and Azure Machine Learning adapters, each with a
+ durable spool that delivers events to the collector over gRPC."
 
 for pkg in startline-collector startline-agent; do
   dpkg-deb --root-owner-group -Zxz --build "$stage/$pkg" "$out/${pkg}_${version}_${arch}.deb" >/dev/null

@@ -136,6 +136,67 @@ enum Command {
     Sagemaker(SagemakerArgs),
     /// Poll Vertex AI CustomJobs (v1 REST, OAuth2 bearer token).
     Vertex(VertexArgs),
+    /// Poll Azure Machine Learning jobs of a workspace (ARM REST, Microsoft Entra ID tokens; run history for times).
+    Azureml(AzuremlArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct AzuremlArgs {
+    #[command(flatten)]
+    metrics: MetricsArgs,
+    /// Spool directory (sled; also holds the adapter's per-job memory).
+    #[arg(long, env = "STARTLINE_SPOOL", default_value = "./startline-azureml-spool")]
+    spool: std::path::PathBuf,
+    /// Subscription id of the workspace.
+    #[arg(long, env = "AZURE_SUBSCRIPTION_ID")]
+    subscription: String,
+    /// Resource group of the workspace.
+    #[arg(long, env = "STARTLINE_RESOURCE_GROUP")]
+    resource_group: String,
+    /// Workspace name.
+    #[arg(long, env = "STARTLINE_WORKSPACE")]
+    workspace: String,
+    /// The workspace's region (the jobs' region attribute and the run-history host), e.g. westeurope.
+    #[arg(long, env = "STARTLINE_REGION")]
+    region: String,
+    /// ARM endpoint.
+    #[arg(long, env = "STARTLINE_ENDPOINT", default_value = "https://management.azure.com")]
+    endpoint: String,
+    /// Run-history endpoint for exact start/end times and failure messages (default
+    /// https://<region>.api.azureml.ms; "none": date transitions at polls).
+    #[arg(long, env = "STARTLINE_HISTORY_ENDPOINT")]
+    history_endpoint: Option<String>,
+    /// Microsoft Entra tenant (service principal or workload identity).
+    #[arg(long, env = "AZURE_TENANT_ID")]
+    tenant: Option<String>,
+    /// Application (client) id: of the service principal, the workload identity, or a user-assigned managed
+    /// identity.
+    #[arg(long, env = "AZURE_CLIENT_ID")]
+    client_id: Option<String>,
+    /// File holding the service principal's client secret (or AZURE_CLIENT_SECRET).
+    #[arg(long, env = "STARTLINE_CLIENT_SECRET_FILE")]
+    client_secret_file: Option<std::path::PathBuf>,
+    /// Federated token file of a workload identity (AKS sets AZURE_FEDERATED_TOKEN_FILE).
+    #[arg(long, env = "AZURE_FEDERATED_TOKEN_FILE")]
+    federated_token_file: Option<std::path::PathBuf>,
+    /// Microsoft Entra authority host.
+    #[arg(long, env = "AZURE_AUTHORITY_HOST", default_value = "https://login.microsoftonline.com")]
+    authority_host: String,
+    /// Instance metadata service for a managed identity (used when no other credential is given).
+    #[arg(long, env = "STARTLINE_IMDS_ENDPOINT", default_value = "http://169.254.169.254")]
+    imds_endpoint: String,
+    /// Display-name prefixes that mark urgent jobs (repeatable; the tag startline-priority=urgent also does).
+    #[arg(long = "urgent-prefix", env = "STARTLINE_URGENT_PREFIXES", value_delimiter = ',')]
+    urgent_prefixes: Vec<String>,
+    /// Poll interval.
+    #[arg(long, env = "STARTLINE_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    interval: Duration,
+    /// Jobs created within this window are listed (older unfinished jobs already followed are fetched by name).
+    #[arg(long, env = "STARTLINE_LOOKBACK", default_value = "2d", value_parser = parse_duration)]
+    lookback: Duration,
+    /// A VM size the built-in table lacks, `SIZE=COUNT:CLASS` (repeatable), e.g. `Standard_ND96isr_B300_v7=8:b300`.
+    #[arg(long = "instance-type", env = "STARTLINE_INSTANCE_TYPES", value_delimiter = ',')]
+    instance_types: Vec<String>,
 }
 
 /// Where the agent's own metrics are served.
@@ -656,6 +717,97 @@ async fn run_vertex(a: VertexArgs, conn: Connection) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_azureml(a: AzuremlArgs, conn: Connection) -> anyhow::Result<()> {
+    use startline_agent::auth::Secret;
+    use startline_agent::provider::{azureml, MemoryStore};
+    use startline_agent::simulate::tokio_util_free::stop_pair;
+    use startline_agent::spool::{Spool, SpoolLimits};
+    // Credentials, in the order Azure's SDKs try them: a token, a client secret, workload identity, managed identity.
+    let secret = match (&a.client_secret_file, std::env::var("AZURE_CLIENT_SECRET").ok().filter(|s| !s.is_empty())) {
+        (Some(p), _) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("--client-secret-file {}", p.display()))?
+                .trim()
+                .to_string(),
+        ),
+        (None, env) => env,
+    };
+    let need = |what: &str, v: &Option<String>| -> anyhow::Result<String> {
+        v.clone().with_context(|| format!("{what} needs --tenant and --client-id (AZURE_TENANT_ID, AZURE_CLIENT_ID)"))
+    };
+    let credential = if let Some(t) = std::env::var("AZURE_ACCESS_TOKEN").ok().filter(|t| !t.is_empty()) {
+        azureml::Credential::Static(Secret::new(t))
+    } else if let Some(secret) = secret {
+        azureml::Credential::ClientSecret {
+            authority: a.authority_host.clone(),
+            tenant: need("a client secret", &a.tenant)?,
+            client_id: need("a client secret", &a.client_id)?,
+            secret: Secret::new(secret),
+        }
+    } else if let Some(file) = &a.federated_token_file {
+        azureml::Credential::WorkloadIdentity {
+            authority: a.authority_host.clone(),
+            tenant: need("a workload identity", &a.tenant)?,
+            client_id: need("a workload identity", &a.client_id)?,
+            token_file: file.clone(),
+        }
+    } else {
+        azureml::Credential::ManagedIdentity { endpoint: a.imds_endpoint.clone(), client_id: a.client_id.clone() }
+    };
+    let history = match a.history_endpoint.as_deref() {
+        Some("none") => None,
+        Some(h) => Some(h.to_string()),
+        None => Some(format!("https://{}.api.azureml.ms", a.region)),
+    };
+    let gpus = startline_agent::provider::gpus::GpuTable::parse(&a.instance_types).map_err(anyhow::Error::msg)?;
+    let ws = azureml::Workspace {
+        subscription: a.subscription.clone(),
+        resource_group: a.resource_group.clone(),
+        workspace: a.workspace.clone(),
+    };
+    let client = azureml::Client::new(&a.endpoint, history.as_deref(), &ws, credential).map_err(anyhow::Error::msg)?;
+    let path = a.spool.clone();
+    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
+        .await?
+        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let memory = MemoryStore::open(&spool, "azureml").context("cannot open the adapter's memory")?;
+    let metrics = agent_metrics("azureml", Some(&spool))?;
+    let client = client.with_metrics(metrics.clone());
+    let (handle, stop) = stop_pair();
+    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
+    let delivery = conn.deliver(&spool, &metrics, &stop)?;
+    let mapping = azureml::Mapping {
+        resource_group: a.resource_group,
+        workspace: a.workspace,
+        region: a.region,
+        urgent_prefixes: a.urgent_prefixes,
+        gpus,
+    };
+    let poller = tokio::spawn(azureml::run(
+        mapping,
+        client,
+        azureml::Schedule { lookback: a.lookback, interval: a.interval },
+        spool.clone(),
+        memory,
+        metrics,
+        stop.clone(),
+    ));
+    println!(
+        "startline-agent azureml ready endpoint={} spool={} held={}{metrics_note}",
+        a.endpoint,
+        a.spool.display(),
+        spool.len()
+    );
+    wait_for_signal().await;
+    handle.stop();
+    let _ = poller.await;
+    let _ = delivery.await;
+    if let Some(m) = metrics_server {
+        let _ = m.await;
+    }
+    Ok(())
+}
+
 /// Starts `--metrics-listen`'s server, if one is asked for; returns ` metrics=<bound address>` for the ready
 /// line (empty without one) and the server's task.
 async fn serve_metrics(
@@ -746,6 +898,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Command::Slurm(a) => run_slurm(a, conn).await,
             Command::Sagemaker(a) => run_sagemaker(a, conn).await,
             Command::Vertex(a) => run_vertex(a, conn).await,
+            Command::Azureml(a) => run_azureml(a, conn).await,
             Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {

@@ -44,6 +44,8 @@ pub enum Provider {
     Sagemaker,
     /// The Vertex AI adapter.
     Vertex,
+    /// The Azure Machine Learning adapter.
+    Azureml,
 }
 
 impl Provider {
@@ -54,6 +56,7 @@ impl Provider {
             Provider::Slurm => "slurm",
             Provider::Sagemaker => "sagemaker",
             Provider::Vertex => "vertex",
+            Provider::Azureml => "azureml",
         }
     }
 }

@@ -145,6 +145,7 @@ fn debs_carry_binaries_units_conffiles_and_a_system_user() {
             "/etc/startline/agent-slurm.env",
             "/etc/startline/agent-sagemaker.env",
             "/etc/startline/agent-vertex.env",
+            "/etc/startline/agent-azureml.env",
         ],
         "/var/lib/startline-agent",
     );

@@ -92,7 +92,7 @@ fn units_pointing_at_built_binaries(instances: &[&str]) -> tempfile::TempDir {
 
 #[test]
 fn units_pass_systemd_analyze_verify_without_warnings() {
-    let instances = ["slurm", "sagemaker", "vertex", "node"];
+    let instances = ["slurm", "sagemaker", "vertex", "azureml", "node"];
     let dir = units_pointing_at_built_binaries(&instances);
     verify(dir.path(), &["startline-collector.service"]);
     let agents: Vec<String> = instances.iter().map(|i| format!("startline-agent@{i}.service")).collect();
@@ -154,7 +154,7 @@ fn agent_template_runs_each_instance_as_its_subcommand() {
     assert_eq!(one(&u, "Service", "ProtectSystem"), "strict");
     assert_eq!(one(&u, "Service", "NoNewPrivileges"), "yes");
     // Every shipped instance has an environment file whose arguments its subcommand accepts.
-    for i in ["slurm", "sagemaker", "vertex", "node"] {
+    for i in ["slurm", "sagemaker", "vertex", "azureml", "node"] {
         let env = units_dir().join(format!("agent-{i}.env"));
         let text = std::fs::read_to_string(&env).unwrap_or_else(|e| panic!("{}: {e}", env.display()));
         let args = text

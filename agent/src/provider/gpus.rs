@@ -71,6 +71,47 @@ const SAGEMAKER: &[(&str, u32, &str)] = &[
 /// one of them is a CPU job, not an unknown type.
 const SAGEMAKER_CPU_FAMILIES: &[&str] = &["ml.m", "ml.c", "ml.r", "ml.t", "ml.x"];
 
+/// Azure VM sizes with GPUs (the sizes Azure Machine Learning compute clusters and serverless jobs use): GPUs
+/// per VM and class. From Azure's NC, ND and NCads/NDasr/NDisr size pages (matched case-insensitively).
+const AZURE: &[(&str, u32, &str)] = &[
+    ("Standard_NC6s_v3", 1, "v100"),
+    ("Standard_NC12s_v3", 2, "v100"),
+    ("Standard_NC24s_v3", 4, "v100"),
+    ("Standard_NC24rs_v3", 4, "v100"),
+    ("Standard_ND40rs_v2", 8, "v100"),
+    ("Standard_NC4as_T4_v3", 1, "t4"),
+    ("Standard_NC8as_T4_v3", 1, "t4"),
+    ("Standard_NC16as_T4_v3", 1, "t4"),
+    ("Standard_NC64as_T4_v3", 4, "t4"),
+    ("Standard_NC24ads_A100_v4", 1, "a100-80g"),
+    ("Standard_NC48ads_A100_v4", 2, "a100-80g"),
+    ("Standard_NC96ads_A100_v4", 4, "a100-80g"),
+    ("Standard_ND96asr_v4", 8, "a100-40g"),
+    ("Standard_ND96amsr_A100_v4", 8, "a100-80g"),
+    ("Standard_NC40ads_H100_v5", 1, "h100"),
+    ("Standard_NC80adis_H100_v5", 2, "h100"),
+    ("Standard_ND96isr_H100_v5", 8, "h100"),
+    ("Standard_ND96isr_H200_v5", 8, "h200"),
+    ("Standard_ND128isr_NDR_GB200_v6", 4, "gb200"),
+    ("Standard_ND96is_MI300X_v5", 8, "mi300x"),
+    ("Standard_NV36ads_A10_v5", 1, "a10"),
+    ("Standard_NV72ads_A10_v5", 2, "a10"),
+];
+
+/// Azure VM families without GPUs (general purpose, memory, compute, storage, burstable, HPC CPU).
+const AZURE_CPU_FAMILIES: &[&str] = &[
+    "standard_d",
+    "standard_e",
+    "standard_f",
+    "standard_b",
+    "standard_a",
+    "standard_l",
+    "standard_m",
+    "standard_hb",
+    "standard_hc",
+    "standard_hx",
+];
+
 /// Vertex AI `acceleratorType` values (v1 `AcceleratorType`) and their classes.
 const VERTEX: &[(&str, &str)] = &[
     ("NVIDIA_TESLA_K80", "k80"),
@@ -152,6 +193,25 @@ impl GpuTable {
         }
     }
 
+    /// An Azure VM size (`Standard_ND96isr_H100_v5`); empty: unknown compute, reported as no GPUs.
+    pub fn azure(&self, vm_size: &str) -> Known {
+        if vm_size.is_empty() {
+            return Known::Cpu;
+        }
+        if let Some((_, (n, c))) = self.overrides.iter().find(|(t, _)| t.eq_ignore_ascii_case(vm_size)) {
+            return Known::Gpus(n.unwrap_or(1), c.clone());
+        }
+        if let Some((_, n, c)) = AZURE.iter().find(|(t, _, _)| t.eq_ignore_ascii_case(vm_size)) {
+            return Known::Gpus(*n, (*c).to_string());
+        }
+        let lower = vm_size.to_ascii_lowercase();
+        if AZURE_CPU_FAMILIES.iter().any(|f| lower.starts_with(f)) {
+            Known::Cpu
+        } else {
+            Known::Unknown
+        }
+    }
+
     /// A Vertex accelerator type (empty or unspecified: no accelerator).
     pub fn vertex(&self, accelerator: &str) -> Known {
         if accelerator.is_empty() || accelerator == "ACCELERATOR_TYPE_UNSPECIFIED" {
@@ -199,6 +259,11 @@ mod tests {
         assert_eq!(t.vertex("NVIDIA_H200_141GB"), Known::Gpus(0, "h200".into()));
         assert_eq!(t.vertex(""), Known::Cpu);
         assert_eq!(t.vertex("NVIDIA_X1000"), Known::Unknown);
+        assert_eq!(t.azure("Standard_ND96isr_H100_v5"), Known::Gpus(8, "h100".into()));
+        assert_eq!(t.azure("standard_nc24ads_a100_v4"), Known::Gpus(1, "a100-80g".into()), "case-insensitive");
+        assert_eq!(t.azure("Standard_D4s_v5"), Known::Cpu);
+        assert_eq!(t.azure("Standard_E16ds_v5"), Known::Cpu);
+        assert_eq!(t.azure("Standard_ND96isr_B200_v7"), Known::Unknown);
         // Every table row is unique and its class is a valid label value.
         let mut seen = BTreeSet::new();
         for (ty, n, c) in SAGEMAKER {

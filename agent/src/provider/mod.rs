@@ -5,6 +5,7 @@
 //! collector, not new events. Adapters write to the same durable spool as the node agent, so the uplink does
 //! not change when an adapter is added (Kubernetes/Kueue and Azure ML slot in as new modules here).
 
+pub mod azureml;
 pub mod gpus;
 pub mod retry;
 pub mod sagemaker;

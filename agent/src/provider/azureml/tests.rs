@@ -1,0 +1,170 @@
+//! Azure ML adapter tests over payloads in the documented ARM (2024-04-01) and run-history shapes.
+
+use super::*;
+
+fn job_json() -> Value {
+    serde_json::from_str(include_str!("../fixtures/azureml-job-command.json")).expect("json")
+}
+
+fn run_json() -> Value {
+    serde_json::from_str(include_str!("../fixtures/azureml-run-history.json")).expect("json")
+}
+
+fn mapping() -> Mapping {
+    Mapping {
+        resource_group: "ml-rg".into(),
+        workspace: "ml-ws".into(),
+        region: "westeurope".into(),
+        urgent_prefixes: Vec::new(),
+        gpus: GpuTable::default(),
+    }
+}
+
+fn with_status(status: &str) -> AzureJob {
+    let mut v = job_json();
+    v["properties"]["status"] = status.into();
+    parse_job(&v).expect("job")
+}
+
+fn at(e: &pb::LifecycleEvent) -> i64 {
+    startline_proto::time::timestamp_to_ms(e.occurred_at.as_ref().expect("time"))
+}
+
+fn kinds(evs: &[pb::LifecycleEvent]) -> Vec<String> {
+    evs.iter()
+        .map(|e| match e.kind.as_ref() {
+            Some(Kind::Submitted(_)) => "submitted".into(),
+            Some(Kind::Queued(q)) => format!("queued:{}", q.raw_reason),
+            Some(Kind::Preparing(p)) => format!("preparing:{:?}", p.phase()),
+            Some(Kind::FirstStep(_)) => "first_step".into(),
+            Some(Kind::Done(d)) => format!("done:{:?}", d.outcome()),
+            _ => "other".into(),
+        })
+        .collect()
+}
+
+const CREATED: i64 = 1_796_025_600_123; // 2026-11-30T08:00:00.1234567Z, to the millisecond
+const VM: &str = "STANDARD_ND96ISR_H100_V5";
+
+#[test]
+fn the_documented_resource_and_run_parse() {
+    let j = parse_job(&job_json()).expect("job");
+    assert_eq!(j.name, "llm-sft-7f3a9c21");
+    assert_eq!((j.status.as_str(), j.job_type.as_str(), j.compute.as_str()), ("Completed", "Command", "h100-cluster"));
+    assert_eq!((j.created_ms, j.instance_count), (CREATED, 2));
+    assert_eq!(j.tags.get("team").map(String::as_str), Some("nlp"));
+    let r = parse_run(&run_json());
+    assert_eq!(r.start_ms, Some(1_796_028_075_250));
+    assert_eq!(r.end_ms, Some(1_796_034_657_350));
+    assert_eq!(r.error, "");
+    let failed = parse_run(&serde_json::json!({"status": "Failed", "startTimeUtc": "2026-11-30T08:41:15.250Z",
+        "endTimeUtc": "2026-11-30T08:45:00Z",
+        "error": {"error": {"code": "UserError", "message": "Execution failed. User process 'python' exited with status code 1."}}}));
+    assert!(failed.error.starts_with("Execution failed"));
+}
+
+/// Polls see NotStarted, Starting, Preparing, Queued, Running, Completed in Azure's order; transitions seen at
+/// a poll are dated at it, the start and end from the run history.
+#[test]
+fn a_job_followed_through_every_status_in_azures_order() {
+    let m = mapping();
+    let mut mem = JobMemory::default();
+    let mut all = Vec::new();
+    let polls = [
+        ("NotStarted", CREATED + 1_000),
+        ("Starting", CREATED + 30_000),
+        ("Preparing", CREATED + 60_000),
+        ("Queued", CREATED + 600_000),
+        ("Running", CREATED + 2_500_000),
+        ("Completed", CREATED + 9_100_000),
+    ];
+    let run = parse_run(&run_json());
+    for (status, now) in polls {
+        let j = with_status(status);
+        let history = matches!(status, "Running" | "Completed").then_some(&run);
+        let (evs, next) = diff(&m, &j, VM, history, &mem, now);
+        mem = next;
+        all.extend(evs);
+    }
+    assert_eq!(
+        kinds(&all),
+        ["submitted", "preparing:Other", "preparing:ImagePull", "queued:Queued", "first_step", "done:Succeeded"]
+    );
+    let times: Vec<i64> = all.iter().map(at).collect();
+    assert_eq!(
+        times,
+        [CREATED, CREATED + 30_000, CREATED + 60_000, CREATED + 600_000, 1_796_028_075_250, 1_796_034_657_350]
+    );
+    let Some(Kind::Submitted(s)) = &all[0].kind else { panic!("submitted") };
+    assert_eq!((s.gpu_count, s.node_count, s.gpu_class.as_str()), (16, 2, "h100"), "2 x ND96isr_H100_v5");
+    assert_eq!((s.pool.as_str(), s.team.as_str(), s.project.as_str()), ("h100-cluster", "nlp", "assistant"));
+    assert_eq!(s.priority(), pb::PriorityClass::Urgent, "tag startline-priority=urgent");
+    assert_eq!(all[0].job_id, "azureml/ml-rg/ml-ws/llm-sft-7f3a9c21");
+    let Some(Kind::Queued(q)) = &all[3].kind else { panic!("queued") };
+    assert!(q.message.ends_with("(time: poll)"), "{}", q.message);
+    let Some(Kind::Done(d)) = &all[5].kind else { panic!("done") };
+    assert!(d.message.ends_with("(time: run history)"), "{}", d.message);
+    assert!(mem.done);
+    for e in &all {
+        startline_proto::validate::validate_event(e, i64::MAX / 4, &Default::default()).expect("valid");
+    }
+    assert!(
+        diff(&m, &with_status("Completed"), VM, Some(&run), &mem, CREATED + 9_999_999).0.is_empty(),
+        "nothing twice"
+    );
+}
+
+#[test]
+fn first_sight_dates_a_wait_at_submit_and_a_run_without_history_at_the_poll() {
+    let m = mapping();
+    let (evs, _) = diff(&m, &with_status("Queued"), VM, None, &JobMemory::default(), CREATED + 500_000);
+    assert_eq!(kinds(&evs), ["submitted", "queued:Queued"]);
+    assert_eq!(at(&evs[1]), CREATED, "the first state seen began no later than submit");
+    let (evs, _) = diff(&m, &with_status("Running"), VM, None, &JobMemory::default(), CREATED + 500_000);
+    assert_eq!(kinds(&evs), ["submitted", "first_step"]);
+    assert_eq!(at(&evs[1]), CREATED + 500_000, "no history: dated at the poll, never at submit");
+}
+
+#[test]
+fn failures_keep_the_run_history_message_and_a_cancel_before_start_has_no_first_step() {
+    let m = mapping();
+    let run = parse_run(&serde_json::json!({"status": "Failed", "startTimeUtc": "2026-11-30T08:41:15.250Z",
+        "endTimeUtc": "2026-11-30T08:45:00Z",
+        "error": {"error": {"code": "UserError", "message": "Execution failed.\nUser process 'python' exited with status code 1."}}}));
+    let (evs, mem) = diff(&m, &with_status("Failed"), VM, Some(&run), &JobMemory::default(), CREATED + 3_600_000);
+    assert_eq!(kinds(&evs), ["submitted", "first_step", "done:Failed"]);
+    let Some(Kind::Done(d)) = &evs[2].kind else { panic!("done") };
+    assert!(d.message.starts_with("Execution failed. User process"), "newline made a space: {}", d.message);
+    assert!(mem.done);
+    for e in &evs {
+        startline_proto::validate::validate_event(e, i64::MAX / 4, &Default::default()).expect("valid");
+    }
+    let (evs, _) = diff(&m, &with_status("Canceled"), VM, None, &JobMemory::default(), CREATED + 60_000);
+    assert_eq!(kinds(&evs), ["submitted", "done:Cancelled"]);
+    let Some(Kind::Done(d)) = &evs[1].kind else { panic!("done") };
+    assert_eq!(d.message, "azure Canceled (time: poll)");
+}
+
+#[test]
+fn serverless_instance_types_count_and_unknown_sizes_are_flagged() {
+    let m = mapping();
+    let mut v = job_json();
+    v["properties"]["computeId"] = Value::Null;
+    v["properties"]["resources"] = serde_json::json!({"instanceCount": 4, "instanceType": "Standard_NC24ads_A100_v4"});
+    let j = parse_job(&v).expect("job");
+    assert_eq!(j.compute, "");
+    assert_eq!(gpus(&m, &j, &j.instance_type), (4, "a100-80g".to_string(), false));
+    let (evs, _) = diff(&m, &j, &j.instance_type, None, &JobMemory::default(), CREATED);
+    let Some(Kind::Submitted(s)) = &evs[0].kind else { panic!("submitted") };
+    assert_eq!(s.pool, "serverless");
+    assert_eq!(gpus(&m, &j, "Standard_ND96isr_B300_v7"), (0, String::new(), true));
+    assert_eq!(gpus(&m, &j, "Standard_D16s_v5"), (0, String::new(), false));
+}
+
+#[test]
+fn form_bodies_are_url_encoded() {
+    assert_eq!(
+        form(&[("a b", "x/y=z&"), ("scope", "https://management.azure.com/.default")]),
+        "a+b=x%2Fy%3Dz%26&scope=https%3A%2F%2Fmanagement.azure.com%2F.default"
+    );
+}
