@@ -345,6 +345,7 @@ pub async fn run_with_clock(
             tasks: alert_tasks.clone(),
             shutdown: alert_stop.clone(),
         }),
+        deferred: Default::default(),
     };
     alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
 

@@ -97,6 +97,9 @@ pub struct AlertLoop {
     pub generator_url: String,
     /// Settings reloads (None: fixed settings).
     pub reconfigure: Option<Reconfigure>,
+    /// Page conditions whose job's source is still replaying a backlog: (SLO index, job id), judged again once
+    /// the source has caught up (see [`crate::index::SourceMarks`]).
+    pub deferred: Mutex<std::collections::BTreeSet<(u16, String)>>,
 }
 
 fn secs_text(ms: i64) -> String {
@@ -132,9 +135,18 @@ impl AlertLoop {
                 }
             };
             let (mut do_eval, mut do_resend, mut reloaded) = (false, false, false);
+            let has_deferred = !self.deferred.lock().map(|d| d.is_empty()).unwrap_or(true);
+            let recheck = async {
+                if has_deferred {
+                    tokio::time::sleep(Duration::from_millis(crate::index::SourceMarks::QUIET_MS as u64)).await
+                } else {
+                    std::future::pending().await
+                }
+            };
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
+                _ = recheck => {}
                 ok = settings_changed => {
                     if ok {
                         reloaded = true;
@@ -168,6 +180,10 @@ impl AlertLoop {
             let now = self.clock.now_ms();
             // A reload that replaced the SLOs: reconcile firing alerts with the new definitions.
             let generation = self.index.read().slo_generation;
+            if generation != slo_generation {
+                // SLO indices changed: the new engine raises every page condition again.
+                self.deferred.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            }
             let mut changed = self.job_pages(now, first || generation != slo_generation);
             if generation != slo_generation {
                 changed.extend(self.resolve_burns_of_removed_slos(now));
@@ -246,8 +262,19 @@ impl AlertLoop {
         let mut out = Vec::new();
         let mut idx = self.index.write();
         idx.advance_deadlines(now);
-        let JobIndex { jobs, slo, .. } = &mut *idx;
-        let changes = slo.take_changes();
+        let mut changes = idx.slo.take_changes();
+        // Conditions deferred while their source replayed a backlog: raised again once it caught up, if they
+        // still hold (a first step further down the backlog cleared them: no page at all).
+        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        deferred.retain(|(slo, job)| {
+            let holds = idx.jobs.get(job).is_some_and(|h| h.slo.iter().any(|c| c.slo == *slo && c.breached_waiting));
+            if holds && !idx.catching_up(job, now) {
+                changes.push(crate::slo::PageChange { slo: *slo, job_id: job.clone(), firing: true });
+                return false;
+            }
+            holds
+        });
+        let JobIndex { jobs, slo, .. } = &*idx;
         for ch in changes {
             let Some(def) = slo.defs().get(ch.slo as usize) else { continue };
             if !def.page_on_breach {
@@ -255,6 +282,10 @@ impl AlertLoop {
             }
             let key = format!("job/{}/{}", def.name, ch.job_id);
             if ch.firing {
+                if idx.catching_up(&ch.job_id, now) {
+                    deferred.insert((ch.slo, ch.job_id.clone()));
+                    continue;
+                }
                 let Some(rec) = jobs.get(&ch.job_id) else { continue };
                 let t = &rec.rec.timeline;
                 let Some(attrs) = t.attrs.as_ref() else { continue };

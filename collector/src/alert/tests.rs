@@ -87,6 +87,7 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
         stats: Arc::new(AlertStats::default()),
         generator_url: "http://test".into(),
         reconfigure: None,
+        deferred: Default::default(),
     };
     let task = tokio::spawn(l.run(stop.clone()));
     Harness { index, clock, wake, rx, stop, task, board }
@@ -178,6 +179,78 @@ async fn a_restart_after_the_crossing_pages_once_and_a_second_restart_does_not_r
     h.stop().await;
 }
 
+/// An agent's spool drains a backlog: job A's submit arrives first, its first step (before its deadline) several
+/// batches later; job B never started. While the source replays old events, no deadline of its jobs is judged:
+/// A never pages (no fire-and-resolve pair), B pages once the source has caught up or gone quiet.
+#[tokio::test(start_paused = true)]
+async fn a_backlog_being_replayed_is_applied_before_its_deadlines_are_judged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("store");
+    // The collector clock is 40 minutes after both submits; the source replays events from T0 on.
+    let now0 = T0 + 40 * MIN;
+    let mut h = start(&store, Clock::starting_at(now0), vec![]);
+    let source = event_id_hash("node-agent/gpu-7");
+    let batch = |h: &Harness, job: &str, ev: CompactEvent| {
+        let now = h.clock.now_ms();
+        let mut idx = h.index.write();
+        let at = ev.at_ms;
+        if idx.jobs.get(job).is_none() {
+            idx.jobs.insert(job.to_string(), crate::index::HotJob { rec: urgent_job(job), ..Default::default() });
+            let t = idx.jobs[job].rec.timeline.clone();
+            let mut c = Vec::new();
+            idx.slo.on_job(job, &t, &mut c, now);
+            if let Some(hj) = idx.jobs.get_mut(job) {
+                hj.slo = c;
+            }
+        } else {
+            idx.insert(job, ev, now);
+        }
+        idx.note_source(job, source, at, now);
+        drop(idx);
+        h.wake.notify_one();
+    };
+    let submit = |id: &str| CompactEvent {
+        at_ms: T0,
+        id_hash: event_id_hash(&format!("{id}-s")),
+        seq: 1,
+        attempt: None,
+        kind: EventKind::Submitted(Arc::new(JobAttrs::unknown())),
+    };
+    batch(&h, "spool/a", submit("spool/a"));
+    batch(&h, "spool/b", submit("spool/b"));
+    // The replay goes on for a while (batches every 500 ms, events 30 s apart): both deadlines (T0 + 10 min)
+    // have long passed on the collector's clock, but nothing is judged while the source is behind.
+    for i in 1..=20 {
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let ev = CompactEvent {
+            at_ms: T0 + i * 30_000,
+            id_hash: event_id_hash(&format!("noise-{i}")),
+            seq: 1 + i as u64,
+            attempt: None,
+            kind: EventKind::Checkpoint { step: i as u64 },
+        };
+        batch(&h, "spool/c", ev);
+        tokio::task::yield_now().await;
+        assert!(h.rx.try_recv().is_err(), "nothing is paged while the backlog is replayed");
+    }
+    // A's first step, 5 minutes after submit, arrives further down the backlog.
+    let fs = CompactEvent { at_ms: T0 + 5 * MIN, id_hash: 99, seq: 50, attempt: None, kind: EventKind::FirstStep { step: 1 } };
+    batch(&h, "spool/a", fs);
+    // The source goes quiet (its spool is drained): B, still waiting, pages; A never does.
+    let fired = tokio::time::timeout(Duration::from_secs(60), h.next()).await.expect("a page once quiet");
+    let keys: Vec<&str> = fired.iter().map(|a| a.key.as_str()).collect();
+    // C (the job whose checkpoints made up the rest of the backlog, never started either) pages with B.
+    assert_eq!(keys, ["job/urgent-start/spool/b", "job/urgent-start/spool/c"]);
+    assert!(h.clock.now_ms() - now0 >= 10_000 + crate::index::SourceMarks::QUIET_MS, "judged after the quiet period");
+    tokio::time::advance(Duration::from_secs(60)).await;
+    tokio::task::yield_now().await;
+    while let Ok(batch) = h.rx.try_recv() {
+        assert!(batch.iter().all(|a| a.key != "job/urgent-start/spool/a"), "A never pages: {batch:?}");
+    }
+    assert!(h.board.snapshot().iter().all(|a| a.key != "job/urgent-start/spool/a"));
+    h.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_crossing_older_than_page_max_age_is_counted_but_not_paged() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -219,6 +292,7 @@ async fn a_slow_notifier_never_blocks_the_loop() {
         stats: stats.clone(),
         generator_url: String::new(),
         reconfigure: None,
+        deferred: Default::default(),
     };
     let task = tokio::spawn(l.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(11 * MIN as u64)).await;

@@ -179,7 +179,9 @@ impl Committer {
                     if idx.folded(&ev.job_id).is_some() {
                         self.unfold(&mut idx, &ev.job_id, &folded, now);
                     }
+                    let at_ms = compact.at_ms;
                     observations.extend(idx.insert(&ev.job_id, compact, now));
+                    idx.note_source(&ev.job_id, ev.source, at_ms, now);
                     seq += 1;
                 }
                 replies.push((req.reply, res.clone()));

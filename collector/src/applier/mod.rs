@@ -45,6 +45,9 @@ pub struct PreparedEvent {
     pub compact: CompactEvent,
     /// The log value (version byte + protobuf).
     pub encoded: Vec<u8>,
+    /// Hash of the event's `source` (see [`crate::index::SourceMarks`]): tells a source replaying a backlog from
+    /// a live one.
+    pub source: u64,
 }
 
 /// The committer's answer for one batch.

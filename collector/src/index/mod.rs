@@ -32,6 +32,8 @@ pub struct HotJob {
     pub slo: Vec<Contribution>,
     /// What the metrics last saw of it.
     pub metrics: Option<Footprint>,
+    /// Hash of the source of its latest event received since start (0: none since start).
+    pub source: u64,
 }
 
 impl HotJob {
@@ -52,6 +54,52 @@ pub struct JobRef<'a> {
     pub folded: bool,
 }
 
+/// How far each event source has come: the latest time among its events and when it last sent. A source whose
+/// events run more than [`SourceMarks::LAG_MS`] behind the collector's clock while it is still sending (within
+/// [`SourceMarks::QUIET_MS`]) is replaying a backlog (an agent's spool draining after an outage, an adapter catching
+/// up on history): the deadlines of its jobs are judged only once it has caught up or gone quiet, so a job whose
+/// first step is further down the backlog never pages. Not persisted: after a restart every source counts as live.
+#[derive(Debug, Default)]
+pub struct SourceMarks {
+    marks: HashMap<u64, SourceMark>,
+}
+
+/// One source's progress.
+#[derive(Debug, Clone, Copy)]
+struct SourceMark {
+    max_at_ms: i64,
+    last_received_ms: i64,
+}
+
+impl SourceMarks {
+    /// Events this far behind the collector's clock make a source one that is catching up.
+    pub const LAG_MS: i64 = 120_000;
+    /// A source that sent nothing for this long has delivered its backlog.
+    pub const QUIET_MS: i64 = 3_000;
+    /// Sources remembered at most (the ones not heard from for longest are forgotten first).
+    const MAX_SOURCES: usize = 100_000;
+
+    /// A batch from `source` held an event at `at_ms`, received at `now`.
+    pub fn note(&mut self, source: u64, at_ms: i64, now: i64) {
+        if source == 0 {
+            return;
+        }
+        if self.marks.len() >= Self::MAX_SOURCES && !self.marks.contains_key(&source) {
+            self.marks.retain(|_, m| now - m.last_received_ms < Self::QUIET_MS);
+        }
+        let m = self.marks.entry(source).or_insert(SourceMark { max_at_ms: at_ms, last_received_ms: now });
+        m.max_at_ms = m.max_at_ms.max(at_ms);
+        m.last_received_ms = m.last_received_ms.max(now);
+    }
+
+    /// Whether `source` is still sending events that lag the clock by more than [`Self::LAG_MS`].
+    pub fn catching_up(&self, source: u64, now: i64) -> bool {
+        self.marks
+            .get(&source)
+            .is_some_and(|m| now - m.last_received_ms < Self::QUIET_MS && m.max_at_ms < now - Self::LAG_MS)
+    }
+}
+
 /// Every job the collector knows, plus which changed since the last checkpoint, and the state derived from them
 /// (kept under the same lock so it always matches the jobs).
 #[derive(Debug)]
@@ -70,6 +118,8 @@ pub struct JobIndex {
     pub slo: SloEngine,
     /// Bumped each time [`JobIndex::replace_slos`] installs new definitions (the alert loop then reconciles).
     pub slo_generation: u64,
+    /// Per source: how far its events have come, to tell a backlog being replayed from live reports.
+    pub sources: SourceMarks,
     /// Job gauges for metrics, kept incrementally.
     pub gauges: JobGauges,
     /// Bounds free-text metric attributes.
@@ -106,6 +156,7 @@ impl JobIndex {
             last_seq,
             slo,
             slo_generation: 0,
+            sources: SourceMarks::default(),
             gauges: JobGauges::default(),
             limiter,
         };
@@ -125,6 +176,21 @@ impl JobIndex {
             idx.jobs.insert(id, hot);
         }
         idx
+    }
+
+    /// Records that `job_id` received an event from `source` (a hash) that happened at `at_ms`, at collector time
+    /// `now`.
+    pub fn note_source(&mut self, job_id: &str, source: u64, at_ms: i64, now: i64) {
+        if let Some(h) = self.jobs.get_mut(job_id) {
+            h.source = source;
+        }
+        self.sources.note(source, at_ms, now);
+    }
+
+    /// Whether `job_id`'s source is still replaying a backlog: its page waits until what the backlog holds has
+    /// been applied (see [`SourceMarks::catching_up`]).
+    pub fn catching_up(&self, job_id: &str, now: i64) -> bool {
+        self.jobs.get(job_id).is_some_and(|h| self.sources.catching_up(h.source, now))
     }
 
     /// Installs new SLO definitions (a reload): every job, hot and folded, is assessed again, so windows, deadlines
@@ -237,7 +303,7 @@ impl JobIndex {
         if rec.timeline.state == crate::job::JobState::Done {
             self.settling.insert(job_id.to_string(), now);
         }
-        self.jobs.insert(job_id.to_string(), HotJob { rec, slo, metrics });
+        self.jobs.insert(job_id.to_string(), HotJob { rec, slo, metrics, source: 0 });
         true
     }
 

@@ -172,6 +172,7 @@ impl Ingest {
                 Ok(compact) => {
                     origin.push(i as u32);
                     prepared.push(PreparedEvent {
+                        source: crate::job::event_id_hash(&ev.source),
                         encoded: encode_log_value(&ev),
                         job_id: ev.job_id,
                         event_id: ev.event_id,
