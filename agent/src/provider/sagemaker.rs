@@ -204,6 +204,7 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
                 reason: pb::WaitReason::Capacity as i32,
                 raw_reason: "Starting".into(),
                 message: t.message.clone(),
+                estimated_start: None,
             }),
             "Starting" => Kind::Preparing(pb::Preparing {
                 phase: pb::PreparingPhase::Provisioning as i32,
