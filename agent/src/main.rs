@@ -130,7 +130,7 @@ enum Command {
     Node(NodeArgs),
     /// Send one event to the local node agent (for Slurm prolog/epilog scripts and entry points).
     Emit(EmitArgs),
-    /// Poll Slurm (squeue --json, sacct --json) and report job transitions.
+    /// Poll Slurm (squeue --json and sacct --json, or slurmrestd with --rest) and report job transitions.
     Slurm(SlurmArgs),
     /// Poll SageMaker (ListTrainingJobs, DescribeTrainingJob; SigV4 with AWS_* credentials from the environment).
     Sagemaker(SagemakerArgs),

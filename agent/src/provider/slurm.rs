@@ -3,7 +3,8 @@
 //! `{set, infinite, number}` numbers); [`diff`] turns a job's current view plus its memory into lifecycle
 //! events; [`track_vanished`] decides when a job that left Slurm's views is given up. Shell: [`run`] polls both
 //! commands, merges the views, appends events to the spool and persists each job's memory and the adapter's
-//! own state (the sacct window and the jobs it follows).
+//! own state (the sacct window and the jobs it follows). In slurmrestd mode ([`rest`]) the same two views come
+//! from slurmrestd's `/slurm/<v>/jobs` and `/slurmdb/<v>/jobs` instead, read by the same parsers.
 //!
 //! What a Slurm job tells us and how it maps:
 //! - `submitted` at `submit_time`: pool = partition, priority `urgent` when the partition or QOS is listed as
