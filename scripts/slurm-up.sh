@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Starts a private single-node Slurm (Debian slurm-wlm 22.05) with accounting (slurmdbd on MariaDB) and two
 # fake GPUs, for the Slurm adapter's integration test. Everything lives under $1 (default /tmp/startline-slurm):
-# config, state, logs, sockets. Prints the environment to use (SLURM_CONF=...). Idempotent: stops a previous
-# instance under the same directory first. Runs as root (as CI does); munged runs as the munge user.
+# config, state, logs, sockets. Prints the environment to use (SLURM_CONF=..., SLURMRESTD=http://127.0.0.1:port).
+# Idempotent: stops a previous instance under the same directory first. Runs as root (as CI does); munged runs as
+# the munge user. munge stays the primary auth; JWT (auth/jwt, HS256 key $base/etc/jwt_hs256.key) is the alternate
+# one, for slurmrestd (Debian package slurmrestd), which runs as the unprivileged system user startline-restd
+# (slurmrestd refuses root and SlurmUser) with rest_auth/jwt on a free loopback port. Tokens:
+# `scontrol token username=root lifespan=3600` prints SLURM_JWT=....
 set -euo pipefail
 base=${1:-/tmp/startline-slurm}
 host=$(hostname -s)
 "$(dirname "$0")/slurm-down.sh" "$base" >/dev/null 2>&1 || true
 mkdir -p "$base"/{etc,state,spool,log,db,run,gpu}
+# JWT key for auth/jwt (slurmctld and slurmdbd sign and check tokens with it; only root reads it).
+[ -s "$base/etc/jwt_hs256.key" ] || { dd if=/dev/urandom of="$base/etc/jwt_hs256.key" bs=32 count=1 status=none; }
+chmod 600 "$base/etc/jwt_hs256.key"
 : > "$base/gpu/nvidia0"; : > "$base/gpu/nvidia1"
 
 # munge
@@ -33,6 +40,8 @@ dport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); p
 
 cat > "$base/etc/slurmdbd.conf" <<CONF
 AuthType=auth/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$base/etc/jwt_hs256.key
 DbdHost=localhost
 DbdPort=$dbdport
 SlurmUser=root
@@ -55,6 +64,8 @@ SlurmdPort=$dport
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthAltTypes=auth/jwt
+AuthAltParameters=jwt_key=$base/etc/jwt_hs256.key
 StateSaveLocation=$base/state
 SlurmdSpoolDir=$base/spool
 SlurmctldPidFile=$base/run/slurmctld.pid
@@ -97,4 +108,26 @@ for _ in $(seq 1 150); do
   sleep 0.2
 done
 [ "$state" = "idle" ] || { echo "slurm node not idle ($state); see $base/log" >&2; exit 1; }
+
+# slurmrestd: JWT only, as an unprivileged user, on a free loopback port. It reads slurm.conf from a copy the
+# user can read (the base directory may be private, e.g. a test's temporary directory). SLURM_JWT=daemon makes
+# auth/jwt slurmrestd's primary auth, so each request's token is passed through to slurmctld and slurmdbd.
+id -u startline-restd >/dev/null 2>&1 ||
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin startline-restd
+restport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+restetc=$(mktemp -d /tmp/startline-restd.XXXXXX)
+echo "$restetc" > "$base/run/slurmrestd.etc"
+cp "$base/etc/slurm.conf" "$base/etc/gres.conf" "$restetc/"
+chmod 755 "$restetc"; chmod 644 "$restetc"/*
+SLURM_CONF="$restetc/slurm.conf" SLURM_JWT=daemon setpriv --reuid=startline-restd --regid=startline-restd \
+  --clear-groups -- /usr/sbin/slurmrestd -a rest_auth/jwt "127.0.0.1:$restport" \
+  >"$base/log/slurmrestd.log" 2>&1 </dev/null &
+echo $! > "$base/run/slurmrestd.pid"
+for _ in $(seq 1 100); do
+  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$restport/openapi/v3" 2>/dev/null || true)
+  [ -n "$code" ] && [ "$code" != "000" ] && break
+  sleep 0.1
+done
+[ -n "$code" ] && [ "$code" != "000" ] || { echo "slurmrestd did not come up; see $base/log/slurmrestd.log" >&2; exit 1; }
 echo "SLURM_CONF=$SLURM_CONF"
+echo "SLURMRESTD=http://127.0.0.1:$restport"

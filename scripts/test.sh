@@ -9,8 +9,8 @@ log() { printf '==> %s\n' "$*"; }
 
 # Debian packages the integration tests start for real: Alertmanager (alerting tests; htpasswd from apache2-utils
 # makes the bcrypt hash of its basic-auth user), Prometheus (promtool),
-# Chromium (built-in dashboard test), Slurm with munge, slurmdbd and MariaDB (Slurm adapter test; started by
-# scripts/slurm-up.sh), tzdata (SLO time zones); for the deployment artefacts: systemd (systemd-analyze verify),
+# Chromium (built-in dashboard test), Slurm with munge, slurmdbd, MariaDB, slurmrestd and the auth/jwt plugin
+# (Slurm adapter tests, command and REST mode; started by scripts/slurm-up.sh), tzdata (SLO time zones); for the deployment artefacts: systemd (systemd-analyze verify),
 # lintian and dpkg-dev (the .deb packages), kubectl (kustomize rendering; this machine's kubectl carries kustomize
 # v5, Debian's kubernetes-client is the fallback but its kustomize is too old for the overlays, and the test says so).
 need=()
@@ -21,6 +21,8 @@ command -v htpasswd >/dev/null 2>&1 || need+=(apache2-utils)
 command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm munge)
 command -v slurmdbd >/dev/null 2>&1 || need+=(slurmdbd)
+command -v slurmrestd >/dev/null 2>&1 || need+=(slurmrestd)
+[ -e /usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so ] || need+=(slurm-wlm-jwt-plugin)
 command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v lintian >/dev/null 2>&1 || need+=(lintian)

@@ -130,7 +130,7 @@ enum Command {
     Node(NodeArgs),
     /// Send one event to the local node agent (for Slurm prolog/epilog scripts and entry points).
     Emit(EmitArgs),
-    /// Poll Slurm (squeue --json, sacct --json) and report job transitions.
+    /// Poll Slurm (squeue --json and sacct --json, or slurmrestd with --rest) and report job transitions.
     Slurm(SlurmArgs),
     /// Poll SageMaker (ListTrainingJobs, DescribeTrainingJob; SigV4 with AWS_* credentials from the environment).
     Sagemaker(SagemakerArgs),
@@ -315,6 +315,20 @@ struct SlurmArgs {
     /// Report the job's start as its first step (for jobs without a node agent reporting real first steps).
     #[arg(long, env = "STARTLINE_FIRST_STEP_ON_START")]
     first_step_on_start: bool,
+    /// slurmrestd mode: read jobs from this slurmrestd (e.g. http://127.0.0.1:6820) instead of running squeue
+    /// and sacct; authenticated with a JWT (--rest-token-file, else SLURM_JWT).
+    #[arg(long, env = "STARTLINE_SLURM_REST", value_name = "URL")]
+    rest: Option<String>,
+    /// File holding the JWT (`scontrol token` output is accepted), re-read at every request so a rotated token
+    /// is picked up. Without it the token comes from SLURM_JWT.
+    #[arg(long, env = "STARTLINE_SLURM_TOKEN_FILE", value_name = "FILE", requires = "rest")]
+    rest_token_file: Option<PathBuf>,
+    /// User sent as X-SLURM-USER-NAME (default: the user the token was issued for, its `sun` claim).
+    #[arg(long, env = "STARTLINE_SLURM_USER", value_name = "NAME", requires = "rest")]
+    rest_user: Option<String>,
+    /// slurmrestd data-parser version, e.g. v0.0.38 (default: the newest the server lists, from /openapi/v3).
+    #[arg(long, env = "STARTLINE_SLURM_REST_VERSION", value_name = "VERSION", requires = "rest")]
+    rest_version: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -599,8 +613,23 @@ async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
         interval: a.interval,
         lookback: a.lookback,
         vanished_grace: a.vanished_grace,
+        rest: None,
     };
     let metrics = agent_metrics("slurm", Some(&spool))?;
+    let mut shell = shell;
+    if let Some(url) = &a.rest {
+        let token = match (&a.rest_token_file, std::env::var("SLURM_JWT")) {
+            (Some(f), _) => slurm::rest::TokenSource::File(f.clone()),
+            (None, Ok(t)) if !t.trim().is_empty() => slurm::rest::TokenSource::Static(t),
+            (None, _) => {
+                anyhow::bail!("--rest needs a token: --rest-token-file (STARTLINE_SLURM_TOKEN_FILE) or SLURM_JWT")
+            }
+        };
+        let client = slurm::rest::Client::new(url, token, a.rest_user.clone(), a.rest_version.clone())
+            .context("cannot build the slurmrestd client")?
+            .with_metrics(metrics.clone());
+        shell.rest = Some(std::sync::Arc::new(client));
+    }
     let (handle, stop) = stop_pair();
     let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
     let delivery = conn.deliver(&spool, &metrics, &stop)?;

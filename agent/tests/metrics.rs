@@ -220,6 +220,7 @@ async fn slurm_poll(squeue: &[&str], sacct: &[&str], spool: &Spool) -> String {
         interval: Duration::from_secs(3600),
         lookback: Duration::from_secs(3600),
         vanished_grace: Duration::from_secs(600),
+        rest: None,
     };
     let (handle, stop) = startline_agent::simulate::tokio_util_free::stop_pair();
     let task = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, metrics.clone(), stop));

@@ -29,6 +29,7 @@ fn shell(dir: &std::path::Path, grace: Duration) -> slurm::ShellSettings {
         interval: Duration::from_secs(3600),
         lookback: Duration::from_secs(3600),
         vanished_grace: grace,
+        rest: None,
     }
 }
 

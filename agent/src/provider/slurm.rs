@@ -3,7 +3,8 @@
 //! `{set, infinite, number}` numbers); [`diff`] turns a job's current view plus its memory into lifecycle
 //! events; [`track_vanished`] decides when a job that left Slurm's views is given up. Shell: [`run`] polls both
 //! commands, merges the views, appends events to the spool and persists each job's memory and the adapter's
-//! own state (the sacct window and the jobs it follows).
+//! own state (the sacct window and the jobs it follows). In slurmrestd mode ([`rest`]) the same two views come
+//! from slurmrestd's `/slurm/<v>/jobs` and `/slurmdb/<v>/jobs` instead, read by the same parsers.
 //!
 //! What a Slurm job tells us and how it maps:
 //! - `submitted` at `submit_time`: pool = partition, priority `urgent` when the partition or QOS is listed as
@@ -52,6 +53,7 @@
 //! recognisable. Should the job turn up later, its real `done` has the same event id and is a duplicate.
 
 pub mod reasons;
+pub mod rest;
 
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
@@ -268,7 +270,11 @@ fn expand(record: &Value, job: SlurmJob, task_string: &str) -> Vec<SlurmJob> {
 
 /// Parses `squeue --json` (22.05 or 23.02+ shapes). A pending array record becomes one job per task.
 pub fn parse_squeue(payload: &str) -> Result<Vec<SlurmJob>, ParseError> {
-    let v: Value = serde_json::from_str(payload)?;
+    squeue_jobs(&serde_json::from_str(payload)?)
+}
+
+/// [`parse_squeue`] over parsed JSON (slurmrestd's `/slurm/<v>/jobs` has the same shape).
+pub fn squeue_jobs(v: &Value) -> Result<Vec<SlurmJob>, ParseError> {
     let jobs = v.get("jobs").and_then(Value::as_array).ok_or(ParseError::NoJobs)?;
     Ok(jobs
         .iter()
@@ -316,7 +322,11 @@ pub fn parse_squeue(payload: &str) -> Result<Vec<SlurmJob>, ParseError> {
 /// Parses `sacct --json` (22.05 or 23.02+ shapes). Job steps are ignored; one record per job (a pending
 /// array's one record per task).
 pub fn parse_sacct(payload: &str) -> Result<Vec<SlurmJob>, ParseError> {
-    let v: Value = serde_json::from_str(payload)?;
+    sacct_jobs(&serde_json::from_str(payload)?)
+}
+
+/// [`parse_sacct`] over parsed JSON (slurmrestd's `/slurmdb/<v>/jobs` has the same shape).
+pub fn sacct_jobs(v: &Value) -> Result<Vec<SlurmJob>, ParseError> {
     let jobs = v.get("jobs").and_then(Value::as_array).ok_or(ParseError::NoJobs)?;
     Ok(jobs
         .iter()
@@ -709,11 +719,16 @@ pub struct ShellSettings {
     pub lookback: std::time::Duration,
     /// How long a followed job may be missing from squeue and accounting before it is given up.
     pub vanished_grace: std::time::Duration,
+    /// slurmrestd mode: read both views from this client instead of running `squeue` and `sacct`.
+    pub rest: Option<std::sync::Arc<rest::Client>>,
 }
 
 /// The most job ids one `sacct -j` re-query names, and the most re-queried per poll.
 const REQUERY_CHUNK: usize = 100;
 const REQUERY_MAX: usize = 1000;
+/// The most jobs re-queried per poll in slurmrestd mode (one `GET /slurmdb/<v>/job/<id>` each; the rest
+/// wait for the next poll).
+const REST_REQUERY_MAX: usize = 100;
 
 /// The configured sacct command without a `--starttime`/`-S` of its own (the adapter sets the window).
 pub fn sacct_base(cmd: &[String]) -> Vec<String> {
@@ -795,16 +810,26 @@ pub async fn poll_once(
     let started = startline_proto::time::now_ms();
     let mut state = load_state(memory);
     // The full array task string (squeue cuts it at 64 bytes by default).
-    let live = parse_squeue(&run_json(&shell.squeue, &[("SLURM_BITSTR_LEN", "4096")]).await?)
-        .map_err(|e| parse("squeue", e))?;
+    let live = match &shell.rest {
+        Some(c) => c.live().await?,
+        None => parse_squeue(&run_json(&shell.squeue, &[("SLURM_BITSTR_LEN", "4096")]).await?)
+            .map_err(|e| parse("squeue", e))?,
+    };
     let base = sacct_base(&shell.sacct);
     let lookback_ms = i64::try_from(shell.lookback.as_millis()).unwrap_or(i64::MAX);
     let from = match state.last_poll_ms {
         Some(t) => t.saturating_sub(SACCT_OVERLAP_MS),
         None => started.saturating_sub(lookback_ms),
     };
-    let (acct, window_ok) = match run_json(&sacct_window(&base, from), &[]).await {
-        Ok(p) => (parse_sacct(&p).map_err(|e| parse("sacct", e))?, true),
+    let window = match &shell.rest {
+        Some(c) => c.accounting(from).await,
+        None => match run_json(&sacct_window(&base, from), &[]).await {
+            Ok(p) => Ok(parse_sacct(&p).map_err(|e| parse("sacct", e))?),
+            Err(e) => Err(e),
+        },
+    };
+    let (acct, window_ok) = match window {
+        Ok(jobs) => (jobs, true),
         Err(e) => {
             tracing::debug!(error = %e, "sacct unavailable; using squeue only");
             (Vec::new(), false)
@@ -834,18 +859,26 @@ pub async fn poll_once(
         follow(&j, &mut state, &mut seen, &mut report)?;
     }
     // Followed jobs in neither view: ask accounting about them by id.
+    let requery_max = if shell.rest.is_some() { REST_REQUERY_MAX } else { REQUERY_MAX };
     let gone: Vec<(String, String)> = state
         .open
         .iter()
         .filter(|(k, _)| !seen.contains(*k))
-        .take(REQUERY_MAX)
+        .take(requery_max)
         .map(|(k, id)| (k.clone(), id.clone()))
         .collect();
     let mut answered = BTreeSet::new();
-    for chunk in gone.chunks(REQUERY_CHUNK) {
-        let mut cmd = base.clone();
-        cmd.extend(["-j".to_string(), chunk.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>().join(",")]);
-        match run_json(&cmd, &[]).await.and_then(|p| parse_sacct(&p).map_err(|e| parse("sacct -j", e))) {
+    let chunk_len = if shell.rest.is_some() { 1 } else { REQUERY_CHUNK };
+    for chunk in gone.chunks(chunk_len) {
+        let requery = match (&shell.rest, chunk) {
+            (Some(c), [(_, id)]) => c.job(id).await,
+            _ => {
+                let mut cmd = base.clone();
+                cmd.extend(["-j".to_string(), chunk.iter().map(|(_, id)| id.as_str()).collect::<Vec<_>>().join(",")]);
+                run_json(&cmd, &[]).await.and_then(|p| parse_sacct(&p).map_err(|e| parse("sacct -j", e)))
+            }
+        };
+        match requery {
             Ok(found) => {
                 let wanted: BTreeSet<&str> = chunk.iter().map(|(k, _)| k.as_str()).collect();
                 for j in found.iter().filter(|j| wanted.contains(startline_id(m, j).as_str())) {

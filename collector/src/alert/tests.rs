@@ -194,7 +194,7 @@ async fn a_backlog_being_replayed_is_applied_before_its_deadlines_are_judged() {
         let now = h.clock.now_ms();
         let mut idx = h.index.write();
         let at = ev.at_ms;
-        if idx.jobs.get(job).is_none() {
+        if !idx.jobs.contains_key(job) {
             idx.jobs.insert(job.to_string(), crate::index::HotJob { rec: urgent_job(job), ..Default::default() });
             let t = idx.jobs[job].rec.timeline.clone();
             let mut c = Vec::new();
@@ -234,7 +234,13 @@ async fn a_backlog_being_replayed_is_applied_before_its_deadlines_are_judged() {
         assert!(h.rx.try_recv().is_err(), "nothing is paged while the backlog is replayed");
     }
     // A's first step, 5 minutes after submit, arrives further down the backlog.
-    let fs = CompactEvent { at_ms: T0 + 5 * MIN, id_hash: 99, seq: 50, attempt: None, kind: EventKind::FirstStep { step: 1 } };
+    let fs = CompactEvent {
+        at_ms: T0 + 5 * MIN,
+        id_hash: 99,
+        seq: 50,
+        attempt: None,
+        kind: EventKind::FirstStep { step: 1 },
+    };
     batch(&h, "spool/a", fs);
     // The source goes quiet (its spool is drained): B, still waiting, pages; A never does.
     let fired = tokio::time::timeout(Duration::from_secs(60), h.next()).await.expect("a page once quiet");
