@@ -326,9 +326,9 @@ pub async fn run_with_clock(
     // Alerting: notifiers and the alert loop, stopped after the committer (so late commits still wake it).
     let alert_stop = CancellationToken::new();
     let alert_tasks = TaskTracker::new();
-    let generator_url = format!("http://{}/api/v1/alerts", bound.http);
+    let base_url = listener_url(bound.http, tls.is_some());
     let alert_stats = Arc::new(crate::alert::AlertStats::default());
-    let notifiers = notify::spawn_all(&config.alerts, clock, &generator_url, &alert_tasks, &alert_stop, &alert_stats);
+    let notifiers = notify::spawn_all(&config.alerts, clock, &base_url, &alert_tasks, &alert_stop, &alert_stats);
     telemetry.observe_notifiers(alert_stats.clone());
     let alert_loop = AlertLoop {
         index: index.clone(),
@@ -339,7 +339,7 @@ pub async fn run_with_clock(
         wake,
         notifiers,
         stats: alert_stats,
-        generator_url,
+        base_url,
         reconfigure: Some(crate::alert::Reconfigure {
             settings: alert_settings_rx,
             tasks: alert_tasks.clone(),
@@ -442,6 +442,23 @@ pub struct Reloader {
     pub wake: Arc<Notify>,
     /// The clock.
     pub clock: Clock,
+}
+
+/// The HTTP listener as a URL for links in alerts: the host's name in place of an unspecified address (0.0.0.0
+/// or ::), which no one can open; `alerts.external_url` overrides it.
+fn listener_url(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    if addr.ip().is_unspecified() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "localhost".to_string());
+        format!("{scheme}://{host}:{}", addr.port())
+    } else {
+        format!("{scheme}://{addr}")
+    }
 }
 
 /// Sections a running collector cannot take without a restart.

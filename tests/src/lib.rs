@@ -399,15 +399,19 @@ pub fn free_port() -> u16 {
 /// Starts a real Alertmanager (Debian `prometheus-alertmanager`) on a free port routing every alert to `hook`
 /// at `/am` (grouped by alertname and job id, no wait), and waits until it is ready; returns it and its URL.
 pub fn start_alertmanager(dir: &std::path::Path, hook: &HookServer) -> (ChildGuard, String) {
-    let cfg = dir.join("alertmanager.yml");
-    std::fs::write(
-        &cfg,
-        format!(
+    start_alertmanager_with(
+        dir,
+        &format!(
             "route:\n  receiver: hook\n  group_by: ['alertname', 'job_id']\n  group_wait: 0s\n  group_interval: 1s\n  repeat_interval: 1h\nreceivers:\n  - name: hook\n    webhook_configs:\n      - url: 'http://{}/am'\n        send_resolved: true\n",
             hook.addr
         ),
     )
-    .expect("write am config");
+}
+
+/// Starts a real Alertmanager with this configuration (YAML) on a free port and waits until it is ready.
+pub fn start_alertmanager_with(dir: &std::path::Path, config: &str) -> (ChildGuard, String) {
+    let cfg = dir.join("alertmanager.yml");
+    std::fs::write(&cfg, config).expect("write am config");
     let port = free_port();
     let child = Command::new("prometheus-alertmanager")
         .arg(format!("--config.file={}", cfg.display()))

@@ -38,7 +38,37 @@ pub struct AlertsSection {
     /// Per-job pages are sent only for crossings at most this old when first seen (an adapter catching up on
     /// history must not page for jobs that breached days ago). Default 1h.
     pub page_max_age: Option<String>,
+    /// The collector's URL as users reach it (`https://startline.example.com`): alerts' `generatorURL`, the
+    /// webhook's `externalURL` and the dashboard links in annotations. Default: the HTTP listener's address
+    /// (the host's name in place of an unspecified `0.0.0.0`).
+    pub external_url: Option<String>,
+    /// Labels added to every alert, e.g. `{ cluster = "eu-1", environment = "prod" }` (for routing and for
+    /// telling collectors apart; they cannot replace Startline's own labels).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Runbook links by alert name, e.g. `{ StartlineJobStartBreach = "https://wiki/startline#breach" }`: the
+    /// `runbook_url` annotation of those alerts.
+    #[serde(default)]
+    pub runbook_urls: BTreeMap<String, String>,
 }
+
+/// Labels Startline sets itself; `alerts.labels` may not use them.
+pub const OWN_LABELS: &[&str] = &[
+    "alertname",
+    "severity",
+    "slo",
+    "job_id",
+    "pool_kind",
+    "provider",
+    "pool",
+    "priority",
+    "gpu_class",
+    "region",
+    "team",
+];
+
+/// The alert names Startline raises.
+pub const ALERT_NAMES: &[&str] = &["StartlineJobStartBreach", "StartlineSLOBurnRate"];
 
 /// One notifier entry as written: a URL string, or a table.
 #[derive(Debug, Clone, Serialize)]
@@ -182,6 +212,12 @@ pub struct AlertConfig {
     pub resolved_retention: Duration,
     /// Oldest crossing that still pages.
     pub page_max_age: Duration,
+    /// The collector's URL as users reach it (no trailing slash); None: derived from the listener.
+    pub external_url: Option<String>,
+    /// Labels added to every alert.
+    pub labels: BTreeMap<String, String>,
+    /// Runbook links by alert name.
+    pub runbook_urls: BTreeMap<String, String>,
 }
 
 /// The per-request timeout of a notifier without `timeout`.
@@ -302,7 +338,45 @@ impl AlertsSection {
         };
         let alertmanagers = targets("alerts.alertmanager", &self.alertmanager);
         let webhooks = targets("alerts.webhook", &self.webhook);
+        let http_url = |field: &str, u: &str, errs: &mut Vec<String>| match reqwest::Url::parse(u) {
+            Ok(p) if matches!(p.scheme(), "http" | "https") && p.host_str().is_some_and(|h| !h.is_empty()) => {
+                Some(u.trim_end_matches('/').to_string())
+            }
+            _ => {
+                errs.push(format!("{field}: {u:?} must be an http:// or https:// URL with a host"));
+                None
+            }
+        };
+        let external_url = self.external_url.as_deref().and_then(|u| http_url("alerts.external_url", u, errs));
+        for (k, v) in &self.labels {
+            let valid = !k.is_empty()
+                && k.bytes()
+                    .enumerate()
+                    .all(|(i, b)| b == b'_' || b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()))
+                && !k.starts_with("__");
+            if !valid {
+                errs.push(format!("alerts.labels.{k}: not a label name ([a-zA-Z_][a-zA-Z0-9_]*, no leading __)"));
+            } else if OWN_LABELS.contains(&k.as_str()) {
+                errs.push(format!("alerts.labels.{k}: set by Startline itself; choose another name"));
+            } else if v.is_empty() {
+                errs.push(format!("alerts.labels.{k}: an empty value means no label; remove it"));
+            }
+        }
+        let mut runbook_urls = BTreeMap::new();
+        for (name, u) in &self.runbook_urls {
+            if !ALERT_NAMES.contains(&name.as_str()) {
+                errs.push(format!(
+                    "alerts.runbook_urls.{name}: not an alert Startline raises ({})",
+                    ALERT_NAMES.join(", ")
+                ));
+            } else if let Some(u) = http_url(&format!("alerts.runbook_urls.{name}"), u, errs) {
+                runbook_urls.insert(name.clone(), u);
+            }
+        }
         AlertConfig {
+            external_url,
+            labels: self.labels.clone(),
+            runbook_urls,
             alertmanagers,
             webhooks,
             evaluation_interval: duration(
@@ -356,6 +430,42 @@ mod tests {
     }
 
     #[test]
+    fn external_url_static_labels_and_runbooks_are_checked() {
+        let mut s = AlertsSection {
+            external_url: Some("https://startline.example.com/".into()),
+            labels: [("cluster".to_string(), "eu-1".to_string())].into(),
+            runbook_urls: [("StartlineSLOBurnRate".to_string(), "https://wiki/x#burn".to_string())].into(),
+            ..AlertsSection::default()
+        };
+        let mut errs = Vec::new();
+        let c = s.validate(&mut errs);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(c.external_url.as_deref(), Some("https://startline.example.com"), "no trailing slash");
+        assert_eq!(c.labels["cluster"], "eu-1");
+        assert_eq!(c.runbook_urls["StartlineSLOBurnRate"], "https://wiki/x#burn");
+        s.external_url = Some("startline.example.com".into());
+        s.labels = [("job_id", "x"), ("9lives", "x"), ("__meta", "x"), ("env", "")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        s.runbook_urls = [("NoSuchAlert".to_string(), "https://wiki".to_string())].into();
+        let mut errs = Vec::new();
+        s.validate(&mut errs);
+        let fields: Vec<&str> = errs.iter().filter_map(|e| e.split(':').next()).collect();
+        assert_eq!(
+            fields,
+            [
+                "alerts.external_url",
+                "alerts.labels.9lives",
+                "alerts.labels.__meta",
+                "alerts.labels.env",
+                "alerts.labels.job_id",
+                "alerts.runbook_urls.NoSuchAlert"
+            ]
+        );
+    }
+
+    #[test]
     fn every_bad_field_is_reported_in_order() {
         let s = AlertsSection {
             alertmanager: vec!["ftp://example".into(), "http://127.0.0.1:9093".into()],
@@ -365,6 +475,7 @@ mod tests {
             min_jobs: Some(1),
             resolved_retention: Some("0s".into()),
             page_max_age: Some("10ms".into()),
+            ..AlertsSection::default()
         };
         let mut errs = Vec::new();
         let c = s.validate(&mut errs);

@@ -93,13 +93,24 @@ pub struct AlertLoop {
     pub notifiers: Vec<mpsc::Sender<Vec<AlertRecord>>>,
     /// Counters.
     pub stats: Arc<AlertStats>,
-    /// Link put in alerts, e.g. the collector's API URL.
-    pub generator_url: String,
+    /// The collector's URL when `alerts.external_url` is not set (derived from the HTTP listener), without a
+    /// trailing slash: the base of alert links.
+    pub base_url: String,
     /// Settings reloads (None: fixed settings).
     pub reconfigure: Option<Reconfigure>,
     /// Page conditions whose job's source is still replaying a backlog: (SLO index, job id), judged again once
     /// the source has caught up (see [`crate::index::SourceMarks`]).
     pub deferred: Mutex<std::collections::BTreeSet<(u16, String)>>,
+}
+
+/// A job id as one URL fragment segment (its `/` kept: the dashboard reads the rest of the fragment as the id).
+fn url_path_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn secs_text(ms: i64) -> String {
@@ -163,14 +174,8 @@ impl AlertLoop {
             if let (true, Some(r)) = (reloaded, reconfigure.as_mut()) {
                 self.config = r.settings.borrow_and_update().clone();
                 (eval, resend) = timers(&self.config);
-                self.notifiers = notify::spawn_all(
-                    &self.config,
-                    self.clock,
-                    &self.generator_url,
-                    &r.tasks,
-                    &r.shutdown,
-                    &self.stats,
-                );
+                self.notifiers =
+                    notify::spawn_all(&self.config, self.clock, &self.base_url, &r.tasks, &r.shutdown, &self.stats);
                 tracing::info!(
                     alertmanagers = self.config.alertmanagers.len(),
                     webhooks = self.config.webhooks.len(),
@@ -308,11 +313,14 @@ impl AlertLoop {
                     ("priority", attrs.priority.label().to_string()),
                     ("gpu_class", attrs.gpu_class.clone()),
                     ("region", attrs.region.clone()),
+                    ("team", attrs.team.clone()),
                 ]
                 .into_iter()
+                .filter(|(_, v)| !v.is_empty())
                 .map(|(k, v)| (k.to_string(), v))
+                .chain(self.config.labels.clone())
                 .collect();
-                let annotations: BTreeMap<String, String> = [
+                let mut annotations: BTreeMap<String, String> = [
                     (
                         "summary",
                         format!(
@@ -330,10 +338,12 @@ impl AlertLoop {
                     ("waited_seconds", (waited / 1000).to_string()),
                     ("threshold_seconds", (def.threshold_ms / 1000).to_string()),
                     ("submitted_at", format_ms(sub)),
+                    ("dashboard_url", format!("{}/#job/{}", self.base(), url_path_escape(&ch.job_id))),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect();
+                self.add_runbook(&mut annotations, "StartlineJobStartBreach");
                 let fire = self.board.with(|b| match b.get(&key) {
                     Some(a) if a.firing() => None,
                     _ => {
@@ -372,6 +382,17 @@ impl AlertLoop {
             }
         }
         out
+    }
+
+    /// The base of alert links: `alerts.external_url`, else the listener's URL.
+    fn base(&self) -> &str {
+        self.config.external_url.as_deref().unwrap_or(&self.base_url)
+    }
+
+    fn add_runbook(&self, annotations: &mut BTreeMap<String, String>, alertname: &str) {
+        if let Some(u) = self.config.runbook_urls.get(alertname) {
+            annotations.insert("runbook_url".into(), u.clone());
+        }
     }
 
     /// Resolves burn-rate alerts of SLOs that a reload removed (those of kept SLOs are re-evaluated as usual).
@@ -421,14 +442,17 @@ impl AlertLoop {
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
+                .chain(self.config.labels.clone())
                 .collect();
-                let annotations: BTreeMap<String, String> = [
+                let mut annotations: BTreeMap<String, String> = [
                     ("summary", format!("SLO {} is burning its error budget: {detail}", def.name)),
                     ("windows", rules.iter().map(|f| f.windows).collect::<Vec<_>>().join(",")),
+                    ("dashboard_url", format!("{}/#slos", self.base())),
                 ]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect();
+                self.add_runbook(&mut annotations, "StartlineSLOBurnRate");
                 let fired = self.board.with(|b| match b.get_mut(&key) {
                     Some(a) if a.firing() => {
                         a.annotations = annotations.clone();

@@ -44,8 +44,35 @@ pub const QUEUE: usize = 256;
 /// Attempts per notification before it is given up.
 pub const ATTEMPTS: u32 = 5;
 
-/// Renders the Alertmanager API v2 body.
-pub fn alertmanager_body(alerts: &[AlertRecord], now_ms: i64, resend: Duration, generator_url: &str) -> Value {
+/// Alertmanager's alert fingerprint: FNV-1a (64 bit) over the labels sorted by name, each name and value followed
+/// by the byte 0xff, as 16 hex digits (Prometheus `model.LabelSet.Fingerprint`). Equal to the `fingerprint` the
+/// Alertmanager API reports for the same labels (tested against a real Alertmanager).
+pub fn fingerprint(labels: &std::collections::BTreeMap<String, String>) -> String {
+    const OFFSET: u64 = 14_695_981_039_346_656_037;
+    const PRIME: u64 = 1_099_511_628_211;
+    let mut h = OFFSET;
+    let mut add = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(PRIME);
+        }
+    };
+    for (k, v) in labels {
+        add(k.as_bytes());
+        add(&[0xff]);
+        add(v.as_bytes());
+        add(&[0xff]);
+    }
+    format!("{h:016x}")
+}
+
+/// The link an alert points at: its dashboard view, else the collector's alert list.
+fn generator_url(a: &AlertRecord, base_url: &str) -> String {
+    a.annotations.get("dashboard_url").cloned().unwrap_or_else(|| format!("{base_url}/api/v1/alerts"))
+}
+
+/// Renders the Alertmanager API v2 body (`POST /api/v2/alerts`).
+pub fn alertmanager_body(alerts: &[AlertRecord], now_ms: i64, resend: Duration, base_url: &str) -> Value {
     let ends_ahead = 3 * resend.as_millis() as i64;
     Value::Array(
         alerts
@@ -56,26 +83,47 @@ pub fn alertmanager_body(alerts: &[AlertRecord], now_ms: i64, resend: Duration, 
                     "annotations": a.annotations,
                     "startsAt": format_ms(a.starts_at_ms),
                     "endsAt": format_ms(a.resolved_at_ms.unwrap_or(now_ms + ends_ahead)),
-                    "generatorURL": generator_url,
+                    "generatorURL": generator_url(a, base_url),
                 })
             })
             .collect(),
     )
 }
 
-/// Renders the webhook body.
-pub fn webhook_body(alerts: &[AlertRecord]) -> Value {
+/// Renders the webhook body in Alertmanager's webhook format (version 4): a receiver that already takes
+/// Alertmanager's webhooks takes Startline's unchanged. The alerts of one delivery form one group with no group
+/// labels; `commonLabels` and `commonAnnotations` are the pairs every alert of it shares.
+pub fn webhook_body(alerts: &[AlertRecord], base_url: &str) -> Value {
+    use std::collections::BTreeMap;
     let status = if alerts.iter().any(AlertRecord::firing) { "firing" } else { "resolved" };
+    let common = |pick: fn(&AlertRecord) -> &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        let mut it = alerts.iter();
+        let Some(first) = it.next() else { return BTreeMap::new() };
+        let mut c = pick(first).clone();
+        for a in it {
+            c.retain(|k, v| pick(a).get(k) == Some(v));
+        }
+        c
+    };
     json!({
-        "version": "startline/1",
-        "receiver": "startline",
+        "version": "4",
+        "groupKey": "{}:{}",
+        "truncatedAlerts": 0,
         "status": status,
+        "receiver": "startline",
+        "groupLabels": {},
+        "commonLabels": common(|a| &a.labels),
+        "commonAnnotations": common(|a| &a.annotations),
+        "externalURL": base_url,
         "alerts": alerts.iter().map(|a| json!({
             "status": if a.firing() { "firing" } else { "resolved" },
             "labels": a.labels,
             "annotations": a.annotations,
             "startsAt": format_ms(a.starts_at_ms),
-            "endsAt": a.resolved_at_ms.map(format_ms),
+            // Alertmanager's zero time for an alert that has not ended.
+            "endsAt": a.resolved_at_ms.map_or_else(|| "0001-01-01T00:00:00Z".to_string(), format_ms),
+            "generatorURL": generator_url(a, base_url),
+            "fingerprint": fingerprint(&a.labels),
         })).collect::<Vec<_>>(),
     })
 }
@@ -85,7 +133,7 @@ pub fn webhook_body(alerts: &[AlertRecord]) -> Value {
 pub fn spawn_all(
     config: &AlertConfig,
     clock: Clock,
-    generator_url: &str,
+    default_base_url: &str,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
     stats_out: &AlertStats,
@@ -109,7 +157,7 @@ pub fn spawn_all(
             s.clone(),
             clock,
             config.resend_interval,
-            generator_url.to_string(),
+            config.external_url.clone().unwrap_or_else(|| default_base_url.to_string()),
             tasks,
             shutdown.clone(),
         ));
@@ -173,7 +221,7 @@ fn spawn(
     stats: Arc<NotifierStats>,
     clock: Clock,
     resend: Duration,
-    generator_url: String,
+    base_url: String,
     tasks: &TaskTracker,
     shutdown: CancellationToken,
 ) -> mpsc::Sender<Vec<AlertRecord>> {
@@ -196,8 +244,8 @@ fn spawn(
                 a = rx.recv() => match a { Some(a) => a, None => break },
             };
             let body = match kind {
-                Kind::Alertmanager => alertmanager_body(&alerts, clock.now_ms(), resend, &generator_url),
-                Kind::Webhook => webhook_body(&alerts),
+                Kind::Alertmanager => alertmanager_body(&alerts, clock.now_ms(), resend, &base_url),
+                Kind::Webhook => webhook_body(&alerts, &base_url),
             };
             let bytes = body.to_string().into_bytes();
             let mut delay = Duration::from_millis(200);
@@ -229,6 +277,48 @@ fn spawn(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_webhook_body_is_alertmanagers_version_4() {
+        let mut a = AlertRecord {
+            key: "job/urgent-start/j1".into(),
+            labels: [("alertname", "StartlineJobStartBreach"), ("slo", "urgent-start"), ("job_id", "j1")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            annotations: [("dashboard_url".to_string(), "https://s.example/#job/j1".to_string())].into(),
+            starts_at_ms: 1_767_225_600_000,
+            resolved_at_ms: None,
+        };
+        let mut b = a.clone();
+        b.labels.insert("job_id".into(), "j2".into());
+        b.annotations.clear();
+        b.resolved_at_ms = Some(1_767_225_660_000);
+        let v = webhook_body(&[a.clone(), b.clone()], "https://s.example");
+        assert_eq!(v["version"], "4");
+        assert_eq!(v["status"], "firing", "any firing alert makes the group firing");
+        assert_eq!(v["externalURL"], "https://s.example");
+        assert_eq!(
+            v["commonLabels"],
+            serde_json::json!({"alertname": "StartlineJobStartBreach", "slo": "urgent-start"})
+        );
+        assert_eq!(v["commonAnnotations"], serde_json::json!({}));
+        assert_eq!(v["alerts"][0]["endsAt"], "0001-01-01T00:00:00Z");
+        assert_eq!(v["alerts"][0]["generatorURL"], "https://s.example/#job/j1");
+        assert_eq!(v["alerts"][1]["endsAt"], "2026-01-01T00:01:00.000Z");
+        assert_eq!(v["alerts"][1]["generatorURL"], "https://s.example/api/v1/alerts");
+        assert_ne!(v["alerts"][0]["fingerprint"], v["alerts"][1]["fingerprint"]);
+        // Insertion order does not matter (labels are sorted by name); a changed value changes it.
+        a.labels.insert("zz".into(), "1".into());
+        let f1 = fingerprint(&a.labels);
+        a.labels.insert("zz".into(), "2".into());
+        assert_ne!(f1, fingerprint(&a.labels));
+        assert_eq!(
+            fingerprint(&std::collections::BTreeMap::new()),
+            "cbf29ce484222325",
+            "FNV-1a offset basis for no labels"
+        );
+    }
+
     use super::*;
     use crate::alert::config::{AlertsSection, TargetEntry};
     use std::sync::Mutex;
@@ -329,7 +419,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let target = hook_target(&server, "tok-abc\n", dir.path());
         let url = target.url.clone();
-        let status = post_json(&target, url, webhook_body(&[record()]).to_string().into_bytes()).await.expect("posted");
+        let status =
+            post_json(&target, url, webhook_body(&[record()], "http://startline.test").to_string().into_bytes())
+                .await
+                .expect("posted");
         assert_eq!(status, 200);
         let heads = server.heads.lock().expect("lock").clone();
         assert_eq!(heads.len(), 1);

@@ -46,6 +46,9 @@ fn alert_config() -> AlertConfig {
         min_jobs: 5,
         resolved_retention: Duration::from_secs(86_400),
         page_max_age: Duration::from_secs(3600),
+        external_url: None,
+        labels: Default::default(),
+        runbook_urls: Default::default(),
     }
 }
 
@@ -85,7 +88,7 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
         wake: wake.clone(),
         notifiers: vec![tx],
         stats: Arc::new(AlertStats::default()),
-        generator_url: "http://test".into(),
+        base_url: "http://test".into(),
         reconfigure: None,
         deferred: Default::default(),
     };
@@ -296,7 +299,7 @@ async fn a_slow_notifier_never_blocks_the_loop() {
         wake: Arc::new(Notify::new()),
         notifiers: vec![tx],
         stats: stats.clone(),
-        generator_url: String::new(),
+        base_url: String::new(),
         reconfigure: None,
         deferred: Default::default(),
     };

@@ -54,11 +54,13 @@ pub struct JobRef<'a> {
     pub folded: bool,
 }
 
-/// How far each event source has come: the latest time among its events and when it last sent. A source whose
-/// events run more than [`SourceMarks::LAG_MS`] behind the collector's clock while it is still sending (within
-/// [`SourceMarks::QUIET_MS`]) is replaying a backlog (an agent's spool draining after an outage, an adapter catching
-/// up on history): the deadlines of its jobs are judged only once it has caught up or gone quiet, so a job whose
-/// first step is further down the backlog never pages. Not persisted: after a restart every source counts as live.
+/// How far each event source has come, to tell a source replaying a backlog (an agent's spool draining after
+/// an outage, an adapter catching up on history) from one reporting live. A source is *catching up* while it is
+/// still sending (its last batch within [`SourceMarks::QUIET_MS`]) and either its events run more than
+/// [`SourceMarks::LAG_MS`] behind the collector's clock, or its current burst of batches covers event time much
+/// faster than wall time (a replay: a day of events in seconds, right up to the present). The deadlines of its
+/// jobs are judged once it has caught up or gone quiet, so a job whose first step is further down the backlog
+/// never pages. Not persisted: after a restart every source counts as live.
 #[derive(Debug, Default)]
 pub struct SourceMarks {
     marks: HashMap<u64, SourceMark>,
@@ -67,8 +69,14 @@ pub struct SourceMarks {
 /// One source's progress.
 #[derive(Debug, Clone, Copy)]
 struct SourceMark {
+    /// Latest event time ever received.
     max_at_ms: i64,
+    /// When it last sent.
     last_received_ms: i64,
+    /// The current burst (batches less than QUIET_MS apart): when it began, and its event-time span.
+    burst_received_ms: i64,
+    burst_min_at_ms: i64,
+    burst_max_at_ms: i64,
 }
 
 impl SourceMarks {
@@ -76,6 +84,9 @@ impl SourceMarks {
     pub const LAG_MS: i64 = 120_000;
     /// A source that sent nothing for this long has delivered its backlog.
     pub const QUIET_MS: i64 = 3_000;
+    /// A burst is a replay when its events span more than twice the wall time it took plus this slack (an
+    /// adapter's poll may report a few minutes of transitions at once).
+    const REPLAY_SLACK_MS: i64 = 60_000;
     /// Sources remembered at most (the ones not heard from for longest are forgotten first).
     const MAX_SOURCES: usize = 100_000;
 
@@ -87,16 +98,33 @@ impl SourceMarks {
         if self.marks.len() >= Self::MAX_SOURCES && !self.marks.contains_key(&source) {
             self.marks.retain(|_, m| now - m.last_received_ms < Self::QUIET_MS);
         }
-        let m = self.marks.entry(source).or_insert(SourceMark { max_at_ms: at_ms, last_received_ms: now });
+        let fresh = SourceMark {
+            max_at_ms: at_ms,
+            last_received_ms: now,
+            burst_received_ms: now,
+            burst_min_at_ms: at_ms,
+            burst_max_at_ms: at_ms,
+        };
+        let m = self.marks.entry(source).or_insert(fresh);
+        if now - m.last_received_ms >= Self::QUIET_MS {
+            // A new burst after a quiet spell.
+            *m = SourceMark { max_at_ms: m.max_at_ms.max(at_ms), ..fresh };
+        }
         m.max_at_ms = m.max_at_ms.max(at_ms);
         m.last_received_ms = m.last_received_ms.max(now);
+        m.burst_min_at_ms = m.burst_min_at_ms.min(at_ms);
+        m.burst_max_at_ms = m.burst_max_at_ms.max(at_ms);
     }
 
-    /// Whether `source` is still sending events that lag the clock by more than [`Self::LAG_MS`].
+    /// Whether `source` is still sending a backlog (see [`SourceMarks`]).
     pub fn catching_up(&self, source: u64, now: i64) -> bool {
-        self.marks
-            .get(&source)
-            .is_some_and(|m| now - m.last_received_ms < Self::QUIET_MS && m.max_at_ms < now - Self::LAG_MS)
+        self.marks.get(&source).is_some_and(|m| {
+            let sending = now - m.last_received_ms < Self::QUIET_MS;
+            let behind = m.max_at_ms < now - Self::LAG_MS;
+            let replaying =
+                m.burst_max_at_ms - m.burst_min_at_ms > 2 * (now - m.burst_received_ms) + Self::REPLAY_SLACK_MS;
+            sending && (behind || replaying)
+        })
     }
 }
 

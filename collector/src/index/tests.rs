@@ -292,3 +292,31 @@ mod fold_model {
         assert_eq!(d.get(n), cold.dict.get(n));
     }
 }
+
+#[test]
+fn sources_replaying_a_backlog_are_told_from_live_ones() {
+    const NOW: i64 = 1_767_225_600_000;
+    let mut m = SourceMarks::default();
+    // A live node agent: events as they happen.
+    m.note(1, NOW - 200, NOW);
+    assert!(!m.catching_up(1, NOW + 100));
+    // An adapter's poll reporting five minutes of transitions at once, the newest recent: live (small slack).
+    m.note(2, NOW - 50_000, NOW);
+    m.note(2, NOW - 1_000, NOW);
+    assert!(!m.catching_up(2, NOW + 100));
+    // A spool draining: events hours old, batches back to back.
+    for i in 0..10 {
+        m.note(3, NOW - 3_600_000 + i * 300_000, NOW + i * 100);
+        assert!(m.catching_up(3, NOW + i * 100 + 50), "batch {i}");
+    }
+    // ...right up to the present: still a replay while it sends (an hour of events in a second)...
+    m.note(3, NOW + 900, NOW + 1_000);
+    assert!(m.catching_up(3, NOW + 1_100));
+    // ...until it goes quiet.
+    assert!(!m.catching_up(3, NOW + 1_000 + SourceMarks::QUIET_MS));
+    // A later live burst of the same source is live again.
+    m.note(3, NOW + 60_000, NOW + 60_000);
+    assert!(!m.catching_up(3, NOW + 60_100));
+    // Unknown sources (events replayed from the store after a restart) are live.
+    assert!(!m.catching_up(99, NOW));
+}
