@@ -61,6 +61,7 @@ impl Config {
         f.alerts.min_jobs = Some(a.min_jobs);
         f.alerts.resolved_retention = dur(a.resolved_retention);
         f.alerts.page_max_age = dur(a.page_max_age);
+        f.alerts.external_url = a.external_url.clone();
         for t in f.alerts.alertmanager.iter_mut().chain(f.alerts.webhook.iter_mut()) {
             if let TargetEntry::Table(t) = t {
                 t.timeout = Some(format_duration(match &t.timeout {
