@@ -119,8 +119,10 @@ pub async fn run_with_clock(
         // deadline crossed while the collector was down, and stored alert state keeps those pages from repeating.
         let jobs = std::mem::take(&mut restored.jobs);
         let dirty = std::mem::take(&mut restored.dirty);
-        let index =
+        let mut index =
             JobIndex::new_at(jobs, cold, restored.last_seq, SloEngine::new(slo_defs), limiter, now).with_dirty(dirty);
+        // Decisions are counted from here on: the restored history was assessed silently.
+        index.slo.start_counting();
         let alerts = store.load_alerts()?;
         Ok((store, restored, index, alerts))
     })

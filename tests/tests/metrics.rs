@@ -118,6 +118,14 @@ async fn metrics_pass_promtool_and_match_the_api() {
             sum(&text, "startline_slo_jobs", &[&label, "result=\"bad\""]),
             s["status"]["bad"].as_f64().expect("bad")
         );
+        // The SLI counters: every job decided since start, once (no restatements in this run).
+        for result in ["good", "bad"] {
+            assert_eq!(
+                sum(&text, "startline_slo_decisions_total", &[&label, &format!("result=\"{result}\"")]),
+                s["status"][result].as_f64().expect("count"),
+                "{name} {result}"
+            );
+        }
     }
     // Never a job id as a label.
     assert!(!text.contains("job_id") && !text.contains("started/0"));

@@ -171,6 +171,7 @@ impl Committer {
         {
             let now = self.settings.clock.now_ms();
             let mut idx = self.index.write();
+            idx.begin_group();
             let mut seq = first_seq;
             for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
                 for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
@@ -186,6 +187,7 @@ impl Committer {
                 }
                 replies.push((req.reply, res.clone()));
             }
+            idx.end_group();
         }
         let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
         let rejected: usize = results.iter().map(|r| r.rejections.len()).sum();

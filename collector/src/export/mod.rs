@@ -568,6 +568,26 @@ fn observe_slo_windows(meter: &Meter, sources: &Sources) {
         .build();
     let s = sources.clone();
     let _ = meter
+        .u64_observable_counter("startline.slo.decisions")
+        .with_unit("{job}")
+        .with_description(
+            "Jobs decided for each SLO since the collector started, by result: good, bad, and restated_good / \
+             restated_bad when a late event changed a decision (the SLI as counters: compute any window with increase())",
+        )
+        .with_callback(move |o| {
+            let idx = s.index.read();
+            for (i, d) in idx.slo.defs().iter().enumerate() {
+                let c = idx.slo.decisions(i);
+                for (result, n) in
+                    [("good", c.good), ("bad", c.bad), ("restated_good", c.restated_good), ("restated_bad", c.restated_bad)]
+                {
+                    o.observe(n, &[KeyValue::new("slo", d.name.clone()), KeyValue::new("result", result)]);
+                }
+            }
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
         .f64_observable_gauge("startline.slo.objective")
         .with_unit("1")
         .with_description("The SLO's objective, as a share (0.99 for 99%)")
@@ -857,6 +877,7 @@ mod tests {
                 "startline_jobs_waiting gauge",
                 "startline_slo_burn_rate_ratio gauge",
                 "startline_slo_compliance_ratio gauge",
+                "startline_slo_decisions_total counter",
                 "startline_slo_error_budget_remaining_ratio gauge",
                 "startline_slo_jobs gauge",
                 "startline_slo_objective_ratio gauge",

@@ -215,6 +215,17 @@ impl JobIndex {
         self.sources.note(source, at_ms, now);
     }
 
+    /// Starts applying a group commit: SLO decisions are counted once per job, by the group's outcome.
+    pub fn begin_group(&mut self) {
+        self.slo.begin_group();
+    }
+
+    /// Ends a group commit (see [`JobIndex::begin_group`]).
+    pub fn end_group(&mut self) {
+        let jobs = &self.jobs;
+        self.slo.end_group(|id| jobs.get(id).map(|h| h.slo.clone()));
+    }
+
     /// Whether `job_id`'s source is still replaying a backlog: its page waits until what the backlog holds has
     /// been applied (see [`SourceMarks::catching_up`]).
     pub fn catching_up(&self, job_id: &str, now: i64) -> bool {
@@ -236,6 +247,7 @@ impl JobIndex {
             hot.slo.clear();
             slo.on_job(id, &hot.rec.timeline, &mut hot.slo, now);
         }
+        slo.carry_decisions(&self.slo);
         self.slo = slo;
         self.slo_generation += 1;
     }

@@ -120,6 +120,29 @@ pub struct SloEngine {
     changes: Vec<PageChange>,
     /// Per SLO: jobs past their deadline and still waiting.
     breached_waiting: Vec<u64>,
+    /// Per SLO: decisions counted since start (see [`Decisions`]); off while history is rebuilt.
+    decisions: Vec<Decisions>,
+    /// Whether decisions are counted (turned on once the restored history has been assessed).
+    counting: bool,
+    /// While a group commit is applied: each touched job's contributions before the group, so the group is
+    /// counted by its outcome (a submit and a first step in one batch are one good decision, not bad then good).
+    group: Option<std::collections::HashMap<String, Vec<Contribution>>>,
+}
+
+/// An SLO's decisions as counters (the SLI for `increase()` over any window): each covered job counts once when
+/// it is decided good or bad; a later event that changes a decision (a late first step dated before the
+/// deadline turns bad into good) counts as a restatement, and the window gauges show the corrected figures.
+/// Counted from the collector's start (restored history is not counted again).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Decisions {
+    /// Decided good (first step within the threshold).
+    pub good: u64,
+    /// Decided bad (deadline passed while waiting, started late, or ended before starting).
+    pub bad: u64,
+    /// Decisions changed from bad to good by a late event.
+    pub restated_good: u64,
+    /// Decisions changed from good to bad by a late event.
+    pub restated_bad: u64,
 }
 
 /// The computed status of one SLO over a window.
@@ -198,7 +221,54 @@ impl SloEngine {
     pub fn new(defs: Vec<SloDef>) -> Self {
         let windows = defs.iter().map(|_| WindowState::default()).collect();
         let breached_waiting = vec![0; defs.len()];
-        SloEngine { defs, windows, deadlines: BTreeSet::new(), changes: Vec::new(), breached_waiting }
+        let decisions = vec![Decisions::default(); defs.len()];
+        SloEngine {
+            defs,
+            windows,
+            deadlines: BTreeSet::new(),
+            changes: Vec::new(),
+            breached_waiting,
+            decisions,
+            counting: false,
+            group: None,
+        }
+    }
+
+    /// Starts a group: decisions of the jobs re-assessed until [`SloEngine::end_group`] are counted once, by
+    /// the group's outcome.
+    pub fn begin_group(&mut self) {
+        self.group = Some(std::collections::HashMap::new());
+    }
+
+    /// Ends a group: `current` gives each touched job's contributions now (None: the job is gone).
+    pub fn end_group(&mut self, current: impl Fn(&str) -> Option<Vec<Contribution>>) {
+        let Some(group) = self.group.take() else { return };
+        for (job, old) in group {
+            if let Some(new) = current(&job) {
+                self.count_decisions(&old, &new);
+            }
+        }
+    }
+
+    /// Starts counting decisions (after the restored history has been assessed).
+    pub fn start_counting(&mut self) {
+        self.counting = true;
+    }
+
+    /// Carries the decision counters of SLOs that keep their name into this engine (a reload), and starts
+    /// counting.
+    pub fn carry_decisions(&mut self, from: &SloEngine) {
+        for (i, d) in self.defs.iter().enumerate() {
+            if let Some(j) = from.defs.iter().position(|o| o.name == d.name) {
+                self.decisions[i] = from.decisions[j];
+            }
+        }
+        self.counting = from.counting;
+    }
+
+    /// SLO `i`'s decision counters.
+    pub fn decisions(&self, i: usize) -> Decisions {
+        self.decisions.get(i).copied().unwrap_or_default()
     }
 
     /// The definitions.
@@ -234,6 +304,14 @@ impl SloEngine {
         for c in &new {
             self.apply(job_id, c, 1);
         }
+        if self.counting {
+            match self.group.as_mut() {
+                Some(g) => {
+                    g.entry(job_id.to_string()).or_insert_with(|| old.clone());
+                }
+                None => self.count_decisions(&old, &new),
+            }
+        }
         // Page-condition changes.
         for c in &new {
             let was = old.iter().find(|o| o.slo == c.slo).is_some_and(|o| o.breached_waiting);
@@ -247,6 +325,25 @@ impl SloEngine {
             }
         }
         *contribs = new;
+    }
+
+    fn count_decisions(&mut self, old: &[Contribution], new: &[Contribution]) {
+        let verdict = |c: Option<&Contribution>| match c.map(|c| c.standing) {
+            Some(Standing::Good { .. }) => Some(true),
+            Some(Standing::Bad { .. }) => Some(false),
+            _ => None,
+        };
+        for c in new {
+            let before = verdict(old.iter().find(|o| o.slo == c.slo));
+            let Some(d) = self.decisions.get_mut(c.slo as usize) else { continue };
+            match (before, verdict(Some(c))) {
+                (None, Some(true)) => d.good += 1,
+                (None, Some(false)) => d.bad += 1,
+                (Some(false), Some(true)) => d.restated_good += 1,
+                (Some(true), Some(false)) => d.restated_bad += 1,
+                _ => {}
+            }
+        }
     }
 
     /// Removes a job's contributions (the job is being deleted).

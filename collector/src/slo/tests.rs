@@ -115,6 +115,55 @@ fn late_first_step_moves_a_breach_to_good_without_double_counting() {
     assert_eq!(e.next_deadline(), None);
 }
 
+/// The decision counters: each job once when decided, a restatement counted apart, history not counted.
+#[test]
+fn decisions_are_counted_once_and_a_restatement_apart() {
+    let mut e = SloEngine::new(vec![urgent_slo()]);
+    let mut jobs = BTreeMap::new();
+    let job = |id: &str, extra: Vec<CompactEvent>| {
+        let mut v = vec![ev(id, 0, T0, EventKind::Submitted(attrs(pb::PriorityClass::Urgent)))];
+        v.extend(extra);
+        Tracked::of(JobRecord::from_events(v))
+    };
+    // Restored history: one good job, assessed before counting starts.
+    jobs.insert("old".to_string(), job("old", vec![ev("old", 1, T0 + MIN, EventKind::FirstStep { step: 1 })]));
+    rebuild(&mut e, &mut jobs, T0 + 2 * MIN);
+    assert_eq!(e.decisions(0), Decisions::default(), "history is not counted");
+    e.start_counting();
+    // A job that starts in time: good once, however often it is re-assessed.
+    let mut a = job("a", vec![]);
+    e.on_job("a", &a.rec.timeline, &mut a.slo, T0 + 2 * MIN);
+    a.rec.insert(ev("a", 1, T0 + 3 * MIN, EventKind::FirstStep { step: 1 }));
+    for now in [T0 + 3 * MIN, T0 + 4 * MIN] {
+        e.on_job("a", &a.rec.timeline, &mut a.slo, now);
+    }
+    // A job judged bad at its deadline, then restated good by a late first step.
+    let mut b = job("b", vec![]);
+    e.on_job("b", &b.rec.timeline, &mut b.slo, T0 + 2 * MIN);
+    e.on_job("b", &b.rec.timeline, &mut b.slo, T0 + 10 * MIN);
+    assert_eq!(e.decisions(0), Decisions { good: 1, bad: 1, restated_good: 0, restated_bad: 0 });
+    b.rec.insert(ev("b", 1, T0 + 9 * MIN, EventKind::FirstStep { step: 1 }));
+    e.on_job("b", &b.rec.timeline, &mut b.slo, T0 + 12 * MIN);
+    assert_eq!(e.decisions(0), Decisions { good: 1, bad: 1, restated_good: 1, restated_bad: 0 });
+    // The window gauges show the corrected figures (plus the restored job).
+    assert_eq!(e.counts(0, T0 + 12 * MIN, 3_600_000), Counts { good: 3, bad: 0 });
+    // A job whose submit and (late) first step are applied in one group commit is one good decision, not a bad
+    // one restated: the group is counted by its outcome.
+    let mut c = job("c", vec![]);
+    let mut contribs = std::collections::HashMap::new();
+    e.begin_group();
+    e.on_job("c", &c.rec.timeline, &mut c.slo, T0 + 30 * MIN);
+    c.rec.insert(ev("c", 1, T0 + 5 * MIN, EventKind::FirstStep { step: 1 }));
+    e.on_job("c", &c.rec.timeline, &mut c.slo, T0 + 30 * MIN);
+    contribs.insert("c".to_string(), c.slo.clone());
+    e.end_group(|id| contribs.get(id).cloned());
+    assert_eq!(e.decisions(0), Decisions { good: 2, bad: 1, restated_good: 1, restated_bad: 0 });
+    // A reload keeps the counters of an SLO that keeps its name.
+    let mut next = SloEngine::new(vec![urgent_slo()]);
+    next.carry_decisions(&e);
+    assert_eq!(next.decisions(0), e.decisions(0));
+}
+
 #[test]
 fn late_submitted_places_the_job_by_its_own_times() {
     let mut e = SloEngine::new(vec![urgent_slo()]);
