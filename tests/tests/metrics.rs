@@ -103,6 +103,9 @@ async fn metrics_pass_promtool_and_match_the_api() {
     assert_eq!(sum(&text, "startline_jobs_waiting", &[]), waiting as f64);
     assert_eq!(sum(&text, "startline_jobs_waiting", &["segment=\"preparing:image_pull\""]), 1.0);
     assert_eq!(sum(&text, "startline_jobs_finished_total", &["outcome=\"cancelled\""]), 1.0);
+    // The cancelled job never started: it is not in the time-to-first-step histogram, but it is counted here.
+    assert_eq!(sum(&text, "startline_jobs_ended_before_start_total", &["outcome=\"cancelled\""]), 1.0);
+    assert_eq!(sum(&text, "startline_jobs_ended_before_start_total", &[]), 1.0);
     assert_eq!(sum(&text, "startline_collector_events_total", &["result=\"rejected\""]), 1.0);
     assert_eq!(sum(&text, "startline_collector_events_total", &["result=\"accepted\""]), 15.0);
     let oldest = sum(&text, "startline_job_oldest_wait_seconds", &["pool_kind=\"dedicated\""]);

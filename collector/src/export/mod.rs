@@ -30,6 +30,16 @@ pub const WAIT_BOUNDARIES: [f64; 19] = [
     1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 43200.0, 86400.0,
     172800.0, 345600.0, 604800.0,
 ];
+/// The time-to-first-step boundaries: [`WAIT_BOUNDARIES`] plus each SLO threshold (ms), sorted, without
+/// duplicates (thresholds are fixed at start; an SLO reload with a new threshold needs a restart for its bucket).
+pub fn ttfs_boundaries(thresholds_ms: &[i64]) -> Vec<f64> {
+    let mut b: Vec<f64> = WAIT_BOUNDARIES.to_vec();
+    b.extend(thresholds_ms.iter().filter(|t| **t > 0).map(|t| *t as f64 / 1000.0));
+    b.sort_by(f64::total_cmp);
+    b.dedup();
+    b
+}
+
 /// Boundaries (seconds) for group-commit latency.
 pub const COMMIT_BOUNDARIES: [f64; 11] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
@@ -106,6 +116,7 @@ struct Instruments {
     wait: Histogram<f64>,
     started: Counter<u64>,
     finished: Counter<u64>,
+    ended_before_start: Counter<u64>,
     preemptions: Counter<u64>,
     lost_work: Counter<f64>,
     commit: Histogram<f64>,
@@ -175,7 +186,9 @@ impl Telemetry {
     pub fn new(sources: Sources, otlp: Option<OtlpSettings>) -> Result<Telemetry, TelemetryError> {
         let (provider, registry) = meter_provider(otlp)?;
         let meter = provider.meter("startline-collector");
-        let instruments = Instruments::new(&meter);
+        // Every configured SLO threshold is a bucket boundary, so an `le`-based SLI is exact at the threshold.
+        let thresholds: Vec<i64> = sources.index.read().slo.defs().iter().map(|d| d.threshold_ms).collect();
+        let instruments = Instruments::new(&meter, ttfs_boundaries(&thresholds));
         observe_waiting_jobs(&meter, &sources);
         observe_slo_status(&meter, &sources);
         observe_slo_windows(&meter, &sources);
@@ -230,11 +243,14 @@ impl Telemetry {
                     a.push(KeyValue::new("segment", segment.clone()));
                     i.wait.record(*seconds, &a);
                 }
-                Observation::Finished { labels, outcome } => {
+                Observation::Finished { labels, outcome, before_start } => {
                     use startline_proto::labels::Label;
                     let mut a = job_attrs(labels);
                     a.push(KeyValue::new("outcome", outcome.label()));
                     i.finished.add(1, &a);
+                    if *before_start {
+                        i.ended_before_start.add(1, &a);
+                    }
                 }
                 Observation::Preempted { labels, count } => i.preemptions.add(*count, &job_attrs(labels)),
                 Observation::LostWork { labels, gpu_seconds } => i.lost_work.add(*gpu_seconds, &job_attrs(labels)),
@@ -397,13 +413,13 @@ fn otlp_tls_config(files: &ClientTlsFiles) -> tonic::transport::ClientTlsConfig 
 
 impl Instruments {
     /// The synchronous instruments: job transitions (recorded by the committer) and group commits.
-    fn new(meter: &Meter) -> Instruments {
+    fn new(meter: &Meter, ttfs_boundaries: Vec<f64>) -> Instruments {
         Instruments {
             ttfs: meter
                 .f64_histogram("startline.job.time_to_first_step")
                 .with_unit("s")
                 .with_description("Time from submit to the first training step, recorded when a job first starts")
-                .with_boundaries(WAIT_BOUNDARIES.to_vec())
+                .with_boundaries(ttfs_boundaries)
                 .build(),
             wait: meter
                 .f64_histogram("startline.job.wait.duration")
@@ -420,6 +436,14 @@ impl Instruments {
                 .u64_counter("startline.jobs.finished")
                 .with_unit("{job}")
                 .with_description("Jobs that ended, by outcome")
+                .build(),
+            ended_before_start: meter
+                .u64_counter("startline.jobs.ended_before_start")
+                .with_unit("{job}")
+                .with_description(
+                    "Jobs that ended without reaching their first step, by outcome (the time-to-first-step histogram \
+                     counts only jobs that started: add these to see every job that waited)",
+                )
                 .build(),
             preemptions: meter
                 .u64_counter("startline.job.preemptions")
@@ -840,12 +864,22 @@ mod tests {
         t.record(&[
             Observation::Started { labels: labels.clone(), ttfs_seconds: 12.0 },
             Observation::WaitSegment { labels: labels.clone(), segment: "queued:capacity".into(), seconds: 10.0 },
-            Observation::Finished { labels: labels.clone(), outcome: pb::Outcome::Succeeded },
+            Observation::Finished { labels: labels.clone(), outcome: pb::Outcome::Succeeded, before_start: false },
+            Observation::Finished { labels: labels.clone(), outcome: pb::Outcome::Cancelled, before_start: true },
             Observation::Preempted { labels: labels.clone(), count: 1 },
             Observation::LostWork { labels, gpu_seconds: 8.0 },
         ]);
         t.record_commit(Duration::from_millis(2));
         let text = t.prometheus_text().expect("text");
+        // The SLO thresholds are bucket boundaries (600 s and 7200 s are also standard ones; 2700 s is not).
+        assert_eq!(
+            ttfs_boundaries(&[2_700_000, 600_000]),
+            [
+                1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 2700.0, 3600.0, 7200.0, 14400.0,
+                28800.0, 43200.0, 86400.0, 172800.0, 345600.0, 604800.0
+            ]
+        );
+        assert!(text.contains("startline_jobs_ended_before_start_total{"), "{text}");
         // Sorted by name, as the Prometheus registry gathers them; every group of `Telemetry::new` is there.
         assert_eq!(
             families(&text),
@@ -872,6 +906,7 @@ mod tests {
                 "startline_job_preemptions_total counter",
                 "startline_job_time_to_first_step_seconds histogram",
                 "startline_job_wait_duration_seconds histogram",
+                "startline_jobs_ended_before_start_total counter",
                 "startline_jobs_finished_total counter",
                 "startline_jobs_started_total counter",
                 "startline_jobs_waiting gauge",

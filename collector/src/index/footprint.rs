@@ -56,6 +56,8 @@ pub enum Observation {
         labels: Arc<JobLabels>,
         /// Outcome.
         outcome: pb::Outcome,
+        /// It ended without ever reaching its first step (cancelled or failed while waiting).
+        before_start: bool,
     },
     /// Preemptions seen.
     Preempted {
@@ -168,7 +170,7 @@ impl JobGauges {
             }
         }
         if let (false, Some(outcome)) = (was_done, n.outcome) {
-            out.push(Observation::Finished { labels: labels.clone(), outcome });
+            out.push(Observation::Finished { labels: labels.clone(), outcome, before_start: n.ttfs_ms.is_none() });
         }
         let prev_pre = old.map_or(0, |o| o.preemptions);
         if n.preemptions > prev_pre {
