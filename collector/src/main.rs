@@ -56,6 +56,9 @@ enum Command {
     Compare(Box<CompareArgs>),
     /// Make a new bearer token: prints the token (give it to the client) and the hash for [[auth.identity]].
     Token(TokenArgs),
+    /// Print Prometheus recording and alerting rules for the configured SLOs (their own windows, objectives and
+    /// burn-rate factors; the collector's alert names and labels, so running both pages once).
+    Rules,
     /// Ask a collector's gRPC health service (grpc.health.v1) whether ingest is serving, over TLS when the
     /// endpoint is https: a liveness probe for Kubernetes `exec` (whose own `grpc:` probe cannot speak TLS),
     /// systemd or scripts. Exit 0 when SERVING, 1 when not serving, 69 when unreachable.
@@ -477,6 +480,17 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         return run_probe(a);
     }
     let config = load(&cli)?;
+    if matches!(cli.command, Some(Command::Rules)) {
+        print!(
+            "{}",
+            startline_collector::export::rules::prometheus_rules(
+                &config.slos,
+                config.alerts.min_jobs,
+                &config.alerts.labels
+            )
+        );
+        return Ok(());
+    }
     if matches!(cli.command, Some(Command::CheckConfig)) {
         print!("{}", config.effective_toml().map_err(|e| anyhow::anyhow!("cannot print the configuration: {e}"))?);
         return Ok(());

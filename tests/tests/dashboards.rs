@@ -47,6 +47,19 @@ fn dashboards_are_well_formed() {
 #[test]
 fn shipped_rules_pass_promtool_check_and_unit_tests() {
     let dir = workspace_root().join("deploy/prometheus");
+    // The shipped file is the generator's output for the default configuration.
+    let generated = Command::new(startline_tests::binary("startline-collector"))
+        .arg("rules")
+        .env_remove("STARTLINE_CONFIG")
+        .output()
+        .expect("startline-collector rules");
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    let shipped = std::fs::read_to_string(dir.join("startline-rules.yml")).expect("shipped rules");
+    assert!(
+        String::from_utf8_lossy(&generated.stdout) == shipped,
+        "deploy/prometheus/startline-rules.yml differs from `startline-collector rules`: regenerate it (and run \
+         scripts/sync-kubernetes.sh)"
+    );
     let check = Command::new("promtool")
         .args(["check", "rules", "startline-rules.yml"])
         .current_dir(&dir)

@@ -10,6 +10,8 @@
 /// Moved to the index (derived per-job metric state lives beside the jobs); re-exported for old paths.
 pub use crate::index::{footprint as jobs, labels};
 
+pub mod rules;
+
 use crate::alert::client::{read_secret_file, ClientTlsFiles, Secret};
 use crate::alert::AlertBoard;
 use crate::health::IngestStats;
