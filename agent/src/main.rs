@@ -449,9 +449,25 @@ struct SimulateArgs {
     /// Events per batch.
     #[arg(long, env = "STARTLINE_BATCH_SIZE", default_value_t = 1000)]
     batch_size: usize,
+    /// Pools in the simulated fleet, built from the four default shapes in turn (0: the default four).
+    #[arg(long, env = "STARTLINE_SIM_POOLS", default_value_t = 0)]
+    pools: usize,
+    /// GPU classes spread over the pools, up to 8 (0: each default pool's own).
+    #[arg(long, env = "STARTLINE_SIM_GPU_CLASSES", default_value_t = 0, value_parser = parse_gpu_classes)]
+    gpu_classes: usize,
     /// Give up if the collector stays unreachable this long.
     #[arg(long, env = "STARTLINE_GIVE_UP_AFTER", default_value = "60s", value_parser = parse_duration)]
     give_up_after: Duration,
+}
+
+/// `--gpu-classes`: 0 to the number of classes the simulator knows.
+fn parse_gpu_classes(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|_| format!("{s:?} is not a whole number"))?;
+    let most = startline_agent::simulate::model::GPU_CLASSES.len();
+    if n > most {
+        return Err(format!("at most {most} GPU classes can be simulated"));
+    }
+    Ok(n)
 }
 
 fn main() -> std::process::ExitCode {
@@ -965,6 +981,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     duplicates: a.duplicates,
                     batch_size: a.batch_size,
                     end_ms: None,
+                    pools: a.pools,
+                    gpu_classes: a.gpu_classes,
                 };
                 let report = simulate::run(settings, &mut up, stop).await?;
                 let secs = started.elapsed().as_secs_f64();

@@ -179,6 +179,7 @@ pub async fn run_with_clock(
                 clock,
             },
             config.metrics.otlp.clone(),
+            config.metrics.max_series_per_metric,
         )
         .map_err(|e| AppError::Runtime(e.to_string()))?,
     );

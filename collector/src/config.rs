@@ -65,8 +65,19 @@ pub struct MetricsSection {
     /// Regions exported as themselves.
     #[serde(default)]
     pub regions: Vec<String>,
-    /// Cap on distinct values of an unlisted attribute. Default 32.
+    /// Teams exported as themselves (with `team_attribute`).
+    #[serde(default)]
+    pub teams: Vec<String>,
+    /// Add a bounded `team` attribute to the time-to-first-step histogram, the waiting gauges and the GPU-seconds
+    /// waited. Default false.
+    pub team_attribute: Option<bool>,
+    /// Cap on distinct values of an unlisted attribute. Default 64.
     pub max_values_per_label: Option<usize>,
+    /// Cap on the attribute sets of each job metric; past it, measurements go to the metric's overflow series
+    /// (`otel_metric_overflow="true"`) and are counted in `startline_collector_metric_overflow_total`. Default 2000.
+    pub max_series_per_metric: Option<usize>,
+    /// Histograms on the OTLP path: `exponential` (base-2, the default) or `explicit` (Prometheus' boundaries).
+    pub otlp_histograms: Option<String>,
     /// OTLP/gRPC endpoint to push to, e.g. `http://127.0.0.1:4317`. Unset: no push.
     pub otlp_endpoint: Option<String>,
     /// OTLP protocol: only `grpc` is built.
@@ -93,6 +104,8 @@ pub struct MetricsConfig {
     pub labels: crate::export::labels::LabelSettings,
     /// OTLP push, when configured.
     pub otlp: Option<crate::export::OtlpSettings>,
+    /// Attribute sets allowed per job metric.
+    pub max_series_per_metric: usize,
 }
 
 /// `[[slo]]`: one start objective.
@@ -668,17 +681,30 @@ impl MetricsSection {
                 headers: &self.otlp_headers,
             },
         );
+        let histograms = match self.otlp_histograms.as_deref() {
+            None | Some("exponential") => crate::export::OtlpHistograms::Exponential,
+            Some("explicit") => crate::export::OtlpHistograms::Explicit,
+            Some(other) => {
+                errs.push(format!("metrics.otlp_histograms: {other:?} is not one of \"exponential\", \"explicit\""));
+                crate::export::OtlpHistograms::Exponential
+            }
+        };
+        if self.team_attribute != Some(true) && !self.teams.is_empty() {
+            errs.push("metrics.teams: has no effect without metrics.team_attribute = true".to_string());
+        }
         MetricsConfig {
             labels: crate::export::labels::LabelSettings {
                 providers: self.providers.clone(),
                 pools: self.pools.clone(),
                 gpu_classes: self.gpu_classes.clone(),
                 regions: self.regions.clone(),
+                teams: self.teams.clone(),
+                team_attribute: self.team_attribute.unwrap_or(false),
                 max_values_per_label: range(
                     errs,
                     "metrics.max_values_per_label",
                     self.max_values_per_label,
-                    32,
+                    64,
                     1,
                     1000,
                 ),
@@ -688,7 +714,16 @@ impl MetricsSection {
                 interval: otlp_interval,
                 tls: otlp_tls,
                 headers: otlp_headers,
+                histograms,
             }),
+            max_series_per_metric: range(
+                errs,
+                "metrics.max_series_per_metric",
+                self.max_series_per_metric,
+                crate::export::DEFAULT_MAX_SERIES,
+                10,
+                100_000,
+            ),
         }
     }
 }

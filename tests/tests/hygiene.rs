@@ -72,7 +72,10 @@ fn cargo_deny_advisories_against_a_local_database() {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| std::path::PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cargo"));
     let dbs = home.join("advisory-dbs");
-    let has_db = std::fs::read_dir(&dbs).is_ok_and(|mut d| d.next().is_some());
+    // A database is a directory (`advisory-db-<hash>`); cargo-deny's other checks leave a bare `db.lock` here.
+    let has_db = std::fs::read_dir(&dbs).is_ok_and(|d| {
+        d.flatten().any(|e| e.file_name().to_string_lossy().starts_with("advisory-db") && e.path().is_dir())
+    });
     if !has_db {
         // The RustSec database is cloned from github.com, which these machines cannot reach; the accepted
         // advisories in deny.toml were checked against a copy when they were written.

@@ -95,11 +95,11 @@ async fn metrics_pass_promtool_and_match_the_api() {
         .filter(|j| ["queued", "assigned", "preparing"].contains(&j["state"].as_str().unwrap_or("")))
         .count();
     assert_eq!(sum(&text, "startline_jobs_started_total", &[]), started.len() as f64);
-    assert_eq!(sum(&text, "startline_job_time_to_first_step_seconds_count", &[]), started.len() as f64);
-    let ttfs_sum = sum(&text, "startline_job_time_to_first_step_seconds_sum", &[]);
+    assert_eq!(sum(&text, "startline_jobs_time_to_first_step_seconds_count", &[]), started.len() as f64);
+    let ttfs_sum = sum(&text, "startline_jobs_time_to_first_step_seconds_sum", &[]);
     assert!((ttfs_sum - started.iter().sum::<f64>()).abs() < 1e-6, "{ttfs_sum} vs {started:?}");
     // Histogram buckets: the 300 s bucket holds the 60 s and 300 s jobs.
-    assert_eq!(sum(&text, "startline_job_time_to_first_step_seconds_bucket", &["le=\"300\""]), 2.0);
+    assert_eq!(sum(&text, "startline_jobs_time_to_first_step_seconds_bucket", &["le=\"300\""]), 2.0);
     assert_eq!(sum(&text, "startline_jobs_waiting", &[]), waiting as f64);
     assert_eq!(sum(&text, "startline_jobs_waiting", &["segment=\"preparing:image_pull\""]), 1.0);
     assert_eq!(sum(&text, "startline_jobs_finished_total", &["outcome=\"cancelled\""]), 1.0);
@@ -108,7 +108,7 @@ async fn metrics_pass_promtool_and_match_the_api() {
     assert_eq!(sum(&text, "startline_jobs_ended_before_start_total", &[]), 1.0);
     assert_eq!(sum(&text, "startline_collector_events_total", &["result=\"rejected\""]), 1.0);
     assert_eq!(sum(&text, "startline_collector_events_total", &["result=\"accepted\""]), 15.0);
-    let oldest = sum(&text, "startline_job_oldest_wait_seconds", &["pool_kind=\"dedicated\""]);
+    let oldest = sum(&text, "startline_jobs_oldest_wait_seconds", &["pool_kind=\"dedicated\""]);
     assert!((1199.0..1300.0).contains(&oldest), "oldest dedicated wait {oldest}");
     // SLO gauges equal the SLO API.
     let (_, slos) = c.get("/api/v1/slos");

@@ -104,7 +104,49 @@ async fn metrics_are_pushed_over_otlp_grpc() {
     }
     assert_eq!(got, Some(3.0), "the pushed started-jobs counter matches the 3 started jobs");
     assert_eq!(pushed_sum(&receiver, "startline.collector.events"), Some(6.0));
+    // Histograms go out base-2 exponential on OTLP (Prometheus keeps explicit buckets): 3 starts of 50 s each.
+    let (kind, count, sum): (&str, u64, f64) =
+        last_metric(&receiver, "startline.jobs.time_to_first_step", |d| match d {
+            Data::ExponentialHistogram(h) => Some((
+                "exponential",
+                h.data_points.iter().map(|p| p.count).sum(),
+                h.data_points.iter().filter_map(|p| p.sum).sum(),
+            )),
+            Data::Histogram(h) => Some((
+                "explicit",
+                h.data_points.iter().map(|p| p.count).sum(),
+                h.data_points.iter().filter_map(|p| p.sum).sum(),
+            )),
+            _ => None,
+        })
+        .expect("time to first step pushed");
+    assert_eq!((kind, count), ("exponential", 3));
+    assert!((sum - 150.0).abs() < 1.0, "{sum}");
+    // Additive "now" values are non-monotonic sums (up-down counters), not gauges.
+    let monotonic = last_metric(&receiver, "startline.slo.jobs", |d| match d {
+        Data::Sum(s) => Some(s.is_monotonic),
+        _ => None,
+    });
+    assert_eq!(monotonic, Some(false));
     server.abort();
+}
+
+/// What `pick` reads from the latest pushed metric called `name`.
+fn last_metric<T>(r: &Receiver, name: &str, pick: impl Fn(&Data) -> Option<T>) -> Option<T> {
+    let reqs = r.0.lock().ok()?;
+    let mut last = None;
+    for req in reqs.iter() {
+        for rm in &req.resource_metrics {
+            for sm in &rm.scope_metrics {
+                for m in sm.metrics.iter().filter(|m| m.name == name) {
+                    if let Some(v) = m.data.as_ref().and_then(&pick) {
+                        last = Some(v);
+                    }
+                }
+            }
+        }
+    }
+    last
 }
 
 /// A CA and two certificates it signs: the receiver's (for 127.0.0.1) and the collector's client certificate.

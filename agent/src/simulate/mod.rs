@@ -10,7 +10,7 @@ pub mod model;
 
 use crate::rng::Rng;
 use crate::uplink::{Publisher, Totals, UplinkError};
-use model::{default_pools, job_events, load_at_hour, Pool};
+use model::{job_events, load_at_hour, Pool};
 use startline_proto::pb;
 use startline_proto::time::timestamp_to_ms;
 use std::cmp::Ordering;
@@ -43,6 +43,10 @@ pub struct SimSettings {
     pub batch_size: usize,
     /// End of the history span (Unix ms); `None` = now.
     pub end_ms: Option<i64>,
+    /// Pools in the fleet; 0 = the default four (see [`model::fleet`]).
+    pub pools: usize,
+    /// GPU classes spread over the pools; 0 = each default pool's own.
+    pub gpu_classes: usize,
 }
 
 impl Default for SimSettings {
@@ -59,6 +63,8 @@ impl Default for SimSettings {
             duplicates: 0.0,
             batch_size: 1000,
             end_ms: None,
+            pools: 0,
+            gpu_classes: 0,
         }
     }
 }
@@ -189,7 +195,7 @@ pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Resul
     let times = arrivals(settings.seed, n, start_ms, end_ms);
     let mut sim = Sim {
         delivery: Rng::derive(settings.seed, u64::MAX - 1),
-        pools: default_pools(),
+        pools: model::fleet(settings.pools, settings.gpu_classes),
         heap: BinaryHeap::new(),
         tie: 0,
         next_job: 0,
@@ -302,7 +308,7 @@ mod tests {
 
     #[test]
     fn same_seed_gives_the_same_jobs() {
-        let pools = default_pools();
+        let pools = model::default_pools();
         let a: Vec<_> = (0..50).flat_map(|i| job_events(7, i, 1_767_225_600_000 + i as i64 * 60_000, &pools)).collect();
         let b: Vec<_> = (0..50).flat_map(|i| job_events(7, i, 1_767_225_600_000 + i as i64 * 60_000, &pools)).collect();
         assert_eq!(a, b);
@@ -311,7 +317,7 @@ mod tests {
 
     #[test]
     fn generated_events_pass_protocol_validation_and_are_time_ordered() {
-        let pools = default_pools();
+        let pools = model::default_pools();
         let t0 = 1_767_225_600_000;
         let limits = startline_proto::Limits::default();
         for i in 0..500 {
@@ -329,7 +335,7 @@ mod tests {
 
     #[test]
     fn managed_and_dedicated_waits_differ_and_have_heavy_tails() {
-        let pools = default_pools();
+        let pools = model::default_pools();
         let t0 = 1_767_268_800_000; // noon UTC
         let (mut managed, mut dedicated) = (Vec::new(), Vec::new());
         for i in 0..4000 {

@@ -70,6 +70,39 @@ pub fn default_pools() -> Vec<Pool> {
     ]
 }
 
+/// GPU classes a generated fleet cycles through (`simulate --gpu-classes N` takes the first N).
+pub const GPU_CLASSES: [&str; 8] = ["a100-40g", "a100-80g", "h100", "h200", "l4", "l40s", "b200", "mi300x"];
+
+/// A fleet of `pools` pools (0: the default four) built from the default four's shapes (kind, provider, region,
+/// wait behaviour) in turn, named `<shape>-<i>`, each with one GPU class: with `gpu_classes` > 0, pool `i` gets
+/// class `i % gpu_classes` of [`GPU_CLASSES`]; with 0, its shape's own. Arrivals are shared out evenly within
+/// each shape. Names are leaked once per process (a simulation builds its fleet once).
+pub fn fleet(pools: usize, gpu_classes: usize) -> Vec<Pool> {
+    let base = default_pools();
+    if pools == 0 && gpu_classes == 0 {
+        return base;
+    }
+    let n = if pools == 0 { base.len() } else { pools };
+    let per_shape = |k: usize| (0..n).filter(|i| i % base.len() == k).count().max(1) as f64;
+    (0..n)
+        .map(|i| {
+            let shape = &base[i % base.len()];
+            let name: &'static str =
+                if pools == 0 { shape.name } else { Box::leak(format!("{}-{i:02}", shape.name).into_boxed_str()) };
+            Pool {
+                name,
+                gpu_class: if gpu_classes == 0 {
+                    shape.gpu_class
+                } else {
+                    GPU_CLASSES[i % gpu_classes.min(GPU_CLASSES.len())]
+                },
+                share: shape.share / per_shape(i % base.len()),
+                ..shape.clone()
+            }
+        })
+        .collect()
+}
+
 /// Relative arrival intensity by UTC hour: quiet nights, a working-day peak.
 pub fn load_at_hour(hour: f64) -> f64 {
     0.35 + 0.65 * (0.5 - 0.5 * ((hour - 3.0) / 24.0 * 2.0 * std::f64::consts::PI).cos())

@@ -71,7 +71,7 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
     .map_err(ApiError::unavailable)?;
     let idx = s.index.read();
     let mut waiting: BTreeMap<String, i64> = BTreeMap::new();
-    for ((_, seg), n) in &idx.gauges.waiting {
+    for ((.., seg), n) in &idx.gauges.waiting {
         *waiting.entry(seg.clone()).or_default() += n;
     }
     let oldest: Vec<OldestWait> = {

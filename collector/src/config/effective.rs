@@ -77,9 +77,19 @@ impl Config {
         f.metrics.gpu_classes = m.labels.gpu_classes.clone();
         f.metrics.regions = m.labels.regions.clone();
         f.metrics.max_values_per_label = Some(m.labels.max_values_per_label);
+        f.metrics.teams = m.labels.teams.clone();
+        f.metrics.team_attribute = Some(m.labels.team_attribute);
+        f.metrics.max_series_per_metric = Some(m.max_series_per_metric);
         if let Some(o) = &m.otlp {
             f.metrics.otlp_protocol = Some("grpc".to_string());
             f.metrics.otlp_interval = dur(o.interval);
+            f.metrics.otlp_histograms = Some(
+                match o.histograms {
+                    crate::export::OtlpHistograms::Exponential => "exponential",
+                    crate::export::OtlpHistograms::Explicit => "explicit",
+                }
+                .to_string(),
+            );
         }
 
         f.auth.insecure = Some(self.auth.insecure);

@@ -6,6 +6,14 @@
 //!
 //! Synchronous instruments (histograms, counters) are recorded by the committer from job transitions
 //! ([`jobs`]); gauges are observed at collection time from state kept incrementally (no scan of all jobs).
+//!
+//! Cardinality: besides each attribute's own bound ([`labels`]), every job metric has an explicit limit on its
+//! attribute sets ([`SeriesLimit`], `metrics.max_series_per_metric`): a new set past the limit is recorded under
+//! `otel.metric.overflow = true` (the OpenTelemetry convention) and counted in
+//! `startline.collector.metric.overflow{metric}`; the SDK's own per-instrument limit is set above it by a View,
+//! so data never folds silently. With OTLP configured, a second provider serves the OTLP path with the same
+//! instruments and base-2 exponential histograms (Prometheus keeps the explicit buckets, which its text format
+//! needs).
 
 /// Moved to the index (derived per-job metric state lives beside the jobs); re-exported for old paths.
 pub use crate::index::{footprint as jobs, labels};
@@ -56,6 +64,8 @@ pub struct OtlpSettings {
     pub tls: ClientTlsFiles,
     /// gRPC metadata sent with every export (lowercase keys; values redacted in `Debug`).
     pub headers: Vec<(String, Secret)>,
+    /// Histogram aggregation for OTLP.
+    pub histograms: OtlpHistograms,
 }
 
 /// The `[metrics]` OTLP client fields as written (paths and header map).
@@ -107,6 +117,15 @@ pub fn otlp_client_settings(
     (tls, headers)
 }
 
+/// How histograms are aggregated on the OTLP path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpHistograms {
+    /// Base-2 exponential histograms (160 buckets, scale up to 20): no boundaries to choose, ~4% relative error.
+    Exponential,
+    /// The same explicit boundaries as Prometheus.
+    Explicit,
+}
+
 /// Failure to set up metrics.
 #[derive(Debug, thiserror::Error)]
 #[error("metrics: {0}")]
@@ -116,6 +135,7 @@ pub struct TelemetryError(String);
 struct Instruments {
     ttfs: Histogram<f64>,
     wait: Histogram<f64>,
+    waited: Counter<f64>,
     started: Counter<u64>,
     finished: Counter<u64>,
     ended_before_start: Counter<u64>,
@@ -126,9 +146,87 @@ struct Instruments {
 
 /// The metrics pipeline.
 pub struct Telemetry {
-    provider: SdkMeterProvider,
+    /// The Prometheus provider, then the OTLP one when configured.
+    providers: Vec<SdkMeterProvider>,
     registry: prometheus::Registry,
-    instruments: Instruments,
+    /// One set per provider, same order.
+    instruments: Vec<Instruments>,
+    series: Arc<SeriesLimit>,
+    team: bool,
+}
+
+/// The job metrics whose attribute sets are limited (OpenTelemetry names); each has an overflow count.
+pub const LIMITED_METRICS: [&str; 11] = [
+    "startline.jobs.time_to_first_step",
+    "startline.jobs.wait.duration",
+    "startline.jobs.wait.gpu_seconds",
+    "startline.jobs.started",
+    "startline.jobs.finished",
+    "startline.jobs.ended_before_start",
+    "startline.jobs.preemptions",
+    "startline.jobs.lost_work.gpu_seconds",
+    "startline.jobs.waiting",
+    "startline.jobs.waiting.gpus",
+    "startline.jobs.oldest_wait",
+];
+
+/// Default of `metrics.max_series_per_metric` (the OpenTelemetry SDK's own default limit).
+pub const DEFAULT_MAX_SERIES: usize = 2000;
+
+/// Explicit per-metric limits on attribute sets, with an overflow count per metric.
+///
+/// A metric admits attribute sets until it has seen `limit` distinct ones (since start); a later new set is
+/// replaced by the single overflow set `otel.metric.overflow = true` and counted. Measurements keep their
+/// value, so totals (`sum()` over a metric) stay exact; only the split by attribute is lost for them.
+#[derive(Debug)]
+pub struct SeriesLimit {
+    limit: usize,
+    seen: std::sync::Mutex<std::collections::HashMap<&'static str, std::collections::HashSet<u64>>>,
+    overflow: std::collections::HashMap<&'static str, std::sync::atomic::AtomicU64>,
+}
+
+impl SeriesLimit {
+    /// A limit of `limit` attribute sets per metric.
+    pub fn new(limit: usize) -> Self {
+        SeriesLimit {
+            limit,
+            seen: Default::default(),
+            overflow: LIMITED_METRICS.iter().map(|m| (*m, std::sync::atomic::AtomicU64::new(0))).collect(),
+        }
+    }
+
+    /// `attrs` if `metric` may have them, else the overflow set (and one more overflow counted when `count`).
+    pub fn admit(&self, metric: &'static str, attrs: Vec<KeyValue>, count: bool) -> Vec<KeyValue> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for kv in &attrs {
+            kv.key.as_str().hash(&mut h);
+            kv.value.as_str().hash(&mut h);
+        }
+        let key = h.finish();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let set = seen.entry(metric).or_default();
+        if set.contains(&key) || (set.len() < self.limit && set.insert(key)) {
+            return attrs;
+        }
+        drop(seen);
+        if count {
+            if let Some(c) = self.overflow.get(metric) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        vec![KeyValue::new("otel.metric.overflow", true)]
+    }
+
+    /// Measurements recorded under each metric's overflow set.
+    pub fn overflows(&self) -> Vec<(&'static str, u64)> {
+        LIMITED_METRICS.iter().map(|m| (*m, self.overflow.get(m).map_or(0, |c| c.load(Ordering::Relaxed)))).collect()
+    }
+
+    /// Distinct attribute sets each metric has had.
+    pub fn series(&self, metric: &str) -> usize {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).get(metric).map_or(0, |s| s.len())
+    }
 }
 
 /// What the gauges read at collection time.
@@ -171,6 +269,7 @@ fn stats_counter<const N: usize>(
         .build();
 }
 
+/// The job attributes: pool kind, provider, pool, priority, GPU class, region.
 fn job_attrs(l: &JobLabels) -> Vec<KeyValue> {
     vec![
         KeyValue::new("pool.kind", l.pool_kind),
@@ -182,33 +281,72 @@ fn job_attrs(l: &JobLabels) -> Vec<KeyValue> {
     ]
 }
 
+/// The pool attributes: pool kind, provider, pool, priority.
+fn pool_attrs(kind: &'static str, provider: &str, pool: &str, priority: &'static str) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("pool.kind", kind),
+        KeyValue::new("provider", provider.to_string()),
+        KeyValue::new("pool", pool.to_string()),
+        KeyValue::new("priority", priority),
+    ]
+}
+
+/// Adds `team` when the team attribute is on.
+fn with_team(mut a: Vec<KeyValue>, team: bool, value: &str) -> Vec<KeyValue> {
+    if team {
+        a.push(KeyValue::new("team", value.to_string()));
+    }
+    a
+}
+
 impl Telemetry {
     /// Builds the provider, its readers and every instrument. Observable instruments are registered in a fixed
     /// order, group by group.
-    pub fn new(sources: Sources, otlp: Option<OtlpSettings>) -> Result<Telemetry, TelemetryError> {
-        let (provider, registry) = meter_provider(otlp)?;
-        let meter = provider.meter("startline-collector");
+    pub fn new(
+        sources: Sources,
+        otlp: Option<OtlpSettings>,
+        max_series_per_metric: usize,
+    ) -> Result<Telemetry, TelemetryError> {
+        let (providers, registry) = meter_providers(otlp, max_series_per_metric)?;
+        let series = Arc::new(SeriesLimit::new(max_series_per_metric));
+        let team = sources.index.read().limiter.team_attribute();
         // Every configured SLO threshold is a bucket boundary, so an `le`-based SLI is exact at the threshold.
         let thresholds: Vec<i64> = sources.index.read().slo.defs().iter().map(|d| d.threshold_ms).collect();
-        let instruments = Instruments::new(&meter, ttfs_boundaries(&thresholds));
-        observe_waiting_jobs(&meter, &sources);
-        observe_slo_status(&meter, &sources);
-        observe_slo_windows(&meter, &sources);
-        observe_alerts(&meter, &sources);
-        observe_ingest(&meter, &sources);
-        observe_auth(&meter, &sources);
-        observe_store(&meter, &sources);
-        observe_memory(&meter, &sources);
-        observe_process(&meter);
-        Ok(Telemetry { provider, registry, instruments })
+        let mut instruments = Vec::with_capacity(providers.len());
+        for (i, provider) in providers.iter().enumerate() {
+            let meter = provider.meter("startline-collector");
+            instruments.push(Instruments::new(&meter, ttfs_boundaries(&thresholds)));
+            // Overflows of gauges are counted once, on the Prometheus provider's collections.
+            observe_waiting_jobs(&meter, &sources, &series, team, i == 0);
+            observe_slo_status(&meter, &sources);
+            observe_slo_windows(&meter, &sources);
+            observe_alerts(&meter, &sources);
+            observe_ingest(&meter, &sources);
+            observe_auth(&meter, &sources);
+            observe_store(&meter, &sources);
+            observe_memory(&meter, &sources);
+            observe_process(&meter);
+            observe_overflow(&meter, &series);
+        }
+        Ok(Telemetry { providers, registry, instruments, series, team })
+    }
+
+    /// The per-metric series limit (for tests and self-checks).
+    pub fn series_limit(&self) -> &SeriesLimit {
+        &self.series
     }
 
     /// Registers `startline.alerts.notifications`: each notifier's outcomes (`sent`, `failed` attempts,
     /// `abandoned` after every retry, `dropped` on a full queue) by its config name. Called once, when the
     /// notifiers start (after the provider is built, which the SDK allows).
     pub fn observe_notifiers(&self, stats: Arc<crate::alert::AlertStats>) {
-        let _ = self
-            .provider
+        for provider in &self.providers {
+            Self::observe_notifiers_on(provider, stats.clone());
+        }
+    }
+
+    fn observe_notifiers_on(provider: &SdkMeterProvider, stats: Arc<crate::alert::AlertStats>) {
+        let _ = provider
             .meter("startline-collector")
             .u64_observable_counter("startline.alerts.notifications")
             .with_unit("{notification}")
@@ -230,39 +368,71 @@ impl Telemetry {
             .build();
     }
 
-    /// Records job transitions.
+    /// Records job transitions (attribute sets limited once, then recorded on every provider).
     pub fn record(&self, observations: &[Observation]) {
-        let i = &self.instruments;
+        let limit = |metric: &'static str, a: Vec<KeyValue>| self.series.admit(metric, a, true);
         for o in observations {
             match o {
                 Observation::Started { labels, ttfs_seconds } => {
-                    let a = job_attrs(labels);
-                    i.ttfs.record(*ttfs_seconds, &a);
-                    i.started.add(1, &a);
+                    let ttfs = limit(
+                        "startline.jobs.time_to_first_step",
+                        with_team(job_attrs(labels), self.team, &labels.team),
+                    );
+                    let started = limit("startline.jobs.started", job_attrs(labels));
+                    for i in &self.instruments {
+                        i.ttfs.record(*ttfs_seconds, &ttfs);
+                        i.started.add(1, &started);
+                    }
                 }
                 Observation::WaitSegment { labels, segment, seconds } => {
-                    let mut a = job_attrs(labels);
+                    let mut a = pool_attrs(labels.pool_kind, &labels.provider, &labels.pool, labels.priority);
                     a.push(KeyValue::new("segment", segment.clone()));
-                    i.wait.record(*seconds, &a);
+                    let a = limit("startline.jobs.wait.duration", a);
+                    for i in &self.instruments {
+                        i.wait.record(*seconds, &a);
+                    }
+                }
+                Observation::Waited { labels, gpu_seconds } => {
+                    let a =
+                        limit("startline.jobs.wait.gpu_seconds", with_team(job_attrs(labels), self.team, &labels.team));
+                    for i in &self.instruments {
+                        i.waited.add(*gpu_seconds, &a);
+                    }
                 }
                 Observation::Finished { labels, outcome, before_start } => {
                     use startline_proto::labels::Label;
                     let mut a = job_attrs(labels);
                     a.push(KeyValue::new("outcome", outcome.label()));
-                    i.finished.add(1, &a);
-                    if *before_start {
-                        i.ended_before_start.add(1, &a);
+                    let finished = limit("startline.jobs.finished", a.clone());
+                    let before = before_start.then(|| limit("startline.jobs.ended_before_start", a));
+                    for i in &self.instruments {
+                        i.finished.add(1, &finished);
+                        if let Some(b) = &before {
+                            i.ended_before_start.add(1, b);
+                        }
                     }
                 }
-                Observation::Preempted { labels, count } => i.preemptions.add(*count, &job_attrs(labels)),
-                Observation::LostWork { labels, gpu_seconds } => i.lost_work.add(*gpu_seconds, &job_attrs(labels)),
+                Observation::Preempted { labels, count } => {
+                    let a = limit("startline.jobs.preemptions", job_attrs(labels));
+                    for i in &self.instruments {
+                        i.preemptions.add(*count, &a);
+                    }
+                }
+                Observation::LostWork { labels, gpu_seconds } => {
+                    let a = limit("startline.jobs.lost_work.gpu_seconds", job_attrs(labels));
+                    for i in &self.instruments {
+                        i.lost_work.add(*gpu_seconds, &a);
+                    }
+                }
             }
         }
     }
 
     /// Records one group commit's duration.
     pub fn record_commit(&self, d: Duration) {
-        self.instruments.commit.record(d.as_secs_f64(), &[]);
+        for i in &self.instruments {
+            i.commit.record(d.as_secs_f64(), &[]);
+        }
     }
 
     /// The Prometheus text exposition of every metric.
@@ -277,14 +447,21 @@ impl Telemetry {
 
     /// Flushes and stops the exporters.
     pub fn shutdown(&self) {
-        if let Err(e) = self.provider.shutdown() {
-            tracing::debug!(error = %e, "metrics shutdown");
+        for p in &self.providers {
+            if let Err(e) = p.shutdown() {
+                tracing::debug!(error = %e, "metrics shutdown");
+            }
         }
     }
 }
 
-/// The provider with its readers: Prometheus (into the returned registry) and, when configured, OTLP push.
-fn meter_provider(otlp: Option<OtlpSettings>) -> Result<(SdkMeterProvider, prometheus::Registry), TelemetryError> {
+/// The providers: Prometheus (into the returned registry) and, when configured, OTLP push. Each has a View that
+/// sets every instrument's SDK cardinality limit above [`SeriesLimit`]'s (which folds and counts first); the
+/// OTLP one also turns histograms exponential when so configured.
+fn meter_providers(
+    otlp: Option<OtlpSettings>,
+    max_series: usize,
+) -> Result<(Vec<SdkMeterProvider>, prometheus::Registry), TelemetryError> {
     let registry = prometheus::Registry::new();
     let prom = opentelemetry_prometheus::exporter()
         .with_registry(registry.clone())
@@ -301,8 +478,28 @@ fn meter_provider(otlp: Option<OtlpSettings>) -> Result<(SdkMeterProvider, prome
             KeyValue::new("service.instance.id", format!("{host}:{}", std::process::id())),
         ])
         .build();
-    let mut builder = SdkMeterProvider::builder().with_resource(resource).with_reader(prom);
+    // Room for the admitted sets, the overflow set, and one spare.
+    let sdk_limit = max_series + 2;
+    let limited = move |_: &opentelemetry_sdk::metrics::Instrument| {
+        opentelemetry_sdk::metrics::Stream::builder().with_cardinality_limit(sdk_limit).build().ok()
+    };
+    let mut providers =
+        vec![SdkMeterProvider::builder().with_resource(resource.clone()).with_reader(prom).with_view(limited).build()];
     if let Some(o) = otlp {
+        let exponential = o.histograms == OtlpHistograms::Exponential;
+        let view = move |i: &opentelemetry_sdk::metrics::Instrument| {
+            let b = opentelemetry_sdk::metrics::Stream::builder().with_cardinality_limit(sdk_limit);
+            let b = if exponential && i.kind() == opentelemetry_sdk::metrics::InstrumentKind::Histogram {
+                b.with_aggregation(opentelemetry_sdk::metrics::Aggregation::Base2ExponentialHistogram {
+                    max_size: 160,
+                    max_scale: 20,
+                    record_min_max: true,
+                })
+            } else {
+                b
+            };
+            b.build().ok()
+        };
         use opentelemetry_otlp::{WithExportConfig, WithTonicConfig};
         let mut b = opentelemetry_otlp::MetricExporter::builder().with_tonic();
         if o.endpoint.starts_with("https://") {
@@ -322,11 +519,17 @@ fn meter_provider(otlp: Option<OtlpSettings>) -> Result<(SdkMeterProvider, prome
         }
         let exporter =
             b.with_endpoint(o.endpoint).build().map_err(|e| TelemetryError(format!("otlp exporter: {e}")))?;
-        builder = builder.with_reader(
-            opentelemetry_sdk::metrics::PeriodicReader::builder(exporter).with_interval(o.interval).build(),
+        providers.push(
+            SdkMeterProvider::builder()
+                .with_resource(resource)
+                .with_reader(
+                    opentelemetry_sdk::metrics::PeriodicReader::builder(exporter).with_interval(o.interval).build(),
+                )
+                .with_view(view)
+                .build(),
         );
     }
-    Ok((builder.build(), registry))
+    Ok((providers, registry))
 }
 
 /// `startline_build_info` and the process metrics Prometheus users expect from any exporter (resident memory,
@@ -418,16 +621,24 @@ impl Instruments {
     fn new(meter: &Meter, ttfs_boundaries: Vec<f64>) -> Instruments {
         Instruments {
             ttfs: meter
-                .f64_histogram("startline.job.time_to_first_step")
+                .f64_histogram("startline.jobs.time_to_first_step")
                 .with_unit("s")
                 .with_description("Time from submit to the first training step, recorded when a job first starts")
                 .with_boundaries(ttfs_boundaries)
                 .build(),
             wait: meter
-                .f64_histogram("startline.job.wait.duration")
+                .f64_histogram("startline.jobs.wait.duration")
                 .with_unit("s")
                 .with_description("Time a job spent in each wait segment before its first step (reason or phase)")
                 .with_boundaries(WAIT_BOUNDARIES.to_vec())
+                .build(),
+            waited: meter
+                .f64_counter("startline.jobs.wait.gpu_seconds")
+                .with_unit("{gpu_second}")
+                .with_description(
+                    "GPU-seconds held waiting before the first step (requested GPUs x initial wait), recorded when \
+                     the wait ends",
+                )
                 .build(),
             started: meter
                 .u64_counter("startline.jobs.started")
@@ -448,12 +659,12 @@ impl Instruments {
                 )
                 .build(),
             preemptions: meter
-                .u64_counter("startline.job.preemptions")
+                .u64_counter("startline.jobs.preemptions")
                 .with_unit("{preemption}")
                 .with_description("Preemptions of running jobs")
                 .build(),
             lost_work: meter
-                .f64_counter("startline.job.lost_work.gpu_seconds")
+                .f64_counter("startline.jobs.lost_work.gpu_seconds")
                 .with_unit("{gpu_second}")
                 .with_description(
                     "GPU-seconds of training lost since the last checkpoint to preemptions, node losses and restarts",
@@ -469,42 +680,106 @@ impl Instruments {
     }
 }
 
-/// Gauges of the jobs waiting now: how many per segment, and the oldest wait.
-fn observe_waiting_jobs(meter: &Meter, sources: &Sources) {
-    let s = sources.clone();
+/// Observes `(attributes, value)` pairs through the series limit, merging what overflows into one observation
+/// (summed for additive gauges, the largest for `max`).
+fn observe_limited<T: Copy + std::ops::Add<Output = T> + PartialOrd>(
+    o: &dyn opentelemetry::metrics::AsyncInstrument<T>,
+    series: &SeriesLimit,
+    metric: &'static str,
+    count: bool,
+    max: bool,
+    points: impl Iterator<Item = (Vec<KeyValue>, T)>,
+) {
+    let mut overflow: Option<T> = None;
+    for (a, v) in points {
+        let a = series.admit(metric, a, count);
+        if a.len() == 1 && a[0].key.as_str() == "otel.metric.overflow" {
+            overflow = Some(match overflow {
+                None => v,
+                Some(x) if max => {
+                    if v > x {
+                        v
+                    } else {
+                        x
+                    }
+                }
+                Some(x) => x + v,
+            });
+        } else {
+            o.observe(v, &a);
+        }
+    }
+    if let Some(v) = overflow {
+        o.observe(v, &[KeyValue::new("otel.metric.overflow", true)]);
+    }
+}
+
+/// Gauges of the jobs waiting now: how many per segment, their GPUs, and the oldest wait. Job and GPU counts are
+/// additive (up-down counters: summing across pools or collectors means something); the oldest wait is a gauge.
+fn observe_waiting_jobs(meter: &Meter, sources: &Sources, series: &Arc<SeriesLimit>, team: bool, count: bool) {
+    let (s, lim) = (sources.clone(), series.clone());
     let _ = meter
-        .i64_observable_gauge("startline.jobs.waiting")
+        .i64_observable_up_down_counter("startline.jobs.waiting")
         .with_unit("{job}")
         .with_description(
             "Jobs waiting now, by wait segment (queued:<reason>, assigned, preparing:<phase>, unreported)",
         )
         .with_callback(move |o| {
             let idx = s.index.read();
-            for ((labels, segment), n) in &idx.gauges.waiting {
-                let mut a = job_attrs(labels);
+            let points = idx.gauges.waiting.iter().map(|((kind, provider, pool, priority, t, segment), n)| {
+                let mut a = with_team(pool_attrs(kind, provider, pool, priority), team, t);
                 a.push(KeyValue::new("segment", segment.clone()));
-                o.observe(*n, &a);
-            }
+                (a, *n)
+            });
+            observe_limited(o, &lim, "startline.jobs.waiting", count, false, points);
         })
         .build();
-    let s = sources.clone();
+    let (s, lim) = (sources.clone(), series.clone());
     let _ = meter
-        .f64_observable_gauge("startline.job.oldest_wait")
+        .i64_observable_up_down_counter("startline.jobs.waiting.gpus")
+        .with_unit("{gpu}")
+        .with_description("GPUs requested by the jobs waiting now (a job asking for 64 GPUs weighs 64)")
+        .with_callback(move |o| {
+            let idx = s.index.read();
+            let points = idx.gauges.waiting_gpus.iter().map(|((kind, provider, pool, priority, class, t), n)| {
+                let mut a = pool_attrs(kind, provider, pool, priority);
+                a.push(KeyValue::new("gpu.class", class.to_string()));
+                (with_team(a, team, t), *n)
+            });
+            observe_limited(o, &lim, "startline.jobs.waiting.gpus", count, false, points);
+        })
+        .build();
+    let (s, lim) = (sources.clone(), series.clone());
+    let _ = meter
+        .f64_observable_gauge("startline.jobs.oldest_wait")
         .with_unit("s")
         .with_description("Age of the oldest waiting job, by pool and priority")
         .with_callback(move |o| {
             let now = s.clock.now_ms();
             let idx = s.index.read();
-            for ((kind, provider, pool, priority), age) in idx.gauges.oldest_ages(now) {
-                o.observe(
-                    age,
-                    &[
-                        KeyValue::new("pool.kind", kind),
-                        KeyValue::new("provider", provider.to_string()),
-                        KeyValue::new("pool", pool.to_string()),
-                        KeyValue::new("priority", priority),
-                    ],
-                );
+            let points = idx
+                .gauges
+                .oldest_ages(now)
+                .into_iter()
+                .map(|((kind, provider, pool, priority), age)| (pool_attrs(kind, &provider, &pool, priority), age));
+            observe_limited(o, &lim, "startline.jobs.oldest_wait", count, true, points);
+        })
+        .build();
+}
+
+/// `startline.collector.metric.overflow`: measurements each limited metric recorded under its overflow set.
+fn observe_overflow(meter: &Meter, series: &Arc<SeriesLimit>) {
+    let lim = series.clone();
+    let _ = meter
+        .u64_observable_counter("startline.collector.metric.overflow")
+        .with_unit("{measurement}")
+        .with_description(
+            "Measurements a job metric recorded under otel.metric.overflow=true because it already had \
+             metrics.max_series_per_metric attribute sets (raise the limit, or list the values to keep)",
+        )
+        .with_callback(move |o| {
+            for (metric, n) in lim.overflows() {
+                o.observe(n, &[KeyValue::new("metric", metric)]);
             }
         })
         .build();
@@ -537,7 +812,7 @@ fn observe_slo_status(meter: &Meter, sources: &Sources) {
     let s = sources.clone();
     let _ = meter
         .f64_observable_gauge("startline.slo.burn_rate")
-        .with_unit("1")
+        .with_unit("{multiple}")
         .with_description("Error-budget burn rate over a window: (bad / total) / (1 - objective)")
         .with_callback(move |o| {
             for st in slo_statuses(&s) {
@@ -549,20 +824,29 @@ fn observe_slo_status(meter: &Meter, sources: &Sources) {
         .build();
     let s = sources.clone();
     let _ = meter
-        .i64_observable_gauge("startline.slo.jobs")
+        .i64_observable_up_down_counter("startline.slo.jobs")
+        .with_unit("{job}")
+        .with_description("Jobs decided over the SLO's window, by result (good, bad)")
+        .with_callback(move |o| {
+            for st in slo_statuses(&s) {
+                for (result, n) in [("good", st.good), ("bad", st.bad)] {
+                    o.observe(n as i64, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("result", result)]);
+                }
+            }
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .i64_observable_up_down_counter("startline.slo.jobs.waiting")
         .with_unit("{job}")
         .with_description(
-            "Jobs decided over the SLO's window, by result (good, bad); breached_waiting and pending are now",
+            "Covered jobs waiting now, by state: breached (past the SLO's threshold, not started) or pending \
+             (still within it)",
         )
         .with_callback(move |o| {
             for st in slo_statuses(&s) {
-                for (result, n) in [
-                    ("good", st.good),
-                    ("bad", st.bad),
-                    ("breached_waiting", st.breached_waiting),
-                    ("pending", st.pending),
-                ] {
-                    o.observe(n as i64, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("result", result)]);
+                for (state, n) in [("breached", st.breached_waiting), ("pending", st.pending)] {
+                    o.observe(n as i64, &[KeyValue::new("slo", st.name.clone()), KeyValue::new("state", state)]);
                 }
             }
         })
@@ -573,7 +857,7 @@ fn observe_slo_status(meter: &Meter, sources: &Sources) {
 fn observe_slo_windows(meter: &Meter, sources: &Sources) {
     let s = sources.clone();
     let _ = meter
-        .i64_observable_gauge("startline.slo.window.jobs")
+        .i64_observable_up_down_counter("startline.slo.window.jobs")
         .with_unit("{job}")
         .with_description("Jobs decided within each burn-rate window, by result (good, bad): sum across collectors for global burn rates")
         .with_callback(move |o| {
@@ -630,7 +914,7 @@ fn observe_slo_windows(meter: &Meter, sources: &Sources) {
 fn observe_alerts(meter: &Meter, sources: &Sources) {
     let s = sources.clone();
     let _ = meter
-        .i64_observable_gauge("startline.alerts.firing")
+        .i64_observable_up_down_counter("startline.alerts.firing")
         .with_unit("{alert}")
         .with_description("Alerts firing now, by alert name, severity and SLO")
         .with_callback(move |o| {
@@ -740,12 +1024,12 @@ fn observe_store(meter: &Meter, sources: &Sources) {
 fn observe_memory(meter: &Meter, sources: &Sources) {
     let s = sources.clone();
     let _ = meter
-        .u64_observable_gauge("startline.collector.jobs")
+        .i64_observable_up_down_counter("startline.collector.jobs")
         .with_description("Jobs tracked: `residence=hot` in memory with their events, `folded` as compact summaries")
         .with_callback(move |o| {
             let m = s.index.read().memory();
-            o.observe(m.hot_jobs as u64, &[KeyValue::new("residence", "hot")]);
-            o.observe(m.folded_jobs as u64, &[KeyValue::new("residence", "folded")]);
+            o.observe(m.hot_jobs as i64, &[KeyValue::new("residence", "hot")]);
+            o.observe(m.folded_jobs as i64, &[KeyValue::new("residence", "folded")]);
         })
         .build();
     let s = sources.clone();
@@ -854,7 +1138,7 @@ mod tests {
             clock,
             auth: Arc::new(crate::auth::Auth::open()),
         };
-        let t = Telemetry::new(sources, None).expect("telemetry");
+        let t = Telemetry::new(sources, None, DEFAULT_MAX_SERIES).expect("telemetry");
         let labels = Arc::new(JobLabels {
             pool_kind: "dedicated",
             provider: "slurm".into(),
@@ -862,10 +1146,12 @@ mod tests {
             priority: "urgent",
             gpu_class: "a100".into(),
             region: "dc".into(),
+            team: "".into(),
         });
         t.record(&[
             Observation::Started { labels: labels.clone(), ttfs_seconds: 12.0 },
             Observation::WaitSegment { labels: labels.clone(), segment: "queued:capacity".into(), seconds: 10.0 },
+            Observation::Waited { labels: labels.clone(), gpu_seconds: 80.0 },
             Observation::Finished { labels: labels.clone(), outcome: pb::Outcome::Succeeded, before_start: false },
             Observation::Finished { labels: labels.clone(), outcome: pb::Outcome::Cancelled, before_start: true },
             Observation::Preempted { labels: labels.clone(), count: 1 },
@@ -898,30 +1184,130 @@ mod tests {
                 "startline_collector_events_total counter",
                 "startline_collector_jobs gauge",
                 "startline_collector_memory_bytes gauge",
+                "startline_collector_metric_overflow_total counter",
                 "startline_collector_refusals_total counter",
                 "startline_collector_store_healthy gauge",
                 "startline_collector_store_reopens_total counter",
                 "startline_collector_store_size_bytes gauge",
                 "startline_collector_store_write_errors_total counter",
-                "startline_job_lost_work_gpu_seconds_total counter",
-                "startline_job_oldest_wait_seconds gauge",
-                "startline_job_preemptions_total counter",
-                "startline_job_time_to_first_step_seconds histogram",
-                "startline_job_wait_duration_seconds histogram",
                 "startline_jobs_ended_before_start_total counter",
                 "startline_jobs_finished_total counter",
+                "startline_jobs_lost_work_gpu_seconds_total counter",
+                "startline_jobs_oldest_wait_seconds gauge",
+                "startline_jobs_preemptions_total counter",
                 "startline_jobs_started_total counter",
+                "startline_jobs_time_to_first_step_seconds histogram",
+                "startline_jobs_wait_duration_seconds histogram",
+                "startline_jobs_wait_gpu_seconds_total counter",
                 "startline_jobs_waiting gauge",
-                "startline_slo_burn_rate_ratio gauge",
+                "startline_jobs_waiting_gpus gauge",
+                "startline_slo_burn_rate gauge",
                 "startline_slo_compliance_ratio gauge",
                 "startline_slo_decisions_total counter",
                 "startline_slo_error_budget_remaining_ratio gauge",
                 "startline_slo_jobs gauge",
+                "startline_slo_jobs_waiting gauge",
                 "startline_slo_objective_ratio gauge",
                 "startline_slo_window_jobs gauge",
             ]
         );
-        assert!(text.contains("startline_job_oldest_wait_seconds{pool=\"other\",pool_kind=\"dedicated\",priority=\"urgent\",provider=\"other\",otel_scope_name=\"startline-collector\"} 60\n"), "{text}");
+        assert!(text.contains("startline_jobs_oldest_wait_seconds{pool=\"other\",pool_kind=\"dedicated\",priority=\"urgent\",provider=\"other\",otel_scope_name=\"startline-collector\"} 60\n"), "{text}");
+        t.shutdown();
+    }
+
+    #[test]
+    fn series_limit_admits_up_to_the_limit_then_folds_and_counts() {
+        let l = SeriesLimit::new(2);
+        let a = |v: &str| vec![KeyValue::new("pool", v.to_string())];
+        assert_eq!(l.admit("startline.jobs.started", a("x"), true), a("x"));
+        assert_eq!(l.admit("startline.jobs.started", a("y"), true), a("y"));
+        // A third set overflows; seen sets stay admitted; another metric has its own budget.
+        let over = vec![KeyValue::new("otel.metric.overflow", true)];
+        assert_eq!(l.admit("startline.jobs.started", a("z"), true), over);
+        assert_eq!(l.admit("startline.jobs.started", a("x"), true), a("x"));
+        assert_eq!(l.admit("startline.jobs.started", a("w"), false), over);
+        assert_eq!(l.admit("startline.jobs.finished", a("z"), true), a("z"));
+        let o: std::collections::BTreeMap<_, _> = l.overflows().into_iter().collect();
+        assert_eq!(o["startline.jobs.started"], 1, "the uncounted one is not counted");
+        assert_eq!(o["startline.jobs.finished"], 0);
+        assert_eq!(l.series("startline.jobs.started"), 2);
+    }
+
+    /// Past `max_series_per_metric`, measurements keep their values under the overflow set (totals stay exact)
+    /// and are counted; the team attribute appears only where documented.
+    #[tokio::test(start_paused = true)]
+    async fn overflow_keeps_totals_and_is_counted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let limiter = labels::LabelLimiter::new(&labels::LabelSettings {
+            team_attribute: true,
+            max_values_per_label: 100,
+            ..Default::default()
+        });
+        let index = SharedIndex::new(JobIndex::new_at(
+            Default::default(),
+            Default::default(),
+            1,
+            SloEngine::new(Vec::new()),
+            limiter,
+            T0,
+        ));
+        let sources = Sources {
+            index,
+            stats: Arc::new(IngestStats::default()),
+            board: AlertBoard::default(),
+            store: Store::open(dir.path()).expect("store"),
+            health: Arc::new(crate::health::Health::default()),
+            clock: Clock::starting_at(T0),
+            auth: Arc::new(crate::auth::Auth::open()),
+        };
+        let t = Telemetry::new(sources, None, 10).expect("telemetry");
+        let mut obs = Vec::new();
+        for i in 0..25 {
+            let labels = Arc::new(JobLabels {
+                pool_kind: "dedicated",
+                provider: "slurm".into(),
+                pool: format!("p{i}").into(),
+                priority: "normal",
+                gpu_class: "a100".into(),
+                region: "dc".into(),
+                team: "nlp".into(),
+            });
+            obs.push(Observation::Started { labels: labels.clone(), ttfs_seconds: 1.0 + i as f64 });
+            obs.push(Observation::Waited { labels, gpu_seconds: 10.0 });
+        }
+        t.record(&obs);
+        let text = t.prometheus_text().expect("text");
+        let value = |prefix: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        assert_eq!(value("startline_jobs_started_total{"), 25.0, "{text}");
+        assert_eq!(value("startline_jobs_started_total{otel_metric_overflow=\"true\""), 15.0, "{text}");
+        assert_eq!(value("startline_jobs_time_to_first_step_seconds_count{"), 25.0);
+        assert_eq!(value("startline_jobs_wait_gpu_seconds_total{"), 250.0);
+        assert_eq!(
+            value("startline_collector_metric_overflow_total{metric=\"startline.jobs.started\""),
+            15.0,
+            "{text}"
+        );
+        assert_eq!(
+            value("startline_collector_metric_overflow_total{metric=\"startline.jobs.time_to_first_step\""),
+            15.0
+        );
+        assert_eq!(value("startline_collector_metric_overflow_total{metric=\"startline.jobs.finished\""), 0.0);
+        // team: on the TTFS histogram and GPU-seconds waited, not on the started counter.
+        assert!(text
+            .lines()
+            .any(|l| l.starts_with("startline_jobs_time_to_first_step_seconds_count{") && l.contains("team=\"nlp\"")));
+        assert!(text
+            .lines()
+            .any(|l| l.starts_with("startline_jobs_wait_gpu_seconds_total{") && l.contains("team=\"nlp\"")));
+        assert!(!text.lines().any(|l| l.starts_with("startline_jobs_started_total{") && l.contains("team=")));
+        // Never more than the limit plus the overflow set.
+        let sets = text.lines().filter(|l| l.starts_with("startline_jobs_started_total{")).count();
+        assert_eq!(sets, 11, "{text}");
         t.shutdown();
     }
 
@@ -951,12 +1337,13 @@ mod tests {
             interval: Duration::from_secs(30),
             tls,
             headers: h,
+            histograms: OtlpHistograms::Exponential,
         };
         let debug = format!("{settings:?}");
         assert!(!debug.contains("otlp-t0ken") && !debug.contains("tenant-s3cret"), "{debug}");
         // An https endpoint with the built-in roots builds (no CA file needed).
-        let (provider, _) = meter_provider(Some(settings)).expect("exporter with webpki roots");
-        drop(provider);
+        let (providers, _) = meter_providers(Some(settings), DEFAULT_MAX_SERIES).expect("exporter with webpki roots");
+        assert_eq!(providers.len(), 2, "Prometheus and OTLP");
 
         let bad: std::collections::BTreeMap<String, String> =
             [("Authorization".to_string(), "Bearer x".to_string()), ("bad key".to_string(), "v".to_string())]

@@ -16,16 +16,18 @@ const RECORDING: &str = r#"  - name: startline-recording
     rules:
       # Time to first step percentiles over the last hour, by pool and priority (all collectors).
       - record: startline:ttfs_seconds:p50_1h
-        expr: histogram_quantile(0.5, sum by (le, pool_kind, provider, pool, priority) (rate(startline_job_time_to_first_step_seconds_bucket[1h])))
+        expr: histogram_quantile(0.5, sum by (le, pool_kind, provider, pool, priority) (rate(startline_jobs_time_to_first_step_seconds_bucket[1h])))
       - record: startline:ttfs_seconds:p90_1h
-        expr: histogram_quantile(0.9, sum by (le, pool_kind, provider, pool, priority) (rate(startline_job_time_to_first_step_seconds_bucket[1h])))
+        expr: histogram_quantile(0.9, sum by (le, pool_kind, provider, pool, priority) (rate(startline_jobs_time_to_first_step_seconds_bucket[1h])))
       - record: startline:ttfs_seconds:p99_1h
-        expr: histogram_quantile(0.99, sum by (le, pool_kind, provider, pool, priority) (rate(startline_job_time_to_first_step_seconds_bucket[1h])))
-      # Jobs waiting now by segment, and the oldest wait per pool and priority.
+        expr: histogram_quantile(0.99, sum by (le, pool_kind, provider, pool, priority) (rate(startline_jobs_time_to_first_step_seconds_bucket[1h])))
+      # Jobs waiting now by segment, GPUs waiting by pool, and the oldest wait per pool and priority.
       - record: startline:jobs_waiting:sum_by_segment
         expr: sum by (segment) (startline_jobs_waiting)
+      - record: startline:jobs_waiting_gpus:sum
+        expr: sum by (pool_kind, provider, pool, priority, gpu_class) (startline_jobs_waiting_gpus)
       - record: startline:oldest_wait_seconds:max
-        expr: max by (pool_kind, provider, pool, priority) (startline_job_oldest_wait_seconds)
+        expr: max by (pool_kind, provider, pool, priority) (startline_jobs_oldest_wait_seconds)
       # Global SLO figures across collectors.
       - record: startline:slo_compliance:global
         expr: |

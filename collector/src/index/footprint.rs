@@ -1,8 +1,10 @@
-//! Job metrics kept incrementally: each job carries a small footprint (its bounded labels, whether it waits and
-//! since when, whether it started or ended, its preemptions and lost work). When a job's timeline changes, the
-//! old and new footprints are compared: gauges (jobs waiting by segment, oldest wait by pool) move, and
-//! transitions become observations (a start with its time to first step and wait segments, an end with its
-//! outcome, preemptions, lost GPU-seconds) for the OpenTelemetry instruments. No scan of all jobs per scrape.
+//! Job metrics kept incrementally: each job carries a small footprint (its bounded labels, its GPUs, whether it
+//! waits and since when, whether it started or ended, its preemptions and lost work). When a job's timeline
+//! changes, the old and new footprints are compared: gauges (jobs and GPUs waiting, oldest wait by pool) move,
+//! and transitions become observations (a start with its time to first step and wait segments, the GPU-seconds
+//! its initial wait held, an end with its outcome, preemptions, lost GPU-seconds) for the OpenTelemetry
+//! instruments. Gauges are kept under exactly the attribute sets they are exported with (segment gauges carry
+//! no GPU class or region), so a scrape neither scans jobs nor merges keys.
 //!
 //! Histograms and counters record each transition once, when it is first seen; a late event that changes an
 //! already recorded time to first step does not re-record it (the SLO windows, which can move a job, are the
@@ -19,6 +21,8 @@ use std::sync::Arc;
 pub struct Footprint {
     /// Bounded labels.
     pub labels: Arc<JobLabels>,
+    /// GPUs requested (`gpu_count` of the job's submit).
+    pub gpus: u32,
     /// Waiting now: the segment and when the wait began.
     pub waiting: Option<(Segment, i64)>,
     /// Time to first step, once started.
@@ -49,6 +53,14 @@ pub enum Observation {
         segment: String,
         /// Duration, seconds.
         seconds: f64,
+    },
+    /// The GPU-seconds a job's initial wait held (its GPUs x its wait before the first step), recorded when the
+    /// wait ends (first step or end), with the wait segments.
+    Waited {
+        /// Labels.
+        labels: Arc<JobLabels>,
+        /// GPU-seconds.
+        gpu_seconds: f64,
     },
     /// A job ended.
     Finished {
@@ -87,17 +99,33 @@ pub trait MetricsSink: Send + Sync {
 /// Key of the oldest-wait gauge: pool kind, provider, pool, priority.
 pub type PoolKey = (&'static str, Arc<str>, Arc<str>, &'static str);
 
+/// Key of the jobs-waiting gauge: pool kind, provider, pool, priority, team (empty when not exported), segment.
+pub type SegmentKey = (&'static str, Arc<str>, Arc<str>, &'static str, Arc<str>, String);
+
+/// Key of the GPUs-waiting gauge: pool kind, provider, pool, priority, GPU class, team (empty when not exported).
+pub type GpuKey = (&'static str, Arc<str>, Arc<str>, &'static str, Arc<str>, Arc<str>);
+
 /// Gauges over all jobs, kept incrementally.
 #[derive(Debug, Default)]
 pub struct JobGauges {
-    /// Jobs waiting now, by labels and segment.
-    pub waiting: HashMap<(Arc<JobLabels>, String), i64>,
+    /// Jobs waiting now, by pool, priority, team and segment.
+    pub waiting: HashMap<SegmentKey, i64>,
+    /// GPUs requested by the jobs waiting now, by pool, priority, GPU class and team.
+    pub waiting_gpus: HashMap<GpuKey, i64>,
     /// Waiting jobs by pool and priority, ordered by when their wait began.
     pub oldest: HashMap<PoolKey, BTreeSet<(i64, String)>>,
 }
 
 fn pool_key(l: &JobLabels) -> PoolKey {
     (l.pool_kind, l.provider.clone(), l.pool.clone(), l.priority)
+}
+
+fn segment_key(l: &JobLabels, segment: Segment) -> SegmentKey {
+    (l.pool_kind, l.provider.clone(), l.pool.clone(), l.priority, l.team.clone(), segment.label())
+}
+
+fn gpu_key(l: &JobLabels) -> GpuKey {
+    (l.pool_kind, l.provider.clone(), l.pool.clone(), l.priority, l.gpu_class.clone(), l.team.clone())
 }
 
 /// The footprint of a timeline (None until the job's `submitted` arrives).
@@ -111,6 +139,7 @@ pub fn footprint(t: &Timeline, limiter: &LabelLimiter, previous: Option<&Footpri
     let waiting = if t.state.is_waiting() { t.current_wait.map(|(s, _)| s).zip(t.wait_started_at) } else { None };
     Some(Footprint {
         labels,
+        gpus: attrs.gpu_count,
         waiting,
         ttfs_ms: t.time_to_first_step_ms(),
         outcome: t.outcome,
@@ -131,13 +160,7 @@ impl JobGauges {
     ) -> Vec<Observation> {
         if let Some(o) = old {
             if let Some((seg, since)) = o.waiting {
-                let k = (o.labels.clone(), seg.label());
-                if let Some(n) = self.waiting.get_mut(&k) {
-                    *n -= 1;
-                    if *n <= 0 {
-                        self.waiting.remove(&k);
-                    }
-                }
+                self.unbump_waiting(segment_key(&o.labels, seg), gpu_key(&o.labels), i64::from(o.gpus));
                 if let Some(set) = self.oldest.get_mut(&pool_key(&o.labels)) {
                     set.remove(&(since, job_id.to_string()));
                 }
@@ -146,7 +169,10 @@ impl JobGauges {
         let mut out = Vec::new();
         let Some(n) = new else { return out };
         if let Some((seg, since)) = n.waiting {
-            *self.waiting.entry((n.labels.clone(), seg.label())).or_insert(0) += 1;
+            *self.waiting.entry(segment_key(&n.labels, seg)).or_insert(0) += 1;
+            if n.gpus > 0 {
+                *self.waiting_gpus.entry(gpu_key(&n.labels)).or_insert(0) += i64::from(n.gpus);
+            }
             self.oldest.entry(pool_key(&n.labels)).or_default().insert((since, job_id.to_string()));
         }
         if silent {
@@ -161,11 +187,19 @@ impl JobGauges {
             out.push(Observation::Started { labels: labels.clone(), ttfs_seconds: ttfs as f64 / 1000.0 });
         }
         if initial_wait_closed_now {
+            let mut total_ms = 0;
             for (seg, ms) in &t.initial_wait_ms {
+                total_ms += *ms;
                 out.push(Observation::WaitSegment {
                     labels: labels.clone(),
                     segment: seg.label(),
                     seconds: *ms as f64 / 1000.0,
+                });
+            }
+            if n.gpus > 0 && total_ms > 0 {
+                out.push(Observation::Waited {
+                    labels: labels.clone(),
+                    gpu_seconds: f64::from(n.gpus) * total_ms as f64 / 1000.0,
                 });
             }
         }
@@ -181,6 +215,24 @@ impl JobGauges {
             out.push(Observation::LostWork { labels: labels.clone(), gpu_seconds: n.lost_gpu_seconds - prev_lost });
         }
         out
+    }
+
+    /// Removes one waiting job of `gpus` GPUs from the waiting gauges.
+    fn unbump_waiting(&mut self, seg: SegmentKey, gpu: GpuKey, gpus: i64) {
+        if let Some(n) = self.waiting.get_mut(&seg) {
+            *n -= 1;
+            if *n <= 0 {
+                self.waiting.remove(&seg);
+            }
+        }
+        if gpus > 0 {
+            if let Some(n) = self.waiting_gpus.get_mut(&gpu) {
+                *n -= gpus;
+                if *n <= 0 {
+                    self.waiting_gpus.remove(&gpu);
+                }
+            }
+        }
     }
 
     /// Age of the oldest waiting job per pool and priority, seconds, as of `now_ms`.

@@ -1,7 +1,8 @@
 //! Bounded metric attribute values. Pool kind, priority, wait reason, phase and outcome are closed enums.
-//! Provider, pool, GPU class and region come from events, so they are bounded here: values listed in
+//! Provider, pool, GPU class, region and team come from events, so they are bounded here: values listed in
 //! `[metrics]` config are kept; with no list, the first `max_values_per_label` distinct values seen are kept.
-//! Anything else is exported as `other`. Job ids are never attributes.
+//! Anything else is exported as `other`. Team is only exported when `metrics.team_attribute` is on (otherwise
+//! it is empty here and never becomes an attribute). Job ids are never attributes.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -37,7 +38,7 @@ impl Admitted {
 
 /// The admitted values of every free-text attribute.
 #[derive(Debug, Clone)]
-pub struct LabelLimiter(Arc<Mutex<[Admitted; 4]>>);
+pub struct LabelLimiter(Arc<Mutex<[Admitted; 5]>>, bool);
 
 /// Settings: explicit lists (may be empty) and the cap for unlisted attributes.
 #[derive(Debug, Clone, Default)]
@@ -50,6 +51,10 @@ pub struct LabelSettings {
     pub gpu_classes: Vec<String>,
     /// Regions to export as themselves.
     pub regions: Vec<String>,
+    /// Teams to export as themselves (with `team_attribute`).
+    pub teams: Vec<String>,
+    /// Whether `team` is an attribute of the time-to-first-step histogram and the waiting gauges.
+    pub team_attribute: bool,
     /// With no list for an attribute, how many distinct values are admitted before `other`.
     pub max_values_per_label: usize,
 }
@@ -69,18 +74,29 @@ pub struct JobLabels {
     pub gpu_class: Arc<str>,
     /// Region (bounded).
     pub region: Arc<str>,
+    /// Team (bounded); empty when `metrics.team_attribute` is off.
+    pub team: Arc<str>,
 }
 
 impl LabelLimiter {
     /// A limiter for these settings.
     pub fn new(s: &LabelSettings) -> Self {
         let cap = s.max_values_per_label;
-        LabelLimiter(Arc::new(Mutex::new([
-            Admitted::new(&s.providers, cap),
-            Admitted::new(&s.pools, cap),
-            Admitted::new(&s.gpu_classes, cap),
-            Admitted::new(&s.regions, cap),
-        ])))
+        LabelLimiter(
+            Arc::new(Mutex::new([
+                Admitted::new(&s.providers, cap),
+                Admitted::new(&s.pools, cap),
+                Admitted::new(&s.gpu_classes, cap),
+                Admitted::new(&s.regions, cap),
+                Admitted::new(&s.teams, cap),
+            ])),
+            s.team_attribute,
+        )
+    }
+
+    /// Whether `team` is exported.
+    pub fn team_attribute(&self) -> bool {
+        self.1
     }
 
     /// The bounded labels of a job's attributes.
@@ -94,6 +110,7 @@ impl LabelLimiter {
             priority: a.priority.label(),
             gpu_class: g[2].admit(&a.gpu_class),
             region: g[3].admit(&a.region),
+            team: if self.1 { g[4].admit(&a.team) } else { Arc::from("") },
         }
     }
 }
