@@ -25,6 +25,16 @@ fn dashboards_are_well_formed() {
             vars.iter().any(|v| v["name"] == "datasource" && v["type"] == "datasource" && v["query"] == "prometheus"),
             "{name}: datasource variable"
         );
+        // Every dashboard filters by cluster and instance, links to the others and to the built-in job timeline.
+        for var in ["cluster", "instance", "startline_url"] {
+            assert!(vars.iter().any(|v| v["name"] == var), "{name}: variable {var}");
+        }
+        let links = d["links"].as_array().expect("links");
+        assert!(links.iter().any(|l| l["type"] == "dashboards" && l["tags"][0] == "startline"), "{name}: links");
+        assert!(
+            links.iter().any(|l| l["url"].as_str().is_some_and(|u| u.starts_with("${startline_url}/#job"))),
+            "{name}: link to the built-in job timeline"
+        );
         let panels = d["panels"].as_array().expect("panels");
         let mut ids = std::collections::BTreeSet::new();
         for p in panels {
@@ -39,6 +49,12 @@ fn dashboards_are_well_formed() {
                 assert_eq!(t["datasource"]["uid"], "${datasource}", "{name}: target datasource");
                 let expr = t["expr"].as_str().expect("expr");
                 assert!(!expr.contains("job_id"), "{name}: never a job id");
+                // Raw series are scoped to the chosen cluster and instance (recording rules are global).
+                assert!(
+                    expr.contains("startline:") || expr.contains("instance=~\"$instance\""),
+                    "{name} / {}: {expr} is not filtered by $instance",
+                    p["title"]
+                );
             }
         }
     }
@@ -91,9 +107,17 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
     let c = Collector::start(&dir.path().join("db"), &[]);
     let port = free_port();
     let cfg = dir.path().join("prometheus.yml");
+    // The shipped rules, evaluated every second here, so panels on recording rules have data.
+    let rules = std::fs::read_to_string(workspace_root().join("deploy/prometheus/startline-rules.yml"))
+        .expect("rules")
+        .replace("interval: 30s", "interval: 1s");
+    std::fs::write(dir.path().join("rules.yml"), rules).expect("rules copy");
     std::fs::write(
         &cfg,
-        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: startline\n    static_configs:\n      - targets: ['{}']\n", c.http),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - rules.yml\nscrape_configs:\n  - job_name: startline\n    static_configs:\n      - targets: ['{}']\n",
+            c.http
+        ),
     )
     .expect("config");
     let _prom = ChildGuard(
@@ -143,7 +167,10 @@ fn every_panel_query_returns_data_from_a_real_prometheus() {
                     .replace("$__rate_interval", "1m")
                     .replace("$pool_kind", ".*")
                     .replace("$priority", ".*")
-                    .replace("$slo", ".*");
+                    .replace("$slo", ".*")
+                    .replace("$cluster", ".*")
+                    .replace("$instance", ".*")
+                    .replace("$team", ".*");
                 let (status, body) = http_get(addr, &format!("/api/v1/query?query={}", query_escape(&expr)));
                 assert_eq!(status, 200, "{name} / {}: {expr}: {body}", p["title"]);
                 let n = body["data"]["result"].as_array().map_or(0, Vec::len);
