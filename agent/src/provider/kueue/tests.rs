@@ -174,9 +174,9 @@ fn a_kueue_job_goes_through_quota_provisioning_capacity_pull_eviction_and_finish
     let mut again1 = again.clone();
     again1.name = "sample-job-1-c3p0x".into();
     let now = ms("2024-03-21T16:00:00Z");
-    let objs = |w: &Workload, pods: Vec<&Pod>, pulls: Vec<&PullEvent>| -> JobObjects<'_> {
+    fn objs<'a>(w: &'a Workload, pods: Vec<&'a Pod>, pulls: Vec<&'a PullEvent>) -> JobObjects<'a> {
         JobObjects { workload: Some(w), workload_deleted: false, pods, pulls }
-    };
+    }
     // Each state seen twice (a relist, a replayed watch): nothing doubles.
     let states: Vec<(JobObjects, i64)> = vec![
         (objs(&pending, vec![], vec![]), now),
@@ -252,8 +252,8 @@ fn a_kueue_job_goes_through_quota_provisioning_capacity_pull_eviction_and_finish
     assert!(evs.iter().all(|e| e.job_id == "k8s/gke-eu/team-a/sample-job"));
     let ids: std::collections::BTreeSet<&str> = evs.iter().map(|e| e.event_id.as_str()).collect();
     assert_eq!(ids.len(), evs.len(), "distinct ids");
-    // Memory lost: the same objects give the same ids.
-    let (again_evs, _) = replay(&m, &states[8..9].iter().map(|(o, n)| (o.clone(), *n)).collect::<Vec<_>>());
+    // Memory lost: the same objects give the same ids (the eviction's state: its preemption, requeue and wait).
+    let (again_evs, _) = replay(&m, &states[7..8].iter().map(|(o, n)| (o.clone(), *n)).collect::<Vec<_>>());
     assert!(again_evs.iter().all(|e| ids.contains(e.event_id.as_str())), "deterministic ids");
 }
 
@@ -329,7 +329,9 @@ fn a_plain_job_is_followed_on_pod_signals_alone() {
     ended.phase = "Succeeded".into();
     ended.finished_ms = Some(ms("2024-03-21T15:00:00Z"));
     let now = ms("2024-03-21T16:00:00Z");
-    let o = |p: &Pod| -> JobObjects<'_> { JobObjects { pods: vec![p], ..Default::default() } };
+    fn o(p: &Pod) -> JobObjects<'_> {
+        JobObjects { pods: vec![p], ..Default::default() }
+    }
     let (evs, mem) = replay(&m, &[(o(&unsched), now), (o(&running), now), (o(&ended), now)]);
     assert_eq!(
         kinds(&evs),
