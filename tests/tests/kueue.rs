@@ -349,7 +349,8 @@ fn workload_fixtures_validate_against_kueues_crd() {
 fn a_kueue_job_is_followed_through_list_watch_a_restart_and_a_relist_exactly_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = Collector::start(&dir.path().join("db"), &[]);
-    let shift = startline_proto::time::now_ms() - 3 * 3_600_000 - ms_of(FIXTURE_T0).expect("t0");
+    // Whole seconds: the objects' timestamps have no fraction.
+    let shift = (startline_proto::time::now_ms() - 3 * 3_600_000 - ms_of(FIXTURE_T0).expect("t0")) / 1000 * 1000;
     let f = |name: &str| shifted(fixture(name), shift);
     let api = Api::default();
     let addr = start_api(&api);
