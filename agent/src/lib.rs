@@ -16,7 +16,8 @@
 //! - [`node`]: the node agent's local HTTP endpoint (JSON events from training loops and scripts), the
 //!   specified content ids that make a retried post a duplicate, `emit`'s event body, and job identity from
 //!   the environment.
-//! - [`provider`]: provider adapters (Slurm), each a pure `parse + diff -> events` core and a polling shell.
+//! - [`provider`]: provider adapters (Slurm, SageMaker, Vertex AI, Azure ML, Kubernetes/Kueue), each a pure
+//!   `parse + diff -> events` core and a polling or watching shell.
 //! - [`rng`]: the seeded random generator the simulator and backoff use.
 
 pub mod access;

@@ -138,6 +138,58 @@ enum Command {
     Vertex(VertexArgs),
     /// Poll Azure Machine Learning jobs of a workspace (ARM REST, Microsoft Entra ID tokens; run history for times).
     Azureml(AzuremlArgs),
+    /// Follow Kubernetes jobs through Kueue Workloads, Pods and Pod events (list + watch with persisted
+    /// resourceVersions).
+    Kueue(KueueArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct KueueArgs {
+    #[command(flatten)]
+    metrics: MetricsArgs,
+    /// Spool directory (sled; also holds the adapter's per-job memory and resourceVersions).
+    #[arg(long, env = "STARTLINE_SPOOL", default_value = "./startline-kueue-spool")]
+    spool: std::path::PathBuf,
+    /// The cluster's name in job ids (`k8s/<cluster>/<namespace>/<job>`); the node agents' STARTLINE_CLUSTER.
+    #[arg(long, env = "STARTLINE_CLUSTER")]
+    cluster: String,
+    /// The API server, e.g. https://10.0.0.1:6443 (default: KUBECONFIG, ~/.kube/config or the pod's service
+    /// account).
+    #[arg(long, env = "STARTLINE_API_SERVER", value_name = "URL")]
+    api_server: Option<String>,
+    /// File holding a bearer token for --api-server.
+    #[arg(long, env = "STARTLINE_API_TOKEN_FILE", value_name = "PATH", requires = "api_server")]
+    api_token_file: Option<PathBuf>,
+    /// Follow only this namespace (default: all).
+    #[arg(long, env = "STARTLINE_WATCH_NAMESPACE")]
+    namespace: Option<String>,
+    /// Kueue's Workload API version: v1beta1 (served by every Kueue since 0.3) or v1beta2 (Kueue 0.15+).
+    #[arg(long, env = "STARTLINE_KUEUE_API_VERSION", default_value = "v1beta1", value_parser = ["v1beta1", "v1beta2"])]
+    kueue_api_version: String,
+    /// LocalQueue -> ClusterQueue, `LQ=CQ` or `NAMESPACE/LQ=CQ` (repeatable; default: read the LocalQueue).
+    #[arg(long = "queue", env = "STARTLINE_QUEUES", value_delimiter = ',', value_name = "LQ=CQ")]
+    queues: Vec<String>,
+    /// Priority classes whose jobs are urgent (repeatable; the Workload's, else the pod template's).
+    #[arg(long = "urgent-priority-class", env = "STARTLINE_URGENT_PRIORITY_CLASSES", value_delimiter = ',')]
+    urgent_priority_classes: Vec<String>,
+    /// Label (on the Workload or its pod template) holding the team (default: the namespace).
+    #[arg(long, env = "STARTLINE_TEAM_LABEL")]
+    team_label: Option<String>,
+    /// Region reported for every job.
+    #[arg(long, env = "STARTLINE_REGION", default_value = "")]
+    region: String,
+    /// Also follow Jobs/JobSets without Kueue, on pod signals alone.
+    #[arg(long, env = "STARTLINE_PLAIN_JOBS")]
+    plain_jobs: bool,
+    /// Report pods ready (Kueue's PodsReady) as the first step, for jobs without a node agent.
+    #[arg(long, env = "STARTLINE_FIRST_STEP_ON_START")]
+    first_step_on_start: bool,
+    /// Do not ask Kueue's visibility API for queue positions.
+    #[arg(long, env = "STARTLINE_NO_VISIBILITY")]
+    no_visibility: bool,
+    /// Wait after a failed list or watch.
+    #[arg(long, env = "STARTLINE_RETRY", default_value = "5s", value_parser = parse_duration)]
+    retry: Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -853,6 +905,62 @@ async fn run_azureml(a: AzuremlArgs, conn: Connection) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_kueue(a: KueueArgs, conn: Connection) -> anyhow::Result<()> {
+    use startline_agent::provider::{kueue, MemoryStore};
+    use startline_agent::spool::{Spool, SpoolLimits};
+    let mut queues = std::collections::HashMap::new();
+    for q in &a.queues {
+        let (lq, cq) = q.split_once('=').with_context(|| format!("--queue {q}: expected LQ=CQ"))?;
+        anyhow::ensure!(!lq.is_empty() && !cq.is_empty(), "--queue {q}: expected LQ=CQ");
+        queues.insert(lq.to_string(), cq.to_string());
+    }
+    let token = match &a.api_token_file {
+        Some(p) => Some(read_token_file(p)?.expose().to_string()),
+        None => None,
+    };
+    let client = kueue::watch::client(a.api_server.as_deref(), token).await.map_err(anyhow::Error::msg)?;
+    let path = a.spool.clone();
+    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
+        .await?
+        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let memory = MemoryStore::open(&spool, "kueue").context("cannot open the adapter's memory")?;
+    let metrics = agent_metrics("kueue", Some(&spool))?;
+    let (handle, stop) = stop_pair();
+    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
+    let delivery = conn.deliver(&spool, &metrics, &stop)?;
+    let mapping = kueue::Mapping {
+        cluster: a.cluster.clone(),
+        region: a.region,
+        queues,
+        urgent_priority_classes: a.urgent_priority_classes,
+        team_label: a.team_label,
+        first_step_on_start: a.first_step_on_start,
+    };
+    let settings = kueue::watch::Settings {
+        api_version: a.kueue_api_version,
+        namespace: a.namespace,
+        plain_jobs: a.plain_jobs,
+        visibility: !a.no_visibility,
+        retry: a.retry,
+    };
+    let watcher =
+        tokio::spawn(kueue::watch::run(mapping, settings, client, spool.clone(), memory, metrics, stop.clone()));
+    println!(
+        "startline-agent kueue ready cluster={} spool={} held={}{metrics_note}",
+        a.cluster,
+        a.spool.display(),
+        spool.len()
+    );
+    wait_for_signal().await;
+    handle.stop();
+    let _ = watcher.await;
+    let _ = delivery.await;
+    if let Some(m) = metrics_server {
+        let _ = m.await;
+    }
+    Ok(())
+}
+
 /// Starts `--metrics-listen`'s server, if one is asked for; returns ` metrics=<bound address>` for the ready
 /// line (empty without one) and the server's task.
 async fn serve_metrics(
@@ -944,6 +1052,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Command::Sagemaker(a) => run_sagemaker(a, conn).await,
             Command::Vertex(a) => run_vertex(a, conn).await,
             Command::Azureml(a) => run_azureml(a, conn).await,
+            Command::Kueue(a) => run_kueue(a, conn).await,
             Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {

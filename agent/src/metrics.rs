@@ -46,6 +46,8 @@ pub enum Provider {
     Vertex,
     /// The Azure Machine Learning adapter.
     Azureml,
+    /// The Kubernetes/Kueue adapter.
+    Kueue,
 }
 
 impl Provider {
@@ -57,6 +59,7 @@ impl Provider {
             Provider::Sagemaker => "sagemaker",
             Provider::Vertex => "vertex",
             Provider::Azureml => "azureml",
+            Provider::Kueue => "kueue",
         }
     }
 }

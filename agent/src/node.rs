@@ -665,7 +665,8 @@ pub fn emit_body(
 }
 
 /// The job id from the environment: `STARTLINE_JOB_ID`, then Slurm (`slurm/<cluster>/<job>`, array tasks as
-/// `<array job>_<task>`), then Kubernetes (`kubernetes/<namespace>/<pod>` from the downward API).
+/// `<array job>_<task>`), then a Kubernetes job's pod (`k8s/<cluster>/<namespace>/<job>`, [`kubernetes_job`]),
+/// then any other pod (`kubernetes/<namespace>/<pod>` from the downward API).
 pub fn job_from_env(env: &HashMap<String, String>) -> Option<String> {
     if let Some(j) = env.get("STARTLINE_JOB_ID").filter(|j| !j.is_empty()) {
         return Some(j.clone());
@@ -678,15 +679,78 @@ pub fn job_from_env(env: &HashMap<String, String>) -> Option<String> {
         };
         return Some(format!("slurm/{cluster}/{job}"));
     }
+    if let Some(job) = kubernetes_job(env) {
+        return Some(job);
+    }
     match (env.get("POD_NAMESPACE"), env.get("POD_NAME")) {
         (Some(ns), Some(pod)) if !ns.is_empty() && !pod.is_empty() => Some(format!("kubernetes/{ns}/{pod}")),
         _ => None,
     }
 }
 
+/// Environment variables naming a pod's job, set from the pod's labels through the downward API, most specific
+/// first (the same order as the Kueue adapter's [`crate::provider::kueue::JOB_LABELS`]).
+pub const K8S_JOB_ENV: [&str; 3] =
+    ["STARTLINE_K8S_JOBSET_NAME", "STARTLINE_K8S_KUBEFLOW_JOB_NAME", "STARTLINE_K8S_JOB_NAME"];
+
+/// The job id of a Kubernetes job's pod, the same id the Kueue adapter gives the job:
+/// `k8s/<STARTLINE_CLUSTER>/<STARTLINE_K8S_NAMESPACE or POD_NAMESPACE>/<job name>`, the job name from the first
+/// non-empty of [`K8S_JOB_ENV`] (a label the pod lacks gives an empty variable). Every pod of a multi-pod job
+/// (JobSet, PyTorchJob, indexed Job) and every restarted pod gets the same id.
+pub fn kubernetes_job(env: &HashMap<String, String>) -> Option<String> {
+    let get = |k: &str| env.get(k).map(|v| v.trim()).filter(|v| !v.is_empty());
+    let namespace = get("STARTLINE_K8S_NAMESPACE").or_else(|| get("POD_NAMESPACE"))?;
+    let job = K8S_JOB_ENV.iter().find_map(|k| get(k))?;
+    let cluster = get("STARTLINE_CLUSTER").unwrap_or("default");
+    Some(crate::provider::kueue::startline_id(
+        &crate::provider::kueue::Mapping { cluster: cluster.to_string(), ..Default::default() },
+        namespace,
+        job,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_pod_of_a_kubernetes_job_gets_the_job_id_the_kueue_adapter_gives_it() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>()
+        };
+        // A JobSet's worker: its child Job's label is there too, the JobSet wins.
+        let worker = env(&[
+            ("STARTLINE_CLUSTER", "gke-eu"),
+            ("STARTLINE_K8S_NAMESPACE", "ml"),
+            ("STARTLINE_K8S_JOBSET_NAME", "llama-sft"),
+            ("STARTLINE_K8S_JOB_NAME", "llama-sft-workers-0"),
+            ("STARTLINE_K8S_KUBEFLOW_JOB_NAME", ""),
+            ("POD_NAMESPACE", "ml"),
+            ("POD_NAME", "llama-sft-workers-0-1-x7k2p"),
+        ]);
+        assert_eq!(job_from_env(&worker).as_deref(), Some("k8s/gke-eu/ml/llama-sft"));
+        let labels: std::collections::BTreeMap<String, String> = [
+            ("jobset.sigs.k8s.io/jobset-name".to_string(), "llama-sft".to_string()),
+            ("batch.kubernetes.io/job-name".to_string(), "llama-sft-workers-0".to_string()),
+        ]
+        .into();
+        let m = crate::provider::kueue::Mapping { cluster: "gke-eu".into(), ..Default::default() };
+        let adapter =
+            crate::provider::kueue::pod_job_name(&labels).map(|j| crate::provider::kueue::startline_id(&m, "ml", &j));
+        assert_eq!(adapter, job_from_env(&worker), "the adapter and the node agent agree");
+        // A plain Job's pod, with empty variables for the labels it lacks.
+        let pod = env(&[
+            ("STARTLINE_K8S_JOBSET_NAME", ""),
+            ("STARTLINE_K8S_KUBEFLOW_JOB_NAME", ""),
+            ("STARTLINE_K8S_JOB_NAME", "train"),
+            ("POD_NAMESPACE", "ml"),
+            ("POD_NAME", "train-abcde"),
+        ]);
+        assert_eq!(job_from_env(&pod).as_deref(), Some("k8s/default/ml/train"));
+        let pytorch =
+            env(&[("STARTLINE_K8S_KUBEFLOW_JOB_NAME", "bert"), ("POD_NAMESPACE", "ml"), ("POD_NAME", "bert-worker-3")]);
+        assert_eq!(job_from_env(&pytorch).as_deref(), Some("k8s/default/ml/bert"));
+    }
 
     #[test]
     fn job_identity_from_slurm_and_kubernetes_env() {

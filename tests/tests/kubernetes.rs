@@ -330,6 +330,7 @@ fn node_agent_and_adapters_run_startline_agent_with_valid_arguments() {
         ("startline-slurm-adapter", "slurm"),
         ("startline-sagemaker-adapter", "sagemaker"),
         ("startline-vertex-adapter", "vertex"),
+        ("startline-kueue-adapter", "kueue"),
     ] {
         let d = find(&objects, "Deployment", deploy);
         assert_eq!(d["spec"]["replicas"], 1, "{deploy}: one poller per provider");
@@ -342,6 +343,35 @@ fn node_agent_and_adapters_run_startline_agent_with_valid_arguments() {
         assert!(env.contains(&"STARTLINE_TOKEN_FILE") && env.contains(&"STARTLINE_CA_FILE"), "{deploy}: {env:?}");
         let claim = d["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"].as_str();
         find(&objects, "PersistentVolumeClaim", claim.expect("spool claim"));
+    }
+    // The Kueue adapter reads the API with its own ServiceAccount, bound to a read-only ClusterRole.
+    let d = find(&objects, "Deployment", "startline-kueue-adapter");
+    let sa = d["spec"]["template"]["spec"]["serviceAccountName"].as_str().expect("serviceAccountName");
+    let sa_obj = find(&objects, "ServiceAccount", sa);
+    let binding = find(&objects, "ClusterRoleBinding", "startline-kueue-adapter");
+    assert_eq!(binding["subjects"][0]["name"], sa);
+    assert_eq!(binding["subjects"][0]["namespace"], sa_obj["metadata"]["namespace"]);
+    let role = find(&objects, "ClusterRole", binding["roleRef"]["name"].as_str().expect("role"));
+    let mut granted = std::collections::BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        for r in rule["resources"].as_array().expect("resources") {
+            for v in rule["verbs"].as_array().expect("verbs") {
+                granted.insert(format!("{}/{}", r.as_str().expect("r"), v.as_str().expect("v")));
+            }
+        }
+        assert!(
+            rule["verbs"]
+                .as_array()
+                .expect("verbs")
+                .iter()
+                .all(|v| ["get", "list", "watch"].contains(&v.as_str().expect("v"))),
+            "read only"
+        );
+    }
+    for r in ["workloads", "localqueues", "clusterqueues", "resourceflavors", "pods", "events"] {
+        for v in ["get", "list", "watch"] {
+            assert!(granted.contains(&format!("{r}/{v}")), "{r}/{v}: {granted:?}");
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod azureml;
 pub mod gpus;
+pub mod kueue;
 pub mod retry;
 pub mod sagemaker;
 pub mod sigv4;

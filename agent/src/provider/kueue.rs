@@ -1,0 +1,735 @@
+//! The Kubernetes/Kueue adapter (`startline-agent kueue`). Pure core: [`parse_workload`], [`parse_pod`] and
+//! [`parse_pull_event`] read Kueue Workloads (`kueue.x-k8s.io` v1beta1 or v1beta2: both are served by current
+//! Kueue, v1beta2 is stored), core/v1 Pods and core/v1 Events (image `Pulling`) as the API server serves them,
+//! and [`diff`] turns one job's objects plus its memory into lifecycle events. Shell: [`watch`] (kube-rs
+//! client, own list + watch loop) and [`run`].
+//!
+//! # Job identity
+//! One Startline job per Workload's owner: `k8s/<cluster>/<namespace>/<owner name>`, the owner being the
+//! Workload's controller (`ownerReferences`: a Job, JobSet, PyTorchJob, ...; a Workload without one is its own
+//! owner). Pods carry the same name in a label (`jobset.sigs.k8s.io/jobset-name`, then
+//! `training.kubeflow.org/job-name`, then `batch.kubernetes.io/job-name` or the legacy `job-name`), so
+//! [`pod_job_name`] finds the job of a pod, and the node agent inside every pod derives the same id from the
+//! downward API ([`crate::node::job_from_env`]). A name reused after its job was deleted is the same job id.
+//!
+//! # Transitions (conditions are read by type, never by position)
+//! - `submitted` at the Workload's `creationTimestamp`: pool = the ClusterQueue (`--queue LQ=CQ`, else the
+//!   admission's, else the LocalQueue object's `spec.clusterQueue`, else the LocalQueue name), team = a
+//!   configured label or the namespace, urgent when the priority class is listed, GPUs = Σ pod sets × count ×
+//!   (`nvidia.com/gpu`/`amd.com/gpu`, requests or limits), GPU class from the flavor's node labels or the pod
+//!   template's nodeSelector;
+//! - `QuotaReserved=False` -> `queued` (quota, or misconfigured for `Inadmissible`, `NoMatchingFlavor`,
+//!   `Misconfigured`, `ExceedsMaxQuota`; dependency_or_hold for `Suspended`, `OnHold`) with Kueue's reason and
+//!   message kept raw, dated at the condition's `lastTransitionTime`; Kueue's position in the ClusterQueue (from
+//!   the visibility API, when reachable) is appended to the message. `estimated_start` stays unset: Kueue gives
+//!   a position, not a time;
+//! - quota reserved with an admission check `Pending` (e.g. ProvisioningRequest) -> `preparing:provisioning`;
+//! - pods `PodScheduled=False/Unschedulable` -> `queued:capacity` with the scheduler's message;
+//! - every expected pod (Σ pod set counts) bound -> `node_assigned` at the last binding;
+//! - a `Pulling` event of a pod -> `preparing:image_pull` at the first pull;
+//! - `Evicted=True` -> `preempted` (reason `<Reason>: <message>`: Preempted, PodsReadyTimeout, NodeFailures, ...);
+//!   `Requeued=True` after an eviction -> `requeued`;
+//! - `Finished=True` -> `done` (Succeeded -> succeeded, Failed -> failed, others -> cancelled); a Workload deleted
+//!   before it finished -> `done` cancelled;
+//! - with `--first-step-on-start` (jobs without a node agent): `PodsReady=True` (or, without Kueue, every pod
+//!   ready) -> `first_step`.
+//!
+//! Each attempt's pod-level transitions are keyed by the eviction that began it (`<key>:<eviction ms>`), every
+//! wait by its condition's transition time, so re-reading the same objects (a relist, a replayed watch, an
+//! adapter restart) gives the same event ids.
+//!
+//! Plain Kubernetes Jobs/JobSets without Kueue (`--plain-jobs`): pods with a job label and no Workload are
+//! followed on pod signals alone (submitted at the first pod's creation, capacity, node_assigned, image pull,
+//! first step with `--first-step-on-start`, done when every pod ended: the last pod to end decides the outcome).
+
+pub mod watch;
+
+use super::JobMemory;
+use serde_json::Value;
+use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::time::ms_to_timestamp;
+use std::collections::{BTreeMap, HashMap};
+
+/// GPU resource names counted in pod specs.
+pub const GPU_RESOURCES: [&str; 2] = ["nvidia.com/gpu", "amd.com/gpu"];
+
+/// Pod labels naming the job a pod belongs to, most specific first (a JobSet's pods also carry their child Job's
+/// name).
+pub const JOB_LABELS: [&str; 4] =
+    ["jobset.sigs.k8s.io/jobset-name", "training.kubeflow.org/job-name", "batch.kubernetes.io/job-name", "job-name"];
+
+/// One status condition.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Condition {
+    /// `status` is "True".
+    pub status: bool,
+    /// `reason`.
+    pub reason: String,
+    /// `message`.
+    pub message: String,
+    /// `lastTransitionTime`, Unix ms.
+    pub at_ms: i64,
+}
+
+/// One pod set of a Workload.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PodSet {
+    /// `name`.
+    pub name: String,
+    /// `count`.
+    pub count: u32,
+    /// GPUs one pod asks for.
+    pub gpus_per_pod: u32,
+    /// The pod template's nodeSelector.
+    pub node_selector: BTreeMap<String, String>,
+}
+
+/// An admission check's state.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct AdmissionCheck {
+    /// `name`.
+    pub name: String,
+    /// `state` (Pending, Ready, Retry, Rejected).
+    pub state: String,
+    /// `message`.
+    pub message: String,
+    /// `lastTransitionTime`, Unix ms.
+    pub at_ms: i64,
+}
+
+/// A Workload as the adapter sees it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Workload {
+    /// Namespace.
+    pub namespace: String,
+    /// Workload name.
+    pub name: String,
+    /// The owner's name (the job), or the Workload's own name.
+    pub job_name: String,
+    /// The owner's kind (Job, JobSet, PyTorchJob, ...; empty without an owner).
+    pub owner_kind: String,
+    /// `creationTimestamp`, Unix ms.
+    pub created_ms: i64,
+    /// `spec.queueName` (the LocalQueue).
+    pub queue_name: String,
+    /// `spec.priorityClassName` (v1beta1) or `spec.priorityClassRef.name` (v1beta2), else the pod template's.
+    pub priority_class: String,
+    /// Pod sets.
+    pub pod_sets: Vec<PodSet>,
+    /// Conditions by type.
+    pub conditions: HashMap<String, Condition>,
+    /// `status.admission.clusterQueue`.
+    pub cluster_queue: String,
+    /// Flavors assigned (any resource of any pod set), in order.
+    pub flavors: Vec<String>,
+    /// `status.admissionChecks`.
+    pub admission_checks: Vec<AdmissionCheck>,
+    /// Metadata labels merged over the first pod set's template labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A pod as the adapter sees it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Pod {
+    /// Namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub name: String,
+    /// The job it belongs to ([`pod_job_name`]).
+    pub job_name: String,
+    /// `creationTimestamp`, Unix ms.
+    pub created_ms: i64,
+    /// `spec.nodeName`.
+    pub node: String,
+    /// `status.phase`.
+    pub phase: String,
+    /// `PodScheduled` condition.
+    pub scheduled: Option<Condition>,
+    /// `Ready` condition.
+    pub ready: Option<Condition>,
+    /// When the pod's last container ended (terminated `finishedAt`), for ended pods.
+    pub finished_ms: Option<i64>,
+    /// GPUs the pod asks for.
+    pub gpus: u32,
+    /// `spec.nodeSelector`.
+    pub node_selector: BTreeMap<String, String>,
+    /// `spec.priorityClassName`.
+    pub priority_class: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// An image pull started for a pod (a core/v1 Event with reason `Pulling`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PullEvent {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// When the pull began (`firstTimestamp`, else `eventTime`), Unix ms.
+    pub at_ms: i64,
+    /// The event's message (`Pulling image "..."`).
+    pub message: String,
+}
+
+/// RFC 3339 (with or without fractional seconds) to Unix ms.
+pub fn rfc3339_ms(v: &Value) -> Option<i64> {
+    let s = v.as_str()?;
+    let t = humantime::parse_rfc3339_weak(s.trim_end_matches('Z').split('+').next()?).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
+}
+
+fn string_map(v: &Value) -> BTreeMap<String, String> {
+    v.as_object()
+        .map(|o| o.iter().filter_map(|(k, x)| Some((k.clone(), x.as_str()?.to_string()))).collect())
+        .unwrap_or_default()
+}
+
+fn conditions(v: &Value) -> HashMap<String, Condition> {
+    let mut out = HashMap::new();
+    for c in v.as_array().into_iter().flatten() {
+        let Some(t) = c["type"].as_str() else { continue };
+        out.insert(
+            t.to_string(),
+            Condition {
+                status: c["status"].as_str() == Some("True"),
+                reason: c["reason"].as_str().unwrap_or("").to_string(),
+                message: c["message"].as_str().unwrap_or("").to_string(),
+                at_ms: rfc3339_ms(&c["lastTransitionTime"]).unwrap_or(0),
+            },
+        );
+    }
+    out
+}
+
+/// A Kubernetes quantity as a whole count (GPUs are integers; "2", 2 and "2.0" are 2).
+fn quantity(v: &Value) -> u32 {
+    match v {
+        Value::Number(n) => n.as_u64().map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+        Value::String(s) => s.trim().parse::<f64>().map_or(0, |f| f.max(0.0) as u32),
+        _ => 0,
+    }
+}
+
+/// GPUs a pod spec asks for: per container the larger of requests and limits (a GPU limit alone implies the
+/// request), summed over containers; an init container may need more than that sum, and the pod gets the larger.
+pub fn pod_spec_gpus(spec: &Value) -> u32 {
+    let per = |c: &Value| -> u32 {
+        GPU_RESOURCES
+            .iter()
+            .map(|r| quantity(&c["resources"]["requests"][r]).max(quantity(&c["resources"]["limits"][r])))
+            .sum()
+    };
+    let main: u32 = spec["containers"].as_array().into_iter().flatten().map(per).sum();
+    let init = spec["initContainers"].as_array().into_iter().flatten().map(per).max().unwrap_or(0);
+    main.max(init)
+}
+
+/// The job a pod belongs to, from its labels.
+pub fn pod_job_name(labels: &BTreeMap<String, String>) -> Option<String> {
+    JOB_LABELS.iter().find_map(|l| labels.get(*l).filter(|v| !v.is_empty()).cloned())
+}
+
+/// Parses a Workload (v1beta1 or v1beta2).
+pub fn parse_workload(v: &Value) -> Option<Workload> {
+    let md = &v["metadata"];
+    let name = md["name"].as_str()?.to_string();
+    let owner = md["ownerReferences"]
+        .as_array()
+        .and_then(|refs| refs.iter().find(|r| r["controller"].as_bool() == Some(true)).or_else(|| refs.first()));
+    let pod_sets: Vec<PodSet> = v["spec"]["podSets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| PodSet {
+            name: p["name"].as_str().unwrap_or("").to_string(),
+            count: p["count"].as_u64().map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            gpus_per_pod: pod_spec_gpus(&p["template"]["spec"]),
+            node_selector: string_map(&p["template"]["spec"]["nodeSelector"]),
+        })
+        .collect();
+    let first_template = &v["spec"]["podSets"][0]["template"];
+    let mut labels = string_map(&first_template["metadata"]["labels"]);
+    labels.extend(string_map(&md["labels"]));
+    let priority_class = v["spec"]["priorityClassName"]
+        .as_str()
+        .or(v["spec"]["priorityClassRef"]["name"].as_str())
+        .or(first_template["spec"]["priorityClassName"].as_str())
+        .unwrap_or("")
+        .to_string();
+    let mut flavors = Vec::new();
+    for a in v["status"]["admission"]["podSetAssignments"].as_array().into_iter().flatten() {
+        for f in a["flavors"].as_object().into_iter().flat_map(|o| o.values()).filter_map(Value::as_str) {
+            if !flavors.iter().any(|x| x == f) {
+                flavors.push(f.to_string());
+            }
+        }
+    }
+    Some(Workload {
+        namespace: md["namespace"].as_str().unwrap_or("default").to_string(),
+        job_name: owner.and_then(|o| o["name"].as_str()).unwrap_or(&name).to_string(),
+        owner_kind: owner.and_then(|o| o["kind"].as_str()).unwrap_or("").to_string(),
+        name,
+        created_ms: rfc3339_ms(&md["creationTimestamp"])?,
+        queue_name: v["spec"]["queueName"].as_str().unwrap_or("").to_string(),
+        priority_class,
+        pod_sets,
+        conditions: conditions(&v["status"]["conditions"]),
+        cluster_queue: v["status"]["admission"]["clusterQueue"].as_str().unwrap_or("").to_string(),
+        flavors,
+        admission_checks: v["status"]["admissionChecks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| AdmissionCheck {
+                name: c["name"].as_str().unwrap_or("").to_string(),
+                state: c["state"].as_str().unwrap_or("").to_string(),
+                message: c["message"].as_str().unwrap_or("").to_string(),
+                at_ms: rfc3339_ms(&c["lastTransitionTime"]).unwrap_or(0),
+            })
+            .collect(),
+        labels,
+    })
+}
+
+/// Parses a Pod; None for a pod without a job label (not a job's pod) or without a creation time.
+pub fn parse_pod(v: &Value) -> Option<Pod> {
+    let md = &v["metadata"];
+    let labels = string_map(&md["labels"]);
+    let job_name = pod_job_name(&labels)?;
+    let conds = conditions(&v["status"]["conditions"]);
+    let finished_ms = v["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| rfc3339_ms(&c["state"]["terminated"]["finishedAt"]))
+        .max();
+    Some(Pod {
+        namespace: md["namespace"].as_str().unwrap_or("default").to_string(),
+        name: md["name"].as_str()?.to_string(),
+        job_name,
+        created_ms: rfc3339_ms(&md["creationTimestamp"])?,
+        node: v["spec"]["nodeName"].as_str().unwrap_or("").to_string(),
+        phase: v["status"]["phase"].as_str().unwrap_or("").to_string(),
+        scheduled: conds.get("PodScheduled").cloned(),
+        ready: conds.get("Ready").cloned(),
+        finished_ms,
+        gpus: pod_spec_gpus(&v["spec"]),
+        node_selector: string_map(&v["spec"]["nodeSelector"]),
+        priority_class: v["spec"]["priorityClassName"].as_str().unwrap_or("").to_string(),
+        labels,
+    })
+}
+
+/// Parses a core/v1 Event; Some only for a `Pulling` event of a Pod.
+pub fn parse_pull_event(v: &Value) -> Option<PullEvent> {
+    let o = &v["involvedObject"];
+    if v["reason"].as_str() != Some("Pulling") || o["kind"].as_str() != Some("Pod") {
+        return None;
+    }
+    Some(PullEvent {
+        namespace: o["namespace"].as_str().or(v["metadata"]["namespace"].as_str()).unwrap_or("default").to_string(),
+        pod: o["name"].as_str()?.to_string(),
+        at_ms: rfc3339_ms(&v["firstTimestamp"])
+            .or_else(|| rfc3339_ms(&v["eventTime"]))
+            .or_else(|| rfc3339_ms(&v["metadata"]["creationTimestamp"]))?,
+        message: v["message"].as_str().unwrap_or("").to_string(),
+    })
+}
+
+/// GPU classes recognised in node label values (GPU feature discovery's `nvidia.com/gpu.product`, GKE's
+/// `cloud.google.com/gke-accelerator`, Karpenter's `karpenter.k8s.aws/instance-gpu-name`, ...), most specific
+/// first.
+const GPU_CLASSES: [&str; 22] = [
+    "gb300", "gb200", "b300", "b200", "h200", "h100", "h800", "gh200", "a100", "a800", "l40s", "l40", "a10g", "a10",
+    "l4", "t4", "v100", "p100", "mi355x", "mi325x", "mi300x", "mi250x",
+];
+
+/// Node label keys that name a GPU model.
+pub const GPU_CLASS_LABELS: [&str; 5] = [
+    "nvidia.com/gpu.product",
+    "cloud.google.com/gke-accelerator",
+    "karpenter.k8s.aws/instance-gpu-name",
+    "amd.com/gpu.product-name",
+    "startline.dev/gpu-class",
+];
+
+/// The GPU class named by node labels or a nodeSelector (empty when none).
+pub fn gpu_class(labels: &BTreeMap<String, String>) -> String {
+    if let Some(c) = labels.get("startline.dev/gpu-class") {
+        return c.to_ascii_lowercase();
+    }
+    for key in GPU_CLASS_LABELS {
+        let Some(v) = labels.get(key) else { continue };
+        let v = v.to_ascii_lowercase();
+        if let Some(c) = GPU_CLASSES.iter().find(|c| v.contains(*c)) {
+            return (*c).to_string();
+        }
+    }
+    String::new()
+}
+
+/// How Kubernetes objects map onto Startline's attributes.
+#[derive(Debug, Clone, Default)]
+pub struct Mapping {
+    /// The cluster's name in job ids.
+    pub cluster: String,
+    /// Region reported for every job.
+    pub region: String,
+    /// LocalQueue -> ClusterQueue (`--queue LQ=CQ`; an `LQ` may be `namespace/LQ`).
+    pub queues: HashMap<String, String>,
+    /// Priority classes whose jobs are urgent.
+    pub urgent_priority_classes: Vec<String>,
+    /// Label holding the team (default: the namespace).
+    pub team_label: Option<String>,
+    /// Report `PodsReady` (pods ready, without Kueue) as the first step.
+    pub first_step_on_start: bool,
+}
+
+/// What the shell looked up for a job besides its objects.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Lookups {
+    /// The ClusterQueue of the Workload's LocalQueue, read from the LocalQueue object.
+    pub cluster_queue: Option<String>,
+    /// Node labels of the first assigned flavor (`spec.nodeLabels` of the ResourceFlavor).
+    pub flavor_labels: BTreeMap<String, String>,
+    /// The Workload's position in its ClusterQueue (visibility API), when known.
+    pub position: Option<u64>,
+}
+
+/// The Startline job id of `job_name` in `namespace`: `k8s/<cluster>/<namespace>/<job name>`.
+pub fn startline_id(m: &Mapping, namespace: &str, job_name: &str) -> String {
+    format!("k8s/{}/{namespace}/{job_name}", m.cluster)
+}
+
+/// One job's objects.
+#[derive(Debug, Clone, Default)]
+pub struct JobObjects<'a> {
+    /// Its Workload (None: a plain job, or pods seen before their Workload).
+    pub workload: Option<&'a Workload>,
+    /// The Workload was deleted (before it finished).
+    pub workload_deleted: bool,
+    /// Its pods.
+    pub pods: Vec<&'a Pod>,
+    /// Image pulls of its pods.
+    pub pulls: Vec<&'a PullEvent>,
+}
+
+/// The Startline wait reason of a `QuotaReserved=False` reason (with the message for the deprecated `Pending`).
+pub fn quota_wait_reason(reason: &str, message: &str) -> pb::WaitReason {
+    match reason {
+        "Inadmissible" | "NoMatchingFlavor" | "Misconfigured" | "ExceedsMaxQuota" => pb::WaitReason::Misconfigured,
+        "Suspended" | "OnHold" => pb::WaitReason::DependencyOrHold,
+        "TopologyPlacementFailed" => pb::WaitReason::Capacity,
+        "Pending" => {
+            // Kueue before KEP-10852 says everything with "Pending"; its messages tell a flavor mismatch (no flavor
+            // can ever fit) from a quota wait.
+            let m = message.to_ascii_lowercase();
+            if m.contains("doesn't match")
+                || m.contains("untolerated taint")
+                || m.contains("no flavor")
+                || m.contains("exceeds the maximum")
+            {
+                pb::WaitReason::Misconfigured
+            } else {
+                pb::WaitReason::Quota
+            }
+        }
+        _ => pb::WaitReason::Quota,
+    }
+}
+
+fn ms_of_key(key: &str, prefix: &str) -> Option<i64> {
+    key.strip_prefix(prefix)?.split(':').next()?.parse().ok()
+}
+
+/// The events one job's objects imply beyond its memory, and the new memory.
+pub fn diff(
+    m: &Mapping,
+    namespace: &str,
+    job_name: &str,
+    objs: &JobObjects,
+    look: &Lookups,
+    mem: &JobMemory,
+    now_ms: i64,
+) -> (Vec<pb::LifecycleEvent>, JobMemory) {
+    let mut mem = mem.clone();
+    let mut out = Vec::new();
+    if mem.done {
+        return (out, mem);
+    }
+    let job = startline_id(m, namespace, job_name);
+    let source = format!("kueue-adapter/{}", m.cluster);
+    let mut emit = |mem: &mut JobMemory, key: &str, at: i64, kind: Kind| {
+        if mem.emitted.insert(key.to_string()) {
+            out.push(pb::LifecycleEvent {
+                event_id: format!("{job}:{key}"),
+                job_id: job.clone(),
+                attempt: None,
+                source: source.clone(),
+                occurred_at: Some(ms_to_timestamp(at)),
+                kind: Some(kind),
+            });
+        }
+    };
+    let wl = objs.workload;
+    let first_pod = objs.pods.iter().map(|p| p.created_ms).min();
+    let Some(created) = wl.map(|w| w.created_ms).or(first_pod) else { return (out, mem) };
+
+    // submitted
+    let pod_sets: Vec<PodSet> = match wl {
+        Some(w) => w.pod_sets.clone(),
+        None => objs
+            .pods
+            .iter()
+            .map(|p| PodSet {
+                name: p.name.clone(),
+                count: 1,
+                gpus_per_pod: p.gpus,
+                node_selector: p.node_selector.clone(),
+            })
+            .collect(),
+    };
+    let expected_pods: u32 = pod_sets.iter().map(|p| p.count).sum::<u32>().max(1);
+    if !mem.emitted.contains("submitted") {
+        let gpu_count: u32 = pod_sets.iter().map(|p| p.gpus_per_pod.saturating_mul(p.count)).sum();
+        let mut class = gpu_class(&look.flavor_labels);
+        if class.is_empty() {
+            class = pod_sets.iter().map(|p| gpu_class(&p.node_selector)).find(|c| !c.is_empty()).unwrap_or_default();
+        }
+        let labels_src = wl.map(|w| w.labels.clone()).or_else(|| objs.pods.first().map(|p| p.labels.clone()));
+        let labels_src = labels_src.unwrap_or_default();
+        let priority = wl
+            .map(|w| w.priority_class.clone())
+            .filter(|p| !p.is_empty())
+            .or_else(|| objs.pods.first().map(|p| p.priority_class.clone()))
+            .unwrap_or_default();
+        let urgent = !priority.is_empty() && m.urgent_priority_classes.contains(&priority);
+        let pool = match wl {
+            Some(w) => m
+                .queues
+                .get(&format!("{namespace}/{}", w.queue_name))
+                .or_else(|| m.queues.get(&w.queue_name))
+                .cloned()
+                .or_else(|| Some(w.cluster_queue.clone()).filter(|c| !c.is_empty()))
+                .or_else(|| look.cluster_queue.clone())
+                .unwrap_or_else(|| w.queue_name.clone()),
+            None => "plain".to_string(),
+        };
+        let team =
+            m.team_label.as_ref().and_then(|l| labels_src.get(l).cloned()).unwrap_or_else(|| namespace.to_string());
+        let mut labels: HashMap<String, String> = HashMap::new();
+        labels.insert("namespace".into(), namespace.to_string());
+        if let Some(w) = wl {
+            if !w.owner_kind.is_empty() {
+                labels.insert("kind".into(), w.owner_kind.clone());
+            }
+            if !w.queue_name.is_empty() {
+                labels.insert("local_queue".into(), super::free_text(&w.queue_name, 256));
+            }
+            labels.insert("workload".into(), super::free_text(&w.name, 256));
+        }
+        if !priority.is_empty() {
+            labels.insert("priority_class".into(), super::free_text(&priority, 256));
+        }
+        emit(
+            &mut mem,
+            "submitted",
+            created,
+            Kind::Submitted(pb::Submitted {
+                pool_kind: pb::PoolKind::Dedicated as i32,
+                provider: "kueue".into(),
+                pool: super::free_text(&pool, 256),
+                priority: if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal } as i32,
+                gpu_class: class,
+                gpu_count,
+                node_count: expected_pods,
+                region: m.region.clone(),
+                team: super::free_text(&team, 256),
+                labels,
+                ..Default::default()
+            }),
+        );
+    }
+
+    let cond = |t: &str| wl.and_then(|w| w.conditions.get(t));
+    // The attempt: pod-level transitions after the last eviction belong to the new attempt.
+    let mut epoch = mem.emitted.iter().filter_map(|k| ms_of_key(k, "preempted:")).max().unwrap_or(0);
+    if let Some(e) = cond("Evicted").filter(|c| c.status) {
+        if !mem.emitted.contains(&format!("preempted:{}", e.at_ms)) {
+            let reason = if e.message.is_empty() { e.reason.clone() } else { format!("{}: {}", e.reason, e.message) };
+            emit(
+                &mut mem,
+                &format!("preempted:{}", e.at_ms.max(created)),
+                e.at_ms.max(created),
+                Kind::Preempted(pb::Preempted { reason: super::free_text(&reason, 1024), checkpoint_saved: false }),
+            );
+            epoch = epoch.max(e.at_ms.max(created));
+        }
+    }
+    if let Some(r) = cond("Requeued").filter(|c| c.status) {
+        if epoch > 0 && r.at_ms >= epoch {
+            emit(&mut mem, &format!("requeued:{epoch}"), r.at_ms, Kind::Requeued(pb::Requeued { resume_step: 0 }));
+        }
+    }
+
+    // Quota waits.
+    if let Some(q) = cond("QuotaReserved").filter(|c| !c.status && cond("Finished").is_none_or(|f| !f.status)) {
+        let reason = if q.reason.is_empty() { "Pending" } else { q.reason.as_str() };
+        let at = q.at_ms.max(created);
+        let key = format!("queued:{at}:{reason}");
+        if !mem.emitted.contains(&key) {
+            // A new reason without a new transition time (same False status) began now, not at the old time.
+            let at = if mem.reason_at_ms == at && !mem.reason.is_empty() && mem.reason != reason {
+                now_ms.max(at)
+            } else {
+                at
+            };
+            let mut message = super::free_text(&q.message, 900);
+            if let Some(p) = look.position {
+                message = format!("{message} (position {p} in ClusterQueue)");
+            }
+            emit(
+                &mut mem,
+                &key,
+                at,
+                Kind::Queued(pb::Queued {
+                    reason: quota_wait_reason(reason, &q.message) as i32,
+                    raw_reason: super::free_text(reason, 256),
+                    message,
+                    estimated_start: None,
+                }),
+            );
+            mem.reason = reason.to_string();
+            mem.reason_at_ms = q.at_ms.max(created);
+            mem.reasons_seen += 1;
+        }
+    }
+    // Admission checks pending after quota reservation: provisioning.
+    if let Some(q) = cond("QuotaReserved").filter(|c| c.status) {
+        let pending: Vec<&AdmissionCheck> =
+            wl.into_iter().flat_map(|w| w.admission_checks.iter()).filter(|c| c.state == "Pending").collect();
+        if !pending.is_empty() {
+            let names: Vec<&str> = pending.iter().map(|c| c.name.as_str()).collect();
+            let at = q.at_ms.max(created);
+            emit(
+                &mut mem,
+                &format!("provisioning:{at}"),
+                at,
+                Kind::Preparing(pb::Preparing {
+                    phase: pb::PreparingPhase::Provisioning as i32,
+                    message: super::free_text(&format!("admission checks pending: {}", names.join(", ")), 1024),
+                }),
+            );
+        }
+    }
+
+    // Pod-level signals of the current attempt.
+    let pods: Vec<&&Pod> = objs.pods.iter().filter(|p| p.created_ms >= epoch).collect();
+    if let Some(u) = pods
+        .iter()
+        .filter_map(|p| p.scheduled.as_ref())
+        .filter(|s| !s.status && s.reason == "Unschedulable")
+        .min_by_key(|s| s.at_ms)
+    {
+        emit(
+            &mut mem,
+            &format!("capacity:{epoch}"),
+            u.at_ms.max(created),
+            Kind::Queued(pb::Queued {
+                reason: pb::WaitReason::Capacity as i32,
+                raw_reason: "Unschedulable".into(),
+                message: super::free_text(&u.message, 1024),
+                estimated_start: None,
+            }),
+        );
+    }
+    let bound: Vec<(&str, i64)> = pods
+        .iter()
+        .filter_map(|p| p.scheduled.as_ref().filter(|s| s.status).map(|s| (p.node.as_str(), s.at_ms)))
+        .collect();
+    let all_bound = bound.len() as u32 >= expected_pods && !bound.is_empty();
+    if all_bound {
+        let at = bound.iter().map(|b| b.1).max().unwrap_or(created).max(created);
+        let mut nodes: Vec<String> = bound.iter().map(|b| b.0.to_string()).filter(|n| !n.is_empty()).collect();
+        nodes.sort();
+        nodes.dedup();
+        emit(
+            &mut mem,
+            &format!("node_assigned:{epoch}"),
+            at,
+            Kind::NodeAssigned(pb::NodeAssigned { nodes, gpu_ids: Vec::new() }),
+        );
+    }
+    let names: Vec<&str> = pods.iter().map(|p| p.name.as_str()).collect();
+    if let Some(pull) =
+        objs.pulls.iter().filter(|e| names.contains(&e.pod.as_str()) && e.at_ms >= epoch).min_by_key(|e| e.at_ms)
+    {
+        if mem.emitted.iter().any(|k| k.starts_with("node_assigned:")) || all_bound {
+            emit(
+                &mut mem,
+                &format!("image_pull:{epoch}"),
+                pull.at_ms.max(created),
+                Kind::Preparing(pb::Preparing {
+                    phase: pb::PreparingPhase::ImagePull as i32,
+                    message: super::free_text(&pull.message, 1024),
+                }),
+            );
+        }
+    }
+    if m.first_step_on_start {
+        let ready_at = match cond("PodsReady") {
+            Some(r) if r.status && r.at_ms >= epoch => Some(r.at_ms),
+            Some(_) => None,
+            None => {
+                let ready: Vec<i64> =
+                    pods.iter().filter_map(|p| p.ready.as_ref().filter(|r| r.status).map(|r| r.at_ms)).collect();
+                (ready.len() as u32 >= expected_pods).then(|| ready.iter().copied().max().unwrap_or(created))
+            }
+        };
+        if let Some(at) = ready_at {
+            emit(&mut mem, &format!("first_step:{epoch}"), at.max(created), Kind::FirstStep(pb::FirstStep { step: 0 }));
+        }
+    }
+
+    // The end.
+    let done = if let Some(f) = cond("Finished").filter(|c| c.status) {
+        let outcome = match f.reason.as_str() {
+            "Succeeded" => pb::Outcome::Succeeded,
+            "Failed" => pb::Outcome::Failed,
+            _ => pb::Outcome::Cancelled,
+        };
+        let what = if f.message.is_empty() { f.reason.clone() } else { format!("{}: {}", f.reason, f.message) };
+        Some((outcome, f.at_ms, what))
+    } else if objs.workload_deleted {
+        Some((pb::Outcome::Cancelled, now_ms, "workload deleted before it finished".to_string()))
+    } else if wl.is_none()
+        && !objs.pods.is_empty()
+        && objs.pods.iter().all(|p| matches!(p.phase.as_str(), "Succeeded" | "Failed"))
+    {
+        let last = objs.pods.iter().max_by_key(|p| p.finished_ms.unwrap_or(p.created_ms));
+        let outcome =
+            if last.is_some_and(|p| p.phase == "Succeeded") { pb::Outcome::Succeeded } else { pb::Outcome::Failed };
+        let at = last.and_then(|p| p.finished_ms).unwrap_or(now_ms);
+        Some((outcome, at, format!("every pod ended; the last {}", last.map_or("", |p| p.phase.as_str()))))
+    } else {
+        None
+    };
+    if let Some((outcome, at, message)) = done {
+        emit(
+            &mut mem,
+            "done",
+            at.max(created),
+            Kind::Done(pb::Done {
+                outcome: outcome as i32,
+                exit_code: None,
+                message: super::free_text(&message, 1024),
+            }),
+        );
+        mem.done = true;
+    }
+    (out, mem)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,344 @@
+//! Kueue adapter tests over Workload, Pod and Event objects in the shapes Kueue's and Kubernetes' documentation
+//! show (`tests/fixtures/kueue/`, validated against Kueue's Workload CRD by `tests/tests/kueue.rs`).
+
+use super::*;
+
+fn fixture(name: &str) -> Value {
+    let text = match name {
+        "workload-pending-quota.json" => include_str!("../../../../tests/fixtures/kueue/workload-pending-quota.json"),
+        "workload-inadmissible.json" => include_str!("../../../../tests/fixtures/kueue/workload-inadmissible.json"),
+        "workload-admission-check-pending.json" => {
+            include_str!("../../../../tests/fixtures/kueue/workload-admission-check-pending.json")
+        }
+        "workload-admitted.json" => include_str!("../../../../tests/fixtures/kueue/workload-admitted.json"),
+        "workload-evicted.json" => include_str!("../../../../tests/fixtures/kueue/workload-evicted.json"),
+        "workload-finished.json" => include_str!("../../../../tests/fixtures/kueue/workload-finished.json"),
+        "pod-unschedulable.json" => include_str!("../../../../tests/fixtures/kueue/pod-unschedulable.json"),
+        "pod-container-creating.json" => include_str!("../../../../tests/fixtures/kueue/pod-container-creating.json"),
+        "event-pulling.json" => include_str!("../../../../tests/fixtures/kueue/event-pulling.json"),
+        other => panic!("no fixture {other}"),
+    };
+    serde_json::from_str(text).expect("json")
+}
+
+fn workload(name: &str) -> Workload {
+    parse_workload(&fixture(name)).expect("workload")
+}
+
+fn pod(name: &str, pod_name: &str) -> Pod {
+    let mut v = fixture(name);
+    v["metadata"]["name"] = pod_name.into();
+    parse_pod(&v).expect("pod")
+}
+
+fn mapping() -> Mapping {
+    Mapping {
+        cluster: "gke-eu".into(),
+        urgent_priority_classes: vec!["high-priority".into()],
+        team_label: Some("team".into()),
+        ..Default::default()
+    }
+}
+
+fn ms(s: &str) -> i64 {
+    rfc3339_ms(&Value::from(s)).expect("time")
+}
+
+fn kinds(evs: &[pb::LifecycleEvent]) -> Vec<String> {
+    evs.iter()
+        .map(|e| match e.kind.as_ref() {
+            Some(Kind::Submitted(_)) => "submitted".into(),
+            Some(Kind::Queued(q)) => format!("queued:{:?}:{}", q.reason(), q.raw_reason),
+            Some(Kind::NodeAssigned(_)) => "node_assigned".into(),
+            Some(Kind::Preparing(p)) => format!("preparing:{:?}", p.phase()),
+            Some(Kind::FirstStep(_)) => "first_step".into(),
+            Some(Kind::Preempted(_)) => "preempted".into(),
+            Some(Kind::Requeued(_)) => "requeued".into(),
+            Some(Kind::Done(d)) => format!("done:{:?}", d.outcome()),
+            _ => "other".into(),
+        })
+        .collect()
+}
+
+fn at(e: &pb::LifecycleEvent) -> i64 {
+    startline_proto::time::timestamp_to_ms(e.occurred_at.as_ref().expect("time"))
+}
+
+#[test]
+fn the_documented_workload_parses_with_conditions_by_type() {
+    let w = workload("workload-evicted.json");
+    assert_eq!((w.namespace.as_str(), w.job_name.as_str(), w.owner_kind.as_str()), ("team-a", "sample-job", "Job"));
+    assert_eq!((w.queue_name.as_str(), w.priority_class.as_str()), ("team-a-queue", "high-priority"));
+    assert_eq!(w.pod_sets.len(), 1);
+    assert_eq!((w.pod_sets[0].count, w.pod_sets[0].gpus_per_pod), (2, 4));
+    // The Evicted condition is not first in the list; it is found by type.
+    let e = w.conditions.get("Evicted").expect("evicted");
+    assert!(e.status && e.reason == "Preempted");
+    assert_eq!(e.at_ms, ms("2024-03-21T14:10:00Z"));
+    let admitted = workload("workload-admitted.json");
+    assert_eq!(
+        (admitted.cluster_queue.as_str(), admitted.flavors.as_slice()),
+        ("cluster-queue", &["h100".to_string()][..])
+    );
+    // v1beta2 names the priority class by reference.
+    let mut v2 = fixture("workload-pending-quota.json");
+    v2["apiVersion"] = "kueue.x-k8s.io/v1beta2".into();
+    v2["spec"].as_object_mut().expect("spec").remove("priorityClassName");
+    v2["spec"]["priorityClassRef"] =
+        serde_json::json!({"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "urgent"});
+    assert_eq!(parse_workload(&v2).expect("v2").priority_class, "urgent");
+}
+
+#[test]
+fn a_pod_belongs_to_its_jobset_then_kubeflow_job_then_job() {
+    let p = pod("pod-unschedulable.json", "p");
+    assert_eq!((p.job_name.as_str(), p.gpus), ("sample-job", 4));
+    let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    assert_eq!(
+        pod_job_name(&labels(&[
+            ("batch.kubernetes.io/job-name", "llama-workers-0"),
+            ("jobset.sigs.k8s.io/jobset-name", "llama")
+        ])),
+        Some("llama".into())
+    );
+    assert_eq!(pod_job_name(&labels(&[("training.kubeflow.org/job-name", "bert")])), Some("bert".into()));
+    assert_eq!(pod_job_name(&labels(&[("app", "web")])), None);
+    assert!(parse_pod(&serde_json::json!({"metadata": {"name": "web-1", "labels": {"app": "web"}}})).is_none());
+    let e = parse_pull_event(&fixture("event-pulling.json")).expect("pull");
+    assert_eq!((e.pod.as_str(), e.at_ms), ("sample-job-0-x7k2p", ms("2024-03-21T13:58:02Z")));
+}
+
+#[test]
+fn quota_reasons_map_to_quota_misconfigured_or_hold() {
+    use pb::WaitReason::*;
+    let m = "couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor default-flavor, 1 more needed";
+    assert_eq!(quota_wait_reason("Pending", m), Quota);
+    assert_eq!(quota_wait_reason("WaitingForQuota", ""), Quota);
+    assert_eq!(quota_wait_reason("Inadmissible", "LocalQueue user-queue doesn't exist"), Misconfigured);
+    assert_eq!(quota_wait_reason("Inadmissible", "ClusterQueue cluster-queue is inactive"), Misconfigured);
+    assert_eq!(quota_wait_reason("NoMatchingFlavor", ""), Misconfigured);
+    assert_eq!(
+        quota_wait_reason(
+            "Pending",
+            "couldn't assign flavors to pod set main: flavor h100 doesn't match node affinity"
+        ),
+        Misconfigured
+    );
+    assert_eq!(quota_wait_reason("Suspended", ""), DependencyOrHold);
+    assert_eq!(quota_wait_reason("TopologyPlacementFailed", ""), Capacity);
+}
+
+#[test]
+fn gpu_class_from_node_labels() {
+    let l = |k: &str, v: &str| -> BTreeMap<String, String> { [(k.to_string(), v.to_string())].into() };
+    assert_eq!(gpu_class(&l("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")), "h100");
+    assert_eq!(gpu_class(&l("cloud.google.com/gke-accelerator", "nvidia-l4")), "l4");
+    assert_eq!(gpu_class(&l("cloud.google.com/gke-accelerator", "nvidia-a100-80gb")), "a100");
+    assert_eq!(gpu_class(&l("karpenter.k8s.aws/instance-gpu-name", "l40s")), "l40s");
+    assert_eq!(gpu_class(&l("kubernetes.io/arch", "amd64")), "");
+}
+
+/// Runs the diff over successive states, carrying the memory, and returns every event.
+fn replay(m: &Mapping, states: &[(JobObjects, i64)]) -> (Vec<pb::LifecycleEvent>, JobMemory) {
+    let mut mem = JobMemory::default();
+    let mut all = Vec::new();
+    for (objs, now) in states {
+        let (evs, new) = diff(m, "team-a", "sample-job", objs, &Lookups::default(), &mem, *now);
+        all.extend(evs);
+        mem = new;
+    }
+    (all, mem)
+}
+
+#[test]
+fn a_kueue_job_goes_through_quota_provisioning_capacity_pull_eviction_and_finish() {
+    let m = Mapping { first_step_on_start: true, ..mapping() };
+    let pending = workload("workload-pending-quota.json");
+    let checks = workload("workload-admission-check-pending.json");
+    let admitted = workload("workload-admitted.json");
+    let evicted = workload("workload-evicted.json");
+    let finished = workload("workload-finished.json");
+    let unsched = pod("pod-unschedulable.json", "sample-job-0-x7k2p");
+    let unsched1 = pod("pod-unschedulable.json", "sample-job-1-q9z8d");
+    let bound = pod("pod-container-creating.json", "sample-job-0-x7k2p");
+    let mut bound1 = pod("pod-container-creating.json", "sample-job-1-q9z8d");
+    bound1.scheduled.as_mut().expect("scheduled").at_ms = ms("2024-03-21T13:58:04Z");
+    let pull = parse_pull_event(&fixture("event-pulling.json")).expect("pull");
+    // The second attempt's pods, created after the eviction.
+    let mut again = bound.clone();
+    again.name = "sample-job-0-r2d2c".into();
+    again.created_ms = ms("2024-03-21T14:20:01Z");
+    again.scheduled.as_mut().expect("s").at_ms = ms("2024-03-21T14:21:00Z");
+    let mut again1 = again.clone();
+    again1.name = "sample-job-1-c3p0x".into();
+    let now = ms("2024-03-21T16:00:00Z");
+    fn objs<'a>(w: &'a Workload, pods: Vec<&'a Pod>, pulls: Vec<&'a PullEvent>) -> JobObjects<'a> {
+        JobObjects { workload: Some(w), workload_deleted: false, pods, pulls }
+    }
+    // Each state seen twice (a relist, a replayed watch): nothing doubles.
+    let states: Vec<(JobObjects, i64)> = vec![
+        (objs(&pending, vec![], vec![]), now),
+        (objs(&pending, vec![], vec![]), now),
+        (objs(&checks, vec![], vec![]), now),
+        (objs(&admitted, vec![&unsched, &unsched1], vec![]), now),
+        (objs(&admitted, vec![&bound, &unsched1], vec![&pull]), now),
+        (objs(&admitted, vec![&bound, &bound1], vec![&pull]), now),
+        (objs(&admitted, vec![&bound, &bound1], vec![&pull]), now),
+        (objs(&evicted, vec![], vec![]), now),
+        (objs(&finished, vec![&again, &again1], vec![&pull]), now),
+        (objs(&finished, vec![&again, &again1], vec![&pull]), now),
+    ];
+    let (evs, mem) = replay(&m, &states);
+    assert_eq!(
+        kinds(&evs),
+        [
+            "submitted",
+            "queued:Quota:Pending",
+            "preparing:Provisioning",
+            "queued:Capacity:Unschedulable",
+            "node_assigned",
+            "preparing:ImagePull",
+            "preempted",
+            "requeued",
+            "queued:Quota:Pending",
+            "node_assigned",
+            "first_step",
+            "done:Succeeded",
+        ]
+    );
+    assert!(mem.done);
+    let times: Vec<i64> = evs.iter().map(at).collect();
+    assert_eq!(times[0], ms("2024-03-21T13:40:00Z"), "submitted at creation");
+    assert_eq!(times[1], ms("2024-03-21T13:43:00Z"), "quota wait at the condition's transition");
+    assert_eq!(times[2], ms("2024-03-21T13:50:00Z"));
+    assert_eq!(times[3], ms("2024-03-21T13:55:02Z"));
+    assert_eq!(times[4], ms("2024-03-21T13:58:04Z"), "assigned when the last of the two pods is bound");
+    assert_eq!(times[5], ms("2024-03-21T13:58:02Z"));
+    assert_eq!(times[6], ms("2024-03-21T14:10:00Z"));
+    assert_eq!(times[9], ms("2024-03-21T14:21:00Z"), "the second attempt's binding");
+    assert_eq!(times[10], ms("2024-03-21T14:23:00Z"), "PodsReady");
+    assert_eq!(times[11], ms("2024-03-21T15:30:00Z"));
+    match evs[0].kind.as_ref() {
+        Some(Kind::Submitted(s)) => {
+            assert_eq!((s.gpu_count, s.node_count, s.gpu_class.as_str()), (8, 2, "h100"));
+            assert_eq!(
+                (s.pool.as_str(), s.team.as_str(), s.priority()),
+                ("team-a-queue", "vision", pb::PriorityClass::Urgent)
+            );
+            assert_eq!(s.pool_kind(), pb::PoolKind::Dedicated);
+        }
+        other => panic!("{other:?}"),
+    }
+    match evs[1].kind.as_ref() {
+        Some(Kind::Queued(q)) => {
+            assert!(q.message.starts_with("couldn't assign flavors to pod set main") && q.estimated_start.is_none())
+        }
+        other => panic!("{other:?}"),
+    }
+    match evs[3].kind.as_ref() {
+        Some(Kind::Queued(q)) => {
+            assert!(q.message.starts_with("0/4 nodes are available: 4 Insufficient nvidia.com/gpu"))
+        }
+        other => panic!("{other:?}"),
+    }
+    match evs[6].kind.as_ref() {
+        Some(Kind::Preempted(p)) => {
+            assert_eq!(p.reason, "Preempted: Preempted to accommodate a higher priority Workload")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(evs.iter().all(|e| e.job_id == "k8s/gke-eu/team-a/sample-job"));
+    let ids: std::collections::BTreeSet<&str> = evs.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids.len(), evs.len(), "distinct ids");
+    // Memory lost: the same objects give the same ids (the eviction's state: its preemption, requeue and wait).
+    let (again_evs, _) = replay(&m, &states[7..8].iter().map(|(o, n)| (o.clone(), *n)).collect::<Vec<_>>());
+    assert!(again_evs.iter().all(|e| ids.contains(e.event_id.as_str())), "deterministic ids");
+}
+
+#[test]
+fn an_inadmissible_workload_is_misconfigured_with_kueues_message_and_a_deleted_one_is_cancelled() {
+    let w = workload("workload-inadmissible.json");
+    let now = ms("2024-03-21T14:00:00Z");
+    let (evs, mem) = replay(
+        &mapping(),
+        &[
+            (JobObjects { workload: Some(&w), ..Default::default() }, now),
+            (JobObjects { workload: Some(&w), workload_deleted: true, ..Default::default() }, now),
+        ],
+    );
+    assert_eq!(kinds(&evs), ["submitted", "queued:Misconfigured:Inadmissible", "done:Cancelled"]);
+    match evs[1].kind.as_ref() {
+        Some(Kind::Queued(q)) => assert_eq!(q.message, "LocalQueue team-a-queue doesn't exist"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(at(&evs[2]), now);
+    assert!(mem.done);
+}
+
+#[test]
+fn the_pool_is_the_cluster_queue_from_flags_admission_or_the_local_queue_object() {
+    let w = workload("workload-pending-quota.json");
+    let pool = |m: &Mapping, look: &Lookups| match diff(
+        m,
+        "team-a",
+        "sample-job",
+        &JobObjects { workload: Some(&w), ..Default::default() },
+        look,
+        &JobMemory::default(),
+        0,
+    )
+    .0[0]
+        .kind
+        .as_ref()
+    {
+        Some(Kind::Submitted(s)) => s.pool.clone(),
+        other => panic!("{other:?}"),
+    };
+    let mut m = mapping();
+    let look = Lookups { cluster_queue: Some("cq-from-lq".into()), ..Default::default() };
+    assert_eq!(pool(&m, &look), "cq-from-lq");
+    m.queues.insert("team-a/team-a-queue".into(), "cq-flag".into());
+    assert_eq!(pool(&m, &look), "cq-flag");
+    let a = workload("workload-admitted.json");
+    let (evs, _) = diff(
+        &mapping(),
+        "team-a",
+        "sample-job",
+        &JobObjects { workload: Some(&a), ..Default::default() },
+        &Lookups::default(),
+        &JobMemory::default(),
+        0,
+    );
+    assert!(matches!(evs[0].kind.as_ref(), Some(Kind::Submitted(s)) if s.pool == "cluster-queue"));
+}
+
+#[test]
+fn a_plain_job_is_followed_on_pod_signals_alone() {
+    let m = Mapping { first_step_on_start: true, ..mapping() };
+    let unsched = pod("pod-unschedulable.json", "sample-job-0-x7k2p");
+    let mut running = pod("pod-container-creating.json", "sample-job-0-x7k2p");
+    running.ready = Some(Condition {
+        status: true,
+        reason: String::new(),
+        message: String::new(),
+        at_ms: ms("2024-03-21T14:00:00Z"),
+    });
+    let mut ended = running.clone();
+    ended.phase = "Succeeded".into();
+    ended.finished_ms = Some(ms("2024-03-21T15:00:00Z"));
+    let now = ms("2024-03-21T16:00:00Z");
+    fn o(p: &Pod) -> JobObjects<'_> {
+        JobObjects { pods: vec![p], ..Default::default() }
+    }
+    let (evs, mem) = replay(&m, &[(o(&unsched), now), (o(&running), now), (o(&ended), now)]);
+    assert_eq!(
+        kinds(&evs),
+        ["submitted", "queued:Capacity:Unschedulable", "node_assigned", "first_step", "done:Succeeded"]
+    );
+    assert_eq!(at(&evs[0]), ms("2024-03-21T13:55:01Z"), "the first pod's creation");
+    assert_eq!(at(&evs[4]), ms("2024-03-21T15:00:00Z"));
+    assert!(matches!(evs[0].kind.as_ref(), Some(Kind::Submitted(s)) if s.pool == "plain" && s.gpu_count == 4));
+    assert!(mem.done);
+}
