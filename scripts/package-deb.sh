@@ -105,6 +105,15 @@ write_docs() {
   # and hold token hashes.
   install -d -m 0755 "$overrides"
   echo "$pkg: non-standard-file-perm 0640 != 0644 [etc/startline/*]" > "$overrides/$pkg"
+  if [ "$pkg" = startline-agent ]; then
+    # kube-rs (the Kueue adapter's Kubernetes client) reads kubeconfig files with serde_yaml, which links
+    # unsafe-libyaml: a Rust translation of libyaml, not a copy of the C library, so there is no shared library
+    # to link against instead.
+    {
+      echo "# unsafe-libyaml (Rust translation of libyaml, via kube-rs' kubeconfig parser): nothing to link instead"
+      echo "$pkg: embedded-library libyaml [usr/bin/startline-agent]"
+    } >> "$overrides/$pkg"
+  fi
   chmod 0644 "$overrides/$pkg"
   install -d -m 0755 "$doc"
   install -m 0644 README.md "$doc/README.md"

@@ -187,6 +187,9 @@ struct KueueArgs {
     /// Do not ask Kueue's visibility API for queue positions.
     #[arg(long, env = "STARTLINE_NO_VISIBILITY")]
     no_visibility: bool,
+    /// How often the queue positions of Workloads waiting for quota are read again (a move sends a new queued).
+    #[arg(long, env = "STARTLINE_POSITION_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    position_interval: Duration,
     /// Wait after a failed list or watch.
     #[arg(long, env = "STARTLINE_RETRY", default_value = "5s", value_parser = parse_duration)]
     retry: Duration,
@@ -941,6 +944,7 @@ async fn run_kueue(a: KueueArgs, conn: Connection) -> anyhow::Result<()> {
         namespace: a.namespace,
         plain_jobs: a.plain_jobs,
         visibility: !a.no_visibility,
+        position_interval: a.position_interval,
         retry: a.retry,
     };
     let watcher =

@@ -348,6 +348,7 @@ pub fn event_from_json(v: &Value, default_source: &str, now_ms: i64) -> Result<p
             raw_reason: s(v, "raw_reason")?,
             message: s(v, "message")?,
             estimated_start: None,
+            queue_position: None,
         }),
         "node_assigned" => {
             Kind::NodeAssigned(pb::NodeAssigned { nodes: list(v, "nodes")?, gpu_ids: list(v, "gpu_ids")? })

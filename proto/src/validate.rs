@@ -452,6 +452,7 @@ mod tests {
                 raw_reason: String::new(),
                 message: message.into(),
                 estimated_start: None,
+                queue_position: None,
             })),
             ..good()
         };
@@ -485,6 +486,7 @@ mod tests {
                 raw_reason: "Priority".into(),
                 message: String::new(),
                 estimated_start: est,
+                queue_position: None,
             })),
             ..good()
         };

@@ -69,6 +69,7 @@ async fn urgent_breach_pages_through_a_real_alertmanager_and_resolves_when_the_j
                 raw_reason: "Resources".into(),
                 message: String::new(),
                 estimated_start: None,
+                queue_position: None,
             }),
         ),
     ])

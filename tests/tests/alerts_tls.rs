@@ -180,6 +180,7 @@ resend_interval = "2s"
                 raw_reason: "Resources".into(),
                 message: String::new(),
                 estimated_start: None,
+                queue_position: None,
             }),
         ),
     ])

@@ -41,6 +41,7 @@ fn fleet() -> Vec<pb::LifecycleEvent> {
                 raw_reason: "Resources".into(),
                 message: String::new(),
                 estimated_start: None,
+                queue_position: None,
             }),
         ));
         if i % 7 == 6 {

@@ -21,6 +21,7 @@ fn job_events(job: &str) -> Vec<pb::LifecycleEvent> {
                 raw_reason: "Resources".into(),
                 message: String::new(),
                 estimated_start: None,
+                queue_position: None,
             }),
         ),
         event(job, "e3", ago(300), Kind::NodeAssigned(pb::NodeAssigned { nodes: vec!["n1".into()], gpu_ids: vec![] })),

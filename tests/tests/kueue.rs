@@ -73,6 +73,8 @@ struct Store {
     paused: bool,
     /// (resource, list or watch, resourceVersion asked) of each request.
     requests: Vec<(Res, &'static str, String)>,
+    /// The other job's position in its ClusterQueue, as the visibility API answers it (the sample job is next).
+    position: u64,
 }
 
 #[derive(Clone, Default)]
@@ -153,13 +155,14 @@ async fn handle(
         );
     }
     if path == "/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/cluster-queue/pendingworkloads" {
+        let position = api.0.lock().expect("lock").position;
         // The shape of Kueue's PendingWorkloadsSummary (site: monitor pending workloads on demand).
         return json(
             200,
             json!({"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta1",
             "metadata": {"creationTimestamp": null}, "items": [
                 {"metadata": {"name": "job-other-job-1a2b3", "namespace": "team-a", "creationTimestamp": null},
-                 "priority": 1000, "localQueueName": "team-a-queue", "positionInClusterQueue": 0, "positionInLocalQueue": 0},
+                 "priority": 1000, "localQueueName": "team-a-queue", "positionInClusterQueue": position, "positionInLocalQueue": position},
                 {"metadata": {"name": "job-sample-job-7f2c1", "namespace": "team-a", "creationTimestamp": null},
                  "priority": 1000, "localQueueName": "team-a-queue", "positionInClusterQueue": 1, "positionInLocalQueue": 1}]}),
         );
@@ -275,6 +278,7 @@ fn adapter(collector: &str, api: std::net::SocketAddr, spool: &std::path::Path, 
         Command::new(binary("startline-agent"))
             .args(["--collector", collector, "kueue", "--metrics-listen", &format!("127.0.0.1:{metrics}")])
             .args(["--api-server", &format!("http://{api}"), "--cluster", "c1", "--retry", "200ms"])
+            .args(["--position-interval", "300ms"])
             .args(["--urgent-priority-class", "high-priority", "--team-label", "team", "--region", "europe-west4"])
             .arg("--spool")
             .arg(spool)
@@ -378,12 +382,35 @@ fn a_kueue_job_is_followed_through_list_watch_a_restart_and_a_relist_exactly_onc
     let msg = q["detail"]["message"].as_str().unwrap_or("");
     assert!(msg.starts_with("couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor h100, 4 more needed"), "{msg}");
     assert!(msg.ends_with("(position 1 in ClusterQueue)"), "{msg}");
+    assert_eq!(q["detail"]["queue_position"], 1);
     wait_until("the misconfigured job", Duration::from_secs(30), || {
         c.get("/api/v1/jobs/k8s/c1/team-a/other-job").1["current_wait"]["reason"] == "misconfigured"
             || c.get("/api/v1/jobs/k8s/c1/team-a/other-job").1["events"]
                 .as_array()
                 .is_some_and(|e| e.iter().any(|e| e["detail"]["reason"] == "misconfigured"))
     });
+
+    // The other job's place in the queue moves while nothing else changes (positions are read on a tick): a
+    // new Queued with the same reason and the new position, dated when it was seen.
+    let other_queued = || -> Vec<Value> {
+        c.get("/api/v1/jobs/k8s/c1/team-a/other-job").1["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["kind"] == "queued")
+            .collect()
+    };
+    assert_eq!(other_queued()[0]["detail"]["queue_position"], 0);
+    api.0.lock().expect("lock").position = 3;
+    wait_until("the position move", Duration::from_secs(30), || other_queued().len() == 2);
+    let moved = &other_queued()[1];
+    assert_eq!(
+        (moved["detail"]["queue_position"].as_u64(), moved["detail"]["reason"].as_str()),
+        (Some(3), Some("misconfigured"))
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(other_queued().len(), 2, "an unchanged position sends nothing");
 
     // 2. Quota reserved, the ProvisioningRequest check pending; then admitted with both pods unschedulable.
     api.set(Res::Workloads, f("workload-admission-check-pending.json"));

@@ -226,6 +226,7 @@ pub fn diff(
                 raw_reason: "Queued".into(),
                 message: format!("waiting for compute nodes ({})", note(false)),
                 estimated_start: None,
+                queue_position: None,
             }),
         ),
         _ => {}

@@ -21,8 +21,9 @@
 //! - `QuotaReserved=False` -> `queued` (quota, or misconfigured for `Inadmissible`, `NoMatchingFlavor`,
 //!   `Misconfigured`, `ExceedsMaxQuota`; dependency_or_hold for `Suspended`, `OnHold`) with Kueue's reason and
 //!   message kept raw, dated at the condition's `lastTransitionTime`; Kueue's position in the ClusterQueue (from
-//!   the visibility API, when reachable) is appended to the message. `estimated_start` stays unset: Kueue gives
-//!   a position, not a time;
+//!   the visibility API, when reachable) is `queue_position` and appended to the message, and a move of it
+//!   ([`position_moved`]) sends a new `queued` with the same reason, dated when seen. `estimated_start` stays
+//!   unset: Kueue gives a position, not a time;
 //! - quota reserved with an admission check `Pending` (e.g. ProvisioningRequest) -> `preparing:provisioning`;
 //! - pods `PodScheduled=False/Unschedulable` -> `queued:capacity` with the scheduler's message;
 //! - every expected pod (Σ pod set counts) bound -> `node_assigned` at the last binding;
@@ -397,6 +398,34 @@ pub struct Lookups {
     pub position: Option<u64>,
 }
 
+/// A Queued for a quota wait: Kueue's reason and raw message, and the queue position when known.
+fn quota_queued(reason: &str, message: &str, position: Option<u64>) -> Kind {
+    let mut text = super::free_text(message, 900);
+    if let Some(p) = position {
+        text = format!("{text} (position {p} in ClusterQueue)");
+    }
+    Kind::Queued(pb::Queued {
+        reason: quota_wait_reason(reason, message) as i32,
+        raw_reason: super::free_text(reason, 256),
+        message: text,
+        estimated_start: None,
+        queue_position: position.map(|p| u32::try_from(p).unwrap_or(u32::MAX)),
+    })
+}
+
+/// Whether a queue position moved enough to report: any change within the first [`POSITION_EXACT`] places, else a
+/// move of at least a fifth (a long queue shuffling by a place or two is not news; approaching the head is).
+pub fn position_moved(last: Option<u64>, now: u64) -> bool {
+    match last {
+        None => true,
+        Some(l) if l == now => false,
+        Some(l) => now < POSITION_EXACT || l < POSITION_EXACT || l.abs_diff(now) * 5 >= l,
+    }
+}
+
+/// Positions below this are reported on every change.
+pub const POSITION_EXACT: u64 = 10;
+
 /// The Startline job id of `job_name` in `namespace`: `k8s/<cluster>/<namespace>/<job name>`.
 pub fn startline_id(m: &Mapping, namespace: &str, job_name: &str) -> String {
     format!("k8s/{}/{namespace}/{job_name}", m.cluster)
@@ -585,24 +614,15 @@ pub fn diff(
             } else {
                 at
             };
-            let mut message = super::free_text(&q.message, 900);
-            if let Some(p) = look.position {
-                message = format!("{message} (position {p} in ClusterQueue)");
-            }
-            emit(
-                &mut mem,
-                &key,
-                at,
-                Kind::Queued(pb::Queued {
-                    reason: quota_wait_reason(reason, &q.message) as i32,
-                    raw_reason: super::free_text(reason, 256),
-                    message,
-                    estimated_start: None,
-                }),
-            );
+            emit(&mut mem, &key, at, quota_queued(reason, &q.message, look.position));
             mem.reason = reason.to_string();
             mem.reason_at_ms = q.at_ms.max(created);
             mem.reasons_seen += 1;
+            mem.queue_position = look.position;
+        } else if let Some(p) = look.position.filter(|p| position_moved(mem.queue_position, *p)) {
+            // Same wait, a new place in the queue: a new Queued with the same reason, dated now.
+            emit(&mut mem, &format!("{key}:position:{p}"), now_ms.max(at), quota_queued(reason, &q.message, Some(p)));
+            mem.queue_position = Some(p);
         }
     }
     // Admission checks pending after quota reservation: provisioning.
@@ -641,6 +661,7 @@ pub fn diff(
                 raw_reason: "Unschedulable".into(),
                 message: super::free_text(&u.message, 1024),
                 estimated_start: None,
+                queue_position: None,
             }),
         );
     }

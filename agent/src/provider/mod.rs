@@ -158,6 +158,9 @@ pub struct JobMemory {
     /// The scheduler's estimated start last reported, Unix ms.
     #[serde(default)]
     pub estimated_start_ms: Option<i64>,
+    /// The queue position last reported (Kueue).
+    #[serde(default)]
+    pub queue_position: Option<u64>,
 }
 
 /// Persisted job memories, in a sled tree of the spool's database.

@@ -205,6 +205,7 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
                 raw_reason: "Starting".into(),
                 message: t.message.clone(),
                 estimated_start: None,
+                queue_position: None,
             }),
             "Starting" => Kind::Preparing(pb::Preparing {
                 phase: pb::PreparingPhase::Provisioning as i32,
@@ -215,6 +216,7 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
                 raw_reason: "Pending".into(),
                 message: t.message.clone(),
                 estimated_start: None,
+                queue_position: None,
             }),
             "Downloading" => {
                 let phase = if t.message.to_ascii_lowercase().contains("image") {

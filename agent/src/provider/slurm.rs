@@ -433,6 +433,7 @@ fn queued(reason: pb::WaitReason, raw: &str, message: &str, estimate_ms: Option<
         raw_reason: super::free_text(raw, 256),
         message: message.into(),
         estimated_start: estimate_ms.map(ms_to_timestamp),
+        queue_position: None,
     })
 }
 

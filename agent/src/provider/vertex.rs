@@ -181,6 +181,7 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
                 raw_reason: j.state.clone(),
                 message: String::new(),
                 estimated_start: None,
+                queue_position: None,
             }),
         ),
         "JOB_STATE_PENDING" => emit(

@@ -165,6 +165,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
                 raw_reason: raw.into(),
                 message: String::new(),
                 estimated_start: None,
+                queue_position: None,
             }),
         )
     };

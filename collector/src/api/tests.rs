@@ -68,6 +68,7 @@ fn queued(reason: pb::WaitReason, raw: &str) -> Kind {
         raw_reason: raw.into(),
         message: "waiting".into(),
         estimated_start: None,
+        queue_position: None,
     })
 }
 

@@ -257,7 +257,12 @@ impl Event {
             Some(Kind::Queued(q)) => (
                 "queued",
                 Some(EventDetail::Queued {
+                    estimated_start: q
+                        .estimated_start
+                        .as_ref()
+                        .map(|t| format_ms(startline_proto::time::timestamp_to_ms(t))),
                     message: q.message.clone(),
+                    queue_position: q.queue_position,
                     raw_reason: q.raw_reason.clone(),
                     reason: q.reason().label(),
                 }),
@@ -324,8 +329,16 @@ pub enum EventDetail {
         region: String,
         team: String,
     },
-    /// `queued`.
-    Queued { message: String, raw_reason: String, reason: &'static str },
+    /// `queued`; the scheduler's estimated start and queue position only when it sent them.
+    Queued {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        estimated_start: Option<String>,
+        message: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        queue_position: Option<u32>,
+        raw_reason: String,
+        reason: &'static str,
+    },
     /// `node_assigned`.
     NodeAssigned { gpu_ids: Vec<String>, nodes: Vec<String> },
     /// `preparing`.

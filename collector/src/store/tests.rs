@@ -74,6 +74,7 @@ fn reopen_restores_identical_state_from_snapshots_and_log_tail() {
                         raw_reason: "Pending".into(),
                         message: String::new(),
                         estimated_start: None,
+                        queue_position: None,
                     }),
                 ),
                 ev("c", "c1", 1_200_000, Kind::FirstStep(pb::FirstStep { step: 1 })),

@@ -92,6 +92,7 @@ pub fn protocol_events(job: &str, base_ms: i64) -> Vec<pb::LifecycleEvent> {
             raw_reason: "Resources".into(),
             message: "waiting for 2 nodes".into(),
             estimated_start: None,
+            queue_position: Some(3),
         }),
         Kind::NodeAssigned(pb::NodeAssigned {
             nodes: vec!["gpu-001".into(), "gpu-002".into()],

@@ -342,3 +342,63 @@ fn a_plain_job_is_followed_on_pod_signals_alone() {
     assert!(matches!(evs[0].kind.as_ref(), Some(Kind::Submitted(s)) if s.pool == "plain" && s.gpu_count == 4));
     assert!(mem.done);
 }
+
+#[test]
+fn a_queue_position_rides_on_queued_and_a_move_sends_a_new_one() {
+    let w = workload("workload-pending-quota.json");
+    let m = mapping();
+    let t0 = ms("2024-03-21T14:00:00Z");
+    let objs = JobObjects { workload: Some(&w), ..Default::default() };
+    let mut mem = JobMemory::default();
+    let mut all = Vec::new();
+    // Positions seen on successive looks: the first rides on the wait's Queued; 40 -> 38 is under a fifth (not
+    // news); 38 -> 25 is; inside the first ten every change is; the same position twice sends nothing.
+    for (i, p) in [40u64, 38, 25, 25, 9, 8, 0].into_iter().enumerate() {
+        let look = Lookups { position: Some(p), ..Default::default() };
+        let (evs, new) = diff(&m, "team-a", "sample-job", &objs, &look, &mem, t0 + i as i64 * 60_000);
+        all.extend(evs);
+        mem = new;
+    }
+    let positions: Vec<(Option<u32>, i64)> = all
+        .iter()
+        .filter_map(|e| match e.kind.as_ref() {
+            Some(Kind::Queued(q)) => Some((q.queue_position, at(e))),
+            _ => None,
+        })
+        .collect();
+    let first_at = positions[0].1;
+    assert_eq!(
+        positions,
+        [
+            (Some(40), first_at),
+            (Some(25), t0 + 2 * 60_000),
+            (Some(9), t0 + 4 * 60_000),
+            (Some(8), t0 + 5 * 60_000),
+            (Some(0), t0 + 6 * 60_000)
+        ]
+    );
+    let ids: std::collections::BTreeSet<&str> = all.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids.len(), all.len(), "every event has its own id");
+    // Every Queued keeps the wait's reason; the message says the position.
+    for e in &all {
+        if let Some(Kind::Queued(q)) = e.kind.as_ref() {
+            assert_eq!(q.raw_reason, "Pending");
+            assert!(q.message.ends_with(&format!("(position {} in ClusterQueue)", q.queue_position.unwrap_or(99))));
+        }
+    }
+    // Replaying the same looks against the final memory sends nothing again.
+    let look = Lookups { position: Some(0), ..Default::default() };
+    assert!(diff(&m, "team-a", "sample-job", &objs, &look, &mem, t0 + 3_600_000).0.is_empty());
+}
+
+#[test]
+fn position_moves_worth_reporting() {
+    use super::position_moved;
+    assert!(position_moved(None, 500));
+    assert!(!position_moved(Some(500), 500));
+    assert!(!position_moved(Some(500), 450), "a tenth of a long queue");
+    assert!(position_moved(Some(500), 400), "a fifth");
+    assert!(position_moved(Some(12), 9), "into the first ten");
+    assert!(position_moved(Some(3), 2));
+    assert!(position_moved(Some(2), 7), "backwards too (a higher-priority Workload arrived)");
+}

@@ -75,6 +75,8 @@ pub struct Settings {
     pub plain_jobs: bool,
     /// Ask the visibility API for a pending Workload's position in its ClusterQueue.
     pub visibility: bool,
+    /// How often the positions of Workloads waiting for quota are read again (a move sends a new Queued).
+    pub position_interval: Duration,
     /// Wait after a failed list or watch.
     pub retry: Duration,
 }
@@ -358,6 +360,19 @@ impl Caches {
         }
     }
 
+    /// The jobs whose Workload waits for quota (not finished).
+    pub fn waiting_for_quota(&self) -> BTreeSet<(String, String)> {
+        self.workloads
+            .iter()
+            .filter(|(k, w)| {
+                !k.starts_with("@deleted/")
+                    && w.conditions.get("QuotaReserved").is_some_and(|c| !c.status)
+                    && w.conditions.get("Finished").is_none_or(|c| !c.status)
+            })
+            .map(|(_, w)| (w.namespace.clone(), w.job_name.clone()))
+            .collect()
+    }
+
     /// Every resource has been listed once.
     pub fn ready(&self) -> bool {
         self.listed.len() == 3
@@ -381,7 +396,12 @@ pub struct Lookup {
     queues: HashMap<(String, String), Option<String>>,
     flavors: HashMap<String, std::collections::BTreeMap<String, String>>,
     visibility_warned: bool,
+    /// The last pending-workloads listing of each ClusterQueue, and when it was read.
+    positions: HashMap<String, (tokio::time::Instant, Value)>,
 }
+
+/// How long one ClusterQueue's pending-workloads listing answers position questions.
+pub const POSITIONS_FRESH: Duration = Duration::from_secs(2);
 
 impl Lookup {
     /// Lookups through `client`.
@@ -393,6 +413,7 @@ impl Lookup {
             queues: HashMap::new(),
             flavors: HashMap::new(),
             visibility_warned: false,
+            positions: HashMap::new(),
         }
     }
 
@@ -439,19 +460,32 @@ impl Lookup {
         labels
     }
 
-    /// A pending Workload's position in its ClusterQueue, from `visibility.kueue.x-k8s.io/v1beta1`.
+    /// A pending Workload's position in its ClusterQueue, from `visibility.kueue.x-k8s.io/v1beta1`. One listing
+    /// per ClusterQueue serves every Workload asking within [`POSITIONS_FRESH`].
     pub async fn position(&mut self, cq: &str, namespace: &str, workload: &str) -> Option<u64> {
         if !self.visibility || cq.is_empty() {
             return None;
         }
-        let path = format!("/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/{cq}/pendingworkloads?limit=1000");
-        match self.get(&path).await {
-            Ok(v) => v["items"].as_array()?.iter().find_map(|i| {
+        let find = |v: &Value| {
+            v["items"].as_array()?.iter().find_map(|i| {
                 (i["metadata"]["name"].as_str() == Some(workload)
                     && i["metadata"]["namespace"].as_str() == Some(namespace))
                 .then(|| i["positionInClusterQueue"].as_u64())
                 .flatten()
-            }),
+            })
+        };
+        if let Some((at, v)) = self.positions.get(cq) {
+            if at.elapsed() < POSITIONS_FRESH {
+                return find(v);
+            }
+        }
+        let path = format!("/apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/{cq}/pendingworkloads?limit=1000");
+        match self.get(&path).await {
+            Ok(v) => {
+                let p = find(&v);
+                self.positions.insert(cq.to_string(), (tokio::time::Instant::now(), v));
+                p
+            }
             Err(e) => {
                 if !self.visibility_warned {
                     self.visibility_warned = true;
@@ -518,10 +552,12 @@ pub async fn diff_jobs(
                 }
             }
         }
-        let objs = JobObjects { workload, workload_deleted: deleted, pods: pods.clone(), pulls: pulls.clone() };
-        let (mut events, mut new_mem) = diff(m, ns, job, &objs, &look, &mem, now_ms);
-        let quota_wait = events.iter().any(|e| e.event_id.contains(":queued:"));
-        if quota_wait && s.visibility {
+        // A Workload waiting for quota: its place in the ClusterQueue (one visibility call per queue, cached).
+        let waiting_for_quota = workload.is_some_and(|w| {
+            w.conditions.get("QuotaReserved").is_some_and(|c| !c.status)
+                && w.conditions.get("Finished").is_none_or(|c| !c.status)
+        });
+        if waiting_for_quota && s.visibility {
             if let Some(w) = workload {
                 let cq = m
                     .queues
@@ -537,11 +573,10 @@ pub async fn diff_jobs(
                     Some(c) => lookup.position(&c, ns, &w.name).await,
                     None => None,
                 };
-                if look.position.is_some() {
-                    (events, new_mem) = diff(m, ns, job, &objs, &look, &mem, now_ms);
-                }
             }
         }
+        let objs = JobObjects { workload, workload_deleted: deleted, pods: pods.clone(), pulls: pulls.clone() };
+        let (events, new_mem) = diff(m, ns, job, &objs, &look, &mem, now_ms);
         crate::provider::record(spool, memory, &id, &mem, events, &new_mem, report)?;
     }
     // Deleted Workloads are diffed once (their final state), then forgotten.
@@ -579,15 +614,25 @@ pub async fn run(
     let mut caches = Caches::default();
     let mut lookup = Lookup::new(client, &s);
     let mut pending: BTreeSet<(String, String)> = BTreeSet::new();
+    // Queue positions move without any object changing: Workloads waiting for quota are looked at again on a tick.
+    let mut tick = tokio::time::interval(s.position_interval.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    tick.reset();
     loop {
         let first = tokio::select! {
-            u = rx.recv() => u,
-            _ = stop.wait() => None,
+            u = rx.recv() => match u {
+                Some(u) => Some(u),
+                None => break,
+            },
+            _ = tick.tick(), if s.visibility => None,
+            _ = stop.wait() => break,
         };
-        let Some(first) = first else { break };
         let started = tokio::time::Instant::now();
-        let mut batch = vec![first];
-        while batch.len() < 512 {
+        if first.is_none() {
+            pending.extend(caches.waiting_for_quota());
+        }
+        let mut batch: Vec<Update> = first.into_iter().collect();
+        while !batch.is_empty() && batch.len() < 512 {
             match rx.try_recv() {
                 Ok(u) => batch.push(u),
                 Err(_) => break,
