@@ -59,10 +59,29 @@ enum Command {
     /// Print Prometheus recording and alerting rules for the configured SLOs (their own windows, objectives and
     /// burn-rate factors; the collector's alert names and labels, so running both pages once).
     Rules,
+    /// The configured SLOs in other SLO tools' formats.
+    Slo(SloArgs),
     /// Ask a collector's gRPC health service (grpc.health.v1) whether ingest is serving, over TLS when the
     /// endpoint is https: a liveness probe for Kubernetes `exec` (whose own `grpc:` probe cannot speak TLS),
     /// systemd or scripts. Exit 0 when SERVING, 1 when not serving, 69 when unreachable.
     Probe(ProbeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct SloArgs {
+    #[command(subcommand)]
+    action: SloAction,
+}
+
+#[derive(Subcommand, Debug)]
+enum SloAction {
+    /// Print the configured SLOs as OpenSLO v1, Sloth prometheus/v1 or Pyrra ServiceLevelObjective YAML, their SLI
+    /// read from startline_slo_decisions_total (what a format has no field for goes into annotations).
+    Export {
+        /// openslo, sloth or pyrra.
+        #[arg(long, env = "STARTLINE_SLO_FORMAT")]
+        format: startline_collector::export::slo_spec::SpecFormat,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -489,6 +508,10 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 &config.alerts.labels
             )
         );
+        return Ok(());
+    }
+    if let Some(Command::Slo(SloArgs { action: SloAction::Export { format } })) = &cli.command {
+        print!("{}", startline_collector::export::slo_spec::export(&config.slos, *format, &config.alerts.labels));
         return Ok(());
     }
     if matches!(cli.command, Some(Command::CheckConfig)) {

@@ -19,6 +19,7 @@
 pub use crate::index::{footprint as jobs, labels};
 
 pub mod rules;
+pub mod slo_spec;
 
 use crate::alert::client::{read_secret_file, ClientTlsFiles, Secret};
 use crate::alert::AlertBoard;
