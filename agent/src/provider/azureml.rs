@@ -26,7 +26,6 @@ use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
-use startline_proto::time::ms_to_timestamp;
 use std::collections::{BTreeMap, HashMap};
 
 /// The ARM api-version the adapter speaks.
@@ -157,17 +156,9 @@ pub fn diff(
     let mut mem = mem.clone();
     let mut out = Vec::new();
     let job = startline_id(m, j);
+    let source = format!("azureml-adapter/{}", m.workspace);
     let mut emit = |mem: &mut JobMemory, key: &str, at: i64, kind: Kind| {
-        if mem.emitted.insert(key.to_string()) {
-            out.push(pb::LifecycleEvent {
-                event_id: format!("{job}:{key}"),
-                job_id: job.clone(),
-                attempt: None,
-                source: format!("azureml-adapter/{}", m.workspace),
-                occurred_at: Some(ms_to_timestamp(at)),
-                kind: Some(kind),
-            });
-        }
+        super::emit_once(&mut out, mem, &job, &source, key, at, kind)
     };
     let first_sight = mem.emitted.is_empty();
     let urgent = j.tags.get("startline-priority").is_some_and(|p| p == "urgent")

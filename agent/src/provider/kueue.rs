@@ -48,7 +48,6 @@ pub mod watch;
 use super::JobMemory;
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
-use startline_proto::time::ms_to_timestamp;
 use std::collections::{BTreeMap, HashMap};
 
 /// GPU resource names counted in pod specs.
@@ -490,16 +489,7 @@ pub fn diff(
     let job = startline_id(m, namespace, job_name);
     let source = format!("kueue-adapter/{}", m.cluster);
     let mut emit = |mem: &mut JobMemory, key: &str, at: i64, kind: Kind| {
-        if mem.emitted.insert(key.to_string()) {
-            out.push(pb::LifecycleEvent {
-                event_id: format!("{job}:{key}"),
-                job_id: job.clone(),
-                attempt: None,
-                source: source.clone(),
-                occurred_at: Some(ms_to_timestamp(at)),
-                kind: Some(kind),
-            });
-        }
+        super::emit_once(&mut out, mem, &job, &source, key, at, kind)
     };
     let wl = objs.workload;
     let first_pod = objs.pods.iter().map(|p| p.created_ms).min();

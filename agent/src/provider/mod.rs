@@ -131,6 +131,29 @@ pub fn record(
     Ok(())
 }
 
+/// Appends `kind` as the job's transition `key` unless `mem` records it as emitted already: the event id is
+/// `<job>:<key>`, so the same transition seen again (or after a restart) gets the same id.
+pub fn emit_once(
+    out: &mut Vec<startline_proto::pb::LifecycleEvent>,
+    mem: &mut JobMemory,
+    job: &str,
+    source: &str,
+    key: &str,
+    at_ms: i64,
+    kind: startline_proto::pb::lifecycle_event::Kind,
+) {
+    if mem.emitted.insert(key.to_string()) {
+        out.push(startline_proto::pb::LifecycleEvent {
+            event_id: format!("{job}:{key}"),
+            job_id: job.to_string(),
+            attempt: None,
+            source: source.to_string(),
+            occurred_at: Some(startline_proto::time::ms_to_timestamp(at_ms)),
+            kind: Some(kind),
+        });
+    }
+}
+
 /// Flushes the adapter's memory at the end of a poll.
 pub fn flush(memory: &MemoryStore) -> Result<(), PollError> {
     memory.flush().map_err(|e| PollError::new(PollErrorKind::Spool, e.to_string()))

@@ -24,7 +24,6 @@ use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
-use startline_proto::time::ms_to_timestamp;
 
 /// A CustomJob as the adapter sees it.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -126,17 +125,9 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
     let mut out = Vec::new();
     let job = startline_id(m, j);
     let location = j.name.split('/').nth(3).unwrap_or("").to_string();
+    let source = format!("vertex-adapter/{location}");
     let mut emit = |mem: &mut JobMemory, key: &str, at: i64, kind: Kind| {
-        if mem.emitted.insert(key.to_string()) {
-            out.push(pb::LifecycleEvent {
-                event_id: format!("{job}:{key}"),
-                job_id: job.clone(),
-                attempt: None,
-                source: format!("vertex-adapter/{location}"),
-                occurred_at: Some(ms_to_timestamp(at)),
-                kind: Some(kind),
-            });
-        }
+        super::emit_once(&mut out, mem, &job, &source, key, at, kind)
     };
     let first_sight = mem.emitted.is_empty();
     let urgent = j.labels.get("startline-priority").is_some_and(|p| p == "urgent")
