@@ -40,33 +40,20 @@ impl MetricsService for Receiver {
 
 /// The latest pushed sum of a counter's data points.
 fn pushed_sum(r: &Receiver, name: &str) -> Option<f64> {
-    let reqs = r.0.lock().ok()?;
-    let mut last = None;
-    for req in reqs.iter() {
-        for rm in &req.resource_metrics {
-            for sm in &rm.scope_metrics {
-                for m in sm.metrics.iter().filter(|m| m.name == name) {
-                    if let Some(Data::Sum(s)) = &m.data {
-                        let total: f64 = s
-                            .data_points
-                            .iter()
-                            .map(|p| match p.value {
-                                Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsInt(i)) => {
-                                    i as f64
-                                }
-                                Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(
-                                    d,
-                                )) => d,
-                                None => 0.0,
-                            })
-                            .sum();
-                        last = Some(total);
-                    }
-                }
-            }
-        }
-    }
-    last
+    use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value;
+    last_metric(r, name, |d| match d {
+        Data::Sum(s) => Some(
+            s.data_points
+                .iter()
+                .map(|p| match p.value {
+                    Some(Value::AsInt(i)) => i as f64,
+                    Some(Value::AsDouble(d)) => d,
+                    None => 0.0,
+                })
+                .sum(),
+        ),
+        _ => None,
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
