@@ -38,6 +38,10 @@ if ! python3 -c 'import grpc_tools, grpc_health' 2>/dev/null; then
   log "installing Python grpcio, grpcio-tools, grpcio-health-checking (foreign client test)"
   python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools grpcio-health-checking
 fi
+if ! python3 -c 'import openapi_spec_validator' 2>/dev/null; then
+  log "installing Python openapi-spec-validator (the API's OpenAPI document)"
+  python3 -m pip install --quiet --disable-pip-version-check openapi-spec-validator
+fi
 if ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
   log "installing Python kubernetes-validate, jsonschema, PyYAML (offline Kubernetes and CRD schema validation)"
   python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate jsonschema pyyaml

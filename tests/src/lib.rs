@@ -162,17 +162,44 @@ fn wait_ready(stdout: std::process::ChildStdout) -> Result<(SocketAddr, SocketAd
 
 /// A minimal HTTP/1.1 GET returning the status and the body as text (chunked bodies reassembled).
 pub fn http_get_text(addr: SocketAddr, path: &str) -> (u16, String) {
+    let (status, _, body) = http_request(addr, "GET", path, &[], "");
+    (status, body)
+}
+
+/// A minimal HTTP/1.1 request with extra headers and a body: the status, the `Content-Type` (empty when absent)
+/// and the body as text (chunked bodies reassembled).
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
     let mut s = TcpStream::connect(addr).expect("connect http");
     s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("write");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).expect("write");
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).expect("read");
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").expect("http response");
     let status: u16 = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).expect("status");
+    let ctype = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-type")))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
     let body =
         if head.to_ascii_lowercase().contains("transfer-encoding: chunked") { dechunk(body) } else { body.to_string() };
-    (status, body)
+    (status, ctype, body)
 }
 
 /// A minimal HTTP/1.1 GET returning the status and the JSON body (Null if the body is not JSON).

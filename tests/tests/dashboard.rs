@@ -112,8 +112,58 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
         a["alerts"].as_array().map_or(0, Vec::len)
     };
     let firing_before = firing_now();
+    let histories = |s: &serde_json::Value| -> Vec<serde_json::Value> {
+        s["slos"]
+            .as_array()
+            .expect("slos")
+            .iter()
+            .map(|x| c.get(&format!("/api/v1/slos/{}/history", x["name"].as_str().expect("name"))).1)
+            .collect()
+    };
+    let before = histories(&c.get("/api/v1/slos").1);
     let dom = render(&c, "slos", dir.path());
     let (_, s) = c.get("/api/v1/slos");
+    let after = histories(&s);
+    // The SLO charts: one budget and one burn chart per SLO, with every point of its history; the last value is
+    // the history's (read before or after the render: deadlines may cross meanwhile).
+    for (i, x) in s["slos"].as_array().expect("slos").iter().enumerate() {
+        let name = x["name"].as_str().expect("name");
+        for (chart, last_of) in [("budget", "/error_budget_remaining"), ("burn", "/burn_rates/0/long")] {
+            let key = format!("data-chart=\"{chart}\" data-slo=\"{name}\"");
+            let at = dom.find(&key).unwrap_or_else(|| panic!("{chart} chart of {name} missing"));
+            let svg = &dom[at..at + dom[at..].find("</svg>").expect("svg end")];
+            let attr = |a: &str| {
+                let k = format!("{a}=\"");
+                let v = svg.find(&k).expect("attribute") + k.len();
+                svg[v..v + svg[v..].find('"').expect("quote")].to_string()
+            };
+            let points = after[i]["points"].as_array().expect("points");
+            assert!(points.len() > 100, "{name}: {} points", points.len());
+            assert_eq!(attr("data-points"), points.len().to_string(), "{chart} of {name}");
+            // (serde_json's default float parsing may differ from the browser's in the last digit.)
+            let last = |h: &serde_json::Value| {
+                let p = h["points"].as_array().and_then(|p| p.last()).cloned().unwrap_or_default();
+                p.pointer(last_of).and_then(|v| v.as_f64()).unwrap_or(f64::NAN)
+            };
+            let shown: f64 = attr("data-last").parse().expect("a number");
+            let same = |v: f64| (shown - v).abs() <= 1e-9 * v.abs().max(1.0);
+            assert!(
+                same(last(&before[i])) || same(last(&after[i])),
+                "{chart} of {name}: shown {shown}, before {}, after {}",
+                last(&before[i]),
+                last(&after[i])
+            );
+            // Each series is drawn through every point.
+            let paths = svg.matches("<path data-series=").count();
+            assert_eq!(
+                paths,
+                if chart == "budget" { 1 } else { after[i]["burn_rules"].as_array().map_or(0, Vec::len) }
+            );
+            let d = svg.find(" d=\"M").expect("path data");
+            let d = &svg[d..d + svg[d..].find("\" fill").expect("path end")];
+            assert_eq!(d.matches('L').count() + 1, points.len(), "{chart} of {name}: one vertex per point");
+        }
+    }
     for x in s["slos"].as_array().expect("slos") {
         let name = x["name"].as_str().expect("name");
         let at = dom.find(&format!("<tr data-slo=\"{name}\"")).expect("slo row");

@@ -4,7 +4,8 @@
 //! - [`Params`]: the query string, decoded strictly: a `%` must start two hex digits, the decoded bytes must be
 //!   UTF-8, a parameter may appear once, and the whole string is at most [`MAX_QUERY_BYTES`] (414 beyond).
 //! - [`ApiPath`]: path parameters, like `axum::extract::Path`, rejected as JSON.
-//! - [`json_errors`]: a response mapper: a 4xx/5xx without a JSON body becomes `{"error": "..."}`.
+//! - [`json_errors`]: a response mapper: a 4xx/5xx without a JSON (or the login form's HTML) body becomes
+//!   `{"error": "..."}`.
 
 use super::ApiError;
 use axum::body::Body;
@@ -142,7 +143,8 @@ pub async fn json_errors(res: Response) -> Response {
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/html"));
+    // JSON passes as it is, and so do the login form's own pages (HTML for a browser).
     if !(status.is_client_error() || status.is_server_error()) || is_json {
         return res;
     }

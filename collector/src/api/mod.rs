@@ -7,12 +7,13 @@
 //! Every JSON body is a typed struct serialized by serde: the routes' bodies are in `types` (declared with keys in
 //! alphabetical order, the order those routes have always written them), the comparison's is
 //! [`crate::compare::Report`] and errors are [`ApiError`]. `tests` calls every route in process against golden
-//! bodies.
+//! bodies. [`openapi`] serves the contract, generated from those structs.
 
 pub mod auth;
 mod compare;
 pub mod extract;
 mod jobs;
+pub mod openapi;
 mod overview;
 pub mod serve;
 mod slos;
@@ -72,7 +73,8 @@ pub struct ApiError {
 }
 
 /// The body of every error answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+#[schemars(rename = "Error")]
 struct ErrorBody<'a> {
     error: &'a str,
 }
@@ -110,10 +112,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/jobs/{*job_id}", get(jobs::detail))
         .route("/api/v1/slos", get(slos::list))
         .route("/api/v1/slos/{name}", get(slos::detail))
+        .route("/api/v1/slos/{name}/history", get(slos::history))
         .route("/api/v1/alerts", get(slos::alerts))
         .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/compare", get(compare::json))
         .route("/api/v1/compare.svg", get(compare::svg))
+        .route("/api/v1/openapi.json", get(openapi::serve))
         .route("/metrics", get(metrics))
         .route("/", get(dashboard))
         .route("/dashboard", get(dashboard))

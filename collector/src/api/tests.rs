@@ -403,6 +403,30 @@ async fn slos_and_alerts() {
     check_error(&f, "err_slo_window.json", "/api/v1/slos/urgent-start?window=soon", StatusCode::BAD_REQUEST).await;
     check_error(&f, "err_slo_window_long.json", "/api/v1/slos/urgent-start?window=300d", StatusCode::BAD_REQUEST).await;
     check_error(&f, "err_slo_param.json", "/api/v1/slos/urgent-start?x=1", StatusCode::BAD_REQUEST).await;
+    let v = check(&f, "slo_history.json", "/api/v1/slos/urgent-start/history?range=1d&step=6h", StatusCode::OK).await;
+    let points = v["points"].as_array().expect("points");
+    assert_eq!(points.len(), 5);
+    assert_eq!(points[4]["at"], "2026-03-10T12:00:00.000Z");
+    // The last point is the status now.
+    let now = check(&f, "slo_urgent.json", "/api/v1/slos/urgent-start", StatusCode::OK).await;
+    for k in ["good", "bad", "compliance", "error_budget_remaining"] {
+        assert_eq!(points[4][k], now["status"][k], "{k}");
+    }
+    check_error(
+        &f,
+        "err_slo_history_range.json",
+        "/api/v1/slos/urgent-start/history?range=90d",
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    check_error(
+        &f,
+        "err_slo_history_step.json",
+        "/api/v1/slos/urgent-start/history?range=7d&step=1m",
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    check_error(&f, "err_slo_history_unknown.json", "/api/v1/slos/nope/history", StatusCode::NOT_FOUND).await;
     let v = check(&f, "alerts.json", "/api/v1/alerts", StatusCode::OK).await;
     assert_eq!(v["alerts"].as_array().map(Vec::len), Some(2));
     let v = check(&f, "alerts_firing.json", "/api/v1/alerts?state=firing", StatusCode::OK).await;
@@ -458,4 +482,47 @@ async fn health_readiness_and_fallbacks() {
     f.state.health.committer_died();
     check(&f, "healthz_unhealthy.json", "/healthz", StatusCode::SERVICE_UNAVAILABLE).await;
     check(&f, "readyz_unhealthy.json", "/readyz", StatusCode::SERVICE_UNAVAILABLE).await;
+}
+
+/// Every route the router declares is in the OpenAPI document with its method, and every documented operation
+/// is answered by a handler (not the unknown-route fallback).
+#[tokio::test(start_paused = true)]
+async fn the_openapi_document_lists_every_route() {
+    let source = include_str!("mod.rs");
+    let documented = super::openapi::operations();
+    let mut declared = Vec::new();
+    for line in source.lines().map(str::trim).filter(|l| l.starts_with(".route(\"")) {
+        let path = line.split('"').nth(1).expect("route path");
+        let path = path.replace("{*job_id}", "{job_id}");
+        for method in ["get", "post"] {
+            if line.contains(&format!("{method}(")) || line.contains(&format!("routing::{method}(")) {
+                declared.push((method, path.clone()));
+            }
+        }
+    }
+    assert!(declared.len() >= 18, "{declared:?}");
+    for (m, p) in &declared {
+        assert!(documented.iter().any(|(dm, dp)| dm == m && dp == p), "{m} {p} is routed but not documented");
+    }
+    for (m, p) in &documented {
+        assert!(declared.iter().any(|(dm, dp)| dm == m && dp == p), "{m} {p} is documented but not routed");
+    }
+    let f = fixture();
+    for (m, p) in &documented {
+        let uri = p.replace("{job_id}", "slurm/cluster-a/100").replace("{name}", "urgent-start");
+        let (status, _, body) = call(&f.state, &m.to_uppercase(), &uri).await;
+        assert!(
+            !body.contains("no such endpoint") && !body.contains("is not allowed on"),
+            "{m} {uri}: {status} {body}"
+        );
+    }
+    let (status, ctype, body) = call(&f.state, "GET", "/api/v1/openapi.json").await;
+    assert_eq!((status, ctype.as_str()), (StatusCode::OK, "application/json"));
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+    let job = &doc["components"]["schemas"]["Job"];
+    assert!(job["properties"]["time_to_first_step_seconds"].is_object(), "{job}");
+    // Written as null, so required; omitted when absent, so not required.
+    let required: Vec<&str> = job["required"].as_array().expect("required").iter().filter_map(|v| v.as_str()).collect();
+    assert!(required.contains(&"time_to_first_step_seconds") && !required.contains(&"events"), "{required:?}");
 }

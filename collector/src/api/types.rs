@@ -22,7 +22,7 @@ fn secs(ms: i64) -> f64 {
 }
 
 /// `{"status": ...}` of `/healthz` and `/readyz`, with the reason when not healthy or not ready.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -30,7 +30,7 @@ pub struct Status {
 }
 
 /// `GET /api/v1/jobs`: one page of job summaries.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct JobList {
     pub jobs: Vec<Job>,
     /// The last job of this page when there are more matches (pass it as `page_token`).
@@ -39,7 +39,7 @@ pub struct JobList {
 
 /// A job: its summary in listings; with `attributes`, `events` and `timeline` too in `GET /api/v1/jobs/{id}`.
 /// The attribute fields (`pool_kind` .. `team`) are absent, not null, for a job whose `submitted` is not known.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Job {
     /// Detail only; `null` for a job without attributes.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -130,7 +130,7 @@ impl Job {
 }
 
 /// The wait a job is in now.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct CurrentWait {
     pub raw_reason: Option<String>,
     pub segment: String,
@@ -138,7 +138,7 @@ pub struct CurrentWait {
 }
 
 /// A job's attributes beyond those in its summary.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Attributes {
     pub chain_id: String,
     pub chain_stage: String,
@@ -147,7 +147,7 @@ pub struct Attributes {
 }
 
 /// The full timeline of a job.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct TimelineDetail {
     pub attempts: u32,
     pub exit_code: Option<i32>,
@@ -200,7 +200,7 @@ impl TimelineDetail {
 }
 
 /// When a job reached each milestone (`null`: not yet).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Milestones {
     pub done: Option<String>,
     pub first_queued: Option<String>,
@@ -212,14 +212,14 @@ pub struct Milestones {
 }
 
 /// The latest checkpoint.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct LastCheckpoint {
     pub at: String,
     pub step: u64,
 }
 
 /// One raw event as stored.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Event {
     pub attempt: Option<u32>,
     /// The kind's fields (`null` for an event without a kind).
@@ -310,7 +310,7 @@ impl Event {
 }
 
 /// The fields of an event's kind (the kind itself is [`Event::kind`]).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum EventDetail {
     /// `submitted`.
@@ -358,14 +358,14 @@ pub enum EventDetail {
 }
 
 /// `GET /api/v1/slos`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SloList {
     pub as_of: String,
     pub slos: Vec<Slo>,
 }
 
 /// An SLO's definition and its status over a window.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Slo {
     /// `GET /api/v1/slos/{name}` only (the list has one for all).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -424,7 +424,7 @@ impl Slo {
 }
 
 /// Which jobs an SLO covers (empty lists: any).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SloSelector {
     pub gpu_class: Vec<String>,
     pub gpu_count_max: Option<u32>,
@@ -439,7 +439,7 @@ pub struct SloSelector {
 }
 
 /// An SLO's figures over a window.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SloStatus {
     pub bad: u64,
     pub breached_waiting: u64,
@@ -484,7 +484,7 @@ impl SloStatus {
 }
 
 /// The burn rate over one alerting window.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct BurnRate {
     pub burn_rate: f64,
     pub decided_jobs: u64,
@@ -492,7 +492,7 @@ pub struct BurnRate {
 }
 
 /// Time-to-first-step percentiles, seconds ([`crate::slo::Percentiles`] with its keys in API order).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Percentiles {
     pub count: u64,
     pub max: f64,
@@ -502,14 +502,65 @@ pub struct Percentiles {
     pub p99: f64,
 }
 
+/// `GET /api/v1/slos/{name}/history`: the SLO at evenly spaced points, for error-budget and burn-rate charts.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct SloHistory {
+    pub as_of: String,
+    /// The multi-window burn-rate alert rules the collector evaluates, with this SLO's factors.
+    pub burn_rules: Vec<BurnRuleInfo>,
+    pub name: String,
+    pub objective: f64,
+    /// Oldest first; the last point is `as_of`.
+    pub points: Vec<SloHistoryPoint>,
+    pub step_seconds: i64,
+    /// The SLO window each point's `good`, `bad`, compliance and error budget cover (ending at the point).
+    pub window_seconds: i64,
+}
+
+/// One burn-rate alert rule: it fires when both windows burn at `factor` or faster.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct BurnRuleInfo {
+    pub factor: f64,
+    pub long_window_seconds: i64,
+    /// `page` or `ticket`.
+    pub severity: &'static str,
+    pub short_window_seconds: i64,
+    /// `long/short`, e.g. `1h/5m`.
+    pub windows: &'static str,
+}
+
+/// The SLO as it stood at `at`.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct SloHistoryPoint {
+    pub at: String,
+    pub at_ms: i64,
+    /// Bad jobs decided in the SLO window ending at `at`.
+    pub bad: u64,
+    /// Burn rates at `at`, one per rule of `burn_rules`, in its order.
+    pub burn_rates: Vec<RuleBurn>,
+    /// good / (good + bad); 1 when the window holds no decided job.
+    pub compliance: f64,
+    /// 1 - bad / ((good + bad) x (1 - objective)); negative when overspent.
+    pub error_budget_remaining: f64,
+    pub good: u64,
+}
+
+/// A rule's two burn rates at a point.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct RuleBurn {
+    pub long: f64,
+    pub short: f64,
+    pub windows: &'static str,
+}
+
 /// `GET /api/v1/alerts`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct AlertList {
     pub alerts: Vec<Alert>,
 }
 
 /// One alert, firing or resolved.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Alert {
     pub annotations: BTreeMap<String, String>,
     pub key: String,
@@ -535,7 +586,7 @@ impl Alert {
 }
 
 /// `GET /api/v1/overview`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Overview {
     pub as_of: String,
     pub bucket_seconds: i64,
@@ -550,7 +601,7 @@ pub struct Overview {
 }
 
 /// The longest current wait in one pool and priority.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct OldestWait {
     pub pool: String,
     pub pool_kind: &'static str,
@@ -560,7 +611,7 @@ pub struct OldestWait {
 }
 
 /// Time-to-first-step percentiles (seconds) of the jobs of one pool and priority that started in the window.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct PoolTtfs {
     pub p50: Option<f64>,
     pub p90: Option<f64>,
@@ -573,7 +624,7 @@ pub struct PoolTtfs {
 }
 
 /// p50 and p90 time to first step (seconds) of one pool kind's jobs that started in one bucket.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct SeriesPoint {
     pub at: String,
     pub at_ms: i64,
@@ -584,7 +635,7 @@ pub struct SeriesPoint {
 }
 
 /// `POST /api/v1/admin/reload`: what the reload loaded.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Reloaded {
     /// Identities now configured.
     pub identities: usize,

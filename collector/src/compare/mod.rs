@@ -113,7 +113,7 @@ struct Side {
 }
 
 /// A percentile and its 95% confidence interval, seconds.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct Estimate {
     /// The estimate (`null` without data).
     pub value: Option<f64>,
@@ -122,7 +122,7 @@ pub struct Estimate {
 }
 
 /// The mean and its 95% confidence interval, seconds.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct MeanEstimate {
     /// The mean.
     pub value: f64,
@@ -131,7 +131,7 @@ pub struct MeanEstimate {
 }
 
 /// Time to first step of the started jobs of one side, seconds.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct TtfsSummary {
     /// Median.
     pub p50: Estimate,
@@ -146,7 +146,7 @@ pub struct TtfsSummary {
 }
 
 /// Good and bad jobs of one side under one SLO.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct SloCompliance {
     /// The SLO's name.
     pub slo: String,
@@ -159,7 +159,7 @@ pub struct SloCompliance {
 }
 
 /// Time spent in one wait segment, summed over a side's jobs.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct WaitShare {
     /// Seconds.
     pub seconds: f64,
@@ -168,7 +168,7 @@ pub struct WaitShare {
 }
 
 /// Started jobs by the hour (UTC) they were submitted in.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct HourStats {
     /// Hour of day, UTC.
     pub hour_utc: u32,
@@ -181,7 +181,7 @@ pub struct HourStats {
 }
 
 /// One side of one group.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct SideReport {
     /// Jobs submitted in the window.
     pub jobs: u64,
@@ -202,7 +202,7 @@ pub struct SideReport {
 }
 
 /// Whether the sides differ.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct Difference {
     /// The test used.
     pub test: &'static str,
@@ -219,7 +219,7 @@ pub struct Difference {
 }
 
 /// The comparison of one group (`all`, or one value of the grouping attribute).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct GroupReport {
     /// `all` or the attribute's value.
     pub group: String,
@@ -232,7 +232,7 @@ pub struct GroupReport {
 }
 
 /// The whole comparison, as `GET /api/v1/compare` answers it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
 pub struct Report {
     /// The left selector as given.
     pub left: String,

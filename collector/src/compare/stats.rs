@@ -66,7 +66,7 @@ pub fn mean_ci(values: &[f64]) -> Option<(f64, f64, f64)> {
 }
 
 /// The result of a Mann-Whitney U test.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, schemars::JsonSchema)]
 pub struct MannWhitney {
     /// U statistic of the left sample (pairs where left > right, ties counting one half).
     pub u_left: f64,

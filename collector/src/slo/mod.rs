@@ -174,6 +174,17 @@ pub struct SloStatus {
     pub ttfs_seconds: Option<Percentiles>,
 }
 
+/// One point of [`SloEngine::history`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryPoint {
+    /// The point in time, ms.
+    pub at_ms: i64,
+    /// Decided in the SLO window ending at `at_ms`.
+    pub window: Counts,
+    /// Decided in each of the asked windows ending at `at_ms`, in their order.
+    pub windows: Vec<Counts>,
+}
+
 /// Percentiles in seconds.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct Percentiles {
@@ -440,17 +451,47 @@ impl SloEngine {
         self.windows.get(i).map_or(Counts::default(), |w| w.counts_between(now_ms - window_ms, now_ms + 1))
     }
 
-    /// How far back SLO `i` keeps its buckets: its window (at least the 3-day burn window) plus a day.
+    /// How far back SLO `i` keeps its time-to-first-step histograms, and so the longest window its status can
+    /// cover: its window (at least the 3-day burn window) plus a day.
     pub fn retained_ms(&self, i: usize) -> i64 {
         self.defs.get(i).map_or(0, |d| d.window_ms.max(3 * 86_400_000) + 86_400_000)
+    }
+
+    /// How far back SLO `i` keeps its good/bad minute counts: twice [`Self::retained_ms`]'s span, so that the
+    /// error budget of every window ending within the last SLO window can be charted ([`Self::history`]).
+    pub fn history_retained_ms(&self, i: usize) -> i64 {
+        self.defs.get(i).map_or(0, |d| 2 * d.window_ms.max(3 * 86_400_000) + 86_400_000)
     }
 
     /// Drops window buckets older than each SLO retains.
     pub fn prune(&mut self, now_ms: i64) {
         for i in 0..self.windows.len() {
-            let keep = self.retained_ms(i);
-            self.windows[i].prune_before(now_ms - keep);
+            let (counts, hists) = (self.history_retained_ms(i), self.retained_ms(i));
+            self.windows[i].prune_before(now_ms - counts, now_ms - hists);
         }
+    }
+
+    /// SLO `i` at every `step_ms` from `from_ms` to `to_ms` (both included, aligned to `to_ms`): the good and
+    /// bad counts of the SLO window ending at each point (so its compliance and error budget then) and of each
+    /// of `windows`, for burn-rate history. Counts are exact (minute buckets, the same as [`Self::status`]).
+    pub fn history(&self, i: usize, from_ms: i64, to_ms: i64, step_ms: i64, windows: &[i64]) -> Vec<HistoryPoint> {
+        let (Some(def), Some(w)) = (self.defs.get(i), self.windows.get(i)) else { return Vec::new() };
+        let longest = windows.iter().copied().fold(def.window_ms, i64::max);
+        let running = w.running(from_ms - longest);
+        let step = step_ms.max(window::COUNT_BUCKET_MS);
+        let mut out = Vec::new();
+        let mut at = to_ms;
+        while at >= from_ms {
+            let end = at + 1;
+            out.push(HistoryPoint {
+                at_ms: at,
+                window: running.between(at - def.window_ms, end),
+                windows: windows.iter().map(|ms| running.between(at - ms, end)).collect(),
+            });
+            at -= step;
+        }
+        out.reverse();
+        out
     }
 }
 

@@ -359,3 +359,65 @@ fn advance(e: &mut SloEngine, jobs: &mut BTreeMap<String, Tracked>, now: i64) ->
     }
     due.len()
 }
+
+#[test]
+fn history_counts_each_window_like_an_independent_count_of_decisions() {
+    // 60 days of urgent jobs, one every ~17 minutes, some late: each decision's time and verdict is known here
+    // from the plain rule, and every history point's windows must hold exactly the decisions in them.
+    let def = urgent_slo();
+    let mut e = SloEngine::new(vec![def.clone()]);
+    let mut decided: Vec<(i64, bool)> = Vec::new();
+    let mut rng = 0x9E3779B97F4A7C15u64;
+    let end = T0 + 60 * 86_400_000;
+    let mut sub = T0;
+    let mut n = 0u32;
+    while sub < end - 86_400_000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let wait = (rng % (20 * MIN as u64)) as i64;
+        let id = format!("h{n}");
+        let rec = JobRecord::from_events(vec![
+            ev(&id, 0, sub, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
+            ev(&id, 1, sub + wait, EventKind::FirstStep { step: 1 }),
+        ]);
+        e.on_job(&id, &rec.timeline, &mut Vec::new(), sub + wait + 1);
+        let good = wait <= def.threshold_ms;
+        decided.push((if good { sub + wait } else { sub + def.threshold_ms }, good));
+        sub += 17 * MIN + (rng % 1000) as i64;
+        n += 1;
+    }
+    e.prune(end);
+    let windows = [3_600_000, 86_400_000];
+    let from = end - def.window_ms;
+    let points = e.history(0, from, end, 6 * 3_600_000, &windows);
+    assert_eq!(points.len() as i64, def.window_ms / (6 * 3_600_000) + 1);
+    assert_eq!(points.last().map(|p| p.at_ms), Some(end));
+    // Minute buckets: a window [at - w, at] holds the decisions whose minute starts in it.
+    let count = |at: i64, w: i64| {
+        let lo = (at - w).div_euclid(MIN) * MIN;
+        let (mut good, mut bad) = (0, 0);
+        for (t, g) in &decided {
+            let minute = t.div_euclid(MIN) * MIN;
+            if minute >= lo && minute <= at {
+                if *g {
+                    good += 1
+                } else {
+                    bad += 1
+                }
+            }
+        }
+        window::Counts { good, bad }
+    };
+    for p in &points {
+        assert_eq!(p.window, count(p.at_ms, def.window_ms), "SLO window at {}", p.at_ms);
+        assert!(p.window.total() > 0);
+        for (w, c) in windows.iter().zip(&p.windows) {
+            assert_eq!(*c, count(p.at_ms, *w), "{w} ms window at {}", p.at_ms);
+        }
+    }
+    // The last point is the status now.
+    let st = e.status(0, end, def.window_ms).expect("status");
+    let last = &points[points.len() - 1];
+    assert_eq!((last.window.good, last.window.bad), (st.good, st.bad));
+}

@@ -119,17 +119,55 @@ impl WindowState {
         added
     }
 
-    /// Drops buckets that end before `keep_from_ms`.
-    pub fn prune_before(&mut self, keep_from_ms: i64) {
-        let c = bucket(keep_from_ms, COUNT_BUCKET_MS);
+    /// Running totals of the minute counts from `from_ms` on, for answering many windows at once.
+    pub fn running(&self, from_ms: i64) -> Running {
+        let mut at = Vec::new();
+        let mut total = Counts::default();
+        let mut sums = Vec::new();
+        for (m, c) in self.counts.range(bucket(from_ms, COUNT_BUCKET_MS)..) {
+            total.good += c.good;
+            total.bad += c.bad;
+            at.push(*m);
+            sums.push(total);
+        }
+        Running { at, sums }
+    }
+
+    /// Drops count buckets that end before `counts_from_ms` and histogram buckets before `hists_from_ms`.
+    pub fn prune_before(&mut self, counts_from_ms: i64, hists_from_ms: i64) {
+        let c = bucket(counts_from_ms, COUNT_BUCKET_MS);
         self.counts = self.counts.split_off(&c);
-        let h = bucket(keep_from_ms, HIST_BUCKET_MS);
+        let h = bucket(hists_from_ms, HIST_BUCKET_MS);
         self.hists = self.hists.split_off(&h);
     }
 
     /// Minute buckets held (for memory accounting and tests).
     pub fn count_buckets(&self) -> usize {
         self.counts.len()
+    }
+}
+
+/// Running totals over minute buckets: the counts of any `[from, to)` in two binary searches.
+#[derive(Debug, Default)]
+pub struct Running {
+    at: Vec<i64>,
+    sums: Vec<Counts>,
+}
+
+impl Running {
+    /// Total of the buckets starting before `ms`.
+    fn before(&self, ms: i64) -> Counts {
+        match self.at.partition_point(|m| *m < ms) {
+            0 => Counts::default(),
+            n => self.sums[n - 1],
+        }
+    }
+
+    /// Counts decided in `[from_ms, to_ms)`, as [`WindowState::counts_between`] answers them (for ranges that
+    /// start at or after the running totals' start).
+    pub fn between(&self, from_ms: i64, to_ms: i64) -> Counts {
+        let (a, b) = (self.before(bucket(from_ms, COUNT_BUCKET_MS)), self.before(to_ms));
+        Counts { good: b.good - a.good, bad: b.bad - a.bad }
     }
 }
 
@@ -164,6 +202,22 @@ mod tests {
         w.ttfs(7_200_000, i64::MAX, false);
         assert!(clamped_total() > before);
         assert_eq!(w.ttfs_between(0, 10_800_000).len(), 3);
+    }
+
+    #[test]
+    fn running_totals_answer_every_window_like_a_direct_sum() {
+        let mut w = WindowState::default();
+        let mut x: u64 = 7;
+        for i in 0..2_000i64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            w.count(i * 37_000 + (x >> 40) as i64 % 30_000, x % 5 == 0, 1);
+        }
+        let r = w.running(0);
+        for from in (0..80_000_000i64).step_by(1_234_567) {
+            for len in [60_000, 300_000, 3_600_000, 21_600_000, 86_400_000] {
+                assert_eq!(r.between(from, from + len), w.counts_between(from, from + len), "{from}+{len}");
+            }
+        }
     }
 
     #[test]

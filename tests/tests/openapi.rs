@@ -1,0 +1,180 @@
+//! The API contract: the OpenAPI 3.1 document a collector serves at `/api/v1/openapi.json` is valid (PyPI's
+//! openapi-spec-validator), and real answers of every documented route, made here against collectors fed by
+//! the simulator (successes, each kind of 4xx, auth refusals on a collector with `[auth]`), validate against it
+//! (jsonschema, tests/python/validate_openapi.py). The document is generated from the response structs, so a
+//! handler that answers something its struct does not say, or a route missing from the document, fails here.
+
+use startline_tests::{binary, http_request, workspace_root, Collector};
+use std::process::Command;
+
+/// Recorded answers, in the shape validate_openapi.py reads.
+struct Recorder {
+    examples: Vec<serde_json::Value>,
+}
+
+impl Recorder {
+    /// Calls `url` (an instance of the documented `path`), records the answer and returns its status and body.
+    fn call(
+        &mut self,
+        c: &Collector,
+        method: &str,
+        path: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, String) {
+        let (status, ctype, text) = http_request(c.http, method, url, headers, body);
+        self.examples.push(serde_json::json!({
+            "method": method.to_ascii_lowercase(),
+            "path": path,
+            "url": url,
+            "status": status,
+            "content_type": ctype,
+            "body": text,
+            "undocumented_param_expected": false,
+        }));
+        (status, text)
+    }
+
+    fn get(&mut self, c: &Collector, path: &str, url: &str, want: u16) -> serde_json::Value {
+        let (status, body) = self.call(c, "GET", path, url, &[], "");
+        assert_eq!(status, want, "GET {url}: {body}");
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+#[test]
+fn every_route_answers_as_its_openapi_document_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    let sim = Command::new(binary("startline-agent"))
+        .args(["--collector", &c.endpoint(), "simulate", "--history", "2d", "--seed", "11", "--jobs-per-hour", "30"])
+        .output()
+        .expect("simulator");
+    assert!(sim.status.success(), "{}", String::from_utf8_lossy(&sim.stderr));
+
+    let mut r = Recorder { examples: Vec::new() };
+    let doc = r.get(&c, "/api/v1/openapi.json", "/api/v1/openapi.json", 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+
+    // Jobs: pages, every filter, each state, a job of each state in detail, errors.
+    let page = r.get(&c, "/api/v1/jobs", "/api/v1/jobs?limit=5", 200);
+    let token = page["next_page_token"].as_str().expect("more than one page").to_string();
+    r.get(&c, "/api/v1/jobs", &format!("/api/v1/jobs?limit=5&page_token={token}"), 200);
+    r.get(
+        &c,
+        "/api/v1/jobs",
+        "/api/v1/jobs?pool_kind=managed&priority=urgent&submitted_after=2020-01-01T00:00:00Z&limit=3",
+        200,
+    );
+    for state in ["queued", "assigned", "preparing", "running", "done"] {
+        let list = r.get(&c, "/api/v1/jobs", &format!("/api/v1/jobs?state={state}&limit=2"), 200);
+        for j in list["jobs"].as_array().expect("jobs") {
+            let id = j["job_id"].as_str().expect("id");
+            r.get(&c, "/api/v1/jobs/{job_id}", &format!("/api/v1/jobs/{id}"), 200);
+        }
+    }
+    r.get(&c, "/api/v1/jobs", "/api/v1/jobs?state=sleeping", 400);
+    r.get(&c, "/api/v1/jobs", "/api/v1/jobs?limit=0", 400);
+    r.get(&c, "/api/v1/jobs/{job_id}", "/api/v1/jobs/no/such/job", 404);
+
+    // SLOs, their history, alerts.
+    let slos = r.get(&c, "/api/v1/slos", "/api/v1/slos", 200);
+    for s in slos["slos"].as_array().expect("slos") {
+        let name = s["name"].as_str().expect("name");
+        r.get(&c, "/api/v1/slos/{name}", &format!("/api/v1/slos/{name}?window=1d"), 200);
+        let h = r.get(&c, "/api/v1/slos/{name}/history", &format!("/api/v1/slos/{name}/history"), 200);
+        assert!(h["points"].as_array().is_some_and(|p| p.len() > 100), "{h}");
+        r.get(&c, "/api/v1/slos/{name}/history", &format!("/api/v1/slos/{name}/history?range=2d&step=1h"), 200);
+        r.get(&c, "/api/v1/slos/{name}/history", &format!("/api/v1/slos/{name}/history?step=later"), 400);
+        r.get(&c, "/api/v1/slos/{name}", &format!("/api/v1/slos/{name}?window=10y"), 400);
+    }
+    r.get(&c, "/api/v1/slos/{name}", "/api/v1/slos/nope", 404);
+    r.get(&c, "/api/v1/slos/{name}/history", "/api/v1/slos/nope/history", 404);
+    for state in ["firing", "resolved", "all"] {
+        r.get(&c, "/api/v1/alerts", &format!("/api/v1/alerts?state={state}"), 200);
+    }
+    r.get(&c, "/api/v1/alerts", "/api/v1/alerts?state=open", 400);
+
+    // Overview and comparison.
+    r.get(&c, "/api/v1/overview", "/api/v1/overview", 200);
+    r.get(&c, "/api/v1/overview", "/api/v1/overview?window=7d", 200);
+    r.get(&c, "/api/v1/overview", "/api/v1/overview?window=1s", 400);
+    r.get(&c, "/api/v1/compare", "/api/v1/compare", 200);
+    r.get(&c, "/api/v1/compare", "/api/v1/compare?by=gpu_class&window=7d", 200);
+    r.get(&c, "/api/v1/compare", "/api/v1/compare?left=pool_kind%3Dmanaged%2Cpriority%3Durgent&by=pool", 200);
+    r.get(&c, "/api/v1/compare", "/api/v1/compare?left=colour%3Dblue", 400);
+    let (status, _) = r.call(&c, "GET", "/api/v1/compare.svg", "/api/v1/compare.svg?by=region", &[], "");
+    assert_eq!(status, 200);
+
+    // Meta and dashboard routes (open, no `[auth]`).
+    for p in ["/metrics", "/healthz", "/readyz", "/", "/dashboard"] {
+        let (status, _) = r.call(&c, "GET", p, p, &[], "");
+        assert_eq!(status, 200, "{p}");
+    }
+    let (status, _) = r.call(&c, "GET", "/login", "/login", &[], "");
+    assert_eq!(status, 303, "no [auth]: nothing to log in to");
+    let (status, _) = r.call(&c, "POST", "/logout", "/logout", &[], "");
+    assert_eq!(status, 303);
+    // Without a config file there is nothing to reload.
+    let (status, body) = r.call(&c, "POST", "/api/v1/admin/reload", "/api/v1/admin/reload", &[], "");
+    assert_eq!(status, 409, "{body}");
+    // An unknown query parameter is refused with 400 (not documented, on purpose).
+    r.get(&c, "/api/v1/overview", "/api/v1/overview?colour=blue", 400);
+    if let Some(last) = r.examples.last_mut() {
+        last["undocumented_param_expected"] = serde_json::Value::Bool(true);
+    }
+
+    // A collector with `[auth]`: refusals, a login, a reload.
+    let reader = startline_collector::auth::generate_token().expect("token");
+    let admin = startline_collector::auth::generate_token().expect("token");
+    let hash = |t: &str| startline_collector::auth::TokenHash::of(t).to_config();
+    let cfg = dir.path().join("collector.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[auth.identity]]\nname = \"reader\"\ntoken_hashes = [\"{}\"]\nscopes = [\"read\"]\n\
+             [[auth.identity]]\nname = \"admin\"\ntoken_hashes = [\"{}\"]\nscopes = [\"admin\"]\n",
+            hash(&reader),
+            hash(&admin)
+        ),
+    )
+    .expect("config");
+    let a = Collector::start(&dir.path().join("db-auth"), &["--config", &cfg.display().to_string()]);
+    let bearer = |t: &str| format!("Bearer {t}");
+    let (status, _) = r.call(&a, "GET", "/api/v1/slos", "/api/v1/slos", &[], "");
+    assert_eq!(status, 401);
+    let (status, _) = r.call(&a, "GET", "/api/v1/jobs", "/api/v1/jobs", &[("Authorization", "Bearer nope")], "");
+    assert_eq!(status, 401);
+    let (status, _) =
+        r.call(&a, "POST", "/api/v1/admin/reload", "/api/v1/admin/reload", &[("Authorization", &bearer(&reader))], "");
+    assert_eq!(status, 403);
+    let (status, body) =
+        r.call(&a, "POST", "/api/v1/admin/reload", "/api/v1/admin/reload", &[("Authorization", &bearer(&admin))], "");
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = r.call(&a, "GET", "/login", "/login", &[], "");
+    assert_eq!(status, 200);
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let (status, _) = r.call(&a, "POST", "/login", "/login", &form, &format!("token={reader}"));
+    assert_eq!(status, 303);
+    let (status, body) = r.call(&a, "POST", "/login", "/login", &form, "token=wrong");
+    assert_eq!(status, 401);
+    assert!(body.contains("<form"), "the login form answers a wrong token with the form again: {body}");
+    let (status, _) = r.call(&a, "POST", "/login", "/login", &form, "token=");
+    assert_eq!(status, 400);
+
+    let out = dir.path().join("openapi.json");
+    std::fs::write(&out, serde_json::to_vec(&doc).expect("json")).expect("write doc");
+    let ex = dir.path().join("examples.json");
+    std::fs::write(&ex, serde_json::to_vec(&r.examples).expect("json")).expect("write examples");
+    let v = Command::new("python3")
+        .arg(workspace_root().join("tests/python/validate_openapi.py"))
+        .arg(&out)
+        .arg(&ex)
+        .output()
+        .expect("python3 (scripts/test.sh installs openapi-spec-validator)");
+    let report = format!("{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr));
+    assert!(v.status.success(), "{report}");
+    assert!(report.contains(" 0 failures"), "{report}");
+    eprintln!("{report}");
+}
