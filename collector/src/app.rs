@@ -195,6 +195,18 @@ pub async fn run_with_clock(
         http: http_listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
     };
 
+    // Accepted events for OTLP logs: subscribed before the committer starts, so nothing accepted is missed.
+    let feed = crate::feed::Feed::new();
+    let logs_stop = CancellationToken::new();
+    let logs_task = match config.logs.clone() {
+        Some(settings) => {
+            let (task, stats) = crate::export::logs::spawn(&feed, settings, logs_stop.clone())
+                .map_err(|e| AppError::Runtime(format!("cannot start the OTLP logs exporter: {e}")))?;
+            telemetry.observe_log_export(stats);
+            Some(task)
+        }
+        None => None,
+    };
     let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
     let committer = applier::spawn(
         store.clone(),
@@ -211,6 +223,7 @@ pub async fn run_with_clock(
             max_events_per_job: config.max_events_per_job,
             fold_after: config.fold_after,
             fold_interval: config.fold_interval,
+            feed: feed.clone(),
         },
         stats.clone(),
         health.clone(),
@@ -402,6 +415,13 @@ pub async fn run_with_clock(
         tracing::error!("committer thread panicked");
     }
     tracing::info!(size_on_disk = store.size_on_disk().unwrap_or(0), "store flushed");
+    // The committer has published its last group: the logs exporter sends what it holds, then stops.
+    if let Some(task) = logs_task {
+        logs_stop.cancel();
+        if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+            tracing::warn!("OTLP logs exporter did not finish in time; its last records are not sent");
+        }
+    }
 
     // 4. Alerts: stop the loop and the notifiers (their state is already stored), then a last metrics export.
     alert_stop.cancel();
@@ -465,7 +485,7 @@ fn listener_url(addr: SocketAddr, tls: bool) -> String {
 }
 
 /// Sections a running collector cannot take without a restart.
-const RESTART_SECTIONS: [&str; 5] = ["store", "grpc", "http", "ingest", "metrics"];
+const RESTART_SECTIONS: [&str; 6] = ["store", "grpc", "http", "ingest", "metrics", "logs"];
 
 impl Reloader {
     /// Re-reads the file and applies what it can; the answer lists what changed and what needs a restart.

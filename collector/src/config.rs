@@ -41,6 +41,9 @@ pub struct FileConfig {
     /// `[metrics]`
     #[serde(default)]
     pub metrics: MetricsSection,
+    /// `[logs]`: accepted events and job summaries as OTLP logs.
+    #[serde(default)]
+    pub logs: crate::export::logs::LogsSection,
     /// `[auth]`: identities, scopes, restrictions.
     #[serde(default)]
     pub auth: AuthSection,
@@ -307,6 +310,8 @@ pub struct Config {
     pub alerts: AlertConfig,
     /// Metrics.
     pub metrics: MetricsConfig,
+    /// OTLP logs of accepted events, when configured.
+    pub logs: Option<crate::export::logs::LogsSettings>,
     /// Identities (empty: no authentication, loopback only unless `auth.insecure`).
     pub auth: AuthConfig,
     /// TLS on both listeners.
@@ -394,6 +399,7 @@ impl FileConfig {
             }
         }
         f.metrics.otlp_headers.values_mut().for_each(|v| *v = REDACTED.to_string());
+        f.logs.otlp_headers.values_mut().for_each(|v| *v = REDACTED.to_string());
         f
     }
 
@@ -408,6 +414,7 @@ impl FileConfig {
             if self.slo.is_empty() { crate::slo::SloDef::defaults() } else { validate_slos(&self.slo, &mut errs) };
         let alerts = self.alerts.validate(&mut errs);
         let metrics = self.metrics.validate(&mut errs);
+        let logs = self.logs.validate(&mut errs);
         let tls = self.tls.validate(&mut errs);
         let has_client_ca = tls.as_ref().is_some_and(|t| t.client_ca_file.is_some());
         let auth = self.auth.validate(&mut errs, has_client_ca);
@@ -419,6 +426,7 @@ impl FileConfig {
         }
         Ok(Config {
             metrics,
+            logs,
             store_path: store.path,
             checkpoint_interval: store.checkpoint_interval,
             retention: store.retention,
@@ -672,6 +680,7 @@ impl MetricsSection {
         }
         let (otlp_tls, otlp_headers) = crate::export::otlp_client_settings(
             errs,
+            "metrics",
             self.otlp_endpoint.as_deref(),
             crate::export::OtlpClientFiles {
                 ca_file: self.otlp_ca_file.as_deref(),

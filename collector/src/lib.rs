@@ -13,7 +13,9 @@
 //! - [`ingest`]: the gRPC edge (validation, policy when full), handing batches to the applier.
 //! - [`slo`]: start objectives: selectors, rolling windows of counts and HDR histograms, the deadline index.
 //! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
-//! - [`export`]: metrics: one OpenTelemetry MeterProvider, Prometheus `/metrics` and OTLP push.
+//! - [`feed`]: accepted events and ended jobs, handed by the committer to subscribers (bounded, never blocking).
+//! - [`export`]: metrics (one OpenTelemetry MeterProvider, Prometheus `/metrics` and OTLP push) and accepted
+//!   events as OTLP logs.
 //! - [`compare`]: side-by-side comparison of two job sets (managed vs dedicated) with significance tests.
 //! - [`health`]: whether storage writes fail (and why) and whether the committer lives, for health checks.
 //! - [`time`]: the clock (wall time advanced by tokio's clock, pausable in tests) and the text form of times.
@@ -30,6 +32,7 @@ pub mod auth;
 pub mod compare;
 pub mod config;
 pub mod export;
+pub mod feed;
 pub mod health;
 pub mod index;
 pub mod ingest;

@@ -7,7 +7,7 @@
 //! The layers, bottom to top (see `docs/ARCHITECTURE.md` and `/work/shared/notes/collector-layering.md`):
 //! - leaves that import no other module: `time` (clock, time text), `settings` (shared config checks),
 //!   `health`, and the pure domain `job`;
-//! - pure SLO maths `slo` (on `job` and `time`);
+//! - pure SLO maths `slo` (on `job` and `time`) and the accepted-event feed `feed` (on `job`);
 //! - storage `store` (bytes in and out: `job`, `time`, `health`) and the in-memory index `index`;
 //! - the applier `applier` (group commit, acks, checkpoints, folds, retention) over both;
 //! - the ingest edge `ingest`, which hands batches to the applier;
@@ -34,12 +34,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("job", &[]),
     // Pure maths over the domain.
     ("slo", &["job", "time"]),
+    // The accepted-event feed: the applier publishes, readers subscribe.
+    ("feed", &["job"]),
     // Storage: bytes in and out, keyed by the domain's types.
     ("store", &["job", "time", "health"]),
     // The in-memory index: hot jobs, folded rows, derived SLO and metric state, label limits.
     ("index", &["job", "slo", "time", "health"]),
     // The applier: group commit and acks, checkpoints, folds, retention.
-    ("applier", &["job", "slo", "index", "store", "time", "health"]),
+    ("applier", &["job", "slo", "index", "store", "time", "health", "feed"]),
     // The ingest edge: validation and the batch handed to the applier.
     // Who is talking and what they may do: used by both edges and exported by `export`.
     ("auth", &["settings", "time"]),
@@ -47,7 +49,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Readers: never the ingest path or the applier. `export` observes the alert board for its gauges (alert
     // never imports export); `api` serves every reader.
     ("alert", &["job", "slo", "index", "store", "time", "health", "settings"]),
-    ("export", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "auth"]),
+    ("export", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "auth", "feed"]),
     ("compare", &["job", "slo", "index", "time"]),
     ("api", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "export", "compare", "auth"]),
     // The top.

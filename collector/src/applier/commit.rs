@@ -165,7 +165,10 @@ impl Committer {
         self.health.storage_ok();
         // Durable: now visible.
         let accepted = entries.len() as u64;
-        drop(entries);
+        // The feed takes the stored values when someone subscribes; otherwise they go now.
+        let feeding = self.settings.feed.active();
+        let mut values = if feeding { entries.into_iter().map(|(_, v)| v).collect() } else { Vec::new() }.into_iter();
+        let mut fed = crate::feed::Group::default();
         let mut replies = Vec::with_capacity(group.len());
         let mut observations = Vec::new();
         {
@@ -173,6 +176,7 @@ impl Committer {
             let mut idx = self.index.write();
             idx.begin_group();
             let mut seq = first_seq;
+            let mut ended: Vec<String> = Vec::new();
             for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
                 for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
                     let mut compact = ev.compact;
@@ -181,13 +185,34 @@ impl Committer {
                         self.unfold(&mut idx, &ev.job_id, &folded, now);
                     }
                     let at_ms = compact.at_ms;
+                    let done = matches!(compact.kind, crate::job::EventKind::Done { .. });
                     observations.extend(idx.insert(&ev.job_id, compact, now));
                     idx.note_source(&ev.job_id, ev.source, at_ms, now);
+                    if feeding {
+                        let attrs = idx.jobs.get(&ev.job_id).and_then(|h| h.rec.timeline.attrs.clone());
+                        if done {
+                            ended.push(ev.job_id.clone());
+                        }
+                        let value = values.next().unwrap_or_default();
+                        fed.events.push(crate::feed::Accepted { seq, job_id: ev.job_id, value, attrs });
+                    }
                     seq += 1;
                 }
                 replies.push((req.reply, res.clone()));
             }
             idx.end_group();
+            if feeding {
+                ended.sort();
+                ended.dedup();
+                fed.ended = ended
+                    .into_iter()
+                    .filter_map(|id| idx.jobs.get(&id).map(|h| h.rec.timeline.clone()).map(|t| (id, t)))
+                    .collect();
+                fed.applied_at_ms = now;
+            }
+        }
+        if feeding {
+            self.settings.feed.publish(fed);
         }
         let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
         let rejected: usize = results.iter().map(|r| r.rejections.len()).sum();

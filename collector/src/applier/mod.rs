@@ -110,6 +110,8 @@ pub struct CommitterSettings {
     pub retention_interval: Duration,
     /// Most events stored per job: later new events of a job that has this many are rejected.
     pub max_events_per_job: usize,
+    /// Where accepted events go after each group commit (nothing is built while nobody subscribes).
+    pub feed: Arc<crate::feed::Feed>,
     /// Ended jobs unchanged for this long are folded out of memory (None: never fold).
     pub fold_after: Option<Duration>,
     /// How often fold candidates are looked for.

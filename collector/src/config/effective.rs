@@ -92,6 +92,14 @@ impl Config {
             );
         }
 
+        if let Some(l) = &self.logs {
+            f.logs.events = Some(l.events);
+            f.logs.summaries = Some(l.summaries);
+            f.logs.queue_groups = Some(l.queue_groups);
+            f.logs.batch_records = Some(l.batch_records);
+            f.logs.flush_interval = dur(l.flush_interval);
+        }
+
         f.auth.insecure = Some(self.auth.insecure);
         f.auth.metrics = Some(if self.auth.metrics_protected { "read" } else { "open" }.to_string());
         f
@@ -154,7 +162,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         slo: &'a [SloSection],
     }
     let mut out = Vec::new();
-    let pairs: [(&'static str, String, String); 9] = [
+    let pairs: [(&'static str, String, String); 10] = [
         ("store", text(&old.store), text(&new.store)),
         ("grpc", text(&old.grpc), text(&new.grpc)),
         ("http", text(&old.http), text(&new.http)),
@@ -162,6 +170,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         ("slo", text(&Slos { slo: &old.slo }), text(&Slos { slo: &new.slo })),
         ("alerts", text(&old.alerts), text(&new.alerts)),
         ("metrics", text(&old.metrics), text(&new.metrics)),
+        ("logs", text(&old.logs), text(&new.logs)),
         ("auth", text(&old.auth), text(&new.auth)),
         ("tls", text(&old.tls), text(&new.tls)),
     ];

@@ -18,6 +18,7 @@
 /// Moved to the index (derived per-job metric state lives beside the jobs); re-exported for old paths.
 pub use crate::index::{footprint as jobs, labels};
 
+pub mod logs;
 pub mod rules;
 pub mod slo_spec;
 
@@ -83,22 +84,25 @@ pub struct OtlpClientFiles<'a> {
     pub headers: &'a std::collections::BTreeMap<String, String>,
 }
 
-/// Reads and checks the OTLP client fields of `[metrics]` (files read now; one message per problem, naming the
-/// field, never a secret): the TLS files, then the metadata (headers, and `authorization` from the token file).
+/// Reads and checks the OTLP client fields of `[metrics]` or `[logs]` (`section`; files read now; one message per
+/// problem, naming the field, never a secret): the TLS files, then the metadata (headers, and `authorization`
+/// from the token file).
 pub fn otlp_client_settings(
     errs: &mut Vec<String>,
+    section: &str,
     endpoint: Option<&str>,
     f: OtlpClientFiles<'_>,
 ) -> (ClientTlsFiles, Vec<(String, Secret)>) {
-    let tls = ClientTlsFiles::read(errs, "metrics.otlp_", f.ca_file, f.client_cert_file, f.client_key_file);
+    let prefix = format!("{section}.otlp_");
+    let tls = ClientTlsFiles::read(errs, &prefix, f.ca_file, f.client_cert_file, f.client_key_file);
     let is_https = endpoint.is_some_and(|e| e.starts_with("https://"));
     if (tls.ca.is_some() || tls.identity.is_some()) && !is_https {
-        errs.push("metrics.otlp_ca_file: TLS files need an https:// otlp_endpoint".to_string());
+        errs.push(format!("{section}.otlp_ca_file: TLS files need an https:// otlp_endpoint"));
     }
     let mut headers = Vec::new();
     for (k, v) in f.headers {
         let key = k.to_ascii_lowercase();
-        let field = format!("metrics.otlp_headers.{k}");
+        let field = format!("{section}.otlp_headers.{k}");
         if tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(key.as_bytes()).is_err() {
             errs.push(format!("{field}: not a valid gRPC metadata key"));
         } else if key == "authorization" {
@@ -110,7 +114,7 @@ pub fn otlp_client_settings(
         }
     }
     if let Some(p) = f.bearer_token_file {
-        match read_secret_file("metrics.otlp_bearer_token_file", p) {
+        match read_secret_file(&format!("{section}.otlp_bearer_token_file"), p) {
             Ok(t) => headers.push(("authorization".to_string(), Secret::new(format!("Bearer {}", t.expose())))),
             Err(e) => errs.push(e),
         }
@@ -343,6 +347,27 @@ impl Telemetry {
     pub fn observe_notifiers(&self, stats: Arc<crate::alert::AlertStats>) {
         for provider in &self.providers {
             Self::observe_notifiers_on(provider, stats.clone());
+        }
+    }
+
+    /// Registers `startline.collector.otlp.log_records`: the OTLP logs exporter's records by `result` (`exported`,
+    /// `failed` after retries, `dropped` on a full queue). Called once, when the exporter starts.
+    pub fn observe_log_export(&self, stats: Arc<logs::LogStats>) {
+        for provider in &self.providers {
+            let s = stats.clone();
+            let _ = provider
+                .meter("startline-collector")
+                .u64_observable_counter("startline.collector.otlp.log_records")
+                .with_unit("{record}")
+                .with_description(
+                    "OTLP log records of accepted events and job summaries: exported, failed after retries, dropped on a full queue",
+                )
+                .with_callback(move |o| {
+                    for (result, c) in [("exported", &s.exported), ("failed", &s.failed), ("dropped", &*s.dropped)] {
+                        o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("result", result)]);
+                    }
+                })
+                .build();
         }
     }
 
@@ -1327,7 +1352,7 @@ mod tests {
             bearer_token_file: Some(&token),
             headers: &headers,
         };
-        let (tls, h) = otlp_client_settings(&mut errs, Some("https://otel.example:4317"), files);
+        let (tls, h) = otlp_client_settings(&mut errs, "metrics", Some("https://otel.example:4317"), files);
         assert!(errs.is_empty(), "{errs:?}");
         assert!(tls.ca.is_none());
         let keys: Vec<&str> = h.iter().map(|(k, _)| k.as_str()).collect();
@@ -1358,7 +1383,7 @@ mod tests {
             bearer_token_file: Some(std::path::Path::new("/nonexistent/token")),
             headers: &bad,
         };
-        otlp_client_settings(&mut errs, Some("http://127.0.0.1:4317"), files);
+        otlp_client_settings(&mut errs, "metrics", Some("http://127.0.0.1:4317"), files);
         let prefixes = [
             "metrics.otlp_ca_file: cannot read /nonexistent/ca.pem",
             "metrics.otlp_headers.Authorization: use otlp_bearer_token_file",

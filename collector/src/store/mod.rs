@@ -321,6 +321,11 @@ pub fn encode_log_value(ev: &pb::LifecycleEvent) -> Vec<u8> {
     seal(&ev.encode_to_vec())
 }
 
+/// Decodes a stored log value of sequence `seq` (as the accepted-event feed hands them out).
+pub fn decode_stored_event(seq: u64, v: &[u8]) -> Result<pb::LifecycleEvent, StoreError> {
+    decode_log_value(&seq.to_be_bytes(), v)
+}
+
 fn decode_log_value(key: &[u8], v: &[u8]) -> Result<pb::LifecycleEvent, StoreError> {
     let body = unseal(v, true).map_err(|r| corrupt_log(key, r))?;
     pb::LifecycleEvent::decode(body).map_err(|e| corrupt_log(key, e))
