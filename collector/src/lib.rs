@@ -4,7 +4,7 @@
 //! # Layout
 //! - [`config`]: the TOML file and CLI flags, validated into [`config::Config`] before any port is bound; each
 //!   section checked by its own `validate(&mut errors)` with the helpers of [`settings`].
-//! - [`job`]: the pure domain: compact events, job records and the timeline state machine.
+//! - [`job`]: the pure domain: compact events, job records, the timeline state machine and GPU-time accounting.
 //! - [`store`]: sled key layout, codecs, durable append, checkpoints, folds and restore.
 //! - [`index`]: the in-memory job index (hot jobs, folded rows, derived SLO and metric state) shared by the
 //!   applier (its only writer) and readers.

@@ -86,7 +86,7 @@ fn forty_pools_four_gpu_classes_fit_the_documented_series_budget() {
     // No overflow anywhere, and the overflow counter is there (at 0) for each limited metric.
     assert!(!text.contains("otel_metric_overflow"), "an overflow series exists");
     let overflow = label_sets(&text, "startline_collector_metric_overflow_total");
-    assert_eq!(overflow.len(), 11, "{overflow:?}");
+    assert_eq!(overflow.len(), 12, "{overflow:?}");
     assert!(text
         .lines()
         .filter(|l| l.starts_with("startline_collector_metric_overflow_total{"))
@@ -99,6 +99,9 @@ fn forty_pools_four_gpu_classes_fit_the_documented_series_budget() {
     let mut classes = BTreeSet::new();
     let (mut ttfs, mut finished, mut waiting, mut waiting_gpus, mut oldest) =
         (BTreeSet::new(), BTreeSet::new(), BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    let mut gpu_time_pools = BTreeSet::new();
+    // GPU-seconds of ended jobs, the plain way: requested GPUs x (end - submit).
+    let mut ended_gpu_seconds = 0.0;
     for j in &jobs {
         let s = |k: &str| j[k].as_str().expect(k).to_string();
         let (kind, provider, pool, priority, class, region) =
@@ -121,6 +124,11 @@ fn forty_pools_four_gpu_classes_fit_the_documented_series_budget() {
             let mut m = set(&job);
             m.insert("outcome".into(), o.into());
             finished.insert(m);
+            if j["gpu_count"].as_u64().unwrap_or(0) > 0 && j["done_at"] != j["submitted_at"] {
+                gpu_time_pools.insert(set(pool_only));
+            }
+            let at = |k: &str| startline_collector::time::parse_time(j[k].as_str().expect(k)).expect("time") as f64;
+            ended_gpu_seconds += j["gpu_count"].as_f64().unwrap_or(0.0) * (at("done_at") - at("submitted_at")) / 1000.0;
         }
         if let Some(seg) = j["current_wait"]["segment"].as_str() {
             let mut m = set(pool_only);
@@ -144,6 +152,26 @@ fn forty_pools_four_gpu_classes_fit_the_documented_series_budget() {
     assert_eq!(label_sets(&text, "startline_jobs_waiting"), waiting);
     assert_eq!(label_sets(&text, "startline_jobs_waiting_gpus"), waiting_gpus);
     assert_eq!(label_sets(&text, "startline_jobs_oldest_wait_seconds"), oldest);
+    // GPU time by category: pool attributes and a closed category, for every pool with an ended job.
+    let gpu_time = label_sets(&text, "startline_jobs_gpu_seconds_total");
+    let categories = ["waiting", "preparing", "requeue_wait", "checkpoint", "lost", "failed", "productive"];
+    assert!(gpu_time.iter().all(|m| m.get("category").is_some_and(|c| categories.contains(&c.as_str()))));
+    let pools_seen: BTreeSet<_> = gpu_time
+        .into_iter()
+        .map(|mut m| {
+            m.remove("category");
+            m
+        })
+        .collect();
+    assert_eq!(pools_seen, gpu_time_pools);
+    // The categories add up to every ended job's GPU time.
+    let counted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("startline_jobs_gpu_seconds_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(ended_gpu_seconds > 0.0);
+    assert!((counted - ended_gpu_seconds).abs() <= 1e-6 * ended_gpu_seconds, "{counted} vs {ended_gpu_seconds}");
     // The histogram: each set has one sample per boundary, +Inf, _sum and _count (19 boundaries plus each
     // default SLO threshold that is not one already: 10 min and 2 h are, so 19).
     let buckets = samples(&text, "startline_jobs_time_to_first_step_seconds_bucket");

@@ -198,6 +198,29 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     );
     assert_eq!(attr_of(&dom, "cmp-verdict", "data-significant"), Some(all["difference"]["significant"].to_string()));
 
+    // GPU time: the total and each pool's row as the API says. Open jobs' time grows with the clock, so what is
+    // shown lies between the API's answers before and after the render.
+    let before = c.get("/api/v1/goodput?by=pool&window=30d").1;
+    let dom = render(&c, "goodput", dir.path());
+    let after = c.get("/api/v1/goodput?by=pool&window=30d").1;
+    let within = |what: &str, shown: Option<String>, lo: f64, hi: f64| {
+        let v: f64 = shown.and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{what}: no number shown"));
+        assert!(v >= lo * (1.0 - 1e-9) && v <= hi * (1.0 + 1e-9), "{what}: shown {v}, API {lo}..{hi}");
+    };
+    let hours = |g: &serde_json::Value| g["total_gpu_hours"].as_f64().expect("hours");
+    within("total", attr_of(&dom, "gp-total", "data-value"), hours(&before["total"]), hours(&after["total"]));
+    let rows = after["groups"].as_array().expect("groups");
+    assert!(rows.len() >= 2, "{after}");
+    for r in rows {
+        let name = r["group"].as_str().expect("group");
+        let earlier =
+            before["groups"].as_array().and_then(|g| g.iter().find(|x| x["group"] == r["group"])).expect("row");
+        let key = format!("data-goodput-row=\"{name}\" data-total=\"");
+        let at = dom.find(&key).unwrap_or_else(|| panic!("row {name} missing"));
+        let v = &dom[at + key.len()..];
+        within(name, Some(v[..v.find('"').expect("quote")].to_string()), hours(earlier), hours(r));
+    }
+
     // Job timeline, for a job that started.
     let (_, jobs) = c.get("/api/v1/jobs?state=done&limit=1");
     let id = jobs["jobs"][0]["job_id"].as_str().expect("a finished job").to_string();

@@ -85,6 +85,12 @@ fn stable(mut v: Value) -> Value {
                 if matches!(m.get("state").and_then(Value::as_str), Some("queued" | "assigned" | "preparing")) {
                     m.remove("timeline");
                 }
+                // An open job's time by category counts up to the moment of the request too.
+                if matches!(m.get("state").and_then(Value::as_str), Some("running")) {
+                    if let Some(Value::Object(t)) = m.get_mut("timeline") {
+                        t.remove("time_by_category_seconds");
+                    }
+                }
                 m.values_mut().for_each(strip);
             }
             Value::Array(a) => a.iter_mut().for_each(strip),

@@ -96,6 +96,14 @@ fn every_route_answers_as_its_openapi_document_says() {
     }
     r.get(&c, "/api/v1/alerts", "/api/v1/alerts?state=open", 400);
 
+    // GPU time.
+    let g = r.get(&c, "/api/v1/goodput", "/api/v1/goodput", 200);
+    assert!(g["total"]["jobs"].as_u64().is_some_and(|n| n > 0), "{g}");
+    for by in ["team", "pool", "chain_stage"] {
+        r.get(&c, "/api/v1/goodput", &format!("/api/v1/goodput?by={by}&window=7d"), 200);
+    }
+    r.get(&c, "/api/v1/goodput", "/api/v1/goodput?by=colour", 400);
+
     // Overview and comparison.
     r.get(&c, "/api/v1/overview", "/api/v1/overview", 200);
     r.get(&c, "/api/v1/overview", "/api/v1/overview?window=7d", 200);

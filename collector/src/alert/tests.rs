@@ -230,7 +230,7 @@ async fn a_backlog_being_replayed_is_applied_before_its_deadlines_are_judged() {
             id_hash: event_id_hash(&format!("noise-{i}")),
             seq: 1 + i as u64,
             attempt: None,
-            kind: EventKind::Checkpoint { step: i as u64 },
+            kind: EventKind::Checkpoint { step: i as u64, save_ms: 0 },
         };
         batch(&h, "spool/c", ev);
         tokio::task::yield_now().await;

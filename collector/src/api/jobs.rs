@@ -90,7 +90,7 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
             other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
         }
     }
-    let now = startline_proto::time::now_ms();
+    let now = s.clock.now_ms();
     let index = s.index.clone();
     // A filtered listing may scan many jobs: off the async workers, in chunks under short read locks.
     let (jobs, next) = tokio::task::spawn_blocking(move || {
@@ -118,7 +118,7 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
 /// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events. A folded job's events
 /// are read from its archive and its timeline derived again from them.
 pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>) -> Result<Json<Job>, ApiError> {
-    let now = startline_proto::time::now_ms();
+    let now = s.clock.now_ms();
     let hot = {
         let idx = s.index.read();
         match idx.jobs.get(&job_id) {

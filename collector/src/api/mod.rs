@@ -12,6 +12,7 @@
 pub mod auth;
 mod compare;
 pub mod extract;
+mod goodput;
 mod jobs;
 pub mod openapi;
 mod overview;
@@ -115,6 +116,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/slos/{name}/history", get(slos::history))
         .route("/api/v1/alerts", get(slos::alerts))
         .route("/api/v1/overview", get(overview::overview))
+        .route("/api/v1/goodput", get(goodput::goodput))
         .route("/api/v1/compare", get(compare::json))
         .route("/api/v1/compare.svg", get(compare::svg))
         .route("/api/v1/openapi.json", get(openapi::serve))

@@ -339,6 +339,27 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
         },
         Route {
             method: "get",
+            path: "/api/v1/goodput",
+            id: "getGoodput",
+            tag: "goodput",
+            summary: "Where the GPU time went, by category, overall and per group",
+            description: "Jobs submitted in the window, each accounted from its timeline up to its end (or now) and \
+                          weighted by its GPUs: waiting by segment, preparing by phase, requeue waits, checkpoint \
+                          saves, lost work, failed runs and productive training, which add up to the total.",
+            params: vec![
+                query(
+                    "by",
+                    "group by this job attribute (default pool_kind)",
+                    json!({"type": "string", "enum": ["pool_kind", "provider", "pool", "priority", "gpu_class", "region", "team", "project", "chain_stage"]}),
+                ),
+                query("window", "jobs submitted in this window before now, 1h to 400d (default 30d)", duration("30d")),
+            ],
+            ok: (200, "the accounting", Body::Json(schema::<types::Goodput>(g))),
+            errors: &[(400, "by or window malformed"), (503, "storage unavailable")],
+            access: Access::Read,
+        },
+        Route {
+            method: "get",
             path: "/api/v1/compare",
             id: "compare",
             tag: "compare",
@@ -588,6 +609,7 @@ fn build() -> Document {
             Tag { name: "slos", description: "Time-to-first-step SLOs and alerts" },
             Tag { name: "queue", description: "Queue latency" },
             Tag { name: "compare", description: "Managed endpoints against dedicated pools" },
+            Tag { name: "goodput", description: "GPU time by category: waiting, preparing, lost, productive" },
             Tag { name: "dashboard", description: "The built-in dashboard and its sessions" },
             Tag { name: "meta", description: "Health, metrics, configuration and this document" },
         ],

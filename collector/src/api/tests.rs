@@ -3,8 +3,8 @@
 //!
 //! Each answer is compared byte for byte (status, then body) with a golden file in `api/golden/`, captured from
 //! the API as it answered before its responses were typed: any change to a field name, nesting, value type,
-//! null versus absent, number formatting or key order fails here. Values that follow the wall clock rather than
-//! the state's clock (`waiting_seconds` and the open initial-wait segment of a waiting job) are masked first.
+//! null versus absent, number formatting or key order fails here. Values that grow with the clock
+//! (`waiting_seconds` and the open initial-wait segment of a waiting job) are masked first.
 //! `STARTLINE_BLESS=1` rewrites the golden files (only when an answer is meant to change).
 
 use super::{router, ApiState};
@@ -378,7 +378,7 @@ async fn job_detail_hot_folded_and_unknown() {
     assert_eq!(v["state"], "running");
     let v = check(&f, "job_no_attrs.json", "/api/v1/jobs/kubernetes/ns/pod-x", StatusCode::OK).await;
     assert!(v["attributes"].is_null() && v.get("provider").is_none());
-    // A waiting job: its open segment and wait follow the wall clock.
+    // A waiting job: its open segment and wait grow with the clock (masked, though the state's clock is fixed here).
     let (status, ctype, body) = call(&f.state, "GET", "/api/v1/jobs/slurm/cluster-a/200").await;
     assert_eq!(status, StatusCode::OK);
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
@@ -525,4 +525,23 @@ async fn the_openapi_document_lists_every_route() {
     // Written as null, so required; omitted when absent, so not required.
     let required: Vec<&str> = job["required"].as_array().expect("required").iter().filter_map(|v| v.as_str()).collect();
     assert!(required.contains(&"time_to_first_step_seconds") && !required.contains(&"events"), "{required:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn goodput_accounts_hot_and_folded_jobs() {
+    let f = fixture();
+    let v = check(&f, "goodput.json", "/api/v1/goodput", StatusCode::OK).await;
+    let t = &v["total"];
+    let parts: f64 = ["waiting", "preparing", "requeue_wait", "checkpoint", "lost", "failed", "productive"]
+        .iter()
+        .map(|c| t[format!("{c}_gpu_hours")].as_f64().expect("hours"))
+        .sum();
+    let total = t["total_gpu_hours"].as_f64().expect("total");
+    assert!(total > 0.0 && (parts - total).abs() < 1e-9 * total, "{parts} vs {total}");
+    let groups: f64 =
+        v["groups"].as_array().expect("groups").iter().map(|g| g["total_gpu_hours"].as_f64().unwrap_or(0.0)).sum();
+    assert!((groups - total).abs() < 1e-9 * total);
+    check(&f, "goodput_team_7d.json", "/api/v1/goodput?by=team&window=7d", StatusCode::OK).await;
+    check_error(&f, "err_goodput_by.json", "/api/v1/goodput?by=colour", StatusCode::BAD_REQUEST).await;
+    check_error(&f, "err_goodput_window.json", "/api/v1/goodput?window=1m", StatusCode::BAD_REQUEST).await;
 }

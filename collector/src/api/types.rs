@@ -150,7 +150,11 @@ pub struct Attributes {
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct TimelineDetail {
     pub attempts: u32,
+    /// Time spent saving checkpoints (the sum of their `save_seconds`).
+    pub checkpoint_save_seconds: f64,
     pub exit_code: Option<i32>,
+    /// Training lost when the job failed (its last run since the later of its start and last checkpoint).
+    pub failed_work_seconds: f64,
     pub ignored_after_done: u32,
     /// Seconds per wait segment before the first step (a job still in its initial wait: up to now).
     pub initial_wait_seconds: BTreeMap<String, f64>,
@@ -162,6 +166,10 @@ pub struct TimelineDetail {
     pub preemptions: u32,
     pub requeue_wait_seconds: f64,
     pub runs: u32,
+    /// The job's life (submit to its end, or now) by category: `waiting`, `preparing`, `requeue_wait`,
+    /// `checkpoint`, `lost`, `failed`, `productive`, in seconds; they add up to it exactly (README "GPU time";
+    /// multiply by `gpu_count` for GPU-seconds).
+    pub time_by_category_seconds: BTreeMap<&'static str, f64>,
 }
 
 impl TimelineDetail {
@@ -174,9 +182,12 @@ impl TimelineDetail {
                 *initial.entry(seg.label()).or_insert(0.0) += secs((now_ms - since).max(0));
             }
         }
+        let by_category = crate::job::goodput::account(t, now_ms).map(|a| a.by_category()).unwrap_or_default();
         TimelineDetail {
             attempts: t.attempts,
+            checkpoint_save_seconds: secs(t.checkpoint_save_ms),
             exit_code: t.exit_code,
+            failed_work_seconds: secs(t.failed_work_ms),
             ignored_after_done: t.ignored_after_done,
             initial_wait_seconds: initial,
             lost_gpu_seconds: t.lost_gpu_seconds(),
@@ -195,6 +206,11 @@ impl TimelineDetail {
             preemptions: t.preemptions,
             requeue_wait_seconds: secs(t.requeue_wait_ms),
             runs: t.runs,
+            time_by_category_seconds: crate::job::goodput::CATEGORIES
+                .iter()
+                .zip(by_category)
+                .map(|(c, ms)| (*c, secs(ms)))
+                .collect(),
         }
     }
 }
@@ -551,6 +567,51 @@ pub struct RuleBurn {
     pub long: f64,
     pub short: f64,
     pub windows: &'static str,
+}
+
+/// `GET /api/v1/goodput`: where the GPU time of the jobs submitted in a window went, by category, overall and
+/// per group (job/goodput.rs defines the categories; they add up to `total` exactly).
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct Goodput {
+    pub as_of: String,
+    /// The attribute the groups are by.
+    pub by: &'static str,
+    /// Category names, in the order the dashboard stacks them.
+    pub categories: Vec<&'static str>,
+    /// One per value of `by`, largest total first.
+    pub groups: Vec<GoodputGroup>,
+    /// Every job of the window.
+    pub total: GoodputGroup,
+    pub window_seconds: i64,
+}
+
+/// GPU-hours of a set of jobs (each job's time weighted by the GPUs it asked for).
+#[derive(Debug, Default, Serialize, schemars::JsonSchema)]
+pub struct GoodputGroup {
+    /// Checkpoint save time.
+    pub checkpoint_gpu_hours: f64,
+    /// Training since the last checkpoint of runs that ended with the job failed.
+    pub failed_gpu_hours: f64,
+    /// productive / total; `null` when the jobs hold no GPU time.
+    pub goodput: Option<f64>,
+    /// The group's value of `by` (`(none)` when unset; absent for `total`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    pub jobs: u64,
+    /// Training lost to preemptions, node losses and restarts (since the last checkpoint).
+    pub lost_gpu_hours: f64,
+    /// Share of the GPU time the jobs held (preparing + checkpoint + lost + failed + productive) that was not
+    /// useful training; `null` when they held none.
+    pub overhead_share: Option<f64>,
+    pub preparing_gpu_hours: f64,
+    /// Preparing by phase (`preparing:image_pull`, ...).
+    pub preparing_by_phase: BTreeMap<String, f64>,
+    pub productive_gpu_hours: f64,
+    pub requeue_wait_gpu_hours: f64,
+    pub total_gpu_hours: f64,
+    /// Waiting before the first step, by segment (`queued:capacity`, `unreported`, `assigned`, ...).
+    pub waiting_by_segment: BTreeMap<String, f64>,
+    pub waiting_gpu_hours: f64,
 }
 
 /// `GET /api/v1/alerts`.

@@ -146,6 +146,7 @@ struct Instruments {
     ended_before_start: Counter<u64>,
     preemptions: Counter<u64>,
     lost_work: Counter<f64>,
+    gpu_time: Counter<f64>,
     commit: Histogram<f64>,
 }
 
@@ -161,7 +162,7 @@ pub struct Telemetry {
 }
 
 /// The job metrics whose attribute sets are limited (OpenTelemetry names); each has an overflow count.
-pub const LIMITED_METRICS: [&str; 11] = [
+pub const LIMITED_METRICS: [&str; 12] = [
     "startline.jobs.time_to_first_step",
     "startline.jobs.wait.duration",
     "startline.jobs.wait.gpu_seconds",
@@ -170,6 +171,7 @@ pub const LIMITED_METRICS: [&str; 11] = [
     "startline.jobs.ended_before_start",
     "startline.jobs.preemptions",
     "startline.jobs.lost_work.gpu_seconds",
+    "startline.jobs.gpu_seconds",
     "startline.jobs.waiting",
     "startline.jobs.waiting.gpus",
     "startline.jobs.oldest_wait",
@@ -425,6 +427,24 @@ impl Telemetry {
                         i.waited.add(*gpu_seconds, &a);
                     }
                 }
+                Observation::GpuTime { labels, gpu_seconds } => {
+                    let base = with_team(
+                        pool_attrs(labels.pool_kind, &labels.provider, &labels.pool, labels.priority),
+                        self.team,
+                        &labels.team,
+                    );
+                    for (category, v) in crate::job::goodput::CATEGORIES.iter().zip(gpu_seconds) {
+                        if *v <= 0.0 {
+                            continue;
+                        }
+                        let mut a = base.clone();
+                        a.push(KeyValue::new("category", *category));
+                        let a = limit("startline.jobs.gpu_seconds", a);
+                        for i in &self.instruments {
+                            i.gpu_time.add(*v, &a);
+                        }
+                    }
+                }
                 Observation::Finished { labels, outcome, before_start } => {
                     use startline_proto::labels::Label;
                     let mut a = job_attrs(labels);
@@ -657,6 +677,14 @@ impl Instruments {
                 .with_unit("s")
                 .with_description("Time a job spent in each wait segment before its first step (reason or phase)")
                 .with_boundaries(WAIT_BOUNDARIES.to_vec())
+                .build(),
+            gpu_time: meter
+                .f64_counter("startline.jobs.gpu_seconds")
+                .with_unit("{gpu_second}")
+                .with_description(
+                    "Where ended jobs' GPU time went (requested GPUs x time from submit to end), by category: waiting, \
+                     preparing, requeue_wait, checkpoint, lost, failed, productive; recorded when a job ends",
+                )
                 .build(),
             waited: meter
                 .f64_counter("startline.jobs.wait.gpu_seconds")

@@ -14,8 +14,10 @@ use std::sync::Arc;
 
 /// "No value" in an `i64` time field of a row.
 const NONE: i64 = i64::MIN;
-/// The summary body's format (inside the store's seal).
-const SUMMARY_FORMAT: u8 = 1;
+/// The summary body's format (inside the store's seal): 2 adds checkpoint save and failed-run time; format-1
+/// rows (written before) read back with both at 0.
+const SUMMARY_FORMAT: u8 = 2;
+const SUMMARY_FORMAT_1: u8 = 1;
 
 /// One folded job. Times are Unix milliseconds, [`NONE`] when absent.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +34,8 @@ pub struct Folded {
     checkpoint_step: u64,
     requeue_wait_ms: i64,
     lost_work_ms: i64,
+    checkpoint_save_ms: i64,
+    failed_work_ms: i64,
     lost_steps: u64,
     max_step: u64,
     runs: u32,
@@ -86,6 +90,8 @@ impl Folded {
             checkpoint_step: t.last_checkpoint.map_or(0, |c| c.1),
             requeue_wait_ms: t.requeue_wait_ms,
             lost_work_ms: t.lost_work_ms,
+            checkpoint_save_ms: t.checkpoint_save_ms,
+            failed_work_ms: t.failed_work_ms,
             lost_steps: t.lost_steps,
             max_step: t.max_step.unwrap_or(0),
             runs: t.runs,
@@ -126,6 +132,8 @@ impl Folded {
         t.preemptions = self.preemptions;
         t.node_losses = self.node_losses;
         t.lost_work_ms = self.lost_work_ms;
+        t.checkpoint_save_ms = self.checkpoint_save_ms;
+        t.failed_work_ms = self.failed_work_ms;
         t.lost_steps = self.lost_steps;
         t.max_step = (self.flags & 2 != 0).then_some(self.max_step);
         t.ignored_after_done = self.ignored_after_done;
@@ -155,16 +163,19 @@ impl Folded {
         };
         let mut out = vec![SUMMARY_FORMAT];
         // Serializing plain integers and enums into a Vec cannot fail.
-        out.extend(postcard::to_stdvec(&disk).unwrap_or_default());
+        out.extend(postcard::to_stdvec(&(disk, [self.checkpoint_save_ms, self.failed_work_ms])).unwrap_or_default());
         out
     }
 
     /// Decodes a stored summary body.
     pub fn decode(body: &[u8]) -> Result<Folded, String> {
-        let Some((&SUMMARY_FORMAT, rest)) = body.split_first() else {
-            return Err(format!("unknown summary format {:?}", body.first()));
+        let (d, [checkpoint_save_ms, failed_work_ms]) = match body.split_first() {
+            Some((&SUMMARY_FORMAT, rest)) => {
+                postcard::from_bytes::<(Disk, [i64; 2])>(rest).map_err(|e| e.to_string())?
+            }
+            Some((&SUMMARY_FORMAT_1, rest)) => (postcard::from_bytes::<Disk>(rest).map_err(|e| e.to_string())?, [0, 0]),
+            _ => return Err(format!("unknown summary format {:?}", body.first())),
         };
-        let d: Disk = postcard::from_bytes(rest).map_err(|e| e.to_string())?;
         let [submitted_at, done_at, first_step_at, first_queued_at, node_assigned_at, preparing_at, checkpoint_at] =
             d.times;
         let [checkpoint_step, lost_steps, max_step] = d.counts;
@@ -181,6 +192,8 @@ impl Folded {
             checkpoint_step,
             requeue_wait_ms: d.requeue_wait_ms,
             lost_work_ms: d.lost_work_ms,
+            checkpoint_save_ms,
+            failed_work_ms,
             lost_steps,
             max_step,
             runs,

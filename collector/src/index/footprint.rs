@@ -62,6 +62,13 @@ pub enum Observation {
         /// GPU-seconds.
         gpu_seconds: f64,
     },
+    /// A job's GPU time by category (`job::goodput::CATEGORIES` order, GPU-seconds), recorded when it ends.
+    GpuTime {
+        /// Labels.
+        labels: Arc<JobLabels>,
+        /// GPU-seconds per category.
+        gpu_seconds: [f64; 7],
+    },
     /// A job ended.
     Finished {
         /// Labels.
@@ -205,6 +212,13 @@ impl JobGauges {
         }
         if let (false, Some(outcome)) = (was_done, n.outcome) {
             out.push(Observation::Finished { labels: labels.clone(), outcome, before_start: n.ttfs_ms.is_none() });
+            if let (Some(a), true) = (crate::job::goodput::account(t, t.done_at.unwrap_or(0)), n.gpus > 0) {
+                let g = f64::from(n.gpus) / 1000.0;
+                out.push(Observation::GpuTime {
+                    labels: labels.clone(),
+                    gpu_seconds: a.by_category().map(|ms| ms as f64 * g),
+                });
+            }
         }
         let prev_pre = old.map_or(0, |o| o.preemptions);
         if n.preemptions > prev_pre {

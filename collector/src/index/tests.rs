@@ -265,23 +265,33 @@ mod fold_model {
                 id_hash: 3,
                 seq: 3,
                 attempt: None,
-                kind: EventKind::Checkpoint { step: 9 },
+                kind: EventKind::Checkpoint { step: 9, save_ms: 4_000 },
             },
             CompactEvent {
                 at_ms: T0 + 3 * MIN,
                 id_hash: 4,
                 seq: 4,
                 attempt: None,
-                kind: EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) },
+                kind: EventKind::Done { outcome: pb::Outcome::Failed, exit_code: Some(1) },
             },
         ];
         let rec = JobRecord::from_events(events);
         let mut cold = ColdJobs::default();
         let n = cold.dict.intern(rec.timeline.attrs.as_ref().expect("attrs"));
         let row = cold::Folded::of(&rec.timeline, n).expect("done");
+        assert_eq!((rec.timeline.checkpoint_save_ms, rec.timeline.failed_work_ms), (4_000, MIN));
         let back = cold::Folded::decode(&row.encode()).expect("decodes");
         assert_eq!(back, row);
         assert_eq!(cold.timeline(&back), rec.timeline);
+        // A format-1 row (before checkpoint save and failed-run times): the same fields, then nothing; read back
+        // with both at 0 (postcard writes the two zero varints of format 2 as one byte each).
+        let mut t = rec.timeline.clone();
+        (t.checkpoint_save_ms, t.failed_work_ms) = (0, 0);
+        let zero = cold::Folded::of(&t, row.attrs).expect("done");
+        let v2 = zero.encode();
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&v2[1..v2.len() - 2]);
+        assert_eq!(cold::Folded::decode(&v1).expect("format 1 decodes"), zero);
         // A version this build does not know, and garbage, are refused with a reason.
         let mut bad = row.encode();
         bad[0] = 9;

@@ -73,8 +73,8 @@ pub enum EventKind {
     Preparing { phase: pb::PreparingPhase },
     /// The first training step of a run completed.
     FirstStep { step: u64 },
-    /// A checkpoint holding `step` was written.
-    Checkpoint { step: u64 },
+    /// A checkpoint holding `step` was written, taking `save_ms` (from `save_seconds`, 0 when not reported).
+    Checkpoint { step: u64, save_ms: u32 },
     /// The job was preempted; `checkpoint_saved` says whether it saved first.
     Preempted { checkpoint_saved: bool },
     /// The job went back to its queue, resuming from `resume_step`.
@@ -167,7 +167,11 @@ impl CompactEvent {
             Kind::NodeAssigned(_) => EventKind::NodeAssigned,
             Kind::Preparing(p) => EventKind::Preparing { phase: p.phase() },
             Kind::FirstStep(f) => EventKind::FirstStep { step: f.step },
-            Kind::Checkpoint(c) => EventKind::Checkpoint { step: c.step },
+            Kind::Checkpoint(c) => EventKind::Checkpoint {
+                step: c.step,
+                // Validated finite and not negative; saturates at ~49 days.
+                save_ms: (c.save_seconds * 1000.0).round().clamp(0.0, f64::from(u32::MAX)) as u32,
+            },
             Kind::Preempted(p) => EventKind::Preempted { checkpoint_saved: p.checkpoint_saved },
             Kind::Requeued(r) => EventKind::Requeued { resume_step: r.resume_step },
             Kind::Restarted(r) => EventKind::Restarted { resume_step: r.resume_step },

@@ -6,6 +6,7 @@
 //! not change the result, and events that arrive before `submitted` take effect once it comes.
 
 mod event;
+pub mod goodput;
 mod record;
 mod timeline;
 

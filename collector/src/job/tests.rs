@@ -54,7 +54,7 @@ fn splits_the_wait_before_the_first_step_into_segments() {
         e("p1", T0 + 70 * S, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
         e("p2", T0 + 100 * S, EventKind::Preparing { phase: pb::PreparingPhase::DataStaging }),
         e("fs", T0 + 130 * S, EventKind::FirstStep { step: 1 }),
-        e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 500 }),
+        e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 500, save_ms: 0 }),
         e("done", T0 + 2000 * S, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
     ]);
     let t = &r.timeline;
@@ -81,7 +81,7 @@ fn preemption_without_checkpoint_loses_work_since_last_checkpoint() {
     let r = record(vec![
         sub(T0),
         e("fs", T0 + 100 * S, EventKind::FirstStep { step: 1 }),
-        e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 900 }),
+        e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 900, save_ms: 0 }),
         e("pre", T0 + 1600 * S, EventKind::Preempted { checkpoint_saved: false }),
         e("rq", T0 + 1601 * S, EventKind::Requeued { resume_step: 900 }),
         queued("q2", T0 + 1602 * S, pb::WaitReason::Capacity),
@@ -111,7 +111,7 @@ fn preemption_with_checkpoint_saved_loses_nothing_and_resume_from_scratch_loses_
     let lost = record(vec![
         sub(T0),
         e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
-        e("ck", T0 + 100 * S, EventKind::Checkpoint { step: 4000 }),
+        e("ck", T0 + 100 * S, EventKind::Checkpoint { step: 4000, save_ms: 0 }),
         e("nl", T0 + 500 * S, EventKind::NodeLost),
         e("rs", T0 + 510 * S, EventKind::Restarted { resume_step: 0 }),
     ]);
@@ -170,8 +170,8 @@ fn checkpoints_in_the_same_millisecond_keep_the_highest_step() {
         let r = record(vec![
             sub(T0),
             e("fs", T0 + S, EventKind::FirstStep { step: 1 }),
-            e(a, T0 + 5 * S, EventKind::Checkpoint { step: 200 }),
-            e(b, T0 + 5 * S, EventKind::Checkpoint { step: 300 }),
+            e(a, T0 + 5 * S, EventKind::Checkpoint { step: 200, save_ms: 0 }),
+            e(b, T0 + 5 * S, EventKind::Checkpoint { step: 300, save_ms: 0 }),
         ]);
         assert_eq!(r.timeline.last_checkpoint, Some((T0 + 5 * S, 300)), "{a} {b}");
     }
@@ -189,7 +189,7 @@ fn long_records_index_colliding_hashes_and_keep_every_event() {
     // Distinct events whose id hashes collide are all kept and all found, with and without the index.
     let mut r = JobRecord::from_events(vec![sub(T0)]);
     for i in 0..40u64 {
-        let mut ev = e(&format!("c{i}"), T0 + i as i64 * S, EventKind::Checkpoint { step: i });
+        let mut ev = e(&format!("c{i}"), T0 + i as i64 * S, EventKind::Checkpoint { step: i, save_ms: 0 });
         ev.seq = 100 + i;
         if i % 10 == 0 {
             ev.id_hash = 42;
@@ -237,7 +237,7 @@ fn arb_kind() -> impl Strategy<Value = EventKind> {
             phase: pb::PreparingPhase::try_from(p).unwrap_or(pb::PreparingPhase::Other)
         }),
         (0u64..10).prop_map(|step| EventKind::FirstStep { step }),
-        (0u64..10_000).prop_map(|step| EventKind::Checkpoint { step }),
+        (0u64..10_000, 0u32..600_000).prop_map(|(step, save_ms)| EventKind::Checkpoint { step, save_ms }),
         any::<bool>().prop_map(|checkpoint_saved| EventKind::Preempted { checkpoint_saved }),
         (0u64..5000).prop_map(|resume_step| EventKind::Requeued { resume_step }),
         (0u64..5000).prop_map(|resume_step| EventKind::Restarted { resume_step }),
@@ -413,6 +413,129 @@ proptest! {
             let after = JobRecord::from_events(more).timeline;
             prop_assert_eq!(after.state, JobState::Done);
             prop_assert_eq!(Timeline { ignored_after_done: base.timeline.ignored_after_done, ..after }, base.timeline);
+        }
+    }
+}
+
+// ---- GPU-time accounting ----
+
+#[test]
+fn goodput_splits_a_job_by_hand_computed_figures() {
+    use goodput::account;
+    let ck =
+        |id: &str, at: i64, step: u64, save_s: u32| e(id, at, EventKind::Checkpoint { step, save_ms: save_s * 1000 });
+    let r = record(vec![
+        sub(T0),
+        queued("q", T0, pb::WaitReason::Capacity),
+        e("n", T0 + 100 * S, EventKind::NodeAssigned),
+        e("p", T0 + 110 * S, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
+        e("f1", T0 + 130 * S, EventKind::FirstStep { step: 1 }),
+        ck("c1", T0 + 530 * S, 500, 30),
+        e("x", T0 + 830 * S, EventKind::Preempted { checkpoint_saved: false }),
+        e("f2", T0 + 1030 * S, EventKind::FirstStep { step: 500 }),
+        ck("c2", T0 + 1130 * S, 600, 10),
+        e("d", T0 + 1330 * S, EventKind::Done { outcome: pb::Outcome::Failed, exit_code: Some(1) }),
+    ]);
+    let a = account(&r.timeline, T0 + 99_999 * S).expect("submitted");
+    assert_eq!(a.total, 1330 * S);
+    assert_eq!(a.waiting.get(&Segment::Queued(pb::WaitReason::Capacity)), Some(&(100 * S)));
+    assert_eq!(a.waiting.get(&Segment::Assigned), Some(&(10 * S)));
+    assert_eq!(a.preparing.get(&Segment::Preparing(pb::PreparingPhase::ImagePull)), Some(&(20 * S)));
+    assert_eq!(a.requeue_wait, 200 * S);
+    assert_eq!(a.checkpoint, 40 * S);
+    assert_eq!(a.lost, 300 * S, "preempted 300 s after the last checkpoint, without saving");
+    assert_eq!(a.failed, 200 * S, "failed 200 s after the last checkpoint");
+    assert_eq!(a.productive, 460 * S);
+    assert_eq!(a.by_category().iter().sum::<i64>(), a.total);
+    assert_eq!(a.gpus, 8);
+
+    // Still waiting at `now`: the open segment counts up to now.
+    let waiting = record(vec![sub(T0), queued("q", T0 + 5 * S, pb::WaitReason::Quota)]);
+    let a = account(&waiting.timeline, T0 + 65 * S).expect("submitted");
+    assert_eq!(a.total, 65 * S);
+    assert_eq!(a.waiting.get(&Segment::Queued(pb::WaitReason::Quota)), Some(&(60 * S)));
+    assert_eq!(a.waiting.get(&Segment::Unreported), Some(&(5 * S)));
+    assert_eq!(a.productive, 0);
+    // Waiting again after a node loss: the open requeue wait counts up to now; the run before it is productive.
+    let again = record(vec![
+        sub(T0),
+        e("f", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("l", T0 + 70 * S, EventKind::NodeLost),
+    ]);
+    let a = account(&again.timeline, T0 + 100 * S).expect("submitted");
+    assert_eq!((a.total, a.requeue_wait, a.lost, a.productive), (100 * S, 30 * S, 60 * S, 0));
+    assert_eq!(a.by_category().iter().sum::<i64>(), a.total);
+}
+
+/// Run time the plain way: walk the events in canonical order (times clamped to the submit) and add up the
+/// intervals between a run's first step and whatever stopped it, up to `end`.
+fn oracle_run_ms(events: &[CompactEvent], now: i64) -> Option<(i64, i64)> {
+    let mut sorted: Vec<&CompactEvent> = events.iter().collect();
+    sorted.sort_by_key(|e| e.sort_key());
+    let submitted = sorted.iter().find(|e| matches!(e.kind, EventKind::Submitted(_)))?.at_ms;
+    let mut run = 0;
+    let mut since: Option<i64> = None;
+    let mut last = submitted;
+    for ev in sorted {
+        let at = ev.at_ms.max(submitted);
+        last = last.max(at);
+        match ev.kind {
+            EventKind::FirstStep { .. } if since.is_none() => since = Some(at),
+            EventKind::Queued { .. }
+            | EventKind::Preempted { .. }
+            | EventKind::NodeLost
+            | EventKind::Requeued { .. }
+            | EventKind::Restarted { .. } => {
+                if let Some(s) = since.take() {
+                    run += at - s;
+                }
+            }
+            EventKind::Done { .. } => {
+                if let Some(s) = since.take() {
+                    run += at - s;
+                }
+                return Some((run, at - submitted));
+            }
+            _ => {}
+        }
+    }
+    let end = now.max(last);
+    if let Some(s) = since {
+        run += end - s;
+    }
+    Some((run, end - submitted))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever the events and their order: the categories are never negative and add up exactly to the job's
+    /// life; the time that is neither initial wait nor requeue wait equals the run time computed independently;
+    /// checkpoint, lost and failed time never exceed what their events report.
+    #[test]
+    fn goodput_categories_partition_the_jobs_life(events in arb_events(), now_off in -600i64..200_000) {
+        let now = T0 + now_off * S;
+        let r = JobRecord::from_events(events.clone());
+        let Some(a) = goodput::account(&r.timeline, now) else {
+            prop_assert!(!events.iter().any(|e| matches!(e.kind, EventKind::Submitted(_))));
+            return Ok(());
+        };
+        let parts = a.by_category();
+        prop_assert!(parts.iter().all(|p| *p >= 0), "{:?}", a);
+        prop_assert_eq!(parts.iter().sum::<i64>(), a.total, "{:?}", a);
+        // Against the oracle when `now` is after every event (the collector's clock runs ahead of what it
+        // accepted; with skewed stamps in the future an open job is accounted up to what its timeline knows).
+        let latest = events.iter().map(|e| e.at_ms).max().unwrap_or(now);
+        if now >= latest || r.timeline.done_at.is_some() {
+            let (run, life) = oracle_run_ms(&events, now).expect("submitted");
+            prop_assert_eq!(a.total, life);
+            prop_assert_eq!(a.checkpoint + a.lost + a.failed + a.productive, run, "{:?}", a);
+        }
+        let saves: i64 = events.iter().map(|e| match e.kind { EventKind::Checkpoint { save_ms, .. } => i64::from(save_ms), _ => 0 }).sum();
+        prop_assert!(a.checkpoint <= saves);
+        prop_assert!(a.lost <= r.timeline.lost_work_ms && a.failed <= r.timeline.failed_work_ms);
+        if r.timeline.outcome != Some(pb::Outcome::Failed) {
+            prop_assert_eq!(a.failed, 0);
         }
     }
 }

@@ -150,6 +150,10 @@ pub struct Timeline {
     pub lost_work_ms: i64,
     /// Steps lost: training progressed past the step a requeue or restart resumed from.
     pub lost_steps: u64,
+    /// Time spent saving checkpoints (the sum of their `save_seconds`).
+    pub checkpoint_save_ms: i64,
+    /// Training lost when the job failed: its last run since the later of its start and last checkpoint.
+    pub failed_work_ms: i64,
     /// The highest step seen.
     pub max_step: Option<u64>,
     /// Events stamped after `done`, ignored for the timeline (still stored).
@@ -298,7 +302,8 @@ impl TimelineFold {
                     *last_ckpt_at = None;
                 }
             }
-            EventKind::Checkpoint { step } => {
+            EventKind::Checkpoint { step, save_ms } => {
+                t.checkpoint_save_ms += i64::from(*save_ms);
                 t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
                 // Checkpoints in the same millisecond sort by id hash; the later one is the higher step.
                 if t.last_checkpoint.is_none_or(|last| (at, *step) >= last) {
@@ -338,6 +343,9 @@ impl TimelineFold {
                 close(t, wait, at);
                 if let Some(s) = requeue_wait_start.take() {
                     t.requeue_wait_ms += at - s;
+                }
+                if *outcome == pb::Outcome::Failed {
+                    t.failed_work_ms += lost_since(at, *run_start, *last_ckpt_at);
                 }
                 *run_start = None;
                 t.done_at = Some(at);

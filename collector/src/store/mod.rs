@@ -5,8 +5,8 @@
 //! - tree `alerts`: alert key -> sealed JSON alert record (firing since, resolved at).
 //! - tree `log`: `seq` (u64 big-endian) -> sealed protobuf `LifecycleEvent`. Every accepted event, in commit
 //!   order. An event is acknowledged only after its batch is applied here and the database is flushed.
-//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)`. Job snapshots, written by
-//!   checkpoints.
+//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 3). Job snapshots,
+//!   written by checkpoints.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence a fold removed from
 //!   the log (sequence numbers never go back, even when the newest log entries were folded away).
@@ -69,6 +69,9 @@ use std::sync::{Arc, RwLock};
 
 /// The current version of every sealed value.
 const SEALED_VERSION: u8 = 2;
+/// The sealed version of job snapshots, whose compact events carry checkpoint save times. Version-2 snapshots
+/// (written before) are not read: restore then rebuilds every job from the log, once, as for a damaged snapshot.
+const SNAPSHOT_VERSION: u8 = 3;
 /// Values written before checksums: `[1u8] ++ body`.
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
@@ -211,8 +214,12 @@ pub const SNAPSHOT_CHUNK: usize = 64;
 
 /// `[version] ++ crc32(body) LE ++ body`.
 fn seal(body: &[u8]) -> Vec<u8> {
+    seal_as(SEALED_VERSION, body)
+}
+
+fn seal_as(version: u8, body: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(5 + body.len());
-    v.push(SEALED_VERSION);
+    v.push(version);
     v.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
     v.extend_from_slice(body);
     v
@@ -220,8 +227,12 @@ fn seal(body: &[u8]) -> Vec<u8> {
 
 /// The body of a sealed value, checked. Legacy (version 1) bodies are returned only when `legacy_ok`.
 fn unseal(v: &[u8], legacy_ok: bool) -> Result<&[u8], String> {
+    unseal_as(SEALED_VERSION, v, legacy_ok)
+}
+
+fn unseal_as(version: u8, v: &[u8], legacy_ok: bool) -> Result<&[u8], String> {
     match v.split_first() {
-        Some((&SEALED_VERSION, rest)) if rest.len() >= 4 => {
+        Some((&got, rest)) if got == version && rest.len() >= 4 => {
             let (crc, body) = rest.split_at(4);
             let want = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
             let got = crc32fast::hash(body);
@@ -231,7 +242,7 @@ fn unseal(v: &[u8], legacy_ok: bool) -> Result<&[u8], String> {
                 Err(format!("checksum mismatch (stored {want:08x}, computed {got:08x})"))
             }
         }
-        Some((&SEALED_VERSION, _)) => Err("truncated value".to_string()),
+        Some((&got, _)) if got == version => Err("truncated value".to_string()),
         Some((&LEGACY_VERSION, body)) if legacy_ok => Ok(body),
         Some((&LEGACY_VERSION, _)) => Err("version 1 value (written by an older collector)".to_string()),
         Some((v, _)) => Err(format!("unknown version {v}")),
@@ -254,11 +265,14 @@ pub fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8
 /// Encodes one job snapshot from the job's events (in record order).
 pub fn encode_snapshot_events(job_id: &str, events: &[CompactEvent]) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
     let body = postcard::to_stdvec(events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
-    Ok((job_key(job_id), seal(&body)))
+    Ok((job_key(job_id), seal_as(SNAPSHOT_VERSION, &body)))
 }
 
 fn decode_snapshot(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
-    let body = unseal(v, false)?;
+    if v.first() == Some(&SEALED_VERSION) {
+        return Err("snapshot of an older compact-event format (before checkpoint save times)".to_string());
+    }
+    let body = unseal_as(SNAPSHOT_VERSION, v, false)?;
     postcard::from_bytes(body).map_err(|e| e.to_string())
 }
 

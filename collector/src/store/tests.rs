@@ -202,6 +202,25 @@ fn a_snapshot_from_before_stable_hashes_is_not_trusted() {
 }
 
 #[test]
+fn a_snapshot_from_before_checkpoint_save_times_is_rebuilt_from_the_log() {
+    // Version-2 snapshots hold compact events without save times (a different postcard layout): they are never
+    // decoded as the new format, and the restore rebuilds every job from the log, save times included.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let (mut mem, mut seq) = three_jobs(&store);
+    let ck =
+        ev("a", "a3", 1_200_000, Kind::Checkpoint(pb::Checkpoint { step: 9, save_seconds: 2.5, ..Default::default() }));
+    write(&store, &mut mem, &mut seq, &[ck]);
+    store.checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), seq).expect("checkpoint");
+    let (key, _) = encode_snapshot("a", &mem["a"]).expect("encode");
+    raw_put(&store, "jobs", &key, &seal(&postcard::to_stdvec(&mem["a"].events).expect("encode")));
+    let r = store.restore().expect("restore");
+    assert!(r.rebuilt.expect("rebuilt").contains("older compact-event format"));
+    assert_eq!(r.jobs, mem);
+    assert_eq!(r.jobs["a"].timeline.checkpoint_save_ms, 2_500);
+}
+
+#[test]
 fn a_damaged_log_value_stops_the_restore_with_its_sequence_number() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");

@@ -1,0 +1,145 @@
+//! `GET /api/v1/goodput?by=team&window=30d`: where the GPU time of the jobs submitted in the window went
+//! (waiting by segment, preparing by phase, requeue waits, checkpoint saves, lost work, failed runs, productive
+//! training), overall and per value of `by`. Each job is accounted from its timeline ([`crate::job::goodput`];
+//! folded jobs from their rows), open jobs up to now, and weighted by the GPUs it asked for.
+
+use super::extract::Params;
+use super::types::{Goodput, GoodputGroup};
+use super::{ApiError, ApiState};
+use crate::job::goodput::{account, Account, CATEGORIES};
+use crate::job::{JobAttrs, Segment};
+use crate::time::format_ms;
+use axum::extract::State;
+use axum::Json;
+use startline_proto::labels::Label;
+use std::collections::BTreeMap;
+
+/// The attributes jobs can be grouped by.
+const BY: [&str; 9] =
+    ["pool_kind", "provider", "pool", "priority", "gpu_class", "region", "team", "project", "chain_stage"];
+
+fn value_of(by: &str, a: &JobAttrs) -> String {
+    let v = match by {
+        "pool_kind" => a.pool_kind.label().to_string(),
+        "provider" => a.provider.clone(),
+        "pool" => a.pool.clone(),
+        "priority" => a.priority.label().to_string(),
+        "gpu_class" => a.gpu_class.clone(),
+        "region" => a.region.clone(),
+        "team" => a.team.clone(),
+        "project" => a.project.clone(),
+        _ => a.chain_stage.clone(),
+    };
+    if v.is_empty() {
+        "(none)".to_string()
+    } else {
+        v
+    }
+}
+
+/// GPU-milliseconds summed over jobs.
+#[derive(Default)]
+struct Sum {
+    jobs: u64,
+    categories: [f64; 7],
+    waiting: BTreeMap<Segment, f64>,
+    preparing: BTreeMap<Segment, f64>,
+}
+
+impl Sum {
+    fn add(&mut self, a: &Account) {
+        let g = f64::from(a.gpus);
+        self.jobs += 1;
+        for (slot, ms) in self.categories.iter_mut().zip(a.by_category()) {
+            *slot += ms as f64 * g;
+        }
+        for (s, ms) in &a.waiting {
+            *self.waiting.entry(*s).or_insert(0.0) += *ms as f64 * g;
+        }
+        for (s, ms) in &a.preparing {
+            *self.preparing.entry(*s).or_insert(0.0) += *ms as f64 * g;
+        }
+    }
+
+    fn report(&self, group: Option<String>) -> GoodputGroup {
+        const HOUR_MS: f64 = 3_600_000.0;
+        let h = |ms: f64| ms / HOUR_MS;
+        let [waiting, preparing, requeue_wait, checkpoint, lost, failed, productive] = self.categories;
+        let total: f64 = self.categories.iter().sum();
+        let held = preparing + checkpoint + lost + failed + productive;
+        let by_segment = |m: &BTreeMap<Segment, f64>| m.iter().map(|(s, ms)| (s.label(), h(*ms))).collect();
+        GoodputGroup {
+            checkpoint_gpu_hours: h(checkpoint),
+            failed_gpu_hours: h(failed),
+            goodput: (total > 0.0).then(|| productive / total),
+            group,
+            jobs: self.jobs,
+            lost_gpu_hours: h(lost),
+            overhead_share: (held > 0.0).then(|| (held - productive) / held),
+            preparing_gpu_hours: h(preparing),
+            preparing_by_phase: by_segment(&self.preparing),
+            productive_gpu_hours: h(productive),
+            requeue_wait_gpu_hours: h(requeue_wait),
+            total_gpu_hours: h(total),
+            waiting_by_segment: by_segment(&self.waiting),
+            waiting_gpu_hours: h(waiting),
+        }
+    }
+}
+
+/// `GET /api/v1/goodput?by=pool_kind&window=30d`.
+pub async fn goodput(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Goodput>, ApiError> {
+    let mut by: &'static str = "pool_kind";
+    let mut window_ms: i64 = 30 * 86_400_000;
+    for (k, v) in &q {
+        match k.as_str() {
+            "by" => {
+                by = BY
+                    .iter()
+                    .find(|b| *b == v)
+                    .copied()
+                    .ok_or_else(|| ApiError::bad_request(format!("by: {v:?} is not one of {}", BY.join(", "))))?
+            }
+            "window" => {
+                window_ms = humantime::parse_duration(v)
+                    .ok()
+                    .filter(|d| d.as_secs() >= 3600 && d.as_secs() <= 400 * 86_400)
+                    .map(|d| d.as_millis() as i64)
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!("window: {v:?} must be a duration between 1h and 400d"))
+                    })?
+            }
+            other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
+        }
+    }
+    let now = s.clock.now_ms();
+    let from = now - window_ms;
+    let index = s.index.clone();
+    let (total, groups) = tokio::task::spawn_blocking(move || {
+        let mut total = Sum::default();
+        let mut groups: BTreeMap<String, Sum> = BTreeMap::new();
+        index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
+            let t = job.timeline;
+            let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
+            if sub < from || sub > now {
+                return;
+            }
+            let Some(a) = account(t, now) else { return };
+            total.add(&a);
+            groups.entry(value_of(by, attrs)).or_default().add(&a);
+        });
+        (total, groups)
+    })
+    .await
+    .map_err(ApiError::unavailable)?;
+    let mut groups: Vec<GoodputGroup> = groups.into_iter().map(|(g, sum)| sum.report(Some(g))).collect();
+    groups.sort_by(|a, b| b.total_gpu_hours.total_cmp(&a.total_gpu_hours).then_with(|| a.group.cmp(&b.group)));
+    Ok(Json(Goodput {
+        as_of: format_ms(now),
+        by,
+        categories: CATEGORIES.to_vec(),
+        groups,
+        total: total.report(None),
+        window_seconds: window_ms / 1000,
+    }))
+}
