@@ -328,6 +328,7 @@ pub async fn run_with_clock(
         auth: auth.clone(),
         sessions: Arc::default(),
         reload: reload.clone(),
+        cost: Arc::new(config.cost.clone()),
     };
     let http_stop_wait = http_stop.clone();
     // Header-read and idle timeouts; at shutdown, connections still open after the drain deadline are closed.
@@ -485,7 +486,7 @@ fn listener_url(addr: SocketAddr, tls: bool) -> String {
 }
 
 /// Sections a running collector cannot take without a restart.
-const RESTART_SECTIONS: [&str; 6] = ["store", "grpc", "http", "ingest", "metrics", "logs"];
+const RESTART_SECTIONS: [&str; 7] = ["store", "grpc", "http", "ingest", "metrics", "logs", "cost"];
 
 impl Reloader {
     /// Re-reads the file and applies what it can; the answer lists what changed and what needs a restart.

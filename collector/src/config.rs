@@ -44,6 +44,9 @@ pub struct FileConfig {
     /// `[logs]`: accepted events and job summaries as OTLP logs.
     #[serde(default)]
     pub logs: crate::export::logs::LogsSection,
+    /// `[cost]`: prices per GPU-hour and dedicated pools' capacity.
+    #[serde(default)]
+    pub cost: crate::compare::cost::CostSection,
     /// `[auth]`: identities, scopes, restrictions.
     #[serde(default)]
     pub auth: AuthSection,
@@ -312,6 +315,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// OTLP logs of accepted events, when configured.
     pub logs: Option<crate::export::logs::LogsSettings>,
+    /// Prices and capacities.
+    pub cost: crate::compare::cost::CostModel,
     /// Identities (empty: no authentication, loopback only unless `auth.insecure`).
     pub auth: AuthConfig,
     /// TLS on both listeners.
@@ -415,6 +420,7 @@ impl FileConfig {
         let alerts = self.alerts.validate(&mut errs);
         let metrics = self.metrics.validate(&mut errs);
         let logs = self.logs.validate(&mut errs);
+        let cost = self.cost.validate(&mut errs);
         let tls = self.tls.validate(&mut errs);
         let has_client_ca = tls.as_ref().is_some_and(|t| t.client_ca_file.is_some());
         let auth = self.auth.validate(&mut errs, has_client_ca);
@@ -427,6 +433,7 @@ impl FileConfig {
         Ok(Config {
             metrics,
             logs,
+            cost,
             store_path: store.path,
             checkpoint_interval: store.checkpoint_interval,
             retention: store.retention,

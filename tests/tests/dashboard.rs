@@ -67,7 +67,18 @@ fn render(c: &Collector, view: &str, dir: &std::path::Path) -> String {
 #[test]
 fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let c = Collector::start(&dir.path().join("db"), &[]);
+    // Prices for the simulator's pools (managed per use, dedicated amortised over their capacity).
+    let cfg = dir.path().join("collector.toml");
+    std::fs::write(
+        &cfg,
+        "[cost]\ncurrency = \"USD\"\n\
+         [[cost.price]]\nmatch = \"pool=sm-p4d\"\nper_gpu_hour = 4.10\n\
+         [[cost.price]]\nmatch = \"pool=vertex-a3\"\nper_gpu_hour = 11.0\n\
+         [[cost.dedicated]]\npool = \"a100\"\ngpus = 64\nper_gpu_hour = 1.6\n\
+         [[cost.dedicated]]\npool = \"h100\"\ngpus = 48\nper_gpu_hour = 2.9\n",
+    )
+    .expect("config");
+    let c = Collector::start(&dir.path().join("db"), &["--config", &cfg.display().to_string()]);
     let sim = Command::new(binary("startline-agent"))
         .args(["--collector", &c.endpoint(), "simulate", "--history", "2d", "--seed", "7", "--jobs-per-hour", "40"])
         .output()
@@ -220,6 +231,25 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
         let v = &dom[at + key.len()..];
         within(name, Some(v[..v.find('"').expect("quote")].to_string()), hours(earlier), hours(r));
     }
+
+    // Cost: each pool's cost as the API says (per-use costs grow with open jobs: between before and after).
+    let cost_before = c.get("/api/v1/cost?window=30d").1;
+    let dom = render(&c, "goodput", dir.path());
+    let cost_after = c.get("/api/v1/cost?window=30d").1;
+    for p in cost_after["pools"].as_array().expect("pools") {
+        let name = p["pool"].as_str().expect("pool");
+        let earlier =
+            cost_before["pools"].as_array().and_then(|g| g.iter().find(|x| x["pool"] == p["pool"])).expect("pool");
+        let key = format!("data-cost-pool=\"{name}\" data-cost=\"");
+        let at = dom.find(&key).unwrap_or_else(|| panic!("cost row {name} missing"));
+        let v = &dom[at + key.len()..];
+        let (lo, hi) = (earlier["cost"].as_f64().expect("priced"), p["cost"].as_f64().expect("priced"));
+        within(name, Some(v[..v.find('"').expect("quote")].to_string()), lo, hi);
+        if p["model"] == "amortised" {
+            assert_eq!(lo, hi, "{name}: an amortised pool's cost does not depend on its jobs");
+        }
+    }
+    assert_eq!(cost_after["pool_kinds"].as_array().map(Vec::len), Some(2));
 
     // Job timeline, for a job that started.
     let (_, jobs) = c.get("/api/v1/jobs?state=done&limit=1");

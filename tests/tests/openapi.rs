@@ -103,6 +103,10 @@ fn every_route_answers_as_its_openapi_document_says() {
         r.get(&c, "/api/v1/goodput", &format!("/api/v1/goodput?by={by}&window=7d"), 200);
     }
     r.get(&c, "/api/v1/goodput", "/api/v1/goodput?by=colour", 400);
+    let cost = r.get(&c, "/api/v1/cost", "/api/v1/cost", 200);
+    assert_eq!(cost["configured"], false, "no [cost] here: every pool unpriced");
+    r.get(&c, "/api/v1/cost", "/api/v1/cost?window=7d", 200);
+    r.get(&c, "/api/v1/cost", "/api/v1/cost?window=1s", 400);
 
     // Overview and comparison.
     r.get(&c, "/api/v1/overview", "/api/v1/overview", 200);
@@ -136,15 +140,20 @@ fn every_route_answers_as_its_openapi_document_says() {
     // A collector with `[auth]`: refusals, a login, a reload.
     let reader = startline_collector::auth::generate_token().expect("token");
     let admin = startline_collector::auth::generate_token().expect("token");
+    let fleet = startline_collector::auth::generate_token().expect("token");
     let hash = |t: &str| startline_collector::auth::TokenHash::of(t).to_config();
     let cfg = dir.path().join("collector.toml");
     std::fs::write(
         &cfg,
         format!(
             "[[auth.identity]]\nname = \"reader\"\ntoken_hashes = [\"{}\"]\nscopes = [\"read\"]\n\
-             [[auth.identity]]\nname = \"admin\"\ntoken_hashes = [\"{}\"]\nscopes = [\"admin\"]\n",
+             [[auth.identity]]\nname = \"admin\"\ntoken_hashes = [\"{}\"]\nscopes = [\"admin\"]\n\
+             [[auth.identity]]\nname = \"fleet\"\ntoken_hashes = [\"{}\"]\nscopes = [\"ingest\"]\n\
+             [[cost.price]]\nmatch = \"pool_kind=managed\"\nper_gpu_hour = 4.0\n\
+             [[cost.dedicated]]\npool = \"a100\"\ngpus = 64\nper_gpu_hour = 1.5\n",
             hash(&reader),
-            hash(&admin)
+            hash(&admin),
+            hash(&fleet)
         ),
     )
     .expect("config");
@@ -162,6 +171,27 @@ fn every_route_answers_as_its_openapi_document_says() {
     assert_eq!(status, 200, "{body}");
     let (status, _) = r.call(&a, "GET", "/login", "/login", &[], "");
     assert_eq!(status, 200);
+    // Priced pools (this collector has [cost]; fed a little history first so every model shows up).
+    let sim = Command::new(binary("startline-agent"))
+        .args([
+            "--collector",
+            &a.endpoint(),
+            "--token",
+            &fleet,
+            "simulate",
+            "--history",
+            "6h",
+            "--seed",
+            "3",
+            "--jobs-per-hour",
+            "20",
+        ])
+        .output()
+        .expect("simulator");
+    assert!(sim.status.success(), "{}", String::from_utf8_lossy(&sim.stderr));
+    let (status, body) = r.call(&a, "GET", "/api/v1/cost", "/api/v1/cost", &[("Authorization", &bearer(&reader))], "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"amortised\"") && body.contains("\"per_use\""), "{body}");
     let form = [("Content-Type", "application/x-www-form-urlencoded")];
     let (status, _) = r.call(&a, "POST", "/login", "/login", &form, &format!("token={reader}"));
     assert_eq!(status, 303);

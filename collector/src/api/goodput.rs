@@ -1,11 +1,13 @@
-//! `GET /api/v1/goodput?by=team&window=30d`: where the GPU time of the jobs submitted in the window went
+//! `GET /api/v1/goodput?by=team&window=30d` and `GET /api/v1/cost?window=30d` ([`crate::compare::cost`]): where
+//! the GPU time of the jobs submitted in the window went
 //! (waiting by segment, preparing by phase, requeue waits, checkpoint saves, lost work, failed runs, productive
 //! training), overall and per value of `by`. Each job is accounted from its timeline ([`crate::job::goodput`];
 //! folded jobs from their rows), open jobs up to now, and weighted by the GPUs it asked for.
 
 use super::extract::Params;
-use super::types::{Goodput, GoodputGroup};
+use super::types::{Cost, Goodput, GoodputGroup, KindCost, PoolCost};
 use super::{ApiError, ApiState};
+use crate::compare::cost::{price_pool, PoolTally};
 use crate::job::goodput::{account, Account, CATEGORIES};
 use crate::job::{JobAttrs, Segment};
 use crate::time::format_ms;
@@ -87,6 +89,97 @@ impl Sum {
     }
 }
 
+fn window_param(v: &str) -> Result<i64, ApiError> {
+    humantime::parse_duration(v)
+        .ok()
+        .filter(|d| d.as_secs() >= 3600 && d.as_secs() <= 400 * 86_400)
+        .map(|d| d.as_millis() as i64)
+        .ok_or_else(|| ApiError::bad_request(format!("window: {v:?} must be a duration between 1h and 400d")))
+}
+
+/// `GET /api/v1/cost?window=30d`: every pool's cost, per use or amortised, with its useful GPU-hours.
+pub async fn cost(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Cost>, ApiError> {
+    let mut window_ms: i64 = 30 * 86_400_000;
+    for (k, v) in &q {
+        match k.as_str() {
+            "window" => window_ms = window_param(v)?,
+            other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
+        }
+    }
+    let now = s.clock.now_ms();
+    let from = now - window_ms;
+    let (index, model) = (s.index.clone(), s.cost.clone());
+    let tallies = tokio::task::spawn_blocking(move || {
+        let mut pools: BTreeMap<String, PoolTally> = BTreeMap::new();
+        index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
+            let t = job.timeline;
+            let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
+            if sub < from || sub > now {
+                return;
+            }
+            if let Some(a) = account(t, now) {
+                pools.entry(attrs.pool.clone()).or_default().add(&model, attrs, &a);
+            }
+        });
+        pools
+    })
+    .await
+    .map_err(ApiError::unavailable)?;
+    let hours = window_ms as f64 / 3_600_000.0;
+    let mut pools: Vec<PoolCost> = tallies
+        .iter()
+        .map(|(pool, t)| {
+            let c = price_pool(&s.cost, pool, t, hours);
+            PoolCost {
+                capacity_gpus: c.capacity_gpus,
+                cost: c.cost,
+                cost_per_useful_gpu_hour: c.cost_per_useful_gpu_hour,
+                held_gpu_hours: t.held_gpu_hours,
+                jobs: t.jobs,
+                model: c.model,
+                pool: pool.clone(),
+                pool_kind: t.pool_kind,
+                productive_gpu_hours: t.productive_gpu_hours,
+                provider: t.provider.clone(),
+                unpriced_jobs: t.unpriced_jobs,
+                useful_utilisation: c.useful_utilisation,
+                waiting_cost: c.waiting_cost,
+                waiting_gpu_hours: t.waiting_gpu_hours,
+            }
+        })
+        .collect();
+    pools.sort_by(|a, b| b.cost.unwrap_or(-1.0).total_cmp(&a.cost.unwrap_or(-1.0)).then_with(|| a.pool.cmp(&b.pool)));
+    let pool_kinds = ["managed", "dedicated"]
+        .iter()
+        .filter_map(|kind| {
+            let of_kind: Vec<&PoolCost> = pools.iter().filter(|p| p.pool_kind == *kind).collect();
+            if of_kind.is_empty() {
+                return None;
+            }
+            let priced: Vec<&&PoolCost> = of_kind.iter().filter(|p| p.cost.is_some()).collect();
+            let cost: f64 = priced.iter().filter_map(|p| p.cost).sum();
+            let useful: f64 = priced.iter().map(|p| p.productive_gpu_hours).sum();
+            Some(KindCost {
+                cost,
+                cost_per_useful_gpu_hour: (useful > 0.0 && !priced.is_empty()).then(|| cost / useful),
+                jobs: of_kind.iter().map(|p| p.jobs).sum(),
+                pool_kind: kind,
+                productive_gpu_hours: useful,
+                unpriced_pools: (of_kind.len() - priced.len()) as u64,
+                waiting_cost: priced.iter().filter_map(|p| p.waiting_cost).sum(),
+            })
+        })
+        .collect();
+    Ok(Json(Cost {
+        as_of: format_ms(now),
+        configured: s.cost.configured(),
+        currency: s.cost.currency.clone(),
+        pool_kinds,
+        pools,
+        window_seconds: window_ms / 1000,
+    }))
+}
+
 /// `GET /api/v1/goodput?by=pool_kind&window=30d`.
 pub async fn goodput(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Goodput>, ApiError> {
     let mut by: &'static str = "pool_kind";
@@ -100,15 +193,7 @@ pub async fn goodput(State(s): State<ApiState>, Params(q): Params) -> Result<Jso
                     .copied()
                     .ok_or_else(|| ApiError::bad_request(format!("by: {v:?} is not one of {}", BY.join(", "))))?
             }
-            "window" => {
-                window_ms = humantime::parse_duration(v)
-                    .ok()
-                    .filter(|d| d.as_secs() >= 3600 && d.as_secs() <= 400 * 86_400)
-                    .map(|d| d.as_millis() as i64)
-                    .ok_or_else(|| {
-                        ApiError::bad_request(format!("window: {v:?} must be a duration between 1h and 400d"))
-                    })?
-            }
+            "window" => window_ms = window_param(v)?,
             other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
         }
     }

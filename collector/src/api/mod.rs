@@ -61,6 +61,8 @@ pub struct ApiState {
     pub sessions: Arc<auth::Sessions>,
     /// Re-reads `[auth]` and `[tls]` (absent without a config file); answers what it loaded.
     pub reload: Option<Reload>,
+    /// Prices and capacities (`[cost]`).
+    pub cost: Arc<crate::compare::cost::CostModel>,
 }
 
 /// The reload hook `POST /api/v1/admin/reload` calls.
@@ -117,6 +119,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/alerts", get(slos::alerts))
         .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/goodput", get(goodput::goodput))
+        .route("/api/v1/cost", get(goodput::cost))
         .route("/api/v1/compare", get(compare::json))
         .route("/api/v1/compare.svg", get(compare::svg))
         .route("/api/v1/openapi.json", get(openapi::serve))

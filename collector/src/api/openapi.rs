@@ -360,6 +360,24 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
         },
         Route {
             method: "get",
+            path: "/api/v1/cost",
+            id: "getCost",
+            tag: "goodput",
+            summary: "Each pool's cost over the window, per use or amortised, and per useful GPU-hour",
+            description: "From `[cost]`: managed pools cost the GPU time their jobs held at each job's price; a \
+                          dedicated pool listed under `[[cost.dedicated]]` costs its capacity for the whole window. \
+                          Jobs submitted in the window, up to their end or now.",
+            params: vec![query(
+                "window",
+                "jobs submitted in this window before now, 1h to 400d (default 30d)",
+                duration("30d"),
+            )],
+            ok: (200, "the costs", Body::Json(schema::<types::Cost>(g))),
+            errors: &[(400, "window malformed"), (503, "storage unavailable")],
+            access: Access::Read,
+        },
+        Route {
+            method: "get",
             path: "/api/v1/compare",
             id: "compare",
             tag: "compare",

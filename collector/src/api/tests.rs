@@ -234,8 +234,22 @@ fn fixture() -> Fixture {
         auth: std::sync::Arc::new(crate::auth::Auth::open()),
         sessions: Default::default(),
         reload: None,
+        cost: Arc::new(cost_model()),
     };
     Fixture { state, _dir: dir }
+}
+
+/// Prices for the fixture's pools: managed per use, the dedicated `gpu` pool amortised, `ml-prod` unpriced.
+fn cost_model() -> crate::compare::cost::CostModel {
+    let s: crate::compare::cost::CostSection = toml::from_str(
+        "[[price]]\nmatch = \"pool_kind=managed,provider=sagemaker\"\nper_gpu_hour = 4.0\n\
+         [[dedicated]]\npool = \"gpu\"\ngpus = 16\nper_gpu_hour = 1.25\n",
+    )
+    .expect("toml");
+    let mut errs = Vec::new();
+    let m = s.validate(&mut errs);
+    assert!(errs.is_empty(), "{errs:?}");
+    m
 }
 
 /// One request through the router: status, content type and body text.
@@ -544,4 +558,26 @@ async fn goodput_accounts_hot_and_folded_jobs() {
     check(&f, "goodput_team_7d.json", "/api/v1/goodput?by=team&window=7d", StatusCode::OK).await;
     check_error(&f, "err_goodput_by.json", "/api/v1/goodput?by=colour", StatusCode::BAD_REQUEST).await;
     check_error(&f, "err_goodput_window.json", "/api/v1/goodput?window=1m", StatusCode::BAD_REQUEST).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn cost_prices_per_use_and_amortised_pools() {
+    let f = fixture();
+    let v = check(&f, "cost.json", "/api/v1/cost", StatusCode::OK).await;
+    assert_eq!(v["configured"], true);
+    let pools = v["pools"].as_array().expect("pools");
+    let pool = |name: &str| pools.iter().find(|p| p["pool"] == name).unwrap_or_else(|| panic!("{name}: {v}"));
+    // The dedicated `gpu` pool: 16 GPUs x 720 h x 1.25 whatever its jobs did.
+    let gpu = pool("gpu");
+    assert_eq!((gpu["model"].as_str(), gpu["cost"].as_f64()), (Some("amortised"), Some(16.0 * 720.0 * 1.25)));
+    let useful = gpu["productive_gpu_hours"].as_f64().expect("useful");
+    let utilisation = gpu["useful_utilisation"].as_f64().expect("utilisation");
+    assert!((utilisation - useful / (16.0 * 720.0)).abs() < 1e-12, "{utilisation}");
+    // A per-use pool costs what its jobs held at its price.
+    for p in pools.iter().filter(|p| p["model"] == "per_use") {
+        let held = p["held_gpu_hours"].as_f64().expect("held");
+        assert!((p["cost"].as_f64().expect("cost") - 4.0 * held).abs() < 1e-9, "{p}");
+    }
+    check(&f, "cost_1d.json", "/api/v1/cost?window=1d", StatusCode::OK).await;
+    check_error(&f, "err_cost_window.json", "/api/v1/cost?window=forever", StatusCode::BAD_REQUEST).await;
 }

@@ -614,6 +614,63 @@ pub struct GoodputGroup {
     pub waiting_gpu_hours: f64,
 }
 
+/// `GET /api/v1/cost`: each pool's cost over the window from `[cost]` (README "Cost"), and the managed and
+/// dedicated totals side by side.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct Cost {
+    pub as_of: String,
+    /// Whether `[cost]` prices anything (without it every pool is `unpriced`).
+    pub configured: bool,
+    pub currency: String,
+    /// `managed` and `dedicated` (the pools of each kind together), when they have jobs.
+    pub pool_kinds: Vec<KindCost>,
+    /// One per pool with jobs in the window, largest cost first.
+    pub pools: Vec<PoolCost>,
+    pub window_seconds: i64,
+}
+
+/// One pool's cost and use over the window.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct PoolCost {
+    /// Dedicated pools with `[[cost.dedicated]]`.
+    pub capacity_gpus: Option<u32>,
+    /// `null` when unpriced.
+    pub cost: Option<f64>,
+    pub cost_per_useful_gpu_hour: Option<f64>,
+    /// GPU-hours jobs held (preparing, checkpoint saves, lost and failed work, productive).
+    pub held_gpu_hours: f64,
+    pub jobs: u64,
+    /// `per_use`, `amortised` or `unpriced`.
+    pub model: &'static str,
+    pub pool: String,
+    pub pool_kind: &'static str,
+    pub productive_gpu_hours: f64,
+    pub provider: String,
+    /// Jobs of a per-use pool that no `[[cost.price]]` matched (left out of `cost`).
+    pub unpriced_jobs: u64,
+    /// Amortised pools: productive GPU-hours / (capacity x window hours).
+    pub useful_utilisation: Option<f64>,
+    /// Waiting GPU-hours at the pool's price (an opportunity figure, not a bill).
+    pub waiting_cost: Option<f64>,
+    pub waiting_gpu_hours: f64,
+}
+
+/// The pools of one kind together.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct KindCost {
+    /// Sum over the kind's priced pools.
+    pub cost: f64,
+    /// cost / productive GPU-hours of the priced pools.
+    pub cost_per_useful_gpu_hour: Option<f64>,
+    pub jobs: u64,
+    pub pool_kind: &'static str,
+    /// Productive GPU-hours of the priced pools.
+    pub productive_gpu_hours: f64,
+    /// Pools left out because nothing prices them.
+    pub unpriced_pools: u64,
+    pub waiting_cost: f64,
+}
+
 /// `GET /api/v1/alerts`.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct AlertList {

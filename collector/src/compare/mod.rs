@@ -6,6 +6,7 @@
 //! Time to first step statistics cover jobs that started; jobs still waiting or that ended without starting
 //! are counted beside them (a distribution of started jobs alone flatters a pool that fails to start jobs).
 
+pub mod cost;
 pub mod stats;
 pub mod svg;
 

@@ -162,7 +162,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         slo: &'a [SloSection],
     }
     let mut out = Vec::new();
-    let pairs: [(&'static str, String, String); 10] = [
+    let pairs: [(&'static str, String, String); 11] = [
         ("store", text(&old.store), text(&new.store)),
         ("grpc", text(&old.grpc), text(&new.grpc)),
         ("http", text(&old.http), text(&new.http)),
@@ -171,6 +171,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         ("alerts", text(&old.alerts), text(&new.alerts)),
         ("metrics", text(&old.metrics), text(&new.metrics)),
         ("logs", text(&old.logs), text(&new.logs)),
+        ("cost", text(&old.cost), text(&new.cost)),
         ("auth", text(&old.auth), text(&new.auth)),
         ("tls", text(&old.tls), text(&new.tls)),
     ];

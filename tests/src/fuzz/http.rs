@@ -232,6 +232,7 @@ impl Http {
             auth: std::sync::Arc::new(startline_collector::auth::Auth::open()),
             sessions: Default::default(),
             reload: None,
+            cost: Default::default(),
         };
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
