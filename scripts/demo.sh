@@ -16,7 +16,7 @@ cargo build --release --locked --bins
 bin=target/release
 
 out=$(mktemp)
-"$bin/startline-collector" --data-dir "$data" --grpc-listen "$grpc" --http-listen "$http" >"$out" &
+"$bin/startline-collector" --config deploy/demo.toml --data-dir "$data" --grpc-listen "$grpc" --http-listen "$http" >"$out" &
 collector=$!
 trap 'kill -TERM $collector 2>/dev/null; wait $collector 2>/dev/null; rm -f "$out"' EXIT INT TERM
 for _ in $(seq 1 100); do
@@ -39,6 +39,8 @@ Startline is running.
   gRPC ingest:     $grpc_bound (startline.v1.IngestService, health, reflection)
   SLOs / alerts:   http://$http_bound/api/v1/slos  http://$http_bound/api/v1/alerts
   Compare:         http://$http_bound/api/v1/compare   (CLI: target/release/startline-collector compare --api http://$http_bound)
+  GPU time, cost:  http://$http_bound/#goodput   (API: /api/v1/goodput?by=team, /api/v1/cost; prices in deploy/demo.toml)
+  API contract:    http://$http_bound/api/v1/openapi.json
   Metrics:         http://$http_bound/metrics
 
 Simulating a fleet (history first, then live). Ctrl-C to stop.

@@ -1218,8 +1218,13 @@ mod tests {
 
     #[test]
     fn example_config_in_deploy_parses_and_validates() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/collector.example.toml");
-        let f = FileConfig::load(std::path::Path::new(path)).expect("example config loads");
-        f.validate().expect("example config is valid");
+        for path in [
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/collector.example.toml"),
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/demo.toml"),
+        ] {
+            let f = FileConfig::load(std::path::Path::new(path)).expect("example config loads");
+            let c = f.validate().expect("example config is valid");
+            assert_eq!(c.cost.configured(), path.ends_with("demo.toml"), "{path}");
+        }
     }
 }
