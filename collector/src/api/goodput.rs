@@ -109,11 +109,13 @@ pub async fn cost(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
     let now = s.clock.now_ms();
     let from = now - window_ms;
     let (index, model) = (s.index.clone(), s.cost.clone());
-    let tallies = tokio::task::spawn_blocking(move || {
+    let (tallies, first_submit) = tokio::task::spawn_blocking(move || {
         let mut pools: BTreeMap<String, PoolTally> = BTreeMap::new();
+        let mut first_submit = i64::MAX;
         index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
             let t = job.timeline;
             let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
+            first_submit = first_submit.min(sub);
             if sub < from || sub > now {
                 return;
             }
@@ -121,11 +123,14 @@ pub async fn cost(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
                 pools.entry(attrs.pool.clone()).or_default().add(&model, attrs, &a);
             }
         });
-        pools
+        (pools, first_submit)
     })
     .await
     .map_err(ApiError::unavailable)?;
-    let hours = window_ms as f64 / 3_600_000.0;
+    // Capacity is charged for the part of the window the collector has data for (a fresh install with a day of
+    // history must not charge a dedicated pool for 30 days and divide by one day of useful work).
+    let covered_ms = (now - from.max(first_submit.min(now))).max(0);
+    let hours = covered_ms as f64 / 3_600_000.0;
     let mut pools: Vec<PoolCost> = tallies
         .iter()
         .map(|(pool, t)| {
@@ -173,6 +178,7 @@ pub async fn cost(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
     Ok(Json(Cost {
         as_of: format_ms(now),
         configured: s.cost.configured(),
+        covered_seconds: covered_ms / 1000,
         currency: s.cost.currency.clone(),
         pool_kinds,
         pools,

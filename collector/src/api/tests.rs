@@ -567,12 +567,14 @@ async fn cost_prices_per_use_and_amortised_pools() {
     assert_eq!(v["configured"], true);
     let pools = v["pools"].as_array().expect("pools");
     let pool = |name: &str| pools.iter().find(|p| p["pool"] == name).unwrap_or_else(|| panic!("{name}: {v}"));
-    // The dedicated `gpu` pool: 16 GPUs x 720 h x 1.25 whatever its jobs did.
+    // The dedicated `gpu` pool: 16 GPUs x 1.25 for as long as the collector holds jobs (the fixture's first job
+    // was submitted 8 h before now), whatever its jobs did.
+    assert_eq!(v["covered_seconds"], 8 * 3600);
     let gpu = pool("gpu");
-    assert_eq!((gpu["model"].as_str(), gpu["cost"].as_f64()), (Some("amortised"), Some(16.0 * 720.0 * 1.25)));
+    assert_eq!((gpu["model"].as_str(), gpu["cost"].as_f64()), (Some("amortised"), Some(16.0 * 8.0 * 1.25)));
     let useful = gpu["productive_gpu_hours"].as_f64().expect("useful");
     let utilisation = gpu["useful_utilisation"].as_f64().expect("utilisation");
-    assert!((utilisation - useful / (16.0 * 720.0)).abs() < 1e-12, "{utilisation}");
+    assert!((utilisation - useful / (16.0 * 8.0)).abs() < 1e-12, "{utilisation}");
     // A per-use pool costs what its jobs held at its price.
     for p in pools.iter().filter(|p| p["model"] == "per_use") {
         let held = p["held_gpu_hours"].as_f64().expect("held");

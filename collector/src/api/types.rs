@@ -621,6 +621,9 @@ pub struct Cost {
     pub as_of: String,
     /// Whether `[cost]` prices anything (without it every pool is `unpriced`).
     pub configured: bool,
+    /// The part of the window the collector holds jobs for (from the earliest submit it knows, or the window's
+    /// start, to now): amortised pools are charged for this long.
+    pub covered_seconds: i64,
     pub currency: String,
     /// `managed` and `dedicated` (the pools of each kind together), when they have jobs.
     pub pool_kinds: Vec<KindCost>,

@@ -7,7 +7,8 @@
 //!   *held* (preparing, checkpoint saves, lost and failed work, productive training) at each job's price. Waiting
 //!   before nodes are assigned is not billed.
 //! - **amortised** (a pool listed under `[[cost.dedicated]]`): its capacity at its price for the whole window,
-//!   used or not. Its *useful utilisation* is productive GPU-hours / (capacity GPUs x window hours).
+//!   used or not (the window as far back as the collector holds jobs: a fresh install is not charged for days it
+//!   has no data for). Its *useful utilisation* is productive GPU-hours / (capacity GPUs x those hours).
 //!
 //! Either way, *cost per useful GPU-hour* is the pool's cost / its productive GPU-hours, and the *cost of
 //! waiting* prices the GPU-hours its jobs spent waiting (initial and requeue waits) at the pool's price: what the
