@@ -112,7 +112,7 @@ async fn accepted_events_and_job_summaries_are_pushed_as_otlp_logs() {
     let cfg = dir.path().join("c.toml");
     std::fs::write(
         &cfg,
-        format!("[logs]\notlp_endpoint = \"http://{addr}\"\nflush_interval = \"100ms\"\nqueue_groups = 2\n"),
+        format!("[logs]\notlp_endpoint = \"http://{addr}\"\nflush_interval = \"100ms\"\nqueue_events = 2\n"),
     )
     .expect("config");
     let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf8")]);
@@ -221,7 +221,7 @@ async fn accepted_events_and_job_summaries_are_pushed_as_otlp_logs() {
         up.send(vec![event(&j, "s", ago(5), sub(pb::PriorityClass::Normal))]).await.expect("send");
         up.flush().await.expect("flush");
         if i == 0 {
-            // The exporter takes this one and retries it; the next groups find its queue (2 groups) full.
+            // The exporter takes this one and retries it; the next groups find its queue (2 events) full.
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }

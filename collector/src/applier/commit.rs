@@ -167,7 +167,14 @@ impl Committer {
         let accepted = entries.len() as u64;
         // The feed takes the stored values when someone subscribes; otherwise they go now.
         let feeding = self.settings.feed.active();
-        let mut values = if feeding { entries.into_iter().map(|(_, v)| v).collect() } else { Vec::new() }.into_iter();
+        let mut values = if feeding {
+            entries.into_iter().map(|(_, v)| v).collect()
+        } else {
+            // Not needed any more: freed before the index lock is taken.
+            drop(entries);
+            Vec::new()
+        }
+        .into_iter();
         let mut fed = crate::feed::Group::default();
         let mut replies = Vec::with_capacity(group.len());
         let mut observations = Vec::new();

@@ -95,7 +95,7 @@ impl Config {
         if let Some(l) = &self.logs {
             f.logs.events = Some(l.events);
             f.logs.summaries = Some(l.summaries);
-            f.logs.queue_groups = Some(l.queue_groups);
+            f.logs.queue_events = Some(l.queue_events);
             f.logs.batch_records = Some(l.batch_records);
             f.logs.flush_interval = dur(l.flush_interval);
         }

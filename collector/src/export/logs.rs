@@ -2,9 +2,9 @@
 //! OTLP/gRPC (`[logs]`), so a team can route them through its OpenTelemetry Collector into the warehouse it runs.
 //!
 //! The records come from the accepted-event feed ([`crate::feed`]): only events acknowledged as durable, each once
-//! (duplicates never reach the feed). The exporter is one task with a bounded queue: when the receiver is slow or
-//! down, groups beyond the queue are dropped and counted (`startline_collector_otlp_log_records_total{result=
-//! "dropped"}`), never slowing ingest; a batch the receiver refuses is retried three times with backoff, then
+//! (duplicates never reach the feed). The exporter is one task with a queue bounded in events
+//! (`logs.queue_events`): when the receiver is slow or down, group commits beyond it are dropped and counted
+//! (`startline_collector_otlp_log_records_total{result="dropped"}`), never slowing ingest; a batch the receiver refuses is retried three times with backoff, then
 //! counted as `failed`. The events themselves stay in the store either way.
 //!
 //! Record shape (docs/METRICS.md, "Lifecycle events as OTLP logs"): `event_name` `startline.job.<kind>` or
@@ -48,8 +48,9 @@ pub struct LogsSection {
     /// One record per job when it ends (`done` accepted), with its waits, time to first step and lost work.
     /// Default true.
     pub summaries: Option<bool>,
-    /// Group commits held for the exporter; beyond it they are dropped and counted. Default 4096.
-    pub queue_groups: Option<usize>,
+    /// Accepted events held for the exporter; beyond it whole group commits are dropped and counted. Default
+    /// 100000 (about 20-40 MB).
+    pub queue_events: Option<usize>,
     /// Most records per export request. Default 1000.
     pub batch_records: Option<usize>,
     /// Longest a record waits for its batch to fill. Default 1s.
@@ -76,8 +77,8 @@ pub struct LogsSettings {
     pub events: bool,
     /// Export each ended job's summary.
     pub summaries: bool,
-    /// Queue capacity, in group commits.
-    pub queue_groups: usize,
+    /// Queue capacity, in events.
+    pub queue_events: usize,
     /// Records per request.
     pub batch_records: usize,
     /// Batch wait.
@@ -98,7 +99,7 @@ impl LogsSection {
             Duration::from_secs(1),
             Duration::from_millis(10),
         );
-        let queue_groups = range(errs, "logs.queue_groups", self.queue_groups, 4096, 1, 1 << 20);
+        let queue_events = range(errs, "logs.queue_events", self.queue_events, 100_000, 1, 10_000_000);
         let batch_records = range(errs, "logs.batch_records", self.batch_records, 1000, 1, 100_000);
         if let Some(e) = &self.otlp_endpoint {
             if !(e.starts_with("http://") || e.starts_with("https://")) {
@@ -125,7 +126,7 @@ impl LogsSection {
             endpoint,
             events,
             summaries,
-            queue_groups,
+            queue_events,
             batch_records,
             flush_interval,
             tls,
@@ -402,10 +403,9 @@ pub fn spawn(
         endpoint = endpoint.tls_config(otlp_tls_config(&settings.tls)).map_err(|e| format!("logs TLS: {e}"))?;
     }
     let mut client = LogsServiceClient::new(endpoint.connect_lazy());
-    let sub = feed.subscribe(settings.queue_groups);
+    let mut sub = feed.subscribe(settings.queue_events);
     let stats = Arc::new(LogStats { dropped: sub.dropped.clone(), ..Default::default() });
     let st = stats.clone();
-    let mut rx = sub.rx;
     let task = tokio::spawn(async move {
         let mut pending: Vec<LogRecord> = Vec::new();
         let mut closing = false;
@@ -413,7 +413,7 @@ pub fn spawn(
             // Fill a batch: wait for the first group, then take what arrives within the flush interval.
             if pending.is_empty() && !closing {
                 tokio::select! {
-                    g = rx.recv() => match g {
+                    g = sub.recv() => match g {
                         Some(g) => pending.extend(group_records(&g, &settings)),
                         None => closing = true,
                     },
@@ -423,7 +423,7 @@ pub fn spawn(
             let deadline = tokio::time::Instant::now() + settings.flush_interval;
             while pending.len() < settings.batch_records && !closing {
                 tokio::select! {
-                    g = rx.recv() => match g {
+                    g = sub.recv() => match g {
                         Some(g) => pending.extend(group_records(&g, &settings)),
                         None => closing = true,
                     },
@@ -432,7 +432,7 @@ pub fn spawn(
                 }
             }
             if closing {
-                while let Ok(g) = rx.try_recv() {
+                while let Some(g) = sub.try_recv() {
                     pending.extend(group_records(&g, &settings));
                 }
             }
@@ -574,7 +574,7 @@ mod tests {
             otlp_endpoint: Some("otel:4317".into()),
             events: Some(false),
             summaries: Some(false),
-            queue_groups: Some(0),
+            queue_events: Some(0),
             flush_interval: Some("1ms".into()),
             otlp_headers: [("Authorization".to_string(), "Bearer x".to_string())].into(),
             ..Default::default()
@@ -583,7 +583,7 @@ mod tests {
         let text = errs.join("\n");
         for field in [
             "logs.flush_interval",
-            "logs.queue_groups",
+            "logs.queue_events",
             "logs.otlp_endpoint",
             "logs.otlp_headers.Authorization",
             "logs: events and summaries are both false",
