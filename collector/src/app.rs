@@ -329,6 +329,7 @@ pub async fn run_with_clock(
         sessions: Arc::default(),
         reload: reload.clone(),
         cost: Arc::new(config.cost.clone()),
+        final_stages: Arc::new(config.final_stages.clone()),
     };
     let http_stop_wait = http_stop.clone();
     // Header-read and idle timeouts; at shutdown, connections still open after the drain deadline are closed.
@@ -486,7 +487,7 @@ fn listener_url(addr: SocketAddr, tls: bool) -> String {
 }
 
 /// Sections a running collector cannot take without a restart.
-const RESTART_SECTIONS: [&str; 7] = ["store", "grpc", "http", "ingest", "metrics", "logs", "cost"];
+const RESTART_SECTIONS: [&str; 8] = ["store", "grpc", "http", "ingest", "metrics", "logs", "cost", "chains"];
 
 impl Reloader {
     /// Re-reads the file and applies what it can; the answer lists what changed and what needs a restart.

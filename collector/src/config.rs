@@ -47,12 +47,25 @@ pub struct FileConfig {
     /// `[cost]`: prices per GPU-hour and dedicated pools' capacity.
     #[serde(default)]
     pub cost: crate::compare::cost::CostSection,
+    /// `[chains]`: when a chain of jobs is complete.
+    #[serde(default)]
+    pub chains: ChainsSection,
     /// `[auth]`: identities, scopes, restrictions.
     #[serde(default)]
     pub auth: AuthSection,
     /// `[tls]`: certificate, key, client CA.
     #[serde(default)]
     pub tls: TlsSection,
+}
+
+/// `[chains]`: jobs sharing a `chain_id` seen as one timeline (README "Chains").
+#[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ChainsSection {
+    /// Stages whose job, once done, completes its chain (e.g. `["quantize"]`). Empty: a chain is complete when
+    /// every job in it is done.
+    #[serde(default)]
+    pub final_stages: Vec<String>,
 }
 
 /// `[metrics]`: bounded attribute values and OTLP push.
@@ -317,6 +330,8 @@ pub struct Config {
     pub logs: Option<crate::export::logs::LogsSettings>,
     /// Prices and capacities.
     pub cost: crate::compare::cost::CostModel,
+    /// Stages that complete a chain.
+    pub final_stages: Vec<String>,
     /// Identities (empty: no authentication, loopback only unless `auth.insecure`).
     pub auth: AuthConfig,
     /// TLS on both listeners.
@@ -421,6 +436,11 @@ impl FileConfig {
         let metrics = self.metrics.validate(&mut errs);
         let logs = self.logs.validate(&mut errs);
         let cost = self.cost.validate(&mut errs);
+        for (i, s) in self.chains.final_stages.iter().enumerate() {
+            if s.is_empty() || s.len() > 128 {
+                errs.push(format!("chains.final_stages[{i}]: {s:?} must be 1 to 128 characters"));
+            }
+        }
         let tls = self.tls.validate(&mut errs);
         let has_client_ca = tls.as_ref().is_some_and(|t| t.client_ca_file.is_some());
         let auth = self.auth.validate(&mut errs, has_client_ca);
@@ -434,6 +454,7 @@ impl FileConfig {
             metrics,
             logs,
             cost,
+            final_stages: self.chains.final_stages.clone(),
             store_path: store.path,
             checkpoint_interval: store.checkpoint_interval,
             retention: store.retention,

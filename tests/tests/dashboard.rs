@@ -256,6 +256,47 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     }
     assert_eq!(cost_after["pool_kinds"].as_array().map(Vec::len), Some(2));
 
+    // Chains: a two-stage chain sent over gRPC; its row and its kind's median as the API says.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        use startline_proto::pb::{self, lifecycle_event::Kind};
+        let sub = |stage: &str| {
+            Kind::Submitted(pb::Submitted {
+                pool_kind: pb::PoolKind::Dedicated as i32,
+                provider: "slurm".into(),
+                pool: "a100".into(),
+                priority: pb::PriorityClass::Urgent as i32,
+                gpu_count: 8,
+                chain_id: "safety-fix/7".into(),
+                chain_stage: stage.into(),
+                ..Default::default()
+            })
+        };
+        let t = startline_tests::ago(4 * 3600);
+        let ev = startline_tests::event;
+        let done = || Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
+        let evs = vec![
+            ev("sf7/train", "s", t, sub("train")),
+            ev("sf7/train", "f", t + 600_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+            ev("sf7/train", "d", t + 3_600_000, done()),
+            ev("sf7/eval", "s", t + 4_200_000, sub("evaluate")),
+            ev("sf7/eval", "f", t + 4_500_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+            ev("sf7/eval", "d", t + 5_400_000, done()),
+        ];
+        let mut up =
+            startline_agent::uplink::Publisher::new(startline_agent::uplink::UplinkSettings::new(c.endpoint()))
+                .expect("publisher");
+        up.send(evs).await.expect("send");
+        up.flush().await.expect("flush");
+    });
+    let dom = render(&c, "chains", dir.path());
+    let (_, l) = c.get("/api/v1/chains?window=30d");
+    let chain = &l["chains"][0];
+    assert_eq!(chain["chain_id"], "safety-fix/7");
+    assert_eq!(chain["span_seconds"].as_f64(), Some(5400.0), "no final stages: complete when every member is done");
+    assert!(dom.contains("data-chain=\"safety-fix/7\" data-span=\"5400\""), "{}", &dom[..dom.len().min(3000)]);
+    assert!(dom.contains("data-chain-kind=\"train&gt;evaluate\" data-p50=\"5400\""), "kind row");
+
     // Job timeline, for a job that started.
     let (_, jobs) = c.get("/api/v1/jobs?state=done&limit=1");
     let id = jobs["jobs"][0]["job_id"].as_str().expect("a finished job").to_string();

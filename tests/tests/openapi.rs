@@ -96,6 +96,43 @@ fn every_route_answers_as_its_openapi_document_says() {
     }
     r.get(&c, "/api/v1/alerts", "/api/v1/alerts?state=open", 400);
 
+    // Chains: a two-stage chain, sent over gRPC.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        use startline_proto::pb::{self, lifecycle_event::Kind};
+        let sub = |stage: &str| {
+            Kind::Submitted(pb::Submitted {
+                pool_kind: pb::PoolKind::Managed as i32,
+                provider: "sagemaker".into(),
+                pool: "p".into(),
+                priority: pb::PriorityClass::Normal as i32,
+                gpu_count: 1,
+                chain_id: "fix/42".into(),
+                chain_stage: stage.into(),
+                ..Default::default()
+            })
+        };
+        let t = startline_tests::ago(7200);
+        let done = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
+        let evs = vec![
+            startline_tests::event("fix/train", "s", t, sub("train")),
+            startline_tests::event("fix/train", "f", t + 60_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+            startline_tests::event("fix/train", "d", t + 600_000, done),
+            startline_tests::event("fix/eval", "s", t + 900_000, sub("evaluate")),
+        ];
+        let mut up =
+            startline_agent::uplink::Publisher::new(startline_agent::uplink::UplinkSettings::new(c.endpoint()))
+                .expect("publisher");
+        up.send(evs).await.expect("send");
+        up.flush().await.expect("flush");
+    });
+    let chains = r.get(&c, "/api/v1/chains", "/api/v1/chains", 200);
+    assert_eq!(chains["total"], 1, "{chains}");
+    r.get(&c, "/api/v1/chains", "/api/v1/chains?state=open&window=7d", 200);
+    r.get(&c, "/api/v1/chains", "/api/v1/chains?state=late", 400);
+    r.get(&c, "/api/v1/chains/{chain_id}", "/api/v1/chains/fix/42", 200);
+    r.get(&c, "/api/v1/chains/{chain_id}", "/api/v1/chains/no/such", 404);
+
     // GPU time.
     let g = r.get(&c, "/api/v1/goodput", "/api/v1/goodput", 200);
     assert!(g["total"]["jobs"].as_u64().is_some_and(|n| n > 0), "{g}");

@@ -10,6 +10,7 @@
 //! bodies. [`openapi`] serves the contract, generated from those structs.
 
 pub mod auth;
+mod chains;
 mod compare;
 pub mod extract;
 mod goodput;
@@ -63,6 +64,8 @@ pub struct ApiState {
     pub reload: Option<Reload>,
     /// Prices and capacities (`[cost]`).
     pub cost: Arc<crate::compare::cost::CostModel>,
+    /// Stages that complete a chain (`[chains] final_stages`).
+    pub final_stages: Arc<Vec<String>>,
 }
 
 /// The reload hook `POST /api/v1/admin/reload` calls.
@@ -120,6 +123,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/goodput", get(goodput::goodput))
         .route("/api/v1/cost", get(goodput::cost))
+        .route("/api/v1/chains", get(chains::list))
+        .route("/api/v1/chains/{*chain_id}", get(chains::detail))
         .route("/api/v1/compare", get(compare::json))
         .route("/api/v1/compare.svg", get(compare::svg))
         .route("/api/v1/openapi.json", get(openapi::serve))

@@ -674,6 +674,111 @@ pub struct KindCost {
     pub waiting_cost: f64,
 }
 
+/// `GET /api/v1/chains`: chains that started in the window, newest first, and time to artifact by chain kind.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainList {
+    pub as_of: String,
+    /// Time to artifact of the complete chains of each kind (stage names in order, e.g. `train>evaluate`);
+    /// exact order statistics (nearest rank).
+    pub by_kind: Vec<ChainKind>,
+    pub chains: Vec<ChainSummary>,
+    /// Stages that complete a chain (`[chains] final_stages`; empty: every member done).
+    pub final_stages: Vec<String>,
+    /// Chains matched; `chains` holds at most 500 of them.
+    pub total: u64,
+    pub window_seconds: i64,
+}
+
+/// Percentiles of time to artifact for one chain kind, seconds.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainKind {
+    pub complete: u64,
+    pub kind: String,
+    pub max: Option<f64>,
+    pub open: u64,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+/// A chain in a listing.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainSummary {
+    pub chain_id: String,
+    pub complete: bool,
+    /// The latest member's end (complete chains).
+    pub ended_at: Option<String>,
+    /// Time nobody ran anything for it, seconds.
+    pub gap_seconds: f64,
+    pub jobs: u64,
+    pub kind: String,
+    /// Time to artifact (complete) or so far (open), seconds.
+    pub span_seconds: f64,
+    pub started_at: String,
+}
+
+/// `GET /api/v1/chains/{chain_id}`.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainDetail {
+    pub as_of: String,
+    /// From the first member to the member that ended last: its gap, wait and run add up to `span_seconds`
+    /// (complete chains).
+    pub critical_path: Vec<ChainStep>,
+    /// Stretches with no member in existence.
+    pub gaps: Vec<ChainGap>,
+    pub members: Vec<ChainMember>,
+    /// Per stage, in order of first submit.
+    pub stages: Vec<ChainStage>,
+    #[serde(flatten)]
+    pub summary: ChainSummary,
+}
+
+/// One step of a critical path.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainStep {
+    /// Since the previous step's end (the chain's start for the first step) until this job's submit.
+    pub gap_before_seconds: f64,
+    pub job_id: String,
+    /// First step to end (or now).
+    pub run_seconds: f64,
+    pub stage: String,
+    /// Submit to first step (or to its end if it never started).
+    pub wait_seconds: f64,
+}
+
+/// Idle time inside a chain.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainGap {
+    pub from: String,
+    pub seconds: f64,
+    pub to: String,
+}
+
+/// A member job.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainMember {
+    pub done_at: Option<String>,
+    pub first_step_at: Option<String>,
+    pub job_id: String,
+    pub stage: String,
+    pub submitted_at: String,
+    pub succeeded: bool,
+}
+
+/// A stage's jobs together.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainStage {
+    pub first_submitted_at: String,
+    pub jobs: u64,
+    /// The stage's last end, when all its jobs ended.
+    pub last_ended_at: Option<String>,
+    /// Summed over its jobs: first step to end (or now).
+    pub run_seconds: f64,
+    pub stage: String,
+    /// Summed over its jobs: submit to first step (or end, or now).
+    pub wait_seconds: f64,
+}
+
 /// `GET /api/v1/alerts`.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct AlertList {

@@ -162,7 +162,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         slo: &'a [SloSection],
     }
     let mut out = Vec::new();
-    let pairs: [(&'static str, String, String); 11] = [
+    let pairs: [(&'static str, String, String); 12] = [
         ("store", text(&old.store), text(&new.store)),
         ("grpc", text(&old.grpc), text(&new.grpc)),
         ("http", text(&old.http), text(&new.http)),
@@ -172,6 +172,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         ("metrics", text(&old.metrics), text(&new.metrics)),
         ("logs", text(&old.logs), text(&new.logs)),
         ("cost", text(&old.cost), text(&new.cost)),
+        ("chains", text(&old.chains), text(&new.chains)),
         ("auth", text(&old.auth), text(&new.auth)),
         ("tls", text(&old.tls), text(&new.tls)),
     ];

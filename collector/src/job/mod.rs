@@ -5,6 +5,7 @@
 //! `(occurred_at, lifecycle rank, event id hash)` and folded from the start, so arrival order and duplicates do
 //! not change the result, and events that arrive before `submitted` take effect once it comes.
 
+pub mod chain;
 mod event;
 pub mod goodput;
 mod record;

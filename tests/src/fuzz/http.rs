@@ -233,6 +233,7 @@ impl Http {
             sessions: Default::default(),
             reload: None,
             cost: Default::default(),
+            final_stages: Default::default(),
         };
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
