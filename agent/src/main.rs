@@ -510,9 +510,21 @@ struct SimulateArgs {
     /// GPU classes spread over the pools, up to 8 (0: each default pool's own).
     #[arg(long, env = "STARTLINE_SIM_GPU_CLASSES", default_value_t = 0, value_parser = parse_gpu_classes)]
     gpu_classes: usize,
+    /// Share of arrivals that start a chain (train -> evaluate -> merge -> quantize, each stage submitted after the
+    /// previous one ends, a failed stage retried once), 0 to 1.
+    #[arg(long, env = "STARTLINE_SIM_CHAINS", default_value_t = 0.0, value_parser = parse_share)]
+    chains: f64,
     /// Give up if the collector stays unreachable this long.
     #[arg(long, env = "STARTLINE_GIVE_UP_AFTER", default_value = "60s", value_parser = parse_duration)]
     give_up_after: Duration,
+}
+
+/// A share between 0 and 1.
+fn parse_share(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| (0.0..=1.0).contains(v))
+        .ok_or_else(|| format!("{s:?} is not a number between 0 and 1"))
 }
 
 /// `--gpu-classes`: 0 to the number of classes the simulator knows.
@@ -1096,6 +1108,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     end_ms: None,
                     pools: a.pools,
                     gpu_classes: a.gpu_classes,
+                    chains: a.chains,
                 };
                 let report = simulate::run(settings, &mut up, stop).await?;
                 let secs = started.elapsed().as_secs_f64();

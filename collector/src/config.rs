@@ -62,7 +62,7 @@ pub struct FileConfig {
 #[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ChainsSection {
-    /// Stages whose job, once done, completes its chain (e.g. `["quantize"]`). Empty: a chain is complete when
+    /// Stages whose job, once it succeeded, completes its chain (e.g. `["quantize"]`). Empty: a chain is complete when
     /// every job in it is done.
     #[serde(default)]
     pub final_stages: Vec<String>,

@@ -11,7 +11,7 @@ pub mod model;
 use crate::rng::Rng;
 use crate::uplink::{Publisher, Totals, UplinkError};
 use model::{job_events, load_at_hour, Pool};
-use startline_proto::pb;
+use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::timestamp_to_ms;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -47,7 +47,12 @@ pub struct SimSettings {
     pub pools: usize,
     /// GPU classes spread over the pools; 0 = each default pool's own.
     pub gpu_classes: usize,
+    /// Share of arrivals that start a chain of stages (see [`CHAIN_STAGES`]); 0 = none.
+    pub chains: f64,
 }
+
+/// The stages of a simulated chain, in order.
+pub const CHAIN_STAGES: [&str; 4] = ["train", "evaluate", "merge", "quantize"];
 
 impl Default for SimSettings {
     fn default() -> Self {
@@ -65,8 +70,51 @@ impl Default for SimSettings {
             end_ms: None,
             pools: 0,
             gpu_classes: 0,
+            chains: 0.0,
         }
     }
+}
+
+/// A chain started by arrival `idx`: one job per stage of [`CHAIN_STAGES`], all with chain id `chain/<idx>`, each
+/// stage submitted 2-30 minutes (lognormal) after the previous one ended; a stage that did not succeed is retried
+/// once (`<stage>-retry`), and a chain whose retry fails too stops there (it stays open).
+pub fn chain_jobs(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<Vec<pb::LifecycleEvent>> {
+    let mut r = Rng::derive(seed ^ 0xC4A1_0000, idx);
+    let chain_id = format!("chain/{idx:07}");
+    let mut out = Vec::new();
+    let mut at = submit_ms;
+    let mut n: u64 = 0;
+    for stage in CHAIN_STAGES {
+        let mut succeeded = false;
+        for attempt in 0..2 {
+            n += 1;
+            // A distinct job index per member (beyond any plain arrival's) keeps ids and randomness apart.
+            let mut evs = job_events(seed, (1 << 40) | (idx << 8) | n, at, pools);
+            let name = if attempt == 0 { stage.to_string() } else { format!("{stage}-retry") };
+            let job_id = format!("{chain_id}/{name}");
+            let mut end = at;
+            for ev in &mut evs {
+                ev.job_id = job_id.clone();
+                if let Some(Kind::Submitted(s)) = ev.kind.as_mut() {
+                    s.chain_id = chain_id.clone();
+                    s.chain_stage = stage.to_string();
+                }
+                if let Some(Kind::Done(d)) = &ev.kind {
+                    succeeded = d.outcome() == pb::Outcome::Succeeded;
+                    end = ev.occurred_at.as_ref().map(timestamp_to_ms).unwrap_or(at);
+                }
+            }
+            out.push(evs);
+            at = end + (r.lognormal(8.0 * 60_000.0, 0.8).clamp(120_000.0, 1_800_000.0)) as i64;
+            if succeeded {
+                break;
+            }
+        }
+        if !succeeded {
+            break;
+        }
+    }
+    out
 }
 
 /// What a simulation did.
@@ -136,8 +184,20 @@ impl Sim {
     fn schedule_job(&mut self, submit_ms: i64) {
         let idx = self.next_job;
         self.next_job += 1;
+        if self.settings.chains > 0.0 && self.delivery.chance(self.settings.chains) {
+            for evs in chain_jobs(self.settings.seed, idx, submit_ms, &self.pools) {
+                self.report.jobs += 1;
+                self.emit(evs, submit_ms);
+            }
+            return;
+        }
         self.report.jobs += 1;
-        for ev in job_events(self.settings.seed, idx, submit_ms, &self.pools) {
+        self.emit(job_events(self.settings.seed, idx, submit_ms, &self.pools), submit_ms);
+    }
+
+    /// Schedules one job's events, some delivered late or twice as the settings ask.
+    fn emit(&mut self, events: Vec<pb::LifecycleEvent>, submit_ms: i64) {
+        for ev in events {
             let at = ev.occurred_at.as_ref().map(timestamp_to_ms).unwrap_or(submit_ms);
             if self.settings.duplicates > 0.0 && self.delivery.chance(self.settings.duplicates) {
                 let later = at + (self.delivery.uniform(0.0, 30.0) * 60_000.0) as i64;
@@ -359,5 +419,53 @@ mod tests {
         assert!(q(&managed, 0.99) > 4 * q(&managed, 0.5));
         assert!(q(&dedicated, 0.99) > 4 * q(&dedicated, 0.5));
         assert_ne!(q(&managed, 0.5), q(&dedicated, 0.5));
+    }
+
+    #[test]
+    fn chains_run_their_stages_in_order_each_after_the_previous_one_ended() {
+        let pools = model::default_pools();
+        let mut retries = 0;
+        let mut complete = 0;
+        for idx in 0..60u64 {
+            let jobs = chain_jobs(5, idx, 1_767_225_600_000 + idx as i64 * 600_000, &pools);
+            assert!(!jobs.is_empty());
+            let mut prev_end: Option<i64> = None;
+            let mut stages = Vec::new();
+            for evs in &jobs {
+                let sub = evs.iter().find_map(|e| match &e.kind {
+                    Some(Kind::Submitted(s)) => Some((s.chain_id.clone(), s.chain_stage.clone())),
+                    _ => None,
+                });
+                let (chain, stage) = sub.expect("submitted");
+                assert_eq!(chain, format!("chain/{idx:07}"));
+                assert!(evs.iter().all(|e| e.job_id.starts_with(&chain)), "members are named after their chain");
+                let submit = evs.iter().filter_map(|e| e.occurred_at.as_ref().map(timestamp_to_ms)).min().expect("t");
+                if let Some(end) = prev_end {
+                    assert!(submit >= end + 120_000, "a stage starts 2-30 min after the previous one ended");
+                }
+                let done = evs.iter().find_map(|e| match &e.kind {
+                    Some(Kind::Done(d)) => {
+                        Some((e.occurred_at.as_ref().map(timestamp_to_ms).unwrap_or(0), d.outcome()))
+                    }
+                    _ => None,
+                });
+                let (end, _) = done.expect("every simulated job ends");
+                prev_end = Some(end);
+                if stages.last() == Some(&stage) {
+                    retries += 1;
+                }
+                stages.push(stage);
+            }
+            let mut distinct = stages.clone();
+            distinct.dedup();
+            assert_eq!(distinct, CHAIN_STAGES[..distinct.len()].to_vec(), "stages in order");
+            if distinct.len() == CHAIN_STAGES.len() {
+                complete += 1;
+            }
+            // Deterministic: the same seed and arrival give the same chain.
+            assert_eq!(jobs, chain_jobs(5, idx, 1_767_225_600_000 + idx as i64 * 600_000, &pools));
+        }
+        assert!(complete > 40, "most chains reach quantize ({complete} of 60)");
+        assert!(retries > 0, "some stage failed and was retried");
     }
 }

@@ -1,8 +1,8 @@
 //! Chains: jobs that share a `chain_id` (train -> evaluate -> merge -> quantize) seen as one timeline from the
 //! first stage's submit to the last stage's end. Pure: built from the member jobs' timelines.
 //!
-//! - A chain is *complete* when a job of a final stage (`[chains] final_stages`, e.g. `quantize`) is done, or,
-//!   with no final stages configured, when every member is done. Its end is then the latest member's end; an
+//! - A chain is *complete* when a job of a final stage (`[chains] final_stages`, e.g. `quantize`) succeeded (a
+//!   failed final stage is usually retried), or, with no final stages configured, when every member is done. Its end is then the latest member's end; an
 //!   open chain is measured up to now.
 //! - *Gaps* are the stretches inside the chain's span when none of its jobs existed (one stage ended and the next
 //!   was not submitted yet): time nobody was running, waiting or preparing anything for it.
@@ -111,7 +111,7 @@ pub fn derive(mut members: Vec<Member>, final_stages: &[String], now: i64) -> Op
     let complete = if final_stages.is_empty() {
         members.iter().all(|m| m.done_at.is_some())
     } else {
-        members.iter().any(|m| m.done_at.is_some() && final_stages.contains(&m.stage))
+        members.iter().any(|m| m.succeeded && final_stages.contains(&m.stage))
     };
     let start_ms = members[0].submitted_at;
     let end_ms = if complete {
@@ -133,15 +133,19 @@ pub fn derive(mut members: Vec<Member>, final_stages: &[String], now: i64) -> Op
         gaps.push((covered_to, end_ms));
     }
     gaps.retain(|(a, b)| b > a);
-    // Critical path: back from the member that ended last.
+    // Critical path: back from the member that ended last, among those submitted within the span (a complete
+    // chain may have members submitted after its final stage ended: a re-run after the artifact was out).
+    let within: Vec<usize> = (0..members.len()).filter(|&i| members[i].submitted_at <= end_ms).collect();
     let mut path = Vec::new();
-    let last = (0..members.len()).max_by_key(|&i| (members[i].end(end_ms), std::cmp::Reverse(i)));
+    let last = within.iter().copied().max_by_key(|&i| (members[i].end(end_ms).min(end_ms), std::cmp::Reverse(i)));
     let mut at = last;
     while let Some(i) = at {
         let m = &members[i];
         let end = m.end(end_ms).min(end_ms);
         let started = m.first_step_at.map_or(end, |f| f.clamp(m.submitted_at, end));
-        let pred = (0..members.len())
+        let pred = within
+            .iter()
+            .copied()
             .filter(|&j| j != i && members[j].end(end_ms) <= m.submitted_at)
             .max_by_key(|&j| (members[j].end(end_ms), std::cmp::Reverse(j)));
         let gap = pred.map_or(m.submitted_at - start_ms, |j| m.submitted_at - members[j].end(end_ms));
@@ -200,6 +204,21 @@ mod tests {
     }
 
     #[test]
+    fn a_member_submitted_after_the_artifact_is_left_off_the_path() {
+        // quantize completes the chain at 100; a re-run submitted at 150 (still running) must not stretch it.
+        let members = vec![
+            m("t", "train", 0, Some(10), Some(60)),
+            m("q", "quantize", 70, Some(75), Some(100)),
+            m("again", "train", 150, Some(160), None),
+        ];
+        let c = derive(members, &["quantize".to_string()], 1_000 * M).expect("chain");
+        assert!(c.complete);
+        assert_eq!((c.end_ms, c.gap_ms()), (100 * M, 10 * M));
+        let path: Vec<&str> = c.critical_path.iter().map(|s| c.members[s.member].job_id.as_str()).collect();
+        assert_eq!(path, vec!["t", "q"]);
+    }
+
+    #[test]
     fn open_and_overlapping_chains() {
         // No final stage configured: complete only when every member is done; overlapping members leave no gap.
         let members = vec![m("a", "train", 0, Some(5), Some(50)), m("b", "evaluate", 30, None, None)];
@@ -230,6 +249,7 @@ mod props {
         fn gaps_and_the_critical_path_account_for_the_span(
             raw in proptest::collection::vec((0i64..500, 0i64..100, proptest::option::of(0i64..300), 0u8..3), 1..12),
             now_off in 0i64..1000,
+            with_final in any::<bool>(),
         ) {
             let members: Vec<Member> = raw
                 .iter()
@@ -244,11 +264,12 @@ mod props {
                 })
                 .collect();
             let now = members.iter().map(|m| m.done_at.unwrap_or(m.submitted_at)).max().unwrap_or(0) + now_off;
-            let c = derive(members.clone(), &[], now).expect("chain");
+            let finals = if with_final { vec!["quantize".to_string()] } else { Vec::new() };
+            let c = derive(members.clone(), &finals, now).expect("chain");
             // Union of lives clipped to the span, by a plain sweep over every time unit.
             let mut covered = 0;
             for t in c.start_ms..c.end_ms {
-                let alive = c.members.iter().any(|m| m.submitted_at <= t && t < m.end(c.end_ms));
+                let alive = c.members.iter().any(|m| m.submitted_at <= t && t < m.end(c.end_ms).min(c.end_ms));
                 let in_gap = c.gaps.iter().any(|(a, b)| *a <= t && t < *b);
                 prop_assert!(alive != in_gap, "t={t}: alive {alive}, gap {in_gap}");
                 covered += i64::from(alive);
