@@ -2,8 +2,9 @@
 //! first stage's submit to the last stage's end. Pure: built from the member jobs' timelines.
 //!
 //! - A chain is *complete* when a job of a final stage (`[chains] final_stages`, e.g. `quantize`) succeeded (a
-//!   failed final stage is usually retried), or, with no final stages configured, when every member is done. Its end is then the latest member's end; an
-//!   open chain is measured up to now.
+//!   failed final stage is usually retried), or, with no final stages configured, when every member is done. Its
+//!   end is then the latest member's end (members submitted after it, re-runs, are left out of its time); an open
+//!   chain is measured up to now.
 //! - *Gaps* are the stretches inside the chain's span when none of its jobs existed (one stage ended and the next
 //!   was not submitted yet): time nobody was running, waiting or preparing anything for it.
 //! - The *critical path* walks back from the member that ended last: each step's predecessor is the member that
