@@ -62,15 +62,7 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
     let mut want: Option<bool> = None;
     for (k, v) in &q {
         match (k.as_str(), v.as_str()) {
-            ("window", v) => {
-                window_ms = humantime::parse_duration(v)
-                    .ok()
-                    .filter(|d| d.as_secs() >= 3600 && d.as_secs() <= 400 * 86_400)
-                    .map(|d| d.as_millis() as i64)
-                    .ok_or_else(|| {
-                        ApiError::bad_request(format!("window: {v:?} must be a duration between 1h and 400d"))
-                    })?
-            }
+            ("window", v) => window_ms = super::extract::window_param(v)?,
             ("state", "open") => want = Some(false),
             ("state", "complete") => want = Some(true),
             ("state", "all") => want = None,

@@ -164,6 +164,16 @@ pub async fn json_errors(res: Response) -> Response {
     Response::from_parts(parts, Body::new(body))
 }
 
+/// A `window` parameter of the scanning routes (overview, goodput, cost, chains): a duration from 1h to 400d, in
+/// milliseconds.
+pub fn window_param(v: &str) -> Result<i64, ApiError> {
+    humantime::parse_duration(v)
+        .ok()
+        .filter(|d| d.as_secs() >= 3600 && d.as_secs() <= 400 * 86_400)
+        .map(|d| d.as_millis() as i64)
+        .ok_or_else(|| ApiError::bad_request(format!("window: {v:?} must be a duration between 1h and 400d")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 //! training), overall and per value of `by`. Each job is accounted from its timeline ([`crate::job::goodput`];
 //! folded jobs from their rows), open jobs up to now, and weighted by the GPUs it asked for.
 
-use super::extract::Params;
+use super::extract::{window_param, Params};
 use super::types::{Cost, Goodput, GoodputGroup, KindCost, PoolCost};
 use super::{ApiError, ApiState};
 use crate::compare::cost::{price_pool, PoolTally};
@@ -87,14 +87,6 @@ impl Sum {
             waiting_gpu_hours: h(waiting),
         }
     }
-}
-
-fn window_param(v: &str) -> Result<i64, ApiError> {
-    humantime::parse_duration(v)
-        .ok()
-        .filter(|d| d.as_secs() >= 3600 && d.as_secs() <= 400 * 86_400)
-        .map(|d| d.as_millis() as i64)
-        .ok_or_else(|| ApiError::bad_request(format!("window: {v:?} must be a duration between 1h and 400d")))
 }
 
 /// `GET /api/v1/cost?window=30d`: every pool's cost, per use or amortised, with its useful GPU-hours.

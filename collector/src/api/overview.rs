@@ -17,15 +17,7 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
     let mut window_ms: i64 = 86_400_000;
     for (k, v) in &q {
         match k.as_str() {
-            "window" => {
-                window_ms = humantime::parse_duration(v)
-                    .ok()
-                    .filter(|d| d.as_secs() >= 3600 && d.as_secs() <= 400 * 86_400)
-                    .map(|d| d.as_millis() as i64)
-                    .ok_or_else(|| {
-                        ApiError::bad_request(format!("window: {v:?} must be a duration between 1h and 400d"))
-                    })?
-            }
+            "window" => window_ms = super::extract::window_param(v)?,
             other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
         }
     }
