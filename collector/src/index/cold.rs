@@ -6,7 +6,7 @@
 //! was made from (a property test checks it), so readers see a folded job as they saw it hot, and the SLO
 //! contributions and metric footprints of a folded job are recomputed from it when needed instead of kept.
 
-use crate::job::{JobAttrs, JobState, Segment, Timeline};
+use crate::job::{JobAttrs, JobState, Placement, Segment, Timeline};
 use serde::{Deserialize, Serialize};
 use startline_proto::pb;
 use std::collections::{BTreeMap, HashMap};
@@ -14,9 +14,10 @@ use std::sync::Arc;
 
 /// "No value" in an `i64` time field of a row.
 const NONE: i64 = i64::MIN;
-/// The summary body's format (inside the store's seal): 2 adds checkpoint save and failed-run time; format-1
-/// rows (written before) read back with both at 0.
-const SUMMARY_FORMAT: u8 = 2;
+/// The summary body's format (inside the store's seal): 2 adds checkpoint save and failed-run time (format-1
+/// rows read back with both at 0), 3 adds the placements (format-2 rows read back with none).
+const SUMMARY_FORMAT: u8 = 3;
+const SUMMARY_FORMAT_2: u8 = 2;
 const SUMMARY_FORMAT_1: u8 = 1;
 
 /// One folded job. Times are Unix milliseconds, [`NONE`] when absent.
@@ -50,6 +51,8 @@ pub struct Folded {
     flags: u8,
     /// The initial wait by segment, in segment order.
     waits: Box<[(Segment, i64)]>,
+    /// Where it ran.
+    placements: Box<[Placement]>,
 }
 
 fn opt(v: i64) -> Option<i64> {
@@ -103,6 +106,7 @@ impl Folded {
             outcome: t.outcome.map_or(0, |o| o as i32),
             flags,
             waits: t.initial_wait_ms.iter().map(|(s, ms)| (*s, *ms)).collect(),
+            placements: t.placements.iter().cloned().collect(),
         })
     }
 
@@ -137,6 +141,8 @@ impl Folded {
         t.lost_steps = self.lost_steps;
         t.max_step = (self.flags & 2 != 0).then_some(self.max_step);
         t.ignored_after_done = self.ignored_after_done;
+        t.placements.clear();
+        t.placements.extend(self.placements.iter().cloned());
     }
 
     /// The stored summary body.
@@ -163,17 +169,26 @@ impl Folded {
         };
         let mut out = vec![SUMMARY_FORMAT];
         // Serializing plain integers and enums into a Vec cannot fail.
-        out.extend(postcard::to_stdvec(&(disk, [self.checkpoint_save_ms, self.failed_work_ms])).unwrap_or_default());
+        let placements: &[Placement] = &self.placements;
+        out.extend(
+            postcard::to_stdvec(&(disk, [self.checkpoint_save_ms, self.failed_work_ms], placements)).unwrap_or_default(),
+        );
         out
     }
 
     /// Decodes a stored summary body.
     pub fn decode(body: &[u8]) -> Result<Folded, String> {
-        let (d, [checkpoint_save_ms, failed_work_ms]) = match body.split_first() {
+        let (d, [checkpoint_save_ms, failed_work_ms], placements) = match body.split_first() {
             Some((&SUMMARY_FORMAT, rest)) => {
-                postcard::from_bytes::<(Disk, [i64; 2])>(rest).map_err(|e| e.to_string())?
+                postcard::from_bytes::<(Disk, [i64; 2], Vec<Placement>)>(rest).map_err(|e| e.to_string())?
             }
-            Some((&SUMMARY_FORMAT_1, rest)) => (postcard::from_bytes::<Disk>(rest).map_err(|e| e.to_string())?, [0, 0]),
+            Some((&SUMMARY_FORMAT_2, rest)) => {
+                let (d, extra) = postcard::from_bytes::<(Disk, [i64; 2])>(rest).map_err(|e| e.to_string())?;
+                (d, extra, Vec::new())
+            }
+            Some((&SUMMARY_FORMAT_1, rest)) => {
+                (postcard::from_bytes::<Disk>(rest).map_err(|e| e.to_string())?, [0, 0], Vec::new())
+            }
             _ => return Err(format!("unknown summary format {:?}", body.first())),
         };
         let [submitted_at, done_at, first_step_at, first_queued_at, node_assigned_at, preparing_at, checkpoint_at] =
@@ -205,6 +220,7 @@ impl Folded {
             outcome: d.outcome,
             flags: d.flags,
             waits: d.waits.into_boxed_slice(),
+            placements: placements.into_boxed_slice(),
         })
     }
 }
@@ -311,7 +327,16 @@ pub struct ColdJobs {
 const ROW_OVERHEAD: usize = std::mem::size_of::<Folded>() + std::mem::size_of::<Box<str>>() + 16;
 
 fn row_bytes(id: &str, row: &Folded) -> usize {
-    ROW_OVERHEAD + id.len() + std::mem::size_of_val(&*row.waits)
+    let placements: usize = row
+        .placements
+        .iter()
+        .map(|p| {
+            std::mem::size_of::<Placement>()
+                + p.nodes.iter().map(|n| 16 + std::mem::size_of::<std::sync::Arc<str>>() + n.len()).sum::<usize>()
+                + 16
+        })
+        .sum();
+    ROW_OVERHEAD + id.len() + std::mem::size_of_val(&*row.waits) + placements
 }
 
 impl ColdJobs {

@@ -67,8 +67,8 @@ pub enum EventKind {
     Submitted(Arc<JobAttrs>),
     /// The job waits for a reason; the provider's raw reason is kept for display and alerts.
     Queued { reason: pb::WaitReason, raw_reason: Arc<str> },
-    /// Nodes were assigned.
-    NodeAssigned,
+    /// Nodes were assigned (their names, possibly none).
+    NodeAssigned { nodes: Arc<[Arc<str>]> },
     /// A preparation phase started.
     Preparing { phase: pb::PreparingPhase },
     /// The first training step of a run completed.
@@ -81,8 +81,8 @@ pub enum EventKind {
     Requeued { resume_step: u64 },
     /// The job restarted in place, resuming from `resume_step`.
     Restarted { resume_step: u64 },
-    /// A node of the job was lost.
-    NodeLost,
+    /// A node of the job was lost (its name; empty when the source did not say).
+    NodeLost { node: Arc<str> },
     /// The job ended.
     Done { outcome: pb::Outcome, exit_code: Option<i32> },
 }
@@ -93,12 +93,12 @@ impl EventKind {
         match self {
             EventKind::Submitted(_) => 0,
             EventKind::Queued { .. } => 1,
-            EventKind::NodeAssigned => 2,
+            EventKind::NodeAssigned { .. } => 2,
             EventKind::Preparing { .. } => 3,
             EventKind::FirstStep { .. } => 4,
             EventKind::Checkpoint { .. } => 5,
             EventKind::Preempted { .. } => 6,
-            EventKind::NodeLost => 7,
+            EventKind::NodeLost { .. } => 7,
             EventKind::Requeued { .. } => 8,
             EventKind::Restarted { .. } => 9,
             EventKind::Done { .. } => 10,
@@ -110,12 +110,12 @@ impl EventKind {
         match self {
             EventKind::Submitted(_) => "submitted",
             EventKind::Queued { .. } => "queued",
-            EventKind::NodeAssigned => "node_assigned",
+            EventKind::NodeAssigned { .. } => "node_assigned",
             EventKind::Preparing { .. } => "preparing",
             EventKind::FirstStep { .. } => "first_step",
             EventKind::Checkpoint { .. } => "checkpoint",
             EventKind::Preempted { .. } => "preempted",
-            EventKind::NodeLost => "node_lost",
+            EventKind::NodeLost { .. } => "node_lost",
             EventKind::Requeued { .. } => "requeued",
             EventKind::Restarted { .. } => "restarted",
             EventKind::Done { .. } => "done",
@@ -164,7 +164,7 @@ impl CompactEvent {
                 labels: s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             })),
             Kind::Queued(q) => EventKind::Queued { reason: q.reason(), raw_reason: Arc::from(q.raw_reason.as_str()) },
-            Kind::NodeAssigned(_) => EventKind::NodeAssigned,
+            Kind::NodeAssigned(n) => EventKind::NodeAssigned { nodes: n.nodes.iter().map(|s| Arc::from(s.as_str())).collect() },
             Kind::Preparing(p) => EventKind::Preparing { phase: p.phase() },
             Kind::FirstStep(f) => EventKind::FirstStep { step: f.step },
             Kind::Checkpoint(c) => EventKind::Checkpoint {
@@ -175,7 +175,7 @@ impl CompactEvent {
             Kind::Preempted(p) => EventKind::Preempted { checkpoint_saved: p.checkpoint_saved },
             Kind::Requeued(r) => EventKind::Requeued { resume_step: r.resume_step },
             Kind::Restarted(r) => EventKind::Restarted { resume_step: r.resume_step },
-            Kind::NodeLost(_) => EventKind::NodeLost,
+            Kind::NodeLost(n) => EventKind::NodeLost { node: Arc::from(n.node.as_str()) },
             Kind::Done(d) => EventKind::Done { outcome: d.outcome(), exit_code: d.exit_code },
         };
         Some(CompactEvent {

@@ -3,6 +3,7 @@
 use super::*;
 use proptest::prelude::*;
 use startline_proto::pb;
+use std::sync::Arc;
 
 const T0: i64 = 1_767_225_600_000;
 const S: i64 = 1000;
@@ -50,7 +51,7 @@ fn splits_the_wait_before_the_first_step_into_segments() {
     let r = record(vec![
         sub(T0),
         queued("q", T0 + 10 * S, pb::WaitReason::Capacity),
-        e("na", T0 + 60 * S, EventKind::NodeAssigned),
+        e("na", T0 + 60 * S, EventKind::NodeAssigned { nodes: [Arc::from("n1")].into() }),
         e("p1", T0 + 70 * S, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
         e("p2", T0 + 100 * S, EventKind::Preparing { phase: pb::PreparingPhase::DataStaging }),
         e("fs", T0 + 130 * S, EventKind::FirstStep { step: 1 }),
@@ -112,7 +113,7 @@ fn preemption_with_checkpoint_saved_loses_nothing_and_resume_from_scratch_loses_
         sub(T0),
         e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
         e("ck", T0 + 100 * S, EventKind::Checkpoint { step: 4000, save_ms: 0 }),
-        e("nl", T0 + 500 * S, EventKind::NodeLost),
+        e("nl", T0 + 500 * S, EventKind::NodeLost { node: Arc::from("n1") }),
         e("rs", T0 + 510 * S, EventKind::Restarted { resume_step: 0 }),
     ]);
     assert_eq!(lost.timeline.lost_work_ms, 400 * S);
@@ -232,7 +233,7 @@ fn arb_kind() -> impl Strategy<Value = EventKind> {
             reason: pb::WaitReason::try_from(r).unwrap_or(pb::WaitReason::Unknown),
             raw_reason: "".into()
         }),
-        Just(EventKind::NodeAssigned),
+        Just(EventKind::NodeAssigned { nodes: [Arc::from("n1")].into() }),
         (1i32..=5).prop_map(|p| EventKind::Preparing {
             phase: pb::PreparingPhase::try_from(p).unwrap_or(pb::PreparingPhase::Other)
         }),
@@ -241,7 +242,7 @@ fn arb_kind() -> impl Strategy<Value = EventKind> {
         any::<bool>().prop_map(|checkpoint_saved| EventKind::Preempted { checkpoint_saved }),
         (0u64..5000).prop_map(|resume_step| EventKind::Requeued { resume_step }),
         (0u64..5000).prop_map(|resume_step| EventKind::Restarted { resume_step }),
-        Just(EventKind::NodeLost),
+        Just(EventKind::NodeLost { node: Arc::from("n1") }),
         (1i32..=5).prop_map(|o| EventKind::Done {
             outcome: pb::Outcome::try_from(o).unwrap_or(pb::Outcome::Failed),
             exit_code: None
@@ -403,6 +404,48 @@ proptest! {
     }
 
     #[test]
+    fn placements_open_and_end_with_the_runs(events in arb_events()) {
+        // Oracle: walk the events in canonical order, counting assignments that open a placement.
+        let mut sorted = events.clone();
+        sorted.sort_by_key(|e| e.sort_key());
+        let t = JobRecord::from_events(events).timeline;
+        let Some(submitted) = t.submitted_at else { return Ok(()) };
+        let (mut count, mut open, mut lost_named) = (0usize, false, 0usize);
+        for ev in &sorted {
+            match &ev.kind {
+                EventKind::NodeAssigned { nodes } if !open && !nodes.is_empty() => (count, open) = (count + 1, true),
+                EventKind::Restarted { .. } if open => count += 1,
+                EventKind::NodeLost { node } => {
+                    if open && !node.is_empty() {
+                        lost_named += 1;
+                    }
+                    open = false;
+                }
+                EventKind::Queued { .. } | EventKind::Preempted { .. } | EventKind::Requeued { .. } => open = false,
+                EventKind::Done { .. } => {
+                    open = false;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        prop_assert_eq!(t.placements.len(), count);
+        prop_assert_eq!(t.placements.last().is_some_and(|p| p.end == PlacementEnd::Open), open);
+        prop_assert_eq!(t.placements.iter().filter(|p| p.lost_node.is_some()).count(), lost_named);
+        for (i, p) in t.placements.iter().enumerate() {
+            prop_assert!(p.assigned_at >= submitted);
+            prop_assert!(i + 1 == t.placements.len() || p.end != PlacementEnd::Open);
+            prop_assert_eq!(p.ended_at.is_some(), p.end != PlacementEnd::Open);
+            prop_assert!(p.ended_at.is_none_or(|e| e >= p.assigned_at));
+            prop_assert!(p.first_step_at.is_none_or(|f| f >= p.assigned_at && p.ended_at.is_none_or(|e| f <= e)));
+            if let Some(next) = t.placements.get(i + 1) {
+                prop_assert!(next.assigned_at >= p.ended_at.unwrap_or(i64::MAX));
+            }
+        }
+        prop_assert!(t.placements.iter().filter(|p| p.first_step_at.is_some()).count() <= t.runs as usize);
+    }
+
+    #[test]
     fn done_is_absorbing(events in arb_events(), later in proptest::collection::vec(arb_kind(), 1..5)) {
         let base = JobRecord::from_events(events.clone());
         if let Some(done_at) = base.timeline.done_at {
@@ -427,7 +470,7 @@ fn goodput_splits_a_job_by_hand_computed_figures() {
     let r = record(vec![
         sub(T0),
         queued("q", T0, pb::WaitReason::Capacity),
-        e("n", T0 + 100 * S, EventKind::NodeAssigned),
+        e("n", T0 + 100 * S, EventKind::NodeAssigned { nodes: [Arc::from("n1")].into() }),
         e("p", T0 + 110 * S, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
         e("f1", T0 + 130 * S, EventKind::FirstStep { step: 1 }),
         ck("c1", T0 + 530 * S, 500, 30),
@@ -460,7 +503,7 @@ fn goodput_splits_a_job_by_hand_computed_figures() {
     let again = record(vec![
         sub(T0),
         e("f", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
-        e("l", T0 + 70 * S, EventKind::NodeLost),
+        e("l", T0 + 70 * S, EventKind::NodeLost { node: Arc::from("n1") }),
     ]);
     let a = account(&again.timeline, T0 + 100 * S).expect("submitted");
     assert_eq!((a.total, a.requeue_wait, a.lost, a.productive), (100 * S, 30 * S, 60 * S, 0));
@@ -483,7 +526,7 @@ fn oracle_run_ms(events: &[CompactEvent], now: i64) -> Option<(i64, i64)> {
             EventKind::FirstStep { .. } if since.is_none() => since = Some(at),
             EventKind::Queued { .. }
             | EventKind::Preempted { .. }
-            | EventKind::NodeLost
+            | EventKind::NodeLost { .. }
             | EventKind::Requeued { .. }
             | EventKind::Restarted { .. } => {
                 if let Some(s) = since.take() {

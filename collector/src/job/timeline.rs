@@ -10,6 +10,9 @@
 //!   later of the run's start and its last checkpoint is lost unless a checkpoint was saved right before the
 //!   preemption. The wait until the next first step counts as requeue wait.
 //! - `done` is terminal: events stamped after it do not change the timeline.
+//! - Each `node_assigned` with node names opens a *placement* (further assignments before it ends add nodes to
+//!   it); the placement ends with the run: `preempted`, `node_lost`, `requeued`, `restarted` (which opens a new
+//!   placement on the same nodes), `queued` again, or `done` (by outcome). Per-node statistics read these.
 
 use super::{CompactEvent, EventKind, JobAttrs};
 use serde::{Deserialize, Serialize};
@@ -103,6 +106,92 @@ impl Segment {
     }
 }
 
+/// How a placement ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacementEnd {
+    /// The job is still on these nodes.
+    Open,
+    /// The job ended successfully here.
+    Succeeded,
+    /// The job failed here.
+    Failed,
+    /// The job hit its time limit here.
+    TimedOut,
+    /// The job was cancelled here.
+    Cancelled,
+    /// A node was lost (`node_lost`).
+    Lost,
+    /// The job was preempted (an event, or `done` with outcome preempted).
+    Preempted,
+    /// The job went back to its queue or restarted in place.
+    Requeued,
+}
+
+impl PlacementEnd {
+    /// Every end, in a fixed order (stored as its index).
+    pub const ALL: [PlacementEnd; 8] = [
+        PlacementEnd::Open,
+        PlacementEnd::Succeeded,
+        PlacementEnd::Failed,
+        PlacementEnd::TimedOut,
+        PlacementEnd::Cancelled,
+        PlacementEnd::Lost,
+        PlacementEnd::Preempted,
+        PlacementEnd::Requeued,
+    ];
+
+    /// Short lowercase name.
+    pub fn label(self) -> &'static str {
+        match self {
+            PlacementEnd::Open => "open",
+            PlacementEnd::Succeeded => "succeeded",
+            PlacementEnd::Failed => "failed",
+            PlacementEnd::TimedOut => "timed_out",
+            PlacementEnd::Cancelled => "cancelled",
+            PlacementEnd::Lost => "lost",
+            PlacementEnd::Preempted => "preempted",
+            PlacementEnd::Requeued => "requeued",
+        }
+    }
+
+    fn of_outcome(o: pb::Outcome) -> PlacementEnd {
+        match o {
+            pb::Outcome::Succeeded => PlacementEnd::Succeeded,
+            pb::Outcome::Failed | pb::Outcome::Unspecified => PlacementEnd::Failed,
+            pb::Outcome::TimedOut => PlacementEnd::TimedOut,
+            pb::Outcome::Cancelled => PlacementEnd::Cancelled,
+            pb::Outcome::Preempted => PlacementEnd::Preempted,
+        }
+    }
+}
+
+/// One stay of the job on a set of nodes: from an assignment to the end of the run (or of the job) there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The nodes, in the order first reported.
+    pub nodes: Arc<[Arc<str>]>,
+    /// When they were assigned.
+    pub assigned_at: i64,
+    /// When training reached its first step here, if it did.
+    pub first_step_at: Option<i64>,
+    /// When it ended, unless open.
+    pub ended_at: Option<i64>,
+    /// How it ended.
+    pub end: PlacementEnd,
+    /// For [`PlacementEnd::Lost`]: the node the `node_lost` named, when it is one of `nodes` (else every node
+    /// of the placement is counted as lost).
+    pub lost_node: Option<Arc<str>>,
+}
+
+impl Placement {
+    /// Whether `node` is the one blamed for this placement's end (a loss names one node; any other end concerns
+    /// every node).
+    pub fn blames(&self, node: &str) -> bool {
+        self.lost_node.as_deref().is_none_or(|n| n == node)
+    }
+}
+
 /// Everything derived about one job. All times are Unix milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
@@ -158,6 +247,8 @@ pub struct Timeline {
     pub max_step: Option<u64>,
     /// Events stamped after `done`, ignored for the timeline (still stored).
     pub ignored_after_done: u32,
+    /// Where the job ran (or was placed), in order.
+    pub placements: Vec<Placement>,
 }
 
 impl Timeline {
@@ -274,11 +365,13 @@ impl TimelineFold {
                     *run_start = None;
                     *requeue_wait_start = Some(at);
                 }
+                end_placement(t, PlacementEnd::Requeued, at, None);
                 switch(t, wait, Segment::Queued(*reason), at);
                 self.raw_reason = Some(raw_reason.clone());
             }
-            EventKind::NodeAssigned => {
+            EventKind::NodeAssigned { nodes } => {
                 t.node_assigned_at.get_or_insert(at);
+                place(t, nodes, at);
                 if wait.is_some() {
                     switch(t, wait, Segment::Assigned, at);
                 }
@@ -298,6 +391,9 @@ impl TimelineFold {
                     }
                     t.first_step_at.get_or_insert(at);
                     t.runs += 1;
+                    if let Some(p) = t.placements.last_mut().filter(|p| p.end == PlacementEnd::Open) {
+                        p.first_step_at.get_or_insert(at);
+                    }
                     *run_start = Some(at);
                     *last_ckpt_at = None;
                 }
@@ -313,6 +409,7 @@ impl TimelineFold {
             }
             EventKind::Preempted { checkpoint_saved } => {
                 t.preemptions += 1;
+                end_placement(t, PlacementEnd::Preempted, at, None);
                 if run_start.is_some() {
                     if !checkpoint_saved {
                         t.lost_work_ms += lost_since(at, *run_start, *last_ckpt_at);
@@ -320,8 +417,9 @@ impl TimelineFold {
                     stop_run(run_start, requeue_wait_start, wait, at);
                 }
             }
-            EventKind::NodeLost => {
+            EventKind::NodeLost { node } => {
                 t.node_losses += 1;
+                end_placement(t, PlacementEnd::Lost, at, Some(node));
                 if run_start.is_some() {
                     t.lost_work_ms += lost_since(at, *run_start, *last_ckpt_at);
                     stop_run(run_start, requeue_wait_start, wait, at);
@@ -329,6 +427,11 @@ impl TimelineFold {
             }
             EventKind::Requeued { resume_step } | EventKind::Restarted { resume_step } => {
                 self.requeues += 1;
+                if let Some(nodes) = end_placement(t, PlacementEnd::Requeued, at, None) {
+                    if matches!(ev.kind, EventKind::Restarted { .. }) {
+                        place(t, &nodes, at);
+                    }
+                }
                 if let Some(m) = t.max_step {
                     t.lost_steps += m.saturating_sub(*resume_step);
                 }
@@ -348,6 +451,7 @@ impl TimelineFold {
                     t.failed_work_ms += lost_since(at, *run_start, *last_ckpt_at);
                 }
                 *run_start = None;
+                end_placement(t, PlacementEnd::of_outcome(*outcome), at, None);
                 t.done_at = Some(at);
                 t.outcome = Some(*outcome);
                 t.exit_code = *exit_code;
@@ -403,6 +507,43 @@ fn close(t: &mut Timeline, wait: &mut Option<(Segment, i64)>, at: i64) {
             *t.initial_wait_ms.entry(seg).or_insert(0) += at - since;
         }
     }
+}
+
+/// Opens a placement on `nodes` at `at`, or adds them to the open one.
+fn place(t: &mut Timeline, nodes: &Arc<[Arc<str>]>, at: i64) {
+    if nodes.is_empty() {
+        return;
+    }
+    match t.placements.last_mut().filter(|p| p.end == PlacementEnd::Open) {
+        Some(p) => {
+            if nodes.iter().any(|n| !p.nodes.contains(n)) {
+                let mut all: Vec<Arc<str>> = p.nodes.to_vec();
+                for n in nodes.iter() {
+                    if !all.contains(n) {
+                        all.push(n.clone());
+                    }
+                }
+                p.nodes = all.into();
+            }
+        }
+        None => t.placements.push(Placement {
+            nodes: nodes.clone(),
+            assigned_at: at,
+            first_step_at: None,
+            ended_at: None,
+            end: PlacementEnd::Open,
+            lost_node: None,
+        }),
+    }
+}
+
+/// Ends the open placement, if any, returning its nodes. `lost` is the node a `node_lost` named.
+fn end_placement(t: &mut Timeline, end: PlacementEnd, at: i64, lost: Option<&Arc<str>>) -> Option<Arc<[Arc<str>]>> {
+    let p = t.placements.last_mut().filter(|p| p.end == PlacementEnd::Open)?;
+    p.end = end;
+    p.ended_at = Some(at);
+    p.lost_node = lost.filter(|n| p.nodes.contains(n)).cloned();
+    Some(p.nodes.clone())
 }
 
 /// Switches the open waiting segment to `seg` at `at`.

@@ -5,7 +5,7 @@
 //! - tree `alerts`: alert key -> sealed JSON alert record (firing since, resolved at).
 //! - tree `log`: `seq` (u64 big-endian) -> sealed protobuf `LifecycleEvent`. Every accepted event, in commit
 //!   order. An event is acknowledged only after its batch is applied here and the database is flushed.
-//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 3). Job snapshots,
+//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 4). Job snapshots,
 //!   written by checkpoints.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence a fold removed from
@@ -69,9 +69,10 @@ use std::sync::{Arc, RwLock};
 
 /// The current version of every sealed value.
 const SEALED_VERSION: u8 = 2;
-/// The sealed version of job snapshots, whose compact events carry checkpoint save times. Version-2 snapshots
-/// (written before) are not read: restore then rebuilds every job from the log, once, as for a damaged snapshot.
-const SNAPSHOT_VERSION: u8 = 3;
+/// The sealed version of job snapshots: 3 added checkpoint save times to compact events, 4 node names to
+/// `node_assigned` and `node_lost`. Older snapshots are not read: restore then rebuilds every job from the log,
+/// once, as for a damaged snapshot.
+const SNAPSHOT_VERSION: u8 = 4;
 /// Values written before checksums: `[1u8] ++ body`.
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
@@ -271,6 +272,9 @@ pub fn encode_snapshot_events(job_id: &str, events: &[CompactEvent]) -> Result<(
 fn decode_snapshot(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
     if v.first() == Some(&SEALED_VERSION) {
         return Err("snapshot of an older compact-event format (before checkpoint save times)".to_string());
+    }
+    if v.first() == Some(&3) {
+        return Err("snapshot of an older compact-event format (before node names)".to_string());
     }
     let body = unseal_as(SNAPSHOT_VERSION, v, false)?;
     postcard::from_bytes(body).map_err(|e| e.to_string())

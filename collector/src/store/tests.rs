@@ -218,6 +218,11 @@ fn a_snapshot_from_before_checkpoint_save_times_is_rebuilt_from_the_log() {
     assert!(r.rebuilt.expect("rebuilt").contains("older compact-event format"));
     assert_eq!(r.jobs, mem);
     assert_eq!(r.jobs["a"].timeline.checkpoint_save_ms, 2_500);
+    // Version 3 (before node names) likewise.
+    raw_put(&store, "jobs", &key, &seal_as(3, &postcard::to_stdvec(&mem["a"].events).expect("encode")));
+    let r = store.restore().expect("restore");
+    assert!(r.rebuilt.expect("rebuilt").contains("before node names"));
+    assert_eq!(r.jobs, mem);
 }
 
 #[test]
