@@ -65,6 +65,11 @@ impl Folded {
         self.done_at
     }
 
+    /// How many placements the row keeps.
+    pub fn placements_len(&self) -> usize {
+        self.placements.len()
+    }
+
     /// The row of a done timeline with its attributes interned as `attrs`; `None` unless the job is done and
     /// submitted.
     pub fn of(t: &Timeline, attrs: u32) -> Option<Folded> {

@@ -259,6 +259,13 @@ mod fold_model {
     fn a_summary_survives_its_codec() {
         let events = vec![
             CompactEvent { at_ms: T0, id_hash: 1, seq: 1, attempt: None, kind: EventKind::Submitted(attrs(true)) },
+            CompactEvent {
+                at_ms: T0 + MIN / 2,
+                id_hash: 5,
+                seq: 5,
+                attempt: None,
+                kind: EventKind::NodeAssigned { nodes: [Arc::from("gpu-1"), Arc::from("gpu-2")].into() },
+            },
             CompactEvent { at_ms: T0 + MIN, id_hash: 2, seq: 2, attempt: None, kind: EventKind::FirstStep { step: 5 } },
             CompactEvent {
                 at_ms: T0 + 2 * MIN,
@@ -283,14 +290,23 @@ mod fold_model {
         let back = cold::Folded::decode(&row.encode()).expect("decodes");
         assert_eq!(back, row);
         assert_eq!(cold.timeline(&back), rec.timeline);
-        // A format-1 row (before checkpoint save and failed-run times): the same fields, then nothing; read back
-        // with both at 0 (postcard writes the two zero varints of format 2 as one byte each).
+        assert_eq!(back.placements_len(), 1);
+        // A format-2 row (before placements): the same fields, then nothing; read back with no placements
+        // (postcard writes the empty placement list of format 3 as one byte).
         let mut t = rec.timeline.clone();
+        t.placements.clear();
+        let unplaced = cold::Folded::of(&t, row.attrs).expect("done");
+        let v3 = unplaced.encode();
+        let mut v2 = vec![2u8];
+        v2.extend_from_slice(&v3[1..v3.len() - 1]);
+        assert_eq!(cold::Folded::decode(&v2).expect("format 2 decodes"), unplaced);
+        // A format-1 row (before checkpoint save and failed-run times): read back with both at 0 (the two zero
+        // varints of format 2 are one byte each).
         (t.checkpoint_save_ms, t.failed_work_ms) = (0, 0);
         let zero = cold::Folded::of(&t, row.attrs).expect("done");
-        let v2 = zero.encode();
+        let v3 = zero.encode();
         let mut v1 = vec![1u8];
-        v1.extend_from_slice(&v2[1..v2.len() - 2]);
+        v1.extend_from_slice(&v3[1..v3.len() - 3]);
         assert_eq!(cold::Folded::decode(&v1).expect("format 1 decodes"), zero);
         // A version this build does not know, and garbage, are refused with a reason.
         let mut bad = row.encode();
