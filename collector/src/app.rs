@@ -167,9 +167,12 @@ pub async fn run_with_clock(
         None => None,
         Some(files) => Some(Arc::new(TlsState::load(files.clone()).map_err(|e| AppError::Tls(e.to_string()))?)),
     };
+    let node_health = crate::index::nodes::HealthBook::default();
+    let node_board = crate::index::nodes::NodeBoard::default();
     let telemetry = Arc::new(
         Telemetry::new(
             Sources {
+                nodes: node_board.clone(),
                 auth: auth.clone(),
                 index: index.clone(),
                 stats: stats.clone(),
@@ -330,6 +333,8 @@ pub async fn run_with_clock(
         reload: reload.clone(),
         cost: Arc::new(config.cost.clone()),
         final_stages: Arc::new(config.final_stages.clone()),
+        nodes: config.nodes,
+        node_health: node_health.clone(),
     };
     let http_stop_wait = http_stop.clone();
     // Header-read and idle timeouts; at shutdown, connections still open after the drain deadline are closed.
@@ -364,6 +369,9 @@ pub async fn run_with_clock(
             shutdown: alert_stop.clone(),
         }),
         deferred: Default::default(),
+        nodes: config.nodes,
+        node_health: node_health.clone(),
+        node_board,
     };
     alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
 
@@ -487,7 +495,7 @@ fn listener_url(addr: SocketAddr, tls: bool) -> String {
 }
 
 /// Sections a running collector cannot take without a restart.
-const RESTART_SECTIONS: [&str; 8] = ["store", "grpc", "http", "ingest", "metrics", "logs", "cost", "chains"];
+const RESTART_SECTIONS: [&str; 9] = ["store", "grpc", "http", "ingest", "metrics", "logs", "cost", "chains", "nodes"];
 
 impl Reloader {
     /// Re-reads the file and applies what it can; the answer lists what changed and what needs a restart.

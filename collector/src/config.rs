@@ -50,6 +50,9 @@ pub struct FileConfig {
     /// `[chains]`: when a chain of jobs is complete.
     #[serde(default)]
     pub chains: ChainsSection,
+    /// `[nodes]`: the suspect-node rule.
+    #[serde(default)]
+    pub nodes: crate::index::nodes::NodesSection,
     /// `[auth]`: identities, scopes, restrictions.
     #[serde(default)]
     pub auth: AuthSection,
@@ -332,6 +335,8 @@ pub struct Config {
     pub cost: crate::compare::cost::CostModel,
     /// Stages that complete a chain.
     pub final_stages: Vec<String>,
+    /// The suspect-node rule.
+    pub nodes: crate::index::nodes::NodeSettings,
     /// Identities (empty: no authentication, loopback only unless `auth.insecure`).
     pub auth: AuthConfig,
     /// TLS on both listeners.
@@ -441,6 +446,7 @@ impl FileConfig {
                 errs.push(format!("chains.final_stages[{i}]: {s:?} must be 1 to 128 characters"));
             }
         }
+        let nodes = self.nodes.validate(&mut errs);
         let tls = self.tls.validate(&mut errs);
         let has_client_ca = tls.as_ref().is_some_and(|t| t.client_ca_file.is_some());
         let auth = self.auth.validate(&mut errs, has_client_ca);
@@ -455,6 +461,7 @@ impl FileConfig {
             logs,
             cost,
             final_stages: self.chains.final_stages.clone(),
+            nodes,
             store_path: store.path,
             checkpoint_interval: store.checkpoint_interval,
             retention: store.retention,

@@ -98,6 +98,12 @@ pub struct AlertLoop {
     pub base_url: String,
     /// Settings reloads (None: fixed settings).
     pub reconfigure: Option<Reconfigure>,
+    /// The suspect-node rule and whether to alert on it.
+    pub nodes: crate::index::nodes::NodeSettings,
+    /// GPU health readings.
+    pub node_health: crate::index::nodes::HealthBook,
+    /// Where node figures are published for the metrics.
+    pub node_board: crate::index::nodes::NodeBoard,
     /// Page conditions whose job's source is still replaying a backlog: (SLO index, job id), judged again once
     /// the source has caught up (see [`crate::index::SourceMarks`]).
     pub deferred: Mutex<std::collections::BTreeSet<(u16, String)>>,
@@ -112,6 +118,9 @@ fn url_path_escape(s: &str) -> String {
         })
         .collect()
 }
+
+/// Nodes are judged at most this often (a judgement scans every job).
+const NODE_EVAL_MS: i64 = 60_000;
 
 fn secs_text(ms: i64) -> String {
     humantime::format_duration(Duration::from_secs((ms.max(0) / 1000) as u64)).to_string()
@@ -131,6 +140,7 @@ impl AlertLoop {
         let mut reconfigure = self.reconfigure.take();
         let mut first = true;
         let mut slo_generation = self.index.read().slo_generation;
+        let mut last_node_eval: Option<i64> = None;
         loop {
             let next = self.index.read().slo.next_deadline();
             let settings_changed = async {
@@ -197,6 +207,10 @@ impl AlertLoop {
             first = false;
             if do_eval {
                 changed.extend(self.burn_alerts(now));
+                if last_node_eval.is_none_or(|t| now - t >= NODE_EVAL_MS) {
+                    last_node_eval = Some(now);
+                    changed.extend(self.node_alerts(now).await);
+                }
                 self.index.write().slo.prune(now);
                 let keep_from = now - self.config.resolved_retention.as_millis() as i64;
                 let expired: Vec<String> = self.board.with(|b| {
@@ -416,6 +430,117 @@ impl AlertLoop {
             }
             _ => None,
         })
+    }
+
+    /// Judges every node over the `[nodes]` window, publishes the figures for the metrics, and raises
+    /// `StartlineNodeSuspect` (severity `ticket`) for each suspect node, resolving those no longer suspect.
+    async fn node_alerts(&self, now: i64) -> Vec<AlertRecord> {
+        let (index, health, settings) = (self.index.clone(), self.node_health.clone(), self.nodes);
+        let from = now - settings.window_ms;
+        let rep = match tokio::task::spawn_blocking(move || {
+            crate::index::nodes::report(&index, &health, from, now, &settings.rule)
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "node evaluation failed");
+                return Vec::new();
+            }
+        };
+        self.node_board.publish(&rep);
+        let mut out = Vec::new();
+        let mut firing_now = std::collections::BTreeSet::new();
+        if settings.alert {
+            for n in rep.suspects() {
+                let key = format!("node/{}/{}", n.pool, n.node);
+                firing_now.insert(key.clone());
+                let v = &n.verdict;
+                let mut why = Vec::new();
+                if v.reasons.contains(&"failure_rate") {
+                    why.push(format!(
+                        "{} of {} placements failed or were lost (pool {:.1}%, p = {:.2e})",
+                        v.bad,
+                        v.placements,
+                        v.pool_rate * 100.0,
+                        v.p_value
+                    ));
+                }
+                if let Some(h) = n.health.filter(|h| h.ecc_corrected + h.ecc_uncorrected + h.xid_errors > 0) {
+                    why.push(format!(
+                        "GPU errors: {} correctable ECC, {} uncorrectable ECC, {} XID",
+                        h.ecc_corrected, h.ecc_uncorrected, h.xid_errors
+                    ));
+                }
+                let mut jobs: Vec<&crate::job::nodes::Incident> = n.stats.incidents.iter().collect();
+                jobs.sort_by_key(|i| std::cmp::Reverse(i.at_ms));
+                let labels: BTreeMap<String, String> = [
+                    ("alertname", "StartlineNodeSuspect".to_string()),
+                    ("severity", "ticket".to_string()),
+                    ("node", n.node.to_string()),
+                    ("pool", n.pool.clone()),
+                ]
+                .into_iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| (k.to_string(), v))
+                .chain(self.config.labels.clone())
+                .collect();
+                let mut annotations: BTreeMap<String, String> = [
+                    (
+                        "summary",
+                        format!(
+                            "node {}{} stands out: {}",
+                            n.node,
+                            if n.pool.is_empty() { String::new() } else { format!(" in pool {}", n.pool) },
+                            why.join("; ")
+                        ),
+                    ),
+                    ("reasons", v.reasons.join(",")),
+                    ("bad_placements", v.bad.to_string()),
+                    ("placements", v.placements.to_string()),
+                    ("p_value", format!("{:.3e}", v.p_value)),
+                    (
+                        "jobs",
+                        jobs.iter()
+                            .take(10)
+                            .map(|i| format!("{} ({})", i.job_id, i.end.label()))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    ),
+                    ("dashboard_url", format!("{}/#nodes/{}", self.base(), url_path_escape(&n.node))),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+                self.add_runbook(&mut annotations, "StartlineNodeSuspect");
+                let fired = self.board.with(|b| match b.get_mut(&key) {
+                    Some(a) if a.firing() => {
+                        a.annotations = annotations.clone();
+                        None
+                    }
+                    _ => {
+                        let a = AlertRecord {
+                            key: key.clone(),
+                            labels,
+                            annotations,
+                            starts_at_ms: now,
+                            resolved_at_ms: None,
+                        };
+                        b.insert(key.clone(), a.clone());
+                        Some(a)
+                    }
+                });
+                out.extend(fired);
+            }
+        }
+        let stale: Vec<String> = self.board.with(|b| {
+            b.values()
+                .filter(|a| a.firing() && a.key.starts_with("node/") && !firing_now.contains(&a.key))
+                .map(|a| a.key.clone())
+                .collect()
+        });
+        out.extend(stale.iter().filter_map(|k| self.resolve(k, now)));
+        out
     }
 
     fn burn_alerts(&self, now: i64) -> Vec<AlertRecord> {

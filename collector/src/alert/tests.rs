@@ -91,6 +91,9 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
         base_url: "http://test".into(),
         reconfigure: None,
         deferred: Default::default(),
+        nodes: Default::default(),
+        node_health: Default::default(),
+        node_board: Default::default(),
     };
     let task = tokio::spawn(l.run(stop.clone()));
     Harness { index, clock, wake, rx, stop, task, board }
@@ -302,6 +305,9 @@ async fn a_slow_notifier_never_blocks_the_loop() {
         base_url: String::new(),
         reconfigure: None,
         deferred: Default::default(),
+        nodes: Default::default(),
+        node_health: Default::default(),
+        node_board: Default::default(),
     };
     let task = tokio::spawn(l.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(11 * MIN as u64)).await;

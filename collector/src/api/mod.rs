@@ -15,6 +15,7 @@ mod compare;
 pub mod extract;
 mod goodput;
 mod jobs;
+mod nodes;
 pub mod openapi;
 mod overview;
 pub mod serve;
@@ -66,6 +67,10 @@ pub struct ApiState {
     pub cost: Arc<crate::compare::cost::CostModel>,
     /// Stages that complete a chain (`[chains] final_stages`).
     pub final_stages: Arc<Vec<String>>,
+    /// The suspect-node rule (`[nodes]`).
+    pub nodes: crate::index::nodes::NodeSettings,
+    /// GPU health readings from node agents.
+    pub node_health: crate::index::nodes::HealthBook,
 }
 
 /// The reload hook `POST /api/v1/admin/reload` calls.
@@ -125,6 +130,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/cost", get(goodput::cost))
         .route("/api/v1/chains", get(chains::list))
         .route("/api/v1/chains/{*chain_id}", get(chains::detail))
+        .route("/api/v1/nodes", get(nodes::list))
+        .route("/api/v1/nodes/{node}", get(nodes::detail))
         .route("/api/v1/compare", get(compare::json))
         .route("/api/v1/compare.svg", get(compare::svg))
         .route("/api/v1/openapi.json", get(openapi::serve))

@@ -410,6 +410,51 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
         },
         Route {
             method: "get",
+            path: "/api/v1/nodes",
+            id: "listNodes",
+            tag: "nodes",
+            summary: "Per node: placements, failures, losses, preemptions, start times, GPU health; suspects first",
+            description: "Placements assigned in the window, per pool and node, judged by the suspect-node rule \
+                          (`rule.statement`): a one-sided binomial test of the node's failed and lost placements \
+                          against the rest of its pool, Bonferroni-corrected, or GPU errors its agent reported.",
+            params: vec![
+                query(
+                    "window",
+                    "placements assigned in this window, 1h to 400d (default `[nodes] window`)",
+                    duration("7d"),
+                ),
+                query("pool", "only this pool", json!({"type": "string"})),
+                query("suspect", "only suspect nodes", json!({"type": "string", "enum": ["true", "false"]})),
+            ],
+            ok: (200, "the nodes", Body::Json(schema::<types::NodeList>(g))),
+            errors: &[(400, "window or suspect malformed"), (503, "storage unavailable")],
+            access: Access::Read,
+        },
+        Route {
+            method: "get",
+            path: "/api/v1/nodes/{node}",
+            id: "getNode",
+            tag: "nodes",
+            summary: "One node: its figures per pool, the jobs that failed or were lost on it, its latest GPU health",
+            description: "",
+            params: vec![
+                path("node", "the node's name as in node_assigned"),
+                query(
+                    "window",
+                    "placements assigned in this window, 1h to 400d (default `[nodes] window`)",
+                    duration("7d"),
+                ),
+            ],
+            ok: (200, "the node", Body::Json(schema::<types::NodeDetail>(g))),
+            errors: &[
+                (400, "window malformed"),
+                (404, "no placements and no health readings"),
+                (503, "storage unavailable"),
+            ],
+            access: Access::Read,
+        },
+        Route {
+            method: "get",
             path: "/api/v1/compare",
             id: "compare",
             tag: "compare",
@@ -661,6 +706,7 @@ fn build() -> Document {
             Tag { name: "compare", description: "Managed endpoints against dedicated pools" },
             Tag { name: "goodput", description: "GPU time by category: waiting, preparing, lost, productive" },
             Tag { name: "chains", description: "Chains of jobs to a finished artifact" },
+            Tag { name: "nodes", description: "Per-node outcomes, GPU health and suspect nodes" },
             Tag { name: "dashboard", description: "The built-in dashboard and its sessions" },
             Tag { name: "meta", description: "Health, metrics, configuration and this document" },
         ],

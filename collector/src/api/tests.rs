@@ -236,6 +236,8 @@ fn fixture() -> Fixture {
         reload: None,
         cost: Arc::new(cost_model()),
         final_stages: Arc::new(vec!["quantize".to_string()]),
+        nodes: Default::default(),
+        node_health: Default::default(),
     };
     Fixture { state, _dir: dir }
 }

@@ -876,3 +876,121 @@ pub struct Reloaded {
     /// Changed sections that need a restart (`store`, `grpc`, `http`, `ingest`, `metrics`); kept as they were.
     pub restart_needed: Vec<String>,
 }
+
+/// `GET /api/v1/nodes`: every node with placements (or GPU health readings) in the window, suspects first.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct NodeList {
+    pub as_of: String,
+    pub nodes: Vec<NodeRow>,
+    /// Per pool: nodes, placements and the pool's bad rate.
+    pub pools: Vec<NodePool>,
+    pub rule: NodeRule,
+    /// Nodes matched; `nodes` holds at most 1000 of them.
+    pub total: u64,
+    pub window_seconds: i64,
+}
+
+/// The suspect-node rule in force (`[nodes]`, README "Suspect nodes").
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct NodeRule {
+    pub alpha: f64,
+    pub ecc_corrected_threshold: u64,
+    pub min_bad: u64,
+    /// The rule in words.
+    pub statement: String,
+}
+
+/// One pool's nodes together.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct NodePool {
+    /// Bad (failed + lost) placements over placements.
+    pub bad_rate: Option<f64>,
+    pub bad: u64,
+    pub nodes: u64,
+    pub placements: u64,
+    pub pool: String,
+    pub suspects: u64,
+}
+
+/// One node over the window.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct NodeRow {
+    /// Failed plus lost placements.
+    pub bad: u64,
+    pub bad_rate: Option<f64>,
+    pub cancelled: u64,
+    pub failed: u64,
+    /// Its GPU health in the window, when its agent reports it.
+    pub health: Option<NodeHealthWindow>,
+    /// `node_lost` naming it (or naming no node) while a job ran on it.
+    pub lost: u64,
+    pub node: String,
+    /// Still running or preparing there.
+    pub open: u64,
+    /// `P[Binom(placements, pool_rate) >= bad]`.
+    pub p_value: f64,
+    /// Placements assigned in the window (a job counts once per node per stay).
+    pub placements: u64,
+    /// Empty for a node that only reported health.
+    pub pool: String,
+    /// The rest of its pool's bad rate, smoothed: (bad elsewhere + 1) / (placements elsewhere + 2).
+    pub pool_rate: f64,
+    pub preempted: u64,
+    /// Why it is suspect: `failure_rate`, `ecc_uncorrected`, `ecc_corrected`, `xid`.
+    pub reasons: Vec<String>,
+    /// Went back to the queue, restarted, or another node of the job was lost.
+    pub requeued: u64,
+    /// Placements that reached a first step.
+    pub started: u64,
+    /// Median seconds from assignment to first step.
+    pub startup_p50_seconds: Option<f64>,
+    pub succeeded: u64,
+    pub suspect: bool,
+    /// alpha / nodes of the pool.
+    pub threshold: f64,
+    pub timed_out: u64,
+    /// Median time to first step of the jobs whose first run was here, seconds.
+    pub time_to_first_step_p50_seconds: Option<f64>,
+}
+
+/// A node's GPU errors in the window (increases of the driver's cumulative counters).
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct NodeHealthWindow {
+    pub ecc_corrected: u64,
+    pub ecc_uncorrected: u64,
+    pub last_report: String,
+    pub xid_errors: u64,
+}
+
+/// `GET /api/v1/nodes/{node}`: the node in each pool it served, with the jobs that failed or were lost on it.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct NodeDetail {
+    pub as_of: String,
+    /// Failed and lost placements, newest first (at most 200).
+    pub incidents: Vec<NodeIncident>,
+    /// The latest GPU health reading, summed over its GPUs.
+    pub latest_health: Option<NodeReading>,
+    pub node: String,
+    pub rows: Vec<NodeRow>,
+    pub window_seconds: i64,
+}
+
+/// One job that failed or was lost on a node.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct NodeIncident {
+    pub at: String,
+    /// `failed` or `lost`.
+    pub end: String,
+    pub job_id: String,
+    pub pool: String,
+}
+
+/// One health reading as reported (cumulative counters).
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct NodeReading {
+    pub at: String,
+    pub ecc_corrected_total: u64,
+    pub ecc_uncorrected_total: u64,
+    pub gpus: u32,
+    pub xid_errors: u64,
+}

@@ -55,6 +55,12 @@ impl Config {
 
         f.slo = self.slos.iter().map(slo_section).collect();
 
+        f.nodes.window = Some(ms(self.nodes.window_ms));
+        f.nodes.alpha = Some(self.nodes.rule.alpha);
+        f.nodes.min_bad = Some(self.nodes.rule.min_bad);
+        f.nodes.ecc_corrected_threshold = Some(self.nodes.rule.ecc_corrected_threshold);
+        f.nodes.alert = Some(self.nodes.alert);
+
         let a = &self.alerts;
         f.alerts.evaluation_interval = dur(a.evaluation_interval);
         f.alerts.resend_interval = dur(a.resend_interval);
@@ -162,7 +168,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         slo: &'a [SloSection],
     }
     let mut out = Vec::new();
-    let pairs: [(&'static str, String, String); 12] = [
+    let pairs: [(&'static str, String, String); 13] = [
         ("store", text(&old.store), text(&new.store)),
         ("grpc", text(&old.grpc), text(&new.grpc)),
         ("http", text(&old.http), text(&new.http)),
@@ -173,6 +179,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         ("logs", text(&old.logs), text(&new.logs)),
         ("cost", text(&old.cost), text(&new.cost)),
         ("chains", text(&old.chains), text(&new.chains)),
+        ("nodes", text(&old.nodes), text(&new.nodes)),
         ("auth", text(&old.auth), text(&new.auth)),
         ("tls", text(&old.tls), text(&new.tls)),
     ];

@@ -253,6 +253,8 @@ pub struct Sources {
     pub clock: Clock,
     /// Authentication: refusal counts, whether the collector runs exposed.
     pub auth: Arc<crate::auth::Auth>,
+    /// Node figures of the alert loop's last node evaluation.
+    pub nodes: crate::index::nodes::NodeBoard,
 }
 
 /// An observable counter over ingest counters, one attribute value (`key`) per counter.
@@ -328,6 +330,7 @@ impl Telemetry {
             observe_slo_status(&meter, &sources);
             observe_slo_windows(&meter, &sources);
             observe_alerts(&meter, &sources);
+            observe_nodes(&meter, &sources);
             observe_ingest(&meter, &sources);
             observe_auth(&meter, &sources);
             observe_store(&meter, &sources);
@@ -987,6 +990,33 @@ fn observe_alerts(meter: &Meter, sources: &Sources) {
         .build();
 }
 
+/// `startline.nodes` and `startline.nodes.suspect`: per pool (bounded like every pool label), nodes with
+/// placements in the `[nodes]` window and how many of them the suspect-node rule flags, as of the last node
+/// evaluation (every minute at most).
+fn observe_nodes(meter: &Meter, sources: &Sources) {
+    for (name, desc, suspect) in [
+        ("startline.nodes", "Nodes with placements in the [nodes] window, by pool", false),
+        ("startline.nodes.suspect", "Nodes the suspect-node rule flags now, by pool", true),
+    ] {
+        let s = sources.clone();
+        let _ = meter
+            .i64_observable_up_down_counter(name)
+            .with_unit("{node}")
+            .with_description(desc)
+            .with_callback(move |o| {
+                let limiter = &s.index.read().limiter;
+                let mut by: std::collections::BTreeMap<Arc<str>, i64> = Default::default();
+                for (pool, nodes, suspects) in s.nodes.pools() {
+                    *by.entry(limiter.pool(&pool)).or_default() += (if suspect { suspects } else { nodes }) as i64;
+                }
+                for (pool, n) in by {
+                    o.observe(n, &[KeyValue::new("pool", pool.to_string())]);
+                }
+            })
+            .build();
+    }
+}
+
 /// Observable counters over the ingest path's counters: events by result, refusals by reason.
 fn observe_ingest(meter: &Meter, sources: &Sources) {
     stats_counter(
@@ -1184,6 +1214,7 @@ mod tests {
             resolved_at_ms: None,
         });
         let sources = Sources {
+            nodes: Default::default(),
             index,
             stats: Arc::new(IngestStats::default()),
             board,
@@ -1306,6 +1337,7 @@ mod tests {
             T0,
         ));
         let sources = Sources {
+            nodes: Default::default(),
             index,
             stats: Arc::new(IngestStats::default()),
             board: AlertBoard::default(),

@@ -176,7 +176,8 @@ impl Folded {
         // Serializing plain integers and enums into a Vec cannot fail.
         let placements: &[Placement] = &self.placements;
         out.extend(
-            postcard::to_stdvec(&(disk, [self.checkpoint_save_ms, self.failed_work_ms], placements)).unwrap_or_default(),
+            postcard::to_stdvec(&(disk, [self.checkpoint_save_ms, self.failed_work_ms], placements))
+                .unwrap_or_default(),
         );
         out
     }

@@ -99,6 +99,11 @@ impl LabelLimiter {
         self.1
     }
 
+    /// The bounded label of a pool name.
+    pub fn pool(&self, pool: &str) -> Arc<str> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())[1].admit(pool)
+    }
+
     /// The bounded labels of a job's attributes.
     pub fn job(&self, a: &crate::job::JobAttrs) -> JobLabels {
         use startline_proto::labels::Label;

@@ -13,6 +13,7 @@
 pub mod cold;
 pub mod footprint;
 pub mod labels;
+pub mod nodes;
 
 use crate::job::{CompactEvent, JobRecord, Timeline};
 use crate::slo::{Contribution, SloEngine};

@@ -164,7 +164,9 @@ impl CompactEvent {
                 labels: s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             })),
             Kind::Queued(q) => EventKind::Queued { reason: q.reason(), raw_reason: Arc::from(q.raw_reason.as_str()) },
-            Kind::NodeAssigned(n) => EventKind::NodeAssigned { nodes: n.nodes.iter().map(|s| Arc::from(s.as_str())).collect() },
+            Kind::NodeAssigned(n) => {
+                EventKind::NodeAssigned { nodes: n.nodes.iter().map(|s| Arc::from(s.as_str())).collect() }
+            }
             Kind::Preparing(p) => EventKind::Preparing { phase: p.phase() },
             Kind::FirstStep(f) => EventKind::FirstStep { step: f.step },
             Kind::Checkpoint(c) => EventKind::Checkpoint {

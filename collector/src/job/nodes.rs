@@ -12,8 +12,8 @@
 //! window (a Bonferroni correction: with 200 nodes, testing each at `alpha` would flag two healthy nodes per
 //! evaluation by chance). Placements in the window are those assigned in it.
 //!
-//! GPU health makes a node suspect on its own: any uncorrectable ECC error, or at least
-//! `ecc_corrected_threshold` correctable ones, reported in the window.
+//! GPU health makes a node suspect on its own: any uncorrectable ECC error, at least
+//! `ecc_corrected_threshold` correctable ones, or any XID error, reported in the window.
 
 use super::timeline::{Placement, PlacementEnd};
 use super::Timeline;
@@ -154,7 +154,7 @@ pub struct Verdict {
     pub p_value: f64,
     /// The threshold it was held to, `alpha / N`.
     pub threshold: f64,
-    /// Why it is suspect (empty when it is not): `failure_rate`, `ecc_uncorrected`, `ecc_corrected`.
+    /// Why it is suspect (empty when it is not): `failure_rate`, `ecc_uncorrected`, `ecc_corrected`, `xid`.
     pub reasons: Vec<&'static str>,
 }
 
@@ -183,6 +183,9 @@ pub fn judge(
                 }
                 if h.ecc_corrected >= rule.ecc_corrected_threshold {
                     reasons.push("ecc_corrected");
+                }
+                if h.xid_errors > 0 {
+                    reasons.push("xid");
                 }
             }
             (name.clone(), Verdict { bad: k, placements: m, pool_rate: p0, p_value, threshold, reasons })
@@ -324,7 +327,11 @@ mod tests {
         // 20 healthy nodes, 30 placements each, one failure each (3.3%); the bad node fails 8 of 30.
         for i in 0..20 {
             for j in 0..30 {
-                job(&mut tally, &format!("ok-{i:02}"), if j == 0 { PlacementEnd::Failed } else { PlacementEnd::Succeeded });
+                job(
+                    &mut tally,
+                    &format!("ok-{i:02}"),
+                    if j == 0 { PlacementEnd::Failed } else { PlacementEnd::Succeeded },
+                );
             }
         }
         for j in 0..30 {

@@ -234,6 +234,8 @@ impl Http {
             reload: None,
             cost: Default::default(),
             final_stages: Default::default(),
+            nodes: Default::default(),
+            node_health: Default::default(),
         };
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
