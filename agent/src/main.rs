@@ -428,6 +428,16 @@ struct NodeArgs {
     /// Most bytes one client may hold in the spool (default: a quarter of --spool-max-bytes).
     #[arg(long, env = "STARTLINE_CLIENT_QUOTA_BYTES")]
     client_quota_bytes: Option<u64>,
+    /// Report GPU health (ECC counters, temperature from `nvidia-smi --query-gpu`) every this often; off unless
+    /// given (e.g. `60s`).
+    #[arg(long, env = "STARTLINE_GPU_HEALTH_INTERVAL", value_parser = humantime::parse_duration)]
+    gpu_health_interval: Option<Duration>,
+    /// The nvidia-smi to run.
+    #[arg(long, env = "STARTLINE_NVIDIA_SMI", default_value = "nvidia-smi")]
+    nvidia_smi: PathBuf,
+    /// This node's name in health reports, as the scheduler names it in node_assigned (default: the hostname).
+    #[arg(long, env = "STARTLINE_NODE_NAME")]
+    node_name: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -625,6 +635,21 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
     };
     let (handle, stop) = stop_pair();
     let delivery = conn.deliver(&spool, &metrics, &stop)?;
+    let gpu_health = match a.gpu_health_interval {
+        Some(every) => {
+            let publisher = Publisher::new(conn.settings()?)?;
+            let node = a.node_name.clone().unwrap_or_else(|| host.clone());
+            Some(tokio::spawn(report_gpu_health(
+                publisher,
+                a.nvidia_smi.clone(),
+                node,
+                source.clone(),
+                every,
+                stop.clone(),
+            )))
+        }
+        None => None,
+    };
     let app = startline_agent::node::router(startline_agent::node::NodeState {
         clock: startline_agent::node::MonotonicWall::start(),
         spool: spool.clone(),
@@ -664,12 +689,53 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);
     }
+    if let Some(g) = gpu_health {
+        let _ = g.await;
+    }
     match delivery.await {
         Ok(Err(e)) => tracing::warn!(error = %e, "delivery stopped"),
         Err(e) => tracing::warn!(error = %e, "delivery task failed"),
         Ok(Ok(())) => {}
     }
     Ok(())
+}
+
+/// Reads GPU health every `every` and reports it; a failed read or report is logged and tried again next time.
+async fn report_gpu_health(
+    mut publisher: Publisher,
+    nvidia_smi: PathBuf,
+    node: String,
+    source: String,
+    every: Duration,
+    stop: startline_agent::simulate::tokio_util_free::Stop,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stop.wait() => return,
+            _ = tick.tick() => {}
+        }
+        let gpus = match startline_agent::gpu::read(&nvidia_smi).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read GPU health");
+                continue;
+            }
+        };
+        let req = startline_proto::pb::ReportHealthRequest {
+            reports: vec![startline_proto::pb::NodeHealth {
+                node: node.clone(),
+                observed_at: Some(startline_proto::time::ms_to_timestamp(startline_proto::time::now_ms())),
+                source: source.clone(),
+                gpus,
+            }],
+        };
+        match publisher.report_health(req).await {
+            Ok(r) => tracing::debug!(stored = r.stored, "GPU health reported"),
+            Err(e) => tracing::warn!(error = %e, "cannot report GPU health"),
+        }
+    }
 }
 
 async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {

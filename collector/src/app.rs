@@ -168,6 +168,11 @@ pub async fn run_with_clock(
         Some(files) => Some(Arc::new(TlsState::load(files.clone()).map_err(|e| AppError::Tls(e.to_string()))?)),
     };
     let node_health = crate::index::nodes::HealthBook::default();
+    match crate::ingest::node_health::load(&store, &node_health, clock.now_ms()) {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(damaged = n, "some node health readings could not be read"),
+        Err(e) => tracing::error!(error = %e, "cannot read node health readings"),
+    }
     let node_board = crate::index::nodes::NodeBoard::default();
     let telemetry = Arc::new(
         Telemetry::new(
@@ -264,6 +269,18 @@ pub async fn run_with_clock(
         .map_err(|e| AppError::Reflection(e.to_string()))?;
     // Message size and batch cap are enforced before decoding (see ingest::codec).
     let ingest_server = Guarded::new(IngestServer::new(ingest), auth.clone(), Some(Scope::Ingest));
+    let node_health_server = Guarded::new(
+        startline_proto::pb::node_health_service_server::NodeHealthServiceServer::new(
+            crate::ingest::node_health::NodeHealthIngest {
+                store: store.clone(),
+                book: node_health.clone(),
+                clock,
+                max_future_skew_ms: config.limits.max_future_skew_ms,
+            },
+        ),
+        auth.clone(),
+        Some(Scope::Ingest),
+    );
     let reflection_v1 = Guarded::new(reflection_v1, auth.clone(), None);
     let reflection_v1alpha = Guarded::new(reflection_v1alpha, auth.clone(), None);
 
@@ -296,6 +313,7 @@ pub async fn run_with_clock(
             .add_service(reflection_v1)
             .add_service(reflection_v1alpha)
             .add_service(ingest_server)
+            .add_service(node_health_server)
             .serve_with_incoming_shutdown(grpc_incoming, async move { grpc_stop.cancelled().await }),
     );
 

@@ -486,9 +486,15 @@ impl Drop for NodeAgent {
 impl NodeAgent {
     /// Starts a node agent delivering to `collectors` from `spool`, and reads its bound address.
     pub fn start(collectors: &[&str], spool: &Path) -> NodeAgent {
+        NodeAgent::start_with(collectors, spool, &[])
+    }
+
+    /// [`NodeAgent::start`] with more `node` arguments.
+    pub fn start_with(collectors: &[&str], spool: &Path, extra: &[&str]) -> NodeAgent {
         let mut child = Command::new(binary("startline-agent"))
             .args(["--collector", &collectors.join(","), "node", "--listen", "127.0.0.1:0", "--spool"])
             .arg(spool)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -365,6 +365,16 @@ impl Publisher {
         self.token.as_ref()
     }
 
+    /// Sends GPU health readings with one unary call (no retry: the caller reads again next interval).
+    pub async fn report_health(&mut self, req: pb::ReportHealthRequest) -> Result<pb::ReportHealthResponse, Status> {
+        let channel: Channel =
+            self.endpoint.connect().await.map_err(|e| Status::unavailable(format!("connect: {}", error_chain(&e))))?;
+        let bearer = BearerInterceptor::new(self.current_token())
+            .map_err(|_| Status::unauthenticated("the token holds characters a header cannot carry"))?;
+        let mut client = pb::node_health_service_client::NodeHealthServiceClient::with_interceptor(channel, bearer);
+        Ok(client.report(req).await?.into_inner())
+    }
+
     async fn connect(&mut self) -> Result<Conn, Status> {
         let channel: Channel =
             self.endpoint.connect().await.map_err(|e| Status::unavailable(format!("connect: {}", error_chain(&e))))?;

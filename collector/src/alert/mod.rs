@@ -119,9 +119,6 @@ fn url_path_escape(s: &str) -> String {
         .collect()
 }
 
-/// Nodes are judged at most this often (a judgement scans every job).
-const NODE_EVAL_MS: i64 = 60_000;
-
 fn secs_text(ms: i64) -> String {
     humantime::format_duration(Duration::from_secs((ms.max(0) / 1000) as u64)).to_string()
 }
@@ -207,7 +204,7 @@ impl AlertLoop {
             first = false;
             if do_eval {
                 changed.extend(self.burn_alerts(now));
-                if last_node_eval.is_none_or(|t| now - t >= NODE_EVAL_MS) {
+                if last_node_eval.is_none_or(|t| now - t >= self.nodes.evaluation_interval_ms) {
                     last_node_eval = Some(now);
                     changed.extend(self.node_alerts(now).await);
                 }
@@ -432,7 +429,8 @@ impl AlertLoop {
         })
     }
 
-    /// Judges every node over the `[nodes]` window, publishes the figures for the metrics, and raises
+    /// Judges every node (at most every `[nodes] evaluation_interval`: a judgement scans every job) over the
+    /// `[nodes]` window, publishes the figures for the metrics, and raises
     /// `StartlineNodeSuspect` (severity `ticket`) for each suspect node, resolving those no longer suspect.
     async fn node_alerts(&self, now: i64) -> Vec<AlertRecord> {
         let (index, health, settings) = (self.index.clone(), self.node_health.clone(), self.nodes);

@@ -60,6 +60,7 @@ impl Config {
         f.nodes.min_bad = Some(self.nodes.rule.min_bad);
         f.nodes.ecc_corrected_threshold = Some(self.nodes.rule.ecc_corrected_threshold);
         f.nodes.alert = Some(self.nodes.alert);
+        f.nodes.evaluation_interval = Some(ms(self.nodes.evaluation_interval_ms));
 
         let a = &self.alerts;
         f.alerts.evaluation_interval = dur(a.evaluation_interval);

@@ -22,6 +22,8 @@ pub struct NodesSection {
     pub ecc_corrected_threshold: Option<u64>,
     /// Raise `StartlineNodeSuspect` for suspect nodes (default true).
     pub alert: Option<bool>,
+    /// How often the alert loop judges every node (default `1m`; each judgement scans every job).
+    pub evaluation_interval: Option<String>,
 }
 
 /// Validated `[nodes]`.
@@ -33,11 +35,13 @@ pub struct NodeSettings {
     pub rule: Rule,
     /// Whether to alert.
     pub alert: bool,
+    /// How often the alert loop judges nodes, ms.
+    pub evaluation_interval_ms: i64,
 }
 
 impl Default for NodeSettings {
     fn default() -> Self {
-        NodeSettings { window_ms: 7 * 86_400_000, rule: Rule::default(), alert: true }
+        NodeSettings { window_ms: 7 * 86_400_000, rule: Rule::default(), alert: true, evaluation_interval_ms: 60_000 }
     }
 }
 
@@ -74,6 +78,15 @@ impl NodesSection {
             }
         }
         s.alert = self.alert.unwrap_or(true);
+        if let Some(w) = &self.evaluation_interval {
+            match humantime::parse_duration(w) {
+                Ok(d) if d.as_millis() >= 1000 && d.as_secs() <= 86_400 => {
+                    s.evaluation_interval_ms = d.as_millis() as i64
+                }
+                Ok(_) => errs.push(format!("nodes.evaluation_interval: {w:?} must be between 1s and 1d")),
+                Err(e) => errs.push(format!("nodes.evaluation_interval: {w:?} is not a duration: {e}")),
+            }
+        }
         s
     }
 }
@@ -301,6 +314,7 @@ mod tests {
             min_bad: Some(0),
             ecc_corrected_threshold: Some(0),
             alert: None,
+            evaluation_interval: None,
         };
         bad.validate(&mut errs);
         assert_eq!(errs.len(), 4, "{errs:?}");

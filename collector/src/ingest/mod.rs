@@ -1,6 +1,7 @@
 //! The ingest edge: the gRPC service ([`service`]) validates batches and hands them to the applier
 //! ([`crate::applier`]) over one bounded channel; the applier writes group commits to sled, flushes, updates the
-//! job index, and only then answers each batch's ack.
+//! job index, and only then answers each batch's ack. GPU health readings of node agents take their own small
+//! path ([`node_health`]): validated, stored and flushed, then kept in the node health book.
 //!
 //! In front of the edge: [`conn`] caps and times out connections and closes them all at the end of the
 //! shutdown drain and runs TLS handshakes; [`guard`] proves each request's identity and scope; [`codec`] refuses a
@@ -9,6 +10,7 @@
 pub mod codec;
 pub mod conn;
 pub mod guard;
+pub mod node_health;
 pub mod service;
 
 pub use crate::health::IngestStats;

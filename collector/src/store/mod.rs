@@ -3,6 +3,8 @@
 //!
 //! # Key layout
 //! - tree `alerts`: alert key -> sealed JSON alert record (firing since, resolved at).
+//! - tree `node_health`: `node ++ [0u8] ++ at_ms` (i64 big-endian) -> sealed `postcard(Reading)`: GPU health
+//!   readings of node agents (see `index::nodes`), kept for 30 days.
 //! - tree `log`: `seq` (u64 big-endian) -> sealed protobuf `LifecycleEvent`. Every accepted event, in commit
 //!   order. An event is acknowledged only after its batch is applied here and the database is flushed.
 //! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 4). Job snapshots,
@@ -66,6 +68,9 @@ use startline_proto::pb;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+
+/// One stored node health reading: `(node, body)`, or why it cannot be read.
+pub type StoredReading = Result<(String, Vec<u8>), String>;
 
 /// The current version of every sealed value.
 const SEALED_VERSION: u8 = 2;
@@ -299,6 +304,7 @@ struct Trees {
     archive: sled::Tree,
     summaries: sled::Tree,
     dictionary: sled::Tree,
+    node_health: sled::Tree,
 }
 
 impl Trees {
@@ -325,6 +331,7 @@ impl Trees {
             archive: db.open_tree("archive")?,
             summaries: db.open_tree("summaries")?,
             dictionary: db.open_tree("dictionary")?,
+            node_health: db.open_tree("node_health")?,
             db,
         })
     }
@@ -745,6 +752,48 @@ impl Store {
         t.alerts.apply_batch(batch)?;
         t.db.flush()?;
         Ok(())
+    }
+
+    /// Stores node health readings (`node ++ 0 ++ at_ms big-endian` -> sealed body) and flushes: an
+    /// acknowledged reading survives a crash. Readings older than `keep_from_ms` are deleted in the same batch.
+    pub fn save_health(&self, readings: &[(String, i64, Vec<u8>)], keep_from_ms: i64) -> Result<(), StoreError> {
+        let t = self.t()?;
+        let mut batch = sled::Batch::default();
+        for (node, at, body) in readings {
+            let mut k = node.as_bytes().to_vec();
+            k.push(0);
+            k.extend_from_slice(&at.to_be_bytes());
+            batch.insert(k, seal(body));
+            // Each node's readings are in time order after its name: drop those past retention.
+            let mut prefix = node.as_bytes().to_vec();
+            prefix.push(0);
+            for kv in t.node_health.scan_prefix(&prefix) {
+                let (k, _) = kv?;
+                let at_old = k.get(prefix.len()..).and_then(|b| b.try_into().ok()).map(i64::from_be_bytes);
+                match at_old {
+                    Some(a) if a < keep_from_ms => batch.remove(k),
+                    _ => break,
+                }
+            }
+        }
+        t.node_health.apply_batch(batch)?;
+        t.db.flush()?;
+        Ok(())
+    }
+
+    /// Every stored node health reading: `(node, body)` in node and time order; damaged values are reported as
+    /// errors (the caller skips them).
+    pub fn load_health(&self) -> Result<Vec<StoredReading>, StoreError> {
+        let t = self.t()?;
+        let mut out = Vec::new();
+        for kv in t.node_health.iter() {
+            let (k, v) = kv?;
+            let node = k.split(|b| *b == 0).next().map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default();
+            out.push(
+                unseal(&v, false).map(|b| (node.clone(), b.to_vec())).map_err(|e| format!("node_health {node:?}: {e}")),
+            );
+        }
+        Ok(out)
     }
 
     /// Forgets alert records.
