@@ -126,6 +126,14 @@ fn every_route_answers_as_its_openapi_document_says() {
         up.send(evs).await.expect("send");
         up.flush().await.expect("flush");
     });
+    // Nodes: the simulated fleet's placements.
+    let nodes = r.get(&c, "/api/v1/nodes", "/api/v1/nodes", 200);
+    let node = nodes["nodes"][0]["node"].as_str().expect("the simulated fleet placed jobs on nodes").to_string();
+    r.get(&c, "/api/v1/nodes/{node}", &format!("/api/v1/nodes/{node}?window=2d"), 200);
+    r.get(&c, "/api/v1/nodes", "/api/v1/nodes?suspect=true&pool=a100&window=2d", 200);
+    r.get(&c, "/api/v1/nodes", "/api/v1/nodes?suspect=perhaps", 400);
+    r.get(&c, "/api/v1/nodes/{node}", "/api/v1/nodes/nowhere", 404);
+
     let chains = r.get(&c, "/api/v1/chains", "/api/v1/chains", 200);
     assert_eq!(chains["total"], 1, "{chains}");
     r.get(&c, "/api/v1/chains", "/api/v1/chains?state=open&window=7d", 200);
