@@ -297,6 +297,31 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     assert!(dom.contains("data-chain=\"safety-fix/7\" data-span=\"5400\""), "{}", &dom[..dom.len().min(3000)]);
     assert!(dom.contains("data-chain-kind=\"train&gt;evaluate\" data-p50=\"5400\""), "kind row");
 
+    // Nodes: the simulated fleet's placements, suspects first, as the API lists them; then one node's jobs.
+    let dom = render(&c, "nodes", dir.path());
+    let (_, l) = c.get("/api/v1/nodes");
+    let rows = l["nodes"].as_array().expect("nodes");
+    assert!(!rows.is_empty(), "the simulator names nodes");
+    let first = &rows[0];
+    let want = format!(
+        "data-node=\"{}\" data-suspect=\"{}\" data-bad=\"{}\"",
+        first["node"].as_str().expect("name"),
+        first["suspect"],
+        first["bad"]
+    );
+    assert!(dom.contains(&want), "{want} in {}", &dom[..dom.len().min(3000)]);
+    // Rendered rows only (the page's own script holds the template, with `${` after the attribute).
+    let rendered = |key: &str| dom.match_indices(key).filter(|(i, _)| !dom[i + key.len()..].starts_with("\"$")).count();
+    let drawn = rendered("<tr data-node=");
+    assert_eq!(drawn, rows.len().min(200), "one row per node listed");
+    let node = first["node"].as_str().expect("name").to_string();
+    let dom = render(&c, &format!("nodes/{node}"), dir.path());
+    let (_, d) = c.get(&format!("/api/v1/nodes/{node}"));
+    assert!(dom.contains(&format!("id=\"node-detail\" data-node=\"{node}\"")));
+    let key = "<tr data-job=";
+    let drawn = dom.match_indices(key).filter(|(i, _)| !dom[i + key.len()..].starts_with("\"$")).count();
+    assert_eq!(drawn, d["incidents"].as_array().map_or(0, Vec::len));
+
     // Job timeline, for a job that started.
     let (_, jobs) = c.get("/api/v1/jobs?state=done&limit=1");
     let id = jobs["jobs"][0]["job_id"].as_str().expect("a finished job").to_string();
@@ -309,4 +334,20 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     let key = "class=\"seg\" data-kind=\"";
     let bars = dom.match_indices(key).filter(|(i, _)| !dom[i + key.len()..].starts_with('$')).count();
     assert_eq!(bars, j["events"].as_array().map_or(0, Vec::len), "one bar per event");
+}
+
+/// A fresh, empty install: every view renders (with its "nothing yet" text where it has one) and none fails.
+#[test]
+fn every_view_of_an_empty_install_renders() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    for view in ["queue", "slos", "compare", "goodput", "chains", "nodes", "job"] {
+        let dom = render(&c, view, dir.path());
+        if view == "chains" {
+            assert!(dom.contains("id=\"chains-none\""), "chains: the empty text");
+        }
+        if view == "nodes" {
+            assert!(dom.contains("id=\"nodes-none\""), "nodes: the empty text");
+        }
+    }
 }
