@@ -4,7 +4,7 @@
 # Prints where to look. Ctrl-C stops both.
 #
 # Environment: STARTLINE_DATA (sled dir), STARTLINE_GRPC / STARTLINE_HTTP (listen addresses),
-# SIM_ARGS (the `startline-agent simulate` flags; default "--history 7d --disorder 0.02 --duplicates 0.01 --chains 0.03").
+# SIM_ARGS (the `startline-agent simulate` flags; default "--history 7d --disorder 0.02 --duplicates 0.01 --chains 0.03 --crunch").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,4 +46,4 @@ Startline is running.
 Simulating a fleet (history first, then live). Ctrl-C to stop.
 MSG
 # shellcheck disable=SC2086
-"$bin/startline-agent" --collector "http://$grpc_bound" simulate --follow ${SIM_ARGS:---history 7d --disorder 0.02 --duplicates 0.01 --chains 0.03}
+"$bin/startline-agent" --collector "http://$grpc_bound" simulate --follow ${SIM_ARGS:---history 7d --disorder 0.02 --duplicates 0.01 --chains 0.03 --crunch}

@@ -524,6 +524,11 @@ struct SimulateArgs {
     /// previous one ends, a failed stage retried once), 0 to 1.
     #[arg(long, env = "STARTLINE_SIM_CHAINS", default_value_t = 0.0, value_parser = parse_share)]
     chains: f64,
+    /// Script H100 capacity crunches: every H100 job waits 20-60 minutes more when submitted in the hour three
+    /// days before the end of the history, or in the hour starting five minutes into the live phase (--follow):
+    /// the urgent-start SLO breaks and pages.
+    #[arg(long, env = "STARTLINE_SIM_CRUNCH")]
+    crunch: bool,
     /// Give up if the collector stays unreachable this long.
     #[arg(long, env = "STARTLINE_GIVE_UP_AFTER", default_value = "60s", value_parser = parse_duration)]
     give_up_after: Duration,
@@ -1175,6 +1180,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     pools: a.pools,
                     gpu_classes: a.gpu_classes,
                     chains: a.chains,
+                    crunch: a.crunch,
                 };
                 let report = simulate::run(settings, &mut up, stop).await?;
                 let secs = started.elapsed().as_secs_f64();

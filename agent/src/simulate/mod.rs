@@ -49,6 +49,9 @@ pub struct SimSettings {
     pub gpu_classes: usize,
     /// Share of arrivals that start a chain of stages (see [`CHAIN_STAGES`]); 0 = none.
     pub chains: f64,
+    /// Script H100 capacity crunches ([`model::crunches`]): one in the history, one an hour long five minutes
+    /// into the live phase.
+    pub crunch: bool,
 }
 
 /// The stages of a simulated chain, in order.
@@ -71,6 +74,7 @@ impl Default for SimSettings {
             pools: 0,
             gpu_classes: 0,
             chains: 0.0,
+            crunch: false,
         }
     }
 }
@@ -126,6 +130,8 @@ pub struct SimReport {
     pub events_sent: u64,
     /// The collector's answers.
     pub totals: Totals,
+    /// GPU health readings the collector acknowledged.
+    pub health_readings: u64,
 }
 
 /// Arrival times of `n` jobs over `[start, end)`, following the time-of-day load, sorted. Deterministic.
@@ -178,9 +184,60 @@ struct Sim {
     batch: Vec<pb::LifecycleEvent>,
     report: SimReport,
     rate_window: (tokio::time::Instant, u64),
+    /// When the simulation's span began (the failing node's errors climb from here).
+    start_ms: i64,
+    /// Set once the collector refuses health readings (e.g. an older collector): not tried again.
+    health_off: bool,
 }
 
 impl Sim {
+    /// Reports every dedicated node's GPU health as of `at_ms` (8 GPUs each; the failing node's third GPU carries
+    /// its climbing correctable ECC count, a few healthy nodes hold a couple of old errors).
+    async fn report_health(&mut self, at_ms: i64, up: &mut Publisher) {
+        if self.health_off {
+            return;
+        }
+        let mut reports = Vec::new();
+        for pool in self.pools.iter().filter(|p| p.nodes > 0) {
+            for n in 0..pool.nodes {
+                let failing = pool.failing_node == Some(n);
+                let gpus = (0..8u32)
+                    .map(|g| pb::GpuHealth {
+                        index: g,
+                        uuid: format!(
+                            "GPU-{:08x}-{n:03}-{g}",
+                            startline_proto::hash::fnv1a64(pool.name.as_bytes()) as u32
+                        ),
+                        ecc_corrected: Some(match (failing, g) {
+                            (true, 3) => model::failing_node_ecc(at_ms, self.start_ms),
+                            (false, 0) if n % 7 == 0 => 2,
+                            _ => 0,
+                        }),
+                        ecc_uncorrected: Some(0),
+                        xid_errors: Vec::new(),
+                        temperature_c: Some(40.0 + f64::from((n + g) % 9)),
+                    })
+                    .collect();
+                reports.push(pb::NodeHealth {
+                    node: model::node_name(pool.name, n),
+                    observed_at: Some(startline_proto::time::ms_to_timestamp(at_ms)),
+                    source: "sim/node-agent".into(),
+                    gpus,
+                });
+            }
+        }
+        for chunk in reports.chunks(500) {
+            match up.report_health(pb::ReportHealthRequest { reports: chunk.to_vec() }).await {
+                Ok(r) => self.report.health_readings += u64::from(r.accepted),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the collector did not take GPU health readings; not sending more");
+                    self.health_off = true;
+                    return;
+                }
+            }
+        }
+    }
+
     fn schedule_job(&mut self, submit_ms: i64) {
         let idx = self.next_job;
         self.next_job += 1;
@@ -253,21 +310,30 @@ pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Resul
     let start_ms = end_ms - span_ms;
     let n = settings.jobs.unwrap_or_else(|| (settings.jobs_per_hour * span_ms as f64 / 3_600_000.0).round() as u64);
     let times = arrivals(settings.seed, n, start_ms, end_ms);
+    let mut pools = model::fleet(settings.pools, settings.gpu_classes);
+    if settings.crunch {
+        for p in pools.iter_mut().filter(|p| p.gpu_class == "h100") {
+            p.crunches = model::crunches(end_ms, span_ms);
+        }
+    }
     let mut sim = Sim {
         delivery: Rng::derive(settings.seed, u64::MAX - 1),
-        pools: model::fleet(settings.pools, settings.gpu_classes),
+        pools,
         heap: BinaryHeap::new(),
         tie: 0,
         next_job: 0,
         batch: Vec::with_capacity(settings.batch_size),
         report: SimReport::default(),
         rate_window: (tokio::time::Instant::now(), 0),
+        start_ms,
+        health_off: false,
         settings,
     };
 
     // Backfill: advance the simulated clock in steps of at most one simulated hour.
     let wall_start = tokio::time::Instant::now();
     let mut clock = start_ms;
+    let mut last_health = i64::MIN / 2;
     let mut next_arrival = 0usize;
     while clock < end_ms {
         if stop.is_stopped() {
@@ -287,6 +353,10 @@ pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Resul
             next_arrival += 1;
         }
         sim.emit_until(step_end, up).await?;
+        if step_end - last_health >= 3_600_000 || step_end == end_ms {
+            sim.report_health(step_end, up).await;
+            last_health = step_end;
+        }
         clock = step_end;
     }
     sim.send_batch(up).await?;
@@ -312,6 +382,10 @@ pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Resul
             }
             sim.emit_until(now, up).await?;
             sim.send_batch(up).await?;
+            if now - last_health >= 600_000 {
+                sim.report_health(now, up).await;
+                last_health = now;
+            }
         }
     }
     up.flush().await?;
@@ -419,6 +493,68 @@ mod tests {
         assert!(q(&managed, 0.99) > 4 * q(&managed, 0.5));
         assert!(q(&dedicated, 0.99) > 4 * q(&dedicated, 0.5));
         assert_ne!(q(&managed, 0.5), q(&dedicated, 0.5));
+    }
+
+    #[test]
+    fn urgent_jobs_start_within_ten_minutes_unless_a_crunch_holds_them_and_the_failing_node_fails_more() {
+        let mut pools = model::default_pools();
+        let t0 = 1_767_268_800_000; // noon UTC
+        let crunch = (t0 + 86_400_000, t0 + 86_400_000 + 3_600_000);
+        for p in pools.iter_mut().filter(|p| p.gpu_class == "h100") {
+            p.crunches = vec![crunch];
+        }
+        let ttfs = |evs: &[pb::LifecycleEvent], sub: i64| {
+            let first = evs.iter().find(|e| matches!(e.kind, Some(Kind::FirstStep(_))))?;
+            Some(timestamp_to_ms(first.occurred_at.as_ref()?) - sub)
+        };
+        let (mut urgent, mut late, mut crunched) = (0, 0, Vec::new());
+        let (mut on_failing, mut failing_bad, mut elsewhere, mut elsewhere_bad) = (0u32, 0u32, 0u32, 0u32);
+        for i in 0..20_000u64 {
+            let in_crunch = i % 10 == 0;
+            let sub = if in_crunch { crunch.0 + (i as i64 % 3_600) * 1000 } else { t0 + (i as i64 % 86_400) * 1000 };
+            let evs = job_events(5, i, sub, &pools);
+            let Some(Kind::Submitted(s)) = &evs[0].kind else { panic!("submitted first") };
+            if s.priority == pb::PriorityClass::Urgent as i32 {
+                let Some(w) = ttfs(&evs, sub) else { continue };
+                if in_crunch && s.gpu_class == "h100" {
+                    crunched.push(w);
+                } else if !in_crunch {
+                    urgent += 1;
+                    late += i32::from(w > 600_000);
+                }
+            }
+            // Placements on the failing node against the rest of its pool: ended by node_lost or a failure.
+            let mut placed: Option<bool> = None;
+            for e in &evs {
+                match &e.kind {
+                    Some(Kind::NodeAssigned(n)) => placed = Some(n.nodes.iter().any(|x| x == model::FAILING_NODE)),
+                    Some(Kind::NodeLost(_)) | Some(Kind::Done(_)) | Some(Kind::Preempted(_)) => {
+                        if let (Some(f), true) = (placed.take(), s.pool == "a100") {
+                            let bad = matches!(&e.kind, Some(Kind::NodeLost(_)))
+                                || matches!(&e.kind, Some(Kind::Done(d)) if d.outcome == pb::Outcome::Failed as i32);
+                            if f {
+                                (on_failing, failing_bad) = (on_failing + 1, failing_bad + u32::from(bad));
+                            } else {
+                                (elsewhere, elsewhere_bad) = (elsewhere + 1, elsewhere_bad + u32::from(bad));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert!(urgent > 1500, "{urgent} urgent jobs");
+        assert!(f64::from(late) / f64::from(urgent) < 0.01, "{late} of {urgent} urgent jobs started after 10 minutes");
+        assert!(!crunched.is_empty() && crunched.iter().all(|w| *w > 20 * 60_000), "crunched: {crunched:?}");
+        let rate = |bad: u32, all: u32| f64::from(bad) / f64::from(all.max(1));
+        assert!(on_failing > 50, "{on_failing} placements on the failing node");
+        assert!(
+            rate(failing_bad, on_failing) > 3.0 * rate(elsewhere_bad, elsewhere),
+            "failing node {failing_bad}/{on_failing} vs the pool {elsewhere_bad}/{elsewhere}"
+        );
+        // Its correctable errors climb from 40, doubling each day.
+        assert_eq!(model::failing_node_ecc(t0, t0), 40);
+        assert_eq!(model::failing_node_ecc(t0 + 2 * 86_400_000, t0), 160);
     }
 
     #[test]

@@ -7,9 +7,18 @@
 //! - **managed** (SageMaker, Vertex AI): capacity waits with a heavy (Pareto) tail, then provisioning, image
 //!   download and data staging every time; spot preemptions, with or without a checkpoint saved first.
 //!
-//! Urgent jobs jump the dedicated queue (short priority wait) but not the managed capacity wait, which is why
-//! comparing the two matters. Some jobs are cancelled or fail before they start; runs write checkpoints every
-//! 15-20 minutes and end succeeded, failed or timed out.
+//! Urgent jobs behave as on a well-run platform: on dedicated pools they preempt normal work (a short priority
+//! wait, then the preempted job's nodes), on managed endpoints they use reserved warm capacity (no Pareto capacity
+//! tail, no provisioning, a cached image). Normal dedicated runs are now and then preempted for urgent work.
+//! During a pool's `crunches` (the simulator scripts one hour three days before the end of its history and one
+//! starting five minutes into its live phase, on H100 pools) every job of the pool, urgent ones included, waits
+//! 20-60 minutes for capacity: the scripted bad hour that breaks the urgent-start SLO and pages.
+//!
+//! Dedicated pools have a fixed set of nodes (`<pool>-node-NNN`; a job gets one node per 8 GPUs); managed jobs
+//! get fresh instances. One node of the `a100` shape, [`FAILING_NODE`], has GPUs whose correctable ECC errors
+//! climb ([`failing_node_ecc`]) and loses or fails far more of its jobs than its pool: the suspect node of the
+//! demo. Some jobs are cancelled or fail before they start; runs write checkpoints every 15-20 minutes and end
+//! succeeded, failed or timed out.
 
 use crate::rng::Rng;
 use startline_proto::pb::{self, lifecycle_event::Kind};
@@ -30,6 +39,35 @@ pub struct Pool {
     pub gpu_class: &'static str,
     /// Share of arriving jobs sent here.
     pub share: f64,
+    /// Nodes of a dedicated pool (8 GPUs each; 0 for managed pools, whose instances are fresh each time).
+    pub nodes: u32,
+    /// The node (its number) whose GPUs are failing, if any.
+    pub failing_node: Option<u32>,
+    /// Capacity crunches `[from, to)` (Unix ms): jobs submitted in one wait 20-60 minutes more for capacity.
+    pub crunches: Vec<(i64, i64)>,
+}
+
+/// The failing node of the default `a100` pool.
+pub const FAILING_NODE: &str = "a100-node-013";
+
+/// The name of node `n` of `pool`.
+pub fn node_name(pool: &str, n: u32) -> String {
+    format!("{pool}-node-{n:03}")
+}
+
+/// Cumulative correctable ECC errors of the failing node's GPUs at `ms`, the simulation having started at
+/// `since_ms`: a count that climbs faster and faster (from 40, doubling every day, at most 40 x 2^20), the
+/// pattern that precedes a GPU's failure.
+pub fn failing_node_ecc(ms: i64, since_ms: i64) -> u64 {
+    let days = (ms - since_ms) as f64 / 86_400_000.0;
+    (40.0 * 2f64.powf(days.clamp(0.0, 20.0))) as u64
+}
+
+/// The scripted capacity crunches of a simulation ending (its history) at `end_ms`: one hour three days before
+/// the end (or half-way through a shorter history), and one hour starting five minutes after it.
+pub fn crunches(end_ms: i64, history_ms: i64) -> Vec<(i64, i64)> {
+    let back = (3 * 86_400_000).min(history_ms / 2);
+    vec![(end_ms - back, end_ms - back + 3_600_000), (end_ms + 300_000, end_ms + 300_000 + 3_600_000)]
 }
 
 /// The default fleet: two managed endpoints and two dedicated Slurm partitions.
@@ -42,6 +80,9 @@ pub fn default_pools() -> Vec<Pool> {
             region: "us-east-1",
             gpu_class: "a100-40g",
             share: 0.30,
+            nodes: 0,
+            failing_node: None,
+            crunches: Vec::new(),
         },
         Pool {
             kind: pb::PoolKind::Managed,
@@ -50,6 +91,9 @@ pub fn default_pools() -> Vec<Pool> {
             region: "europe-west4",
             gpu_class: "h100",
             share: 0.20,
+            nodes: 0,
+            failing_node: None,
+            crunches: Vec::new(),
         },
         Pool {
             kind: pb::PoolKind::Dedicated,
@@ -58,6 +102,9 @@ pub fn default_pools() -> Vec<Pool> {
             region: "dc-east",
             gpu_class: "a100-80g",
             share: 0.30,
+            nodes: 32,
+            failing_node: Some(13),
+            crunches: Vec::new(),
         },
         Pool {
             kind: pb::PoolKind::Dedicated,
@@ -66,6 +113,9 @@ pub fn default_pools() -> Vec<Pool> {
             region: "dc-east",
             gpu_class: "h100",
             share: 0.20,
+            nodes: 16,
+            failing_node: None,
+            crunches: Vec::new(),
         },
     ]
 }
@@ -118,7 +168,8 @@ const MIN: f64 = 60_000.0;
 /// id counts up from 0 so ids are stable across runs.
 pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb::LifecycleEvent> {
     let mut r = Rng::derive(seed, idx);
-    let mut b = Builder { seed, idx, job_id: String::new(), events: Vec::new(), source: "", attempt: None };
+    let mut b =
+        Builder { seed, idx, job_id: String::new(), events: Vec::new(), source: "", attempt: None, nodes: Vec::new() };
 
     let x = r.f64();
     let mut acc = 0.0;
@@ -172,6 +223,7 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
 
     // The initial wait.
     t += r.uniform(1.0, 20.0) * 1000.0; // adapter poll delay before the first reason is seen
+    let crunch = pool.crunches.iter().any(|(from, to)| (*from..*to).contains(&submit_ms));
     if managed {
         queued(
             &mut b,
@@ -179,17 +231,28 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
             pb::WaitReason::Capacity,
             if pool.provider == "sagemaker" { "Pending" } else { "JOB_STATE_QUEUED" },
         );
-        t += if r.chance(0.3) { r.pareto(10.0 * MIN, 1.3) } else { r.lognormal(2.0 * MIN, 0.8) } * load * 1.3;
+        t += if urgent {
+            // Reserved warm capacity.
+            r.lognormal(0.6 * MIN, 0.6)
+        } else if r.chance(0.2) {
+            r.pareto(10.0 * MIN, 1.3) * load * 1.3
+        } else {
+            r.lognormal(2.0 * MIN, 0.8) * load * 1.3
+        };
     } else {
-        if r.chance(0.06) {
+        if !urgent && r.chance(0.06) {
             queued(&mut b, t, pb::WaitReason::Quota, "QOSGrpGRES");
             t += r.lognormal(25.0 * MIN, 0.9);
         }
-        let prio_median = if urgent { 0.5 * MIN } else { 8.0 * MIN };
         queued(&mut b, t, pb::WaitReason::Priority, "Priority");
-        t += r.lognormal(prio_median, 1.0) * load * 2.0;
+        t += if urgent { r.lognormal(0.2 * MIN, 0.6) } else { r.lognormal(8.0 * MIN, 1.0) * load * 1.5 };
         queued(&mut b, t, pb::WaitReason::Capacity, "Resources");
-        t += r.lognormal(if urgent { 2.0 * MIN } else { 12.0 * MIN }, 1.1) * load * size;
+        // Urgent work preempts normal jobs: it waits for their checkpoint-and-exit, not for the queue to drain.
+        t += if urgent { r.lognormal(1.0 * MIN, 0.5) } else { r.lognormal(12.0 * MIN, 1.1) * load * size };
+    }
+    if crunch {
+        queued(&mut b, t, pb::WaitReason::Capacity, "capacity crunch: no H100 available");
+        t += r.uniform(20.0, 60.0) * MIN;
     }
     // Some jobs never start: cancelled while waiting, or misconfigured.
     if r.chance(0.03) {
@@ -204,16 +267,24 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         return b.events;
     }
     b.source = if managed { "sim/managed-adapter" } else { "sim/node-agent" };
-    assign(&mut b, &mut r, t, pool.name);
-    t = prepare(&mut b, &mut r, t, managed);
-    if r.chance(0.01) {
+    let mut on_failing = assign(&mut b, &mut r, t, pool, gpus);
+    t = prepare(&mut b, &mut r, t, managed, urgent);
+    // A broken build fails at start now and then; urgent work (usually a re-run of known-good code) rarely.
+    if r.chance(if on_failing {
+        0.2
+    } else if urgent {
+        0.002
+    } else {
+        0.01
+    }) {
+        let message = if on_failing {
+            "CUDA error: uncorrectable ECC error encountered"
+        } else {
+            "CUDA error: no kernel image is available"
+        };
         b.push(
             t as i64,
-            Kind::Done(pb::Done {
-                outcome: pb::Outcome::Failed as i32,
-                exit_code: Some(1),
-                message: "CUDA error: no kernel image is available".into(),
-            }),
+            Kind::Done(pb::Done { outcome: pb::Outcome::Failed as i32, exit_code: Some(1), message: message.into() }),
         );
         return b.events;
     }
@@ -226,8 +297,17 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
     loop {
         b.attempt = Some(attempt);
         b.push(t as i64, Kind::FirstStep(pb::FirstStep { step: step + 1 }));
-        // Spot capacity on managed endpoints is reclaimed far more often than dedicated nodes fail.
-        let interrupt_p = if managed { 0.12 } else { 0.03 };
+        // Spot capacity on managed endpoints is reclaimed far more often than dedicated nodes fail; normal
+        // dedicated work is sometimes preempted for urgent jobs; the failing node loses a third of its runs.
+        let interrupt_p = if on_failing {
+            0.35
+        } else if managed {
+            0.12
+        } else if urgent {
+            0.03
+        } else {
+            0.06
+        };
         let interrupt_at = r.chance(interrupt_p).then(|| r.uniform(0.05, 0.95) * remaining);
         let run_for = interrupt_at.unwrap_or(remaining);
         let interval = r.uniform(15.0, 20.0) * MIN;
@@ -251,20 +331,16 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         if interrupt_at.is_none() {
             break;
         }
-        if managed {
+        let lost_node = b.nodes.first().cloned().filter(|_| !managed && (on_failing || r.chance(0.5)));
+        if let Some(node) = lost_node {
+            b.push(t as i64, Kind::NodeLost(pb::NodeLost { node, message: "node not responding".into() }));
+        } else {
             let saved = r.chance(0.5);
-            b.push(
-                t as i64,
-                Kind::Preempted(pb::Preempted { reason: "spot-interruption".into(), checkpoint_saved: saved }),
-            );
+            let reason = if managed { "spot-interruption" } else { "priority" };
+            b.push(t as i64, Kind::Preempted(pb::Preempted { reason: reason.into(), checkpoint_saved: saved }));
             if saved {
                 ckpt_step = step;
             }
-        } else {
-            b.push(
-                t as i64,
-                Kind::NodeLost(pb::NodeLost { node: "node-lost".into(), message: "node not responding".into() }),
-            );
         }
         // Resume from the last checkpoint: work since then is redone.
         remaining += (step - ckpt_step) as f64 * 1000.0;
@@ -275,8 +351,8 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
         b.push(t as i64, Kind::Requeued(pb::Requeued { resume_step: step }));
         queued(&mut b, t + 1000.0, pb::WaitReason::PreemptionRecovery, "requeued");
         t += r.lognormal(6.0 * MIN, 0.9) * load;
-        assign(&mut b, &mut r, t, pool.name);
-        t = prepare(&mut b, &mut r, t, managed);
+        on_failing = assign(&mut b, &mut r, t, pool, gpus);
+        t = prepare(&mut b, &mut r, t, managed, urgent);
     }
     let (outcome, code, msg) = match r.f64() {
         x if x < 0.90 => (pb::Outcome::Succeeded, Some(0), ""),
@@ -287,16 +363,45 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
     b.events
 }
 
-fn assign(b: &mut Builder, r: &mut Rng, t: f64, pool: &str) {
-    let node = format!("{pool}-node-{:03}", r.next_u64() % 200);
-    b.push(t as i64, Kind::NodeAssigned(pb::NodeAssigned { nodes: vec![node], gpu_ids: vec![] }));
+/// Places the job: one node per 8 GPUs, distinct nodes of a dedicated pool, fresh instances of a managed one.
+/// Returns whether the failing node is among them.
+fn assign(b: &mut Builder, r: &mut Rng, t: f64, pool: &Pool, gpus: u32) -> bool {
+    let want = gpus.div_ceil(8).max(1);
+    let mut nodes: Vec<u32> = Vec::new();
+    let names: Vec<String> = if pool.nodes == 0 {
+        (0..want).map(|_| format!("{}-i-{:08x}", pool.name, r.next_u64() as u32)).collect()
+    } else {
+        let want = want.min(pool.nodes);
+        while (nodes.len() as u32) < want {
+            let n = (r.next_u64() % u64::from(pool.nodes)) as u32;
+            if !nodes.contains(&n) {
+                nodes.push(n);
+            }
+        }
+        nodes.iter().map(|n| node_name(pool.name, *n)).collect()
+    };
+    let failing = pool.failing_node.is_some_and(|f| nodes.contains(&f));
+    // The failing node reports losses under its own name.
+    if failing {
+        if let Some(f) = pool.failing_node {
+            b.nodes = vec![node_name(pool.name, f)];
+        }
+    } else {
+        b.nodes = names.clone();
+    }
+    b.push(t as i64, Kind::NodeAssigned(pb::NodeAssigned { nodes: names, gpu_ids: vec![] }));
+    failing
 }
 
-fn prepare(b: &mut Builder, r: &mut Rng, mut t: f64, managed: bool) -> f64 {
+fn prepare(b: &mut Builder, r: &mut Rng, mut t: f64, managed: bool, urgent: bool) -> f64 {
     let phase = |b: &mut Builder, t: f64, p: pb::PreparingPhase| {
         b.push(t as i64, Kind::Preparing(pb::Preparing { phase: p as i32, message: String::new() }))
     };
-    if managed {
+    if managed && urgent {
+        // A warm instance from the reserved pool with the image cached: staging only.
+        phase(b, t, pb::PreparingPhase::DataStaging);
+        t += r.lognormal(1.2 * MIN, 0.6);
+    } else if managed {
         phase(b, t, pb::PreparingPhase::Provisioning);
         t += r.lognormal(4.0 * MIN, 0.4);
         phase(b, t, pb::PreparingPhase::ImagePull);
@@ -304,15 +409,16 @@ fn prepare(b: &mut Builder, r: &mut Rng, mut t: f64, managed: bool) -> f64 {
         phase(b, t, pb::PreparingPhase::DataStaging);
         t += r.lognormal(2.5 * MIN, 0.8);
     } else {
-        if r.chance(0.15) {
+        // Urgent work runs from images and datasets kept warm on the nodes.
+        if r.chance(if urgent { 0.03 } else { 0.15 }) {
             phase(b, t, pb::PreparingPhase::ImagePull);
             t += r.lognormal(2.0 * MIN, 0.6);
         }
         phase(b, t, pb::PreparingPhase::DataStaging);
-        t += r.lognormal(1.0 * MIN, 0.8);
+        t += if urgent { r.lognormal(0.5 * MIN, 0.5) } else { r.lognormal(1.0 * MIN, 0.8) };
     }
     phase(b, t, pb::PreparingPhase::Environment);
-    t + r.lognormal(0.75 * MIN, 0.5)
+    t + if urgent { r.lognormal(0.5 * MIN, 0.4) } else { r.lognormal(0.75 * MIN, 0.5) }
 }
 
 struct Builder {
@@ -322,6 +428,8 @@ struct Builder {
     source: &'static str,
     attempt: Option<u32>,
     events: Vec<pb::LifecycleEvent>,
+    /// The nodes of the current placement (the failing one alone when it is among them).
+    nodes: Vec<String>,
 }
 
 impl Builder {
