@@ -174,10 +174,12 @@ pub async fn run_with_clock(
         Err(e) => tracing::error!(error = %e, "cannot read node health readings"),
     }
     let node_board = crate::index::nodes::NodeBoard::default();
+    let chain_board = crate::index::chains::ChainSloBoard::default();
     let telemetry = Arc::new(
         Telemetry::new(
             Sources {
                 nodes: node_board.clone(),
+                chain_slos: chain_board.clone(),
                 auth: auth.clone(),
                 index: index.clone(),
                 stats: stats.clone(),
@@ -353,6 +355,7 @@ pub async fn run_with_clock(
         final_stages: Arc::new(config.final_stages.clone()),
         nodes: config.nodes,
         node_health: node_health.clone(),
+        chain_slos: Arc::new(config.chain_slos.clone()),
     };
     let http_stop_wait = http_stop.clone();
     // Header-read and idle timeouts; at shutdown, connections still open after the drain deadline are closed.
@@ -390,6 +393,10 @@ pub async fn run_with_clock(
         nodes: config.nodes,
         node_health: node_health.clone(),
         node_board,
+        chain_slos: Arc::new(config.chain_slos.clone()),
+        final_stages: Arc::new(config.final_stages.clone()),
+        chain_interval_ms: config.chain_interval_ms,
+        chain_board: chain_board.clone(),
     };
     alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
 

@@ -50,6 +50,9 @@ pub struct FileConfig {
     /// `[chains]`: when a chain of jobs is complete.
     #[serde(default)]
     pub chains: ChainsSection,
+    /// `[[chain_slo]]`: deadlines on time to artifact for chains.
+    #[serde(default)]
+    pub chain_slo: Vec<crate::slo::chain::ChainSloSection>,
     /// `[nodes]`: the suspect-node rule.
     #[serde(default)]
     pub nodes: crate::index::nodes::NodesSection,
@@ -69,6 +72,8 @@ pub struct ChainsSection {
     /// every job in it is done.
     #[serde(default)]
     pub final_stages: Vec<String>,
+    /// How often the alert loop evaluates chain SLOs (default `1m`; each evaluation scans every job).
+    pub evaluation_interval: Option<String>,
 }
 
 /// `[metrics]`: bounded attribute values and OTLP push.
@@ -335,6 +340,10 @@ pub struct Config {
     pub cost: crate::compare::cost::CostModel,
     /// Stages that complete a chain.
     pub final_stages: Vec<String>,
+    /// Chain SLOs.
+    pub chain_slos: Vec<crate::slo::chain::ChainSloDef>,
+    /// How often chain SLOs are evaluated, ms.
+    pub chain_interval_ms: i64,
     /// The suspect-node rule.
     pub nodes: crate::index::nodes::NodeSettings,
     /// Identities (empty: no authentication, loopback only unless `auth.insecure`).
@@ -447,6 +456,19 @@ impl FileConfig {
             }
         }
         let nodes = self.nodes.validate(&mut errs);
+        let chain_slos = crate::slo::chain::validate(&self.chain_slo, &mut errs);
+        let chain_interval_ms = match self.chains.evaluation_interval.as_deref().map(humantime::parse_duration) {
+            None => 60_000,
+            Some(Ok(d)) if d.as_millis() >= 1000 && d.as_secs() <= 86_400 => d.as_millis() as i64,
+            Some(Ok(_)) => {
+                errs.push("chains.evaluation_interval: must be between 1s and 1d".to_string());
+                60_000
+            }
+            Some(Err(e)) => {
+                errs.push(format!("chains.evaluation_interval: {e}"));
+                60_000
+            }
+        };
         let tls = self.tls.validate(&mut errs);
         let has_client_ca = tls.as_ref().is_some_and(|t| t.client_ca_file.is_some());
         let auth = self.auth.validate(&mut errs, has_client_ca);
@@ -461,6 +483,8 @@ impl FileConfig {
             logs,
             cost,
             final_stages: self.chains.final_stages.clone(),
+            chain_slos,
+            chain_interval_ms,
             nodes,
             store_path: store.path,
             checkpoint_interval: store.checkpoint_interval,

@@ -75,7 +75,9 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
          [[cost.price]]\nmatch = \"pool=sm-p4d\"\nper_gpu_hour = 4.10\n\
          [[cost.price]]\nmatch = \"pool=vertex-a3\"\nper_gpu_hour = 11.0\n\
          [[cost.dedicated]]\npool = \"a100\"\ngpus = 64\nper_gpu_hour = 1.6\n\
-         [[cost.dedicated]]\npool = \"h100\"\ngpus = 48\nper_gpu_hour = 2.9\n",
+         [[cost.dedicated]]\npool = \"h100\"\ngpus = 48\nper_gpu_hour = 2.9\n\
+         [[chain_slo]]\nname = \"safety-fix\"\nthreshold = \"1h\"\nobjective = 90\n\
+         [chain_slo.selector]\nchain_id_prefix = [\"safety-fix/\"]\n",
     )
     .expect("config");
     let c = Collector::start(&dir.path().join("db"), &["--config", &cfg.display().to_string()]);
@@ -296,6 +298,10 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     assert_eq!(chain["span_seconds"].as_f64(), Some(5400.0), "no final stages: complete when every member is done");
     assert!(dom.contains("data-chain=\"safety-fix/7\" data-span=\"5400\""), "{}", &dom[..dom.len().min(3000)]);
     assert!(dom.contains("data-chain-kind=\"train&gt;evaluate\" data-p50=\"5400\""), "kind row");
+    // The chain SLO: 1 h deadline, the chain took 1.5 h: late.
+    assert_eq!(l["slos"][0]["bad"], 1, "{}", l["slos"]);
+    assert!(dom.contains("data-chain-slo=\"safety-fix\" data-bad=\"1\" data-late-open=\"0\""), "chain SLO row");
+    assert!(dom.contains("safety-fix: late"), "the chain's verdict");
 
     // Nodes: the simulated fleet's placements, suspects first, as the API lists them; then one node's jobs.
     let dom = render(&c, "nodes", dir.path());

@@ -104,6 +104,14 @@ pub struct AlertLoop {
     pub node_health: crate::index::nodes::HealthBook,
     /// Where node figures are published for the metrics.
     pub node_board: crate::index::nodes::NodeBoard,
+    /// Chain SLOs (`[[chain_slo]]`).
+    pub chain_slos: Arc<Vec<crate::slo::chain::ChainSloDef>>,
+    /// Stages that complete a chain.
+    pub final_stages: Arc<Vec<String>>,
+    /// How often chain SLOs are evaluated, ms.
+    pub chain_interval_ms: i64,
+    /// Where chain SLO figures are published for the metrics.
+    pub chain_board: crate::index::chains::ChainSloBoard,
     /// Page conditions whose job's source is still replaying a backlog: (SLO index, job id), judged again once
     /// the source has caught up (see [`crate::index::SourceMarks`]).
     pub deferred: Mutex<std::collections::BTreeSet<(u16, String)>>,
@@ -138,6 +146,7 @@ impl AlertLoop {
         let mut first = true;
         let mut slo_generation = self.index.read().slo_generation;
         let mut last_node_eval: Option<i64> = None;
+        let mut last_chain_eval: Option<i64> = None;
         loop {
             let next = self.index.read().slo.next_deadline();
             let settings_changed = async {
@@ -207,6 +216,10 @@ impl AlertLoop {
                 if last_node_eval.is_none_or(|t| now - t >= self.nodes.evaluation_interval_ms) {
                     last_node_eval = Some(now);
                     changed.extend(self.node_alerts(now).await);
+                }
+                if !self.chain_slos.is_empty() && last_chain_eval.is_none_or(|t| now - t >= self.chain_interval_ms) {
+                    last_chain_eval = Some(now);
+                    changed.extend(self.chain_alerts(now).await);
                 }
                 self.index.write().slo.prune(now);
                 let keep_from = now - self.config.resolved_retention.as_millis() as i64;
@@ -539,6 +552,207 @@ impl AlertLoop {
         });
         out.extend(stale.iter().filter_map(|k| self.resolve(k, now)));
         out
+    }
+
+    /// Evaluates every chain SLO (at most every `[chains] evaluation_interval`: an evaluation scans every job):
+    /// `StartlineChainLate` (severity `page`) for each covered chain still open past its deadline (when the SLO
+    /// pages), resolved when it completes; `StartlineChainSLOBurnRate` by the same multi-window rules as the start
+    /// SLOs; figures published for the metrics.
+    async fn chain_alerts(&self, now: i64) -> Vec<AlertRecord> {
+        use crate::slo::chain::{counts, verdict, Verdict};
+        let (index, finals) = (self.index.clone(), self.final_stages.clone());
+        let chains = match tokio::task::spawn_blocking(move || crate::index::chains::chains(&index, &finals, now)).await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "chain SLO evaluation failed");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        let mut late_now = std::collections::BTreeSet::new();
+        let mut figures = Vec::new();
+        for def in self.chain_slos.iter() {
+            let mut verdicts = Vec::new();
+            let mut fig = crate::index::chains::ChainSloFigures { slo: def.name.clone(), ..Default::default() };
+            for (id, c) in &chains {
+                if !def.selector.matches(id, &c.kind(), c.team()) {
+                    continue;
+                }
+                let v = verdict(def, c, now);
+                match v {
+                    Verdict::Pending { .. } => fig.pending += 1,
+                    Verdict::Bad { open: true, decided_ms } => {
+                        fig.late_open += 1;
+                        let key = format!("chain/{}/{id}", def.name);
+                        let fresh = now - decided_ms <= self.config.page_max_age.as_millis() as i64;
+                        if def.page_on_breach && (fresh || self.board.with(|b| b.get(&key).is_some_and(|a| a.firing())))
+                        {
+                            late_now.insert(key.clone());
+                            out.extend(self.chain_late_alert(&key, def, id, c, decided_ms, now));
+                        }
+                    }
+                    _ => {}
+                }
+                verdicts.push(v);
+            }
+            let c = counts(&verdicts, now, def.window_ms);
+            (fig.good, fig.bad) = (c.good, c.bad);
+            figures.push(fig);
+            // Burn rates over the chain SLO's decisions, as for the start SLOs.
+            let mut firing: Vec<(burn::BurnRule, f64, f64, f64)> = Vec::new();
+            for r in burn::RULES {
+                let (long, short) = (counts(&verdicts, now, r.long_ms), counts(&verdicts, now, r.short_ms));
+                if long.total() < self.config.min_jobs || short.bad == 0 {
+                    continue;
+                }
+                let factor = r.factor(def.window_ms);
+                let (lb, sb) =
+                    (crate::slo::burn_rate(long, def.objective), crate::slo::burn_rate(short, def.objective));
+                if lb >= factor && sb >= factor {
+                    firing.push((r, factor, lb, sb));
+                }
+            }
+            for severity in ["page", "ticket"] {
+                let key = format!("chainburn/{}/{severity}", def.name);
+                let rules: Vec<&(burn::BurnRule, f64, f64, f64)> =
+                    firing.iter().filter(|f| f.0.severity == severity).collect();
+                if rules.is_empty() {
+                    out.extend(self.resolve(&key, now));
+                    continue;
+                }
+                let detail = rules
+                    .iter()
+                    .map(|(r, f, l, s)| format!("{}: {l:.1}x/{s:.1}x >= {f:.1}x", r.windows))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let labels: BTreeMap<String, String> = [
+                    ("alertname", "StartlineChainSLOBurnRate".to_string()),
+                    ("severity", severity.to_string()),
+                    ("slo", def.name.clone()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .chain(self.config.labels.clone())
+                .collect();
+                let mut annotations: BTreeMap<String, String> = [
+                    ("summary", format!("chain SLO {} is burning its error budget: {detail}", def.name)),
+                    ("windows", rules.iter().map(|f| f.0.windows).collect::<Vec<_>>().join(",")),
+                    ("dashboard_url", format!("{}/#chains", self.base())),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect();
+                self.add_runbook(&mut annotations, "StartlineChainSLOBurnRate");
+                out.extend(self.fire_or_update(&key, labels, annotations, now));
+            }
+        }
+        self.chain_board.publish(figures);
+        let stale: Vec<String> = self.board.with(|b| {
+            b.values()
+                .filter(|a| a.firing() && a.key.starts_with("chain/") && !late_now.contains(&a.key))
+                .map(|a| a.key.clone())
+                .collect()
+        });
+        out.extend(stale.iter().filter_map(|k| self.resolve(k, now)));
+        out
+    }
+
+    /// Fires `StartlineChainLate` for a chain past its deadline (once; later evaluations refresh its text).
+    fn chain_late_alert(
+        &self,
+        key: &str,
+        def: &crate::slo::chain::ChainSloDef,
+        id: &str,
+        c: &crate::job::chain::Chain,
+        deadline: i64,
+        now: i64,
+    ) -> Option<AlertRecord> {
+        let last = c.members.iter().max_by_key(|m| m.submitted_at);
+        let stage = last.map_or_else(String::new, |m| {
+            let state = if m.done_at.is_some() {
+                "ended, next stage not submitted"
+            } else if m.first_step_at.is_some() {
+                "running"
+            } else {
+                "waiting"
+            };
+            format!("{} ({state})", if m.stage.is_empty() { "(none)" } else { m.stage.as_str() })
+        });
+        let labels: BTreeMap<String, String> = [
+            ("alertname", "StartlineChainLate".to_string()),
+            ("severity", "page".to_string()),
+            ("slo", def.name.clone()),
+            ("chain_id", id.to_string()),
+            ("team", c.team().to_string()),
+        ]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v))
+        .chain(self.config.labels.clone())
+        .collect();
+        let mut annotations: BTreeMap<String, String> = [
+            (
+                "summary",
+                format!(
+                    "chain {id} ({}) has been open for {}, past its {} deadline (SLO {}); latest stage: {stage}",
+                    c.kind(),
+                    secs_text(now - c.start_ms),
+                    secs_text(def.threshold_ms),
+                    def.name
+                ),
+            ),
+            ("kind", c.kind()),
+            ("latest_stage", stage),
+            ("started_at", format_ms(c.start_ms)),
+            ("deadline", format_ms(deadline)),
+            ("threshold_seconds", (def.threshold_ms / 1000).to_string()),
+            ("dashboard_url", format!("{}/#chains", self.base())),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        self.add_runbook(&mut annotations, "StartlineChainLate");
+        let fired = self.board.with(|b| match b.get_mut(key) {
+            Some(a) if a.firing() => {
+                a.annotations = annotations.clone();
+                None
+            }
+            _ => {
+                let a = AlertRecord {
+                    key: key.to_string(),
+                    labels,
+                    annotations,
+                    starts_at_ms: deadline,
+                    resolved_at_ms: None,
+                };
+                b.insert(key.to_string(), a.clone());
+                Some(a)
+            }
+        });
+        fired
+    }
+
+    /// Fires an alert (or refreshes the annotations of one already firing, without a new notification).
+    fn fire_or_update(
+        &self,
+        key: &str,
+        labels: BTreeMap<String, String>,
+        annotations: BTreeMap<String, String>,
+        now: i64,
+    ) -> Option<AlertRecord> {
+        self.board.with(|b| match b.get_mut(key) {
+            Some(a) if a.firing() => {
+                a.annotations = annotations;
+                None
+            }
+            _ => {
+                let a =
+                    AlertRecord { key: key.to_string(), labels, annotations, starts_at_ms: now, resolved_at_ms: None };
+                b.insert(key.to_string(), a.clone());
+                Some(a)
+            }
+        })
     }
 
     fn burn_alerts(&self, now: i64) -> Vec<AlertRecord> {

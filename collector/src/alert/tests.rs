@@ -94,6 +94,10 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
         nodes: Default::default(),
         node_health: Default::default(),
         node_board: Default::default(),
+        chain_slos: Default::default(),
+        final_stages: Default::default(),
+        chain_interval_ms: 60_000,
+        chain_board: Default::default(),
     };
     let task = tokio::spawn(l.run(stop.clone()));
     Harness { index, clock, wake, rx, stop, task, board }
@@ -308,6 +312,10 @@ async fn a_slow_notifier_never_blocks_the_loop() {
         nodes: Default::default(),
         node_health: Default::default(),
         node_board: Default::default(),
+        chain_slos: Default::default(),
+        final_stages: Default::default(),
+        chain_interval_ms: 60_000,
+        chain_board: Default::default(),
     };
     let task = tokio::spawn(l.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(11 * MIN as u64)).await;

@@ -2,9 +2,13 @@
 //! `chain_id` as one timeline ([`crate::job::chain`]): time to artifact, gaps, stages, critical path.
 
 use super::extract::{ApiPath, Params};
-use super::types::{ChainDetail, ChainGap, ChainKind, ChainList, ChainMember, ChainStage, ChainStep, ChainSummary};
+use super::types::{
+    ChainBurn, ChainDetail, ChainGap, ChainKind, ChainList, ChainMember, ChainSloStatus, ChainStage, ChainStep,
+    ChainSummary, ChainVerdict,
+};
 use super::{ApiError, ApiState};
 use crate::job::chain::{derive, Chain, Member};
+use crate::slo::chain::{counts, verdict, Verdict};
 use crate::time::format_ms;
 use axum::extract::State;
 use axum::Json;
@@ -20,25 +24,68 @@ fn secs(ms: i64) -> f64 {
 /// Every chain's members (one scan).
 async fn members(s: &ApiState) -> Result<BTreeMap<String, Vec<Member>>, ApiError> {
     let index = s.index.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut out: BTreeMap<String, Vec<Member>> = BTreeMap::new();
-        index.for_each_job(super::compare::SCAN_CHUNK, |id, job| {
-            let Some(a) = job.timeline.attrs.as_ref() else { return };
-            if a.chain_id.is_empty() {
-                return;
-            }
-            if let Some(m) = Member::of(id, job.timeline) {
-                out.entry(a.chain_id.clone()).or_default().push(m);
-            }
-        });
-        out
-    })
-    .await
-    .map_err(ApiError::unavailable)
+    tokio::task::spawn_blocking(move || crate::index::chains::members(&index)).await.map_err(ApiError::unavailable)
 }
 
-fn summary(id: &str, c: &Chain) -> ChainSummary {
+fn verdicts(s: &ApiState, id: &str, c: &Chain, now: i64) -> Vec<ChainVerdict> {
+    s.chain_slos
+        .iter()
+        .filter(|d| d.selector.matches(id, &c.kind(), c.team()))
+        .map(|d| ChainVerdict {
+            deadline: format_ms(c.start_ms + d.threshold_ms),
+            slo: d.name.clone(),
+            verdict: verdict(d, c, now).label().to_string(),
+        })
+        .collect()
+}
+
+/// Every chain SLO's status over every chain.
+fn statuses(s: &ApiState, all: &BTreeMap<String, Chain>, now: i64) -> Vec<ChainSloStatus> {
+    s.chain_slos
+        .iter()
+        .map(|d| {
+            let vs: Vec<Verdict> = all
+                .iter()
+                .filter(|(id, c)| d.selector.matches(id, &c.kind(), c.team()))
+                .map(|(_, c)| verdict(d, c, now))
+                .collect();
+            let c = counts(&vs, now, d.window_ms);
+            let allowed = (1.0 - d.objective) * c.total() as f64;
+            ChainSloStatus {
+                bad: c.bad,
+                burn_rates: crate::alert::burn::RULES
+                    .iter()
+                    .map(|r| {
+                        let (long, short) = (counts(&vs, now, r.long_ms), counts(&vs, now, r.short_ms));
+                        ChainBurn {
+                            factor: r.factor(d.window_ms),
+                            long_burn_rate: crate::slo::burn_rate(long, d.objective),
+                            long_decided: long.total(),
+                            severity: r.severity.to_string(),
+                            short_burn_rate: crate::slo::burn_rate(short, d.objective),
+                            windows: r.windows.to_string(),
+                        }
+                    })
+                    .collect(),
+                compliance: (c.total() > 0).then(|| c.good as f64 / c.total() as f64),
+                description: d.description.clone(),
+                error_budget_remaining: (c.total() > 0).then(|| 1.0 - c.bad as f64 / allowed),
+                good: c.good,
+                late_open: vs.iter().filter(|v| matches!(v, Verdict::Bad { open: true, .. })).count() as u64,
+                name: d.name.clone(),
+                objective: d.objective,
+                page_on_breach: d.page_on_breach,
+                pending: vs.iter().filter(|v| matches!(v, Verdict::Pending { .. })).count() as u64,
+                threshold_seconds: d.threshold_ms / 1000,
+                window_seconds: d.window_ms / 1000,
+            }
+        })
+        .collect()
+}
+
+fn summary(s: &ApiState, id: &str, c: &Chain, now: i64) -> ChainSummary {
     ChainSummary {
+        slos: verdicts(s, id, c, now),
         chain_id: id.to_string(),
         complete: c.complete,
         ended_at: c.complete.then(|| format_ms(c.end_ms)),
@@ -74,12 +121,11 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
     }
     let now = s.clock.now_ms();
     let from = now - window_ms;
-    let mut chains: Vec<(String, Chain)> = members(&s)
-        .await?
-        .into_iter()
-        .filter_map(|(id, m)| derive(m, &s.final_stages, now).map(|c| (id, c)))
-        .filter(|(_, c)| c.start_ms >= from && want.is_none_or(|w| c.complete == w))
-        .collect();
+    let all: BTreeMap<String, Chain> =
+        members(&s).await?.into_iter().filter_map(|(id, m)| derive(m, &s.final_stages, now).map(|c| (id, c))).collect();
+    let slos = statuses(&s, &all, now);
+    let mut chains: Vec<(String, Chain)> =
+        all.into_iter().filter(|(_, c)| c.start_ms >= from && want.is_none_or(|w| c.complete == w)).collect();
     let mut kinds: BTreeMap<String, (Vec<f64>, u64)> = BTreeMap::new();
     for (_, c) in &chains {
         let k = kinds.entry(c.kind()).or_default();
@@ -110,8 +156,9 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
     Ok(Json(ChainList {
         as_of: format_ms(now),
         by_kind,
-        chains: chains.iter().map(|(id, c)| summary(id, c)).collect(),
+        chains: chains.iter().map(|(id, c)| summary(&s, id, c, now)).collect(),
         final_stages: s.final_stages.to_vec(),
+        slos,
         total,
         window_seconds: window_ms / 1000,
     }))
@@ -185,6 +232,6 @@ pub async fn detail(State(s): State<ApiState>, ApiPath(id): ApiPath<String>) -> 
             })
             .collect(),
         stages,
-        summary: summary(&id, &c),
+        summary: summary(&s, &id, &c, now),
     }))
 }

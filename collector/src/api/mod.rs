@@ -71,6 +71,8 @@ pub struct ApiState {
     pub nodes: crate::index::nodes::NodeSettings,
     /// GPU health readings from node agents.
     pub node_health: crate::index::nodes::HealthBook,
+    /// Chain SLOs (`[[chain_slo]]`).
+    pub chain_slos: Arc<Vec<crate::slo::chain::ChainSloDef>>,
 }
 
 /// The reload hook `POST /api/v1/admin/reload` calls.

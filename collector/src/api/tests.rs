@@ -238,6 +238,7 @@ fn fixture() -> Fixture {
         final_stages: Arc::new(vec!["quantize".to_string()]),
         nodes: Default::default(),
         node_health: Default::default(),
+        chain_slos: Default::default(),
     };
     Fixture { state, _dir: dir }
 }

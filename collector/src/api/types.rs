@@ -684,9 +684,57 @@ pub struct ChainList {
     pub chains: Vec<ChainSummary>,
     /// Stages that complete a chain (`[chains] final_stages`; empty: every member done).
     pub final_stages: Vec<String>,
+    /// Each `[[chain_slo]]`, over its own window (not the listing's).
+    pub slos: Vec<ChainSloStatus>,
     /// Chains matched; `chains` holds at most 500 of them.
     pub total: u64,
     pub window_seconds: i64,
+}
+
+/// One chain SLO now: chains decided good and late in its window, open ones, error budget and burn rates.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainSloStatus {
+    /// Chains decided late in the window (complete after the deadline, or open past it).
+    pub bad: u64,
+    /// Burn rate per alert rule: bad share over the long and short windows divided by the error budget.
+    pub burn_rates: Vec<ChainBurn>,
+    /// good / (good + bad); null when nothing was decided.
+    pub compliance: Option<f64>,
+    pub description: String,
+    /// 1 - bad / (allowed bad); negative when overspent.
+    pub error_budget_remaining: Option<f64>,
+    pub good: u64,
+    /// Open chains already past their deadline (each pages when the SLO pages).
+    pub late_open: u64,
+    pub name: String,
+    pub objective: f64,
+    pub page_on_breach: bool,
+    /// Open chains, deadline ahead.
+    pub pending: u64,
+    pub threshold_seconds: i64,
+    pub window_seconds: i64,
+}
+
+/// A chain SLO's burn over one alert rule's windows.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainBurn {
+    pub factor: f64,
+    pub long_burn_rate: f64,
+    /// Chains decided in the long window.
+    pub long_decided: u64,
+    pub severity: String,
+    pub short_burn_rate: f64,
+    pub windows: String,
+}
+
+/// A chain against one chain SLO.
+#[derive(Debug, Serialize, schemars::JsonSchema)]
+pub struct ChainVerdict {
+    /// First submit + threshold.
+    pub deadline: String,
+    pub slo: String,
+    /// `good`, `late` or `pending`.
+    pub verdict: String,
 }
 
 /// Percentiles of time to artifact for one chain kind, seconds.
@@ -712,6 +760,8 @@ pub struct ChainSummary {
     pub gap_seconds: f64,
     pub jobs: u64,
     pub kind: String,
+    /// The chain SLOs that cover it and their verdicts.
+    pub slos: Vec<ChainVerdict>,
     /// Time to artifact (complete) or so far (open), seconds.
     pub span_seconds: f64,
     pub started_at: String,

@@ -55,6 +55,8 @@ impl Config {
 
         f.slo = self.slos.iter().map(slo_section).collect();
 
+        f.chain_slo = self.chain_slos.iter().map(|d| d.section()).collect();
+        f.chains.evaluation_interval = Some(ms(self.chain_interval_ms));
         f.nodes.window = Some(ms(self.nodes.window_ms));
         f.nodes.alpha = Some(self.nodes.rule.alpha);
         f.nodes.min_bad = Some(self.nodes.rule.min_bad);
@@ -169,7 +171,11 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         slo: &'a [SloSection],
     }
     let mut out = Vec::new();
-    let pairs: [(&'static str, String, String); 13] = [
+    #[derive(serde::Serialize)]
+    struct ChainSlos<'a> {
+        chain_slo: &'a [crate::slo::chain::ChainSloSection],
+    }
+    let pairs: [(&'static str, String, String); 14] = [
         ("store", text(&old.store), text(&new.store)),
         ("grpc", text(&old.grpc), text(&new.grpc)),
         ("http", text(&old.http), text(&new.http)),
@@ -181,6 +187,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         ("cost", text(&old.cost), text(&new.cost)),
         ("chains", text(&old.chains), text(&new.chains)),
         ("nodes", text(&old.nodes), text(&new.nodes)),
+        ("chain_slo", text(&ChainSlos { chain_slo: &old.chain_slo }), text(&ChainSlos { chain_slo: &new.chain_slo })),
         ("auth", text(&old.auth), text(&new.auth)),
         ("tls", text(&old.tls), text(&new.tls)),
     ];

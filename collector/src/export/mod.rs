@@ -255,6 +255,8 @@ pub struct Sources {
     pub auth: Arc<crate::auth::Auth>,
     /// Node figures of the alert loop's last node evaluation.
     pub nodes: crate::index::nodes::NodeBoard,
+    /// Chain SLO figures of the alert loop's last chain evaluation.
+    pub chain_slos: crate::index::chains::ChainSloBoard,
 }
 
 /// An observable counter over ingest counters, one attribute value (`key`) per counter.
@@ -331,6 +333,7 @@ impl Telemetry {
             observe_slo_windows(&meter, &sources);
             observe_alerts(&meter, &sources);
             observe_nodes(&meter, &sources);
+            observe_chain_slos(&meter, &sources);
             observe_ingest(&meter, &sources);
             observe_auth(&meter, &sources);
             observe_store(&meter, &sources);
@@ -1017,6 +1020,36 @@ fn observe_nodes(meter: &Meter, sources: &Sources) {
     }
 }
 
+/// `startline.chain_slo.chains` (by SLO and result: `good` and `bad` decided in its window, `pending` open with
+/// the deadline ahead) and `startline.chains.late` (open chains past their deadline), as of the last chain SLO
+/// evaluation. SLO names are config-listed, so the label is bounded.
+fn observe_chain_slos(meter: &Meter, sources: &Sources) {
+    let s = sources.clone();
+    let _ = meter
+        .i64_observable_up_down_counter("startline.chain_slo.chains")
+        .with_unit("{chain}")
+        .with_description("Chains covered by each chain SLO: good and bad decided in its window, pending now")
+        .with_callback(move |o| {
+            for f in s.chain_slos.figures() {
+                for (result, n) in [("good", f.good), ("bad", f.bad), ("pending", f.pending)] {
+                    o.observe(n as i64, &[KeyValue::new("slo", f.slo.clone()), KeyValue::new("result", result)]);
+                }
+            }
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .i64_observable_up_down_counter("startline.chains.late")
+        .with_unit("{chain}")
+        .with_description("Chains still open past their chain SLO's deadline")
+        .with_callback(move |o| {
+            for f in s.chain_slos.figures() {
+                o.observe(f.late_open as i64, &[KeyValue::new("slo", f.slo.clone())]);
+            }
+        })
+        .build();
+}
+
 /// Observable counters over the ingest path's counters: events by result, refusals by reason.
 fn observe_ingest(meter: &Meter, sources: &Sources) {
     stats_counter(
@@ -1215,6 +1248,7 @@ mod tests {
         });
         let sources = Sources {
             nodes: Default::default(),
+            chain_slos: Default::default(),
             index,
             stats: Arc::new(IngestStats::default()),
             board,
@@ -1338,6 +1372,7 @@ mod tests {
         ));
         let sources = Sources {
             nodes: Default::default(),
+            chain_slos: Default::default(),
             index,
             stats: Arc::new(IngestStats::default()),
             board: AlertBoard::default(),

@@ -10,6 +10,7 @@
 //! shared through a dictionary, and its SLO contributions are recomputed from its row when needed (an ended
 //! job's contributions do not change), not kept.
 
+pub mod chains;
 pub mod cold;
 pub mod footprint;
 pub mod labels;

@@ -28,6 +28,8 @@ pub struct Member {
     pub done_at: Option<i64>,
     /// Whether it ended succeeded.
     pub succeeded: bool,
+    /// Its team (a chain SLO may select chains by their first job's team).
+    pub team: String,
 }
 
 impl Member {
@@ -41,6 +43,7 @@ impl Member {
             first_step_at: t.first_step_at,
             done_at: t.done_at,
             succeeded: t.outcome == Some(startline_proto::pb::Outcome::Succeeded),
+            team: a.team.clone(),
         })
     }
 
@@ -88,6 +91,11 @@ impl Chain {
     /// Total idle time.
     pub fn gap_ms(&self) -> i64 {
         self.gaps.iter().map(|(a, b)| b - a).sum()
+    }
+
+    /// The team of its first job.
+    pub fn team(&self) -> &str {
+        self.members.first().map_or("", |m| m.team.as_str())
     }
 
     /// Stage names in order of their first submit (the chain's *kind*, e.g. `train>evaluate>quantize`).
@@ -171,6 +179,7 @@ mod tests {
             first_step_at: first.map(|x| x * M),
             done_at: done.map(|x| x * M),
             succeeded: done.is_some(),
+            team: String::new(),
         }
     }
 
@@ -262,6 +271,7 @@ mod props {
                     first_step_at: Some(sub + first),
                     done_at: run.map(|r| sub + first + r),
                     succeeded: run.is_some(),
+                    team: String::new(),
                 })
                 .collect();
             let now = members.iter().map(|m| m.done_at.unwrap_or(m.submitted_at)).max().unwrap_or(0) + now_off;

@@ -15,6 +15,7 @@
 //!
 //! Pure: time arrives as `now_ms`.
 
+pub mod chain;
 pub mod def;
 pub mod window;
 

@@ -236,6 +236,7 @@ impl Http {
             final_stages: Default::default(),
             nodes: Default::default(),
             node_health: Default::default(),
+            chain_slos: Default::default(),
         };
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;
