@@ -210,6 +210,13 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
         Some(all["right"]["ttfs_seconds"]["p50"]["value"].to_string())
     );
     assert_eq!(attr_of(&dom, "cmp-verdict", "data-significant"), Some(all["difference"]["significant"].to_string()));
+    // Cost per useful GPU-hour (priced by the config above); open jobs' cost grows with the clock between the
+    // render and the API call, by far less than 0.1%.
+    for (id, side) in [("cmp-left-cost", "left"), ("cmp-right-cost", "right")] {
+        let shown: f64 = attr_of(&dom, id, "data-value").and_then(|v| v.parse().ok()).expect("cost shown");
+        let api = all[side]["cost"]["per_useful_gpu_hour"]["value"].as_f64().expect("cost in the API");
+        assert!((shown - api).abs() <= 1e-3 * api, "{side}: {shown} vs {api}");
+    }
 
     // GPU time: the total and each pool's row as the API says. Open jobs' time grows with the clock, so what is
     // shown lies between the API's answers before and after the render.

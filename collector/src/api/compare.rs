@@ -56,6 +56,7 @@ fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
         by,
         window_ms,
         now_ms: s.clock.now_ms(),
+        cost: s.cost.configured().then(|| s.cost.clone()),
     })
 }
 

@@ -100,6 +100,8 @@ pub struct Query {
     pub window_ms: i64,
     /// Now.
     pub now_ms: i64,
+    /// Prices (`[cost]`); with none configured the sides have no cost figures.
+    pub cost: Option<std::sync::Arc<cost::CostModel>>,
 }
 
 #[derive(Default)]
@@ -111,6 +113,25 @@ struct Side {
     wait_ms: BTreeMap<Segment, i64>,
     slo: BTreeMap<u16, (u64, u64)>,
     by_hour: BTreeMap<u32, Vec<f64>>,
+    /// Per priced job: (cost, useful GPU-hours).
+    costs: Vec<(f64, f64)>,
+    unpriced: u64,
+}
+
+/// What a side's jobs cost, at each job's per-use price (managed) or its pool's amortised rate (dedicated, per
+/// GPU-hour held: capacity left idle is not in it; `GET /api/v1/cost` shows it as useful utilisation).
+#[derive(Debug, Clone, Serialize, PartialEq, schemars::JsonSchema)]
+pub struct CostSummary {
+    /// Jobs priced.
+    pub priced_jobs: u64,
+    /// Jobs no price rule or dedicated pool covers.
+    pub unpriced_jobs: u64,
+    /// Their cost: GPU-hours held (preparing, training, checkpoints, lost and failed work) x the rate.
+    pub total: f64,
+    /// Mean cost of a job, with a normal-approximation 95% interval (`null` without priced jobs).
+    pub per_job: Option<MeanEstimate>,
+    /// Total cost / useful (productive) GPU-hours, with a delta-method 95% interval for a ratio of sums.
+    pub per_useful_gpu_hour: Estimate,
 }
 
 /// A percentile and its 95% confidence interval, seconds.
@@ -200,6 +221,8 @@ pub struct SideReport {
     pub wait_split: BTreeMap<String, WaitShare>,
     /// The 24 hours of the day.
     pub by_hour: Vec<HourStats>,
+    /// What the jobs cost (`null` without a `[cost]` section).
+    pub cost: Option<CostSummary>,
 }
 
 /// Whether the sides differ.
@@ -253,9 +276,21 @@ fn secs(ms: i64) -> f64 {
 }
 
 impl Side {
-    fn add(&mut self, job: JobRef<'_>) {
+    fn add(&mut self, job: JobRef<'_>, model: Option<&cost::CostModel>, now: i64) {
         let t = job.timeline;
         self.jobs += 1;
+        if let (Some(m), Some(a)) = (model, t.attrs.as_ref()) {
+            let rate = m.dedicated(&a.pool).map(|(_, p)| p).or_else(|| m.price(a));
+            match (rate, crate::job::goodput::account(t, now)) {
+                (Some(rate), Some(acc)) => {
+                    let [_, preparing, _, checkpoint, lost, failed, productive] = acc.by_category();
+                    let g = f64::from(acc.gpus) / 3_600_000.0;
+                    let held = (preparing + checkpoint + lost + failed + productive) as f64 * g;
+                    self.costs.push((held * rate, productive as f64 * g));
+                }
+                _ => self.unpriced += 1,
+            }
+        }
         // Saturating: timestamps come from clients, and a difference of extreme ones must not overflow.
         let ttfs = t.first_step_at.zip(t.submitted_at).map(|(f, s)| f.saturating_sub(s));
         match (ttfs, t.done_at) {
@@ -282,7 +317,19 @@ impl Side {
         }
     }
 
-    fn summarize(&mut self, slos: &[SloDef]) -> SideReport {
+    fn summarize(&mut self, slos: &[SloDef], priced: bool) -> SideReport {
+        let cost = priced.then(|| {
+            let per_job: Vec<f64> = self.costs.iter().map(|(c, _)| *c).collect();
+            let ratio = stats::ratio_ci(&self.costs);
+            CostSummary {
+                priced_jobs: self.costs.len() as u64,
+                unpriced_jobs: self.unpriced,
+                total: per_job.iter().sum(),
+                // Costs are not negative: the normal interval's lower bound is cut at zero.
+                per_job: stats::mean_ci(&per_job).map(|(m, lo, hi)| MeanEstimate { value: m, ci95: [lo.max(0.0), hi] }),
+                per_useful_gpu_hour: Estimate { value: ratio.map(|r| r.0), ci95: ratio.map(|r| [r.1.max(0.0), r.2]) },
+            }
+        });
         self.ttfs.sort_by(f64::total_cmp);
         let v = &self.ttfs;
         let pct =
@@ -337,6 +384,7 @@ impl Side {
             slo,
             wait_split,
             by_hour,
+            cost,
         }
     }
 }
@@ -380,11 +428,12 @@ impl Collector {
                 Some(g) => g,
                 None => self.groups.entry(k.to_string()).or_default(),
             };
+            let model = q.cost.as_deref();
             if l {
-                g.0.add(job);
+                g.0.add(job, model, q.now_ms);
             }
             if r {
-                g.1.add(job);
+                g.1.add(job, model, q.now_ms);
             }
         }
     }
@@ -410,8 +459,9 @@ fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) ->
     let mut groups = groups;
     for key in std::iter::once("all".to_string()).chain(order) {
         let Some((mut l, mut r)) = groups.remove(&key) else { continue };
-        let left = l.summarize(slos);
-        let right = r.summarize(slos);
+        let priced = q.cost.is_some();
+        let left = l.summarize(slos, priced);
+        let right = r.summarize(slos, priced);
         let mw = stats::mann_whitney(&l.ttfs, &r.ttfs);
         let significant = mw.is_some_and(|m| m.p_value < 0.05);
         let faster = match (mw, significant) {

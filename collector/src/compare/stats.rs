@@ -65,6 +65,26 @@ pub fn mean_ci(values: &[f64]) -> Option<(f64, f64, f64)> {
     Some((mean, bound(mean_s - half_s).min(mean), bound(mean_s + half_s).max(mean)))
 }
 
+/// A ratio of sums `R = Σ num / Σ den` over paired observations (e.g. cost over useful GPU-hours, one pair per
+/// job) and its 95% confidence interval by the delta method for ratio estimators:
+/// `se = sqrt(Σ (num_i - R den_i)² / (n - 1) / n) / mean(den)`, `R ± 1.96 se`. `None` without pairs or when
+/// the denominators sum to zero; one pair gives a zero-width interval.
+pub fn ratio_ci(pairs: &[(f64, f64)]) -> Option<(f64, f64, f64)> {
+    let n = pairs.len();
+    let (num, den) = pairs.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    if n == 0 || den <= 0.0 || !num.is_finite() || !den.is_finite() {
+        return None;
+    }
+    let r = num / den;
+    if n == 1 {
+        return Some((r, r, r));
+    }
+    let nf = n as f64;
+    let var = pairs.iter().map(|(x, y)| (x - r * y).powi(2)).sum::<f64>() / (nf - 1.0);
+    let se = (var / nf).sqrt() / (den / nf);
+    Some((r, r - 1.96 * se, r + 1.96 * se))
+}
+
 /// The result of a Mann-Whitney U test.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, schemars::JsonSchema)]
 pub struct MannWhitney {

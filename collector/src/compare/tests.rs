@@ -270,6 +270,7 @@ proptest! {
             by,
             window_ms,
             now_ms,
+            cost: None,
         };
         let slos = crate::slo::SloDef::defaults();
         let mut c = Collector::new(q.clone());
@@ -402,4 +403,76 @@ fn huge_samples_and_huge_values_keep_the_chart_small() {
     check_svg(&svg).expect("well-formed");
     // At most 13 labelled decades although the axis spans 1 s to 1e309 s.
     assert!(svg.matches("text-anchor=\"middle\"").count() <= 13);
+}
+
+#[test]
+fn the_ratio_interval_matches_the_delta_method_by_hand() {
+    // Three jobs: (cost, useful hours) = (10, 2), (30, 4), (20, 4): R = 60 / 10 = 6.
+    let pairs = [(10.0, 2.0), (30.0, 4.0), (20.0, 4.0)];
+    let (r, lo, hi) = stats::ratio_ci(&pairs).expect("ratio");
+    assert_eq!(r, 6.0);
+    // Residuals 10 - 12 = -2, 30 - 24 = 6, 20 - 24 = -4; variance (4 + 36 + 16) / 2 = 28; se = sqrt(28 / 3) / (10 / 3).
+    let se = (28.0f64 / 3.0).sqrt() / (10.0 / 3.0);
+    assert!((lo - (6.0 - 1.96 * se)).abs() < 1e-12 && (hi - (6.0 + 1.96 * se)).abs() < 1e-12, "{lo} {hi}");
+    assert_eq!(stats::ratio_ci(&[(5.0, 1.0)]), Some((5.0, 5.0, 5.0)));
+    assert_eq!(stats::ratio_ci(&[(5.0, 0.0)]), None, "no useful hours: no ratio");
+    assert_eq!(stats::ratio_ci(&[]), None);
+}
+
+#[test]
+fn cost_columns_price_each_side_per_use_or_at_the_amortised_rate() {
+    use crate::job::{CompactEvent, EventKind, JobRecord};
+    const H: i64 = 3_600_000;
+    let mut errs = Vec::new();
+    let model = cost::CostSection {
+        currency: Some("USD".into()),
+        price: vec![cost::PriceEntry { selector: "pool_kind=managed".into(), per_gpu_hour: 4.0 }],
+        dedicated: vec![cost::DedicatedEntry { pool: "p-dedicated".into(), gpus: 64, per_gpu_hour: 2.0 }],
+    }
+    .validate(&mut errs);
+    assert!(errs.is_empty(), "{errs:?}");
+    // A job with `gpus` GPUs: submitted, preparing for `prep` hours after a 1 h wait, trains `train` hours, done.
+    let job = |kind: pb::PoolKind, prep: i64, train: i64| {
+        let mut a = (*attrs(kind, "h100")).clone();
+        a.pool = if kind == pb::PoolKind::Managed { "p-managed".into() } else { "p-dedicated".into() };
+        a.gpu_count = 2;
+        let t0 = NOW - 20 * H;
+        let ev = |n: u64, at: i64, kind: EventKind| CompactEvent { at_ms: at, id_hash: n, seq: n, attempt: None, kind };
+        let rec = JobRecord::from_events(vec![
+            ev(1, t0, EventKind::Submitted(Arc::new(a))),
+            ev(2, t0 + H, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
+            ev(3, t0 + H + prep, EventKind::FirstStep { step: 1 }),
+            ev(4, t0 + H + prep + train, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
+        ]);
+        HotJob { rec, ..HotJob::default() }
+    };
+    let jobs = [
+        job(pb::PoolKind::Managed, H, 2 * H), // held 3 h x 2 GPUs x 4 = 24, useful 4 GPU-h
+        job(pb::PoolKind::Managed, 2 * H, 6 * H), // held 8 h x 2 x 4 = 64, useful 12
+        job(pb::PoolKind::Dedicated, 0, 5 * H), // held 5 h x 2 x 2 = 20, useful 10
+    ];
+    let q = Query {
+        left: Selector::parse("pool_kind=managed").expect("left"),
+        right: Selector::parse("pool_kind=dedicated").expect("right"),
+        by: None,
+        window_ms: 86_400_000,
+        now_ms: NOW,
+        cost: Some(Arc::new(model)),
+    };
+    let mut c = Collector::new(q);
+    for j in &jobs {
+        c.add(j.view());
+    }
+    let r = c.finish(&crate::slo::SloDef::defaults());
+    let all = &r.groups[0];
+    let left = all.left.cost.as_ref().expect("priced");
+    assert_eq!((left.priced_jobs, left.unpriced_jobs), (2, 0));
+    assert!((left.total - 88.0).abs() < 1e-9, "{left:?}");
+    assert!((left.per_useful_gpu_hour.value.expect("ratio") - 88.0 / 16.0).abs() < 1e-9);
+    let want = stats::ratio_ci(&[(24.0, 4.0), (64.0, 12.0)]).expect("ratio");
+    let ci = left.per_useful_gpu_hour.ci95.expect("ci");
+    assert!((ci[0] - want.1.max(0.0)).abs() < 1e-9 && (ci[1] - want.2).abs() < 1e-9);
+    assert!((left.per_job.as_ref().expect("mean").value - 44.0).abs() < 1e-9);
+    let right = all.right.cost.as_ref().expect("priced");
+    assert!((right.total - 20.0).abs() < 1e-9 && (right.per_useful_gpu_hour.value.expect("r") - 2.0).abs() < 1e-9);
 }
