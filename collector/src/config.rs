@@ -817,12 +817,6 @@ fn check_retention_covers_slos(errs: &mut Vec<String>, retention: Option<Duratio
     }
 }
 
-fn parse_hhmm(s: &str) -> Option<u32> {
-    let (h, m) = s.trim().split_once(':')?;
-    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
-    (h <= 24 && m < 60 && h * 60 + m <= 1440).then_some(h * 60 + m)
-}
-
 fn validate_slos(sections: &[SloSection], errs: &mut Vec<String>) -> Vec<crate::slo::SloDef> {
     use startline_proto::labels::Label;
     use startline_proto::pb;
@@ -904,27 +898,13 @@ fn validate_slos(sections: &[SloSection], errs: &mut Vec<String>) -> Vec<crate::
                 }
                 None
             }
-            Some(h) => {
-                let tz_name = sel.timezone.clone().unwrap_or_else(|| "UTC".into());
-                let tz = tz::TimeZone::from_posix_tz(&tz_name);
-                let range = h.split_once('-').and_then(|(a, b)| Some((parse_hhmm(a)?, parse_hhmm(b)?)));
-                match (range, tz) {
-                    (Some((from_min, to_min)), Ok(tz)) if from_min != to_min => {
-                        Some(crate::slo::Hours { from_min, to_min, tz_name, tz: std::sync::Arc::new(tz) })
-                    }
-                    (range, tz) => {
-                        if range.is_none_or(|(a, b)| a == b) {
-                            errs.push(format!(
-                                "{at}.selector.hours: {h:?} must be \"HH:MM-HH:MM\" with different ends"
-                            ));
-                        }
-                        if let Err(e) = tz {
-                            errs.push(format!("{at}.selector.timezone: {tz_name:?} is not a known time zone: {e}"));
-                        }
-                        None
-                    }
+            Some(h) => match crate::slo::Hours::parse(h, sel.timezone.as_deref()) {
+                Ok(hours) => Some(hours),
+                Err(problems) => {
+                    errs.extend(problems.into_iter().map(|(field, why)| format!("{at}.selector.{field}: {why}")));
+                    None
                 }
-            }
+            },
         };
         let urgent_only = priority == [pb::PriorityClass::Urgent];
         out.push(crate::slo::SloDef {

@@ -122,13 +122,13 @@ pub async fn cost(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
     // Capacity is charged for the part of the window the collector has data for (a fresh install with a day of
     // history must not charge a dedicated pool for 30 days and divide by one day of useful work).
     let covered_ms = (now - from.max(first_submit.min(now))).max(0);
-    let hours = covered_ms as f64 / 3_600_000.0;
     let mut pools: Vec<PoolCost> = tallies
         .iter()
         .map(|(pool, t)| {
-            let c = price_pool(&s.cost, pool, t, hours);
+            let c = price_pool(&s.cost, pool, t, now - covered_ms, now);
             PoolCost {
                 capacity_gpus: c.capacity_gpus,
+                capacity_gpu_hours: c.capacity_gpu_hours,
                 cost: c.cost,
                 cost_per_useful_gpu_hour: c.cost_per_useful_gpu_hour,
                 held_gpu_hours: t.held_gpu_hours,

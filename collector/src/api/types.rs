@@ -636,6 +636,8 @@ pub struct Cost {
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct PoolCost {
     /// Dedicated pools with `[[cost.dedicated]]`.
+    /// GPU-hours the pool had over the covered window, by its time-of-day capacity (amortised pools).
+    pub capacity_gpu_hours: Option<f64>,
     pub capacity_gpus: Option<u32>,
     /// `null` when unpriced.
     pub cost: Option<f64>,

@@ -61,6 +61,57 @@ pub struct DedicatedEntry {
     pub gpus: u32,
     /// Amortised cost of one of its GPUs for one hour (hardware, power, space, staff).
     pub per_gpu_hour: f64,
+    /// Capacity that differs by time of day (e.g. nodes lent to inference during the working day): in each
+    /// window the pool has that window's GPUs instead of `gpus` (the first window that holds a moment wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capacity: Vec<CapacityEntry>,
+}
+
+/// `[[cost.dedicated.capacity]]`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CapacityEntry {
+    /// `"HH:MM-HH:MM"` (may wrap midnight).
+    pub hours: String,
+    /// Time zone of `hours` (tz database name; default `UTC`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// GPUs in the window.
+    pub gpus: u32,
+}
+
+/// A dedicated pool's capacity and price.
+#[derive(Debug, Clone)]
+struct Dedicated {
+    gpus: u32,
+    price: f64,
+    windows: Vec<(crate::slo::Hours, u32)>,
+}
+
+impl Dedicated {
+    /// GPUs at `ms`.
+    fn gpus_at(&self, ms: i64) -> u32 {
+        self.windows.iter().find(|(h, _)| h.contains(ms)).map_or(self.gpus, |(_, g)| *g)
+    }
+
+    /// GPU-hours available over `[from, to)`: exact for windows on whole minutes (one step per minute).
+    fn gpu_hours(&self, from: i64, to: i64) -> f64 {
+        if to <= from {
+            return 0.0;
+        }
+        if self.windows.is_empty() {
+            return f64::from(self.gpus) * (to - from) as f64 / 3_600_000.0;
+        }
+        const MIN: i64 = 60_000;
+        let mut total = 0.0;
+        let mut t = from;
+        while t < to {
+            let next = ((t.div_euclid(MIN) + 1) * MIN).min(to);
+            total += f64::from(self.gpus_at(t)) * (next - t) as f64;
+            t = next;
+        }
+        total / 3_600_000.0
+    }
 }
 
 /// Validated `[cost]`.
@@ -69,7 +120,7 @@ pub struct CostModel {
     /// Currency label.
     pub currency: String,
     prices: Vec<(Selector, f64)>,
-    dedicated: BTreeMap<String, (u32, f64)>,
+    dedicated: BTreeMap<String, Dedicated>,
 }
 
 impl CostSection {
@@ -96,7 +147,17 @@ impl CostSection {
             if !(d.per_gpu_hour.is_finite() && d.per_gpu_hour >= 0.0) {
                 errs.push(format!("cost.dedicated[{i}].per_gpu_hour: {} must be a number >= 0", d.per_gpu_hour));
             }
-            if dedicated.insert(d.pool.clone(), (d.gpus, d.per_gpu_hour)).is_some() {
+            let mut windows = Vec::new();
+            for (j, c) in d.capacity.iter().enumerate() {
+                match crate::slo::Hours::parse(&c.hours, c.timezone.as_deref()) {
+                    Ok(h) => windows.push((h, c.gpus)),
+                    Err(problems) => errs.extend(
+                        problems.into_iter().map(|(f, why)| format!("cost.dedicated[{i}].capacity[{j}].{f}: {why}")),
+                    ),
+                }
+            }
+            let entry = Dedicated { gpus: d.gpus, price: d.per_gpu_hour, windows };
+            if dedicated.insert(d.pool.clone(), entry).is_some() {
                 errs.push(format!("cost.dedicated[{i}].pool: {:?} is listed twice", d.pool));
             }
         }
@@ -119,9 +180,14 @@ impl CostModel {
         self.prices.iter().find(|(s, _)| s.matches(a)).map(|(_, p)| *p)
     }
 
-    /// A dedicated pool's capacity and amortised price.
+    /// A dedicated pool's base capacity and amortised price.
     pub fn dedicated(&self, pool: &str) -> Option<(u32, f64)> {
-        self.dedicated.get(pool).copied()
+        self.dedicated.get(pool).map(|d| (d.gpus, d.price))
+    }
+
+    /// GPU-hours a dedicated pool has over `[from, to)`, by its time-of-day capacity.
+    pub fn capacity_gpu_hours(&self, pool: &str, from: i64, to: i64) -> Option<f64> {
+        self.dedicated.get(pool).map(|d| d.gpu_hours(from, to))
     }
 }
 
@@ -182,8 +248,10 @@ impl PoolTally {
 pub struct PoolCost {
     /// `per_use`, `amortised`, or `unpriced` (no rule matched any of its jobs).
     pub model: &'static str,
-    /// Capacity, for amortised pools.
+    /// Base capacity, for amortised pools.
     pub capacity_gpus: Option<u32>,
+    /// GPU-hours the pool had over the window (by its time-of-day capacity), for amortised pools.
+    pub capacity_gpu_hours: Option<f64>,
     /// The window's cost.
     pub cost: Option<f64>,
     /// cost / productive GPU-hours.
@@ -194,32 +262,35 @@ pub struct PoolCost {
     pub useful_utilisation: Option<f64>,
 }
 
-/// Prices a pool's tally.
-pub fn price_pool(model: &CostModel, pool: &str, t: &PoolTally, window_hours: f64) -> PoolCost {
+/// Prices a pool's tally over `[from, to)` (a dedicated pool's capacity by its time-of-day schedule).
+pub fn price_pool(model: &CostModel, pool: &str, t: &PoolTally, from: i64, to: i64) -> PoolCost {
     let per_useful = |cost: f64| (t.productive_gpu_hours > 0.0).then(|| cost / t.productive_gpu_hours);
-    match model.dedicated(pool) {
-        Some((gpus, price)) => {
-            let cost = f64::from(gpus) * window_hours * price;
+    match (model.dedicated(pool), model.capacity_gpu_hours(pool, from, to)) {
+        (Some((gpus, price)), Some(available)) => {
+            let cost = available * price;
             PoolCost {
                 model: "amortised",
                 capacity_gpus: Some(gpus),
+                capacity_gpu_hours: Some(available),
                 cost: Some(cost),
                 cost_per_useful_gpu_hour: per_useful(cost),
                 waiting_cost: Some(t.waiting_gpu_hours * price),
-                useful_utilisation: Some(t.productive_gpu_hours / (f64::from(gpus) * window_hours)),
+                useful_utilisation: (available > 0.0).then(|| t.productive_gpu_hours / available),
             }
         }
-        None if t.jobs > t.unpriced_jobs => PoolCost {
+        _ if t.jobs > t.unpriced_jobs => PoolCost {
             model: "per_use",
             capacity_gpus: None,
+            capacity_gpu_hours: None,
             cost: Some(t.use_cost),
             cost_per_useful_gpu_hour: per_useful(t.use_cost),
             waiting_cost: Some(t.waiting_use_cost),
             useful_utilisation: None,
         },
-        None => PoolCost {
+        _ => PoolCost {
             model: "unpriced",
             capacity_gpus: None,
+            capacity_gpu_hours: None,
             cost: None,
             cost_per_useful_gpu_hour: None,
             waiting_cost: None,
@@ -287,7 +358,7 @@ mod tests {
         let close = |got: Option<f64>, want: f64| {
             assert!(got.is_some_and(|g| (g - want).abs() <= 1e-9 * want.abs().max(1.0)), "{got:?} vs {want}")
         };
-        let c = price_pool(&m, "vx", &t, 720.0);
+        let c = price_pool(&m, "vx", &t, 0, 720 * 3_600_000);
         assert_eq!(c.model, "per_use");
         close(c.cost, 240.0);
         close(c.cost_per_useful_gpu_hour, 15.0);
@@ -298,7 +369,7 @@ mod tests {
         for _ in 0..2 {
             t.add(&m, &attrs(pb::PoolKind::Dedicated, "a100", "a100"), &account());
         }
-        let c = price_pool(&m, "a100", &t, 720.0);
+        let c = price_pool(&m, "a100", &t, 0, 720 * 3_600_000);
         assert_eq!(c.model, "amortised");
         close(c.cost, 69_120.0);
         close(c.cost_per_useful_gpu_hour, 2_160.0);
@@ -307,7 +378,7 @@ mod tests {
         // A dedicated pool with no capacity entry and no matching price is unpriced, and says so.
         let mut t = PoolTally::default();
         t.add(&m, &attrs(pb::PoolKind::Dedicated, "h100", "h100"), &account());
-        assert_eq!((t.unpriced_jobs, price_pool(&m, "h100", &t, 720.0).model), (1, "unpriced"));
+        assert_eq!((t.unpriced_jobs, price_pool(&m, "h100", &t, 0, 720 * 3_600_000).model), (1, "unpriced"));
     }
 
     #[test]
@@ -316,8 +387,8 @@ mod tests {
             currency: Some(String::new()),
             price: vec![PriceEntry { selector: "colour=blue".into(), per_gpu_hour: -1.0 }],
             dedicated: vec![
-                DedicatedEntry { pool: "a".into(), gpus: 0, per_gpu_hour: f64::NAN },
-                DedicatedEntry { pool: "a".into(), gpus: 1, per_gpu_hour: 1.0 },
+                DedicatedEntry { pool: "a".into(), gpus: 0, per_gpu_hour: f64::NAN, capacity: vec![] },
+                DedicatedEntry { pool: "a".into(), gpus: 1, per_gpu_hour: 1.0, capacity: vec![] },
             ],
         };
         let mut errs = Vec::new();
@@ -333,5 +404,64 @@ mod tests {
         ] {
             assert!(text.contains(f), "{f} missing from {text}");
         }
+    }
+
+    #[test]
+    fn capacity_by_time_of_day_is_integrated_over_the_window() {
+        let s: CostSection = toml::from_str(
+            r#"
+            [[dedicated]]
+            pool = "a100"
+            gpus = 64
+            per_gpu_hour = 2.0
+            [[dedicated.capacity]]
+            hours = "08:00-20:00"
+            gpus = 32
+            [[dedicated]]
+            pool = "berlin"
+            gpus = 10
+            per_gpu_hour = 1.0
+            [[dedicated.capacity]]
+            hours = "22:00-02:00"
+            timezone = "Europe/Berlin"
+            gpus = 0
+            "#,
+        )
+        .expect("toml");
+        let mut errs = Vec::new();
+        let m = s.validate(&mut errs);
+        assert!(errs.is_empty(), "{errs:?}");
+        const H: i64 = 3_600_000;
+        let day = 1_767_225_600_000; // 2026-01-01T00:00Z, winter: Berlin is UTC+1
+                                     // One day from midnight UTC: 12 h at 64 and 12 h at 32 GPUs.
+        assert_eq!(m.capacity_gpu_hours("a100", day, day + 24 * H), Some(12.0 * 64.0 + 12.0 * 32.0));
+        // 07:30 to 08:30: half an hour at each.
+        assert_eq!(m.capacity_gpu_hours("a100", day + 7 * H + H / 2, day + 8 * H + H / 2), Some(32.0 + 16.0));
+        // Berlin 22:00-02:00 is 21:00-01:00 UTC: a UTC day has 20 h at 10 GPUs (00:00-01:00 and 21:00-24:00 at 0).
+        assert_eq!(m.capacity_gpu_hours("berlin", day, day + 24 * H), Some(200.0));
+        // Priced over that day: the amortised cost follows the schedule.
+        let t = PoolTally { jobs: 1, productive_gpu_hours: 100.0, ..PoolTally::default() };
+        let c = price_pool(&m, "a100", &t, day, day + 24 * H);
+        assert_eq!(c.cost, Some(1152.0 * 2.0));
+        assert_eq!(c.useful_utilisation, Some(100.0 / 1152.0));
+        assert_eq!(m.capacity_gpu_hours("nowhere", day, day + H), None);
+        // Bad windows are named.
+        let bad: CostSection = toml::from_str(
+            r#"
+            [[dedicated]]
+            pool = "x"
+            gpus = 1
+            per_gpu_hour = 1.0
+            [[dedicated.capacity]]
+            hours = "8-20"
+            timezone = "Mars/Olympus"
+            gpus = 1
+            "#,
+        )
+        .expect("toml");
+        let mut errs = Vec::new();
+        bad.validate(&mut errs);
+        assert!(errs.iter().any(|e| e.starts_with("cost.dedicated[0].capacity[0].hours:")), "{errs:?}");
+        assert!(errs.iter().any(|e| e.starts_with("cost.dedicated[0].capacity[0].timezone:")), "{errs:?}");
     }
 }

@@ -427,7 +427,12 @@ fn cost_columns_price_each_side_per_use_or_at_the_amortised_rate() {
     let model = cost::CostSection {
         currency: Some("USD".into()),
         price: vec![cost::PriceEntry { selector: "pool_kind=managed".into(), per_gpu_hour: 4.0 }],
-        dedicated: vec![cost::DedicatedEntry { pool: "p-dedicated".into(), gpus: 64, per_gpu_hour: 2.0 }],
+        dedicated: vec![cost::DedicatedEntry {
+            pool: "p-dedicated".into(),
+            gpus: 64,
+            per_gpu_hour: 2.0,
+            capacity: vec![],
+        }],
     }
     .validate(&mut errs);
     assert!(errs.is_empty(), "{errs:?}");

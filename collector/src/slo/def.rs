@@ -21,7 +21,39 @@ pub struct Hours {
     pub tz: Arc<tz::TimeZone>,
 }
 
+fn parse_hhmm(s: &str) -> Option<u32> {
+    let (h, m) = s.trim().split_once(':')?;
+    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+    (h <= 24 && m < 60 && h * 60 + m <= 1440).then_some(h * 60 + m)
+}
+
 impl Hours {
+    /// Parses `"HH:MM-HH:MM"` (different ends; may wrap midnight) in time zone `tz` (a tz database name, default
+    /// `UTC`). Errors name every field that is wrong: `("hours" | "timezone", reason)`.
+    pub fn parse(hours: &str, tz: Option<&str>) -> Result<Hours, Vec<(&'static str, String)>> {
+        let tz_name = tz.unwrap_or("UTC").to_string();
+        let range = hours.split_once('-').and_then(|(a, b)| Some((parse_hhmm(a)?, parse_hhmm(b)?)));
+        let zone = tz::TimeZone::from_posix_tz(&tz_name);
+        match (range.filter(|(a, b)| a != b), zone) {
+            (Some((from_min, to_min)), Ok(tz)) => Ok(Hours { from_min, to_min, tz_name, tz: Arc::new(tz) }),
+            (range, zone) => {
+                let mut errs = Vec::new();
+                if range.is_none() {
+                    errs.push(("hours", format!("{hours:?} must be \"HH:MM-HH:MM\" with different ends")));
+                }
+                if let Err(e) = zone {
+                    errs.push(("timezone", format!("{tz_name:?} is not a known time zone: {e}")));
+                }
+                Err(errs)
+            }
+        }
+    }
+
+    /// Written back as `"HH:MM-HH:MM"`.
+    pub fn text(&self) -> String {
+        format!("{:02}:{:02}-{:02}:{:02}", self.from_min / 60, self.from_min % 60, self.to_min / 60, self.to_min % 60)
+    }
+
     /// Whether `ms` falls in the window, in local time.
     pub fn contains(&self, ms: i64) -> bool {
         let secs = ms.div_euclid(1000);
