@@ -168,7 +168,8 @@ pub async fn run_with_clock(
         Some(files) => Some(Arc::new(TlsState::load(files.clone()).map_err(|e| AppError::Tls(e.to_string()))?)),
     };
     let node_health = crate::index::nodes::HealthBook::default();
-    match crate::ingest::node_health::load(&store, &node_health, clock.now_ms()) {
+    let health_writer = crate::applier::health::HealthWriter { store: store.clone(), book: node_health.clone() };
+    match health_writer.load(clock.now_ms()) {
         Ok(0) => {}
         Ok(n) => tracing::warn!(damaged = n, "some node health readings could not be read"),
         Err(e) => tracing::error!(error = %e, "cannot read node health readings"),
@@ -274,8 +275,7 @@ pub async fn run_with_clock(
     let node_health_server = Guarded::new(
         startline_proto::pb::node_health_service_server::NodeHealthServiceServer::new(
             crate::ingest::node_health::NodeHealthIngest {
-                store: store.clone(),
-                book: node_health.clone(),
+                writer: health_writer.clone(),
                 clock,
                 max_future_skew_ms: config.limits.max_future_skew_ms,
             },

@@ -8,6 +8,8 @@
 //!   checkpoint and hands them to the maintenance thread, which writes their snapshots off the commit path.
 //! - [`fold`]: periodically the maintenance thread folds ended, settled jobs out of memory (archive + summary).
 //! - [`retention`]: deletes jobs that ended longer ago than `store.retention`.
+//! - [`health`]: node agents' GPU health readings, stored and added to the node health book (beside the
+//!   committer: they are not lifecycle events).
 //!
 //! Durability rules kept here (the store's module doc states the checkpoint invariant they serve):
 //! - one checkpoint at a time: a new one is taken only after the previous one finished, and one that fails
@@ -21,6 +23,7 @@
 mod checkpoint;
 mod commit;
 pub mod fold;
+pub mod health;
 mod retention;
 
 use crate::health::{Health, IngestStats};

@@ -3,6 +3,7 @@
 //! and the metrics read: every node's placements over a window judged by [`crate::job::nodes`]'s rule.
 
 use super::SharedIndex;
+pub use crate::job::nodes::Reading;
 use crate::job::nodes::{judge, Health, NodeStats, Rule, Tally, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -89,21 +90,6 @@ impl NodesSection {
         }
         s
     }
-}
-
-/// One health reading of a node, summed over its GPUs: cumulative counters as the driver reports them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reading {
-    /// When it was taken (Unix ms).
-    pub at_ms: i64,
-    /// Correctable ECC errors, cumulative.
-    pub ecc_corrected: u64,
-    /// Uncorrectable ECC errors, cumulative.
-    pub ecc_uncorrected: u64,
-    /// XID errors reported with this reading (not cumulative).
-    pub xid_errors: u64,
-    /// GPUs reporting.
-    pub gpus: u32,
 }
 
 /// Readings kept per node at most (older ones are dropped first).

@@ -2,8 +2,8 @@
 //! `node_health` tree) and adds them to the [`HealthBook`] the node report reads. Answers once the readings are
 //! flushed; a bad reading fails the whole request with `INVALID_ARGUMENT` naming the field, storing nothing.
 
-use crate::index::nodes::{HealthBook, Reading};
-use crate::store::Store;
+use crate::applier::health::HealthWriter;
+use crate::job::nodes::Reading;
 use crate::time::Clock;
 use startline_proto::pb;
 use startline_proto::time::timestamp_to_ms;
@@ -13,16 +13,11 @@ use tonic::{Request, Response, Status};
 pub const MAX_REPORTS: usize = 1000;
 /// GPUs per reading at most.
 pub const MAX_GPUS: usize = 64;
-/// Readings are kept this long.
-pub const KEEP_MS: i64 = 30 * 86_400_000;
-
 /// The service.
 #[derive(Clone)]
 pub struct NodeHealthIngest {
-    /// Where readings are stored.
-    pub store: Store,
-    /// Where readings are kept in memory.
-    pub book: HealthBook,
+    /// Where readings go.
+    pub writer: HealthWriter,
     /// The clock (skew check, retention).
     pub clock: Clock,
     /// How far ahead of the collector's clock a reading may be stamped.
@@ -85,38 +80,11 @@ impl pb::node_health_service_server::NodeHealthService for NodeHealthIngest {
             .map(|(i, r)| validate(i, r, now, self.max_future_skew_ms).map(|x| (r.node.clone(), x)))
             .collect::<Result<Vec<_>, Status>>()?;
         let accepted = readings.len() as u32;
-        let this = self.clone();
-        let stored = tokio::task::spawn_blocking(move || {
-            let kept: Vec<(String, i64, Vec<u8>)> = readings
-                .into_iter()
-                .filter(|(node, r)| this.book.record(node, *r))
-                .map(|(node, r)| (node, r.at_ms, postcard::to_stdvec(&r).unwrap_or_default()))
-                .collect();
-            this.store.save_health(&kept, now - KEEP_MS).map(|()| kept.len() as u32)
-        })
-        .await
-        .map_err(|e| Status::unavailable(format!("storage task failed: {e}")))?
-        .map_err(|e| Status::unavailable(format!("storage unavailable: {e}")))?;
+        let writer = self.writer.clone();
+        let stored = tokio::task::spawn_blocking(move || writer.write(readings, now))
+            .await
+            .map_err(|e| Status::unavailable(format!("storage task failed: {e}")))?
+            .map_err(|e| Status::unavailable(format!("storage unavailable: {e}")))?;
         Ok(Response::new(pb::ReportHealthResponse { stored, accepted }))
     }
-}
-
-/// Loads stored readings into `book`, skipping damaged ones (counted in the returned number).
-pub fn load(store: &Store, book: &HealthBook, now: i64) -> Result<usize, crate::store::StoreError> {
-    let mut damaged = 0;
-    for item in store.load_health()? {
-        match item.and_then(|(node, body)| {
-            postcard::from_bytes::<Reading>(&body).map(|r| (node, r)).map_err(|e| e.to_string())
-        }) {
-            Ok((node, r)) if r.at_ms >= now - KEEP_MS => {
-                book.record(&node, r);
-            }
-            Ok(_) => {}
-            Err(e) => {
-                damaged += 1;
-                tracing::warn!(error = %e, "skipping a damaged node health reading");
-            }
-        }
-    }
-    Ok(damaged)
 }

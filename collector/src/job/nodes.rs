@@ -17,6 +17,7 @@
 
 use super::timeline::{Placement, PlacementEnd};
 use super::Timeline;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -35,6 +36,21 @@ impl Default for Rule {
     fn default() -> Self {
         Rule { alpha: 0.01, min_bad: 3, ecc_corrected_threshold: 1000 }
     }
+}
+
+/// One health reading of a node, summed over its GPUs: cumulative counters as the driver reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reading {
+    /// When it was taken (Unix ms).
+    pub at_ms: i64,
+    /// Correctable ECC errors, cumulative.
+    pub ecc_corrected: u64,
+    /// Uncorrectable ECC errors, cumulative.
+    pub ecc_uncorrected: u64,
+    /// XID errors reported with this reading (not cumulative).
+    pub xid_errors: u64,
+    /// GPUs reporting.
+    pub gpus: u32,
 }
 
 /// GPU health of one node over the window: error counts added in it (the rise of the cumulative counters).
