@@ -525,8 +525,8 @@ struct SimulateArgs {
     #[arg(long, env = "STARTLINE_SIM_CHAINS", default_value_t = 0.0, value_parser = parse_share)]
     chains: f64,
     /// Script H100 capacity crunches: every H100 job waits 20-60 minutes more when submitted in the hour three
-    /// days before the end of the history, or in the hour starting five minutes into the live phase (--follow):
-    /// the urgent-start SLO breaks and pages.
+    /// days before the end of the history, or from 30 minutes before its end to 30 minutes after (live, with
+    /// --follow): the urgent-start SLO breaks and pages.
     #[arg(long, env = "STARTLINE_SIM_CRUNCH")]
     crunch: bool,
     /// Give up if the collector stays unreachable this long.

@@ -49,8 +49,7 @@ pub struct SimSettings {
     pub gpu_classes: usize,
     /// Share of arrivals that start a chain of stages (see [`CHAIN_STAGES`]); 0 = none.
     pub chains: f64,
-    /// Script H100 capacity crunches ([`model::crunches`]): one in the history, one an hour long five minutes
-    /// into the live phase.
+    /// Script H100 capacity crunches ([`model::crunches`]): one in the history, one over the hour around its end.
     pub crunch: bool,
 }
 

@@ -10,8 +10,8 @@
 //! Urgent jobs behave as on a well-run platform: on dedicated pools they preempt normal work (a short priority
 //! wait, then the preempted job's nodes), on managed endpoints they use reserved warm capacity (no Pareto capacity
 //! tail, no provisioning, a cached image). Normal dedicated runs are now and then preempted for urgent work.
-//! During a pool's `crunches` (the simulator scripts one hour three days before the end of its history and one
-//! starting five minutes into its live phase, on H100 pools) every job of the pool, urgent ones included, waits
+//! During a pool's `crunches` (the simulator scripts one hour three days before the end of its history and the
+//! hour around its end, on H100 pools) every job of the pool, urgent ones included, waits
 //! 20-60 minutes for capacity: the scripted bad hour that breaks the urgent-start SLO and pages.
 //!
 //! Dedicated pools have a fixed set of nodes (`<pool>-node-NNN`; a job gets one node per 8 GPUs); managed jobs
@@ -63,11 +63,13 @@ pub fn failing_node_ecc(ms: i64, since_ms: i64) -> u64 {
     (40.0 * 2f64.powf(days.clamp(0.0, 20.0))) as u64
 }
 
-/// The scripted capacity crunches of a simulation ending (its history) at `end_ms`: one hour three days before
-/// the end (or half-way through a shorter history), and one hour starting five minutes after it.
+/// The scripted capacity crunches of a simulation whose history ends at `end_ms`: one hour three days before the
+/// end (or half-way through a shorter history), and the hour around the end (from 30 minutes before to 30
+/// minutes after), so jobs of the history are still waiting past their threshold when it ends and, with
+/// `--follow`, new ones keep crossing it live.
 pub fn crunches(end_ms: i64, history_ms: i64) -> Vec<(i64, i64)> {
     let back = (3 * 86_400_000).min(history_ms / 2);
-    vec![(end_ms - back, end_ms - back + 3_600_000), (end_ms + 300_000, end_ms + 300_000 + 3_600_000)]
+    vec![(end_ms - back, end_ms - back + 3_600_000), (end_ms - 1_800_000, end_ms + 1_800_000)]
 }
 
 /// The default fleet: two managed endpoints and two dedicated Slurm partitions.
