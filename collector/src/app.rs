@@ -397,6 +397,7 @@ pub async fn run_with_clock(
         final_stages: Arc::new(config.final_stages.clone()),
         chain_interval_ms: config.chain_interval_ms,
         chain_board: chain_board.clone(),
+        prediction: config.prediction,
     };
     alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
 

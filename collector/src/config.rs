@@ -50,6 +50,9 @@ pub struct FileConfig {
     /// `[chains]`: when a chain of jobs is complete.
     #[serde(default)]
     pub chains: ChainsSection,
+    /// `[prediction]`: warnings before start SLO breaches.
+    #[serde(default)]
+    pub prediction: crate::slo::predict::PredictionSection,
     /// `[[chain_slo]]`: deadlines on time to artifact for chains.
     #[serde(default)]
     pub chain_slo: Vec<crate::slo::chain::ChainSloSection>,
@@ -340,6 +343,8 @@ pub struct Config {
     pub cost: crate::compare::cost::CostModel,
     /// Stages that complete a chain.
     pub final_stages: Vec<String>,
+    /// Breach prediction.
+    pub prediction: crate::slo::predict::PredictSettings,
     /// Chain SLOs.
     pub chain_slos: Vec<crate::slo::chain::ChainSloDef>,
     /// How often chain SLOs are evaluated, ms.
@@ -457,6 +462,7 @@ impl FileConfig {
         }
         let nodes = self.nodes.validate(&mut errs);
         let chain_slos = crate::slo::chain::validate(&self.chain_slo, &mut errs);
+        let prediction = self.prediction.validate(&mut errs);
         let chain_interval_ms = match self.chains.evaluation_interval.as_deref().map(humantime::parse_duration) {
             None => 60_000,
             Some(Ok(d)) if d.as_millis() >= 1000 && d.as_secs() <= 86_400 => d.as_millis() as i64,
@@ -484,6 +490,7 @@ impl FileConfig {
             cost,
             final_stages: self.chains.final_stages.clone(),
             chain_slos,
+            prediction,
             chain_interval_ms,
             nodes,
             store_path: store.path,

@@ -112,6 +112,8 @@ pub struct AlertLoop {
     pub chain_interval_ms: i64,
     /// Where chain SLO figures are published for the metrics.
     pub chain_board: crate::index::chains::ChainSloBoard,
+    /// Breach prediction (`[prediction]`).
+    pub prediction: crate::slo::predict::PredictSettings,
     /// Page conditions whose job's source is still replaying a backlog: (SLO index, job id), judged again once
     /// the source has caught up (see [`crate::index::SourceMarks`]).
     pub deferred: Mutex<std::collections::BTreeSet<(u16, String)>>,
@@ -147,6 +149,7 @@ impl AlertLoop {
         let mut slo_generation = self.index.read().slo_generation;
         let mut last_node_eval: Option<i64> = None;
         let mut last_chain_eval: Option<i64> = None;
+        let mut wait_model = crate::slo::predict::WaitModel::default();
         loop {
             let next = self.index.read().slo.next_deadline();
             let settings_changed = async {
@@ -216,6 +219,13 @@ impl AlertLoop {
                 if last_node_eval.is_none_or(|t| now - t >= self.nodes.evaluation_interval_ms) {
                     last_node_eval = Some(now);
                     changed.extend(self.node_alerts(now).await);
+                }
+                if self.prediction.enabled {
+                    if wait_model.built_at_ms == 0 || now - wait_model.built_at_ms >= self.prediction.model_interval_ms
+                    {
+                        wait_model = self.wait_model(now).await;
+                    }
+                    changed.extend(self.predicted_breaches(&wait_model, now));
                 }
                 if !self.chain_slos.is_empty() && last_chain_eval.is_none_or(|t| now - t >= self.chain_interval_ms) {
                     last_chain_eval = Some(now);
@@ -547,6 +557,130 @@ impl AlertLoop {
         let stale: Vec<String> = self.board.with(|b| {
             b.values()
                 .filter(|a| a.firing() && a.key.starts_with("node/") && !firing_now.contains(&a.key))
+                .map(|a| a.key.clone())
+                .collect()
+        });
+        out.extend(stale.iter().filter_map(|k| self.resolve(k, now)));
+        out
+    }
+
+    /// The recent times to first step by pool and priority (one scan of every job).
+    async fn wait_model(&self, now: i64) -> crate::slo::predict::WaitModel {
+        let (index, from) = (self.index.clone(), now - self.prediction.lookback_ms);
+        let built = tokio::task::spawn_blocking(move || {
+            let mut samples = Vec::new();
+            index.for_each_job(4096, |_, job| {
+                let t = job.timeline;
+                if let (Some(a), Some(sub), Some(first)) = (t.attrs.as_ref(), t.submitted_at, t.first_step_at) {
+                    if sub >= from && sub <= now {
+                        samples.push((a.pool.clone(), a.priority, first - sub));
+                    }
+                }
+            });
+            crate::slo::predict::WaitModel::build(samples, now.max(1))
+        })
+        .await;
+        built.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "cannot build the wait model");
+            crate::slo::predict::WaitModel::build(Vec::new(), now.max(1))
+        })
+    }
+
+    /// Raises `StartlineJobStartBreachPredicted` (severity `warning`) for each job waiting for its first step that
+    /// is predicted to miss the deadline of a paging SLO ([`crate::slo::predict`]); resolves it when the job
+    /// starts or ends, the prediction clears, or the deadline passes (the breach page takes over then, so the two
+    /// never fire together for one job).
+    fn predicted_breaches(&self, model: &crate::slo::predict::WaitModel, now: i64) -> Vec<AlertRecord> {
+        use crate::slo::predict::{predict, Basis, Waiting};
+        let mut out = Vec::new();
+        let mut firing = std::collections::BTreeSet::new();
+        {
+            let idx = self.index.read();
+            let defs = idx.slo.defs();
+            for (id, h) in &idx.jobs {
+                let t = &h.rec.timeline;
+                let (Some(a), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { continue };
+                if !t.state.is_waiting() || t.first_step_at.is_some() || idx.catching_up(id, now) {
+                    continue;
+                }
+                for c in &h.slo {
+                    let crate::slo::Standing::Pending { deadline_ms } = c.standing else { continue };
+                    let Some(def) = defs.get(c.slo as usize).filter(|d| d.page_on_breach) else { continue };
+                    let job = Waiting {
+                        pool: &a.pool,
+                        priority: a.priority,
+                        submitted_ms: sub,
+                        estimated_start_ms: t.current_estimated_start,
+                    };
+                    let Some(basis) = predict(model, &self.prediction, job, def.threshold_ms, now) else { continue };
+                    let key = format!("predict/{}/{id}", def.name);
+                    firing.insert(key.clone());
+                    let why = match basis {
+                        Basis::Scheduler { estimated_start_ms } => {
+                            format!("the scheduler estimates its start at {}", format_ms(estimated_start_ms))
+                        }
+                        Basis::History { probability, samples } => format!(
+                            "{:.0}% of {samples} recent {} jobs of pool {} that waited this long waited past it",
+                            probability * 100.0,
+                            a.priority.label(),
+                            a.pool
+                        ),
+                    };
+                    let reason = t.current_wait.map_or_else(|| "unreported".to_string(), |(s, _)| s.label());
+                    let labels: BTreeMap<String, String> = [
+                        ("alertname", "StartlineJobStartBreachPredicted".to_string()),
+                        ("severity", "warning".to_string()),
+                        ("slo", def.name.clone()),
+                        ("job_id", id.clone()),
+                        ("pool_kind", a.pool_kind.label().to_string()),
+                        ("provider", a.provider.clone()),
+                        ("pool", a.pool.clone()),
+                        ("priority", a.priority.label().to_string()),
+                        ("gpu_class", a.gpu_class.clone()),
+                        ("region", a.region.clone()),
+                        ("team", a.team.clone()),
+                    ]
+                    .into_iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(k, v)| (k.to_string(), v))
+                    .chain(self.config.labels.clone())
+                    .collect();
+                    let mut annotations: BTreeMap<String, String> = [
+                        (
+                            "summary",
+                            format!(
+                                "{} job {id} is predicted to miss its {} start deadline ({}): {why}; waiting: {reason}",
+                                a.priority.label(),
+                                secs_text(def.threshold_ms),
+                                format_ms(deadline_ms)
+                            ),
+                        ),
+                        ("basis", basis.label().to_string()),
+                        ("deadline", format_ms(deadline_ms)),
+                        ("waited_seconds", ((now - sub) / 1000).to_string()),
+                        ("waiting_reason", reason),
+                        ("dashboard_url", format!("{}/#job/{}", self.base(), url_path_escape(id))),
+                    ]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect();
+                    match basis {
+                        Basis::Scheduler { estimated_start_ms } => {
+                            annotations.insert("estimated_start".into(), format_ms(estimated_start_ms));
+                        }
+                        Basis::History { probability, samples } => {
+                            annotations.insert("probability".into(), format!("{probability:.3}"));
+                            annotations.insert("samples".into(), samples.to_string());
+                        }
+                    }
+                    self.add_runbook(&mut annotations, "StartlineJobStartBreachPredicted");
+                    out.extend(self.fire_or_update(&key, labels, annotations, now));
+                }
+            }
+        }
+        let stale: Vec<String> = self.board.with(|b| {
+            b.values()
+                .filter(|a| a.firing() && a.key.starts_with("predict/") && !firing.contains(&a.key))
                 .map(|a| a.key.clone())
                 .collect()
         });

@@ -98,6 +98,7 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
         final_stages: Default::default(),
         chain_interval_ms: 60_000,
         chain_board: Default::default(),
+        prediction: crate::slo::predict::PredictSettings { enabled: false, ..Default::default() },
     };
     let task = tokio::spawn(l.run(stop.clone()));
     Harness { index, clock, wake, rx, stop, task, board }
@@ -316,6 +317,7 @@ async fn a_slow_notifier_never_blocks_the_loop() {
         final_stages: Default::default(),
         chain_interval_ms: 60_000,
         chain_board: Default::default(),
+        prediction: crate::slo::predict::PredictSettings { enabled: false, ..Default::default() },
     };
     let task = tokio::spawn(l.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(11 * MIN as u64)).await;

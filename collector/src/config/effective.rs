@@ -56,6 +56,7 @@ impl Config {
         f.slo = self.slos.iter().map(slo_section).collect();
 
         f.chain_slo = self.chain_slos.iter().map(|d| d.section()).collect();
+        f.prediction = crate::slo::predict::PredictionSection::of(&self.prediction);
         f.chains.evaluation_interval = Some(ms(self.chain_interval_ms));
         f.nodes.window = Some(ms(self.nodes.window_ms));
         f.nodes.alpha = Some(self.nodes.rule.alpha);
@@ -175,7 +176,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
     struct ChainSlos<'a> {
         chain_slo: &'a [crate::slo::chain::ChainSloSection],
     }
-    let pairs: [(&'static str, String, String); 14] = [
+    let pairs: [(&'static str, String, String); 15] = [
         ("store", text(&old.store), text(&new.store)),
         ("grpc", text(&old.grpc), text(&new.grpc)),
         ("http", text(&old.http), text(&new.http)),
@@ -187,6 +188,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         ("cost", text(&old.cost), text(&new.cost)),
         ("chains", text(&old.chains), text(&new.chains)),
         ("nodes", text(&old.nodes), text(&new.nodes)),
+        ("prediction", text(&old.prediction), text(&new.prediction)),
         ("chain_slo", text(&ChainSlos { chain_slo: &old.chain_slo }), text(&ChainSlos { chain_slo: &new.chain_slo })),
         ("auth", text(&old.auth), text(&new.auth)),
         ("tls", text(&old.tls), text(&new.tls)),

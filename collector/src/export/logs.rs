@@ -550,7 +550,11 @@ mod tests {
         };
         let rec = JobRecord::from_events(vec![
             ce(0, t0, EventKind::Submitted(attrs)),
-            ce(1, t0, EventKind::Queued { reason: pb::WaitReason::Quota, raw_reason: "QOSMax".into() }),
+            ce(
+                1,
+                t0,
+                EventKind::Queued { reason: pb::WaitReason::Quota, raw_reason: "QOSMax".into(), estimated_start: None },
+            ),
             ce(2, t0 + 90_000, EventKind::NodeAssigned { nodes: [std::sync::Arc::from("n1")].into() }),
             ce(3, t0 + 100_000, EventKind::FirstStep { step: 1 }),
             ce(4, t0 + 400_000, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),

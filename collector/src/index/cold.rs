@@ -133,6 +133,7 @@ impl Folded {
         t.current_wait = None;
         t.wait_started_at = None;
         t.current_raw_reason = None;
+        t.current_estimated_start = None;
         t.initial_wait_ms.clear();
         t.initial_wait_ms.extend(self.waits.iter().copied());
         t.requeue_wait_ms = self.requeue_wait_ms;

@@ -65,7 +65,11 @@ mod fold_model {
                         id_hash: id(1),
                         seq: 0,
                         attempt: None,
-                        kind: EventKind::Queued { reason: pb::WaitReason::Capacity, raw_reason: "Resources".into() },
+                        kind: EventKind::Queued {
+                            reason: pb::WaitReason::Capacity,
+                            raw_reason: "Resources".into(),
+                            estimated_start: None,
+                        },
                     },
                 ];
                 if let Some(f) = fs {

@@ -65,8 +65,9 @@ impl JobAttrs {
 pub enum EventKind {
     /// The job was accepted, with its attributes (shared with the timeline, not copied).
     Submitted(Arc<JobAttrs>),
-    /// The job waits for a reason; the provider's raw reason is kept for display and alerts.
-    Queued { reason: pb::WaitReason, raw_reason: Arc<str> },
+    /// The job waits for a reason; the provider's raw reason is kept for display and alerts, and the scheduler's
+    /// estimated start (Unix ms) when it gave one.
+    Queued { reason: pb::WaitReason, raw_reason: Arc<str>, estimated_start: Option<i64> },
     /// Nodes were assigned (their names, possibly none).
     NodeAssigned { nodes: Arc<[Arc<str>]> },
     /// A preparation phase started.
@@ -163,7 +164,11 @@ impl CompactEvent {
                 chain_stage: s.chain_stage.clone(),
                 labels: s.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             })),
-            Kind::Queued(q) => EventKind::Queued { reason: q.reason(), raw_reason: Arc::from(q.raw_reason.as_str()) },
+            Kind::Queued(q) => EventKind::Queued {
+                reason: q.reason(),
+                raw_reason: Arc::from(q.raw_reason.as_str()),
+                estimated_start: q.estimated_start.as_ref().map(timestamp_to_ms),
+            },
             Kind::NodeAssigned(n) => {
                 EventKind::NodeAssigned { nodes: n.nodes.iter().map(|s| Arc::from(s.as_str())).collect() }
             }

@@ -35,7 +35,7 @@ fn sub(at: i64) -> CompactEvent {
 }
 
 fn queued(id: &str, at: i64, reason: pb::WaitReason) -> CompactEvent {
-    e(id, at, EventKind::Queued { reason, raw_reason: format!("raw-{id}").into() })
+    e(id, at, EventKind::Queued { reason, raw_reason: format!("raw-{id}").into(), estimated_start: None })
 }
 
 fn record(events: Vec<CompactEvent>) -> JobRecord {
@@ -229,9 +229,10 @@ fn a_record_with_events_set_directly_refolds_on_the_next_insert() {
 
 fn arb_kind() -> impl Strategy<Value = EventKind> {
     prop_oneof![
-        (1i32..=10).prop_map(|r| EventKind::Queued {
+        (1i32..=10, prop::option::of(0i64..100_000)).prop_map(|(r, est)| EventKind::Queued {
             reason: pb::WaitReason::try_from(r).unwrap_or(pb::WaitReason::Unknown),
-            raw_reason: "".into()
+            raw_reason: "".into(),
+            estimated_start: est.map(|e| T0 + e)
         }),
         Just(EventKind::NodeAssigned { nodes: [Arc::from("n1")].into() }),
         (1i32..=5).prop_map(|p| EventKind::Preparing {
@@ -279,7 +280,7 @@ fn arb_rich_events() -> impl Strategy<Value = Vec<CompactEvent>> {
             .map(|(i, (off, kind, attempt, raw))| {
                 let kind = match kind {
                     Some(EventKind::Queued { reason, .. }) => {
-                        EventKind::Queued { reason, raw_reason: format!("raw{raw}").into() }
+                        EventKind::Queued { reason, raw_reason: format!("raw{raw}").into(), estimated_start: None }
                     }
                     Some(k) => k,
                     None => EventKind::Submitted(std::sync::Arc::new(attrs(u32::from(raw) + 1))),

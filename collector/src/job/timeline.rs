@@ -223,6 +223,8 @@ pub struct Timeline {
     pub wait_started_at: Option<i64>,
     /// The raw provider reason of the current `queued` segment, if any.
     pub current_raw_reason: Option<Arc<str>>,
+    /// The scheduler's estimated start given with the current `queued` segment, if any (Unix ms).
+    pub current_estimated_start: Option<i64>,
     /// Time spent in each segment before the first step (or before the end, if it never started).
     pub initial_wait_ms: BTreeMap<Segment, i64>,
     /// Time spent waiting again after preemptions, node losses and requeues, before training resumed.
@@ -283,7 +285,7 @@ impl Timeline {
 ///
 /// The timeline is not inside the fold (a record keeps one timeline, not two): [`TimelineFold::apply`] updates
 /// the caller's timeline and never reads the fields [`TimelineFold::finish`] computes (`state`, `attempts`,
-/// `current_wait`, `wait_started_at`, `current_raw_reason`), so `finish` can be called after every event and
+/// `current_wait`, `wait_started_at`, `current_raw_reason`, `current_estimated_start`), so `finish` can be called after every event and
 /// the next `apply` continues as if it had not been. Applying events in canonical order from
 /// [`TimelineFold::start`] and then finishing gives exactly [`Timeline::derive`].
 #[derive(Debug, Clone, PartialEq)]
@@ -306,6 +308,8 @@ pub struct TimelineFold {
     max_attempt: u32,
     /// The raw reason of the last `queued`, shown only while the open segment is a queued one.
     raw_reason: Option<Arc<str>>,
+    /// The estimated start of the last `queued`, likewise.
+    estimate: Option<i64>,
 }
 
 impl TimelineFold {
@@ -331,6 +335,7 @@ impl TimelineFold {
             requeues: 0,
             max_attempt: 1,
             raw_reason: None,
+            estimate: None,
         };
         Some((fold, t))
     }
@@ -357,7 +362,7 @@ impl TimelineFold {
         let requeue_wait_start = &mut self.requeue_wait_start;
         match &ev.kind {
             EventKind::Submitted(_) => {}
-            EventKind::Queued { reason, raw_reason } => {
+            EventKind::Queued { reason, raw_reason, estimated_start } => {
                 t.first_queued_at.get_or_insert(at);
                 if run_start.is_some() {
                     // Queued while running: the run stopped without an explicit preemption event.
@@ -368,6 +373,7 @@ impl TimelineFold {
                 end_placement(t, PlacementEnd::Requeued, at, None);
                 switch(t, wait, Segment::Queued(*reason), at);
                 self.raw_reason = Some(raw_reason.clone());
+                self.estimate = *estimated_start;
             }
             EventKind::NodeAssigned { nodes } => {
                 t.node_assigned_at.get_or_insert(at);
@@ -476,9 +482,9 @@ impl TimelineFold {
             (true, Some(s)) => Some(s),
             (true, None) => Some(self.submitted_at),
         };
-        t.current_raw_reason = match self.wait {
-            Some((Segment::Queued(_), _)) => self.raw_reason.clone(),
-            _ => None,
+        (t.current_raw_reason, t.current_estimated_start) = match self.wait {
+            Some((Segment::Queued(_), _)) => (self.raw_reason.clone(), self.estimate),
+            _ => (None, None),
         };
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod chain;
 pub mod def;
+pub mod predict;
 pub mod window;
 
 use crate::job::Timeline;

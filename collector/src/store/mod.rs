@@ -7,7 +7,7 @@
 //!   readings of node agents (see `index::nodes`), kept for 30 days.
 //! - tree `log`: `seq` (u64 big-endian) -> sealed protobuf `LifecycleEvent`. Every accepted event, in commit
 //!   order. An event is acknowledged only after its batch is applied here and the database is flushed.
-//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 4). Job snapshots,
+//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 5). Job snapshots,
 //!   written by checkpoints.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence a fold removed from
@@ -75,9 +75,9 @@ pub type StoredReading = Result<(String, Vec<u8>), String>;
 /// The current version of every sealed value.
 const SEALED_VERSION: u8 = 2;
 /// The sealed version of job snapshots: 3 added checkpoint save times to compact events, 4 node names to
-/// `node_assigned` and `node_lost`. Older snapshots are not read: restore then rebuilds every job from the log,
+/// `node_assigned` and `node_lost`, 5 the scheduler's estimated start to `queued`. Older snapshots are not read: restore then rebuilds every job from the log,
 /// once, as for a damaged snapshot.
-const SNAPSHOT_VERSION: u8 = 4;
+const SNAPSHOT_VERSION: u8 = 5;
 /// Values written before checksums: `[1u8] ++ body`.
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
@@ -280,6 +280,9 @@ fn decode_snapshot(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
     }
     if v.first() == Some(&3) {
         return Err("snapshot of an older compact-event format (before node names)".to_string());
+    }
+    if v.first() == Some(&4) {
+        return Err("snapshot of an older compact-event format (before estimated starts)".to_string());
     }
     let body = unseal_as(SNAPSHOT_VERSION, v, false)?;
     postcard::from_bytes(body).map_err(|e| e.to_string())

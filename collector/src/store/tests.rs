@@ -223,6 +223,10 @@ fn a_snapshot_from_before_checkpoint_save_times_is_rebuilt_from_the_log() {
     let r = store.restore().expect("restore");
     assert!(r.rebuilt.expect("rebuilt").contains("before node names"));
     assert_eq!(r.jobs, mem);
+    raw_put(&store, "jobs", &key, &seal_as(4, &postcard::to_stdvec(&mem["a"].events).expect("encode")));
+    let r = store.restore().expect("restore");
+    assert!(r.rebuilt.expect("rebuilt").contains("before estimated starts"));
+    assert_eq!(r.jobs, mem);
 }
 
 #[test]

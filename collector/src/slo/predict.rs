@@ -1,0 +1,266 @@
+//! Breach prediction: will a job that is still waiting miss its start SLO's deadline? Pure: the caller builds a
+//! [`WaitModel`] from recent jobs and asks for each waiting job.
+//!
+//! Two bases, the scheduler's word first:
+//! - **scheduler**: the latest `queued` event of the current wait carries `estimated_start` (Slurm's `StartTime`
+//!   of a pending job): a breach is predicted when it lies past the deadline, and not otherwise;
+//! - **history**: the pool's recent behaviour for the job's priority. Among the jobs of the same pool and
+//!   priority that started in the lookback, those that had waited at least as long as this job has: the share of
+//!   them that waited past the threshold estimates `P(TTFS > threshold | TTFS > waited)`. A breach is predicted
+//!   when that share is at least `confidence` and at least `min_samples` jobs back it. Jobs that ended without
+//!   starting are left out of the samples (their start time is unknown).
+
+use startline_proto::pb;
+use std::collections::HashMap;
+
+/// `[prediction]` as written.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictionSection {
+    /// Warn before breaches (default true).
+    pub enabled: Option<bool>,
+    /// Smallest breach probability that warns, 0.5 to 0.999 (default 0.8).
+    pub confidence: Option<f64>,
+    /// Fewest comparable jobs a history-based warning needs (default 20).
+    pub min_samples: Option<usize>,
+    /// How far back started jobs are history (default `7d`).
+    pub lookback: Option<String>,
+    /// How often the history is rebuilt (default `5m`).
+    pub model_interval: Option<String>,
+}
+
+impl PredictionSection {
+    /// Checks the section, naming each bad field.
+    pub fn validate(&self, errs: &mut Vec<String>) -> PredictSettings {
+        let mut s = PredictSettings { enabled: self.enabled.unwrap_or(true), ..PredictSettings::default() };
+        if let Some(c) = self.confidence {
+            if (0.5..=0.999).contains(&c) {
+                s.confidence = c;
+            } else {
+                errs.push(format!("prediction.confidence: {c} must be between 0.5 and 0.999"));
+            }
+        }
+        if let Some(n) = self.min_samples {
+            if n >= 1 {
+                s.min_samples = n;
+            } else {
+                errs.push("prediction.min_samples: must be at least 1".to_string());
+            }
+        }
+        let dur = |field: &str, v: &Option<String>, lo: u64, hi: u64, errs: &mut Vec<String>| -> Option<i64> {
+            let v = v.as_ref()?;
+            match humantime::parse_duration(v) {
+                Ok(d) if d.as_secs() >= lo && d.as_secs() <= hi => Some(d.as_millis() as i64),
+                Ok(_) => {
+                    errs.push(format!("prediction.{field}: {v:?} is out of range"));
+                    None
+                }
+                Err(e) => {
+                    errs.push(format!("prediction.{field}: {v:?} is not a duration: {e}"));
+                    None
+                }
+            }
+        };
+        if let Some(ms) = dur("lookback", &self.lookback, 3600, 400 * 86_400, errs) {
+            s.lookback_ms = ms;
+        }
+        if let Some(ms) = dur("model_interval", &self.model_interval, 1, 86_400, errs) {
+            s.model_interval_ms = ms;
+        }
+        s
+    }
+
+    /// Written back with every field set.
+    pub fn of(s: &PredictSettings) -> PredictionSection {
+        let d = |ms: i64| humantime::format_duration(std::time::Duration::from_millis(ms as u64)).to_string();
+        PredictionSection {
+            enabled: Some(s.enabled),
+            confidence: Some(s.confidence),
+            min_samples: Some(s.min_samples),
+            lookback: Some(d(s.lookback_ms)),
+            model_interval: Some(d(s.model_interval_ms)),
+        }
+    }
+}
+
+/// `[prediction]` settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PredictSettings {
+    /// Whether to predict at all.
+    pub enabled: bool,
+    /// Smallest breach probability that warns.
+    pub confidence: f64,
+    /// Fewest comparable jobs a history-based warning needs.
+    pub min_samples: usize,
+    /// How far back started jobs are taken as history, ms.
+    pub lookback_ms: i64,
+    /// How often the history is rebuilt (one scan of every job), ms.
+    pub model_interval_ms: i64,
+}
+
+impl Default for PredictSettings {
+    fn default() -> Self {
+        PredictSettings {
+            enabled: true,
+            confidence: 0.8,
+            min_samples: 20,
+            lookback_ms: 7 * 86_400_000,
+            model_interval_ms: 300_000,
+        }
+    }
+}
+
+/// Recent times to first step by pool and priority, sorted.
+#[derive(Debug, Clone, Default)]
+pub struct WaitModel {
+    samples: HashMap<(String, pb::PriorityClass), Vec<i64>>,
+    /// When it was built.
+    pub built_at_ms: i64,
+}
+
+impl WaitModel {
+    /// A model from `(pool, priority, time to first step)` of started jobs.
+    pub fn build(jobs: impl IntoIterator<Item = (String, pb::PriorityClass, i64)>, built_at_ms: i64) -> WaitModel {
+        let mut samples: HashMap<(String, pb::PriorityClass), Vec<i64>> = HashMap::new();
+        for (pool, prio, ttfs) in jobs {
+            samples.entry((pool, prio)).or_default().push(ttfs);
+        }
+        for v in samples.values_mut() {
+            v.sort_unstable();
+        }
+        WaitModel { samples, built_at_ms }
+    }
+
+    /// `P(TTFS > threshold | TTFS > waited)` for a job of `pool` and `priority` that has waited `waited_ms`, with
+    /// the number of jobs it rests on (those that waited more than `waited_ms`); `None` without any.
+    pub fn breach_probability(
+        &self,
+        pool: &str,
+        priority: pb::PriorityClass,
+        waited_ms: i64,
+        threshold_ms: i64,
+    ) -> Option<(f64, usize)> {
+        let v = self.samples.get(&(pool.to_string(), priority))?;
+        let above = |x: i64| v.len() - v.partition_point(|t| *t <= x);
+        let survivors = above(waited_ms);
+        (survivors > 0).then(|| (above(threshold_ms.max(waited_ms)) as f64 / survivors as f64, survivors))
+    }
+
+    /// Jobs in the model.
+    pub fn len(&self) -> usize {
+        self.samples.values().map(Vec::len).sum()
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Why a breach is predicted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Basis {
+    /// The scheduler's estimated start lies past the deadline.
+    Scheduler {
+        /// Its estimate (Unix ms).
+        estimated_start_ms: i64,
+    },
+    /// The pool's history.
+    History {
+        /// `P(TTFS > threshold | TTFS > waited)`.
+        probability: f64,
+        /// Jobs it rests on.
+        samples: usize,
+    },
+}
+
+impl Basis {
+    /// `scheduler` or `history`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Basis::Scheduler { .. } => "scheduler",
+            Basis::History { .. } => "history",
+        }
+    }
+}
+
+/// One waiting job, as the prediction needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Waiting<'a> {
+    /// Its pool.
+    pub pool: &'a str,
+    /// Its priority.
+    pub priority: pb::PriorityClass,
+    /// When it was submitted (Unix ms).
+    pub submitted_ms: i64,
+    /// The scheduler's estimated start, if the current wait carries one.
+    pub estimated_start_ms: Option<i64>,
+}
+
+/// Whether `job` is predicted to miss the deadline `threshold_ms` after its submit, as of `now`; `None` once the
+/// deadline has passed (the breach itself is paged then) or when nothing predicts a breach.
+pub fn predict(model: &WaitModel, s: &PredictSettings, job: Waiting<'_>, threshold_ms: i64, now: i64) -> Option<Basis> {
+    let deadline = job.submitted_ms + threshold_ms;
+    if !s.enabled || now >= deadline {
+        return None;
+    }
+    if let Some(e) = job.estimated_start_ms {
+        return (e > deadline).then_some(Basis::Scheduler { estimated_start_ms: e });
+    }
+    let (p, n) = model.breach_probability(job.pool, job.priority, now - job.submitted_ms, threshold_ms)?;
+    (n >= s.min_samples && p >= s.confidence).then_some(Basis::History { probability: p, samples: n })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: i64 = 60_000;
+
+    #[test]
+    fn the_conditional_breach_share_counts_the_jobs_that_waited_as_long() {
+        // 100 urgent jobs of pool a: TTFS 1..=100 minutes.
+        let m = WaitModel::build((1..=100).map(|i| ("a".to_string(), pb::PriorityClass::Urgent, i * MIN)), 0);
+        // Nothing waited yet: 90 of 100 took longer than 10 minutes.
+        assert_eq!(m.breach_probability("a", pb::PriorityClass::Urgent, 0, 10 * MIN), Some((0.9, 100)));
+        // Waited 50 minutes against a 60-minute threshold: of the 50 that waited more than 50, 40 took more than 60.
+        assert_eq!(m.breach_probability("a", pb::PriorityClass::Urgent, 50 * MIN, 60 * MIN), Some((0.8, 50)));
+        // Past every sample: nothing to go on.
+        assert_eq!(m.breach_probability("a", pb::PriorityClass::Urgent, 100 * MIN, 120 * MIN), None);
+        assert_eq!(m.breach_probability("b", pb::PriorityClass::Urgent, 0, 10 * MIN), None);
+        assert_eq!(m.breach_probability("a", pb::PriorityClass::Normal, 0, 10 * MIN), None);
+    }
+
+    #[test]
+    fn the_scheduler_estimate_decides_and_history_needs_confidence_and_samples() {
+        let m = WaitModel::build((1..=100).map(|i| ("a".to_string(), pb::PriorityClass::Urgent, i * MIN)), 0);
+        let s = PredictSettings::default();
+        let job = |est: Option<i64>| Waiting {
+            pool: "a",
+            priority: pb::PriorityClass::Urgent,
+            submitted_ms: 0,
+            estimated_start_ms: est,
+        };
+        // History, after a minute: of the 99 jobs that waited more than a minute, 90 waited past 10 (>= 0.8).
+        assert_eq!(
+            predict(&m, &s, job(None), 10 * MIN, MIN),
+            Some(Basis::History { probability: 90.0 / 99.0, samples: 99 })
+        );
+        // A 60-minute threshold after 5 minutes: 40 of 95 -> below the confidence.
+        assert_eq!(predict(&m, &s, job(None), 60 * MIN, 5 * MIN), None);
+        // The scheduler says it starts at 15 minutes: past a 10-minute deadline -> predicted; at 8 -> not, even
+        // though history would warn.
+        assert_eq!(
+            predict(&m, &s, job(Some(15 * MIN)), 10 * MIN, MIN),
+            Some(Basis::Scheduler { estimated_start_ms: 15 * MIN })
+        );
+        assert_eq!(predict(&m, &s, job(Some(8 * MIN)), 10 * MIN, MIN), None);
+        // Past the deadline: the breach page's business.
+        assert_eq!(predict(&m, &s, job(Some(15 * MIN)), 10 * MIN, 10 * MIN), None);
+        // Too few samples.
+        let few = WaitModel::build((1..=10).map(|i| ("a".to_string(), pb::PriorityClass::Urgent, 60 * i * MIN)), 0);
+        assert_eq!(predict(&few, &s, job(None), 10 * MIN, MIN), None);
+        // Disabled.
+        assert_eq!(predict(&m, &PredictSettings { enabled: false, ..s }, job(None), 10 * MIN, MIN), None);
+    }
+}

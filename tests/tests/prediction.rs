@@ -1,0 +1,107 @@
+//! Breach prediction end to end over real gRPC: urgent jobs still within their 10-minute deadline get
+//! `StartlineJobStartBreachPredicted` when the pool's recent urgent jobs almost all waited past it (history), or
+//! when the scheduler's estimated start lies past the deadline (scheduler); not when the estimate is in time; the
+//! warning resolves when the job starts, and the breach page never fires for a job that started in time.
+
+use startline_agent::uplink::{Publisher, UplinkSettings};
+use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::time::ms_to_timestamp;
+use startline_tests::{event, wait_until, Collector};
+use std::time::Duration;
+
+const MIN: i64 = 60_000;
+
+fn sub(pool: &str) -> Kind {
+    Kind::Submitted(pb::Submitted {
+        pool_kind: pb::PoolKind::Dedicated as i32,
+        provider: "slurm".into(),
+        pool: pool.into(),
+        priority: pb::PriorityClass::Urgent as i32,
+        gpu_count: 8,
+        ..Default::default()
+    })
+}
+
+fn queued(estimate: Option<i64>) -> Kind {
+    Kind::Queued(pb::Queued {
+        reason: pb::WaitReason::Capacity as i32,
+        raw_reason: "Resources".into(),
+        estimated_start: estimate.map(ms_to_timestamp),
+        ..Default::default()
+    })
+}
+
+fn firing(c: &Collector) -> Vec<serde_json::Value> {
+    let (_, a) = c.get("/api/v1/alerts?state=firing");
+    a["alerts"].as_array().cloned().unwrap_or_default()
+}
+
+fn predicted(c: &Collector, job: &str) -> Option<serde_json::Value> {
+    firing(c)
+        .into_iter()
+        .find(|a| a["labels"]["alertname"] == "StartlineJobStartBreachPredicted" && a["labels"]["job_id"] == job)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_urgent_jobs_are_warned_before_their_deadline_from_history_or_the_scheduler() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[alerts]\nevaluation_interval = \"1s\"\n[prediction]\nmodel_interval = \"1s\"\nmin_samples = 5\n",
+    )
+    .expect("config");
+    let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf8")]);
+    let now = startline_tests::ago(0);
+    let mut evs = Vec::new();
+    // History: pool "slow" started each of its 10 urgent jobs of yesterday after 30 minutes.
+    for i in 0..10 {
+        let t = now - 86_400_000 + i * 10 * MIN;
+        let id = format!("slow/old-{i}");
+        evs.push(event(&id, "s", t, sub("slow")));
+        evs.push(event(&id, "f", t + 30 * MIN, Kind::FirstStep(pb::FirstStep { step: 1 })));
+    }
+    // Waiting now, a minute in: one in "slow" (no estimate), two in "fast" with the scheduler's estimates.
+    evs.push(event("slow/now", "s", now - MIN, sub("slow")));
+    evs.push(event("slow/now", "q", now - MIN + 1000, queued(None)));
+    evs.push(event("fast/late", "s", now - MIN, sub("fast")));
+    evs.push(event("fast/late", "q", now - MIN + 1000, queued(Some(now + 20 * MIN))));
+    evs.push(event("fast/ok", "s", now - MIN, sub("fast")));
+    evs.push(event("fast/ok", "q", now - MIN + 1000, queued(Some(now + 2 * MIN))));
+    let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");
+    up.send(evs).await.expect("send");
+    up.flush().await.expect("flush");
+
+    wait_until("both warnings", Duration::from_secs(20), || {
+        predicted(&c, "slow/now").is_some() && predicted(&c, "fast/late").is_some()
+    });
+    let h = predicted(&c, "slow/now").expect("history warning");
+    assert_eq!(h["labels"]["severity"], "warning");
+    assert_eq!(h["annotations"]["basis"], "history");
+    // Of the 10 comparable jobs, all waited more than the minute waited so far and all past 10 minutes.
+    assert_eq!(h["annotations"]["probability"], "1.000");
+    assert_eq!(h["annotations"]["samples"], "10");
+    let s = predicted(&c, "fast/late").expect("scheduler warning");
+    assert_eq!(s["annotations"]["basis"], "scheduler");
+    assert!(s["annotations"]["summary"].as_str().is_some_and(|t| t.contains("scheduler estimates its start")));
+    assert!(predicted(&c, "fast/ok").is_none(), "an estimate within the deadline does not warn");
+    assert!(
+        !firing(&c).iter().any(|a| a["labels"]["alertname"] == "StartlineJobStartBreach"),
+        "nothing has breached yet"
+    );
+
+    // The job starts in time: the warning resolves and no page follows.
+    let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");
+    up.send(vec![event("slow/now", "f", startline_tests::ago(0), Kind::FirstStep(pb::FirstStep { step: 1 }))])
+        .await
+        .expect("send");
+    up.flush().await.expect("flush");
+    wait_until("the warning resolves", Duration::from_secs(20), || predicted(&c, "slow/now").is_none());
+    let (_, all) = c.get("/api/v1/alerts?state=all");
+    let resolved = all["alerts"].as_array().expect("alerts").iter().any(|a| {
+        a["labels"]["job_id"] == "slow/now"
+            && a["labels"]["alertname"] == "StartlineJobStartBreachPredicted"
+            && !a["resolved_at"].is_null()
+    });
+    assert!(resolved, "{all}");
+}
