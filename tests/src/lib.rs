@@ -8,6 +8,7 @@ pub mod crashtrial;
 pub mod fuzz;
 pub mod overload;
 pub mod pki;
+pub mod predictbench;
 
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;

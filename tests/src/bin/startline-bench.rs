@@ -22,6 +22,9 @@
 //! 30-day mix, bytes on disk per event against protobuf, RSS per million jobs, API timings and restart. It is
 //! long, so `all` does not include it.
 //!
+//! `predict` (`startline-bench predict [--days 28] [--jobs-per-hour 60] [--seed 7]`, see `predictbench`) measures
+//! breach prediction on the simulator's fleet: breaches warned in advance, lead time, false warnings.
+//!
 //! Results print as Markdown for BENCHMARKS.md. Timings live here, never in tests.
 
 use startline_agent::simulate::model::{default_pools, job_events};
@@ -298,6 +301,16 @@ fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
 }
 
 fn main() {
+    if std::env::args().skip(1).any(|x| x == "predict") {
+        match startline_tests::predictbench::parse_args(std::env::args().skip(1)) {
+            Ok(a) => startline_tests::predictbench::main(a),
+            Err(e) => {
+                eprintln!("startline-bench predict: {e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     // `core` has options of its own (lists, shares, paths): it parses them itself.
     if std::env::args().skip(1).any(|x| x == "core") {
         match startline_tests::corebench::parse_args(std::env::args().skip(1)) {
