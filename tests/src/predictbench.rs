@@ -7,7 +7,8 @@
 //! then* in the last 7 days (no look-ahead). A job *breached* when it had not started by its deadline (jobs that
 //! ended before it are left out). Reported per confidence level: the share of breached jobs warned before their
 //! deadline, the median lead time (deadline minus the first warning), and the false-warning rate (jobs warned that
-//! started in time). The simulator reports no scheduler estimates, so this measures the history basis alone.
+//! started in time). The simulator reports no scheduler estimates, so this measures the stall and history bases
+//! (the stall basis counts, at each step, the other urgent jobs of the pool still waiting past the threshold).
 
 use startline_agent::simulate::arrivals;
 use startline_agent::simulate::model::{crunches, default_pools, job_events};
@@ -30,12 +31,22 @@ pub struct Args {
     pub lookback_h: i64,
     /// The start threshold judged, minutes.
     pub threshold_min: i64,
+    /// The stall basis' `stall_jobs` (0: history only).
+    pub stall_jobs: usize,
 }
 
 /// Parses `predict [--days 28] [--jobs-per-hour 60] [--seed 7] [--min-samples 20] [--lookback-hours 168]
-/// [--threshold-minutes 10]`.
+/// [--threshold-minutes 10] [--stall-jobs 1]`.
 pub fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut a = Args { days: 28, jobs_per_hour: 60.0, seed: 7, min_samples: 20, lookback_h: 168, threshold_min: 10 };
+    let mut a = Args {
+        days: 28,
+        jobs_per_hour: 60.0,
+        seed: 7,
+        min_samples: 20,
+        lookback_h: 168,
+        threshold_min: 10,
+        stall_jobs: 1,
+    };
     let mut it = args.filter(|x| x != "predict");
     while let Some(k) = it.next() {
         let v = it.next().ok_or_else(|| format!("{k}: needs a value"))?;
@@ -44,6 +55,7 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--jobs-per-hour" => a.jobs_per_hour = v.parse().map_err(|_| format!("--jobs-per-hour: {v:?}"))?,
             "--seed" => a.seed = v.parse().map_err(|_| format!("--seed: {v:?}"))?,
             "--min-samples" => a.min_samples = v.parse().map_err(|_| format!("--min-samples: {v:?}"))?,
+            "--stall-jobs" => a.stall_jobs = v.parse().map_err(|_| format!("--stall-jobs: {v:?}"))?,
             "--threshold-minutes" => a.threshold_min = v.parse().map_err(|_| format!("--threshold-minutes: {v:?}"))?,
             "--lookback-hours" => a.lookback_h = v.parse().map_err(|_| format!("--lookback-hours: {v:?}"))?,
             other => return Err(format!("unknown option {other}")),
@@ -112,6 +124,24 @@ pub fn main(a: Args) {
             t,
         )
     };
+    // Urgent jobs by pool, by submit time: who is waiting past the threshold at `t`.
+    let mut urgent_by_pool: std::collections::HashMap<&str, Vec<&Job>> = std::collections::HashMap::new();
+    for j in jobs.iter().filter(|j| j.priority == pb::PriorityClass::Urgent) {
+        urgent_by_pool.entry(j.pool.as_str()).or_default().push(j);
+    }
+    for v in urgent_by_pool.values_mut() {
+        v.sort_by_key(|j| j.submitted);
+    }
+    let waiting_past = |pool: &str, me: i64, t: i64| -> usize {
+        let Some(v) = urgent_by_pool.get(pool) else { return 0 };
+        let lo = v.partition_point(|j| j.submitted < t - 12 * 3_600_000);
+        v[lo..]
+            .iter()
+            .take_while(|j| j.submitted + threshold < t)
+            .filter(|j| j.submitted != me)
+            .filter(|j| j.first_step.is_none_or(|f| f > t) && j.done.is_none_or(|d| d > t))
+            .count()
+    };
     let judged_from = start + a.days / 2 * 86_400_000;
     let judged: Vec<&Job> = jobs
         .iter()
@@ -124,11 +154,16 @@ pub fn main(a: Args) {
     let step = 5 * MIN;
     let mut models: std::collections::BTreeMap<i64, WaitModel> = std::collections::BTreeMap::new();
     let confidences = [0.5, 0.6, 0.7, 0.8, 0.9];
-    println!("Breach prediction on the simulator's fleet ({} days, {} jobs/h, seed {}; judged: {} urgent jobs of the last {} days; threshold {} min; history basis, min_samples {}, lookback {} h, model every 5 min)\n", a.days, a.jobs_per_hour, a.seed, judged.len(), a.days - a.days / 2, a.threshold_min, a.min_samples, a.lookback_h);
+    println!("Breach prediction on the simulator's fleet ({} days, {} jobs/h, seed {}; judged: {} urgent jobs of the last {} days; threshold {} min; stall_jobs {}, history min_samples {}, lookback {} h, model every 5 min)\n", a.days, a.jobs_per_hour, a.seed, judged.len(), a.days - a.days / 2, a.threshold_min, a.stall_jobs, a.min_samples, a.lookback_h);
     println!("| confidence | breached | warned in advance | median lead time | not breached | false warnings |");
     println!("|---|---|---|---|---|---|");
     for c in confidences {
-        let s = PredictSettings { confidence: c, min_samples: a.min_samples, ..PredictSettings::default() };
+        let s = PredictSettings {
+            confidence: c,
+            min_samples: a.min_samples,
+            stall_jobs: a.stall_jobs,
+            ..PredictSettings::default()
+        };
         let (mut breached, mut warned, mut ok, mut false_warn) = (0u64, 0u64, 0u64, 0u64);
         let mut leads = Vec::new();
         for j in &judged {
@@ -145,6 +180,7 @@ pub fn main(a: Args) {
                     priority: j.priority,
                     submitted_ms: j.submitted,
                     estimated_start_ms: None,
+                    others_waiting_past: if a.stall_jobs > 0 { waiting_past(&j.pool, j.submitted, t) } else { 0 },
                 };
                 if predict(m, &s, w, threshold, t).is_some() {
                     first_warning = Some(t);

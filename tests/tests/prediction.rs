@@ -1,6 +1,7 @@
 //! Breach prediction end to end over real gRPC: urgent jobs still within their 10-minute deadline get
 //! `StartlineJobStartBreachPredicted` when the pool's recent urgent jobs almost all waited past it (history), or
-//! when the scheduler's estimated start lies past the deadline (scheduler); not when the estimate is in time; the
+//! when the scheduler's estimated start lies past the deadline (scheduler), or when another urgent job of the pool
+//! is already waiting past it (stall); not when the estimate is in time; the
 //! warning resolves when the job starts, and the breach page never fires for a job that started in time.
 
 use startline_agent::uplink::{Publisher, UplinkSettings};
@@ -68,13 +69,24 @@ async fn waiting_urgent_jobs_are_warned_before_their_deadline_from_history_or_th
     evs.push(event("fast/late", "q", now - MIN + 1000, queued(Some(now + 20 * MIN))));
     evs.push(event("fast/ok", "s", now - MIN, sub("fast")));
     evs.push(event("fast/ok", "q", now - MIN + 1000, queued(Some(now + 2 * MIN))));
+    // Pool "stuck": one urgent job already 15 minutes in (past its deadline: paged), a new one a minute in.
+    evs.push(event("stuck/first", "s", now - 15 * MIN, sub("stuck")));
+    evs.push(event("stuck/first", "q", now - 15 * MIN + 1000, queued(None)));
+    evs.push(event("stuck/next", "s", now - MIN, sub("stuck")));
+    evs.push(event("stuck/next", "q", now - MIN + 1000, queued(None)));
     let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");
     up.send(evs).await.expect("send");
     up.flush().await.expect("flush");
 
-    wait_until("both warnings", Duration::from_secs(20), || {
-        predicted(&c, "slow/now").is_some() && predicted(&c, "fast/late").is_some()
+    wait_until("the warnings", Duration::from_secs(20), || {
+        predicted(&c, "slow/now").is_some()
+            && predicted(&c, "fast/late").is_some()
+            && predicted(&c, "stuck/next").is_some()
     });
+    let st = predicted(&c, "stuck/next").expect("stall warning");
+    assert_eq!(st["annotations"]["basis"], "stall");
+    assert_eq!(st["annotations"]["waiting_past_threshold"], "1");
+    assert!(predicted(&c, "stuck/first").is_none(), "past its deadline: the breach page, not a prediction");
     let h = predicted(&c, "slow/now").expect("history warning");
     assert_eq!(h["labels"]["severity"], "warning");
     assert_eq!(h["annotations"]["basis"], "history");
@@ -85,10 +97,12 @@ async fn waiting_urgent_jobs_are_warned_before_their_deadline_from_history_or_th
     assert_eq!(s["annotations"]["basis"], "scheduler");
     assert!(s["annotations"]["summary"].as_str().is_some_and(|t| t.contains("scheduler estimates its start")));
     assert!(predicted(&c, "fast/ok").is_none(), "an estimate within the deadline does not warn");
-    assert!(
-        !firing(&c).iter().any(|a| a["labels"]["alertname"] == "StartlineJobStartBreach"),
-        "nothing has breached yet"
-    );
+    let pages: Vec<String> = firing(&c)
+        .iter()
+        .filter(|a| a["labels"]["alertname"] == "StartlineJobStartBreach")
+        .filter_map(|a| a["labels"]["job_id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(pages, vec!["stuck/first".to_string()], "only the job past its deadline is paged");
 
     // The job starts in time: the warning resolves and no page follows.
     let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");

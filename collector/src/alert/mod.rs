@@ -597,6 +597,15 @@ impl AlertLoop {
         {
             let idx = self.index.read();
             let defs = idx.slo.defs();
+            // Jobs waiting past each SLO's threshold, by SLO, pool and priority (the stall basis).
+            let mut past: std::collections::HashMap<(u16, &str, startline_proto::pb::PriorityClass), usize> =
+                std::collections::HashMap::new();
+            for h in idx.jobs.values() {
+                let Some(a) = h.rec.timeline.attrs.as_ref() else { continue };
+                for c in h.slo.iter().filter(|c| c.breached_waiting) {
+                    *past.entry((c.slo, a.pool.as_str(), a.priority)).or_default() += 1;
+                }
+            }
             for (id, h) in &idx.jobs {
                 let t = &h.rec.timeline;
                 let (Some(a), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { continue };
@@ -611,6 +620,7 @@ impl AlertLoop {
                         priority: a.priority,
                         submitted_ms: sub,
                         estimated_start_ms: t.current_estimated_start,
+                        others_waiting_past: past.get(&(c.slo, a.pool.as_str(), a.priority)).copied().unwrap_or(0),
                     };
                     let Some(basis) = predict(model, &self.prediction, job, def.threshold_ms, now) else { continue };
                     let key = format!("predict/{}/{id}", def.name);
@@ -619,6 +629,11 @@ impl AlertLoop {
                         Basis::Scheduler { estimated_start_ms } => {
                             format!("the scheduler estimates its start at {}", format_ms(estimated_start_ms))
                         }
+                        Basis::Stall { waiting_past } => format!(
+                            "{waiting_past} other {} job(s) of pool {} are already waiting past this threshold",
+                            a.priority.label(),
+                            a.pool
+                        ),
                         Basis::History { probability, samples } => format!(
                             "{:.0}% of {samples} recent {} jobs of pool {} that waited this long waited past it",
                             probability * 100.0,
@@ -667,6 +682,9 @@ impl AlertLoop {
                     match basis {
                         Basis::Scheduler { estimated_start_ms } => {
                             annotations.insert("estimated_start".into(), format_ms(estimated_start_ms));
+                        }
+                        Basis::Stall { waiting_past } => {
+                            annotations.insert("waiting_past_threshold".into(), waiting_past.to_string());
                         }
                         Basis::History { probability, samples } => {
                             annotations.insert("probability".into(), format!("{probability:.3}"));

@@ -1,14 +1,17 @@
 //! Breach prediction: will a job that is still waiting miss its start SLO's deadline? Pure: the caller builds a
 //! [`WaitModel`] from recent jobs and asks for each waiting job.
 //!
-//! Two bases, the scheduler's word first:
+//! Three bases, the scheduler's word first:
 //! - **scheduler**: the latest `queued` event of the current wait carries `estimated_start` (Slurm's `StartTime`
 //!   of a pending job): a breach is predicted when it lies past the deadline, and not otherwise;
 //! - **history**: the pool's recent behaviour for the job's priority. Among the jobs of the same pool and
 //!   priority that started in the lookback, those that had waited at least as long as this job has: the share of
 //!   them that waited past the threshold estimates `P(TTFS > threshold | TTFS > waited)`. A breach is predicted
 //!   when that share is at least `confidence` and at least `min_samples` jobs back it. Jobs that ended without
-//!   starting are left out of the samples (their start time is unknown).
+//!   starting are left out of the samples (their start time is unknown);
+//! - **stall**: the pool is stalled for the job's priority now: at least `stall_jobs` other jobs of the same pool
+//!   and priority are still waiting past this SLO's threshold. What a sudden capacity crunch shows first, which
+//!   history cannot: every job that arrives after the first breach is warned at once.
 
 use startline_proto::pb;
 use std::collections::HashMap;
@@ -27,12 +30,17 @@ pub struct PredictionSection {
     pub lookback: Option<String>,
     /// How often the history is rebuilt (default `5m`).
     pub model_interval: Option<String>,
+    /// Other jobs of the pool and priority waiting past the threshold that make it stalled (default 1; 0: off).
+    pub stall_jobs: Option<usize>,
 }
 
 impl PredictionSection {
     /// Checks the section, naming each bad field.
     pub fn validate(&self, errs: &mut Vec<String>) -> PredictSettings {
         let mut s = PredictSettings { enabled: self.enabled.unwrap_or(true), ..PredictSettings::default() };
+        if let Some(n) = self.stall_jobs {
+            s.stall_jobs = n;
+        }
         if let Some(c) = self.confidence {
             if (0.5..=0.999).contains(&c) {
                 s.confidence = c;
@@ -79,6 +87,7 @@ impl PredictionSection {
             min_samples: Some(s.min_samples),
             lookback: Some(d(s.lookback_ms)),
             model_interval: Some(d(s.model_interval_ms)),
+            stall_jobs: Some(s.stall_jobs),
         }
     }
 }
@@ -96,6 +105,8 @@ pub struct PredictSettings {
     pub lookback_ms: i64,
     /// How often the history is rebuilt (one scan of every job), ms.
     pub model_interval_ms: i64,
+    /// Other jobs of the same pool and priority waiting past the threshold that make the pool stalled (0: off).
+    pub stall_jobs: usize,
 }
 
 impl Default for PredictSettings {
@@ -106,6 +117,7 @@ impl Default for PredictSettings {
             min_samples: 20,
             lookback_ms: 7 * 86_400_000,
             model_interval_ms: 300_000,
+            stall_jobs: 1,
         }
     }
 }
@@ -165,6 +177,11 @@ pub enum Basis {
         /// Its estimate (Unix ms).
         estimated_start_ms: i64,
     },
+    /// Other jobs of the pool and priority are waiting past the threshold now.
+    Stall {
+        /// How many.
+        waiting_past: usize,
+    },
     /// The pool's history.
     History {
         /// `P(TTFS > threshold | TTFS > waited)`.
@@ -179,6 +196,7 @@ impl Basis {
     pub fn label(&self) -> &'static str {
         match self {
             Basis::Scheduler { .. } => "scheduler",
+            Basis::Stall { .. } => "stall",
             Basis::History { .. } => "history",
         }
     }
@@ -195,6 +213,8 @@ pub struct Waiting<'a> {
     pub submitted_ms: i64,
     /// The scheduler's estimated start, if the current wait carries one.
     pub estimated_start_ms: Option<i64>,
+    /// Other jobs of its pool and priority waiting past this threshold now.
+    pub others_waiting_past: usize,
 }
 
 /// Whether `job` is predicted to miss the deadline `threshold_ms` after its submit, as of `now`; `None` once the
@@ -206,6 +226,9 @@ pub fn predict(model: &WaitModel, s: &PredictSettings, job: Waiting<'_>, thresho
     }
     if let Some(e) = job.estimated_start_ms {
         return (e > deadline).then_some(Basis::Scheduler { estimated_start_ms: e });
+    }
+    if s.stall_jobs > 0 && job.others_waiting_past >= s.stall_jobs {
+        return Some(Basis::Stall { waiting_past: job.others_waiting_past });
     }
     let (p, n) = model.breach_probability(job.pool, job.priority, now - job.submitted_ms, threshold_ms)?;
     (n >= s.min_samples && p >= s.confidence).then_some(Basis::History { probability: p, samples: n })
@@ -240,6 +263,7 @@ mod tests {
             priority: pb::PriorityClass::Urgent,
             submitted_ms: 0,
             estimated_start_ms: est,
+            others_waiting_past: 0,
         };
         // History, after a minute: of the 99 jobs that waited more than a minute, 90 waited past 10 (>= 0.8).
         assert_eq!(
@@ -260,6 +284,11 @@ mod tests {
         // Too few samples.
         let few = WaitModel::build((1..=10).map(|i| ("a".to_string(), pb::PriorityClass::Urgent, 60 * i * MIN)), 0);
         assert_eq!(predict(&few, &s, job(None), 10 * MIN, MIN), None);
+        // A stalled pool warns without history; the scheduler's estimate still decides.
+        let stalled = Waiting { others_waiting_past: 2, ..job(None) };
+        assert_eq!(predict(&few, &s, stalled, 10 * MIN, MIN), Some(Basis::Stall { waiting_past: 2 }));
+        assert_eq!(predict(&few, &s, Waiting { estimated_start_ms: Some(5 * MIN), ..stalled }, 10 * MIN, MIN), None);
+        assert_eq!(predict(&few, &PredictSettings { stall_jobs: 0, ..s }, stalled, 10 * MIN, MIN), None);
         // Disabled.
         assert_eq!(predict(&m, &PredictSettings { enabled: false, ..s }, job(None), 10 * MIN, MIN), None);
     }
