@@ -52,7 +52,11 @@ fn rfc3339_ms(s: &str) -> Option<i64> {
 /// `updateTime` the moment its stage last changed; lists only jobs updated after the filter's time.
 fn replay_server(stage: Arc<AtomicUsize>, seen: Arc<Mutex<Vec<(String, String)>>>) -> std::net::SocketAddr {
     let ok = fixture("vertex-customjob-succeeded.json");
-    let failed = fixture("vertex-customjob-failed.json");
+    let mut failed = fixture("vertex-customjob-failed.json");
+    // Its last update is "now" for the replay: the fixture's own updateTime is a fixed day, which the adapter's
+    // first poll (looking back 2 days) stops listing two days later.
+    failed["updateTime"] =
+        humantime::format_rfc3339_millis(std::time::SystemTime::now() - Duration::from_secs(60)).to_string().into();
     let calls = AtomicUsize::new(0);
     let changed: Mutex<(usize, i64)> = Mutex::new((0, startline_proto::time::now_ms()));
     serve_http(move |r| {
