@@ -8,7 +8,7 @@
 //! ended before it are left out). Reported per confidence level: the share of breached jobs warned before their
 //! deadline, the median lead time (deadline minus the first warning), and the false-warning rate (jobs warned that
 //! started in time). The simulator reports no scheduler estimates, so this measures the stall and history bases
-//! (the stall basis counts, at each step, the other urgent jobs of the pool still waiting past the threshold).
+//! (the stall basis counts, at each step, the other urgent jobs of the GPU class still waiting past the threshold).
 
 use startline_agent::simulate::arrivals;
 use startline_agent::simulate::model::{crunches, default_pools, job_events};
@@ -66,6 +66,7 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
 
 struct Job {
     pool: String,
+    gpu_class: String,
     priority: pb::PriorityClass,
     submitted: i64,
     first_step: Option<i64>,
@@ -104,6 +105,7 @@ pub fn main(a: Args) {
         let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { continue };
         jobs.push(Job {
             pool: attrs.pool.clone(),
+            gpu_class: attrs.gpu_class.clone(),
             priority: attrs.priority,
             submitted: sub,
             first_step: t.first_step_at,
@@ -127,7 +129,10 @@ pub fn main(a: Args) {
     // Urgent jobs by pool, by submit time: who is waiting past the threshold at `t`.
     let mut urgent_by_pool: std::collections::HashMap<&str, Vec<&Job>> = std::collections::HashMap::new();
     for j in jobs.iter().filter(|j| j.priority == pb::PriorityClass::Urgent) {
-        urgent_by_pool.entry(j.pool.as_str()).or_default().push(j);
+        // As the collector counts them: by GPU class (a capacity crunch hits every pool of a class), by pool when the
+        // job names no class.
+        let key = if j.gpu_class.is_empty() { j.pool.as_str() } else { j.gpu_class.as_str() };
+        urgent_by_pool.entry(key).or_default().push(j);
     }
     for v in urgent_by_pool.values_mut() {
         v.sort_by_key(|j| j.submitted);
@@ -180,7 +185,12 @@ pub fn main(a: Args) {
                     priority: j.priority,
                     submitted_ms: j.submitted,
                     estimated_start_ms: None,
-                    others_waiting_past: if a.stall_jobs > 0 { waiting_past(&j.pool, j.submitted, t) } else { 0 },
+                    others_waiting_past: if a.stall_jobs > 0 {
+                        let key = if j.gpu_class.is_empty() { &j.pool } else { &j.gpu_class };
+                        waiting_past(key, j.submitted, t)
+                    } else {
+                        0
+                    },
                 };
                 if predict(m, &s, w, threshold, t).is_some() {
                     first_warning = Some(t);
@@ -207,7 +217,7 @@ pub fn main(a: Args) {
             if b == 0 {
                 "–".to_string()
             } else {
-                format!("{:.1}% ({a}/{b})", 100.0 * a as f64 / b as f64)
+                format!("{:.2}% ({a}/{b})", 100.0 * a as f64 / b as f64)
             }
         };
         println!("| {c} | {breached} | {} | {median} | {ok} | {} |", pct(warned, breached), pct(false_warn, ok));

@@ -597,13 +597,21 @@ impl AlertLoop {
         {
             let idx = self.index.read();
             let defs = idx.slo.defs();
-            // Jobs waiting past each SLO's threshold, by SLO, pool and priority (the stall basis).
-            let mut past: std::collections::HashMap<(u16, &str, startline_proto::pb::PriorityClass), usize> =
+            // Jobs waiting past each SLO's threshold, by SLO, GPU class (pool when none) and priority (the stall
+            // basis: a capacity crunch hits every pool of a class).
+            let scope = |a: &crate::job::JobAttrs| -> String {
+                if a.gpu_class.is_empty() {
+                    format!("pool:{}", a.pool)
+                } else {
+                    format!("class:{}", a.gpu_class)
+                }
+            };
+            let mut past: std::collections::HashMap<(u16, String, startline_proto::pb::PriorityClass), usize> =
                 std::collections::HashMap::new();
             for h in idx.jobs.values() {
                 let Some(a) = h.rec.timeline.attrs.as_ref() else { continue };
                 for c in h.slo.iter().filter(|c| c.breached_waiting) {
-                    *past.entry((c.slo, a.pool.as_str(), a.priority)).or_default() += 1;
+                    *past.entry((c.slo, scope(a), a.priority)).or_default() += 1;
                 }
             }
             for (id, h) in &idx.jobs {
@@ -620,7 +628,7 @@ impl AlertLoop {
                         priority: a.priority,
                         submitted_ms: sub,
                         estimated_start_ms: t.current_estimated_start,
-                        others_waiting_past: past.get(&(c.slo, a.pool.as_str(), a.priority)).copied().unwrap_or(0),
+                        others_waiting_past: past.get(&(c.slo, scope(a), a.priority)).copied().unwrap_or(0),
                     };
                     let Some(basis) = predict(model, &self.prediction, job, def.threshold_ms, now) else { continue };
                     let key = format!("predict/{}/{id}", def.name);
@@ -630,9 +638,13 @@ impl AlertLoop {
                             format!("the scheduler estimates its start at {}", format_ms(estimated_start_ms))
                         }
                         Basis::Stall { waiting_past } => format!(
-                            "{waiting_past} other {} job(s) of pool {} are already waiting past this threshold",
+                            "{waiting_past} other {} job(s) of {} are already waiting past this threshold",
                             a.priority.label(),
-                            a.pool
+                            if a.gpu_class.is_empty() {
+                                format!("pool {}", a.pool)
+                            } else {
+                                format!("GPU class {}", a.gpu_class)
+                            }
                         ),
                         Basis::History { probability, samples } => format!(
                             "{:.0}% of {samples} recent {} jobs of pool {} that waited this long waited past it",

@@ -9,9 +9,10 @@
 //!   them that waited past the threshold estimates `P(TTFS > threshold | TTFS > waited)`. A breach is predicted
 //!   when that share is at least `confidence` and at least `min_samples` jobs back it. Jobs that ended without
 //!   starting are left out of the samples (their start time is unknown);
-//! - **stall**: the pool is stalled for the job's priority now: at least `stall_jobs` other jobs of the same pool
-//!   and priority are still waiting past this SLO's threshold. What a sudden capacity crunch shows first, which
-//!   history cannot: every job that arrives after the first breach is warned at once.
+//! - **stall**: the job's GPU class (its pool, when it names no class) is stalled for its priority now: at least
+//!   `stall_jobs` other jobs of the same class and priority, in any pool, are still waiting past this SLO's
+//!   threshold. What a sudden capacity crunch shows first (it hits every pool of a class, managed and dedicated),
+//!   which history cannot: every job that arrives after the first breach is warned at once.
 
 use startline_proto::pb;
 use std::collections::HashMap;
@@ -30,7 +31,8 @@ pub struct PredictionSection {
     pub lookback: Option<String>,
     /// How often the history is rebuilt (default `5m`).
     pub model_interval: Option<String>,
-    /// Other jobs of the pool and priority waiting past the threshold that make it stalled (default 1; 0: off).
+    /// Other jobs of the GPU class (or pool) and priority waiting past the threshold that make it stalled
+    /// (default 1; 0: off).
     pub stall_jobs: Option<usize>,
 }
 
@@ -105,7 +107,8 @@ pub struct PredictSettings {
     pub lookback_ms: i64,
     /// How often the history is rebuilt (one scan of every job), ms.
     pub model_interval_ms: i64,
-    /// Other jobs of the same pool and priority waiting past the threshold that make the pool stalled (0: off).
+    /// Other jobs of the same GPU class (or pool) and priority waiting past the threshold that make it stalled
+    /// (0: off).
     pub stall_jobs: usize,
 }
 
@@ -177,7 +180,7 @@ pub enum Basis {
         /// Its estimate (Unix ms).
         estimated_start_ms: i64,
     },
-    /// Other jobs of the pool and priority are waiting past the threshold now.
+    /// Other jobs of the GPU class (or pool) and priority are waiting past the threshold now.
     Stall {
         /// How many.
         waiting_past: usize,
@@ -213,7 +216,7 @@ pub struct Waiting<'a> {
     pub submitted_ms: i64,
     /// The scheduler's estimated start, if the current wait carries one.
     pub estimated_start_ms: Option<i64>,
-    /// Other jobs of its pool and priority waiting past this threshold now.
+    /// Other jobs of its GPU class (its pool when it names none) and priority waiting past this threshold now.
     pub others_waiting_past: usize,
 }
 
