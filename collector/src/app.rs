@@ -390,14 +390,16 @@ pub async fn run_with_clock(
             shutdown: alert_stop.clone(),
         }),
         deferred: Default::default(),
-        nodes: config.nodes,
-        node_health: node_health.clone(),
-        node_board,
-        chain_slos: Arc::new(config.chain_slos.clone()),
-        final_stages: Arc::new(config.final_stages.clone()),
-        chain_interval_ms: config.chain_interval_ms,
-        chain_board: chain_board.clone(),
-        prediction: config.prediction,
+        scans: crate::alert::ScanAlerts {
+            nodes: config.nodes,
+            node_health: node_health.clone(),
+            node_board,
+            chain_slos: Arc::new(config.chain_slos.clone()),
+            final_stages: Arc::new(config.final_stages.clone()),
+            chain_interval_ms: config.chain_interval_ms,
+            chain_board: chain_board.clone(),
+            prediction: config.prediction,
+        },
     };
     alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
 

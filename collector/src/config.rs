@@ -832,14 +832,7 @@ fn validate_slos(sections: &[SloSection], errs: &mut Vec<String>) -> Vec<crate::
     for (i, s) in sections.iter().enumerate() {
         let at = format!("slo[{i}]");
         let name = s.name.clone().unwrap_or_default();
-        if name.is_empty()
-            || name.len() > 64
-            || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
-            errs.push(format!("{at}.name: {name:?} must be 1-64 characters of [a-z0-9-]"));
-        } else if !names.insert(name.clone()) {
-            errs.push(format!("{at}.name: {name:?} is used twice"));
-        }
+        crate::slo::def::check_name(&at, &name, &mut names, errs);
         let threshold_ms = match s.threshold.as_deref().map(humantime::parse_duration) {
             None => {
                 errs.push(format!("{at}.threshold: is required, e.g. \"10m\""));
@@ -855,17 +848,7 @@ fn validate_slos(sections: &[SloSection], errs: &mut Vec<String>) -> Vec<crate::
             }
             Some(Ok(d)) => d.as_millis() as i64,
         };
-        let objective = match s.objective {
-            Some(o) if o > 0.0 && o < 100.0 => o / 100.0,
-            Some(o) => {
-                errs.push(format!("{at}.objective: {o} must be a percentage strictly between 0 and 100"));
-                0.99
-            }
-            None => {
-                errs.push(format!("{at}.objective: is required, e.g. 99"));
-                0.99
-            }
-        };
+        let objective = crate::slo::def::objective_share(&at, s.objective, "99", 0.99, errs);
         let window_ms = match s.window.as_deref().map(humantime::parse_duration) {
             None => 28 * 86_400_000,
             Some(Ok(d)) if d >= Duration::from_secs(3600) && d <= Duration::from_secs(400 * 86_400) => {

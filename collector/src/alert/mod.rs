@@ -75,6 +75,27 @@ pub struct Reconfigure {
     pub shutdown: CancellationToken,
 }
 
+/// What the alerts that scan every job need: suspect nodes, chain SLOs, breach predictions.
+#[derive(Debug, Clone, Default)]
+pub struct ScanAlerts {
+    /// The suspect-node rule and whether to alert on it.
+    pub nodes: crate::index::nodes::NodeSettings,
+    /// GPU health readings.
+    pub node_health: crate::index::nodes::HealthBook,
+    /// Where node figures are published for the metrics.
+    pub node_board: crate::index::nodes::NodeBoard,
+    /// Chain SLOs (`[[chain_slo]]`).
+    pub chain_slos: Arc<Vec<crate::slo::chain::ChainSloDef>>,
+    /// Stages that complete a chain.
+    pub final_stages: Arc<Vec<String>>,
+    /// How often chain SLOs are evaluated, ms.
+    pub chain_interval_ms: i64,
+    /// Where chain SLO figures are published for the metrics.
+    pub chain_board: crate::index::chains::ChainSloBoard,
+    /// Breach prediction (`[prediction]`).
+    pub prediction: crate::slo::predict::PredictSettings,
+}
+
 /// Everything the alert loop needs.
 pub struct AlertLoop {
     /// The job index (with the SLO engine inside).
@@ -98,22 +119,8 @@ pub struct AlertLoop {
     pub base_url: String,
     /// Settings reloads (None: fixed settings).
     pub reconfigure: Option<Reconfigure>,
-    /// The suspect-node rule and whether to alert on it.
-    pub nodes: crate::index::nodes::NodeSettings,
-    /// GPU health readings.
-    pub node_health: crate::index::nodes::HealthBook,
-    /// Where node figures are published for the metrics.
-    pub node_board: crate::index::nodes::NodeBoard,
-    /// Chain SLOs (`[[chain_slo]]`).
-    pub chain_slos: Arc<Vec<crate::slo::chain::ChainSloDef>>,
-    /// Stages that complete a chain.
-    pub final_stages: Arc<Vec<String>>,
-    /// How often chain SLOs are evaluated, ms.
-    pub chain_interval_ms: i64,
-    /// Where chain SLO figures are published for the metrics.
-    pub chain_board: crate::index::chains::ChainSloBoard,
-    /// Breach prediction (`[prediction]`).
-    pub prediction: crate::slo::predict::PredictSettings,
+    /// The alerts that scan every job: suspect nodes, chain SLOs, breach predictions.
+    pub scans: ScanAlerts,
     /// Page conditions whose job's source is still replaying a backlog: (SLO index, job id), judged again once
     /// the source has caught up (see [`crate::index::SourceMarks`]).
     pub deferred: Mutex<std::collections::BTreeSet<(u16, String)>>,
@@ -216,18 +223,21 @@ impl AlertLoop {
             first = false;
             if do_eval {
                 changed.extend(self.burn_alerts(now));
-                if last_node_eval.is_none_or(|t| now - t >= self.nodes.evaluation_interval_ms) {
+                if last_node_eval.is_none_or(|t| now - t >= self.scans.nodes.evaluation_interval_ms) {
                     last_node_eval = Some(now);
                     changed.extend(self.node_alerts(now).await);
                 }
-                if self.prediction.enabled {
-                    if wait_model.built_at_ms == 0 || now - wait_model.built_at_ms >= self.prediction.model_interval_ms
+                if self.scans.prediction.enabled {
+                    if wait_model.built_at_ms == 0
+                        || now - wait_model.built_at_ms >= self.scans.prediction.model_interval_ms
                     {
                         wait_model = self.wait_model(now).await;
                     }
                     changed.extend(self.predicted_breaches(&wait_model, now));
                 }
-                if !self.chain_slos.is_empty() && last_chain_eval.is_none_or(|t| now - t >= self.chain_interval_ms) {
+                if !self.scans.chain_slos.is_empty()
+                    && last_chain_eval.is_none_or(|t| now - t >= self.scans.chain_interval_ms)
+                {
                     last_chain_eval = Some(now);
                     changed.extend(self.chain_alerts(now).await);
                 }
@@ -456,7 +466,7 @@ impl AlertLoop {
     /// `[nodes]` window, publishes the figures for the metrics, and raises
     /// `StartlineNodeSuspect` (severity `ticket`) for each suspect node, resolving those no longer suspect.
     async fn node_alerts(&self, now: i64) -> Vec<AlertRecord> {
-        let (index, health, settings) = (self.index.clone(), self.node_health.clone(), self.nodes);
+        let (index, health, settings) = (self.index.clone(), self.scans.node_health.clone(), self.scans.nodes);
         let from = now - settings.window_ms;
         let rep = match tokio::task::spawn_blocking(move || {
             crate::index::nodes::report(&index, &health, from, now, &settings.rule)
@@ -469,7 +479,7 @@ impl AlertLoop {
                 return Vec::new();
             }
         };
-        self.node_board.publish(&rep);
+        self.scans.node_board.publish(&rep);
         let mut out = Vec::new();
         let mut firing_now = std::collections::BTreeSet::new();
         if settings.alert {
@@ -534,39 +544,16 @@ impl AlertLoop {
                 .map(|(k, v)| (k.to_string(), v))
                 .collect();
                 self.add_runbook(&mut annotations, "StartlineNodeSuspect");
-                let fired = self.board.with(|b| match b.get_mut(&key) {
-                    Some(a) if a.firing() => {
-                        a.annotations = annotations.clone();
-                        None
-                    }
-                    _ => {
-                        let a = AlertRecord {
-                            key: key.clone(),
-                            labels,
-                            annotations,
-                            starts_at_ms: now,
-                            resolved_at_ms: None,
-                        };
-                        b.insert(key.clone(), a.clone());
-                        Some(a)
-                    }
-                });
-                out.extend(fired);
+                out.extend(self.fire_or_update(&key, labels, annotations, now));
             }
         }
-        let stale: Vec<String> = self.board.with(|b| {
-            b.values()
-                .filter(|a| a.firing() && a.key.starts_with("node/") && !firing_now.contains(&a.key))
-                .map(|a| a.key.clone())
-                .collect()
-        });
-        out.extend(stale.iter().filter_map(|k| self.resolve(k, now)));
+        out.extend(self.resolve_stale("node/", &firing_now, now));
         out
     }
 
     /// The recent times to first step by pool and priority (one scan of every job).
     async fn wait_model(&self, now: i64) -> crate::slo::predict::WaitModel {
-        let (index, from) = (self.index.clone(), now - self.prediction.lookback_ms);
+        let (index, from) = (self.index.clone(), now - self.scans.prediction.lookback_ms);
         let built = tokio::task::spawn_blocking(move || {
             let mut samples = Vec::new();
             index.for_each_job(4096, |_, job| {
@@ -630,7 +617,9 @@ impl AlertLoop {
                         estimated_start_ms: t.current_estimated_start,
                         others_waiting_past: past.get(&(c.slo, scope(a), a.priority)).copied().unwrap_or(0),
                     };
-                    let Some(basis) = predict(model, &self.prediction, job, def.threshold_ms, now) else { continue };
+                    let Some(basis) = predict(model, &self.scans.prediction, job, def.threshold_ms, now) else {
+                        continue;
+                    };
                     let key = format!("predict/{}/{id}", def.name);
                     firing.insert(key.clone());
                     let why = match basis {
@@ -708,13 +697,7 @@ impl AlertLoop {
                 }
             }
         }
-        let stale: Vec<String> = self.board.with(|b| {
-            b.values()
-                .filter(|a| a.firing() && a.key.starts_with("predict/") && !firing.contains(&a.key))
-                .map(|a| a.key.clone())
-                .collect()
-        });
-        out.extend(stale.iter().filter_map(|k| self.resolve(k, now)));
+        out.extend(self.resolve_stale("predict/", &firing, now));
         out
     }
 
@@ -724,7 +707,7 @@ impl AlertLoop {
     /// SLOs; figures published for the metrics.
     async fn chain_alerts(&self, now: i64) -> Vec<AlertRecord> {
         use crate::slo::chain::{counts, verdict, Verdict};
-        let (index, finals) = (self.index.clone(), self.final_stages.clone());
+        let (index, finals) = (self.index.clone(), self.scans.final_stages.clone());
         let chains = match tokio::task::spawn_blocking(move || crate::index::chains::chains(&index, &finals, now)).await
         {
             Ok(c) => c,
@@ -736,7 +719,7 @@ impl AlertLoop {
         let mut out = Vec::new();
         let mut late_now = std::collections::BTreeSet::new();
         let mut figures = Vec::new();
-        for def in self.chain_slos.iter() {
+        for def in self.scans.chain_slos.iter() {
             let mut verdicts = Vec::new();
             let mut fig = crate::index::chains::ChainSloFigures { slo: def.name.clone(), ..Default::default() };
             for (id, c) in &chains {
@@ -811,14 +794,8 @@ impl AlertLoop {
                 out.extend(self.fire_or_update(&key, labels, annotations, now));
             }
         }
-        self.chain_board.publish(figures);
-        let stale: Vec<String> = self.board.with(|b| {
-            b.values()
-                .filter(|a| a.firing() && a.key.starts_with("chain/") && !late_now.contains(&a.key))
-                .map(|a| a.key.clone())
-                .collect()
-        });
-        out.extend(stale.iter().filter_map(|k| self.resolve(k, now)));
+        self.scans.chain_board.publish(figures);
+        out.extend(self.resolve_stale("chain/", &late_now, now));
         out
     }
 
@@ -877,24 +854,7 @@ impl AlertLoop {
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         self.add_runbook(&mut annotations, "StartlineChainLate");
-        let fired = self.board.with(|b| match b.get_mut(key) {
-            Some(a) if a.firing() => {
-                a.annotations = annotations.clone();
-                None
-            }
-            _ => {
-                let a = AlertRecord {
-                    key: key.to_string(),
-                    labels,
-                    annotations,
-                    starts_at_ms: deadline,
-                    resolved_at_ms: None,
-                };
-                b.insert(key.to_string(), a.clone());
-                Some(a)
-            }
-        });
-        fired
+        self.fire_or_update(key, labels, annotations, deadline)
     }
 
     /// Fires an alert (or refreshes the annotations of one already firing, without a new notification).
@@ -903,7 +863,7 @@ impl AlertLoop {
         key: &str,
         labels: BTreeMap<String, String>,
         annotations: BTreeMap<String, String>,
-        now: i64,
+        starts_at_ms: i64,
     ) -> Option<AlertRecord> {
         self.board.with(|b| match b.get_mut(key) {
             Some(a) if a.firing() => {
@@ -911,12 +871,22 @@ impl AlertLoop {
                 None
             }
             _ => {
-                let a =
-                    AlertRecord { key: key.to_string(), labels, annotations, starts_at_ms: now, resolved_at_ms: None };
+                let a = AlertRecord { key: key.to_string(), labels, annotations, starts_at_ms, resolved_at_ms: None };
                 b.insert(key.to_string(), a.clone());
                 Some(a)
             }
         })
+    }
+
+    /// Resolves the firing alerts whose key starts with `prefix` and is not in `keep`.
+    fn resolve_stale(&self, prefix: &str, keep: &std::collections::BTreeSet<String>, now: i64) -> Vec<AlertRecord> {
+        let stale: Vec<String> = self.board.with(|b| {
+            b.values()
+                .filter(|a| a.firing() && a.key.starts_with(prefix) && !keep.contains(&a.key))
+                .map(|a| a.key.clone())
+                .collect()
+        });
+        stale.iter().filter_map(|k| self.resolve(k, now)).collect()
     }
 
     fn burn_alerts(&self, now: i64) -> Vec<AlertRecord> {
@@ -954,24 +924,7 @@ impl AlertLoop {
                 .map(|(k, v)| (k.to_string(), v))
                 .collect();
                 self.add_runbook(&mut annotations, "StartlineSLOBurnRate");
-                let fired = self.board.with(|b| match b.get_mut(&key) {
-                    Some(a) if a.firing() => {
-                        a.annotations = annotations.clone();
-                        None
-                    }
-                    _ => {
-                        let a = AlertRecord {
-                            key: key.clone(),
-                            labels,
-                            annotations,
-                            starts_at_ms: now,
-                            resolved_at_ms: None,
-                        };
-                        b.insert(key.clone(), a.clone());
-                        Some(a)
-                    }
-                });
-                out.extend(fired);
+                out.extend(self.fire_or_update(&key, labels, annotations, now));
             }
         }
         out

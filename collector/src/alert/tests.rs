@@ -91,14 +91,10 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
         base_url: "http://test".into(),
         reconfigure: None,
         deferred: Default::default(),
-        nodes: Default::default(),
-        node_health: Default::default(),
-        node_board: Default::default(),
-        chain_slos: Default::default(),
-        final_stages: Default::default(),
-        chain_interval_ms: 60_000,
-        chain_board: Default::default(),
-        prediction: crate::slo::predict::PredictSettings { enabled: false, ..Default::default() },
+        scans: ScanAlerts {
+            prediction: crate::slo::predict::PredictSettings { enabled: false, ..Default::default() },
+            ..Default::default()
+        },
     };
     let task = tokio::spawn(l.run(stop.clone()));
     Harness { index, clock, wake, rx, stop, task, board }
@@ -310,14 +306,10 @@ async fn a_slow_notifier_never_blocks_the_loop() {
         base_url: String::new(),
         reconfigure: None,
         deferred: Default::default(),
-        nodes: Default::default(),
-        node_health: Default::default(),
-        node_board: Default::default(),
-        chain_slos: Default::default(),
-        final_stages: Default::default(),
-        chain_interval_ms: 60_000,
-        chain_board: Default::default(),
-        prediction: crate::slo::predict::PredictSettings { enabled: false, ..Default::default() },
+        scans: ScanAlerts {
+            prediction: crate::slo::predict::PredictSettings { enabled: false, ..Default::default() },
+            ..Default::default()
+        },
     };
     let task = tokio::spawn(l.run(stop.clone()));
     tokio::time::sleep(Duration::from_millis(11 * MIN as u64)).await;

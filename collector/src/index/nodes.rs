@@ -237,7 +237,10 @@ pub fn report(index: &SharedIndex, health: &HealthBook, from: i64, to: i64, rule
     let mut nodes = Vec::new();
     let mut placed: std::collections::HashSet<Arc<str>> = std::collections::HashSet::new();
     for (pool, members) in &tally.pools {
-        let verdicts: BTreeMap<Arc<str>, Verdict> = judge(members, |n| health.window(n, from, to), rule);
+        // Each node's health read once (the book's lock and a walk of its readings), for the verdict and the line.
+        let healths: HashMap<&str, Option<Health>> =
+            members.keys().map(|n| (&**n, health.window(n, from, to))).collect();
+        let verdicts: BTreeMap<Arc<str>, Verdict> = judge(members, |n| healths.get(n).copied().flatten(), rule);
         for (name, stats) in members {
             placed.insert(name.clone());
             let Some(verdict) = verdicts.get(name).cloned() else { continue };
@@ -246,7 +249,7 @@ pub fn report(index: &SharedIndex, health: &HealthBook, from: i64, to: i64, rule
                 node: name.clone(),
                 stats: stats.clone(),
                 verdict,
-                health: health.window(name, from, to),
+                health: healths.get(&**name).copied().flatten(),
             });
         }
     }

@@ -98,29 +98,12 @@ pub fn validate(sections: &[ChainSloSection], errs: &mut Vec<String>) -> Vec<Cha
     for (i, s) in sections.iter().enumerate() {
         let at = format!("chain_slo[{i}]");
         let name = s.name.clone().unwrap_or_default();
-        if name.is_empty()
-            || name.len() > 64
-            || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
-            errs.push(format!("{at}.name: {name:?} must be 1-64 characters of [a-z0-9-]"));
-        } else if !names.insert(name.clone()) {
-            errs.push(format!("{at}.name: {name:?} is used twice"));
-        }
+        super::def::check_name(&at, &name, &mut names, errs);
         let threshold_ms = duration(&at, "threshold", s.threshold.as_deref(), errs);
         if s.threshold.is_none() {
             errs.push(format!("{at}.threshold: is required, e.g. \"6h\""));
         }
-        let objective = match s.objective {
-            Some(o) if o > 0.0 && o < 100.0 => o / 100.0,
-            Some(o) => {
-                errs.push(format!("{at}.objective: {o} must be a percentage strictly between 0 and 100"));
-                0.95
-            }
-            None => {
-                errs.push(format!("{at}.objective: is required, e.g. 95"));
-                0.95
-            }
-        };
+        let objective = super::def::objective_share(&at, s.objective, "95", 0.95, errs);
         let window_ms = duration(&at, "window", s.window.as_deref(), errs).unwrap_or(28 * 86_400_000);
         for (field, list) in
             [("chain_id_prefix", &s.selector.chain_id_prefix), ("kind", &s.selector.kind), ("team", &s.selector.team)]

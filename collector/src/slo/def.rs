@@ -21,6 +21,34 @@ pub struct Hours {
     pub tz: Arc<tz::TimeZone>,
 }
 
+/// Checks an objective's name (`[a-z0-9-]{1,64}`, unique among `names`), naming the problem at `{at}.name`.
+pub fn check_name(at: &str, name: &str, names: &mut std::collections::HashSet<String>, errs: &mut Vec<String>) {
+    if name.is_empty()
+        || name.len() > 64
+        || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        errs.push(format!("{at}.name: {name:?} must be 1-64 characters of [a-z0-9-]"));
+    } else if !names.insert(name.to_string()) {
+        errs.push(format!("{at}.name: {name:?} is used twice"));
+    }
+}
+
+/// An objective written in percent as a share, or `fallback` with the problem named at `{at}.objective` when it is
+/// missing (`example` shows a value) or not strictly between 0 and 100.
+pub fn objective_share(at: &str, percent: Option<f64>, example: &str, fallback: f64, errs: &mut Vec<String>) -> f64 {
+    match percent {
+        Some(o) if o > 0.0 && o < 100.0 => o / 100.0,
+        Some(o) => {
+            errs.push(format!("{at}.objective: {o} must be a percentage strictly between 0 and 100"));
+            fallback
+        }
+        None => {
+            errs.push(format!("{at}.objective: is required, e.g. {example}"));
+            fallback
+        }
+    }
+}
+
 fn parse_hhmm(s: &str) -> Option<u32> {
     let (h, m) = s.trim().split_once(':')?;
     let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
