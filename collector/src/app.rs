@@ -218,6 +218,8 @@ pub async fn run_with_clock(
         }
         None => None,
     };
+    // The stream out: written by the committer, read by StreamService subscribers.
+    let stream = crate::stream::Stream::new(config.stream);
     let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
     let committer = applier::spawn(
         store.clone(),
@@ -235,6 +237,7 @@ pub async fn run_with_clock(
             fold_after: config.fold_after,
             fold_interval: config.fold_interval,
             feed: feed.clone(),
+            stream: config.stream.enabled.then(|| stream.clone()),
         },
         stats.clone(),
         health.clone(),
@@ -283,6 +286,16 @@ pub async fn run_with_clock(
         auth.clone(),
         Some(Scope::Ingest),
     );
+    let stream_server = Guarded::new(
+        startline_proto::pb::stream_service_server::StreamServiceServer::new(crate::export::stream::StreamService {
+            store: store.clone(),
+            stream: stream.clone(),
+            shutdown: shutdown.clone(),
+            clock,
+        }),
+        auth.clone(),
+        Some(Scope::Read),
+    );
     let reflection_v1 = Guarded::new(reflection_v1, auth.clone(), None);
     let reflection_v1alpha = Guarded::new(reflection_v1alpha, auth.clone(), None);
 
@@ -316,6 +329,7 @@ pub async fn run_with_clock(
             .add_service(reflection_v1alpha)
             .add_service(ingest_server)
             .add_service(node_health_server)
+            .add_service(stream_server)
             .serve_with_incoming_shutdown(grpc_incoming, async move { grpc_stop.cancelled().await }),
     );
 
@@ -390,6 +404,7 @@ pub async fn run_with_clock(
             shutdown: alert_stop.clone(),
         }),
         deferred: Default::default(),
+        stream: config.stream.enabled.then(|| stream.clone()),
         scans: crate::alert::ScanAlerts {
             nodes: config.nodes,
             node_health: node_health.clone(),

@@ -53,6 +53,9 @@ pub struct FileConfig {
     /// `[prediction]`: warnings before start SLO breaches.
     #[serde(default)]
     pub prediction: crate::slo::predict::PredictionSection,
+    /// `[stream]`: the resumable stream out (gRPC `StreamService`).
+    #[serde(default)]
+    pub stream: crate::stream::StreamSection,
     /// `[[chain_slo]]`: deadlines on time to artifact for chains.
     #[serde(default)]
     pub chain_slo: Vec<crate::slo::chain::ChainSloSection>,
@@ -345,6 +348,8 @@ pub struct Config {
     pub final_stages: Vec<String>,
     /// Breach prediction.
     pub prediction: crate::slo::predict::PredictSettings,
+    /// The stream out.
+    pub stream: crate::stream::StreamSettings,
     /// Chain SLOs.
     pub chain_slos: Vec<crate::slo::chain::ChainSloDef>,
     /// How often chain SLOs are evaluated, ms.
@@ -463,6 +468,7 @@ impl FileConfig {
         let nodes = self.nodes.validate(&mut errs);
         let chain_slos = crate::slo::chain::validate(&self.chain_slo, &mut errs);
         let prediction = self.prediction.validate(&mut errs);
+        let stream = self.stream.validate(&mut errs);
         let chain_interval_ms = match self.chains.evaluation_interval.as_deref().map(humantime::parse_duration) {
             None => 60_000,
             Some(Ok(d)) if d.as_millis() >= 1000 && d.as_secs() <= 86_400 => d.as_millis() as i64,
@@ -491,6 +497,7 @@ impl FileConfig {
             final_stages: self.chains.final_stages.clone(),
             chain_slos,
             prediction,
+            stream,
             chain_interval_ms,
             nodes,
             store_path: store.path,

@@ -40,4 +40,5 @@ pub mod job;
 pub mod settings;
 pub mod slo;
 pub mod store;
+pub mod stream;
 pub mod time;

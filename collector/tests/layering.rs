@@ -36,20 +36,22 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("slo", &["job", "time"]),
     // The accepted-event feed: the applier publishes, readers subscribe.
     ("feed", &["job"]),
+    // The stream out's records, job changes, filters, live hub and alert outbox.
+    ("stream", &["job", "slo", "time", "settings"]),
     // Storage: bytes in and out, keyed by the domain's types.
     ("store", &["job", "time", "health"]),
     // The in-memory index: hot jobs, folded rows, derived SLO and metric state, label limits.
     ("index", &["job", "slo", "time", "health"]),
     // The applier: group commit and acks, checkpoints, folds, retention.
-    ("applier", &["job", "slo", "index", "store", "time", "health", "feed"]),
+    ("applier", &["job", "slo", "index", "store", "time", "health", "feed", "stream"]),
     // The ingest edge: validation and the batch handed to the applier.
     // Who is talking and what they may do: used by both edges and exported by `export`.
     ("auth", &["settings", "time"]),
     ("ingest", &["job", "applier", "store", "time", "health", "settings", "auth"]),
     // Readers: never the ingest path or the applier. `export` observes the alert board for its gauges (alert
     // never imports export); `api` serves every reader.
-    ("alert", &["job", "slo", "index", "store", "time", "health", "settings"]),
-    ("export", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "auth", "feed"]),
+    ("alert", &["job", "slo", "index", "store", "time", "health", "settings", "stream"]),
+    ("export", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "auth", "feed", "stream"]),
     ("compare", &["job", "slo", "index", "time"]),
     ("api", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "export", "compare", "auth"]),
     // The top.

@@ -124,6 +124,8 @@ pub struct AlertLoop {
     /// Page conditions whose job's source is still replaying a backlog: (SLO index, job id), judged again once
     /// the source has caught up (see [`crate::index::SourceMarks`]).
     pub deferred: Mutex<std::collections::BTreeSet<(u16, String)>>,
+    /// The stream out, which receives every alert change (when kept).
+    pub stream: Option<Arc<crate::stream::Stream>>,
 }
 
 /// A job id as one URL fragment segment (its `/` kept: the dashboard reads the rest of the fragment as the id).
@@ -272,6 +274,15 @@ impl AlertLoop {
                 }
                 for a in &changed {
                     tracing::info!(key = %a.key, firing = a.firing(), "alert");
+                }
+                if let Some(stream) = &self.stream {
+                    stream.post_alerts(changed.iter().map(|a| crate::stream::AlertNote {
+                        key: a.key.clone(),
+                        labels: a.labels.clone(),
+                        annotations: a.annotations.clone(),
+                        starts_at_ms: a.starts_at_ms,
+                        resolved_at_ms: a.resolved_at_ms,
+                    }));
                 }
                 self.deliver(changed);
             }

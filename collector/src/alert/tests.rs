@@ -91,6 +91,7 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
         base_url: "http://test".into(),
         reconfigure: None,
         deferred: Default::default(),
+        stream: None,
         scans: ScanAlerts {
             prediction: crate::slo::predict::PredictSettings { enabled: false, ..Default::default() },
             ..Default::default()
@@ -306,6 +307,7 @@ async fn a_slow_notifier_never_blocks_the_loop() {
         base_url: String::new(),
         reconfigure: None,
         deferred: Default::default(),
+        stream: None,
         scans: ScanAlerts {
             prediction: crate::slo::predict::PredictSettings { enabled: false, ..Default::default() },
             ..Default::default()

@@ -143,15 +143,42 @@ impl Committer {
         }
         let first_seq = self.index.read().last_seq + 1;
         let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
-        for (req, flags) in group.iter_mut().zip(&fresh) {
-            for (ev, _) in req.events.iter_mut().zip(flags).filter(|(_, f)| **f) {
-                entries.push((first_seq + entries.len() as u64, std::mem::take(&mut ev.encoded)));
+        // The stream's filter subject of each fresh event (only when the stream is kept).
+        let mut subjects = Vec::new();
+        {
+            let idx = self.stream.as_ref().map(|_| self.index.read());
+            for (req, flags) in group.iter_mut().zip(&fresh) {
+                for (ev, _) in req.events.iter_mut().zip(flags).filter(|(_, f)| **f) {
+                    entries.push((first_seq + entries.len() as u64, std::mem::take(&mut ev.encoded)));
+                    if let Some(idx) = &idx {
+                        let known = idx.jobs.get(&ev.job_id).and_then(|h| h.rec.timeline.attrs.clone());
+                        subjects.push(super::stream::subject_of(&ev.job_id, &ev.compact.kind, known.as_deref()));
+                    }
+                }
             }
         }
-        if failed.is_none() && !entries.is_empty() {
-            if let Err(e) = self.store.append_durable(&entries) {
+        let now = self.settings.clock.now_ms();
+        let staged =
+            self.stream.as_ref().filter(|_| failed.is_none()).map(|sw| {
+                sw.stage(now, subjects.into_iter().zip(&entries).map(|(s, (seq, v))| (s, *seq, v.as_slice())))
+            });
+        if failed.is_none() && !(entries.is_empty() && staged.as_ref().is_none_or(|s| s.records.is_empty())) {
+            let stream_entries: Vec<(u64, Vec<u8>)> = staged
+                .as_ref()
+                .map(|s| s.records.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect())
+                .unwrap_or_default();
+            if let Err(e) = self.store.append_durable_with_stream(&entries, &stream_entries) {
                 tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
                 failed = Some(self.cause_of(&e));
+            }
+        }
+        let mut event_cursors = Vec::new();
+        if let (Some(sw), Some(staged)) = (&self.stream, staged) {
+            if failed.is_some() {
+                sw.unstage(staged);
+            } else {
+                event_cursors = staged.event_cursors.clone();
+                sw.durable(staged.records);
             }
         }
         if let Some(cause) = failed {
@@ -178,8 +205,8 @@ impl Committer {
         let mut fed = crate::feed::Group::default();
         let mut replies = Vec::with_capacity(group.len());
         let mut observations = Vec::new();
+        let mut changes = Vec::new();
         {
-            let now = self.settings.clock.now_ms();
             let mut idx = self.index.write();
             idx.begin_group();
             let mut seq = first_seq;
@@ -193,7 +220,19 @@ impl Committer {
                     }
                     let at_ms = compact.at_ms;
                     let done = matches!(compact.kind, crate::job::EventKind::Done { .. });
+                    let before = self
+                        .stream
+                        .as_ref()
+                        .map(|_| idx.jobs.get(&ev.job_id).map(|h| crate::stream::JobView::of(&h.rec.timeline, &h.slo)));
                     observations.extend(idx.insert(&ev.job_id, compact, now));
+                    if let (Some(sw), Some(before), Some(h)) = (&self.stream, before, idx.jobs.get(&ev.job_id)) {
+                        let after = crate::stream::JobView::of(&h.rec.timeline, &h.slo);
+                        let named = |i| super::stream::slo_name(&idx.slo, i);
+                        if let Some(c) = crate::stream::change(before.as_ref(), &after, seq, named) {
+                            let subject = crate::stream::Subject::job(&ev.job_id, h.rec.timeline.attrs.as_deref());
+                            changes.push(sw.change(now, &subject, c));
+                        }
+                    }
                     idx.note_source(&ev.job_id, ev.source, at_ms, now);
                     if feeding {
                         let attrs = idx.jobs.get(&ev.job_id).and_then(|h| h.rec.timeline.attrs.clone());
@@ -220,6 +259,9 @@ impl Committer {
         }
         if feeding {
             self.settings.feed.publish(fed);
+        }
+        if let Some(sw) = &self.stream {
+            sw.write_changes(&self.store, changes, event_cursors.last().copied());
         }
         let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
         let rejected: usize = results.iter().map(|r| r.rejections.len()).sum();

@@ -25,6 +25,7 @@ mod commit;
 pub mod fold;
 pub mod health;
 mod retention;
+mod stream;
 
 use crate::health::{Health, IngestStats};
 use crate::index::SharedIndex;
@@ -119,6 +120,8 @@ pub struct CommitterSettings {
     pub fold_after: Option<Duration>,
     /// How often fold candidates are looked for.
     pub fold_interval: Duration,
+    /// The stream out, when kept (`[stream] enabled`).
+    pub stream: Option<Arc<crate::stream::Stream>>,
 }
 
 /// Starts the committer thread (call it within the tokio runtime: the thread borrows its timer). It runs until
@@ -133,7 +136,17 @@ pub fn spawn(
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let runtime = tokio::runtime::Handle::current();
     std::thread::Builder::new().name("startline-committer".into()).spawn(move || {
+        let stream = settings.stream.clone().and_then(|s| {
+            match stream::StreamWriter::open(&store, &index, s, settings.clock.now_ms()) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot open the stream; it is not kept until a restart");
+                    None
+                }
+            }
+        });
         Committer {
+            stream,
             runtime,
             store,
             index,
@@ -153,6 +166,8 @@ pub fn spawn(
 
 /// The committer's state (see the module doc).
 struct Committer {
+    /// The stream's writer, when the stream is kept.
+    stream: Option<stream::StreamWriter>,
     runtime: tokio::runtime::Handle,
     store: Store,
     index: SharedIndex,
@@ -228,15 +243,34 @@ impl Committer {
             let first = match rx.try_recv() {
                 Ok(r) => Some(r),
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
-                // Idle: a timed wait on the runtime's timer (the committer is a plain thread).
+                // Idle: stream records written since the last flush are flushed and published first; then a
+                // timed wait on the runtime's timer (the committer is a plain thread), which posted alert
+                // changes cut short.
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    match self.runtime.block_on(async { tokio::time::timeout(wait, rx.recv()).await }) {
+                    if let Some(sw) = self.stream.as_ref().filter(|s| s.has_work()) {
+                        sw.idle_flush(&self.store, self.settings.clock.now_ms());
+                    }
+                    let woken = async {
+                        match &self.stream {
+                            Some(sw) => sw.stream.wake.notified().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    match self.runtime.block_on(async {
+                        tokio::select! {
+                            r = tokio::time::timeout(wait, rx.recv()) => r.map_err(|_| ()),
+                            _ = woken => Err(()),
+                        }
+                    }) {
                         Ok(Some(r)) => Some(r),
                         Ok(None) => break,
-                        Err(_) => None,
+                        Err(()) => None,
                     }
                 }
             };
+            if let Some(sw) = &self.stream {
+                sw.trim(&self.store, self.settings.clock.now_ms());
+            }
             if let Some(retention) = self.settings.retention {
                 if last_retention.elapsed() >= self.settings.retention_interval {
                     self.expire(retention);
@@ -308,6 +342,10 @@ impl Committer {
         }
         if let Some(ck) = self.take_checkpoint() {
             ck.write(&self.store);
+        }
+        if let Some(sw) = &self.stream {
+            sw.idle_flush(&self.store, self.settings.clock.now_ms());
+            sw.stream.hub.close();
         }
         if let Err(e) = self.store.flush() {
             tracing::error!(error = %e, "final flush failed");

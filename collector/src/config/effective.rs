@@ -57,6 +57,7 @@ impl Config {
 
         f.chain_slo = self.chain_slos.iter().map(|d| d.section()).collect();
         f.prediction = crate::slo::predict::PredictionSection::of(&self.prediction);
+        f.stream = crate::stream::StreamSection::of(&self.stream);
         f.chains.evaluation_interval = Some(ms(self.chain_interval_ms));
         f.nodes.window = Some(ms(self.nodes.window_ms));
         f.nodes.alpha = Some(self.nodes.rule.alpha);
@@ -176,7 +177,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
     struct ChainSlos<'a> {
         chain_slo: &'a [crate::slo::chain::ChainSloSection],
     }
-    let pairs: [(&'static str, String, String); 15] = [
+    let pairs: [(&'static str, String, String); 16] = [
         ("store", text(&old.store), text(&new.store)),
         ("grpc", text(&old.grpc), text(&new.grpc)),
         ("http", text(&old.http), text(&new.http)),
@@ -189,6 +190,7 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
         ("chains", text(&old.chains), text(&new.chains)),
         ("nodes", text(&old.nodes), text(&new.nodes)),
         ("prediction", text(&old.prediction), text(&new.prediction)),
+        ("stream", text(&old.stream), text(&new.stream)),
         ("chain_slo", text(&ChainSlos { chain_slo: &old.chain_slo }), text(&ChainSlos { chain_slo: &new.chain_slo })),
         ("auth", text(&old.auth), text(&new.auth)),
         ("tls", text(&old.tls), text(&new.tls)),

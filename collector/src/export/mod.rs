@@ -21,6 +21,7 @@ pub use crate::index::{footprint as jobs, labels};
 pub mod logs;
 pub mod rules;
 pub mod slo_spec;
+pub mod stream;
 
 use crate::alert::client::{read_secret_file, ClientTlsFiles, Secret};
 use crate::alert::AlertBoard;

@@ -20,6 +20,13 @@
 //! - tree `dictionary`: `u32` big-endian -> sealed entry: the job attribute sets summaries refer to by number
 //!   (the index's format). Append-only; written in the same transaction as the summaries that first use them.
 //!
+//! - tree `stream`: `[1u8] ++ cursor` (u64 big-endian) -> sealed protobuf `StreamRecord`: the stream out (see
+//!   `stream`), kept for `[stream] retention` (the newest record always stays, so cursors never go back).
+//!   Event records are written in the same flush as their log entries; change and alert records after it, and
+//!   are made durable by the next flush before anyone is sent them. `[0u8] ++ "changes_through"` -> sealed u64:
+//!   the cursor of the last event record whose change records were written (restore resyncs the jobs of later
+//!   event records).
+//!
 //! A *sealed* value is `[version u8] ++ crc32(body) as u32 little-endian ++ body` (version 2). Version-1 values
 //! (written before checksums) are `[1u8] ++ body`: log values and alert records are still read; version-1
 //! snapshots hold event-id hashes from `std`'s unspecified hasher and are never trusted (see below).
@@ -308,6 +315,7 @@ struct Trees {
     summaries: sled::Tree,
     dictionary: sled::Tree,
     node_health: sled::Tree,
+    stream: sled::Tree,
 }
 
 impl Trees {
@@ -335,6 +343,7 @@ impl Trees {
             summaries: db.open_tree("summaries")?,
             dictionary: db.open_tree("dictionary")?,
             node_health: db.open_tree("node_health")?,
+            stream: db.open_tree("stream")?,
             db,
         })
     }
@@ -347,6 +356,11 @@ fn corrupt(what: &'static str, key: &[u8], reason: impl ToString) -> StoreError 
 /// Encodes an event as stored in the log.
 pub fn encode_log_value(ev: &pb::LifecycleEvent) -> Vec<u8> {
     seal(&ev.encode_to_vec())
+}
+
+/// The protobuf body of a stored log value (without version and checksum), if it is one.
+pub fn log_value_body(v: &[u8]) -> Option<&[u8]> {
+    unseal(v, true).ok()
 }
 
 /// Decodes a stored log value of sequence `seq` (as the accepted-event feed hands them out).
@@ -672,14 +686,97 @@ impl Store {
     /// Appends encoded events at the given sequences in one atomic batch and flushes: when this returns `Ok`,
     /// the events survive a crash of the process.
     pub fn append_durable(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+        self.append_durable_with_stream(entries, &[])
+    }
+
+    /// [`Store::append_durable`], also writing stream records (`(cursor, encoded StreamRecord)`) before the same
+    /// flush: everything written before it (earlier unflushed stream records included) is durable on `Ok`.
+    pub fn append_durable_with_stream(
+        &self,
+        entries: &[(u64, Vec<u8>)],
+        stream: &[(u64, Vec<u8>)],
+    ) -> Result<(), StoreError> {
         let t = self.t()?;
         let mut batch = sled::Batch::default();
         for (seq, value) in entries {
             batch.insert(&seq.to_be_bytes(), value.as_slice());
         }
         t.log.apply_batch(batch)?;
+        if !stream.is_empty() {
+            t.stream.apply_batch(stream_batch(stream))?;
+        }
         t.db.flush()?;
         Ok(())
+    }
+
+    /// Writes stream records without a flush (the next flush makes them durable), and, when given, the cursor of
+    /// the last event record whose change records are now written.
+    pub fn stream_put(&self, records: &[(u64, Vec<u8>)], changes_through: Option<u64>) -> Result<(), StoreError> {
+        let t = self.t()?;
+        let mut batch = stream_batch(records);
+        if let Some(c) = changes_through {
+            batch.insert(STREAM_CHANGES_KEY, seal(&c.to_be_bytes()));
+        }
+        t.stream.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// The cursor of the last event record whose change records were written (0: none).
+    pub fn stream_changes_through(&self) -> Result<u64, StoreError> {
+        let t = self.t()?;
+        let Some(v) = t.stream.get(STREAM_CHANGES_KEY)? else { return Ok(0) };
+        let bad = |r: String| corrupt("stream", STREAM_CHANGES_KEY, r);
+        let body = unseal(&v, false).map_err(bad)?;
+        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
+        Ok(u64::from_be_bytes(arr))
+    }
+
+    /// The oldest and newest retained stream cursors, if any record is retained.
+    pub fn stream_bounds(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        let t = self.t()?;
+        let range = || t.stream.range(stream_key(0)..);
+        let first = match range().next() {
+            Some(kv) => stream_cursor(&kv?.0)?,
+            None => return Ok(None),
+        };
+        let last = match range().next_back() {
+            Some(kv) => stream_cursor(&kv?.0)?,
+            None => return Ok(None),
+        };
+        Ok(Some((first, last)))
+    }
+
+    /// Up to `limit` stream records with cursors above `after`, in order.
+    pub fn stream_read(&self, after: u64, limit: usize) -> Result<Vec<pb::StreamRecord>, StoreError> {
+        let t = self.t()?;
+        let mut out = Vec::new();
+        for kv in t.stream.range(stream_key(after.saturating_add(1))..).take(limit) {
+            let (k, v) = kv?;
+            out.push(decode_stream_value(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Deletes stream records recorded before `before_ms`, oldest first, at most `limit` of them, never the
+    /// newest record. Returns how many went.
+    pub fn stream_trim(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
+        let t = self.t()?;
+        let Some((_, last)) = self.stream_bounds()? else { return Ok(0) };
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for kv in t.stream.range(stream_key(0)..stream_key(last)).take(limit) {
+            let (k, v) = kv?;
+            let rec = decode_stream_value(&k, &v)?;
+            if rec.recorded_at.as_ref().map_or(0, startline_proto::time::timestamp_to_ms) >= before_ms {
+                break;
+            }
+            batch.remove(k);
+            n += 1;
+        }
+        if n > 0 {
+            t.stream.apply_batch(batch)?;
+        }
+        Ok(n)
     }
 
     /// Reads one logged event.
@@ -879,6 +976,43 @@ impl Store {
         let t = self.t()?;
         Ok(t.db.size_on_disk()?)
     }
+}
+
+const STREAM_CHANGES_KEY: &[u8] = b"\0changes_through";
+
+fn stream_key(cursor: u64) -> [u8; 9] {
+    let mut k = [1u8; 9];
+    k[1..].copy_from_slice(&cursor.to_be_bytes());
+    k
+}
+
+fn stream_cursor(key: &[u8]) -> Result<u64, StoreError> {
+    match key {
+        [1, rest @ ..] if rest.len() == 8 => {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(rest);
+            Ok(u64::from_be_bytes(a))
+        }
+        _ => Err(corrupt("stream", key, "not a stream record key")),
+    }
+}
+
+fn stream_batch(records: &[(u64, Vec<u8>)]) -> sled::Batch {
+    let mut batch = sled::Batch::default();
+    for (cursor, value) in records {
+        batch.insert(&stream_key(*cursor), seal(value));
+    }
+    batch
+}
+
+fn decode_stream_value(key: &[u8], v: &[u8]) -> Result<pb::StreamRecord, StoreError> {
+    let cursor = stream_cursor(key)?;
+    let body = unseal(v, false).map_err(|r| corrupt("stream", key, r))?;
+    let rec = pb::StreamRecord::decode(body).map_err(|e| corrupt("stream", key, e))?;
+    if rec.cursor != cursor {
+        return Err(corrupt("stream", key, format!("holds cursor {}", rec.cursor)));
+    }
+    Ok(rec)
 }
 
 fn transaction_result(r: Result<(), sled::transaction::TransactionError<()>>) -> Result<(), StoreError> {

@@ -112,6 +112,7 @@ fn raw_put(store: &Store, tree: &str, key: &[u8], value: &[u8]) {
     let tree = match tree {
         "jobs" => t.jobs,
         "log" => t.log,
+        "stream" => t.stream,
         _ => t.alerts,
     };
     tree.insert(key, value).expect("insert");
@@ -464,4 +465,49 @@ mod model {
             }
         }
     }
+}
+
+fn stream_rec(cursor: u64, at_ms: i64) -> (u64, Vec<u8>) {
+    let r = pb::StreamRecord {
+        cursor,
+        recorded_at: Some(ms_to_timestamp(at_ms)),
+        job_id: format!("j{cursor}"),
+        record: Some(pb::stream_record::Record::Progress(pb::Progress {})),
+        ..Default::default()
+    };
+    (cursor, r.encode_to_vec())
+}
+
+#[test]
+fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_all_but_the_newest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("db");
+    {
+        let store = Store::open(&path).expect("open");
+        assert_eq!(store.stream_bounds().expect("bounds"), None);
+        assert_eq!(store.stream_changes_through().expect("marker"), 0);
+        let ev1 = encode_log_value(&ev("j", "e1", 1000, submitted()));
+        store.append_durable_with_stream(&[(1, ev1)], &[stream_rec(1, 1000), stream_rec(2, 1000)]).expect("append");
+        store.stream_put(&[stream_rec(3, 2000), stream_rec(4, 3000)], Some(2)).expect("put");
+        store.flush().expect("flush");
+    }
+    let store = Store::open(&path).expect("reopen");
+    assert_eq!(store.stream_bounds().expect("bounds"), Some((1, 4)));
+    assert_eq!(store.stream_changes_through().expect("marker"), 2);
+    let after1: Vec<u64> = store.stream_read(1, 10).expect("read").iter().map(|r| r.cursor).collect();
+    assert_eq!(after1, vec![2, 3, 4]);
+    assert_eq!(store.stream_read(2, 1).expect("read").len(), 1, "limit");
+    assert!(store.stream_read(4, 10).expect("read").is_empty());
+    // Records before 2500 go; the newest stays even when it is older than the cut.
+    assert_eq!(store.stream_trim(2500, 100).expect("trim"), 3);
+    assert_eq!(store.stream_bounds().expect("bounds"), Some((4, 4)));
+    assert_eq!(store.stream_trim(i64::MAX, 100).expect("trim"), 0, "the newest record always stays");
+    // A damaged record names the tree and its key.
+    raw_put(&store, "stream", &stream_key(5), b"\x02garbage");
+    let err = store.stream_read(4, 10).expect_err("damaged");
+    assert!(err.to_string().contains("stream"), "{err}");
+    // A record stored under another cursor's key is refused.
+    let (_, body) = stream_rec(9, 1);
+    raw_put(&store, "stream", &stream_key(6), &seal(&body));
+    assert!(store.stream_read(5, 10).is_err());
 }

@@ -1,0 +1,209 @@
+//! The stream's writer, owned by the committer (the one place cursors are assigned): event records go into the
+//! group commit's durable batch, job changes are written after the index applied the group, alert changes posted
+//! by the alert loop join the next batch (or an idle flush), and records reach live subscribers only after a
+//! flush made them durable. Also trims the stream to its retention and, at start, resyncs jobs whose change
+//! records a crash lost (see the `stream` module doc for the contract).
+
+use crate::index::SharedIndex;
+use crate::job::EventKind;
+use crate::store::{Store, StoreError};
+use crate::stream::{self, JobView, Rec, Stream, Subject};
+use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Records trimmed per store call.
+const TRIM_CHUNK: usize = 10_000;
+/// How often the stream is trimmed.
+const TRIM_EVERY: Duration = Duration::from_secs(60);
+
+pub(super) struct StreamWriter {
+    pub(super) stream: Arc<Stream>,
+    /// The next cursor.
+    next: Cell<u64>,
+    /// Written, not yet flushed (so not yet published), in cursor order.
+    pending: RefCell<Vec<Rec>>,
+    last_trim: Cell<Instant>,
+}
+
+/// Records of one group commit that go into its durable batch.
+pub(super) struct Staged {
+    /// Alert and event records, in cursor order.
+    pub records: Vec<Rec>,
+    /// The cursor of each fresh event of the group, in order.
+    pub event_cursors: Vec<u64>,
+    /// Alert changes taken from the outbox (posted back if the batch fails).
+    alerts: Vec<stream::AlertNote>,
+    /// The next cursor before staging.
+    rollback_to: u64,
+}
+
+impl StreamWriter {
+    /// Opens the writer: the next cursor follows the newest retained record, and jobs whose event records lack
+    /// their change records (a crash between a group commit and the next flush) get a resync record each.
+    pub(super) fn open(
+        store: &Store,
+        index: &SharedIndex,
+        stream: Arc<Stream>,
+        now_ms: i64,
+    ) -> Result<Self, StoreError> {
+        let next = store.stream_bounds()?.map_or(1, |(_, last)| last + 1);
+        let w = StreamWriter {
+            stream,
+            next: Cell::new(next),
+            pending: RefCell::new(Vec::new()),
+            last_trim: Cell::new(Instant::now()),
+        };
+        let through = store.stream_changes_through()?;
+        let mut jobs = std::collections::BTreeSet::new();
+        let mut after = through;
+        loop {
+            let chunk = store.stream_read(after, 10_000)?;
+            let Some(last) = chunk.last() else { break };
+            after = last.cursor;
+            for r in chunk {
+                if matches!(r.record, Some(startline_proto::pb::stream_record::Record::Event(_))) {
+                    jobs.insert(r.job_id);
+                }
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(w);
+        }
+        let recs: Vec<Rec> = {
+            let idx = index.read();
+            jobs.iter()
+                .filter_map(|job_id| {
+                    let h = idx.jobs.get(job_id)?;
+                    let view = JobView::of(&h.rec.timeline, &h.slo);
+                    let change = stream::resync(&view, |i| slo_name(&idx.slo, i));
+                    Some(stream::change_record(
+                        w.alloc(),
+                        now_ms,
+                        &Subject::job(job_id, h.rec.timeline.attrs.as_deref()),
+                        change,
+                    ))
+                })
+                .collect()
+        };
+        let entries: Vec<(u64, Vec<u8>)> = recs.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
+        store.stream_put(&entries, Some(after))?;
+        store.flush()?;
+        tracing::warn!(jobs = recs.len(), "stream: change records lost in a crash; resync records written");
+        Ok(w)
+    }
+
+    fn alloc(&self) -> u64 {
+        let c = self.next.get();
+        self.next.set(c + 1);
+        c
+    }
+
+    /// Builds the alert records waiting in the outbox and the records of a group's fresh events. `events` are
+    /// `(subject, log sequence, stored log value)` in sequence order.
+    pub(super) fn stage<'a>(&self, now_ms: i64, events: impl Iterator<Item = (Subject, u64, &'a [u8])>) -> Staged {
+        let rollback_to = self.next.get();
+        let alerts = self.stream.take_alerts();
+        let mut records: Vec<Rec> = alerts.iter().map(|a| stream::alert_record(self.alloc(), now_ms, a)).collect();
+        let mut event_cursors = Vec::new();
+        for (subject, seq, value) in events {
+            let body = crate::store::log_value_body(value).unwrap_or_default();
+            let cursor = self.alloc();
+            event_cursors.push(cursor);
+            records.push(stream::event_record(cursor, now_ms, &subject, seq, body));
+        }
+        Staged { records, event_cursors, alerts, rollback_to }
+    }
+
+    /// The batch failed: its cursors are free again and its alert changes wait for the next one.
+    pub(super) fn unstage(&self, staged: Staged) {
+        self.next.set(staged.rollback_to);
+        self.stream.post_alerts(staged.alerts);
+    }
+
+    /// The batch is durable (and with it every record written before): publish them, in order.
+    pub(super) fn durable(&self, staged: Vec<Rec>) {
+        let mut all = std::mem::take(&mut *self.pending.borrow_mut());
+        all.extend(staged);
+        self.publish(all);
+    }
+
+    fn publish(&self, all: Vec<Rec>) {
+        if all.is_empty() {
+            return;
+        }
+        self.stream.written.fetch_add(all.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.stream.hub.publish(all.into());
+    }
+
+    /// Allocates a cursor for a job change and builds its record.
+    pub(super) fn change(&self, now_ms: i64, subject: &Subject, change: startline_proto::pb::JobChange) -> Rec {
+        stream::change_record(self.alloc(), now_ms, subject, change)
+    }
+
+    /// Writes a group's change records (unflushed; published after the next flush). `through` is the cursor of
+    /// the group's last event record.
+    pub(super) fn write_changes(&self, store: &Store, changes: Vec<Rec>, through: Option<u64>) {
+        let entries: Vec<(u64, Vec<u8>)> = changes.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
+        match store.stream_put(&entries, through) {
+            Ok(()) => self.pending.borrow_mut().extend(changes),
+            // Never published: a restart resyncs these jobs (the marker did not move).
+            Err(e) => tracing::error!(error = %e, "stream: cannot write job change records"),
+        }
+    }
+
+    /// Whether records wait for a flush, or alert changes for a write.
+    pub(super) fn has_work(&self) -> bool {
+        !self.pending.borrow().is_empty() || self.stream.alerts_waiting()
+    }
+
+    /// With no group commit coming: writes waiting alert changes, flushes, publishes.
+    pub(super) fn idle_flush(&self, store: &Store, now_ms: i64) {
+        let staged = self.stage(now_ms, std::iter::empty());
+        let entries: Vec<(u64, Vec<u8>)> = staged.records.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
+        let res =
+            if entries.is_empty() { Ok(()) } else { store.stream_put(&entries, None) }.and_then(|()| store.flush());
+        match res {
+            Ok(()) => {
+                let Staged { records, .. } = staged;
+                self.durable(records);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "stream: idle flush failed");
+                self.unstage(staged);
+            }
+        }
+    }
+
+    /// Deletes records older than the retention (at most once a minute).
+    pub(super) fn trim(&self, store: &Store, now_ms: i64) {
+        if self.last_trim.get().elapsed() < TRIM_EVERY {
+            return;
+        }
+        self.last_trim.set(Instant::now());
+        let before = now_ms - self.stream.settings.retention.as_millis() as i64;
+        loop {
+            match store.stream_trim(before, TRIM_CHUNK) {
+                Ok(n) if n == TRIM_CHUNK => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "stream: trim failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// An SLO's name by index.
+pub(super) fn slo_name(engine: &crate::slo::SloEngine, i: u16) -> String {
+    engine.defs().get(usize::from(i)).map(|d| d.name.clone()).unwrap_or_default()
+}
+
+/// The filter subject of an event: from its own `submitted`, else from the job's known attributes.
+pub(super) fn subject_of(job_id: &str, kind: &EventKind, known: Option<&crate::job::JobAttrs>) -> Subject {
+    match kind {
+        EventKind::Submitted(a) => Subject::job(job_id, Some(a)),
+        _ => Subject::job(job_id, known),
+    }
+}

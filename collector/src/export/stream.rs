@@ -1,0 +1,189 @@
+//! The `StreamService.Subscribe` reader: validates a subscription, reads the retained records after the client's
+//! cursor from the store's `stream` tree, then follows the live hub, in cursor order and without gaps (see the
+//! `stream` module doc). One task per subscriber; it never holds up ingest: the hub drops a subscriber that
+//! falls more than `[stream] subscriber_buffer` records behind, and this task then ends the call with
+//! `RESOURCE_EXHAUSTED` naming the cursor to resume after.
+
+use crate::store::Store;
+use crate::stream::{Ended, Filter, Stream};
+use startline_proto::pb;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+/// Records read from the store per step of a catch-up.
+const CATCH_UP_CHUNK: usize = 1000;
+
+/// The service.
+#[derive(Clone)]
+pub struct StreamService {
+    /// Where retained records are read.
+    pub store: Store,
+    /// Settings and the live hub.
+    pub stream: Arc<Stream>,
+    /// Ends every subscription at shutdown.
+    pub shutdown: CancellationToken,
+    /// The clock (progress records).
+    pub clock: crate::time::Clock,
+}
+
+fn storage(e: crate::store::StoreError) -> Status {
+    Status::unavailable(format!("stream storage unavailable: {}", e.cause()))
+}
+
+impl StreamService {
+    async fn read(&self, after: u64) -> Result<Vec<pb::StreamRecord>, Status> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.stream_read(after, CATCH_UP_CHUNK))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(storage)
+    }
+
+    /// Where a subscription starts: the cursor it resumes after.
+    async fn start(&self, req: &pb::SubscribeRequest) -> Result<u64, Status> {
+        let store = self.store.clone();
+        let bounds = tokio::task::spawn_blocking(move || store.stream_bounds())
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(storage)?;
+        let last = bounds.map_or(0, |(_, l)| l);
+        match (req.after_cursor, bounds) {
+            (Some(c), _) if c > last => Err(Status::out_of_range(format!(
+                "after_cursor: {c} is ahead of the newest record ({last}); was the collector's data replaced?"
+            ))),
+            (Some(c), Some((first, _))) if c.saturating_add(1) < first => Err(Status::out_of_range(format!(
+                "after_cursor: {c} is older than the retained stream: the oldest retained record is {first} \
+                 ([stream] retention); resume with after_cursor = {} (records in between are gone) or from_oldest",
+                first - 1
+            ))),
+            (Some(c), _) => Ok(c),
+            (None, Some((first, _))) if req.from_oldest => Ok(first - 1),
+            (None, _) => Ok(last),
+        }
+    }
+
+    async fn run(self, mut after: u64, filter: Filter, tx: mpsc::Sender<Result<pb::StreamRecord, Status>>) {
+        let progress_every = self.stream.settings.progress_interval;
+        let mut last_sent = after;
+        let mut last_sent_at = tokio::time::Instant::now();
+        // Sends one record (or ends the task when the client left).
+        macro_rules! send {
+            ($r:expr) => {
+                if tx.send(Ok($r)).await.is_err() {
+                    return;
+                }
+            };
+        }
+        // Catch up from the store, subscribe, then read the store once more for records published in between.
+        let mut live = None;
+        loop {
+            let chunk = match self.read(after).await {
+                Ok(c) => c,
+                Err(s) => {
+                    let _ = tx.send(Err(s)).await;
+                    return;
+                }
+            };
+            let full = chunk.len() == CATCH_UP_CHUNK;
+            for r in chunk {
+                after = r.cursor;
+                if filter.matches(&r) {
+                    last_sent = r.cursor;
+                    last_sent_at = tokio::time::Instant::now();
+                    send!(r);
+                }
+            }
+            if full {
+                continue;
+            }
+            if live.is_some() {
+                break;
+            }
+            live = Some(self.stream.hub.subscribe(self.stream.settings.subscriber_buffer));
+        }
+        let Some(mut live) = live else { return };
+        let mut tick = tokio::time::interval(progress_every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let batch = tokio::select! {
+                _ = self.shutdown.cancelled() => Err(Ended::Closed),
+                b = live.recv() => b,
+                _ = tick.tick() => {
+                    if after > last_sent && last_sent_at.elapsed() >= progress_every {
+                        last_sent = after;
+                        last_sent_at = tokio::time::Instant::now();
+                        send!(pb::StreamRecord {
+                            cursor: after,
+                            recorded_at: Some(startline_proto::time::ms_to_timestamp(self.clock.now_ms())),
+                            record: Some(pb::stream_record::Record::Progress(pb::Progress {})),
+                            ..Default::default()
+                        });
+                    }
+                    continue;
+                }
+            };
+            let batch = match batch {
+                Ok(b) => b,
+                Err(Ended::Overflow { .. }) => {
+                    self.stream.overflows.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let _ = tx
+                        .send(Err(Status::resource_exhausted(format!(
+                            "subscriber too slow: more than {} records behind the live stream; resume with \
+                             after_cursor = {after}",
+                            self.stream.settings.subscriber_buffer
+                        ))))
+                        .await;
+                    return;
+                }
+                Err(Ended::Closed) => {
+                    let _ = tx
+                        .send(Err(Status::unavailable(format!(
+                            "collector shutting down; resume with after_cursor = {after}"
+                        ))))
+                        .await;
+                    return;
+                }
+            };
+            for rec in batch.iter() {
+                if rec.cursor <= after {
+                    continue;
+                }
+                after = rec.cursor;
+                if let Some(r) = filter.decode_if_match(rec) {
+                    last_sent = r.cursor;
+                    last_sent_at = tokio::time::Instant::now();
+                    send!(r);
+                }
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::stream_service_server::StreamService for StreamService {
+    type SubscribeStream = ReceiverStream<Result<pb::StreamRecord, Status>>;
+
+    async fn subscribe(
+        &self,
+        request: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        if !self.stream.settings.enabled {
+            return Err(Status::failed_precondition("the stream is not kept here ([stream] enabled = false)"));
+        }
+        let req = request.into_inner();
+        let filter = Filter::of(&req).map_err(|(field, why)| Status::invalid_argument(format!("{field}: {why}")))?;
+        if self.stream.hub.subscribers() >= self.stream.settings.max_subscribers as u64 {
+            return Err(Status::resource_exhausted(format!(
+                "at most {} subscribers at once ([stream] max_subscribers)",
+                self.stream.settings.max_subscribers
+            )));
+        }
+        let after = self.start(&req).await?;
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(self.clone().run(after, filter, tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
