@@ -30,4 +30,5 @@ pub mod provider;
 pub mod rng;
 pub mod simulate;
 pub mod spool;
+pub mod tail;
 pub mod uplink;

@@ -141,6 +141,81 @@ enum Command {
     /// Follow Kubernetes jobs through Kueue Workloads, Pods and Pod events (list + watch with persisted
     /// resourceVersions).
     Kueue(KueueArgs),
+    /// Follow the collector's stream out (accepted events, job changes, alerts) and print one line per record;
+    /// resumes after the last cursor printed whenever the call ends, so nothing is missed or repeated.
+    Tail(TailArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct TailArgs {
+    /// Resume after this cursor (default: records from now on).
+    #[arg(long, value_name = "CURSOR")]
+    after: Option<u64>,
+    /// Start at the oldest record the collector retains.
+    #[arg(long, conflicts_with = "after")]
+    from_oldest: bool,
+    /// Only jobs of this pool (repeatable).
+    #[arg(long = "pool", value_name = "POOL")]
+    pools: Vec<String>,
+    /// Only jobs of this priority class: normal or urgent (repeatable).
+    #[arg(long = "priority", value_name = "CLASS")]
+    priorities: Vec<String>,
+    /// Only jobs of this team (repeatable).
+    #[arg(long = "team", value_name = "TEAM")]
+    teams: Vec<String>,
+    /// Only jobs whose id starts with this.
+    #[arg(long, value_name = "PREFIX", default_value = "")]
+    job_prefix: String,
+    /// Only these kinds of record: event, change, alert (repeatable; default all).
+    #[arg(long = "kind", value_name = "KIND")]
+    kinds: Vec<String>,
+    /// Print one JSON object per line (progress records included) instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Stop after this many records.
+    #[arg(long)]
+    limit: Option<u64>,
+    /// Keep the last printed cursor in this file and resume from it at start.
+    #[arg(long, value_name = "PATH")]
+    cursor_file: Option<PathBuf>,
+    /// Exit when the call ends instead of resuming.
+    #[arg(long)]
+    no_resume: bool,
+}
+
+async fn run_tail(a: TailArgs, conn: Connection) -> anyhow::Result<()> {
+    use startline_proto::labels::Label;
+    let mut priorities = Vec::new();
+    for p in &a.priorities {
+        match startline_proto::pb::PriorityClass::from_label(p) {
+            Some(c) if c != startline_proto::pb::PriorityClass::Unspecified => priorities.push(c as i32),
+            _ => anyhow::bail!("--priority: {p:?} is not normal or urgent"),
+        }
+    }
+    let mut settings = conn.settings()?;
+    settings.retry_auth_failures = false;
+    let mut up = Publisher::new(settings)?;
+    let opts = startline_agent::tail::TailOptions {
+        request: startline_proto::pb::SubscribeRequest {
+            after_cursor: a.after,
+            from_oldest: a.from_oldest,
+            pools: a.pools,
+            priorities,
+            teams: a.teams,
+            job_id_prefix: a.job_prefix,
+            kinds: a.kinds,
+        },
+        json: a.json,
+        limit: a.limit,
+        cursor_file: a.cursor_file,
+        no_resume: a.no_resume,
+    };
+    let mut out = std::io::stdout();
+    tokio::select! {
+        r = startline_agent::tail::run(&mut up, opts, &mut out) => { r?; }
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]
@@ -1140,6 +1215,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Command::Vertex(a) => run_vertex(a, conn).await,
             Command::Azureml(a) => run_azureml(a, conn).await,
             Command::Kueue(a) => run_kueue(a, conn).await,
+            Command::Tail(a) => run_tail(a, conn).await,
             Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {

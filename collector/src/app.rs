@@ -220,6 +220,7 @@ pub async fn run_with_clock(
     };
     // The stream out: written by the committer, read by StreamService subscribers.
     let stream = crate::stream::Stream::new(config.stream);
+    telemetry.observe_stream(stream.clone());
     let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
     let committer = applier::spawn(
         store.clone(),

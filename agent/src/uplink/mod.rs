@@ -375,6 +375,17 @@ impl Publisher {
         Ok(client.report(req).await?.into_inner())
     }
 
+    /// Opens a `StreamService.Subscribe` call (no retry here: `tail` resumes from its last cursor).
+    pub async fn subscribe(&mut self, req: pb::SubscribeRequest) -> Result<tonic::Streaming<pb::StreamRecord>, Status> {
+        let channel: Channel =
+            self.endpoint.connect().await.map_err(|e| Status::unavailable(format!("connect: {}", error_chain(&e))))?;
+        let bearer = BearerInterceptor::new(self.current_token())
+            .map_err(|_| Status::unauthenticated("the token holds characters a header cannot carry"))?;
+        let mut client = pb::stream_service_client::StreamServiceClient::with_interceptor(channel, bearer)
+            .max_decoding_message_size(64 << 20);
+        Ok(client.subscribe(req).await?.into_inner())
+    }
+
     async fn connect(&mut self) -> Result<Conn, Status> {
         let channel: Channel =
             self.endpoint.connect().await.map_err(|e| Status::unavailable(format!("connect: {}", error_chain(&e))))?;

@@ -147,11 +147,24 @@ impl Committer {
         let mut subjects = Vec::new();
         {
             let idx = self.stream.as_ref().map(|_| self.index.read());
+            // Attributes a `submitted` of this very group brings (its job may not be in the index yet).
+            let mut arriving: HashMap<String, std::sync::Arc<crate::job::JobAttrs>> = HashMap::new();
+            if idx.is_some() {
+                for ev in group.iter().flat_map(|r| r.events.iter()) {
+                    if let crate::job::EventKind::Submitted(a) = &ev.compact.kind {
+                        arriving.entry(ev.job_id.clone()).or_insert_with(|| a.clone());
+                    }
+                }
+            }
             for (req, flags) in group.iter_mut().zip(&fresh) {
                 for (ev, _) in req.events.iter_mut().zip(flags).filter(|(_, f)| **f) {
                     entries.push((first_seq + entries.len() as u64, std::mem::take(&mut ev.encoded)));
                     if let Some(idx) = &idx {
-                        let known = idx.jobs.get(&ev.job_id).and_then(|h| h.rec.timeline.attrs.clone());
+                        let known = idx
+                            .jobs
+                            .get(&ev.job_id)
+                            .and_then(|h| h.rec.timeline.attrs.clone())
+                            .or_else(|| arriving.get(&ev.job_id).cloned());
                         subjects.push(super::stream::subject_of(&ev.job_id, &ev.compact.kind, known.as_deref()));
                     }
                 }

@@ -207,3 +207,90 @@ pub(super) fn subject_of(job_id: &str, kind: &EventKind, known: Option<&crate::j
         _ => Subject::job(job_id, known),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::labels::LabelLimiter;
+    use crate::index::JobIndex;
+    use crate::job::{event_id_hash, CompactEvent, JobAttrs, JobRecord};
+    use crate::slo::{SloDef, SloEngine};
+    use startline_proto::pb;
+    use std::collections::BTreeMap;
+
+    const T0: i64 = 1_767_225_600_000;
+
+    fn record() -> JobRecord {
+        let attrs = JobAttrs {
+            pool_kind: pb::PoolKind::Dedicated,
+            provider: "slurm".into(),
+            pool: "a100".into(),
+            priority: pb::PriorityClass::Urgent,
+            gpu_class: "a100".into(),
+            gpu_count: 8,
+            node_count: 1,
+            region: "r".into(),
+            team: "t".into(),
+            project: "p".into(),
+            chain_id: String::new(),
+            chain_stage: String::new(),
+            labels: Default::default(),
+        };
+        let ev = |id: &str, at: i64, seq: u64, kind| CompactEvent {
+            at_ms: at,
+            id_hash: event_id_hash(id),
+            seq,
+            attempt: None,
+            kind,
+        };
+        JobRecord::from_events(vec![
+            ev("s", T0, 1, EventKind::Submitted(Arc::new(attrs))),
+            ev("f", T0 + 60_000, 2, EventKind::FirstStep { step: 1 }),
+        ])
+    }
+
+    /// A crash after a group commit's flush and before the next one loses its change records: the next start
+    /// finds event records after the changes marker and writes one resync record per job they name.
+    #[test]
+    fn jobs_whose_change_records_a_crash_lost_get_a_resync_record_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db")).expect("open");
+        let subject = Subject::job("j1", None);
+        let e1 = stream::event_record(1, T0, &subject, 1, &[]);
+        let e2 = stream::event_record(2, T0, &subject, 2, &[]);
+        // The changes of event record 1 were written (marker 1); those of record 2 were not.
+        store.append_durable_with_stream(&[], &[(1, e1.bytes.to_vec())]).expect("append");
+        store.stream_put(&[], Some(1)).expect("marker");
+        store.append_durable_with_stream(&[], &[(2, e2.bytes.to_vec())]).expect("append");
+        let index = crate::index::SharedIndex::new(JobIndex::new_at(
+            BTreeMap::from([("j1".to_string(), record())]),
+            Default::default(),
+            2,
+            SloEngine::new(SloDef::defaults()),
+            LabelLimiter::new(&Default::default()),
+            T0,
+        ));
+        let stream = Stream::new(Default::default());
+        let w = StreamWriter::open(&store, &index, stream.clone(), T0 + 120_000).expect("open");
+        assert_eq!(w.next.get(), 4, "the resync record took cursor 3");
+        let recs = store.stream_read(2, 10).expect("read");
+        assert_eq!(recs.len(), 1);
+        let r = &recs[0];
+        assert_eq!((r.cursor, r.job_id.as_str(), r.pool.as_str()), (3, "j1", "a100"));
+        match &r.record {
+            Some(pb::stream_record::Record::Change(c)) => {
+                assert!(c.resync);
+                assert_eq!(c.state, "running");
+                assert_eq!(c.slo_decisions.len(), 1);
+                assert_eq!(c.slo_decisions[0].slo, "urgent-start");
+                assert_eq!(c.slo_decisions[0].verdict, "good");
+            }
+            other => panic!("not a change: {other:?}"),
+        }
+        assert_eq!(store.stream_changes_through().expect("marker"), 2);
+        // A second start finds nothing to resync.
+        let w = StreamWriter::open(&store, &index, stream, T0 + 180_000).expect("reopen");
+        assert_eq!(w.next.get(), 4);
+        assert_eq!(store.stream_read(3, 10).expect("read").len(), 0);
+    }
+}

@@ -380,6 +380,37 @@ impl Telemetry {
         }
     }
 
+    /// Registers the stream out's self-metrics: records written, live subscribers, subscribers disconnected for
+    /// falling behind. Called once at start.
+    pub fn observe_stream(&self, stream: Arc<crate::stream::Stream>) {
+        for provider in &self.providers {
+            let meter = provider.meter("startline-collector");
+            let s = stream.clone();
+            let _ = meter
+                .u64_observable_counter("startline.collector.stream.records")
+                .with_unit("{record}")
+                .with_description("Records written to the stream out (events, job changes, alert changes)")
+                .with_callback(move |o| o.observe(s.written.load(Ordering::Relaxed), &[]))
+                .build();
+            let s = stream.clone();
+            let _ = meter
+                .u64_observable_gauge("startline.collector.stream.subscribers")
+                .with_unit("{subscriber}")
+                .with_description("Subscribers following the live stream")
+                .with_callback(move |o| o.observe(s.hub.subscribers(), &[]))
+                .build();
+            let s = stream.clone();
+            let _ = meter
+                .u64_observable_counter("startline.collector.stream.subscriber_overflows")
+                .with_unit("{subscriber}")
+                .with_description(
+                    "Subscribers disconnected for falling more than [stream] subscriber_buffer records behind",
+                )
+                .with_callback(move |o| o.observe(s.overflows.load(Ordering::Relaxed), &[]))
+                .build();
+        }
+    }
+
     fn observe_notifiers_on(provider: &SdkMeterProvider, stats: Arc<crate::alert::AlertStats>) {
         let _ = provider
             .meter("startline-collector")
