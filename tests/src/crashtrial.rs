@@ -78,6 +78,11 @@ pub struct Report {
     pub slo_mismatches: u64,
     /// Ancient jobs found incomplete (retention must delete a job whole).
     pub partial_expired: u64,
+    /// Stream out findings: a cursor gap or repeat, an acknowledged event missing from the stream, an event in
+    /// it twice or never sent, a change naming no earlier event, a job whose last change is not its state.
+    pub stream_mismatches: u64,
+    /// Stream records read back over all restarts.
+    pub stream_records: u64,
     /// The first few failures, described.
     pub failures: Vec<String>,
 }
@@ -91,6 +96,7 @@ impl Report {
             && self.state_mismatches == 0
             && self.slo_mismatches == 0
             && self.partial_expired == 0
+            && self.stream_mismatches == 0
             && self.failures.is_empty()
     }
 
@@ -113,6 +119,11 @@ impl Report {
             s,
             "lost {} · phantom {} · acked but not duplicate {} · state mismatches {} · SLO mismatches {} · partially expired {}",
             self.lost, self.phantom, self.not_duplicate, self.state_mismatches, self.slo_mismatches, self.partial_expired
+        );
+        let _ = writeln!(
+            s,
+            "stream out: {} records read back after restarts, {} mismatches",
+            self.stream_records, self.stream_mismatches
         );
         for f in &self.failures {
             let _ = writeln!(s, "FAILURE: {f}");
@@ -470,11 +481,19 @@ async fn trial(cfg: &TrialConfig, seed: u64, report: &mut Report) {
         }
         collector = Collector::start(&db, &["--config", &config_arg]);
         report.restarts += 1;
-        let before =
-            report.lost + report.phantom + report.state_mismatches + report.slo_mismatches + report.not_duplicate;
+        let before = report.lost
+            + report.phantom
+            + report.state_mismatches
+            + report.slo_mismatches
+            + report.not_duplicate
+            + report.stream_mismatches;
         verify(&collector, &model, seed, cycle, report).await;
-        let after =
-            report.lost + report.phantom + report.state_mismatches + report.slo_mismatches + report.not_duplicate;
+        let after = report.lost
+            + report.phantom
+            + report.state_mismatches
+            + report.slo_mismatches
+            + report.not_duplicate
+            + report.stream_mismatches;
         if cfg.verbose {
             let m = model.lock().unwrap_or_else(|p| p.into_inner());
             println!(
@@ -498,7 +517,8 @@ async fn trial(cfg: &TrialConfig, seed: u64, report: &mut Report) {
 
 /// Compares the restarted collector with the model; promotes in-flight events found stored to acknowledged.
 async fn verify(c: &Collector, model: &Mutex<Model>, seed: u64, cycle: u64, report: &mut Report) {
-    let Some((good, total, resend)) = check_jobs(c, model, seed, cycle, report) else { return };
+    let Some((good, total, resend, states)) = check_jobs(c, model, seed, cycle, report) else { return };
+    check_stream(c, model, &states, seed, cycle, report).await;
     // SLO counts against the model.
     let (_, slos) = http_get(c.http, "/api/v1/slos");
     let urgent = slos["slos"].as_array().and_then(|a| a.iter().find(|s| s["name"] == "urgent-start"));
@@ -534,6 +554,10 @@ async fn verify(c: &Collector, model: &Mutex<Model>, seed: u64, cycle: u64, repo
     }
 }
 
+/// What `check_jobs` found: the model's urgent-start (good, total), the stored events to send again, and each
+/// job's state.
+type Checked = (u64, u64, Vec<pb::LifecycleEvent>, std::collections::BTreeMap<String, &'static str>);
+
 /// Checks every job the model knows (blocking HTTP); returns the model's urgent-start (good, total) and the
 /// stored events to send again.
 fn check_jobs(
@@ -542,8 +566,9 @@ fn check_jobs(
     seed: u64,
     cycle: u64,
     report: &mut Report,
-) -> Option<(u64, u64, Vec<pb::LifecycleEvent>)> {
+) -> Option<Checked> {
     let mut m = model.lock().unwrap_or_else(|p| p.into_inner());
+    let mut states = std::collections::BTreeMap::new();
     let touched: BTreeSet<usize> = m.acked.iter().chain(m.maybe.iter()).map(|(j, _)| *j).collect();
     let (mut good, mut total) = (0u64, 0u64);
     let mut resend: Vec<pb::LifecycleEvent> = Vec::new();
@@ -626,6 +651,9 @@ fn check_jobs(
             stored.iter().map(|e| plan.events[*e].1).filter(|s| *s != Stage::Checkpoint).max().map(Stage::label)
         };
         let got = if status == 200 { body["state"].as_str() } else { None };
+        if let Some(w) = want {
+            states.insert(plan.id.clone(), w);
+        }
         if want != got {
             report.state_mismatches += 1;
             report.fail(format!(
@@ -642,5 +670,123 @@ fn check_jobs(
         }
         resend.extend(stored.iter().map(|e| plan.events[*e].0.clone()));
     }
-    Some((good, total, resend))
+    Some((good, total, resend, states))
+}
+
+/// Reads the whole stream out (from the oldest record, until it has been quiet for a moment) and checks it
+/// against the model: consecutive cursors from 1; every acknowledged event in it exactly once (an ancient job
+/// may come twice: retention deleted it and a redelivery stored it again); nothing never sent; every change
+/// after the event that caused it; and each job's last change carrying its state now (`states`, the model's,
+/// checked against the API by `check_jobs`), which holds across crashes only through the resync records.
+async fn check_stream(
+    c: &Collector,
+    model: &Mutex<Model>,
+    states: &std::collections::BTreeMap<String, &'static str>,
+    seed: u64,
+    cycle: u64,
+    report: &mut Report,
+) {
+    use pb::stream_record::Record;
+    let fail = |report: &mut Report, what: String| {
+        report.stream_mismatches += 1;
+        report.fail(format!("seed {seed} cycle {cycle}: stream: {what}"));
+    };
+    let Ok(mut client) = pb::stream_service_client::StreamServiceClient::connect(c.endpoint()).await else {
+        fail(report, "cannot connect".into());
+        return;
+    };
+    let mut call = match client.subscribe(pb::SubscribeRequest { from_oldest: true, ..Default::default() }).await {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            fail(report, format!("subscribe refused: {e}"));
+            return;
+        }
+    };
+    let (acked, ancient): (Vec<(String, String)>, BTreeSet<String>) = {
+        let m = model.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            m.acked.iter().map(|(j, e)| (m.jobs[*j].id.clone(), m.jobs[*j].events[*e].0.event_id.clone())).collect(),
+            m.jobs.iter().filter(|j| j.ancient).map(|j| j.id.clone()).collect(),
+        )
+    };
+    let sent: BTreeSet<(String, String)> = {
+        let m = model.lock().unwrap_or_else(|p| p.into_inner());
+        m.jobs.iter().flat_map(|j| j.events.iter().map(|(e, _)| (j.id.clone(), e.event_id.clone()))).collect()
+    };
+    let mut recs: Vec<pb::StreamRecord> = Vec::new();
+    let mut seen: std::collections::BTreeMap<(String, String), u32> = std::collections::BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), call.message()).await {
+            Ok(Ok(Some(r))) => {
+                if let Some(Record::Event(a)) = &r.record {
+                    if let Some(e) = &a.event {
+                        *seen.entry((e.job_id.clone(), e.event_id.clone())).or_default() += 1;
+                    }
+                }
+                recs.push(r);
+            }
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => {
+                fail(report, format!("call failed: {e}"));
+                return;
+            }
+            // Quiet: done if every acknowledged event arrived (else keep reading until the deadline).
+            Err(_) => {
+                if acked.iter().all(|k| seen.contains_key(k)) || tokio::time::Instant::now() > deadline {
+                    break;
+                }
+            }
+        }
+    }
+    report.stream_records += recs.len() as u64;
+    for (i, r) in recs.iter().enumerate() {
+        if r.cursor != i as u64 + 1 {
+            fail(report, format!("record {i} has cursor {} (gap or repeat)", r.cursor));
+            return;
+        }
+    }
+    for k in &acked {
+        if !seen.contains_key(k) {
+            fail(report, format!("acknowledged event {}/{} is not in the stream", k.0, k.1));
+        }
+    }
+    for (k, n) in &seen {
+        if !sent.contains(k) {
+            fail(report, format!("event {}/{} in the stream was never sent", k.0, k.1));
+        }
+        if *n > 1 && !ancient.contains(&k.0) {
+            fail(report, format!("event {}/{} is in the stream {n} times", k.0, k.1));
+        }
+    }
+    let mut seqs: std::collections::BTreeMap<u64, String> = std::collections::BTreeMap::new();
+    let mut last_state: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    for r in &recs {
+        match &r.record {
+            Some(Record::Event(a)) => {
+                seqs.insert(a.seq, r.job_id.clone());
+            }
+            Some(Record::Change(ch)) => {
+                if !ch.resync && seqs.get(&ch.event_seq) != Some(&r.job_id) {
+                    fail(
+                        report,
+                        format!(
+                            "change at {} names event seq {} not seen before for {}",
+                            r.cursor, ch.event_seq, r.job_id
+                        ),
+                    );
+                }
+                last_state.insert(r.job_id.clone(), ch.state.clone());
+            }
+            _ => {}
+        }
+    }
+    for (job, want) in states {
+        if ancient.contains(job) {
+            continue;
+        }
+        if last_state.get(job).map(String::as_str) != Some(*want) {
+            fail(report, format!("job {job}: last change says {:?}, its state is {want}", last_state.get(job)));
+        }
+    }
 }

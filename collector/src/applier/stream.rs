@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// Records trimmed per store call.
 const TRIM_CHUNK: usize = 10_000;
+/// Most log entries the start-up repair adds (a crash leaves out at most one group commit's).
+const REPAIR_MAX: u64 = 1_000_000;
 /// How often the stream is trimmed.
 const TRIM_EVERY: Duration = Duration::from_secs(60);
 
@@ -54,6 +56,7 @@ impl StreamWriter {
             pending: RefCell::new(Vec::new()),
             last_trim: Cell::new(Instant::now()),
         };
+        w.repair_events(store, index, now_ms)?;
         let through = store.stream_changes_through()?;
         let mut jobs = std::collections::BTreeSet::new();
         let mut after = through;
@@ -91,6 +94,54 @@ impl StreamWriter {
         store.flush()?;
         tracing::warn!(jobs = recs.len(), "stream: change records lost in a crash; resync records written");
         Ok(w)
+    }
+
+    /// Adds the event records of log entries the stream lacks: those a crash left in the log but not in the
+    /// stream (the log batch is applied first; sled may persist it alone). A store that never kept a stream
+    /// (first start, or an upgrade) starts the stream at the log's end instead.
+    fn repair_events(&self, store: &Store, index: &SharedIndex, now_ms: i64) -> Result<(), StoreError> {
+        let last_seq = index.read().last_seq;
+        let Some(mut through) = store.stream_log_through()? else {
+            store.set_stream_log_through(last_seq)?;
+            return Ok(());
+        };
+        if last_seq.saturating_sub(through) > REPAIR_MAX {
+            tracing::warn!(
+                from = through,
+                to = last_seq,
+                "stream: more log entries than a crash leaves lack event records (was the stream disabled?); \
+                 the stream resumes at the log's end without them"
+            );
+            store.set_stream_log_through(last_seq)?;
+            return Ok(());
+        }
+        let mut added = 0usize;
+        loop {
+            let entries = store.log_after(through, 10_000)?;
+            let Some((last, _, _)) = entries.last() else { break };
+            let last = *last;
+            let recs: Vec<Rec> = {
+                let idx = index.read();
+                entries
+                    .iter()
+                    .map(|(seq, job_id, value)| {
+                        let attrs = idx.jobs.get(job_id).and_then(|h| h.rec.timeline.attrs.clone());
+                        let body = crate::store::log_value_body(value).unwrap_or_default();
+                        stream::event_record(self.alloc(), now_ms, &Subject::job(job_id, attrs.as_deref()), *seq, body)
+                    })
+                    .collect()
+            };
+            added += recs.len();
+            let put: Vec<(u64, Vec<u8>)> = recs.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
+            store.stream_put(&put, None)?;
+            store.set_stream_log_through(last)?;
+            through = last;
+        }
+        if added > 0 {
+            store.flush()?;
+            tracing::warn!(events = added, "stream: event records a crash left out were added from the log");
+        }
+        Ok(())
     }
 
     fn alloc(&self) -> u64 {
@@ -292,5 +343,74 @@ mod tests {
         let w = StreamWriter::open(&store, &index, stream, T0 + 180_000).expect("reopen");
         assert_eq!(w.next.get(), 4);
         assert_eq!(store.stream_read(3, 10).expect("read").len(), 0);
+    }
+
+    /// The log batch of a group commit is applied before the stream's: a crash between the two can leave events
+    /// in the log (sled's background flush persisted them) with no event record. The next start adds them, after
+    /// the records already there, and resyncs their jobs.
+    #[test]
+    fn log_entries_a_crash_left_out_of_the_stream_are_added_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db")).expect("open");
+        let ev = |id: &str, kind| pb::LifecycleEvent {
+            job_id: "j1".into(),
+            event_id: id.into(),
+            source: "t".into(),
+            occurred_at: Some(startline_proto::time::ms_to_timestamp(T0)),
+            attempt: None,
+            kind: Some(kind),
+        };
+        let log: Vec<(u64, Vec<u8>)> = vec![
+            (1, crate::store::encode_log_value(&ev("s", pb::lifecycle_event::Kind::Submitted(Default::default())))),
+            (
+                2,
+                crate::store::encode_log_value(&ev(
+                    "f",
+                    pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 1 }),
+                )),
+            ),
+        ];
+        let subject = Subject::job("j1", None);
+        let body = crate::store::log_value_body(&log[0].1).expect("body").to_vec();
+        // Group 1 was whole; group 2 reached the log only.
+        store
+            .append_durable_with_stream(
+                &log[..1],
+                &[(1, stream::event_record(1, T0, &subject, 1, &body).bytes.to_vec())],
+            )
+            .expect("g1");
+        store.stream_put(&[], Some(1)).expect("marker");
+        store.append_durable(&log[1..]).expect("g2 log only");
+        let index = crate::index::SharedIndex::new(JobIndex::new_at(
+            BTreeMap::from([("j1".to_string(), record())]),
+            Default::default(),
+            2,
+            SloEngine::new(SloDef::defaults()),
+            LabelLimiter::new(&Default::default()),
+            T0,
+        ));
+        let w = StreamWriter::open(&store, &index, Stream::new(Default::default()), T0 + 60_000).expect("open");
+        let recs = store.stream_read(1, 10).expect("read");
+        assert_eq!(recs.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![2, 3]);
+        match &recs[0].record {
+            Some(pb::stream_record::Record::Event(a)) => {
+                assert_eq!(a.seq, 2);
+                assert_eq!(a.event.as_ref().map(|e| e.event_id.as_str()), Some("f"));
+                assert_eq!(recs[0].pool, "a100", "the job's attributes from the index");
+            }
+            other => panic!("not an event: {other:?}"),
+        }
+        assert!(
+            matches!(&recs[1].record, Some(pb::stream_record::Record::Change(c)) if c.resync && c.state == "running")
+        );
+        assert_eq!(store.stream_log_through().expect("through"), Some(2));
+        assert_eq!(w.next.get(), 4);
+        // An empty stream on a store with a log (an upgrade) starts at the log's end.
+        let dir2 = tempfile::tempdir().expect("tempdir");
+        let store2 = Store::open(&dir2.path().join("db")).expect("open");
+        store2.append_durable(&log).expect("log");
+        StreamWriter::open(&store2, &index, Stream::new(Default::default()), T0).expect("open");
+        assert_eq!(store2.stream_bounds().expect("bounds"), None);
+        assert_eq!(store2.stream_log_through().expect("through"), Some(2));
     }
 }

@@ -25,7 +25,9 @@
 //!   Event records are written in the same flush as their log entries; change and alert records after it, and
 //!   are made durable by the next flush before anyone is sent them. `[0u8] ++ "changes_through"` -> sealed u64:
 //!   the cursor of the last event record whose change records were written (restore resyncs the jobs of later
-//!   event records).
+//!   event records). `[0u8] ++ "log_through"` -> sealed u64: the last log sequence with an event record,
+//!   written in the same batch as the event records (the log batch goes first; a crash between the two is
+//!   repaired at start from the log).
 //!
 //! A *sealed* value is `[version u8] ++ crc32(body) as u32 little-endian ++ body` (version 2). Version-1 values
 //! (written before checksums) are `[1u8] ++ body`: log values and alert records are still read; version-1
@@ -703,10 +705,46 @@ impl Store {
         }
         t.log.apply_batch(batch)?;
         if !stream.is_empty() {
-            t.stream.apply_batch(stream_batch(stream))?;
+            let mut batch = stream_batch(stream);
+            if let Some((last, _)) = entries.last() {
+                batch.insert(STREAM_LOG_KEY, seal(&last.to_be_bytes()));
+            }
+            t.stream.apply_batch(batch)?;
         }
         t.db.flush()?;
         Ok(())
+    }
+
+    /// The last log sequence whose event record the stream holds (written with the event records, after the log
+    /// entries: sled may persist the log batch and not the stream's if the process dies between the two, and
+    /// the stream's writer then adds the missing event records at start). `None` before the stream's first write.
+    pub fn stream_log_through(&self) -> Result<Option<u64>, StoreError> {
+        let t = self.t()?;
+        let Some(v) = t.stream.get(STREAM_LOG_KEY)? else { return Ok(None) };
+        let bad = |r: String| corrupt("stream", STREAM_LOG_KEY, r);
+        let body = unseal(&v, false).map_err(bad)?;
+        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
+        Ok(Some(u64::from_be_bytes(arr)))
+    }
+
+    /// Records that the stream holds event records through log sequence `seq` (no flush).
+    pub fn set_stream_log_through(&self, seq: u64) -> Result<(), StoreError> {
+        let t = self.t()?;
+        t.stream.insert(STREAM_LOG_KEY, seal(&seq.to_be_bytes()))?;
+        Ok(())
+    }
+
+    /// Up to `limit` log entries after `after`, in order: `(seq, job id, stored value)`.
+    pub fn log_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String, Vec<u8>)>, StoreError> {
+        let t = self.t()?;
+        let mut out = Vec::new();
+        for kv in t.log.range(after.saturating_add(1).to_be_bytes()..).take(limit) {
+            let (k, v) = kv?;
+            let seq = seq_from_key(&k)?;
+            let ev = decode_log_value(&k, &v)?;
+            out.push((seq, ev.job_id, v.to_vec()));
+        }
+        Ok(out)
     }
 
     /// Writes stream records without a flush (the next flush makes them durable), and, when given, the cursor of
@@ -979,6 +1017,7 @@ impl Store {
 }
 
 const STREAM_CHANGES_KEY: &[u8] = b"\0changes_through";
+const STREAM_LOG_KEY: &[u8] = b"\0log_through";
 
 fn stream_key(cursor: u64) -> [u8; 9] {
     let mut k = [1u8; 9];
