@@ -23,6 +23,7 @@
 pub mod access;
 pub mod auth;
 pub mod emit;
+pub mod gameday;
 pub mod gpu;
 pub mod metrics;
 pub mod node;

@@ -144,6 +144,108 @@ enum Command {
     /// Follow the collector's stream out (accepted events, job changes, alerts) and print one line per record;
     /// resumes after the last cursor printed whenever the call ends, so nothing is missed or repeated.
     Tail(TailArgs),
+    /// Rehearse a failure against a collector (one the game day starts, or --api/--collector) with a simulated
+    /// fleet beside it, then explain every affected job from what Startline reports and check it against what
+    /// was injected; exits 1 when a check does not hold. SCENARIO: node-stop, disk-full, storage-revoked,
+    /// gpu-delay, corrupt-checkpoint, collector-restart, uplink-outage, or all.
+    Gameday(GamedayArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct GamedayArgs {
+    /// The scenario (or `all`).
+    scenario: String,
+    /// The collector's HTTP API (with the global --collector for gRPC); without it the game day starts its own
+    /// collector on a temporary data directory (needed for collector-restart).
+    #[arg(long, value_name = "URL")]
+    api: Option<String>,
+    /// The collector binary to start (default: startline-collector next to this binary, else on PATH).
+    #[arg(long, value_name = "PATH")]
+    collector_bin: Option<PathBuf>,
+    /// Background jobs of the simulated fleet sent first (0: none).
+    #[arg(long, default_value_t = 200)]
+    background_jobs: u64,
+    /// Seed of the background fleet.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+async fn run_gameday(a: GamedayArgs, conn: Connection) -> anyhow::Result<()> {
+    use startline_agent::gameday::{self, plan::Scenario};
+    let scenarios: Vec<Scenario> = if a.scenario == "all" {
+        Scenario::ALL.to_vec()
+    } else {
+        match Scenario::parse(&a.scenario) {
+            Some(s) => vec![s],
+            None => anyhow::bail!(
+                "unknown scenario {:?}: one of {}, or all",
+                a.scenario,
+                Scenario::ALL.iter().map(|s| s.name()).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    };
+    let mut uplink = conn.settings()?;
+    let token = match &conn.token {
+        Some(t) => Some(t.load().context("the collector token cannot be used")?.expose().to_string()),
+        None => None,
+    };
+    let _tmp;
+    let (spawned, grpc, api) = match &a.api {
+        Some(api) => (None, uplink.endpoint.clone(), api.trim_end_matches('/').to_string()),
+        None => {
+            let bin = match &a.collector_bin {
+                Some(p) => p.clone(),
+                None => {
+                    let next = std::env::current_exe()?.with_file_name("startline-collector");
+                    if next.exists() {
+                        next
+                    } else {
+                        PathBuf::from("startline-collector")
+                    }
+                }
+            };
+            let dir = tempfile_dir()?;
+            let s = gameday::Spawned::start(bin, dir.join("data"))?;
+            _tmp = dir;
+            let (g, h) = (format!("http://{}", s.grpc), format!("http://{}", s.http));
+            (Some(s), g, h)
+        }
+    };
+    uplink.endpoint = grpc.clone();
+    let mut target = gameday::Target { grpc, api, token, uplink, spawned };
+    let mut reports = Vec::new();
+    for s in scenarios {
+        let r = gameday::run(s, &mut target, a.background_jobs, a.seed).await?;
+        if !a.json {
+            println!("{}", r.text());
+        }
+        reports.push(r);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&gameday::to_json(&reports))?);
+    }
+    let failed: Vec<&str> = reports.iter().filter(|r| !r.passed).map(|r| r.scenario.as_str()).collect();
+    anyhow::ensure!(
+        failed.is_empty(),
+        "game day: what Startline reports differs from what was injected in {}",
+        failed.join(", ")
+    );
+    Ok(())
+}
+
+/// A fresh private directory under the system temp dir (kept until the process ends; removed then by the OS's
+/// temp cleaning, or by hand).
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "startline-gameday-{}-{}",
+        std::process::id(),
+        startline_proto::time::now_ms()
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
 }
 
 #[derive(clap::Args, Debug)]
@@ -1216,6 +1318,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Command::Azureml(a) => run_azureml(a, conn).await,
             Command::Kueue(a) => run_kueue(a, conn).await,
             Command::Tail(a) => run_tail(a, conn).await,
+            Command::Gameday(a) => run_gameday(a, conn).await,
             Command::Emit(a) => emit(a),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {

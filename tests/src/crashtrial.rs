@@ -560,13 +560,7 @@ type Checked = (u64, u64, Vec<pb::LifecycleEvent>, std::collections::BTreeMap<St
 
 /// Checks every job the model knows (blocking HTTP); returns the model's urgent-start (good, total) and the
 /// stored events to send again.
-fn check_jobs(
-    c: &Collector,
-    model: &Mutex<Model>,
-    seed: u64,
-    cycle: u64,
-    report: &mut Report,
-) -> Option<Checked> {
+fn check_jobs(c: &Collector, model: &Mutex<Model>, seed: u64, cycle: u64, report: &mut Report) -> Option<Checked> {
     let mut m = model.lock().unwrap_or_else(|p| p.into_inner());
     let mut states = std::collections::BTreeMap::new();
     let touched: BTreeSet<usize> = m.acked.iter().chain(m.maybe.iter()).map(|(j, _)| *j).collect();

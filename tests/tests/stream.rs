@@ -107,9 +107,9 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
     let mut live = subscribe(&ep, pb::SubscribeRequest::default()).await.expect("subscribe");
     let ack = publish(&ep, 1, job_events("slurm/a100/1", base, false)).await;
     assert_eq!(ack.accepted, 5);
-    // 5 events; changes: new->queued, segment unreported->queued:capacity, queued->running + SLO decision,
-    // running->done. Checkpoint changes nothing a subscriber sees.
-    let first = take(&mut live, 9).await;
+    // 5 events in one batch (one group commit), then one change: what the collector learned from them at once
+    // (new -> done, the SLO decision, the outcome).
+    let first = take(&mut live, 6).await;
     assert_consecutive(&first, 1);
     let kinds: Vec<&str> = first
         .iter()
@@ -119,20 +119,20 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
             _ => "other",
         })
         .collect();
-    // One batch, one group commit: its event records (written in its flush) come first, then the changes they
-    // caused (written after the index applied them), each after the event that caused it.
-    assert_eq!(kinds, ["event", "event", "event", "event", "event", "change", "change", "change", "change"]);
+    // One batch, one group commit: its event records (written in its flush) come first, then the change they
+    // caused (written after the index applied them), naming the job's last event of the group.
+    assert_eq!(kinds, ["event", "event", "event", "event", "event", "change"]);
     let changes: Vec<&pb::JobChange> =
         first.iter().filter_map(|r| if let Some(Record::Change(c)) = &r.record { Some(c) } else { None }).collect();
-    assert_eq!((changes[0].previous_state.as_str(), changes[0].state.as_str()), ("", "queued"));
-    assert_eq!(changes[1].segment, "queued:capacity");
-    assert_eq!((changes[2].previous_state.as_str(), changes[2].state.as_str()), ("queued", "running"));
-    assert_eq!(changes[2].slo_decisions.len(), 1);
-    assert_eq!(changes[2].slo_decisions[0].slo, "normal-start");
-    assert_eq!(changes[2].slo_decisions[0].verdict, "good");
-    let ttfs = changes[2].slo_decisions[0].time_to_first_step_seconds.expect("ttfs");
+    assert_eq!(changes.len(), 1);
+    assert_eq!((changes[0].previous_state.as_str(), changes[0].state.as_str()), ("", "done"));
+    assert_eq!(changes[0].event_seq, 5);
+    assert_eq!(changes[0].slo_decisions.len(), 1);
+    assert_eq!(changes[0].slo_decisions[0].slo, "normal-start");
+    assert_eq!(changes[0].slo_decisions[0].verdict, "good");
+    let ttfs = changes[0].slo_decisions[0].time_to_first_step_seconds.expect("ttfs");
     assert!((ttfs - 120.0).abs() < 1e-9, "{ttfs}");
-    assert_eq!((changes[3].state.as_str(), changes[3].outcome.as_str()), ("done", "succeeded"));
+    assert_eq!(changes[0].outcome, "succeeded");
     for r in &first {
         assert_eq!(
             (r.pool.as_str(), r.team.as_str(), r.priority),
@@ -140,9 +140,9 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
         );
     }
     // Resume from every cursor: exactly the rest.
-    for k in 0..9u64 {
+    for k in 0..6u64 {
         let mut s = subscribe(&ep, after(k)).await.expect("resume");
-        let got = take(&mut s, (9 - k) as usize).await;
+        let got = take(&mut s, (6 - k) as usize).await;
         assert_eq!(got, first[k as usize..].to_vec(), "after {k}");
     }
 
@@ -151,7 +151,7 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
         publish(&ep, j, job_events(&format!("slurm/a100/{j}"), base, j % 2 == 0)).await;
     }
     let mut seen = first.clone();
-    seen.extend(take(&mut live, 5 * 9).await);
+    seen.extend(take(&mut live, 5 * 6).await);
     assert_consecutive(&seen, 1);
     c.signal_and_wait("KILL");
     let end = tokio::time::timeout(Duration::from_secs(10), live.message()).await.expect("stream ends");
@@ -167,7 +167,7 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
     // A duplicate redelivery adds nothing.
     let dup = publish(&ep, 9, job_events("slurm/a100/7", base, false)).await;
     assert_eq!((dup.accepted, dup.duplicates), (0, 5));
-    seen.extend(take(&mut resumed, 2 * 9).await);
+    seen.extend(take(&mut resumed, 2 * 6).await);
     assert_consecutive(&seen, 1);
 
     // Graceful restart: the live subscriber is told to resume, and does.
@@ -186,7 +186,7 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
     let ep = c.endpoint();
     publish(&ep, 10, job_events("slurm/a100/10", base, false)).await;
     let mut s = subscribe(&ep, after(seen.last().expect("records").cursor)).await.expect("resume");
-    seen.extend(take(&mut s, 9).await);
+    seen.extend(take(&mut s, 6).await);
     assert_consecutive(&seen, 1);
 
     // The whole retained stream read in one go equals what the reconnecting subscriber assembled.
@@ -197,7 +197,7 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
     assert_eq!(jobs.len(), 9, "{:?}", jobs.keys());
     for (job, (seqs, states)) in &jobs {
         assert_eq!(seqs.len(), 5, "{job}");
-        assert_eq!(states, &[">queued", "queued>queued", "queued>running", "running>done"], "{job}");
+        assert_eq!(states, &[">done"], "{job}");
     }
     // Filters: urgent jobs of h100 (2, 4, 6), changes only.
     let mut f = subscribe(
@@ -212,7 +212,7 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
     )
     .await
     .expect("filtered");
-    let urgent = take(&mut f, 12).await;
+    let urgent = take(&mut f, 3).await;
     assert!(urgent.iter().all(|r| matches!(r.record, Some(Record::Change(_))) && r.pool == "h100"));
     let ids: std::collections::BTreeSet<&str> = urgent.iter().map(|r| r.job_id.as_str()).collect();
     assert_eq!(ids.into_iter().collect::<Vec<_>>(), ["slurm/a100/2", "slurm/a100/4", "slurm/a100/6"]);
@@ -222,7 +222,7 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
     )
     .await
     .expect("prefix");
-    let got = take(&mut p, 18).await;
+    let got = take(&mut p, 12).await;
     let ids: std::collections::BTreeSet<&str> = got.iter().map(|r| r.job_id.as_str()).collect();
     assert_eq!(ids.into_iter().collect::<Vec<_>>(), ["slurm/a100/1", "slurm/a100/10"]);
 
@@ -269,7 +269,7 @@ async fn no_gaps_across_reconnects_a_kill_and_a_restart_and_resume_from_any_curs
     assert_eq!(a[0]["job_id"], "slurm/a100/1");
     assert_eq!(a[1]["event"]["kind"], "queued");
     assert_eq!(a[5]["type"], "change");
-    assert_eq!(a[5]["change"]["state"], "queued");
+    assert_eq!(a[5]["change"]["state"], "done");
     drop(c);
 }
 
@@ -361,7 +361,7 @@ async fn python_grpcio_subscriber_reads_and_resumes() {
             .arg(grpc)
             .arg(root.join("proto/proto"))
             .arg(&gen)
-            .args(["18", "7"])
+            .args(["12", "7"])
             .env("PYTHONPATH", root.join("tests/python"))
             .output()
             .expect("python3 runs")
@@ -372,13 +372,13 @@ async fn python_grpcio_subscriber_reads_and_resumes() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json report");
     let first = report["first"].as_array().expect("first");
     let cursors: Vec<u64> = first.iter().map(|r| r["cursor"].as_u64().expect("cursor")).collect();
-    assert_eq!(cursors, (1..=18).collect::<Vec<_>>());
+    assert_eq!(cursors, (1..=12).collect::<Vec<_>>());
     assert_eq!(first[0]["type"], "event");
     assert_eq!(first[0]["event"], "submitted");
     assert_eq!(first[0]["pool"], "h100");
-    let urgent_start = first.iter().find(|r| r["job_id"] == "py/1" && r["state"] == "running").expect("py/1 started");
+    let urgent_start = first.iter().find(|r| r["job_id"] == "py/1" && r["state"] == "done").expect("py/1 started");
     assert_eq!(urgent_start["decisions"], serde_json::json!([["urgent-start", "good", 120.0]]));
-    assert_eq!(report["rest"].as_array().map(Vec::len), Some(11));
+    assert_eq!(report["rest"].as_array().map(Vec::len), Some(5));
     assert_eq!(report["rest"][0]["cursor"], 8);
     assert_eq!(report["resumed_equal"], true);
     assert_eq!(report["errors"]["ahead"]["code"], "OUT_OF_RANGE");
@@ -433,9 +433,10 @@ async fn under_load_slow_and_reconnecting_subscribers_miss_nothing() {
     let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf-8")]);
     let ep = c.endpoint();
     let base = ago(7200);
-    // Every job gives 5 events and 4 change records (see the first test): 4,000 jobs are 36,000 records.
+    // Every job gives 5 events and one change record (its batch is one group commit): 4,000 jobs are 24,000
+    // records.
     let jobs = 4_000u64;
-    let total = jobs * 9;
+    let total = jobs * 6;
     let reconnecting = tokio::spawn(follow(ep.clone(), total, Some(1_500), Duration::ZERO));
     let slow = tokio::spawn(follow(ep.clone(), total, None, Duration::from_millis(15)));
     // Four publishers at once, 50 jobs per batch.
@@ -465,6 +466,6 @@ async fn under_load_slow_and_reconnecting_subscribers_miss_nothing() {
     eprintln!("slow subscriber was disconnected {overflows} times and resumed each time");
     for (job, (seqs, states)) in per_job(&a) {
         assert_eq!(seqs.len(), 5, "{job}");
-        assert_eq!(states, [">queued", "queued>queued", "queued>running", "running>done"], "{job}");
+        assert_eq!(states, [">done"], "{job}");
     }
 }

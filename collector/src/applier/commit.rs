@@ -224,6 +224,10 @@ impl Committer {
             idx.begin_group();
             let mut seq = first_seq;
             let mut ended: Vec<String> = Vec::new();
+            // For the stream: each job the group touches, its view before the group's first event of it, and the
+            // group's last event of it (one change per job per group commit: what the collector learned at once).
+            let mut touched: Vec<(String, Option<crate::stream::JobView>, u64)> = Vec::new();
+            let mut touched_at: HashMap<String, usize> = HashMap::new();
             for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
                 for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
                     let mut compact = ev.compact;
@@ -233,19 +237,20 @@ impl Committer {
                     }
                     let at_ms = compact.at_ms;
                     let done = matches!(compact.kind, crate::job::EventKind::Done { .. });
-                    let before = self
-                        .stream
-                        .as_ref()
-                        .map(|_| idx.jobs.get(&ev.job_id).map(|h| crate::stream::JobView::of(&h.rec.timeline, &h.slo)));
-                    observations.extend(idx.insert(&ev.job_id, compact, now));
-                    if let (Some(sw), Some(before), Some(h)) = (&self.stream, before, idx.jobs.get(&ev.job_id)) {
-                        let after = crate::stream::JobView::of(&h.rec.timeline, &h.slo);
-                        let named = |i| super::stream::slo_name(&idx.slo, i);
-                        if let Some(c) = crate::stream::change(before.as_ref(), &after, seq, named) {
-                            let subject = crate::stream::Subject::job(&ev.job_id, h.rec.timeline.attrs.as_deref());
-                            changes.push(sw.change(now, &subject, c));
+                    if self.stream.is_some() {
+                        match touched_at.get(&ev.job_id) {
+                            Some(&i) => touched[i].2 = seq,
+                            None => {
+                                let before = idx
+                                    .jobs
+                                    .get(&ev.job_id)
+                                    .map(|h| crate::stream::JobView::of(&h.rec.timeline, &h.slo));
+                                touched_at.insert(ev.job_id.clone(), touched.len());
+                                touched.push((ev.job_id.clone(), before, seq));
+                            }
                         }
                     }
+                    observations.extend(idx.insert(&ev.job_id, compact, now));
                     idx.note_source(&ev.job_id, ev.source, at_ms, now);
                     if feeding {
                         let attrs = idx.jobs.get(&ev.job_id).and_then(|h| h.rec.timeline.attrs.clone());
@@ -260,6 +265,17 @@ impl Committer {
                 replies.push((req.reply, res.clone()));
             }
             idx.end_group();
+            if let Some(sw) = &self.stream {
+                let named = |i| super::stream::slo_name(&idx.slo, i);
+                for (job_id, before, last_seq) in touched {
+                    let Some(h) = idx.jobs.get(&job_id) else { continue };
+                    let after = crate::stream::JobView::of(&h.rec.timeline, &h.slo);
+                    if let Some(c) = crate::stream::change(before.as_ref(), &after, last_seq, named) {
+                        let subject = crate::stream::Subject::job(&job_id, h.rec.timeline.attrs.as_deref());
+                        changes.push(sw.change(now, &subject, c));
+                    }
+                }
+            }
             if feeding {
                 ended.sort();
                 ended.dedup();

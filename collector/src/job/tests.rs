@@ -99,6 +99,32 @@ fn preemption_without_checkpoint_loses_work_since_last_checkpoint() {
 }
 
 #[test]
+fn a_restart_from_an_older_checkpoint_loses_the_training_since_that_one() {
+    // Checkpoints at steps 1000 (t=100 s) and 2000 (t=300 s); the step-2000 copy is corrupt, so the restart at
+    // t=400 s resumes from step 1000: 300 s of training and 1000 steps are lost, not the 100 s since the last.
+    let base = vec![
+        sub(T0),
+        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("c1", T0 + 100 * S, EventKind::Checkpoint { step: 1000, save_ms: 0 }),
+        e("c2", T0 + 300 * S, EventKind::Checkpoint { step: 2000, save_ms: 0 }),
+    ];
+    let with = |resume_step| {
+        let mut v = base.clone();
+        v.push(e("rs", T0 + 400 * S, EventKind::Restarted { resume_step }));
+        record(v).timeline
+    };
+    let older = with(1000);
+    assert_eq!((older.lost_work_ms, older.lost_steps), (300 * S, 1000));
+    let newest = with(2000);
+    assert_eq!((newest.lost_work_ms, newest.lost_steps), (100 * S, 0));
+    // Between two checkpoints: resumed from the older one (step 1000 <= 1500 < 2000).
+    assert_eq!(with(1500).lost_work_ms, 300 * S);
+    // Older than every checkpoint of this run (scratch, or a previous run's): the whole run is lost.
+    let scratch = with(0);
+    assert_eq!((scratch.lost_work_ms, scratch.lost_steps), (390 * S, 2000));
+}
+
+#[test]
 fn preemption_with_checkpoint_saved_loses_nothing_and_resume_from_scratch_loses_steps() {
     let saved = record(vec![
         sub(T0),

@@ -300,6 +300,9 @@ pub struct TimelineFold {
     run_start: Option<i64>,
     /// The open run's last checkpoint.
     last_ckpt_at: Option<i64>,
+    /// The open run's checkpoints, `(step, at)` in arrival order: a restart that resumes from an older one than
+    /// the last (a corrupt or missing copy) loses the training since the one it resumed from.
+    run_ckpts: Vec<(u64, i64)>,
     /// When the open requeue wait began.
     requeue_wait_start: Option<i64>,
     /// Requeues and restarts seen.
@@ -331,6 +334,7 @@ impl TimelineFold {
             wait: Some((Segment::Unreported, submitted_at)),
             run_start: None,
             last_ckpt_at: None,
+            run_ckpts: Vec::new(),
             requeue_wait_start: None,
             requeues: 0,
             max_attempt: 1,
@@ -402,6 +406,7 @@ impl TimelineFold {
                     }
                     *run_start = Some(at);
                     *last_ckpt_at = None;
+                    self.run_ckpts.clear();
                 }
             }
             EventKind::Checkpoint { step, save_ms } => {
@@ -412,6 +417,7 @@ impl TimelineFold {
                     t.last_checkpoint = Some((at, *step));
                 }
                 *last_ckpt_at = Some(at);
+                self.run_ckpts.push((*step, at));
             }
             EventKind::Preempted { checkpoint_saved } => {
                 t.preemptions += 1;
@@ -442,7 +448,10 @@ impl TimelineFold {
                     t.lost_steps += m.saturating_sub(*resume_step);
                 }
                 if run_start.is_some() {
-                    t.lost_work_ms += lost_since(at, *run_start, *last_ckpt_at);
+                    // Resumed from the newest checkpoint of this run at or below resume_step (the last one when
+                    // it resumes from there; none: a checkpoint from before this run, or scratch).
+                    let resumed_from = self.run_ckpts.iter().filter(|(s, _)| *s <= *resume_step).map(|(_, a)| *a).max();
+                    t.lost_work_ms += lost_since(at, *run_start, resumed_from);
                     stop_run(run_start, requeue_wait_start, wait, at);
                 }
                 // Progress now restarts from resume_step.

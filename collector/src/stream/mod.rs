@@ -9,7 +9,8 @@
 //!
 //! # Ordering and durability (the contract a subscriber relies on)
 //! One writer assigns cursors: the committer. Event records are written in the same flush as their log
-//! entries; the job changes of a group commit (and alert changes posted meanwhile) are written after it and
+//! entries; the job changes of a group commit (one per job it changed: the view before its first event of the
+//! group against the view after the group) (and alert changes posted meanwhile) are written after it and
 //! become durable with the next flush (the next group commit's, or an idle flush right after). Records are
 //! handed to live subscribers only once durable, in cursor order, so a record a subscriber has seen is never
 //! lost by a crash and a reconnect after cursor `c` (reading the store's `stream` tree, then live) yields
