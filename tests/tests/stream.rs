@@ -469,3 +469,35 @@ async fn under_load_slow_and_reconnecting_subscribers_miss_nothing() {
         assert_eq!(states, [">done"], "{job}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_calls_are_capped_catching_up_or_live_and_a_closed_one_frees_its_slot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, "[stream]\nmax_subscribers = 2\n").expect("config");
+    let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf-8")]);
+    let ep = c.endpoint();
+    publish(&ep, 1, job_events("cap/1", ago(3600), false)).await;
+    let mut a = subscribe(&ep, oldest()).await.expect("first");
+    let b = subscribe(&ep, pb::SubscribeRequest::default()).await.expect("second");
+    assert_eq!(take(&mut a, 6).await.len(), 6);
+    let e = subscribe(&ep, oldest()).await.expect_err("third");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("max_subscribers"), "{e}");
+    drop(b);
+    // The collector frees the slot when the client's reset arrives (nothing is published meanwhile).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match subscribe(&ep, oldest()).await {
+            Ok(mut s) => {
+                assert_eq!(take(&mut s, 6).await.len(), 6);
+                break;
+            }
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+                assert!(std::time::Instant::now() < deadline, "the slot of the closed call was never freed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}

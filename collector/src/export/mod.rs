@@ -396,8 +396,8 @@ impl Telemetry {
             let _ = meter
                 .u64_observable_gauge("startline.collector.stream.subscribers")
                 .with_unit("{subscriber}")
-                .with_description("Subscribers following the live stream")
-                .with_callback(move |o| o.observe(s.hub.subscribers(), &[]))
+                .with_description("Subscribe calls open (catching up from disk or following the live stream)")
+                .with_callback(move |o| o.observe(s.open_calls(), &[]))
                 .build();
             let s = stream.clone();
             let _ = meter

@@ -110,6 +110,8 @@ impl StreamService {
         loop {
             let batch = tokio::select! {
                 _ = self.shutdown.cancelled() => Err(Ended::Closed),
+                // The client left: free the call's slot now, not at the next record.
+                _ = tx.closed() => return,
                 b = live.recv() => b,
                 _ = tick.tick() => {
                     if after > last_sent && last_sent_at.elapsed() >= progress_every {
@@ -175,15 +177,20 @@ impl pb::stream_service_server::StreamService for StreamService {
         }
         let req = request.into_inner();
         let filter = Filter::of(&req).map_err(|(field, why)| Status::invalid_argument(format!("{field}: {why}")))?;
-        if self.stream.hub.subscribers() >= self.stream.settings.max_subscribers as u64 {
+        // Every open call counts, catching up from disk or following live: each costs a task and store reads.
+        let Some(slot) = self.stream.open_call() else {
             return Err(Status::resource_exhausted(format!(
                 "at most {} subscribers at once ([stream] max_subscribers)",
                 self.stream.settings.max_subscribers
             )));
-        }
+        };
         let after = self.start(&req).await?;
         let (tx, rx) = mpsc::channel(256);
-        tokio::spawn(self.clone().run(after, filter, tx));
+        let this = self.clone();
+        tokio::spawn(async move {
+            this.run(after, filter, tx).await;
+            drop(slot);
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -543,6 +543,17 @@ pub struct Stream {
     pub overflows: AtomicU64,
     /// Woken when alert changes are posted (the committer writes them without waiting for a group commit).
     pub wake: tokio::sync::Notify,
+    /// Subscribe calls open (catching up from disk or following live).
+    calls: AtomicU64,
+}
+
+/// An open Subscribe call, counted until it is dropped.
+pub struct CallSlot(Arc<Stream>);
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        self.0.calls.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Stream {
@@ -555,7 +566,23 @@ impl Stream {
             written: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
+            calls: AtomicU64::new(0),
         })
+    }
+
+    /// Opens a call if fewer than `max_subscribers` are open (catching up or live).
+    pub fn open_call(self: &Arc<Self>) -> Option<CallSlot> {
+        let before = self.calls.fetch_add(1, Ordering::Relaxed);
+        if before >= self.settings.max_subscribers as u64 {
+            self.calls.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(CallSlot(self.clone()))
+    }
+
+    /// Subscribe calls open now.
+    pub fn open_calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
     }
 
     /// Posts alert changes (the committer writes them with its next group or tick).
