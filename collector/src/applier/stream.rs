@@ -413,4 +413,37 @@ mod tests {
         assert_eq!(store2.stream_bounds().expect("bounds"), None);
         assert_eq!(store2.stream_log_through().expect("through"), Some(2));
     }
+
+    /// The committer trims records older than `[stream] retention`, at most once a minute, never the newest.
+    #[test]
+    fn the_writer_trims_to_the_retention_once_a_minute() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db")).expect("open");
+        let subject = Subject::job("j", None);
+        let recs: Vec<(u64, Vec<u8>)> = (1..=5u64)
+            .map(|c| (c, stream::event_record(c, T0 + c as i64 * 60_000, &subject, c, &[]).bytes.to_vec()))
+            .collect();
+        store.stream_put(&recs, None).expect("put");
+        let index = crate::index::SharedIndex::new(JobIndex::new_at(
+            BTreeMap::new(),
+            Default::default(),
+            0,
+            SloEngine::new(SloDef::defaults()),
+            LabelLimiter::new(&Default::default()),
+            T0,
+        ));
+        let settings = crate::stream::StreamSettings { retention: Duration::from_secs(120), ..Default::default() };
+        let w = StreamWriter::open(&store, &index, Stream::new(settings), T0).expect("open");
+        // Just opened: not yet a minute since the last trim.
+        w.trim(&store, T0 + 10 * 60_000);
+        assert_eq!(store.stream_bounds().expect("bounds"), Some((1, 5)));
+        let Some(past) = Instant::now().checked_sub(TRIM_EVERY) else { return };
+        w.last_trim.set(past);
+        // Now T0+6m with 2 minutes kept: records stamped before T0+4m (1, 2, 3) go.
+        w.trim(&store, T0 + 6 * 60_000);
+        assert_eq!(store.stream_bounds().expect("bounds"), Some((4, 5)));
+        w.last_trim.set(past);
+        w.trim(&store, T0 + 60 * 60_000);
+        assert_eq!(store.stream_bounds().expect("bounds"), Some((5, 5)), "the newest record stays");
+    }
 }

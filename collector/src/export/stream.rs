@@ -194,3 +194,65 @@ impl pb::stream_service_server::StreamService for StreamService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::stream_service_server::StreamService as _;
+    use prost::Message;
+
+    fn record(cursor: u64) -> (u64, Vec<u8>) {
+        let r = pb::StreamRecord {
+            cursor,
+            job_id: format!("j{cursor}"),
+            record: Some(pb::stream_record::Record::Change(pb::JobChange::default())),
+            recorded_at: Some(startline_proto::time::ms_to_timestamp(cursor as i64 * 1000)),
+            ..Default::default()
+        };
+        (cursor, r.encode_to_vec())
+    }
+
+    async fn collect(s: &StreamService, req: pb::SubscribeRequest, n: usize) -> Result<Vec<u64>, Status> {
+        let mut rx = s.subscribe(Request::new(req)).await?.into_inner().into_inner();
+        let mut out = Vec::new();
+        while out.len() < n {
+            match tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv()).await {
+                Ok(Some(Ok(r))) => out.push(r.cursor),
+                Ok(Some(Err(s))) => return Err(s),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Retention trimmed records 1-3: a cursor before the oldest retained one is refused with OUT_OF_RANGE
+    /// naming it; the cursor just before it (nothing missed) and from_oldest start there.
+    #[tokio::test]
+    async fn a_cursor_older_than_the_retained_stream_is_out_of_range() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db")).expect("open");
+        let recs: Vec<(u64, Vec<u8>)> = (1..=6).map(record).collect();
+        store.stream_put(&recs, None).expect("put");
+        assert_eq!(store.stream_trim(4000, 100).expect("trim"), 3);
+        let svc = StreamService {
+            store,
+            stream: Stream::new(Default::default()),
+            shutdown: CancellationToken::new(),
+            clock: crate::time::Clock::system(),
+        };
+        let after = |c| pb::SubscribeRequest { after_cursor: Some(c), ..Default::default() };
+        for c in [0, 1, 2] {
+            let e = collect(&svc, after(c), 1).await.expect_err("trimmed");
+            assert_eq!(e.code(), tonic::Code::OutOfRange, "{e}");
+            assert!(e.message().contains("the oldest retained record is 4"), "{e}");
+            assert!(e.message().contains("resume with after_cursor = 3"), "{e}");
+        }
+        assert_eq!(collect(&svc, after(3), 3).await.expect("resume"), vec![4, 5, 6]);
+        assert_eq!(collect(&svc, after(5), 1).await.expect("resume"), vec![6]);
+        let oldest = pb::SubscribeRequest { from_oldest: true, ..Default::default() };
+        assert_eq!(collect(&svc, oldest, 3).await.expect("oldest"), vec![4, 5, 6]);
+        let e = collect(&svc, after(7), 1).await.expect_err("ahead");
+        assert_eq!(e.code(), tonic::Code::OutOfRange);
+        assert!(e.message().contains("ahead of the newest record (6)"), "{e}");
+    }
+}
