@@ -175,24 +175,30 @@ impl Committer {
             self.stream.as_ref().filter(|_| failed.is_none()).map(|sw| {
                 sw.stage(now, subjects.into_iter().zip(&entries).map(|(s, (seq, v))| (s, *seq, v.as_slice())))
             });
+        let mut flushed = false;
         if failed.is_none() && !(entries.is_empty() && staged.as_ref().is_none_or(|s| s.records.is_empty())) {
             let stream_entries: Vec<(u64, Vec<u8>)> = staged
                 .as_ref()
                 .map(|s| s.records.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect())
                 .unwrap_or_default();
-            if let Err(e) = self.store.append_durable_with_stream(&entries, &stream_entries) {
-                tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
-                failed = Some(self.cause_of(&e));
+            match self.store.append_durable_with_stream(&entries, &stream_entries, now) {
+                Ok(()) => flushed = true,
+                Err(e) => {
+                    tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
+                    failed = Some(self.cause_of(&e));
+                }
             }
         }
         let mut event_cursors = Vec::new();
         if let (Some(sw), Some(staged)) = (&self.stream, staged) {
             if failed.is_some() {
                 sw.unstage(staged);
-            } else {
+            } else if flushed {
                 event_cursors = staged.event_cursors.clone();
                 sw.durable(staged.records);
             }
+            // Else nothing was staged and nothing flushed (a group of duplicates): records written since the
+            // last flush stay unpublished until the next one.
         }
         if let Some(cause) = failed {
             self.health.storage_failed(cause);
@@ -290,7 +296,7 @@ impl Committer {
             self.settings.feed.publish(fed);
         }
         if let Some(sw) = &self.stream {
-            sw.write_changes(&self.store, changes, event_cursors.last().copied());
+            sw.write_changes(&self.store, changes, event_cursors.last().copied(), now);
         }
         let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
         let rejected: usize = results.iter().map(|r| r.rejections.len()).sum();

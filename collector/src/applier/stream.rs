@@ -90,9 +90,11 @@ impl StreamWriter {
                 .collect()
         };
         let entries: Vec<(u64, Vec<u8>)> = recs.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
-        store.stream_put(&entries, Some(after))?;
+        store.stream_put(&entries, Some(after), now_ms)?;
         store.flush()?;
         tracing::warn!(jobs = recs.len(), "stream: change records lost in a crash; resync records written");
+        // Durable: a subscriber that connected while the collector started gets them live too.
+        w.publish(recs);
         Ok(w)
     }
 
@@ -115,7 +117,7 @@ impl StreamWriter {
             store.set_stream_log_through(last_seq)?;
             return Ok(());
         }
-        let mut added = 0usize;
+        let mut added = Vec::new();
         loop {
             let entries = store.log_after(through, 10_000)?;
             let Some((last, _, _)) = entries.last() else { break };
@@ -131,15 +133,16 @@ impl StreamWriter {
                     })
                     .collect()
             };
-            added += recs.len();
             let put: Vec<(u64, Vec<u8>)> = recs.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
-            store.stream_put(&put, None)?;
+            store.stream_put(&put, None, now_ms)?;
             store.set_stream_log_through(last)?;
             through = last;
+            added.extend(recs);
         }
-        if added > 0 {
+        if !added.is_empty() {
             store.flush()?;
-            tracing::warn!(events = added, "stream: event records a crash left out were added from the log");
+            tracing::warn!(events = added.len(), "stream: event records a crash left out were added from the log");
+            self.publish(added);
         }
         Ok(())
     }
@@ -194,9 +197,9 @@ impl StreamWriter {
 
     /// Writes a group's change records (unflushed; published after the next flush). `through` is the cursor of
     /// the group's last event record.
-    pub(super) fn write_changes(&self, store: &Store, changes: Vec<Rec>, through: Option<u64>) {
+    pub(super) fn write_changes(&self, store: &Store, changes: Vec<Rec>, through: Option<u64>, now_ms: i64) {
         let entries: Vec<(u64, Vec<u8>)> = changes.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
-        match store.stream_put(&entries, through) {
+        match store.stream_put(&entries, through, now_ms) {
             Ok(()) => self.pending.borrow_mut().extend(changes),
             // Never published: a restart resyncs these jobs (the marker did not move).
             Err(e) => tracing::error!(error = %e, "stream: cannot write job change records"),
@@ -212,8 +215,8 @@ impl StreamWriter {
     pub(super) fn idle_flush(&self, store: &Store, now_ms: i64) {
         let staged = self.stage(now_ms, std::iter::empty());
         let entries: Vec<(u64, Vec<u8>)> = staged.records.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
-        let res =
-            if entries.is_empty() { Ok(()) } else { store.stream_put(&entries, None) }.and_then(|()| store.flush());
+        let res = if entries.is_empty() { Ok(()) } else { store.stream_put(&entries, None, now_ms) }
+            .and_then(|()| store.flush());
         match res {
             Ok(()) => {
                 let Staged { records, .. } = staged;
@@ -310,9 +313,9 @@ mod tests {
         let e1 = stream::event_record(1, T0, &subject, 1, &[]);
         let e2 = stream::event_record(2, T0, &subject, 2, &[]);
         // The changes of event record 1 were written (marker 1); those of record 2 were not.
-        store.append_durable_with_stream(&[], &[(1, e1.bytes.to_vec())]).expect("append");
-        store.stream_put(&[], Some(1)).expect("marker");
-        store.append_durable_with_stream(&[], &[(2, e2.bytes.to_vec())]).expect("append");
+        store.append_durable_with_stream(&[], &[(1, e1.bytes.to_vec())], T0).expect("append");
+        store.stream_put(&[], Some(1), T0).expect("marker");
+        store.append_durable_with_stream(&[], &[(2, e2.bytes.to_vec())], T0).expect("append");
         let index = crate::index::SharedIndex::new(JobIndex::new_at(
             BTreeMap::from([("j1".to_string(), record())]),
             Default::default(),
@@ -377,9 +380,10 @@ mod tests {
             .append_durable_with_stream(
                 &log[..1],
                 &[(1, stream::event_record(1, T0, &subject, 1, &body).bytes.to_vec())],
+                T0,
             )
             .expect("g1");
-        store.stream_put(&[], Some(1)).expect("marker");
+        store.stream_put(&[], Some(1), T0).expect("marker");
         store.append_durable(&log[1..]).expect("g2 log only");
         let index = crate::index::SharedIndex::new(JobIndex::new_at(
             BTreeMap::from([("j1".to_string(), record())]),
@@ -423,7 +427,9 @@ mod tests {
         let recs: Vec<(u64, Vec<u8>)> = (1..=5u64)
             .map(|c| (c, stream::event_record(c, T0 + c as i64 * 60_000, &subject, c, &[]).bytes.to_vec()))
             .collect();
-        store.stream_put(&recs, None).expect("put");
+        for (i, r) in recs.iter().enumerate() {
+            store.stream_put(std::slice::from_ref(r), None, T0 + (i as i64 + 1) * 60_000).expect("put");
+        }
         let index = crate::index::SharedIndex::new(JobIndex::new_at(
             BTreeMap::new(),
             Default::default(),

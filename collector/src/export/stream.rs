@@ -87,7 +87,8 @@ impl StreamService {
                     return;
                 }
             };
-            let full = chunk.len() == CATCH_UP_CHUNK;
+            // The store returns whole blocks until at least the limit: fewer means the end was reached.
+            let full = chunk.len() >= CATCH_UP_CHUNK;
             for r in chunk {
                 after = r.cursor;
                 if filter.matches(&r) {
@@ -232,7 +233,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("db")).expect("open");
         let recs: Vec<(u64, Vec<u8>)> = (1..=6).map(record).collect();
-        store.stream_put(&recs, None).expect("put");
+        for r in &recs {
+            store.stream_put(std::slice::from_ref(r), None, r.0 as i64 * 1000).expect("put");
+        }
         assert_eq!(store.stream_trim(4000, 100).expect("trim"), 3);
         let svc = StreamService {
             store,

@@ -20,8 +20,10 @@
 //! - tree `dictionary`: `u32` big-endian -> sealed entry: the job attribute sets summaries refer to by number
 //!   (the index's format). Append-only; written in the same transaction as the summaries that first use them.
 //!
-//! - tree `stream`: `[1u8] ++ cursor` (u64 big-endian) -> sealed protobuf `StreamRecord`: the stream out (see
-//!   `stream`), kept for `[stream] retention` (the newest record always stays, so cursors never go back).
+//! - tree `stream`: `[1u8] ++ first cursor` (u64 big-endian) -> sealed block of consecutive protobuf
+//!   `StreamRecord`s (one block per write: a group commit's event records, its change records, ...; zstd over
+//!   256 bytes): the stream out (see `stream`), kept for `[stream] retention` (the newest block always stays, so
+//!   cursors never go back).
 //!   Event records are written in the same flush as their log entries; change and alert records after it, and
 //!   are made durable by the next flush before anyone is sent them. `[0u8] ++ "changes_through"` -> sealed u64:
 //!   the cursor of the last event record whose change records were written (restore resyncs the jobs of later
@@ -688,7 +690,7 @@ impl Store {
     /// Appends encoded events at the given sequences in one atomic batch and flushes: when this returns `Ok`,
     /// the events survive a crash of the process.
     pub fn append_durable(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
-        self.append_durable_with_stream(entries, &[])
+        self.append_durable_with_stream(entries, &[], 0)
     }
 
     /// [`Store::append_durable`], also writing stream records (`(cursor, encoded StreamRecord)`) before the same
@@ -697,6 +699,7 @@ impl Store {
         &self,
         entries: &[(u64, Vec<u8>)],
         stream: &[(u64, Vec<u8>)],
+        at_ms: i64,
     ) -> Result<(), StoreError> {
         let t = self.t()?;
         let mut batch = sled::Batch::default();
@@ -705,7 +708,7 @@ impl Store {
         }
         t.log.apply_batch(batch)?;
         if !stream.is_empty() {
-            let mut batch = stream_batch(stream);
+            let mut batch = stream_batch(stream, at_ms)?;
             if let Some((last, _)) = entries.last() {
                 batch.insert(STREAM_LOG_KEY, seal(&last.to_be_bytes()));
             }
@@ -747,11 +750,17 @@ impl Store {
         Ok(out)
     }
 
-    /// Writes stream records without a flush (the next flush makes them durable), and, when given, the cursor of
-    /// the last event record whose change records are now written.
-    pub fn stream_put(&self, records: &[(u64, Vec<u8>)], changes_through: Option<u64>) -> Result<(), StoreError> {
+    /// Writes stream records (consecutive cursors, recorded at `at_ms`) as one block without a flush (the next
+    /// flush makes them durable), and, when given, the cursor of the last event record whose change records are
+    /// now written.
+    pub fn stream_put(
+        &self,
+        records: &[(u64, Vec<u8>)],
+        changes_through: Option<u64>,
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
         let t = self.t()?;
-        let mut batch = stream_batch(records);
+        let mut batch = stream_batch(records, at_ms)?;
         if let Some(c) = changes_through {
             batch.insert(STREAM_CHANGES_KEY, seal(&c.to_be_bytes()));
         }
@@ -778,38 +787,61 @@ impl Store {
             None => return Ok(None),
         };
         let last = match range().next_back() {
-            Some(kv) => stream_cursor(&kv?.0)?,
+            Some(kv) => {
+                let (k, v) = kv?;
+                let (count, _) = stream_block_meta(&k, &v)?;
+                stream_cursor(&k)? + u64::from(count) - 1
+            }
             None => return Ok(None),
         };
         Ok(Some((first, last)))
     }
 
-    /// Up to `limit` stream records with cursors above `after`, in order.
+    /// Stream records with cursors above `after`, in order: whole blocks until at least `limit` records (or the
+    /// end).
     pub fn stream_read(&self, after: u64, limit: usize) -> Result<Vec<pb::StreamRecord>, StoreError> {
         let t = self.t()?;
+        let want = after.saturating_add(1);
+        // The block holding `want` starts at or before it.
+        let start = match t.stream.range(stream_key(0)..=stream_key(want)).next_back() {
+            Some(kv) => stream_cursor(&kv?.0)?,
+            None => 0,
+        };
         let mut out = Vec::new();
-        for kv in t.stream.range(stream_key(after.saturating_add(1))..).take(limit) {
+        for kv in t.stream.range(stream_key(start)..) {
             let (k, v) = kv?;
-            out.push(decode_stream_value(&k, &v)?);
+            for r in decode_stream_block(&k, &v)? {
+                if r.cursor > after {
+                    out.push(r);
+                }
+            }
+            if out.len() >= limit {
+                break;
+            }
         }
         Ok(out)
     }
 
-    /// Deletes stream records recorded before `before_ms`, oldest first, at most `limit` of them, never the
-    /// newest record. Returns how many went.
+    /// Deletes stream blocks whose records were all recorded before `before_ms`, oldest first, at most `limit`
+    /// records' worth, never the newest block. Returns how many records went.
     pub fn stream_trim(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
         let t = self.t()?;
-        let Some((_, last)) = self.stream_bounds()? else { return Ok(0) };
+        let Some(last_key) = t.stream.range(stream_key(0)..).next_back().transpose()?.map(|(k, _)| k) else {
+            return Ok(0);
+        };
         let mut batch = sled::Batch::default();
         let mut n = 0;
-        for kv in t.stream.range(stream_key(0)..stream_key(last)).take(limit) {
+        for kv in t.stream.range(stream_key(0)..) {
             let (k, v) = kv?;
-            let rec = decode_stream_value(&k, &v)?;
-            if rec.recorded_at.as_ref().map_or(0, startline_proto::time::timestamp_to_ms) >= before_ms {
+            if k == last_key || n >= limit {
+                break;
+            }
+            let (count, newest_ms) = stream_block_meta(&k, &v)?;
+            if newest_ms >= before_ms {
                 break;
             }
             batch.remove(k);
-            n += 1;
+            n += count as usize;
         }
         if n > 0 {
             t.stream.apply_batch(batch)?;
@@ -1036,22 +1068,102 @@ fn stream_cursor(key: &[u8]) -> Result<u64, StoreError> {
     }
 }
 
-fn stream_batch(records: &[(u64, Vec<u8>)]) -> sled::Batch {
+/// The format of a stream block body (inside the sealed value): `[format] ++ count u32 LE ++ recorded_at ms i64
+/// LE ++ raw length u32 LE ++ payload`, the payload being, per record in cursor order, `varint(len) ++
+/// StreamRecord`; format 1 stores it as is, format 2 zstd-compressed (blocks over 256 bytes).
+const STREAM_RAW: u8 = 1;
+const STREAM_ZSTD: u8 = 2;
+const STREAM_HEADER: usize = 17;
+
+/// One block per run of consecutive cursors (a writer's records always are one run).
+fn stream_batch(records: &[(u64, Vec<u8>)], at_ms: i64) -> Result<sled::Batch, StoreError> {
     let mut batch = sled::Batch::default();
-    for (cursor, value) in records {
-        batch.insert(&stream_key(*cursor), seal(value));
+    for (first, value) in encode_stream_blocks(records, at_ms)? {
+        batch.insert(&stream_key(first), value);
     }
-    batch
+    Ok(batch)
 }
 
-fn decode_stream_value(key: &[u8], v: &[u8]) -> Result<pb::StreamRecord, StoreError> {
-    let cursor = stream_cursor(key)?;
-    let body = unseal(v, false).map_err(|r| corrupt("stream", key, r))?;
-    let rec = pb::StreamRecord::decode(body).map_err(|e| corrupt("stream", key, e))?;
-    if rec.cursor != cursor {
-        return Err(corrupt("stream", key, format!("holds cursor {}", rec.cursor)));
+/// The sealed blocks of `records`: `(first cursor, value)`.
+fn encode_stream_blocks(records: &[(u64, Vec<u8>)], at_ms: i64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    use prost::encoding::encode_varint;
+    let mut blocks = Vec::new();
+    let mut i = 0;
+    while i < records.len() {
+        let first = records[i].0;
+        let mut j = i;
+        let mut raw = Vec::new();
+        while j < records.len() && records[j].0 == first + (j - i) as u64 {
+            encode_varint(records[j].1.len() as u64, &mut raw);
+            raw.extend_from_slice(&records[j].1);
+            j += 1;
+        }
+        let count = (j - i) as u32;
+        let (format, payload) = if raw.len() > 256 {
+            let z = zstd::bulk::compress(&raw, 1).map_err(|e| corrupt("stream", &stream_key(first), e))?;
+            (STREAM_ZSTD, z)
+        } else {
+            (STREAM_RAW, raw.clone())
+        };
+        let mut body = Vec::with_capacity(STREAM_HEADER + payload.len());
+        body.push(format);
+        body.extend_from_slice(&count.to_le_bytes());
+        body.extend_from_slice(&at_ms.to_le_bytes());
+        body.extend_from_slice(&(raw.len() as u32).to_le_bytes());
+        body.extend_from_slice(&payload);
+        blocks.push((first, seal(&body)));
+        i = j;
     }
-    Ok(rec)
+    Ok(blocks)
+}
+
+/// A block's record count and recording time, without decompressing it.
+fn stream_block_meta(key: &[u8], v: &[u8]) -> Result<(u32, i64), StoreError> {
+    let body = unseal(v, false).map_err(|r| corrupt("stream", key, r))?;
+    if body.len() < STREAM_HEADER || !matches!(body[0], STREAM_RAW | STREAM_ZSTD) {
+        return Err(corrupt("stream", key, "not a stream block"));
+    }
+    let count = u32::from_le_bytes([body[1], body[2], body[3], body[4]]);
+    let mut at = [0u8; 8];
+    at.copy_from_slice(&body[5..13]);
+    if count == 0 {
+        return Err(corrupt("stream", key, "empty block"));
+    }
+    Ok((count, i64::from_le_bytes(at)))
+}
+
+fn decode_stream_block(key: &[u8], v: &[u8]) -> Result<Vec<pb::StreamRecord>, StoreError> {
+    let first = stream_cursor(key)?;
+    let (count, _) = stream_block_meta(key, v)?;
+    let bad = |r: String| corrupt("stream", key, r);
+    let body = unseal(v, false).map_err(bad)?;
+    let raw_len = u32::from_le_bytes([body[13], body[14], body[15], body[16]]) as usize;
+    let payload = &body[STREAM_HEADER..];
+    let raw = match body[0] {
+        STREAM_ZSTD => zstd::bulk::decompress(payload, raw_len).map_err(|e| bad(e.to_string()))?,
+        _ => payload.to_vec(),
+    };
+    if raw.len() != raw_len {
+        return Err(bad(format!("{} bytes, header says {raw_len}", raw.len())));
+    }
+    let mut buf = raw.as_slice();
+    let mut out = Vec::with_capacity(count as usize);
+    for i in 0..u64::from(count) {
+        let len = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(e.to_string()))? as usize;
+        if len > buf.len() {
+            return Err(bad("truncated record".into()));
+        }
+        let rec = pb::StreamRecord::decode(&buf[..len]).map_err(|e| bad(e.to_string()))?;
+        if rec.cursor != first + i {
+            return Err(bad(format!("record {i} holds cursor {}, expected {}", rec.cursor, first + i)));
+        }
+        out.push(rec);
+        buf = &buf[len..];
+    }
+    if !buf.is_empty() {
+        return Err(bad("bytes after the last record".into()));
+    }
+    Ok(out)
 }
 
 fn transaction_result(r: Result<(), sled::transaction::TransactionError<()>>) -> Result<(), StoreError> {

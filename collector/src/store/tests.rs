@@ -479,7 +479,7 @@ fn stream_rec(cursor: u64, at_ms: i64) -> (u64, Vec<u8>) {
 }
 
 #[test]
-fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_all_but_the_newest() {
+fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_whole_blocks_but_the_newest() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("db");
     {
@@ -487,27 +487,38 @@ fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_all_but_the_
         assert_eq!(store.stream_bounds().expect("bounds"), None);
         assert_eq!(store.stream_changes_through().expect("marker"), 0);
         let ev1 = encode_log_value(&ev("j", "e1", 1000, submitted()));
-        store.append_durable_with_stream(&[(1, ev1)], &[stream_rec(1, 1000), stream_rec(2, 1000)]).expect("append");
-        store.stream_put(&[stream_rec(3, 2000), stream_rec(4, 3000)], Some(2)).expect("put");
+        // Block 1-2 with the log entry, block 3-4 without a flush, then a large block 5-104 (compressed).
+        store
+            .append_durable_with_stream(&[(1, ev1)], &[stream_rec(1, 1000), stream_rec(2, 1000)], 1000)
+            .expect("append");
+        store.stream_put(&[stream_rec(3, 2000), stream_rec(4, 3000)], Some(2), 3000).expect("put");
+        let big: Vec<(u64, Vec<u8>)> = (5..=104).map(|c| stream_rec(c, 4000)).collect();
+        store.stream_put(&big, None, 4000).expect("put");
         store.flush().expect("flush");
     }
     let store = Store::open(&path).expect("reopen");
-    assert_eq!(store.stream_bounds().expect("bounds"), Some((1, 4)));
+    assert_eq!(store.stream_bounds().expect("bounds"), Some((1, 104)));
     assert_eq!(store.stream_changes_through().expect("marker"), 2);
-    let after1: Vec<u64> = store.stream_read(1, 10).expect("read").iter().map(|r| r.cursor).collect();
-    assert_eq!(after1, vec![2, 3, 4]);
-    assert_eq!(store.stream_read(2, 1).expect("read").len(), 1, "limit");
-    assert!(store.stream_read(4, 10).expect("read").is_empty());
-    // Records before 2500 go; the newest stays even when it is older than the cut.
-    assert_eq!(store.stream_trim(2500, 100).expect("trim"), 3);
-    assert_eq!(store.stream_bounds().expect("bounds"), Some((4, 4)));
-    assert_eq!(store.stream_trim(i64::MAX, 100).expect("trim"), 0, "the newest record always stays");
-    // A damaged record names the tree and its key.
-    raw_put(&store, "stream", &stream_key(5), b"\x02garbage");
-    let err = store.stream_read(4, 10).expect_err("damaged");
+    assert_eq!(store.stream_log_through().expect("log marker"), Some(1));
+    let cursors = |after, limit| -> Vec<u64> {
+        store.stream_read(after, limit).expect("read").iter().map(|r| r.cursor).collect()
+    };
+    assert_eq!(cursors(1, 3), vec![2, 3, 4], "whole blocks until the limit");
+    assert_eq!(cursors(2, 1), vec![3, 4], "a block is read whole");
+    assert_eq!(cursors(50, 1000), (51..=104).collect::<Vec<_>>(), "from the middle of a block");
+    assert!(cursors(104, 10).is_empty());
+    assert_eq!(cursors(0, 1000).len(), 104);
+    // Blocks recorded before 3500 go (blocks 1-2 and 3-4); the newest block stays even when older than the cut.
+    assert_eq!(store.stream_trim(3500, 1000).expect("trim"), 4);
+    assert_eq!(store.stream_bounds().expect("bounds"), Some((5, 104)));
+    assert_eq!(store.stream_trim(i64::MAX, 1000).expect("trim"), 0, "the newest block always stays");
+    assert_eq!(cursors(0, 1).first(), Some(&5));
+    // A damaged block names the tree and its key.
+    raw_put(&store, "stream", &stream_key(105), b"\x02garbage");
+    let err = store.stream_read(104, 10).expect_err("damaged");
     assert!(err.to_string().contains("stream"), "{err}");
-    // A record stored under another cursor's key is refused.
-    let (_, body) = stream_rec(9, 1);
-    raw_put(&store, "stream", &stream_key(6), &seal(&body));
-    assert!(store.stream_read(5, 10).is_err());
+    // A block holding other cursors than its key says is refused.
+    let (_, value) = encode_stream_blocks(&[stream_rec(9, 1)], 1).expect("encode").remove(0);
+    raw_put(&store, "stream", &stream_key(106), &value);
+    assert!(store.stream_read(105, 10).is_err());
 }
