@@ -177,6 +177,44 @@ async fn a_full_disk_refuses_with_the_cause_and_ingest_resumes_by_itself_when_sp
     assert!(!c.signal_and_wait("KILL").success());
     let c = Collector::start(&db, &[]);
     check_all(&c, &acked, "after kill -9 and restart");
+    check_stream(&c, &acked).await;
+}
+
+/// The stream out across the failures and the crash: cursors only increase (a failed write may leave a hole,
+/// never a repeat), and every acknowledged event is in it.
+async fn check_stream(c: &Collector, acked: &BTreeSet<(String, String)>) {
+    use pb::stream_record::Record;
+    let mut client = pb::stream_service_client::StreamServiceClient::connect(c.endpoint()).await.expect("connect");
+    let mut call = client
+        .subscribe(pb::SubscribeRequest { from_oldest: true, kinds: vec!["event".into()], ..Default::default() })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut last = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !acked.is_subset(&seen) {
+        assert!(
+            Instant::now() < deadline,
+            "{} acknowledged events never came in the stream",
+            acked.difference(&seen).count()
+        );
+        match tokio::time::timeout(Duration::from_secs(5), call.message()).await {
+            Ok(Ok(Some(r))) => {
+                assert!(r.cursor > last, "cursor {} after {last}", r.cursor);
+                last = r.cursor;
+                if let Some(Record::Event(a)) = r.record {
+                    if let Some(e) = a.event {
+                        seen.insert((e.job_id, e.event_id));
+                    }
+                }
+            }
+            other => panic!(
+                "stream ended or stalled with {} acknowledged events unseen: {other:?}",
+                acked.difference(&seen).count()
+            ),
+        }
+    }
 }
 
 fn check_all(c: &Collector, acked: &BTreeSet<(String, String)>, when: &str) {

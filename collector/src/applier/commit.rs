@@ -192,7 +192,7 @@ impl Committer {
         let mut event_cursors = Vec::new();
         if let (Some(sw), Some(staged)) = (&self.stream, staged) {
             if failed.is_some() {
-                sw.unstage(staged);
+                sw.unstage(&self.store, staged);
             } else if flushed {
                 event_cursors = staged.event_cursors.clone();
                 sw.durable(staged.records);

@@ -169,10 +169,20 @@ impl StreamWriter {
         Staged { records, event_cursors, alerts, rollback_to }
     }
 
-    /// The batch failed: its cursors are free again and its alert changes wait for the next one.
-    pub(super) fn unstage(&self, staged: Staged) {
+    /// The batch failed: its cursors are free again and its alert changes wait for the next one. Records written
+    /// since the last flush may or may not reach the disk (the store is reopened after a failure): they are never
+    /// published, their cursors are never reused (the stream may show a hole there, never two records under one
+    /// cursor), and live subscribers are ended so that they resume from what the store holds. (Jobs whose change
+    /// records were lost get their resync record at the next start.)
+    pub(super) fn unstage(&self, store: &Store, staged: Staged) {
         self.next.set(staged.rollback_to);
         self.stream.post_alerts(staged.alerts);
+        let dropped = std::mem::take(&mut *self.pending.borrow_mut());
+        if !dropped.is_empty() {
+            let held = store.stream_bounds().ok().flatten().map_or(0, |(_, last)| last + 1);
+            self.next.set(staged.rollback_to.max(held));
+            self.stream.hub.close();
+        }
     }
 
     /// The batch is durable (and with it every record written before): publish them, in order.
@@ -224,7 +234,7 @@ impl StreamWriter {
             }
             Err(e) => {
                 tracing::error!(error = %e, "stream: idle flush failed");
-                self.unstage(staged);
+                self.unstage(store, staged);
             }
         }
     }
