@@ -192,7 +192,7 @@ async fn run_gameday(a: GamedayArgs, conn: Connection) -> anyhow::Result<()> {
         Some(t) => Some(t.load().context("the collector token cannot be used")?.expose().to_string()),
         None => None,
     };
-    let _tmp;
+    let mut tmp = None;
     let (spawned, grpc, api) = match &a.api {
         Some(api) => (None, uplink.endpoint.clone(), api.trim_end_matches('/').to_string()),
         None => {
@@ -208,8 +208,8 @@ async fn run_gameday(a: GamedayArgs, conn: Connection) -> anyhow::Result<()> {
                 }
             };
             let dir = tempfile_dir()?;
-            let s = gameday::Spawned::start(bin, dir.join("data"))?;
-            _tmp = dir;
+            let s = gameday::Spawned::start(bin, dir.0.join("data"))?;
+            tmp = Some(dir);
             let (g, h) = (format!("http://{}", s.grpc), format!("http://{}", s.http));
             (Some(s), g, h)
         }
@@ -228,6 +228,12 @@ async fn run_gameday(a: GamedayArgs, conn: Connection) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&gameday::to_json(&reports))?);
     }
     let failed: Vec<&str> = reports.iter().filter(|r| !r.passed).map(|r| r.scenario.as_str()).collect();
+    if let Some(t) = tmp.as_mut().filter(|_| !failed.is_empty()) {
+        // Kept for a look at what the collector stored and logged.
+        t.1 = true;
+        eprintln!("the game day's collector data and log are kept in {}", t.0.display());
+    }
+    drop(target);
     anyhow::ensure!(
         failed.is_empty(),
         "game day: what Startline reports differs from what was injected in {}",
@@ -236,16 +242,26 @@ async fn run_gameday(a: GamedayArgs, conn: Connection) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A fresh private directory under the system temp dir (kept until the process ends; removed then by the OS's
-/// temp cleaning, or by hand).
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
+/// The game day's own directory (its collector's data and log): removed when dropped unless `.1` says keep.
+struct GameDayDir(PathBuf, bool);
+
+impl Drop for GameDayDir {
+    fn drop(&mut self) {
+        if !self.1 {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A fresh directory under the system temp dir for the game day's collector.
+fn tempfile_dir() -> anyhow::Result<GameDayDir> {
     let dir = std::env::temp_dir().join(format!(
         "startline-gameday-{}-{}",
         std::process::id(),
         startline_proto::time::now_ms()
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    Ok(dir)
+    Ok(GameDayDir(dir, false))
 }
 
 #[derive(clap::Args, Debug)]
