@@ -177,10 +177,7 @@ impl Committer {
             });
         let mut flushed = false;
         if failed.is_none() && !(entries.is_empty() && staged.as_ref().is_none_or(|s| s.records.is_empty())) {
-            let stream_entries: Vec<(u64, Vec<u8>)> = staged
-                .as_ref()
-                .map(|s| s.records.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect())
-                .unwrap_or_default();
+            let stream_entries = staged.as_ref().map(|s| super::stream::entries(&s.records)).unwrap_or_default();
             match self.store.append_durable_with_stream(&entries, &stream_entries, now) {
                 Ok(()) => flushed = true,
                 Err(e) => {

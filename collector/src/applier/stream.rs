@@ -89,8 +89,7 @@ impl StreamWriter {
                 })
                 .collect()
         };
-        let entries: Vec<(u64, Vec<u8>)> = recs.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
-        store.stream_put(&entries, Some(after), now_ms)?;
+        store.stream_put(&entries(&recs), Some(after), now_ms)?;
         store.flush()?;
         tracing::warn!(jobs = recs.len(), "stream: change records lost in a crash; resync records written");
         // Durable: a subscriber that connected while the collector started gets them live too.
@@ -119,12 +118,12 @@ impl StreamWriter {
         }
         let mut added = Vec::new();
         loop {
-            let entries = store.log_after(through, 10_000)?;
-            let Some((last, _, _)) = entries.last() else { break };
+            let logged = store.log_after(through, 10_000)?;
+            let Some((last, _, _)) = logged.last() else { break };
             let last = *last;
             let recs: Vec<Rec> = {
                 let idx = index.read();
-                entries
+                logged
                     .iter()
                     .map(|(seq, job_id, value)| {
                         let attrs = idx.jobs.get(job_id).and_then(|h| h.rec.timeline.attrs.clone());
@@ -133,8 +132,7 @@ impl StreamWriter {
                     })
                     .collect()
             };
-            let put: Vec<(u64, Vec<u8>)> = recs.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
-            store.stream_put(&put, None, now_ms)?;
+            store.stream_put(&entries(&recs), None, now_ms)?;
             store.set_stream_log_through(last)?;
             through = last;
             added.extend(recs);
@@ -208,8 +206,7 @@ impl StreamWriter {
     /// Writes a group's change records (unflushed; published after the next flush). `through` is the cursor of
     /// the group's last event record.
     pub(super) fn write_changes(&self, store: &Store, changes: Vec<Rec>, through: Option<u64>, now_ms: i64) {
-        let entries: Vec<(u64, Vec<u8>)> = changes.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
-        match store.stream_put(&entries, through, now_ms) {
+        match store.stream_put(&entries(&changes), through, now_ms) {
             Ok(()) => self.pending.borrow_mut().extend(changes),
             // Never published: a restart resyncs these jobs (the marker did not move).
             Err(e) => tracing::error!(error = %e, "stream: cannot write job change records"),
@@ -224,9 +221,9 @@ impl StreamWriter {
     /// With no group commit coming: writes waiting alert changes, flushes, publishes.
     pub(super) fn idle_flush(&self, store: &Store, now_ms: i64) {
         let staged = self.stage(now_ms, std::iter::empty());
-        let entries: Vec<(u64, Vec<u8>)> = staged.records.iter().map(|r| (r.cursor, r.bytes.to_vec())).collect();
-        let res = if entries.is_empty() { Ok(()) } else { store.stream_put(&entries, None, now_ms) }
-            .and_then(|()| store.flush());
+        let res =
+            if staged.records.is_empty() { Ok(()) } else { store.stream_put(&entries(&staged.records), None, now_ms) }
+                .and_then(|()| store.flush());
         match res {
             Ok(()) => {
                 let Staged { records, .. } = staged;
@@ -257,6 +254,11 @@ impl StreamWriter {
             }
         }
     }
+}
+
+/// Records as the store takes them: `(cursor, encoded record)`, sharing the bytes.
+pub(super) fn entries(recs: &[Rec]) -> Vec<(u64, Arc<[u8]>)> {
+    recs.iter().map(|r| (r.cursor, r.bytes.clone())).collect()
 }
 
 /// An SLO's name by index.
@@ -313,6 +315,17 @@ mod tests {
         ])
     }
 
+    fn index_with(jobs: BTreeMap<String, JobRecord>, last_seq: u64) -> crate::index::SharedIndex {
+        crate::index::SharedIndex::new(JobIndex::new_at(
+            jobs,
+            Default::default(),
+            last_seq,
+            SloEngine::new(SloDef::defaults()),
+            LabelLimiter::new(&Default::default()),
+            T0,
+        ))
+    }
+
     /// A crash after a group commit's flush and before the next one loses its change records: the next start
     /// finds event records after the changes marker and writes one resync record per job they name.
     #[test]
@@ -324,16 +337,9 @@ mod tests {
         let e2 = stream::event_record(2, T0, &subject, 2, &[]);
         // The changes of event record 1 were written (marker 1); those of record 2 were not.
         store.append_durable_with_stream(&[], &[(1, e1.bytes.to_vec())], T0).expect("append");
-        store.stream_put(&[], Some(1), T0).expect("marker");
+        store.stream_put::<Vec<u8>>(&[], Some(1), T0).expect("marker");
         store.append_durable_with_stream(&[], &[(2, e2.bytes.to_vec())], T0).expect("append");
-        let index = crate::index::SharedIndex::new(JobIndex::new_at(
-            BTreeMap::from([("j1".to_string(), record())]),
-            Default::default(),
-            2,
-            SloEngine::new(SloDef::defaults()),
-            LabelLimiter::new(&Default::default()),
-            T0,
-        ));
+        let index = index_with(BTreeMap::from([("j1".to_string(), record())]), 2);
         let stream = Stream::new(Default::default());
         let w = StreamWriter::open(&store, &index, stream.clone(), T0 + 120_000).expect("open");
         assert_eq!(w.next.get(), 4, "the resync record took cursor 3");
@@ -393,16 +399,9 @@ mod tests {
                 T0,
             )
             .expect("g1");
-        store.stream_put(&[], Some(1), T0).expect("marker");
+        store.stream_put::<Vec<u8>>(&[], Some(1), T0).expect("marker");
         store.append_durable(&log[1..]).expect("g2 log only");
-        let index = crate::index::SharedIndex::new(JobIndex::new_at(
-            BTreeMap::from([("j1".to_string(), record())]),
-            Default::default(),
-            2,
-            SloEngine::new(SloDef::defaults()),
-            LabelLimiter::new(&Default::default()),
-            T0,
-        ));
+        let index = index_with(BTreeMap::from([("j1".to_string(), record())]), 2);
         let w = StreamWriter::open(&store, &index, Stream::new(Default::default()), T0 + 60_000).expect("open");
         let recs = store.stream_read(1, 10).expect("read");
         assert_eq!(recs.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![2, 3]);
@@ -440,14 +439,7 @@ mod tests {
         for (i, r) in recs.iter().enumerate() {
             store.stream_put(std::slice::from_ref(r), None, T0 + (i as i64 + 1) * 60_000).expect("put");
         }
-        let index = crate::index::SharedIndex::new(JobIndex::new_at(
-            BTreeMap::new(),
-            Default::default(),
-            0,
-            SloEngine::new(SloDef::defaults()),
-            LabelLimiter::new(&Default::default()),
-            T0,
-        ));
+        let index = index_with(BTreeMap::new(), 0);
         let settings = crate::stream::StreamSettings { retention: Duration::from_secs(120), ..Default::default() };
         let w = StreamWriter::open(&store, &index, Stream::new(settings), T0).expect("open");
         // Just opened: not yet a minute since the last trim.

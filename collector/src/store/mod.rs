@@ -690,15 +690,15 @@ impl Store {
     /// Appends encoded events at the given sequences in one atomic batch and flushes: when this returns `Ok`,
     /// the events survive a crash of the process.
     pub fn append_durable(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
-        self.append_durable_with_stream(entries, &[], 0)
+        self.append_durable_with_stream::<Vec<u8>>(entries, &[], 0)
     }
 
     /// [`Store::append_durable`], also writing stream records (`(cursor, encoded StreamRecord)`) before the same
     /// flush: everything written before it (earlier unflushed stream records included) is durable on `Ok`.
-    pub fn append_durable_with_stream(
+    pub fn append_durable_with_stream<B: AsRef<[u8]>>(
         &self,
         entries: &[(u64, Vec<u8>)],
-        stream: &[(u64, Vec<u8>)],
+        stream: &[(u64, B)],
         at_ms: i64,
     ) -> Result<(), StoreError> {
         let t = self.t()?;
@@ -753,9 +753,9 @@ impl Store {
     /// Writes stream records (consecutive cursors, recorded at `at_ms`) as one block without a flush (the next
     /// flush makes them durable), and, when given, the cursor of the last event record whose change records are
     /// now written.
-    pub fn stream_put(
+    pub fn stream_put<B: AsRef<[u8]>>(
         &self,
-        records: &[(u64, Vec<u8>)],
+        records: &[(u64, B)],
         changes_through: Option<u64>,
         at_ms: i64,
     ) -> Result<(), StoreError> {
@@ -1076,7 +1076,7 @@ const STREAM_ZSTD: u8 = 2;
 const STREAM_HEADER: usize = 17;
 
 /// One block per run of consecutive cursors (a writer's records always are one run).
-fn stream_batch(records: &[(u64, Vec<u8>)], at_ms: i64) -> Result<sled::Batch, StoreError> {
+fn stream_batch<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<sled::Batch, StoreError> {
     let mut batch = sled::Batch::default();
     for (first, value) in encode_stream_blocks(records, at_ms)? {
         batch.insert(&stream_key(first), value);
@@ -1085,7 +1085,7 @@ fn stream_batch(records: &[(u64, Vec<u8>)], at_ms: i64) -> Result<sled::Batch, S
 }
 
 /// The sealed blocks of `records`: `(first cursor, value)`.
-fn encode_stream_blocks(records: &[(u64, Vec<u8>)], at_ms: i64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+fn encode_stream_blocks<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     use prost::encoding::encode_varint;
     let mut blocks = Vec::new();
     let mut i = 0;
@@ -1094,8 +1094,9 @@ fn encode_stream_blocks(records: &[(u64, Vec<u8>)], at_ms: i64) -> Result<Vec<(u
         let mut j = i;
         let mut raw = Vec::new();
         while j < records.len() && records[j].0 == first + (j - i) as u64 {
-            encode_varint(records[j].1.len() as u64, &mut raw);
-            raw.extend_from_slice(&records[j].1);
+            let bytes = records[j].1.as_ref();
+            encode_varint(bytes.len() as u64, &mut raw);
+            raw.extend_from_slice(bytes);
             j += 1;
         }
         let count = (j - i) as u32;
