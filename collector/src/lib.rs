@@ -11,7 +11,7 @@
 //! - [`applier`]: the committer thread (group commit, acks) and the maintenance thread (checkpoints, folds),
 //!   and retention.
 //! - [`ingest`]: the gRPC edge (validation, policy when full), handing batches to the applier.
-//! - [`slo`]: start objectives: selectors, rolling windows of counts and HDR histograms, the deadline index.
+//! - [`slo`]: start objectives: selectors, rolling windows of counts and exact times to first step, the deadline index.
 //! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
 //! - [`feed`]: accepted events and ended jobs, handed by the committer to subscribers (bounded, never blocking).
 //! - [`export`]: metrics (one OpenTelemetry MeterProvider, Prometheus `/metrics` and OTLP push) and accepted

@@ -603,7 +603,10 @@ impl SizeReport {
 }
 
 fn start_collector(db: &Path, a: &CoreArgs) -> (Collector, f64) {
-    let mut extra: Vec<String> = vec!["--log".into(), "warn".into()];
+    // `STARTLINE_BENCH_COLLECTOR_LOG` overrides the collector's log filter (e.g.
+    // `warn,startline_collector::applier=debug` shows each fold pass with its phases).
+    let log = std::env::var("STARTLINE_BENCH_COLLECTOR_LOG").unwrap_or_else(|_| "warn".into());
+    let mut extra: Vec<String> = vec!["--log".into(), log];
     if let Some(cfg) = &a.collector_config {
         extra.push("--config".into());
         extra.push(cfg.display().to_string());

@@ -46,15 +46,27 @@ impl FoldPass {
     pub fn run(self, store: &Store) -> usize {
         let started = Instant::now();
         self.more.store(false, Ordering::Release);
-        // At most what one pass can fold (the rest waits for the next pass), in no particular order.
+        // At most what one pass can fold (the rest waits for the next pass), oldest first by their first log
+        // sequence: a chunk's events then sit close together in the log, which makes its reads and deletes
+        // touch few sled pages (folding in hash order read ~2x slower, BENCHMARKS.md).
         let candidates: Vec<String> = {
             let idx = self.index.read();
-            idx.settling
+            let mut due: Vec<(u64, &String)> = idx
+                .settling
                 .iter()
                 .filter(|(_, at)| **at <= self.unchanged_since)
-                .map(|(k, _)| k.clone())
-                .take(FOLD_CHUNK * 32)
-                .collect()
+                .filter_map(|(k, _)| {
+                    let first = idx.jobs.get(k)?.rec.events.iter().map(|e| e.seq).min()?;
+                    Some((first, k))
+                })
+                .collect();
+            let n = due.len().min(FOLD_CHUNK * 32);
+            if n < due.len() {
+                due.select_nth_unstable(n);
+                due.truncate(n);
+            }
+            due.sort_unstable();
+            due.into_iter().map(|(_, k)| k.clone()).collect()
         };
         let mut folded = 0;
         let mut encoder = match ArchiveEncoder::new() {
@@ -114,10 +126,14 @@ impl FoldPass {
         if prepared.is_empty() {
             return Ok(0);
         }
-        // Raw events and archives, outside the index lock.
+        // Raw events (one pass over the log in sequence order for the whole chunk) and archives, outside the
+        // index lock.
+        let t0 = Instant::now();
+        let wanted: Vec<(&str, &[u64])> = prepared.iter().map(|p| (p.job_id.as_str(), p.seqs.as_slice())).collect();
+        let events = store.jobs_events(&wanted)?;
+        let t_read = t0.elapsed();
         let mut writes = Vec::with_capacity(prepared.len());
-        for p in &prepared {
-            let events = store.job_events(&p.job_id, &p.seqs)?;
+        for (p, events) in prepared.iter().zip(events) {
             writes.push(FoldWrite {
                 job_id: p.job_id.clone(),
                 archive: encoder.encode(&p.job_id, &events)?,
@@ -125,7 +141,19 @@ impl FoldPass {
                 summary: p.summary.clone(),
             });
         }
-        store.fold_jobs(&writes, &dictionary, max_seq)?;
+        let t_encode = t0.elapsed();
+        store.fold_write(&writes, &dictionary)?;
+        let t_write = t0.elapsed();
+        store.fold_delete(&writes, max_seq)?;
+        tracing::debug!(
+            jobs = writes.len(),
+            events = writes.iter().map(|w| w.log_seqs.len()).sum::<usize>(),
+            read_ms = t_read.as_millis() as u64,
+            encode_ms = (t_encode - t_read).as_millis() as u64,
+            write_ms = (t_write - t_encode).as_millis() as u64,
+            delete_ms = (t0.elapsed() - t_write).as_millis() as u64,
+            "fold chunk"
+        );
         // Durable: drop from memory the jobs that did not change meanwhile.
         let mut idx = self.index.write();
         idx.cold.dict.mark_persisted(dict_len);

@@ -282,6 +282,7 @@ impl JobIndex {
             folded_jobs: self.cold.len(),
             folded_bytes: self.cold.bytes(),
             dictionary_entries: self.cold.dict.len(),
+            slo_bytes: self.slo.memory_bytes(),
         }
     }
 
@@ -399,6 +400,8 @@ pub struct MemoryUse {
     pub folded_bytes: usize,
     /// Distinct attribute sets of folded jobs.
     pub dictionary_entries: usize,
+    /// Estimated bytes of the SLO windows (minute counts, exact times to first step) and deadline index.
+    pub slo_bytes: usize,
 }
 
 /// A cheaply clonable handle to the index. Readers hold the lock briefly; never across `.await`.

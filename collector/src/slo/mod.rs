@@ -1,5 +1,5 @@
 //! Start SLOs: which jobs count as good or bad for each objective, the rolling windows of counts and
-//! time-to-first-step histograms, the deadline index that finds threshold crossings while jobs still wait,
+//! exact times to first step, the deadline index that finds threshold crossings while jobs still wait,
 //! and the maths of compliance, error budget and burn rates.
 //!
 //! Rules (also in the README):
@@ -22,7 +22,6 @@ pub mod window;
 
 use crate::job::Timeline;
 pub use def::{Hours, Selector, SloDef};
-use hdrhistogram::Histogram;
 use serde::Serialize;
 use startline_proto::pb;
 use std::collections::BTreeSet;
@@ -204,20 +203,17 @@ pub struct Percentiles {
     pub max: f64,
 }
 
-/// Percentiles of a histogram of milliseconds. Each is the histogram's value at that quantile: within 1% of
-/// the exact order statistic (two significant figures).
-pub fn percentiles(h: &Histogram<u32>) -> Option<Percentiles> {
-    if h.is_empty() {
-        return None;
-    }
-    let q = |p: f64| h.value_at_quantile(p) as f64 / 1000.0;
+/// Percentiles of a window's times to first step (milliseconds), in seconds: exact nearest-rank order
+/// statistics.
+pub fn percentiles(t: &window::Ttfs<'_>) -> Option<Percentiles> {
+    let q = |p: f64| t.quantile(p).map(|v| v as f64 / 1000.0);
     Some(Percentiles {
-        count: h.len(),
-        p50: q(0.5),
-        p90: q(0.9),
-        p95: q(0.95),
-        p99: q(0.99),
-        max: h.max() as f64 / 1000.0,
+        count: t.len(),
+        p50: q(0.5)?,
+        p90: q(0.9)?,
+        p95: q(0.95)?,
+        p99: q(0.99)?,
+        max: t.max()? as f64 / 1000.0,
     })
 }
 
@@ -446,6 +442,12 @@ impl SloEngine {
             pending,
             ttfs_seconds: percentiles(&w.ttfs_between(now_ms - window_ms, end)),
         })
+    }
+
+    /// Estimated bytes of every SLO's windows and the deadline index (for self-metrics).
+    pub fn memory_bytes(&self) -> usize {
+        let deadlines: usize = self.deadlines.iter().map(|(_, _, id)| 64 + id.len()).sum();
+        self.windows.iter().map(WindowState::memory_bytes).sum::<usize>() + deadlines
     }
 
     /// Counts decided in a window, for burn-rate alerting.

@@ -1,35 +1,18 @@
-//! Rolling-window bookkeeping for one SLO: good/bad counts per minute (by the time a job was decided) and
-//! time-to-first-step HDR histograms per hour (by the time the job started). Both support removing a job's
+//! Rolling-window bookkeeping for one SLO: good/bad counts per minute (by the time a job was decided) and the
+//! times to first step per hour (by the time the job started), kept exactly. Both support removing a job's
 //! contribution, so a late event that changes a job's outcome moves it instead of counting it twice.
 //!
-//! HDR histograms cannot decrement, so each hour keeps an `added` and a `removed` histogram; a window's
-//! distribution is `sum(added) - sum(removed)`, exact because only recorded values are ever removed.
-//!
-//! The histograms track 1 ms to [`MAX_TTFS_MS`] (2^40 ms, about 34.8 years) to two significant figures, so any
-//! real wait, a year-long one included, keeps its 1% precision. A larger value (only a client's clock error can
-//! make one) is recorded as `MAX_TTFS_MS`, counted in [`clamped_total`] and logged, never silently.
+//! Each hour's times to first step are a sorted multiset of milliseconds (8 bytes per started job). A window's
+//! percentiles are exact nearest-rank order statistics over the union of its hours ([`Ttfs`]), found by a
+//! binary search on the value that narrows each hour's index range as it goes, so a query over a 28-day window
+//! touches each hour a few dozen times and never copies or sorts the values.
 
-use hdrhistogram::Histogram;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-/// Times to first step above [`MAX_TTFS_MS`] recorded (clamped) since the process started.
-static CLAMPED: AtomicU64 = AtomicU64::new(0);
-
-/// How many times to first step were above [`MAX_TTFS_MS`] and recorded as it, since the process started.
-pub fn clamped_total() -> u64 {
-    CLAMPED.load(Ordering::Relaxed)
-}
 
 /// Minute buckets for counts.
 pub const COUNT_BUCKET_MS: i64 = 60_000;
-/// Hour buckets for histograms.
+/// Hour buckets for times to first step.
 pub const HIST_BUCKET_MS: i64 = 3_600_000;
-/// Largest time to first step recorded to within the histograms' precision: 2^40 ms, about 34.8 years (larger
-/// values are recorded as this, counted and logged). Costs about 17 KiB a histogram, against 14 KiB for 60 days.
-pub const MAX_TTFS_MS: u64 = 1 << 40;
-/// Significant figures of the histograms: values are exact to within 1% (relative).
-pub const SIGFIG: u8 = 2;
 
 /// Good and bad counts of one minute.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,16 +30,12 @@ impl Counts {
     }
 }
 
-fn new_hist() -> Histogram<u32> {
-    // Constant, valid bounds: hdrhistogram only rejects low < 1, high < 2 * low or sigfig > 5.
-    Histogram::new_with_bounds(1, MAX_TTFS_MS, SIGFIG).expect("constant histogram bounds are valid")
-}
-
 /// The window state of one SLO.
 #[derive(Debug, Default)]
 pub struct WindowState {
     counts: BTreeMap<i64, Counts>,
-    hists: BTreeMap<i64, (Histogram<u32>, Histogram<u32>)>,
+    /// Hour bucket -> sorted times to first step (ms) of the jobs that started in it.
+    hists: BTreeMap<i64, Vec<u64>>,
 }
 
 fn bucket(ms: i64, width: i64) -> i64 {
@@ -74,27 +53,27 @@ impl WindowState {
         }
     }
 
-    /// Adds or removes one time to first step, for a job that started at `started_ms`.
+    /// Adds or removes one time to first step, for a job that started at `started_ms` (negative times, which
+    /// only a client's clock error can make, count as 0). Removing a value that was never added (a bug in the
+    /// caller) is logged and changes nothing.
     pub fn ttfs(&mut self, started_ms: i64, ttfs_ms: i64, add: bool) {
-        let v = ttfs_ms.max(1) as u64;
-        let v = if v > MAX_TTFS_MS {
-            if add {
-                CLAMPED.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    ttfs_ms,
-                    max_ms = MAX_TTFS_MS,
-                    "time to first step beyond the histogram range: recorded as its maximum"
-                );
+        let v = ttfs_ms.max(0) as u64;
+        let key = bucket(started_ms, HIST_BUCKET_MS);
+        let hour = self.hists.entry(key).or_default();
+        let i = hour.partition_point(|x| *x < v);
+        if add {
+            hour.insert(i, v);
+        } else if hour.get(i) == Some(&v) {
+            hour.remove(i);
+            if hour.is_empty() {
+                self.hists.remove(&key);
             }
-            MAX_TTFS_MS
         } else {
-            v
-        };
-        let (added, removed) =
-            self.hists.entry(bucket(started_ms, HIST_BUCKET_MS)).or_insert_with(|| (new_hist(), new_hist()));
-        let h = if add { added } else { removed };
-        // Values are clamped into the histogram's range, so recording cannot fail.
-        let _ = h.record(v);
+            tracing::warn!(started_ms, ttfs_ms, "removing a time to first step that was never recorded");
+            if hour.is_empty() {
+                self.hists.remove(&key);
+            }
+        }
     }
 
     /// Counts decided in `[from_ms, to_ms)` (minute-aligned: buckets whose start is in the range).
@@ -107,16 +86,23 @@ impl WindowState {
         out
     }
 
-    /// The time-to-first-step distribution of jobs that started in `[from_ms, to_ms)` (hour-aligned).
-    pub fn ttfs_between(&self, from_ms: i64, to_ms: i64) -> Histogram<u32> {
-        let mut added = new_hist();
-        let mut removed = new_hist();
-        for (a, r) in self.hists.range(bucket(from_ms, HIST_BUCKET_MS)..to_ms).map(|(_, h)| h) {
-            let _ = added.add(a);
-            let _ = removed.add(r);
+    /// The times to first step of jobs that started in `[from_ms, to_ms)` (hour-aligned).
+    pub fn ttfs_between(&self, from_ms: i64, to_ms: i64) -> Ttfs<'_> {
+        if to_ms <= from_ms {
+            return Ttfs { hours: Vec::new() };
         }
-        let _ = added.subtract(&removed);
-        added
+        Ttfs { hours: self.hists.range(bucket(from_ms, HIST_BUCKET_MS)..to_ms).map(|(_, h)| h.as_slice()).collect() }
+    }
+
+    /// Times to first step held, over every hour (for memory accounting and tests).
+    pub fn ttfs_values(&self) -> usize {
+        self.hists.values().map(Vec::len).sum()
+    }
+
+    /// Estimated bytes held: each bucket's map entry, and each hour's values at their allocated capacity.
+    pub fn memory_bytes(&self) -> usize {
+        const ENTRY: usize = 64;
+        self.counts.len() * ENTRY + self.hists.values().map(|h| ENTRY + h.capacity() * 8).sum::<usize>()
     }
 
     /// Running totals of the minute counts from `from_ms` on, for answering many windows at once.
@@ -144,6 +130,67 @@ impl WindowState {
     /// Minute buckets held (for memory accounting and tests).
     pub fn count_buckets(&self) -> usize {
         self.counts.len()
+    }
+}
+
+/// The times to first step of a window: sorted hours, read in place.
+#[derive(Debug)]
+pub struct Ttfs<'a> {
+    hours: Vec<&'a [u64]>,
+}
+
+impl Ttfs<'_> {
+    /// Values in the window.
+    pub fn len(&self) -> u64 {
+        self.hours.iter().map(|h| h.len() as u64).sum()
+    }
+
+    /// Whether the window holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.hours.iter().all(|h| h.is_empty())
+    }
+
+    /// The largest value.
+    pub fn max(&self) -> Option<u64> {
+        self.hours.iter().filter_map(|h| h.last().copied()).max()
+    }
+
+    /// The nearest-rank `q` quantile: the smallest value with at least `ceil(q n)` values (at least one) at or
+    /// below it; `None` when empty. `q` is clamped to `[0, 1]` (NaN reads as 0).
+    pub fn quantile(&self, q: f64) -> Option<u64> {
+        let n = self.len();
+        if n == 0 {
+            return None;
+        }
+        let q = if q.is_nan() { 0.0 } else { q.clamp(0.0, 1.0) };
+        let rank = ((q * n as f64).ceil() as u64).clamp(1, n);
+        let mut lo = self.hours.iter().filter_map(|h| h.first().copied()).min()?;
+        let mut hi = self.max()?;
+        // Per hour, the index range in which the answer's partition point still lies.
+        let mut bounds: Vec<(usize, usize)> = self.hours.iter().map(|h| (0, h.len())).collect();
+        let mut points = vec![0usize; self.hours.len()];
+        // Invariant: the answer is in [lo, hi], and for each hour, the partition point of `<= answer` is within
+        // its bounds.
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let mut at_or_below = 0u64;
+            for ((h, (b0, b1)), p) in self.hours.iter().zip(&bounds).zip(points.iter_mut()) {
+                *p = b0 + h[*b0..*b1].partition_point(|x| *x <= mid);
+                at_or_below += *p as u64;
+            }
+            if at_or_below >= rank {
+                hi = mid;
+                for (b, p) in bounds.iter_mut().zip(&points) {
+                    b.1 = *p;
+                }
+            } else {
+                lo = mid + 1;
+                for (b, p) in bounds.iter_mut().zip(&points) {
+                    b.0 = *p;
+                }
+            }
+        }
+        Some(lo)
     }
 }
 
@@ -175,6 +222,17 @@ impl Running {
 mod tests {
     use super::*;
 
+    /// The nearest-rank percentile by sorting everything: the oracle.
+    fn sorted_quantile(values: &[u64], q: f64) -> Option<u64> {
+        let mut v = values.to_vec();
+        v.sort_unstable();
+        if v.is_empty() {
+            return None;
+        }
+        let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+        Some(v[rank - 1])
+    }
+
     #[test]
     fn removing_a_value_restores_the_distribution() {
         let mut w = WindowState::default();
@@ -182,26 +240,75 @@ mod tests {
             w.ttfs(7_200_000, v, true);
         }
         w.ttfs(7_200_000, 400_000, false);
-        let h = w.ttfs_between(0, 10_800_000);
-        assert_eq!(h.len(), 3);
-        assert!(h.max() < 3_100);
+        let t = w.ttfs_between(0, 10_800_000);
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.max(), Some(3_000));
+        assert_eq!(t.quantile(0.5), Some(2_000));
+        // Removing a value never added changes nothing.
+        w.ttfs(7_200_000, 5, false);
+        assert_eq!(w.ttfs_values(), 3);
+        for v in [1_000, 2_000, 3_000] {
+            w.ttfs(7_200_000, v, false);
+        }
+        assert_eq!(w.ttfs_values(), 0);
+        assert!(w.hists.is_empty(), "empty hours are dropped");
+        assert_eq!(w.ttfs_between(0, 10_800_000).quantile(0.5), None);
     }
 
     #[test]
-    fn histograms_cover_years_and_clamp_beyond_the_range_visibly() {
+    fn percentiles_are_exact_order_statistics_over_any_window() {
+        // Random adds and removes over 200 hours; every window's quantiles equal the sorted oracle's.
+        let mut w = WindowState::default();
+        let mut model: Vec<(i64, u64)> = Vec::new();
+        let mut x: u64 = 99;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x >> 11
+        };
+        for step in 0..6_000 {
+            if step % 4 == 3 && !model.is_empty() {
+                let (at, v) = model.swap_remove(next() as usize % model.len());
+                w.ttfs(at, v as i64, false);
+            } else {
+                let at = (next() % 200) as i64 * HIST_BUCKET_MS + (next() % 3_600_000) as i64;
+                // Heavy ties and a long tail: seconds to days, a few exact repeats.
+                let v = match next() % 4 {
+                    0 => 60_000,
+                    1 => next() % 1_000,
+                    _ => next() % (9 * 86_400_000),
+                };
+                w.ttfs(at, v as i64, true);
+                model.push((at, v));
+            }
+        }
+        for (from_h, to_h) in [(0, 200), (0, 1), (13, 14), (50, 120), (199, 400), (-5, 3), (120, 50)] {
+            let (from, to) = (from_h * HIST_BUCKET_MS, to_h * HIST_BUCKET_MS);
+            let inside: Vec<u64> = model.iter().filter(|(at, _)| *at >= from && *at < to).map(|(_, v)| *v).collect();
+            let t = w.ttfs_between(from, to);
+            assert_eq!(t.len(), inside.len() as u64, "{from_h}..{to_h}");
+            assert_eq!(t.max(), inside.iter().max().copied());
+            for q in [0.0, 0.001, 0.25, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0] {
+                assert_eq!(t.quantile(q), sorted_quantile(&inside, q), "{from_h}..{to_h} q={q}");
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_values_are_kept_exactly() {
         let mut w = WindowState::default();
         let year = 365 * 86_400_000i64;
-        for v in [400 * 86_400_000, 30 * year, MAX_TTFS_MS as i64] {
+        for v in [400 * 86_400_000, 30 * year, i64::MAX, -5, 0] {
             w.ttfs(7_200_000, v, true);
         }
-        let h = w.ttfs_between(0, 10_800_000);
-        assert!(h.value_at_quantile(0.3) as f64 >= 400.0 * 86_400_000.0 * 0.99);
-        assert!((h.value_at_quantile(0.6) as f64 - 30.0 * year as f64).abs() <= 30.0 * year as f64 * 0.01);
-        let before = clamped_total();
-        w.ttfs(7_200_000, i64::MAX, true);
+        let t = w.ttfs_between(0, 10_800_000);
+        assert_eq!(t.max(), Some(i64::MAX as u64));
+        assert_eq!(t.quantile(0.0), Some(0));
+        assert_eq!(t.quantile(0.4), Some(0), "a negative time counts as 0");
+        assert_eq!(t.quantile(0.6), Some(400 * 86_400_000));
+        assert_eq!(t.quantile(0.8), Some(30 * year as u64));
+        assert_eq!(t.quantile(f64::NAN), Some(0));
         w.ttfs(7_200_000, i64::MAX, false);
-        assert!(clamped_total() > before);
-        assert_eq!(w.ttfs_between(0, 10_800_000).len(), 3);
+        assert_eq!(w.ttfs_between(0, 10_800_000).max(), Some(30 * year as u64));
     }
 
     #[test]

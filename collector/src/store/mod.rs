@@ -100,6 +100,9 @@ const ARCHIVE_MAX_RAW: u64 = 1 << 30;
 /// zstd level for archives: fast, and most of the gain (events of one job repeat their source and id prefixes).
 const ARCHIVE_ZSTD_LEVEL: i32 = 3;
 const JOB_PREFIX: u8 = 1;
+/// A fold's batched read scans the log range of its sequences when the range holds at most this many entries
+/// per wanted one; sparser, it reads each entry by key.
+const RANGE_READ_MAX_SPREAD: u64 = 8;
 
 /// Failures of the store. Messages are for logs and operators; clients see only "storage unavailable".
 #[derive(Debug, thiserror::Error)]
@@ -590,6 +593,73 @@ impl Store {
     /// racing retention, which may delete a job between their index lookup and this read).
     pub fn job_events_present(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         self.read_job_events(job_id, seqs, false)
+    }
+
+    /// The events of many jobs at once, for a fold: `jobs[i]` gets the events at `seqs[i]`, in sequence order.
+    /// The log is read in one pass in sequence order (neighbouring keys share sled pages, so a chunk of jobs
+    /// costs about one page read per page of the log it touches, not one per event); sequences missing from
+    /// the log (an unfolded job's archived events) come from the job's archive. A sequence found in neither is
+    /// an error, as for [`Store::job_events`].
+    pub fn jobs_events(&self, jobs: &[(&str, &[u64])]) -> Result<Vec<Vec<(u64, pb::LifecycleEvent)>>, StoreError> {
+        let t = self.t()?;
+        let mut wanted: Vec<(u64, u32)> =
+            jobs.iter().enumerate().flat_map(|(i, (_, seqs))| seqs.iter().map(move |s| (*s, i as u32))).collect();
+        wanted.sort_unstable();
+        let mut out: Vec<Vec<(u64, pb::LifecycleEvent)>> =
+            jobs.iter().map(|(_, seqs)| Vec::with_capacity(seqs.len())).collect();
+        let mut missing: Vec<Vec<u64>> = vec![Vec::new(); jobs.len()];
+        let span = match (wanted.first(), wanted.last()) {
+            (Some(a), Some(b)) => b.0 - a.0 + 1,
+            _ => 0,
+        };
+        if span > 0 && span <= RANGE_READ_MAX_SPREAD * wanted.len() as u64 {
+            // Dense enough: one range scan over the span (sequential leaf pages) beats a point get per event.
+            let (lo, hi) = (wanted[0].0, wanted[wanted.len() - 1].0);
+            let mut want = wanted.iter().peekable();
+            for kv in t.log.range(lo.to_be_bytes()..=hi.to_be_bytes()) {
+                let (k, v) = kv?;
+                let seq = seq_from_key(&k)?;
+                while let Some(&&(s, i)) = want.peek() {
+                    if s > seq {
+                        break;
+                    }
+                    want.next();
+                    if s == seq {
+                        out[i as usize].push((seq, decode_log_value(&k, &v)?));
+                    } else {
+                        missing[i as usize].push(s);
+                    }
+                }
+            }
+            for &(s, i) in want {
+                missing[i as usize].push(s);
+            }
+        } else {
+            for (seq, i) in wanted {
+                let key = seq.to_be_bytes();
+                match t.log.get(key)? {
+                    Some(v) => out[i as usize].push((seq, decode_log_value(&key, &v)?)),
+                    None => missing[i as usize].push(seq),
+                }
+            }
+        }
+        for (i, seqs) in missing.into_iter().enumerate() {
+            if seqs.is_empty() {
+                continue;
+            }
+            let job_id = jobs[i].0;
+            let mut archive: HashMap<u64, pb::LifecycleEvent> = self.archived(job_id)?.into_iter().collect();
+            for seq in seqs {
+                let ev = archive.remove(&seq).ok_or_else(|| StoreError::Corrupt {
+                    what: "log",
+                    key: format!("seq {seq}"),
+                    reason: format!("event of job {job_id:?} is in neither the log nor its archive"),
+                })?;
+                out[i].push((seq, ev));
+            }
+            out[i].sort_by_key(|(s, _)| *s);
+        }
+        Ok(out)
     }
 
     /// Reads each sequence from the log, else from the job's archive (decoded once, on the first miss).

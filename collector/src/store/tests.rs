@@ -522,3 +522,49 @@ fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_whole_blocks
     raw_put(&store, "stream", &stream_key(106), &value);
     assert!(store.stream_read(105, 10).is_err());
 }
+
+#[test]
+fn a_folds_batched_read_matches_per_job_reads_and_falls_back_to_archives() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let mut mem = BTreeMap::new();
+    let mut seq = 0;
+    // Interleaved jobs, so each job's events are scattered through the log.
+    let mut events = Vec::new();
+    for i in 0..40i64 {
+        for job in ["a", "b", "c"] {
+            events.push(ev(job, &format!("{job}{i}"), 1_000_000 + i * 1_000, submitted()));
+        }
+    }
+    write(&store, &mut mem, &mut seq, &events);
+    // Job "c" was folded once (its first 10 events are only in its archive), then came back hot.
+    let c_seqs: Vec<u64> = mem["c"].events.iter().map(|e| e.seq).collect();
+    let archived = store.job_events("c", &c_seqs[..10]).expect("read");
+    let fw = FoldWrite {
+        job_id: "c".into(),
+        log_seqs: c_seqs[..10].to_vec(),
+        archive: encode_archive("c", &archived).expect("archive"),
+        summary: b"row".to_vec(),
+    };
+    store.fold_jobs(&[fw], &[], seq).expect("fold");
+    let seqs: Vec<(String, Vec<u64>)> =
+        mem.iter().map(|(id, r)| (id.clone(), r.events.iter().rev().map(|e| e.seq).collect())).collect();
+    let wanted: Vec<(&str, &[u64])> = seqs.iter().map(|(id, s)| (id.as_str(), s.as_slice())).collect();
+    let batched = store.jobs_events(&wanted).expect("batched read");
+    for ((id, s), got) in seqs.iter().zip(&batched) {
+        let mut one = store.job_events(id, s).expect("per-job read");
+        one.sort_by_key(|(seq, _)| *seq);
+        assert_eq!(got, &one, "job {id}");
+        assert_eq!(got.len(), 40);
+        assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "in sequence order");
+    }
+    // Sparse sequences (read by key rather than by one range scan) give the same events.
+    let a_seqs: Vec<u64> = mem["a"].events.iter().map(|e| e.seq).collect();
+    let sparse = [a_seqs[0], a_seqs[39]];
+    let got = store.jobs_events(&[("a", &sparse[..]), ("c", &c_seqs[..2])]).expect("sparse read");
+    assert_eq!(got[0], store.job_events("a", &sparse).expect("per-job read"));
+    assert_eq!(got[1], store.job_events("c", &c_seqs[..2]).expect("per-job read"));
+    // A sequence in neither the log nor the archive is an error naming it.
+    let err = store.jobs_events(&[("c", &[c_seqs[0], seq + 7][..])]).expect_err("missing");
+    assert!(err.to_string().contains(&format!("seq {}", seq + 7)), "{err}");
+}
