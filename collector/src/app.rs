@@ -221,6 +221,8 @@ pub async fn run_with_clock(
     // The stream out: written by the committer, read by StreamService subscribers.
     let stream = crate::stream::Stream::new(config.stream);
     telemetry.observe_stream(stream.clone());
+    // The alert loop's deadline timer asks the committer (the index's one writer) to apply passed deadlines.
+    let deadlines = Arc::new(crate::index::deadlines::DeadlineRequests::default());
     let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
     let committer = applier::spawn(
         store.clone(),
@@ -239,6 +241,7 @@ pub async fn run_with_clock(
             fold_interval: config.fold_interval,
             feed: feed.clone(),
             stream: config.stream.enabled.then(|| stream.clone()),
+            deadlines: deadlines.clone(),
         },
         stats.clone(),
         health.clone(),
@@ -406,6 +409,7 @@ pub async fn run_with_clock(
         }),
         deferred: Default::default(),
         stream: config.stream.enabled.then(|| stream.clone()),
+        deadlines: deadlines.clone(),
         scans: crate::alert::ScanAlerts {
             nodes: config.nodes,
             node_health: node_health.clone(),

@@ -501,3 +501,61 @@ async fn open_calls_are_capped_catching_up_or_live_and_a_closed_one_frees_its_sl
         }
     }
 }
+
+/// A deadline that passes while a job waits, with no new event, is decided by the collector's committer (the
+/// alert loop only keeps the timer): the stream carries the bad decision as a job change right after the
+/// deadline, the page follows as an alert record, and the job's state is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_passing_while_the_job_waits_puts_its_bad_decision_in_the_stream() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("db");
+    let c = Collector::start(&db, &[]);
+    let ep = c.endpoint();
+    let mut live = subscribe(&ep, pb::SubscribeRequest::default()).await.expect("subscribe");
+    // Urgent (10-minute threshold), submitted 9 min 56 s ago: its deadline passes about 4 s from now.
+    let job = "slurm/h100/deadline";
+    let submitted_at = ago(596);
+    let mut events = job_events(job, submitted_at, true);
+    events.truncate(2); // submitted, queued: it waits.
+    let ack = publish(&ep, 1, events).await;
+    assert_eq!(ack.accepted, 2);
+    let first = take(&mut live, 3).await;
+    let Some(Record::Change(c0)) = &first[2].record else { panic!("expected a change: {:?}", first[2]) };
+    assert_eq!(c0.state, "queued");
+    assert!(c0.slo_decisions.is_empty(), "undecided before its deadline: {c0:?}");
+
+    // No other event: time alone decides.
+    let mut decided: Option<(pb::JobChange, i64)> = None;
+    let mut paged = false;
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !(decided.is_some() && paged) {
+        let r = tokio::time::timeout_at(until, live.message())
+            .await
+            .unwrap_or_else(|_| panic!("no decision/page within 30 s: decided {decided:?}, paged {paged}"))
+            .expect("stream")
+            .expect("open");
+        match r.record {
+            Some(Record::Change(c)) => {
+                assert!(decided.is_none(), "one change for the deadline: {c:?}");
+                let at = r.recorded_at.map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000);
+                decided = Some((c, at));
+            }
+            Some(Record::Alert(a)) => {
+                assert_eq!(a.labels.get("alertname").map(String::as_str), Some("StartlineJobStartBreach"));
+                assert_eq!(a.status, "firing");
+                paged = true;
+            }
+            Some(Record::Progress(_)) => {}
+            other => panic!("unexpected record {other:?}"),
+        }
+    }
+    let (c1, at) = decided.expect("decided");
+    assert_eq!((c1.previous_state.as_str(), c1.state.as_str()), ("queued", "queued"), "{c1:?}");
+    assert_eq!(c1.slo_decisions.len(), 1, "{c1:?}");
+    assert_eq!((c1.slo_decisions[0].slo.as_str(), c1.slo_decisions[0].verdict.as_str()), ("urgent-start", "bad"));
+    assert_eq!(c1.slo_decisions[0].time_to_first_step_seconds, None, "it never started");
+    assert_eq!(c1.event_seq, 2, "the change follows the job's newest event");
+    let deadline = submitted_at + 600_000;
+    assert!(at >= deadline, "recorded {at} before the deadline {deadline}");
+    assert!(at - deadline < 10_000, "recorded {} ms after the deadline", at - deadline);
+}

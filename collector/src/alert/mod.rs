@@ -126,6 +126,9 @@ pub struct AlertLoop {
     pub deferred: Mutex<std::collections::BTreeSet<(u16, String)>>,
     /// The stream out, which receives every alert change (when kept).
     pub stream: Option<Arc<crate::stream::Stream>>,
+    /// Where the loop asks the applier to advance the SLO deadline index when a deadline passes (the loop keeps
+    /// the timer; the applier, the index's one writer, applies it and wakes the loop).
+    pub deadlines: Arc<crate::index::deadlines::DeadlineRequests>,
 }
 
 /// A job id as one URL fragment segment (its `/` kept: the dashboard reads the rest of the fragment as the id).
@@ -159,8 +162,11 @@ impl AlertLoop {
         let mut last_node_eval: Option<i64> = None;
         let mut last_chain_eval: Option<i64> = None;
         let mut wait_model = crate::slo::predict::WaitModel::default();
+        // Deadlines at or before this were handed to the applier: their timer is not armed again until it
+        // applied them (it wakes the loop), so a passed deadline never spins the loop.
+        let mut requested_through = i64::MIN;
         loop {
-            let next = self.index.read().slo.next_deadline();
+            let next = self.index.read().slo.next_deadline().filter(|d| *d > requested_through);
             let settings_changed = async {
                 match reconfigure.as_mut() {
                     Some(r) => r.settings.changed().await.is_ok(),
@@ -194,7 +200,11 @@ impl AlertLoop {
                         reconfigure = None;
                     }
                 }
-                _ = deadline => {}
+                _ = deadline => {
+                    let now = self.clock.now_ms();
+                    self.deadlines.request(now);
+                    requested_through = now;
+                }
                 _ = self.wake.notified() => {}
                 _ = eval.tick() => do_eval = true,
                 _ = resend.tick() => do_resend = true,
@@ -243,7 +253,6 @@ impl AlertLoop {
                     last_chain_eval = Some(now);
                     changed.extend(self.chain_alerts(now).await);
                 }
-                self.index.write().slo.prune(now);
                 let keep_from = now - self.config.resolved_retention.as_millis() as i64;
                 let expired: Vec<String> = self.board.with(|b| {
                     let old: Vec<String> = b
@@ -316,12 +325,12 @@ impl AlertLoop {
         }
     }
 
-    /// Advances the deadline index and turns page-condition changes into alert changes. On the first pass after
-    /// start, firing per-job alerts whose condition no longer holds are resolved.
+    /// Turns the page-condition changes the applier recorded (commits, deadlines it advanced) into alert
+    /// changes, under the index's read lock. On the first pass after start, firing per-job alerts whose
+    /// condition no longer holds are resolved.
     fn job_pages(&self, now: i64, reconcile: bool) -> Vec<AlertRecord> {
         let mut out = Vec::new();
-        let mut idx = self.index.write();
-        idx.advance_deadlines(now);
+        let idx = self.index.read();
         let mut changes = idx.slo.take_changes();
         // Conditions deferred while their source replayed a backlog: raised again once it caught up, if they
         // still hold (a first step further down the backlog cleared them: no page at all).

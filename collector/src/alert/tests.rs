@@ -62,6 +62,23 @@ struct Harness {
     board: AlertBoard,
 }
 
+/// Plays the applier's part for the alert loop under test: applies each deadline request to the index and
+/// wakes the loop (the committer does this in the collector; `applier::deadlines`).
+fn applier_stand_in(index: &SharedIndex, wake: &Arc<Notify>) -> Arc<crate::index::deadlines::DeadlineRequests> {
+    let requests = Arc::new(crate::index::deadlines::DeadlineRequests::default());
+    let (r, index, wake) = (requests.clone(), index.clone(), wake.clone());
+    tokio::spawn(async move {
+        loop {
+            r.requested().await;
+            if let Some(to) = r.take() {
+                index.write().advance_deadlines(to);
+                wake.notify_one();
+            }
+        }
+    });
+    requests
+}
+
 fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
     let map: BTreeMap<String, JobRecord> = jobs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     let index = SharedIndex::new(JobIndex::new_at(
@@ -79,7 +96,9 @@ fn start(store: &Store, clock: Clock, jobs: Vec<(&str, JobRecord)>) -> Harness {
     let (tx, rx) = mpsc::channel(16);
     let wake = Arc::new(Notify::new());
     let stop = CancellationToken::new();
+    let deadlines = applier_stand_in(&index, &wake);
     let l = AlertLoop {
+        deadlines,
         index: index.clone(),
         store: store.clone(),
         clock,
@@ -295,13 +314,15 @@ async fn a_slow_notifier_never_blocks_the_loop() {
     let stats = Arc::new(AlertStats::default());
     let board = AlertBoard::default();
     let stop = CancellationToken::new();
+    let wake = Arc::new(Notify::new());
     let l = AlertLoop {
+        deadlines: applier_stand_in(&index, &wake),
         index,
         store: store.clone(),
         clock: Clock::starting_at(T0),
         config: AlertConfig { resend_interval: Duration::from_secs(1), ..alert_config() },
         board: board.clone(),
-        wake: Arc::new(Notify::new()),
+        wake,
         notifiers: vec![tx],
         stats: stats.clone(),
         base_url: String::new(),

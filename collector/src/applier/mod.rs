@@ -8,6 +8,8 @@
 //!   checkpoint and hands them to the maintenance thread, which writes their snapshots off the commit path.
 //! - [`fold`]: periodically the maintenance thread folds ended, settled jobs out of memory (archive + summary).
 //! - [`retention`]: deletes jobs that ended longer ago than `store.retention`.
+//! - [`deadlines`]: SLO deadlines the alert loop saw pass, applied to the index (and the stream), and the SLO
+//!   windows pruned.
 //! - [`health`]: node agents' GPU health readings, stored and added to the node health book (beside the
 //!   committer: they are not lifecycle events).
 //!
@@ -22,6 +24,7 @@
 
 mod checkpoint;
 mod commit;
+mod deadlines;
 pub mod fold;
 pub mod health;
 mod retention;
@@ -122,6 +125,8 @@ pub struct CommitterSettings {
     pub fold_interval: Duration,
     /// The stream out, when kept (`[stream] enabled`).
     pub stream: Option<Arc<crate::stream::Stream>>,
+    /// The alert loop's requests to advance the SLO deadline index.
+    pub deadlines: Arc<crate::index::deadlines::DeadlineRequests>,
 }
 
 /// Starts the committer thread (call it within the tokio runtime: the thread borrows its timer). It runs until
@@ -226,6 +231,7 @@ impl Committer {
         let mut last_checkpoint = Instant::now();
         let mut last_retention = Instant::now();
         let mut last_fold = Instant::now();
+        let mut last_prune = Instant::now();
         loop {
             // Wake at least every retention and fold interval, so expiry and folding run on an idle collector.
             let mut wait = self.settings.checkpoint_interval.saturating_sub(last_checkpoint.elapsed());
@@ -260,6 +266,7 @@ impl Committer {
                         tokio::select! {
                             r = tokio::time::timeout(wait, rx.recv()) => r.map_err(|_| ()),
                             _ = woken => Err(()),
+                            _ = self.settings.deadlines.requested() => Err(()),
                         }
                     }) {
                         Ok(Some(r)) => Some(r),
@@ -270,6 +277,10 @@ impl Committer {
             };
             if let Some(sw) = &self.stream {
                 sw.trim(&self.store, self.settings.clock.now_ms());
+            }
+            if last_prune.elapsed() >= deadlines::PRUNE_EVERY {
+                self.prune_slo_windows();
+                last_prune = Instant::now();
             }
             if let Some(retention) = self.settings.retention {
                 if last_retention.elapsed() >= self.settings.retention_interval {
@@ -290,6 +301,10 @@ impl Committer {
                     }
                 }
                 self.commit_group(group);
+            }
+            // After the group: a deadline the alert loop saw pass is judged on every event that came before it.
+            if let Some(to) = self.settings.deadlines.take() {
+                self.advance_deadlines(to);
             }
             // While folding has a backlog, checkpoint less often: most dirty jobs are about to fold (their
             // events go to archives), and a checkpoint would spend the maintenance thread on their snapshots.

@@ -12,6 +12,7 @@
 
 pub mod chains;
 pub mod cold;
+pub mod deadlines;
 pub mod footprint;
 pub mod labels;
 pub mod nodes;
@@ -321,15 +322,19 @@ impl JobIndex {
         obs
     }
 
-    /// Re-assesses jobs whose SLO deadline passed (they become bad while still waiting). Returns how many.
-    pub fn advance_deadlines(&mut self, now: i64) -> usize {
+    /// Re-assesses jobs whose SLO deadline passed (they become bad while still waiting). Returns each job
+    /// re-assessed with its SLO contributions before (the applier turns them into stream changes).
+    pub fn advance_deadlines(&mut self, now: i64) -> Vec<(String, Vec<Contribution>)> {
         let due = self.slo.take_due(now);
-        for job_id in &due {
-            if let Some(h) = self.jobs.get_mut(job_id) {
-                self.slo.on_job(job_id, &h.rec.timeline, &mut h.slo, now);
+        let mut out = Vec::with_capacity(due.len());
+        for job_id in due {
+            if let Some(h) = self.jobs.get_mut(&job_id) {
+                let before = h.slo.clone();
+                self.slo.on_job(&job_id, &h.rec.timeline, &mut h.slo, now);
+                out.push((job_id, before));
             }
         }
-        due.len()
+        out
     }
 
     /// Makes a folded job hot again from its events (read from its archive), before a late event is applied to

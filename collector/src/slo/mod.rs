@@ -117,8 +117,9 @@ pub struct SloEngine {
     windows: Vec<WindowState>,
     /// Pending jobs by deadline: (deadline, slo, job id). Only waiting jobs before their deadline are here.
     deadlines: BTreeSet<(i64, u16, String)>,
-    /// Page-condition changes not yet taken by the alert loop.
-    changes: Vec<PageChange>,
+    /// Page-condition changes not yet taken by the alert loop: a hand-off queue, so the alert loop takes them
+    /// under the index's read lock (the applier alone writes the index).
+    changes: std::sync::Mutex<Vec<PageChange>>,
     /// Per SLO: jobs past their deadline and still waiting.
     breached_waiting: Vec<u64>,
     /// Per SLO: decisions counted since start (see [`Decisions`]); off while history is rebuilt.
@@ -235,7 +236,7 @@ impl SloEngine {
             defs,
             windows,
             deadlines: BTreeSet::new(),
-            changes: Vec::new(),
+            changes: std::sync::Mutex::new(Vec::new()),
             breached_waiting,
             decisions,
             counting: false,
@@ -290,9 +291,10 @@ impl SloEngine {
         self.deadlines.first().map(|(d, _, _)| *d)
     }
 
-    /// Takes the page-condition changes recorded since the last call.
-    pub fn take_changes(&mut self) -> Vec<PageChange> {
-        std::mem::take(&mut self.changes)
+    /// Takes the page-condition changes recorded since the last call (through a shared reference: readers
+    /// take them under the index's read lock).
+    pub fn take_changes(&self) -> Vec<PageChange> {
+        std::mem::take(&mut *self.changes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Every contribution of a timeline, as of `now_ms`, into `out` (cleared first).
@@ -322,15 +324,16 @@ impl SloEngine {
             }
         }
         // Page-condition changes.
+        let changes = self.changes.get_mut().unwrap_or_else(|p| p.into_inner());
         for c in &new {
             let was = old.iter().find(|o| o.slo == c.slo).is_some_and(|o| o.breached_waiting);
             if c.breached_waiting != was {
-                self.changes.push(PageChange { slo: c.slo, job_id: job_id.to_string(), firing: c.breached_waiting });
+                changes.push(PageChange { slo: c.slo, job_id: job_id.to_string(), firing: c.breached_waiting });
             }
         }
         for o in &old {
             if o.breached_waiting && !new.iter().any(|c| c.slo == o.slo) {
-                self.changes.push(PageChange { slo: o.slo, job_id: job_id.to_string(), firing: false });
+                changes.push(PageChange { slo: o.slo, job_id: job_id.to_string(), firing: false });
             }
         }
         *contribs = new;

@@ -54,8 +54,8 @@ impl WindowState {
     }
 
     /// Adds or removes one time to first step, for a job that started at `started_ms` (negative times, which
-    /// only a client's clock error can make, count as 0). Removing a value that was never added (a bug in the
-    /// caller) is logged and changes nothing.
+    /// only a client's clock error can make, count as 0). Removing a value that is not held (its hour was
+    /// pruned since it was added) changes nothing.
     pub fn ttfs(&mut self, started_ms: i64, ttfs_ms: i64, add: bool) {
         let v = ttfs_ms.max(0) as u64;
         let key = bucket(started_ms, HIST_BUCKET_MS);
@@ -68,11 +68,9 @@ impl WindowState {
             if hour.is_empty() {
                 self.hists.remove(&key);
             }
-        } else {
-            tracing::warn!(started_ms, ttfs_ms, "removing a time to first step that was never recorded");
-            if hour.is_empty() {
-                self.hists.remove(&key);
-            }
+        } else if hour.is_empty() {
+            // Not held: its hour was pruned (older than the SLO keeps) after the value was added.
+            self.hists.remove(&key);
         }
     }
 

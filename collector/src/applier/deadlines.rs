@@ -1,0 +1,47 @@
+//! SLO deadlines, applied by the committer: the alert loop keeps the timer of the next deadline and, when one
+//! passes, asks ([`crate::index::deadlines::DeadlineRequests`]); the committer re-assesses the jobs whose
+//! deadline passed under the index write lock (each becomes bad while it still waits), writes one stream change
+//! record per job whose SLO decision changed (published after the next flush, like every change record), and
+//! wakes the alert loop, which takes the page changes under a read lock. The committer also prunes the SLO
+//! windows once a minute. So the index has one writer, and a decision made by time passing reaches the stream.
+
+use super::Committer;
+use crate::stream::{change, JobView, Subject};
+use std::time::Duration;
+
+/// How often the SLO windows drop buckets older than they keep.
+pub(super) const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+impl Committer {
+    /// Applies every deadline at or before `to_ms` (the time the alert loop saw them pass).
+    pub(super) fn advance_deadlines(&self, to_ms: i64) {
+        let now = self.settings.clock.now_ms();
+        let mut records = Vec::new();
+        {
+            let mut idx = self.index.write();
+            let due = idx.advance_deadlines(to_ms);
+            if let Some(sw) = &self.stream {
+                let named = |i| super::stream::slo_name(&idx.slo, i);
+                for (job_id, before) in due {
+                    let Some(h) = idx.jobs.get(&job_id) else { continue };
+                    let t = &h.rec.timeline;
+                    // The change follows the job's newest event (time, not an event, made it).
+                    let last_seq = h.rec.events.iter().map(|e| e.seq).max().unwrap_or(0);
+                    if let Some(c) = change(Some(&JobView::of(t, &before)), &JobView::of(t, &h.slo), last_seq, named) {
+                        records.push(sw.change(now, &Subject::job(&job_id, t.attrs.as_deref()), c));
+                    }
+                }
+            }
+        }
+        if let Some(sw) = self.stream.as_ref().filter(|_| !records.is_empty()) {
+            sw.write_changes(&self.store, records, None, now);
+        }
+        self.settings.wake.notify_one();
+    }
+
+    /// Drops SLO window buckets older than each SLO keeps.
+    pub(super) fn prune_slo_windows(&self) {
+        let now = self.settings.clock.now_ms();
+        self.index.write().slo.prune(now);
+    }
+}
