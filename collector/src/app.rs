@@ -113,8 +113,11 @@ pub async fn run_with_clock(
     let limiter = LabelLimiter::new(&config.metrics.labels);
     let cache_bytes = config.cache_bytes;
     let (store, restored, index, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+        let t0 = std::time::Instant::now();
         let store = Store::open_with(&path, StoreOptions { cache_bytes })?;
+        let opened = t0.elapsed();
         let (mut restored, cold) = restore_index(&store)?;
+        let read = t0.elapsed();
         // SLO state and metric gauges are derived from the jobs: rebuilding them after a restore finds every
         // deadline crossed while the collector was down, and stored alert state keeps those pages from repeating.
         let jobs = std::mem::take(&mut restored.jobs);
@@ -123,6 +126,12 @@ pub async fn run_with_clock(
             JobIndex::new_at(jobs, cold, restored.last_seq, SloEngine::new(slo_defs), limiter, now).with_dirty(dirty);
         // Decisions are counted from here on: the restored history was assessed silently.
         index.slo.start_counting();
+        tracing::debug!(
+            open_ms = opened.as_millis() as u64,
+            read_ms = (read - opened).as_millis() as u64,
+            derive_ms = (t0.elapsed() - read).as_millis() as u64,
+            "restore phases: sled open, store read (snapshots, log tail, summaries), index derivation (SLOs, gauges)"
+        );
         let alerts = store.load_alerts()?;
         Ok((store, restored, index, alerts))
     })

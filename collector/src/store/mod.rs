@@ -449,6 +449,7 @@ impl Store {
         mut on_summary: impl FnMut(&str, &[u8]) -> Result<(), String>,
     ) -> Result<Restored, StoreError> {
         let t = self.t()?;
+        let started = std::time::Instant::now();
         let mut out = Restored::default();
         let marker = match self.checkpoint_seq() {
             Ok(m) => m,
@@ -484,6 +485,7 @@ impl Store {
                 }
             }
         }
+        let snapshots_done = started.elapsed();
         let from = if out.rebuilt.is_some() {
             events.clear();
             beyond.clear();
@@ -508,6 +510,7 @@ impl Store {
         if out.rebuilt.is_some() {
             out.dirty.extend(events.keys().cloned());
         }
+        let log_done = started.elapsed();
         // Folded jobs: a summary each, unless the job is hot again (then its archived events join the rest).
         for kv in t.summaries.iter() {
             let (k, v) = kv?;
@@ -532,6 +535,7 @@ impl Store {
                 }
             }
         }
+        let summaries_done = started.elapsed();
         // One derivation per job (records dedupe by sequence number, never by id hash: two events whose ids
         // collide are both kept).
         out.jobs = events.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
@@ -540,6 +544,13 @@ impl Store {
             None => 0,
         };
         out.last_seq = last_logged.max(marker).max(self.max_folded_seq()?);
+        tracing::debug!(
+            snapshots_ms = snapshots_done.as_millis() as u64,
+            log_tail_ms = (log_done - snapshots_done).as_millis() as u64,
+            summaries_ms = (summaries_done - log_done).as_millis() as u64,
+            derive_ms = (started.elapsed() - summaries_done).as_millis() as u64,
+            "store read"
+        );
         Ok(out)
     }
 
