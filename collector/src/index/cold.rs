@@ -117,6 +117,12 @@ impl Folded {
 
     /// Writes the job's timeline into `t` (reusing its allocations), with `attrs` as its attributes.
     pub fn fill(&self, attrs: &Arc<JobAttrs>, t: &mut Timeline) {
+        self.fill_with(attrs, t, true)
+    }
+
+    /// [`Folded::fill`], leaving `placements` empty unless asked for: copying them clones every node name, which
+    /// is most of a scan's cost per folded job, and only the node report reads them.
+    pub fn fill_with(&self, attrs: &Arc<JobAttrs>, t: &mut Timeline, placements: bool) {
         t.state = JobState::Done;
         if !t.attrs.as_ref().is_some_and(|a| Arc::ptr_eq(a, attrs)) {
             t.attrs = Some(attrs.clone());
@@ -148,7 +154,9 @@ impl Folded {
         t.max_step = (self.flags & 2 != 0).then_some(self.max_step);
         t.ignored_after_done = self.ignored_after_done;
         t.placements.clear();
-        t.placements.extend(self.placements.iter().cloned());
+        if placements {
+            t.placements.extend(self.placements.iter().cloned());
+        }
     }
 
     /// The stored summary body.
@@ -381,12 +389,17 @@ impl ColdJobs {
 
     /// Writes a folded job's timeline into `t`.
     pub fn fill(&self, row: &Folded, t: &mut Timeline) {
+        self.fill_with(row, t, true)
+    }
+
+    /// [`ColdJobs::fill`], with `placements` only when asked for (see [`Folded::fill_with`]).
+    pub fn fill_with(&self, row: &Folded, t: &mut Timeline, placements: bool) {
         match self.dict.get(row.attrs) {
-            Some(a) => row.fill(a, t),
+            Some(a) => row.fill_with(a, t, placements),
             // Rows are only made from interned attributes; an unknown number means a damaged dictionary.
             None => {
                 let a = Arc::new(JobAttrs::unknown());
-                row.fill(&a, t)
+                row.fill_with(&a, t, placements)
             }
         }
     }

@@ -409,6 +409,15 @@ pub struct MemoryUse {
     pub slo_bytes: usize,
 }
 
+/// What a scan derives for folded jobs beyond their timeline.
+#[derive(Debug, Clone, Copy, Default)]
+struct Needs {
+    /// SLO contributions.
+    slo: bool,
+    /// Placements (node names).
+    placements: bool,
+}
+
 /// A cheaply clonable handle to the index. Readers hold the lock briefly; never across `.await`.
 #[derive(Debug, Clone, Default)]
 pub struct SharedIndex(Arc<RwLock<JobIndex>>);
@@ -429,9 +438,10 @@ impl SharedIndex {
     /// chunks so a long scan (comparisons, overviews, filtered listings over a million jobs) never holds the
     /// applier off for more than one chunk. Jobs changed during the scan are seen in whichever state the visit
     /// finds them. Folded jobs' SLO contributions are not computed ([`JobRef::slo`] is empty for them): use
-    /// [`SharedIndex::for_each_job_with_slo`] when they are needed.
+    /// [`SharedIndex::for_each_job_with_slo`] when they are needed; nor are their placements
+    /// ([`SharedIndex::for_each_job_with_placements`]).
     pub fn for_each_job(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
-        self.scan(None, chunk, false, |k, r| {
+        self.scan(None, chunk, Needs::default(), |k, r| {
             f(k, r);
             true
         });
@@ -439,7 +449,16 @@ impl SharedIndex {
 
     /// [`SharedIndex::for_each_job`] with every job's SLO contributions.
     pub fn for_each_job_with_slo(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
-        self.scan(None, chunk, true, |k, r| {
+        self.scan(None, chunk, Needs { slo: true, placements: false }, |k, r| {
+            f(k, r);
+            true
+        });
+    }
+
+    /// [`SharedIndex::for_each_job`] with folded jobs' placements filled in too (the other scans leave a folded
+    /// job's `timeline.placements` empty: copying them is most of a scan's cost per folded job).
+    pub fn for_each_job_with_placements(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
+        self.scan(None, chunk, Needs { slo: false, placements: true }, |k, r| {
             f(k, r);
             true
         });
@@ -447,10 +466,10 @@ impl SharedIndex {
 
     /// Like [`SharedIndex::for_each_job`], starting after `after` and stopping when `f` returns false.
     pub fn scan_from(&self, after: Option<&str>, chunk: usize, f: impl FnMut(&str, JobRef<'_>) -> bool) {
-        self.scan(after, chunk, false, f)
+        self.scan(after, chunk, Needs::default(), f)
     }
 
-    fn scan(&self, after: Option<&str>, chunk: usize, with_slo: bool, mut f: impl FnMut(&str, JobRef<'_>) -> bool) {
+    fn scan(&self, after: Option<&str>, chunk: usize, needs: Needs, mut f: impl FnMut(&str, JobRef<'_>) -> bool) {
         let chunk = chunk.max(1);
         let mut after: Option<String> = after.map(str::to_string);
         let mut scratch = Timeline::default();
@@ -478,8 +497,8 @@ impl SharedIndex {
                     (k.as_str(), f(k, JobRef { timeline: &h.rec.timeline, slo: &h.slo, folded: false }))
                 } else {
                     let Some((k, row)) = cold.next() else { break };
-                    idx.cold.fill(row, &mut scratch);
-                    if with_slo {
+                    idx.cold.fill_with(row, &mut scratch, needs.placements);
+                    if needs.slo {
                         idx.slo.assess_into(&scratch, now, &mut contribs);
                     }
                     (&**k, f(k, JobRef { timeline: &scratch, slo: &contribs, folded: true }))

@@ -233,7 +233,7 @@ impl NodeBoard {
 /// Builds the report over `[from, to]` by scanning every job (hot and folded) once.
 pub fn report(index: &SharedIndex, health: &HealthBook, from: i64, to: i64, rule: &Rule) -> NodeReport {
     let mut tally = Tally::default();
-    index.for_each_job(4096, |id, job| tally.add(id, job.timeline, from, to));
+    index.for_each_job_with_placements(4096, |id, job| tally.add(id, job.timeline, from, to));
     let mut nodes = Vec::new();
     let mut placed: std::collections::HashSet<Arc<str>> = std::collections::HashSet::new();
     for (pool, members) in &tally.pools {

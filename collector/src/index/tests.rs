@@ -24,6 +24,43 @@ fn chunked_scan_visits_every_job_once_in_order() {
     }
 }
 
+#[test]
+fn scans_fill_a_folded_jobs_placements_only_when_asked() {
+    use crate::job::{EventKind, JobAttrs};
+    use startline_proto::pb;
+    let at = 1_767_225_600_000i64;
+    let ev = |seq: u64, m: i64, kind: EventKind| CompactEvent {
+        at_ms: at + m * 60_000,
+        id_hash: seq,
+        seq,
+        attempt: None,
+        kind,
+    };
+    let mut attrs = JobAttrs::unknown();
+    attrs.pool = "p".into();
+    let events = vec![
+        ev(1, 0, EventKind::Submitted(Arc::new(attrs))),
+        ev(2, 5, EventKind::NodeAssigned { nodes: vec![Arc::from("n1"), Arc::from("n2")].into() }),
+        ev(3, 6, EventKind::FirstStep { step: 1 }),
+        ev(4, 60, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
+    ];
+    let mut idx = JobIndex::default();
+    idx.jobs.insert("j".into(), HotJob { rec: JobRecord::from_events(events), ..HotJob::default() });
+    let hot = idx.jobs["j"].rec.timeline.clone();
+    assert_eq!(hot.placements.len(), 1, "{:?}", hot.placements);
+    assert!(idx.fold("j").is_some());
+    let shared = SharedIndex::new(idx);
+    let mut light = None;
+    shared.for_each_job(10, |_, r| light = Some((r.timeline.clone(), r.folded)));
+    let (light, folded) = light.expect("visited");
+    assert!(folded);
+    assert!(light.placements.is_empty(), "a plain scan skips placements");
+    assert_eq!(Timeline { placements: hot.placements.clone(), ..light }, hot, "everything else is the job's");
+    let mut full = None;
+    shared.for_each_job_with_placements(10, |_, r| full = Some(r.timeline.clone()));
+    assert_eq!(full.expect("visited"), hot);
+}
+
 mod fold_model {
     //! Folding and unfolding interleaved at random with deliveries in any order (with duplicates) and
     //! restarts: every job's timeline and every SLO count must equal the all-in-memory derivation from the
