@@ -17,6 +17,10 @@ struct Filter {
     provider: Option<String>,
     pool: Option<String>,
     priority: Option<pb::PriorityClass>,
+    gpu_class: Option<String>,
+    region: Option<String>,
+    team: Option<String>,
+    project: Option<String>,
     state: Option<JobState>,
     submitted_after: Option<i64>,
     submitted_before: Option<i64>,
@@ -37,16 +41,27 @@ impl Filter {
                 return false;
             }
         }
-        let attr_filtered =
-            self.pool_kind.is_some() || self.provider.is_some() || self.pool.is_some() || self.priority.is_some();
+        let attr_filtered = self.pool_kind.is_some()
+            || self.provider.is_some()
+            || self.pool.is_some()
+            || self.priority.is_some()
+            || self.gpu_class.is_some()
+            || self.region.is_some()
+            || self.team.is_some()
+            || self.project.is_some();
         if !attr_filtered {
             return true;
         }
         let Some(a) = &t.attrs else { return false };
+        let eq = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
         self.pool_kind.is_none_or(|k| k == a.pool_kind)
-            && self.provider.as_deref().is_none_or(|p| p == a.provider)
-            && self.pool.as_deref().is_none_or(|p| p == a.pool)
+            && eq(&self.provider, &a.provider)
+            && eq(&self.pool, &a.pool)
             && self.priority.is_none_or(|p| p == a.priority)
+            && eq(&self.gpu_class, &a.gpu_class)
+            && eq(&self.region, &a.region)
+            && eq(&self.team, &a.team)
+            && eq(&self.project, &a.project)
     }
 }
 
@@ -57,7 +72,7 @@ fn enum_param<T: Label>(name: &str, v: &str) -> Result<T, ApiError> {
     })
 }
 
-/// `GET /api/v1/jobs?pool_kind=&provider=&pool=&priority=&state=&submitted_after=&submitted_before=&limit=&page_token=`
+/// `GET /api/v1/jobs?pool_kind=&provider=&pool=&priority=&gpu_class=&region=&team=&project=&state=&submitted_after=&submitted_before=&limit=&page_token=`
 pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<JobList>, ApiError> {
     let mut f = Filter::default();
     let mut limit = 100usize;
@@ -68,6 +83,10 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
             "priority" => f.priority = Some(enum_param(k, v)?),
             "provider" => f.provider = Some(v.clone()),
             "pool" => f.pool = Some(v.clone()),
+            "gpu_class" => f.gpu_class = Some(v.clone()),
+            "region" => f.region = Some(v.clone()),
+            "team" => f.team = Some(v.clone()),
+            "project" => f.project = Some(v.clone()),
             "state" => {
                 f.state = Some(JobState::from_label(v).ok_or_else(|| {
                     ApiError::bad_request(format!(

@@ -210,6 +210,10 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
                 query("priority", "only this priority", priorities.clone()),
                 query("provider", "only this provider (`slurm`, `sagemaker`, ...)", json!({"type": "string"})),
                 query("pool", "only this pool", json!({"type": "string"})),
+                query("gpu_class", "only this GPU class (`h100`, ...)", json!({"type": "string"})),
+                query("region", "only this region", json!({"type": "string"})),
+                query("team", "only this team", json!({"type": "string"})),
+                query("project", "only this project", json!({"type": "string"})),
                 query(
                     "state",
                     "only jobs in this state now",

@@ -360,6 +360,27 @@ async fn jobs_listing_filters_and_pages() {
     // A job without attributes has no attribute fields at all; nulls stay nulls.
     let j = &v["jobs"][0];
     assert!(j.get("pool").is_none() && j["first_step_at"].is_null() && j["current_wait"].is_null());
+    // Attribute filters (gpu_class, region, team, project) against the full listing's own attribute fields.
+    let all = check(&f, "jobs_all.json", "/api/v1/jobs", StatusCode::OK).await;
+    let with = |field: &str, value: &str| -> Vec<String> {
+        all["jobs"]
+            .as_array()
+            .map(|js| {
+                js.iter().filter(|j| j[field] == value).filter_map(|j| j["job_id"].as_str().map(String::from)).collect()
+            })
+            .unwrap_or_default()
+    };
+    let h100 = with("gpu_class", "h100");
+    assert!(!h100.is_empty() && h100.len() < 6, "a discriminating fixture: {h100:?}");
+    let v = check(&f, "jobs_gpu_class.json", "/api/v1/jobs?gpu_class=h100", StatusCode::OK).await;
+    assert_eq!(ids(&v), h100);
+    let v = check(&f, "jobs_team_region.json", "/api/v1/jobs?team=research&region=site-a", StatusCode::OK).await;
+    let want: Vec<String> =
+        with("region", "site-a").into_iter().filter(|id| with("team", "research").contains(id)).collect();
+    assert!(!want.is_empty());
+    assert_eq!(ids(&v), want);
+    let v = check(&f, "jobs_project.json", "/api/v1/jobs?project=llm&team=nobody", StatusCode::OK).await;
+    assert!(ids(&v).is_empty());
 }
 
 #[tokio::test(start_paused = true)]
