@@ -2,9 +2,10 @@
 //! times to first step per hour (by the time the job started), kept exactly. Both support removing a job's
 //! contribution, so a late event that changes a job's outcome moves it instead of counting it twice.
 //!
-//! Each hour's times to first step are a sorted multiset of milliseconds (8 bytes per started job). A window's
+//! Each hour's times to first step are a sorted multiset of milliseconds (8 bytes per started job), kept as
+//! consecutive sorted runs of at most [`RUN_MAX`] values so that a change costs the same in a busy hour. A window's
 //! percentiles are exact nearest-rank order statistics over the union of its hours ([`Ttfs`]), found by a
-//! binary search on the value that narrows each hour's index range as it goes, so a query over a 28-day window
+//! binary search on the value that narrows each run's index range as it goes, so a query over a 28-day window
 //! touches each hour a few dozen times and never copies or sorts the values.
 
 use std::collections::BTreeMap;
@@ -34,8 +35,8 @@ impl Counts {
 #[derive(Debug, Default)]
 pub struct WindowState {
     counts: BTreeMap<i64, Counts>,
-    /// Hour bucket -> sorted times to first step (ms) of the jobs that started in it.
-    hists: BTreeMap<i64, Vec<u64>>,
+    /// Hour bucket -> the times to first step (ms) of the jobs that started in it.
+    hists: BTreeMap<i64, Hour>,
 }
 
 fn bucket(ms: i64, width: i64) -> i64 {
@@ -55,21 +56,13 @@ impl WindowState {
 
     /// Adds or removes one time to first step, for a job that started at `started_ms` (negative times, which
     /// only a client's clock error can make, count as 0). Removing a value that is not held (its hour was
-    /// pruned since it was added) changes nothing.
+    /// pruned since it was added) changes nothing. O(log n + [`RUN_MAX`]) whatever the hour holds.
     pub fn ttfs(&mut self, started_ms: i64, ttfs_ms: i64, add: bool) {
         let v = ttfs_ms.max(0) as u64;
         let key = bucket(started_ms, HIST_BUCKET_MS);
         let hour = self.hists.entry(key).or_default();
-        let i = hour.partition_point(|x| *x < v);
-        if add {
-            hour.insert(i, v);
-        } else if hour.get(i) == Some(&v) {
-            hour.remove(i);
-            if hour.is_empty() {
-                self.hists.remove(&key);
-            }
-        } else if hour.is_empty() {
-            // Not held: its hour was pruned (older than the SLO keeps) after the value was added.
+        hour.change(v, add);
+        if hour.runs.is_empty() {
             self.hists.remove(&key);
         }
     }
@@ -89,18 +82,25 @@ impl WindowState {
         if to_ms <= from_ms {
             return Ttfs { hours: Vec::new() };
         }
-        Ttfs { hours: self.hists.range(bucket(from_ms, HIST_BUCKET_MS)..to_ms).map(|(_, h)| h.as_slice()).collect() }
+        Ttfs {
+            hours: self
+                .hists
+                .range(bucket(from_ms, HIST_BUCKET_MS)..to_ms)
+                .flat_map(|(_, h)| h.runs.iter().map(Vec::as_slice))
+                .collect(),
+        }
     }
 
     /// Times to first step held, over every hour (for memory accounting and tests).
     pub fn ttfs_values(&self) -> usize {
-        self.hists.values().map(Vec::len).sum()
+        self.hists.values().flat_map(|h| &h.runs).map(Vec::len).sum()
     }
 
     /// Estimated bytes held: each bucket's map entry, and each hour's values at their allocated capacity.
     pub fn memory_bytes(&self) -> usize {
         const ENTRY: usize = 64;
-        self.counts.len() * ENTRY + self.hists.values().map(|h| ENTRY + h.capacity() * 8).sum::<usize>()
+        let runs: usize = self.hists.values().flat_map(|h| &h.runs).map(|r| 24 + r.capacity() * 8).sum();
+        (self.counts.len() + self.hists.len()) * ENTRY + runs
     }
 
     /// Running totals of the minute counts from `from_ms` on, for answering many windows at once.
@@ -131,7 +131,47 @@ impl WindowState {
     }
 }
 
-/// The times to first step of a window: sorted hours, read in place.
+/// Most values in one run of an hour: an insert or removal moves at most this many (an hour with a million
+/// starts costs no more per change than one with a thousand).
+pub const RUN_MAX: usize = 4096;
+
+/// One hour's times to first step: a sorted multiset kept as consecutive sorted runs (each value of run `i` is at
+/// most every value of run `i + 1`), none empty, each at most [`RUN_MAX`] long.
+#[derive(Debug, Default)]
+struct Hour {
+    runs: Vec<Vec<u64>>,
+}
+
+impl Hour {
+    fn change(&mut self, v: u64, add: bool) {
+        // The first run whose last value is >= v (or the last run): where v goes, or where the first copy is.
+        let r = self.runs.partition_point(|run| run.last().is_some_and(|l| *l < v));
+        if add {
+            if self.runs.is_empty() {
+                self.runs.push(vec![v]);
+                return;
+            }
+            let r = r.min(self.runs.len() - 1);
+            let run = &mut self.runs[r];
+            let i = run.partition_point(|x| *x < v);
+            run.insert(i, v);
+            if run.len() > RUN_MAX {
+                let upper = run.split_off(run.len() / 2);
+                self.runs.insert(r + 1, upper);
+            }
+        } else if let Some(run) = self.runs.get_mut(r) {
+            let i = run.partition_point(|x| *x < v);
+            if run.get(i) == Some(&v) {
+                run.remove(i);
+                if run.is_empty() {
+                    self.runs.remove(r);
+                }
+            }
+        }
+    }
+}
+
+/// The times to first step of a window: sorted runs of its hours, read in place.
 #[derive(Debug)]
 pub struct Ttfs<'a> {
     hours: Vec<&'a [u64]>,
@@ -289,6 +329,41 @@ mod tests {
                 assert_eq!(t.quantile(q), sorted_quantile(&inside, q), "{from_h}..{to_h} q={q}");
             }
         }
+    }
+
+    #[test]
+    fn one_hour_with_many_starts_splits_into_runs_and_stays_exact() {
+        let mut w = WindowState::default();
+        let mut model: Vec<u64> = Vec::new();
+        let mut x: u64 = 5;
+        let mut next = || {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x >> 11
+        };
+        for step in 0..40_000 {
+            if step % 5 == 4 {
+                let v = model.swap_remove(next() as usize % model.len());
+                w.ttfs(7_200_000, v as i64, false);
+            } else {
+                // Many ties (a few hundred distinct values), so equal values span runs.
+                let v = (next() % 300) * 1_000;
+                w.ttfs(7_200_000, v as i64, true);
+                model.push(v);
+            }
+        }
+        let hour = &w.hists[&7_200_000];
+        assert!(hour.runs.len() > 4, "runs split: {}", hour.runs.len());
+        assert!(hour.runs.iter().all(|r| !r.is_empty() && r.len() <= RUN_MAX));
+        assert!(hour.runs.windows(2).all(|p| p[0].last() <= p[1].first()), "runs in order");
+        let t = w.ttfs_between(0, 10_800_000);
+        assert_eq!(t.len(), model.len() as u64);
+        for q in [0.0, 0.01, 0.5, 0.9, 0.99, 1.0] {
+            assert_eq!(t.quantile(q), sorted_quantile(&model, q), "q={q}");
+        }
+        for v in model.clone() {
+            w.ttfs(7_200_000, v as i64, false);
+        }
+        assert!(w.hists.is_empty(), "every value removed, every run dropped");
     }
 
     #[test]
