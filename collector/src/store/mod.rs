@@ -388,6 +388,15 @@ fn corrupt_log(key: &[u8], reason: impl ToString) -> StoreError {
     StoreError::Corrupt { what: "log", key: shown, reason: reason.to_string() }
 }
 
+/// An event a job's record says is stored, found in neither the log nor the job's archive.
+fn missing_event(job_id: &str, seq: u64) -> StoreError {
+    StoreError::Corrupt {
+        what: "log",
+        key: format!("seq {seq}"),
+        reason: format!("event of job {job_id:?} is in neither the log nor its archive"),
+    }
+}
+
 fn seq_from_key(key: &[u8]) -> Result<u64, StoreError> {
     let arr: [u8; 8] = key.try_into().map_err(|_| corrupt("log", key, "key is not 8 bytes"))?;
     Ok(u64::from_be_bytes(arr))
@@ -661,11 +670,7 @@ impl Store {
             let job_id = jobs[i].0;
             let mut archive: HashMap<u64, pb::LifecycleEvent> = self.archived(job_id)?.into_iter().collect();
             for seq in seqs {
-                let ev = archive.remove(&seq).ok_or_else(|| StoreError::Corrupt {
-                    what: "log",
-                    key: format!("seq {seq}"),
-                    reason: format!("event of job {job_id:?} is in neither the log nor its archive"),
-                })?;
+                let ev = archive.remove(&seq).ok_or_else(|| missing_event(job_id, seq))?;
                 out[i].push((seq, ev));
             }
             out[i].sort_by_key(|(s, _)| *s);
@@ -693,13 +698,7 @@ impl Store {
             match archive.as_mut().and_then(|a| a.remove(&seq)) {
                 Some(ev) => out.push((seq, ev)),
                 None if !strict => {}
-                None => {
-                    return Err(StoreError::Corrupt {
-                        what: "log",
-                        key: format!("seq {seq}"),
-                        reason: format!("event of job {job_id:?} is in neither the log nor its archive"),
-                    })
-                }
+                None => return Err(missing_event(job_id, seq)),
             }
         }
         Ok(out)
