@@ -144,8 +144,11 @@ impl FoldPass {
         let t_encode = t0.elapsed();
         store.fold_write(&writes, &dictionary)?;
         let t_write = t0.elapsed();
-        store.fold_delete(&writes, max_seq)?;
+        let blocks = store.fold_delete(&writes, max_seq)?;
         tracing::debug!(
+            blocks_deleted = blocks.deleted,
+            blocks_rewritten = blocks.rewritten,
+            blocks_marked = blocks.marked,
             jobs = writes.len(),
             events = writes.iter().map(|w| w.log_seqs.len()).sum::<usize>(),
             read_ms = t_read.as_millis() as u64,

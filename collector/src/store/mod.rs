@@ -5,8 +5,10 @@
 //! - tree `alerts`: alert key -> sealed JSON alert record (firing since, resolved at).
 //! - tree `node_health`: `node ++ [0u8] ++ at_ms` (i64 big-endian) -> sealed `postcard(Reading)`: GPU health
 //!   readings of node agents (see `index::nodes`), kept for 30 days.
-//! - tree `log`: `seq` (u64 big-endian) -> sealed protobuf `LifecycleEvent`. Every accepted event, in commit
-//!   order. An event is acknowledged only after its batch is applied here and the database is flushed.
+//! - tree `log_blocks`: the log, every accepted event in commit order, as compressed blocks of consecutive
+//!   sequences, one or more per group commit (format, dead events and compaction: see [`log`]). An event is
+//!   acknowledged only after its block is applied here and the database is flushed. (Stores written before
+//!   blocks kept one value per event in tree `log`; opening such a store moves it into blocks once.)
 //! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 5). Job snapshots,
 //!   written by checkpoints.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
@@ -78,7 +80,7 @@ use prost::Message;
 use startline_proto::pb;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// One stored node health reading: `(node, body)`, or why it cannot be read.
 pub type StoredReading = Result<(String, Vec<u8>), String>;
@@ -100,9 +102,6 @@ const ARCHIVE_MAX_RAW: u64 = 1 << 30;
 /// zstd level for archives: fast, and most of the gain (events of one job repeat their source and id prefixes).
 const ARCHIVE_ZSTD_LEVEL: i32 = 3;
 const JOB_PREFIX: u8 = 1;
-/// A fold's batched read scans the log range of its sequences when the range holds at most this many entries
-/// per wanted one; sparser, it reads each entry by key.
-const RANGE_READ_MAX_SPREAD: u64 = 8;
 
 /// Failures of the store. Messages are for logs and operators; clients see only "storage unavailable".
 #[derive(Debug, thiserror::Error)]
@@ -315,7 +314,10 @@ pub struct Store {
 #[derive(Clone)]
 struct Trees {
     db: sled::Db,
-    log: sled::Tree,
+    /// The event log, as blocks (see [`log`]).
+    blocks: sled::Tree,
+    /// The dead events of the log's blocks (see [`log::DeadTable`]); written only by the applier's thread.
+    dead: Arc<Mutex<log::DeadTable>>,
     jobs: sled::Tree,
     alerts: sled::Tree,
     archive: sled::Tree,
@@ -326,6 +328,19 @@ struct Trees {
 }
 
 impl Trees {
+    fn dead(&self) -> MutexGuard<'_, log::DeadTable> {
+        self.dead.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The live event at `seq`, if the log holds it.
+    fn log_get(&self, seq: u64) -> Result<Option<pb::LifecycleEvent>, StoreError> {
+        let Some(block) = log::block_at(&self.blocks, seq)? else { return Ok(None) };
+        match block.get(seq) {
+            Some(body) if !self.dead().is_dead(block.first, seq) => decode_log_body(seq, body).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// Opens the database. sled's background writers may hold the directory's lock for a moment after the last
     /// handle of a previous open is dropped, so a lock conflict is retried for up to two seconds.
     fn open(path: &Path, options: &StoreOptions) -> Result<Trees, StoreError> {
@@ -342,8 +357,17 @@ impl Trees {
                 Err(e) => return Err(e.into()),
             }
         };
+        let blocks = db.open_tree("log_blocks")?;
+        let legacy = db.open_tree("log")?;
+        if !legacy.is_empty() {
+            let started = std::time::Instant::now();
+            let moved = log::migrate_legacy(&db, &legacy, &blocks)?;
+            tracing::info!(events = moved, elapsed_ms = started.elapsed().as_millis() as u64, "log moved into blocks");
+        }
+        let dead = Arc::new(Mutex::new(log::DeadTable::load(&blocks)?));
         Ok(Trees {
-            log: db.open_tree("log")?,
+            blocks,
+            dead,
             jobs: db.open_tree("jobs")?,
             alerts: db.open_tree("alerts")?,
             archive: db.open_tree("archive")?,
@@ -378,6 +402,11 @@ pub fn decode_stored_event(seq: u64, v: &[u8]) -> Result<pb::LifecycleEvent, Sto
 fn decode_log_value(key: &[u8], v: &[u8]) -> Result<pb::LifecycleEvent, StoreError> {
     let body = unseal(v, true).map_err(|r| corrupt_log(key, r))?;
     pb::LifecycleEvent::decode(body).map_err(|e| corrupt_log(key, e))
+}
+
+/// Decodes a log event's protobuf body (from a block).
+fn decode_log_body(seq: u64, body: &[u8]) -> Result<pb::LifecycleEvent, StoreError> {
+    pb::LifecycleEvent::decode(body).map_err(|e| corrupt_log(&seq.to_be_bytes(), e))
 }
 
 fn corrupt_log(key: &[u8], reason: impl ToString) -> StoreError {
@@ -503,19 +532,21 @@ impl Store {
         } else {
             marker.saturating_add(1)
         };
-        for kv in t.log.range(from.to_be_bytes()..) {
-            let (k, v) = kv?;
-            let seq = seq_from_key(&k)?;
+        let dead = t.dead();
+        let mut tail = log::Events::from(&t.blocks, &dead, from)?;
+        while let Some((seq, body)) = tail.next_event()? {
             out.replayed += 1;
             if beyond.contains(&seq) {
                 continue;
             }
-            let ev = decode_log_value(&k, &v)?;
+            let ev = decode_log_body(seq, &body)?;
             if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
                 out.dirty.insert(ev.job_id.clone());
                 events.entry(ev.job_id).or_default().push(ce);
             }
         }
+        drop(tail);
+        drop(dead);
         if out.rebuilt.is_some() {
             out.dirty.extend(events.keys().cloned());
         }
@@ -548,10 +579,7 @@ impl Store {
         // One derivation per job (records dedupe by sequence number, never by id hash: two events whose ids
         // collide are both kept).
         out.jobs = events.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
-        let last_logged = match t.log.last()? {
-            Some((k, _)) => seq_from_key(&k)?,
-            None => 0,
-        };
+        let last_logged = log::last_seq(&t.blocks)?;
         out.last_seq = last_logged.max(marker).max(self.max_folded_seq()?);
         tracing::debug!(
             snapshots_ms = snapshots_done.as_millis() as u64,
@@ -616,8 +644,8 @@ impl Store {
     }
 
     /// The events of many jobs at once, for a fold: `jobs[i]` gets the events at `seqs[i]`, in sequence order.
-    /// The log is read in one pass in sequence order (neighbouring keys share sled pages, so a chunk of jobs
-    /// costs about one page read per page of the log it touches, not one per event); sequences missing from
+    /// The log is read in one pass in sequence order (each block touched is read and decompressed once, so a
+    /// chunk of jobs costs one block read per block it touches, not one per event); sequences missing from
     /// the log (an unfolded job's archived events) come from the job's archive. A sequence found in neither is
     /// an error, as for [`Store::job_events`].
     pub fn jobs_events(&self, jobs: &[(&str, &[u64])]) -> Result<Vec<Vec<(u64, pb::LifecycleEvent)>>, StoreError> {
@@ -628,37 +656,16 @@ impl Store {
         let mut out: Vec<Vec<(u64, pb::LifecycleEvent)>> =
             jobs.iter().map(|(_, seqs)| Vec::with_capacity(seqs.len())).collect();
         let mut missing: Vec<Vec<u64>> = vec![Vec::new(); jobs.len()];
-        let span = match (wanted.first(), wanted.last()) {
-            (Some(a), Some(b)) => b.0 - a.0 + 1,
-            _ => 0,
-        };
-        if span > 0 && span <= RANGE_READ_MAX_SPREAD * wanted.len() as u64 {
-            // Dense enough: one range scan over the span (sequential leaf pages) beats a point get per event.
-            let (lo, hi) = (wanted[0].0, wanted[wanted.len() - 1].0);
-            let mut want = wanted.iter().peekable();
-            for kv in t.log.range(lo.to_be_bytes()..=hi.to_be_bytes()) {
-                let (k, v) = kv?;
-                let seq = seq_from_key(&k)?;
-                while let Some(&&(s, i)) = want.peek() {
-                    if s > seq {
-                        break;
-                    }
-                    want.next();
-                    if s == seq {
-                        out[i as usize].push((seq, decode_log_value(&k, &v)?));
-                    } else {
-                        missing[i as usize].push(s);
-                    }
-                }
-            }
-            for &(s, i) in want {
-                missing[i as usize].push(s);
-            }
-        } else {
+        {
+            // One decode per block touched: the wanted sequences are sorted, and a block covers a run of them.
+            let dead = t.dead();
+            let mut block: Option<log::Block> = None;
             for (seq, i) in wanted {
-                let key = seq.to_be_bytes();
-                match t.log.get(key)? {
-                    Some(v) => out[i as usize].push((seq, decode_log_value(&key, &v)?)),
+                if !block.as_ref().is_some_and(|b| b.first <= seq && seq <= b.last()) {
+                    block = log::block_at(&t.blocks, seq)?;
+                }
+                match block.as_ref().and_then(|b| b.get(seq).filter(|_| !dead.is_dead(b.first, seq))) {
+                    Some(body) => out[i as usize].push((seq, decode_log_body(seq, body)?)),
                     None => missing[i as usize].push(seq),
                 }
             }
@@ -713,7 +720,7 @@ impl Store {
     /// first step is flushed before the second starts, no crash can keep the deletes without the archive.
     pub fn fold_jobs(&self, jobs: &[FoldWrite], dictionary: &[(u32, Vec<u8>)], max_seq: u64) -> Result<(), StoreError> {
         self.fold_write(jobs, dictionary)?;
-        self.fold_delete(jobs, max_seq)
+        self.fold_delete(jobs, max_seq).map(|_| ())
     }
 
     /// The first step of [`Store::fold_jobs`]: dictionary entries, archives and summaries, flushed.
@@ -739,21 +746,24 @@ impl Store {
 
     /// The second step of [`Store::fold_jobs`]: the folded jobs' log entries and snapshots go, `max_seq` is
     /// recorded, flushed.
-    pub fn fold_delete(&self, jobs: &[FoldWrite], max_seq: u64) -> Result<(), StoreError> {
+    pub fn fold_delete(&self, jobs: &[FoldWrite], max_seq: u64) -> Result<KillStats, StoreError> {
         let t = self.t()?;
-        let mut log = sled::Batch::default();
         let mut snaps = sled::Batch::default();
+        let mut seqs = Vec::new();
         for j in jobs {
-            for seq in &j.log_seqs {
-                log.remove(&seq.to_be_bytes());
-            }
+            seqs.extend_from_slice(&j.log_seqs);
             snaps.remove(job_key(&j.job_id));
         }
         snaps.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()));
         t.jobs.apply_batch(snaps)?;
-        t.log.apply_batch(log)?;
+        let mut dead = t.dead();
+        let mut kill = log::plan_kill(&t.blocks, &dead, &seqs)?;
+        let stats = kill.stats;
+        t.blocks.apply_batch(std::mem::take(&mut kill.batch))?;
+        kill.commit(&mut dead);
+        drop(dead);
         t.db.flush()?;
-        Ok(())
+        Ok(stats)
     }
 
     /// The log sequence that the job snapshots cover.
@@ -782,11 +792,16 @@ impl Store {
         at_ms: i64,
     ) -> Result<(), StoreError> {
         let t = self.t()?;
-        let mut batch = sled::Batch::default();
+        let mut bodies = Vec::with_capacity(entries.len());
         for (seq, value) in entries {
-            batch.insert(&seq.to_be_bytes(), value.as_slice());
+            let body = unseal(value, true).map_err(|r| corrupt_log(&seq.to_be_bytes(), r))?;
+            bodies.push((*seq, body));
         }
-        t.log.apply_batch(batch)?;
+        let mut batch = sled::Batch::default();
+        for (first, value) in log::encode_blocks(&bodies)? {
+            batch.insert(&log::block_key(first), value);
+        }
+        t.blocks.apply_batch(batch)?;
         if !stream.is_empty() {
             let mut batch = stream_batch(stream, at_ms)?;
             if let Some((last, _)) = entries.last() {
@@ -821,11 +836,12 @@ impl Store {
     pub fn log_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String, Vec<u8>)>, StoreError> {
         let t = self.t()?;
         let mut out = Vec::new();
-        for kv in t.log.range(after.saturating_add(1).to_be_bytes()..).take(limit) {
-            let (k, v) = kv?;
-            let seq = seq_from_key(&k)?;
-            let ev = decode_log_value(&k, &v)?;
-            out.push((seq, ev.job_id, v.to_vec()));
+        let dead = t.dead();
+        let mut events = log::Events::from(&t.blocks, &dead, after.saturating_add(1))?;
+        while out.len() < limit {
+            let Some((seq, body)) = events.next_event()? else { break };
+            let ev = decode_log_body(seq, &body)?;
+            out.push((seq, ev.job_id, seal(&body)));
         }
         Ok(out)
     }
@@ -931,12 +947,7 @@ impl Store {
 
     /// Reads one logged event.
     pub fn event(&self, seq: u64) -> Result<Option<pb::LifecycleEvent>, StoreError> {
-        let t = self.t()?;
-        let key = seq.to_be_bytes();
-        match t.log.get(key)? {
-            Some(v) => decode_log_value(&key, &v).map(Some),
-            None => Ok(None),
-        }
+        self.t()?.log_get(seq)
     }
 
     /// Writes snapshots of the given jobs, then records that snapshots now cover the log through `through_seq`.
@@ -1084,20 +1095,21 @@ impl Store {
     pub fn delete_jobs(&self, jobs: &[(String, Vec<u64>)]) -> Result<(), StoreError> {
         use sled::transaction::Transactional;
         let t = self.t()?;
-        let mut log = sled::Batch::default();
         let mut snaps = sled::Batch::default();
         let mut folded = sled::Batch::default();
-        for (job_id, seqs) in jobs {
-            for seq in seqs {
-                log.remove(&seq.to_be_bytes());
-            }
+        let mut seqs = Vec::new();
+        for (job_id, job_seqs) in jobs {
+            seqs.extend_from_slice(job_seqs);
             snaps.remove(job_key(job_id));
             folded.remove(job_id.as_bytes());
         }
+        let mut dead = t.dead();
+        let mut kill = log::plan_kill(&t.blocks, &dead, &seqs)?;
+        let log = std::mem::take(&mut kill.batch);
         // One transaction over the trees: a crash keeps all of a job or none of it (deleting the log entries
         // first would let a restart restore the snapshot without its raw events; the snapshot first, rebuild the
         // job from just its log tail).
-        let applied = (&t.log, &t.jobs, &t.archive, &t.summaries).transaction(|(l, j, a, s)| {
+        let applied = (&t.blocks, &t.jobs, &t.archive, &t.summaries).transaction(|(l, j, a, s)| {
             l.apply_batch(&log)?;
             j.apply_batch(&snaps)?;
             a.apply_batch(&folded)?;
@@ -1105,6 +1117,8 @@ impl Store {
             Ok(())
         });
         transaction_result(applied)?;
+        kill.commit(&mut dead);
+        drop(dead);
         t.db.flush()?;
         Ok(())
     }
@@ -1346,5 +1360,8 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
     b.create(path).map_err(|source| StoreError::Dir { path: path.display().to_string(), source })
 }
 
+mod log;
 #[cfg(test)]
 mod tests;
+
+pub use log::KillStats;

@@ -111,7 +111,8 @@ fn raw_put(store: &Store, tree: &str, key: &[u8], value: &[u8]) {
     let t = store.t().expect("open");
     let tree = match tree {
         "jobs" => t.jobs,
-        "log" => t.log,
+        "blocks" => t.blocks,
+        "legacy" => t.db.open_tree("log").expect("tree"),
         "stream" => t.stream,
         _ => t.alerts,
     };
@@ -235,11 +236,98 @@ fn a_damaged_log_value_stops_the_restore_with_its_sequence_number() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let (_, seq) = three_jobs(&store);
-    let mut v = encode_log_value(&ev("c", "c1", 1_100_000, submitted()));
+    // c1 went in by itself: its block starts at its sequence.
+    let key = log::block_key(seq);
+    let mut v = store.t().expect("open").blocks.get(key).expect("read").expect("block").to_vec();
     v.truncate(v.len() - 3);
-    raw_put(&store, "log", &seq.to_be_bytes(), &v);
+    raw_put(&store, "blocks", &key, &v);
     let err = store.restore().expect_err("must refuse").to_string();
-    assert!(err.contains(&format!("seq {seq}")) && err.contains("checksum mismatch"), "{err}");
+    assert!(err.contains(&format!("block {seq}")) && err.contains("checksum mismatch"), "{err}");
+}
+
+#[test]
+fn a_log_of_one_value_per_event_moves_into_blocks_on_open_even_after_a_crash_part_way() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events: Vec<pb::LifecycleEvent> =
+        (0..700).map(|i| ev(&format!("j{}", i % 40), &format!("e{i}"), 1_000_000 + i, submitted())).collect();
+    let mut mem: BTreeMap<String, JobRecord> = BTreeMap::new();
+    {
+        let store = Store::open(dir.path()).expect("open");
+        let t = store.t().expect("open");
+        let legacy = t.db.open_tree("log").expect("tree");
+        for (i, e) in events.iter().enumerate() {
+            let seq = i as u64 + 1;
+            // Version-1 values (before checksums) are still read.
+            let v = if i % 3 == 0 { [&[LEGACY_VERSION][..], &e.encode_to_vec()].concat() } else { encode_log_value(e) };
+            legacy.insert(seq.to_be_bytes(), v).expect("insert");
+            mem.entry(e.job_id.clone()).or_default().insert(CompactEvent::from_pb(e, seq).expect("kind"));
+        }
+        // A crash part-way through an earlier move: the first 300 are in blocks already.
+        let moved: Vec<(u64, Vec<u8>)> =
+            events[..300].iter().enumerate().map(|(i, e)| (i as u64 + 1, e.encode_to_vec())).collect();
+        let refs: Vec<(u64, &[u8])> = moved.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+        for (first, v) in log::encode_blocks(&refs).expect("blocks") {
+            t.blocks.insert(log::block_key(first), v).expect("insert");
+        }
+        t.db.flush().expect("flush");
+    }
+    let store = Store::open(dir.path()).expect("reopen moves the log");
+    let t = store.t().expect("open");
+    assert!(t.db.open_tree("log").expect("tree").is_empty(), "the old log is emptied");
+    let r = store.restore().expect("restore");
+    assert_eq!(r.replayed, 700, "every event once");
+    assert_eq!(r.last_seq, 700);
+    assert_eq!(r.jobs, mem);
+    assert_eq!(store.event(1).expect("read"), Some(events[0].clone()));
+    assert_eq!(store.event(700).expect("read"), Some(events[699].clone()));
+    assert!(t.blocks.len() < 20, "{} blocks for 700 events", t.blocks.len());
+}
+
+#[test]
+fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let mut mem = BTreeMap::new();
+    let mut seq = 0;
+    // Ten jobs, two events each, in one block.
+    let evs: Vec<pb::LifecycleEvent> =
+        (0..20).map(|i| ev(&format!("j{}", i % 10), &format!("e{i}"), 1_000_000 + i, submitted())).collect();
+    write(&store, &mut mem, &mut seq, &evs);
+    let t = store.t().expect("open");
+    assert_eq!(t.blocks.len(), 1);
+    let seqs_of =
+        |job: &str, mem: &BTreeMap<String, JobRecord>| mem[job].events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    let blocks_state = |store: &Store| {
+        let t = store.t().expect("open");
+        let totals = t.dead().totals();
+        (t.blocks.range(log::all_blocks()).count(), totals)
+    };
+    // One job of ten goes: its two events are marked dead, the block stays.
+    store.delete_jobs(&[("j0".to_string(), seqs_of("j0", &mem))]).expect("delete");
+    assert_eq!(blocks_state(&store), (1, (1, 2)));
+    assert_eq!(store.event(1).expect("read"), None, "a dead event is not read");
+    assert!(store.event(2).expect("read").is_some());
+    // Marks survive a reopen.
+    drop(t);
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(blocks_state(&store), (1, (1, 2)));
+    let r = store.restore().expect("restore");
+    assert_eq!(r.replayed, 18, "dead events are not replayed");
+    // Four more jobs go: half the block is dead, it is rewritten with the live half and its mark goes.
+    let gone: Vec<(String, Vec<u64>)> = (1..5).map(|j| (format!("j{j}"), seqs_of(&format!("j{j}"), &mem))).collect();
+    store.delete_jobs(&gone).expect("delete");
+    assert_eq!(blocks_state(&store), (1, (0, 0)));
+    let r = store.restore().expect("restore");
+    assert_eq!(r.replayed, 10);
+    let left: BTreeMap<String, JobRecord> =
+        mem.iter().filter(|(k, _)| k.as_str() >= "j5").map(|(k, v)| (k.clone(), v.clone())).collect();
+    assert_eq!(r.jobs, left);
+    // The rest go: the block goes.
+    let gone: Vec<(String, Vec<u64>)> = (5..10).map(|j| (format!("j{j}"), seqs_of(&format!("j{j}"), &mem))).collect();
+    store.delete_jobs(&gone).expect("delete");
+    assert_eq!(blocks_state(&store), (0, (0, 0)));
+    assert!(store.restore().expect("restore").jobs.is_empty());
 }
 
 #[test]
