@@ -65,6 +65,9 @@ enum Command {
     /// endpoint is https: a liveness probe for Kubernetes `exec` (whose own `grpc:` probe cannot speak TLS),
     /// systemd or scripts. Exit 0 when SERVING, 1 when not serving, 69 when unreachable.
     Probe(ProbeArgs),
+    /// Print what the store holds, per tree (values, bytes) and on disk, as JSON. Opens the store directory, so
+    /// the collector using it must be stopped.
+    StoreStats,
 }
 
 #[derive(clap::Args, Debug)]
@@ -414,6 +417,18 @@ fn human_secs(s: f64) -> String {
     }
 }
 
+fn run_store_stats(config: &startline_collector::config::Config) -> anyhow::Result<()> {
+    use startline_collector::store::{Store, StoreOptions};
+    let store = Store::open_with(&config.store_path, StoreOptions { cache_bytes: config.cache_bytes })
+        .with_context(|| format!("cannot open the store at {}", config.store_path.display()))?;
+    let trees = store.tree_stats().context("cannot read the store")?;
+    let on_disk = store.size_on_disk().context("cannot size the store")?;
+    let held: u64 = trees.iter().map(|t| t.bytes).sum();
+    let v = serde_json::json!({ "path": config.store_path, "size_on_disk": on_disk, "keys_and_values": held, "trees": trees });
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
 fn load(cli: &Cli) -> anyhow::Result<startline_collector::config::Config> {
     let mut file = match &cli.config {
         Some(p) => FileConfig::load(p)?,
@@ -513,6 +528,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     if let Some(Command::Slo(SloArgs { action: SloAction::Export { format } })) = &cli.command {
         print!("{}", startline_collector::export::slo_spec::export(&config.slos, *format, &config.alerts.labels));
         return Ok(());
+    }
+    if matches!(cli.command, Some(Command::StoreStats)) {
+        return run_store_stats(&config);
     }
     if matches!(cli.command, Some(Command::CheckConfig)) {
         print!("{}", config.effective_toml().map_err(|e| anyhow::anyhow!("cannot print the configuration: {e}"))?);

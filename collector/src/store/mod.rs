@@ -301,6 +301,17 @@ fn decode_snapshot(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
     postcard::from_bytes(body).map_err(|e| e.to_string())
 }
 
+/// What one tree holds (see [`Store::tree_stats`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TreeStats {
+    /// The tree's name.
+    pub tree: &'static str,
+    /// Values (keys) in it.
+    pub values: u64,
+    /// Bytes of its keys and values.
+    pub bytes: u64,
+}
+
 /// Handle to the sled database. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -1133,6 +1144,33 @@ impl Store {
     /// sled's page cache budget, bytes.
     pub fn cache_bytes(&self) -> u64 {
         self.options.cache_bytes
+    }
+
+    /// What each tree holds: values and bytes of keys plus values (what sled's files hold beyond it is its own
+    /// framing, page table and not yet reclaimed space). Reads every value: for `store-stats`, not the data path.
+    pub fn tree_stats(&self) -> Result<Vec<TreeStats>, StoreError> {
+        let t = self.t()?;
+        let trees: [(&'static str, &sled::Tree); 8] = [
+            ("log_blocks", &t.blocks),
+            ("jobs", &t.jobs),
+            ("archive", &t.archive),
+            ("summaries", &t.summaries),
+            ("dictionary", &t.dictionary),
+            ("stream", &t.stream),
+            ("alerts", &t.alerts),
+            ("node_health", &t.node_health),
+        ];
+        let mut out = Vec::with_capacity(trees.len());
+        for (name, tree) in trees {
+            let mut s = TreeStats { tree: name, values: 0, bytes: 0 };
+            for kv in tree.iter() {
+                let (k, v) = kv?;
+                s.values += 1;
+                s.bytes += (k.len() + v.len()) as u64;
+            }
+            out.push(s);
+        }
+        Ok(out)
     }
 
     /// Bytes the database occupies on disk.
