@@ -274,6 +274,28 @@ pub(super) struct DeadTable {
     blocks: BTreeMap<u64, Dead>,
 }
 
+/// The sequences of recently read blocks: a fold reads a chunk's blocks, then kills events in the same blocks,
+/// and this spares decoding them twice. At most [`SEQ_CACHE_BLOCKS`]; a block's entry goes when it changes.
+/// Whoever fills it holds its lock for the whole read, and a kill holds it from plan to commit, so an entry is
+/// always the block as stored.
+#[derive(Debug, Default)]
+pub(super) struct SeqCache {
+    seqs: std::collections::HashMap<u64, Vec<u64>>,
+}
+
+/// Most blocks whose sequences [`SeqCache`] remembers (~2 KiB each).
+const SEQ_CACHE_BLOCKS: usize = 4096;
+
+impl SeqCache {
+    /// Remembers the sequences of a block just decoded.
+    pub fn remember(&mut self, block: &Block) {
+        if self.seqs.len() >= SEQ_CACHE_BLOCKS {
+            self.seqs.clear();
+        }
+        self.seqs.insert(block.first, block.entries.iter().map(|(s, _)| *s).collect());
+    }
+}
+
 impl DeadTable {
     /// Loads the dead records of a `log_blocks` tree.
     pub fn load(tree: &sled::Tree) -> Result<DeadTable, StoreError> {
@@ -301,11 +323,11 @@ impl DeadTable {
         self.blocks.get(&first)
     }
 
-    fn apply(&mut self, changes: Vec<(u64, Option<Dead>)>) {
+    fn apply(&mut self, changes: &[(u64, Option<Dead>)]) {
         for (first, d) in changes {
             match d {
-                Some(d) => self.blocks.insert(first, d),
-                None => self.blocks.remove(&first),
+                Some(d) => self.blocks.insert(*first, d.clone()),
+                None => self.blocks.remove(first),
             };
         }
     }
@@ -329,13 +351,24 @@ pub struct KillStats {
 
 impl Kill {
     /// Applies the dead-table changes (after the batch was applied).
-    pub fn commit(self, table: &mut DeadTable) {
-        table.apply(self.changes);
+    pub fn commit(self, table: &mut DeadTable, cache: &mut SeqCache) {
+        table.apply(&self.changes);
+        for (first, d) in &self.changes {
+            if d.is_none() {
+                // Deleted or rewritten: its sequences changed.
+                cache.seqs.remove(first);
+            }
+        }
     }
 }
 
 /// Plans removing the events at `seqs` (any order; sequences not in the log are ignored) from the log.
-pub(super) fn plan_kill(tree: &sled::Tree, table: &DeadTable, seqs: &[u64]) -> Result<Kill, StoreError> {
+pub(super) fn plan_kill(
+    tree: &sled::Tree,
+    table: &DeadTable,
+    cache: &SeqCache,
+    seqs: &[u64],
+) -> Result<Kill, StoreError> {
     let mut sorted = seqs.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
@@ -351,19 +384,27 @@ pub(super) fn plan_kill(tree: &sled::Tree, table: &DeadTable, seqs: &[u64]) -> R
         };
         let (k, v) = kv?;
         let first = key_seq(&k)?;
-        let block = decode_block(first, &v)?;
-        let last = block.last();
+        let mut block = None;
+        let held: Vec<u64> = match cache.seqs.get(&first) {
+            Some(seqs) => seqs.clone(),
+            None => {
+                let b = decode_block(first, &v)?;
+                let seqs = b.entries.iter().map(|(s, _)| *s).collect();
+                block = Some(b);
+                seqs
+            }
+        };
+        let last = held.last().copied().unwrap_or(first);
         if seq > last {
             // In the gap after the block's last event: not in the log.
             i += 1;
             continue;
         }
-        let mut dead =
-            table.get(first).cloned().unwrap_or(Dead { count: block.entries.len() as u32, seqs: Vec::new() });
+        let mut dead = table.get(first).cloned().unwrap_or(Dead { count: held.len() as u32, seqs: Vec::new() });
         let before = dead.seqs.len();
         while i < sorted.len() && sorted[i] <= last {
             let s = sorted[i];
-            if block.get(s).is_some() {
+            if held.binary_search(&s).is_ok() {
                 if let Err(at) = dead.seqs.binary_search(&s) {
                     dead.seqs.insert(at, s);
                 }
@@ -379,6 +420,10 @@ pub(super) fn plan_kill(tree: &sled::Tree, table: &DeadTable, seqs: &[u64]) -> R
             changes.push((first, None));
             stats.deleted += 1;
         } else if dead.seqs.len() * 2 >= dead.count as usize {
+            let block = match block {
+                Some(b) => b,
+                None => decode_block(first, &v)?,
+            };
             let live: Vec<(u64, &[u8])> = block.iter().filter(|(s, _)| dead.seqs.binary_search(s).is_err()).collect();
             batch.insert(&block_key(first), encode_block(first, &live)?);
             batch.remove(&dead_key(first));

@@ -23,8 +23,8 @@
 //!   (the index's format). Append-only; written in the same transaction as the summaries that first use them.
 //!
 //! - tree `stream`: `[1u8] ++ first cursor` (u64 big-endian) -> sealed block of consecutive protobuf
-//!   `StreamRecord`s (one block per write: a group commit's event records, its change records, ...; zstd over
-//!   256 bytes): the stream out (see `stream`), kept for `[stream] retention` (the newest block always stays, so
+//!   `StreamRecord`s (a write's records — a group commit's event records, its change records, ... — in blocks of
+//!   at most 32 KiB; zstd over 256 bytes): the stream out (see `stream`), kept for `[stream] retention` (the newest block always stays, so
 //!   cursors never go back).
 //!   Event records are written in the same flush as their log entries; change and alert records after it, and
 //!   are made durable by the next flush before anyone is sent them. `[0u8] ++ "changes_through"` -> sealed u64:
@@ -329,6 +329,8 @@ struct Trees {
     blocks: sled::Tree,
     /// The dead events of the log's blocks (see [`log::DeadTable`]); written only by the applier's thread.
     dead: Arc<Mutex<log::DeadTable>>,
+    /// Sequences of recently read log blocks (see [`log::SeqCache`]).
+    seq_cache: Arc<Mutex<log::SeqCache>>,
     jobs: sled::Tree,
     alerts: sled::Tree,
     archive: sled::Tree,
@@ -341,6 +343,11 @@ struct Trees {
 impl Trees {
     fn dead(&self) -> MutexGuard<'_, log::DeadTable> {
         self.dead.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lock order: the cache before the dead table.
+    fn seq_cache(&self) -> MutexGuard<'_, log::SeqCache> {
+        self.seq_cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The live event at `seq`, if the log holds it.
@@ -379,6 +386,7 @@ impl Trees {
         Ok(Trees {
             blocks,
             dead,
+            seq_cache: Arc::default(),
             jobs: db.open_tree("jobs")?,
             alerts: db.open_tree("alerts")?,
             archive: db.open_tree("archive")?,
@@ -669,13 +677,18 @@ impl Store {
         let mut missing: Vec<Vec<u64>> = vec![Vec::new(); jobs.len()];
         {
             // One decode per block touched: the wanted sequences are sorted, and a block covers a run of them.
-            let dead = t.dead();
+            // The cache's lock for the whole read (see `log::SeqCache`); the dead table's only per lookup, so
+            // readers of single events are not held up.
+            let mut cache = t.seq_cache();
             let mut block: Option<log::Block> = None;
             for (seq, i) in wanted {
                 if !block.as_ref().is_some_and(|b| b.first <= seq && seq <= b.last()) {
                     block = log::block_at(&t.blocks, seq)?;
+                    if let Some(b) = &block {
+                        cache.remember(b);
+                    }
                 }
-                match block.as_ref().and_then(|b| b.get(seq).filter(|_| !dead.is_dead(b.first, seq))) {
+                match block.as_ref().and_then(|b| b.get(seq).filter(|_| !t.dead().is_dead(b.first, seq))) {
                     Some(body) => out[i as usize].push((seq, decode_log_body(seq, body)?)),
                     None => missing[i as usize].push(seq),
                 }
@@ -767,12 +780,14 @@ impl Store {
         }
         snaps.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()));
         t.jobs.apply_batch(snaps)?;
+        let mut cache = t.seq_cache();
         let mut dead = t.dead();
-        let mut kill = log::plan_kill(&t.blocks, &dead, &seqs)?;
+        let mut kill = log::plan_kill(&t.blocks, &dead, &cache, &seqs)?;
         let stats = kill.stats;
         t.blocks.apply_batch(std::mem::take(&mut kill.batch))?;
-        kill.commit(&mut dead);
+        kill.commit(&mut dead, &mut cache);
         drop(dead);
+        drop(cache);
         t.db.flush()?;
         Ok(stats)
     }
@@ -1114,8 +1129,9 @@ impl Store {
             snaps.remove(job_key(job_id));
             folded.remove(job_id.as_bytes());
         }
+        let mut cache = t.seq_cache();
         let mut dead = t.dead();
-        let mut kill = log::plan_kill(&t.blocks, &dead, &seqs)?;
+        let mut kill = log::plan_kill(&t.blocks, &dead, &cache, &seqs)?;
         let log = std::mem::take(&mut kill.batch);
         // One transaction over the trees: a crash keeps all of a job or none of it (deleting the log entries
         // first would let a restart restore the snapshot without its raw events; the snapshot first, rebuild the
@@ -1128,8 +1144,9 @@ impl Store {
             Ok(())
         });
         transaction_result(applied)?;
-        kill.commit(&mut dead);
+        kill.commit(&mut dead, &mut cache);
         drop(dead);
+        drop(cache);
         t.db.flush()?;
         Ok(())
     }
@@ -1206,8 +1223,11 @@ fn stream_cursor(key: &[u8]) -> Result<u64, StoreError> {
 const STREAM_RAW: u8 = 1;
 const STREAM_ZSTD: u8 = 2;
 const STREAM_HEADER: usize = 17;
+/// A stream block is closed once its payload reaches this many bytes (before compression).
+const STREAM_BLOCK_MAX_RAW: usize = 32 * 1024;
 
-/// One block per run of consecutive cursors (a writer's records always are one run).
+/// Blocks of consecutive cursors (a writer's records always are one run), at most [`STREAM_BLOCK_MAX_RAW`] bytes
+/// each (one record more when a single record is larger).
 fn stream_batch<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<sled::Batch, StoreError> {
     let mut batch = sled::Batch::default();
     for (first, value) in encode_stream_blocks(records, at_ms)? {
@@ -1225,7 +1245,9 @@ fn encode_stream_blocks<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Res
         let first = records[i].0;
         let mut j = i;
         let mut raw = Vec::new();
-        while j < records.len() && records[j].0 == first + (j - i) as u64 {
+        // A block ends at a gap in the cursors, or at STREAM_BLOCK_MAX_RAW bytes: sled keeps a leaf of up to 16
+        // values as one record, and a leaf over 128 KiB becomes a blob file rewritten whole on every change.
+        while j < records.len() && records[j].0 == first + (j - i) as u64 && raw.len() < STREAM_BLOCK_MAX_RAW {
             let bytes = records[j].1.as_ref();
             encode_varint(bytes.len() as u64, &mut raw);
             raw.extend_from_slice(bytes);
