@@ -23,8 +23,8 @@
 //!   (the index's format). Append-only; written in the same transaction as the summaries that first use them.
 //!
 //! - tree `stream`: `[1u8] ++ first cursor` (u64 big-endian) -> sealed block of consecutive protobuf
-//!   `StreamRecord`s (a write's records — a group commit's event records, its change records, ... — in blocks of
-//!   at most 32 KiB; zstd over 256 bytes): the stream out (see `stream`), kept for `[stream] retention` (the newest block always stays, so
+//!   `StreamRecord`s (one block per write: a group commit's event records, its change records, ...; zstd over
+//!   256 bytes): the stream out (see `stream`), kept for `[stream] retention` (the newest block always stays, so
 //!   cursors never go back).
 //!   Event records are written in the same flush as their log entries; change and alert records after it, and
 //!   are made durable by the next flush before anyone is sent them. `[0u8] ++ "changes_through"` -> sealed u64:
@@ -1223,11 +1223,10 @@ fn stream_cursor(key: &[u8]) -> Result<u64, StoreError> {
 const STREAM_RAW: u8 = 1;
 const STREAM_ZSTD: u8 = 2;
 const STREAM_HEADER: usize = 17;
-/// A stream block is closed once its payload reaches this many bytes (before compression).
-const STREAM_BLOCK_MAX_RAW: usize = 32 * 1024;
 
-/// Blocks of consecutive cursors (a writer's records always are one run), at most [`STREAM_BLOCK_MAX_RAW`] bytes
-/// each (one record more when a single record is larger).
+/// One block per run of consecutive cursors (a writer's records always are one run). (Blocks capped at 32 KiB
+/// were tried: smaller blocks compress less, and sled then held more space than it does for the large values it
+/// keeps as blob files; BENCHMARKS.md, session 11.)
 fn stream_batch<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<sled::Batch, StoreError> {
     let mut batch = sled::Batch::default();
     for (first, value) in encode_stream_blocks(records, at_ms)? {
@@ -1245,9 +1244,7 @@ fn encode_stream_blocks<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Res
         let first = records[i].0;
         let mut j = i;
         let mut raw = Vec::new();
-        // A block ends at a gap in the cursors, or at STREAM_BLOCK_MAX_RAW bytes: sled keeps a leaf of up to 16
-        // values as one record, and a leaf over 128 KiB becomes a blob file rewritten whole on every change.
-        while j < records.len() && records[j].0 == first + (j - i) as u64 && raw.len() < STREAM_BLOCK_MAX_RAW {
+        while j < records.len() && records[j].0 == first + (j - i) as u64 {
             let bytes = records[j].1.as_ref();
             encode_varint(bytes.len() as u64, &mut raw);
             raw.extend_from_slice(bytes);
