@@ -2,7 +2,7 @@
 //! table of dead events, and the reads and writes the store makes of them.
 //!
 //! A group commit's events go in as one or more *blocks* (at most [`BLOCK_MAX_EVENTS`] events or
-//! [`BLOCK_MAX_RAW`] bytes each, so a sled leaf of blocks stays below sled's blob threshold): key
+//! [`BLOCK_MAX_RAW`] bytes each, so a sled leaf of blocks stays far below sled's 128 KiB blob threshold): key
 //! `[0u8] ++ first seq` (u64 big-endian), value sealed (version [`BLOCK_VERSION`]) `[format] ++ varint(count) ++
 //! varint(last seq - first seq) ++ payload`, the payload being per event, in sequence order, `varint(seq - first
 //! seq) ++ varint(len) ++ protobuf LifecycleEvent`; format 1 keeps it as is, format 2 is `varint(raw length) ++
@@ -28,8 +28,10 @@ pub(super) const BLOCK_VERSION: u8 = 3;
 pub(super) const DEAD_VERSION: u8 = 3;
 /// At most this many events per block.
 pub(super) const BLOCK_MAX_EVENTS: usize = 256;
-/// A block is closed once its payload reaches this many bytes (before compression).
-pub(super) const BLOCK_MAX_RAW: usize = 16 * 1024;
+/// A block is closed once its payload reaches this many bytes (before compression). Kept small: with 16 KiB
+/// blocks (sled leaves of ~80 KiB) sled tore its log on a full disk so that no reopen accepted it
+/// (`tests/tests/disk_full.rs` failed every run); with 4 KiB it passes.
+pub(super) const BLOCK_MAX_RAW: usize = 4 * 1024;
 const FORMAT_RAW: u8 = 1;
 const FORMAT_ZSTD: u8 = 2;
 const COMPRESS_OVER: usize = 256;

@@ -468,6 +468,11 @@ impl Store {
         })
     }
 
+    /// The store's directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The open trees (cheap clones of sled handles), or an error while the store is closed for a reopen.
     fn t(&self) -> Result<Trees, StoreError> {
         let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
