@@ -285,7 +285,7 @@ pub(super) struct SeqCache {
     seqs: std::collections::HashMap<u64, Vec<u64>>,
 }
 
-/// Most blocks whose sequences [`SeqCache`] remembers (~2 KiB each).
+/// Most blocks whose sequences [`SeqCache`] remembers (a few hundred bytes each).
 const SEQ_CACHE_BLOCKS: usize = 4096;
 
 impl SeqCache {
