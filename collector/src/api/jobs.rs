@@ -135,7 +135,7 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
 }
 
 /// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events. A folded job's events
-/// are read from its archive and its timeline derived again from them.
+/// are read from the store (the log entries its summary lists) and its timeline derived again from them.
 pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>) -> Result<Json<Job>, ApiError> {
     let now = s.clock.now_ms();
     let hot = {
@@ -154,7 +154,8 @@ pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>)
             Some((t, seqs)) => (t, store.job_events_present(&id, &seqs)?),
             None => {
                 // Shown in the job's canonical order, as for a hot job.
-                let mut by_seq: std::collections::HashMap<u64, _> = store.archived(&id)?.into_iter().collect();
+                let mut by_seq: std::collections::HashMap<u64, _> =
+                    store.folded_events_present(&id)?.into_iter().collect();
                 let compact = by_seq.iter().filter_map(|(seq, e)| CompactEvent::from_pb(e, *seq)).collect();
                 let rec = JobRecord::from_events(compact);
                 let events = rec.events.iter().filter_map(|c| Some((c.seq, by_seq.remove(&c.seq)?))).collect();

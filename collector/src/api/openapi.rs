@@ -247,7 +247,7 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             tag: "jobs",
             summary: "One job: its timeline, segments, SLO standings and events",
             description: "Job ids may contain `/` (`k8s/<cluster>/<namespace>/<name>`): send them as they are; \
-                          the route takes the rest of the path. A folded job's events are read from its archive.",
+                          the route takes the rest of the path. A folded job's events are read from the store's log.",
             params: vec![path("job_id", "the job's id (the rest of the path)")],
             ok: (200, "the job", Body::Json(schema::<types::Job>(g))),
             errors: &[(404, "no such job"), (503, "storage unavailable")],

@@ -13,7 +13,7 @@ use crate::index::labels::{LabelLimiter, LabelSettings};
 use crate::index::{JobIndex, SharedIndex};
 use crate::job::{CompactEvent, JobRecord};
 use crate::slo::{SloDef, SloEngine};
-use crate::store::{encode_archive, encode_log_value, FoldWrite, Store};
+use crate::store::{encode_log_value, FoldWrite, Store};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -197,16 +197,10 @@ fn fixture() -> Fixture {
     let limiter = LabelLimiter::new(&LabelSettings { max_values_per_label: 50, ..Default::default() });
     let mut index =
         JobIndex::new_at(jobs, Default::default(), last_seq, SloEngine::new(SloDef::defaults()), limiter, NOW);
-    // Fold one ended job as the applier does: archive and summary written, log entries removed, row in memory.
+    // Fold one ended job as the applier does: summary (listing its log entries) written, row in memory.
     let seqs: Vec<u64> = index.jobs[FOLDED].rec.events.iter().map(|e| e.seq).collect();
-    let events = store.job_events(FOLDED, &seqs).expect("events");
     let row = index.fold(FOLDED).expect("ended job folds");
-    let write = FoldWrite {
-        job_id: FOLDED.into(),
-        log_seqs: seqs,
-        archive: encode_archive(FOLDED, &events).expect("archive"),
-        summary: row.encode(),
-    };
+    let write = FoldWrite { job_id: FOLDED.into(), log_seqs: seqs, summary: row.encode() };
     store.fold_jobs(&[write], &index.cold.dict.unpersisted(), last_seq).expect("fold");
     assert!(index.folded(FOLDED).is_some() && index.jobs.contains_key(HOT));
     let board = AlertBoard::default();

@@ -1,5 +1,5 @@
 //! Group commit and acknowledgements: drains batches into one durable sled append, filters duplicates (against
-//! hot jobs' id hashes, or a folded job's archive), enforces the per-job event cap, unfolds folded jobs a late
+//! hot jobs' id hashes, or a folded job's stored events), enforces the per-job event cap, unfolds folded jobs a late
 //! event reaches, applies the new events to the index after they are durable, records metrics, then answers.
 
 use super::{CommitError, CommitRejection, CommitRequest, CommitResult, Committer};
@@ -11,13 +11,13 @@ use startline_proto::pb;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-/// Archived events of folded jobs, by job id.
-type Archives = HashMap<String, Vec<(u64, pb::LifecycleEvent)>>;
+/// The stored events of folded jobs (read through their summaries), by job id.
+type FoldedEvents = HashMap<String, Vec<(u64, pb::LifecycleEvent)>>;
 
 impl Committer {
-    /// Is this event already stored? For a folded job, its archive says (`folded`); for a hot one, each hash
+    /// Is this event already stored? For a folded job, its stored events say (`folded`); for a hot one, each hash
     /// match is confirmed against the stored event id (distinct ids may share a hash).
-    fn is_stored(&self, job_id: &str, event_id: &str, id_hash: u64, folded: &Archives) -> Result<bool, StoreError> {
+    fn is_stored(&self, job_id: &str, event_id: &str, id_hash: u64, folded: &FoldedEvents) -> Result<bool, StoreError> {
         if let Some(archived) = folded.get(job_id) {
             return Ok(archived.iter().any(|(_, e)| e.event_id == event_id));
         }
@@ -29,8 +29,8 @@ impl Committer {
             }
         };
         if folded_since {
-            // Folded by the maintenance thread after this group's archives were read: its archive says.
-            return Ok(self.store.archived(job_id)?.iter().any(|(_, e)| e.event_id == event_id));
+            // Folded by the maintenance thread after this group's folded events were read: they say.
+            return Ok(self.store.folded_events(job_id)?.iter().any(|(_, e)| e.event_id == event_id));
         }
         for seq in seqs {
             if self.store.job_event(job_id, seq)?.is_some_and(|e| e.event_id == event_id) {
@@ -40,8 +40,8 @@ impl Committer {
         Ok(false)
     }
 
-    /// The archived events of the folded jobs a group writes to (read once per group, outside the index lock).
-    fn archives_of(&self, group: &[CommitRequest]) -> Result<Archives, StoreError> {
+    /// The stored events of the folded jobs a group writes to (read once per group, outside the index lock).
+    fn folded_events_of(&self, group: &[CommitRequest]) -> Result<FoldedEvents, StoreError> {
         let wanted: HashSet<&str> = {
             let idx = self.index.read();
             group
@@ -53,24 +53,29 @@ impl Committer {
         };
         let mut out = HashMap::with_capacity(wanted.len());
         for job_id in wanted {
-            out.insert(job_id.to_string(), self.store.archived(job_id)?);
+            out.insert(job_id.to_string(), self.store.folded_events(job_id)?);
         }
         Ok(out)
     }
 
     /// Would storing one more event of `job_id` pass the per-job cap, counting the events of this group already
     /// let through (`incoming`)? If so, counts it.
-    fn take_job_room<'a>(&self, job_id: &'a str, incoming: &mut HashMap<&'a str, usize>, folded: &Archives) -> bool {
+    fn take_job_room<'a>(
+        &self,
+        job_id: &'a str,
+        incoming: &mut HashMap<&'a str, usize>,
+        folded: &FoldedEvents,
+    ) -> bool {
         let stored = match folded.get(job_id) {
             Some(a) => a.len(),
             None => {
                 let idx = self.index.read();
                 match (idx.jobs.get(job_id), idx.folded(job_id)) {
                     (Some(h), _) => h.rec.events.len(),
-                    // Folded since this group's archives were read: its events are all in its archive.
+                    // Folded since this group's folded events were read: read them now.
                     (None, Some(_)) => {
                         drop(idx);
-                        self.store.archived(job_id).map_or(0, |a| a.len())
+                        self.store.folded_events(job_id).map_or(0, |a| a.len())
                     }
                     (None, None) => 0,
                 }
@@ -93,10 +98,10 @@ impl Committer {
         // Per request, per event: is it new?
         let mut fresh: Vec<Vec<bool>> = Vec::with_capacity(group.len());
         let mut failed: Option<&'static str> = None;
-        let folded = match self.archives_of(&group) {
+        let folded = match self.folded_events_of(&group) {
             Ok(a) => a,
             Err(e) => {
-                tracing::error!(error = %e, "cannot read the archive of a folded job");
+                tracing::error!(error = %e, "cannot read the events of a folded job");
                 failed = Some(self.cause_of(&e));
                 HashMap::new()
             }
@@ -313,13 +318,13 @@ impl Committer {
         self.settings.wake.notify_one();
     }
 
-    /// Makes a folded job hot before a new event joins it, from the archive read for this group or, if the job
+    /// Makes a folded job hot before a new event joins it, from the events read for this group or, if the job
     /// was folded since (by the fold pass, between the duplicate check and now), from the store.
-    fn unfold(&self, idx: &mut JobIndex, job_id: &str, folded: &Archives, now: i64) {
+    fn unfold(&self, idx: &mut JobIndex, job_id: &str, folded: &FoldedEvents, now: i64) {
         let read;
         let archived = match folded.get(job_id) {
             Some(a) => a,
-            None => match self.store.archived(job_id) {
+            None => match self.store.folded_events(job_id) {
                 Ok(a) => {
                     read = a;
                     &read
@@ -327,9 +332,9 @@ impl Committer {
                 Err(e) => {
                     // The event is durable. The folded row goes (with its SLO contributions, so nothing counts
                     // twice) and the event starts a hot record, which the next checkpoint snapshots; restore
-                    // then finds the summary beside the snapshot and rebuilds the whole job from its archive.
-                    // Until a restart the job's timeline in memory lacks the archived events.
-                    tracing::error!(error = %e, job_id, "cannot read a folded job's archive to apply a late event");
+                    // then finds the summary beside the snapshot and rebuilds the whole job from its stored events.
+                    // Until a restart the job's timeline in memory lacks the folded events.
+                    tracing::error!(error = %e, job_id, "cannot read a folded job's events to apply a late event");
                     self.health.storage_failed(e.cause());
                     idx.remove(job_id, now);
                     return;

@@ -1,14 +1,14 @@
 //! Folding: on the maintenance thread, jobs that ended and have not changed for `store.fold_after` are moved
 //! out of memory. Per chunk of jobs, under the store-writes lock (so no snapshot or retention delete of the same
-//! jobs interleaves): their rows are made under the index write lock (interning attributes), their raw events
-//! read from the log (or a previous archive), their archives and summaries written and their log entries and
-//! snapshots removed in one transaction, and only then are they dropped from memory, unless a late event
-//! arrived meanwhile (such a job stays hot; its archive and summary are superseded by its next fold, and
-//! restore treats it as unfolded).
+//! jobs interleaves): their rows are made under the index write lock (interning attributes), their summaries
+//! (each listing the job's log sequences: the events stay in the log, nothing is read or copied) written and
+//! flushed, their snapshots removed, and only then are they dropped from memory, unless a late event arrived
+//! meanwhile (such a job stays hot; its summary is superseded by its next fold, and restore treats it as
+//! unfolded).
 
 use crate::health::Health;
 use crate::index::SharedIndex;
-use crate::store::{ArchiveEncoder, FoldWrite, Store, StoreError};
+use crate::store::{FoldWrite, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,8 +47,8 @@ impl FoldPass {
         let started = Instant::now();
         self.more.store(false, Ordering::Release);
         // At most what one pass can fold (the rest waits for the next pass), oldest first by their first log
-        // sequence: a chunk's events then sit close together in the log, which makes its reads and deletes
-        // touch few sled pages (folding in hash order read ~2x slower, BENCHMARKS.md).
+        // sequence: a chunk's events then sit close together in the log, which keeps the blocks a later
+        // retention pass kills few (and whole).
         let candidates: Vec<String> = {
             let idx = self.index.read();
             let mut due: Vec<(u64, &String)> = idx
@@ -69,21 +69,13 @@ impl FoldPass {
             due.into_iter().map(|(_, k)| k.clone()).collect()
         };
         let mut folded = 0;
-        let mut encoder = match ArchiveEncoder::new() {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::error!(error = %e, "fold: cannot create a compressor");
-                self.busy.store(false, Ordering::Release);
-                return 0;
-            }
-        };
         let mut chunks = candidates.chunks(FOLD_CHUNK);
         for chunk in chunks.by_ref() {
             if started.elapsed() >= PASS_BUDGET || self.stop.load(Ordering::Acquire) {
                 self.more.store(!self.stop.load(Ordering::Acquire), Ordering::Release);
                 break;
             }
-            match self.fold_chunk(store, chunk, &mut encoder) {
+            match self.fold_chunk(store, chunk) {
                 Ok(n) => folded += n,
                 Err(e) => {
                     tracing::error!(error = %e, "fold failed; the jobs stay in memory and are tried again later");
@@ -103,7 +95,7 @@ impl FoldPass {
         folded
     }
 
-    fn fold_chunk(&self, store: &Store, chunk: &[String], encoder: &mut ArchiveEncoder) -> Result<usize, StoreError> {
+    fn fold_chunk(&self, store: &Store, chunk: &[String]) -> Result<usize, StoreError> {
         let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
         // Rows and sequences, under a short write lock (interning may add dictionary entries).
         let (prepared, dictionary, dict_len, max_seq) = {
@@ -126,34 +118,18 @@ impl FoldPass {
         if prepared.is_empty() {
             return Ok(0);
         }
-        // Raw events (one pass over the log in sequence order for the whole chunk) and archives, outside the
-        // index lock.
         let t0 = Instant::now();
-        let wanted: Vec<(&str, &[u64])> = prepared.iter().map(|p| (p.job_id.as_str(), p.seqs.as_slice())).collect();
-        let events = store.jobs_events(&wanted)?;
-        let t_read = t0.elapsed();
-        let mut writes = Vec::with_capacity(prepared.len());
-        for (p, events) in prepared.iter().zip(events) {
-            writes.push(FoldWrite {
-                job_id: p.job_id.clone(),
-                archive: encoder.encode(&p.job_id, &events)?,
-                log_seqs: p.seqs.clone(),
-                summary: p.summary.clone(),
-            });
-        }
-        let t_encode = t0.elapsed();
+        let writes: Vec<FoldWrite> = prepared
+            .into_iter()
+            .map(|p| FoldWrite { job_id: p.job_id, log_seqs: p.seqs, summary: p.summary })
+            .collect();
         store.fold_write(&writes, &dictionary)?;
         let t_write = t0.elapsed();
-        let blocks = store.fold_delete(&writes, max_seq)?;
+        store.fold_delete(&writes, max_seq)?;
         tracing::debug!(
-            blocks_deleted = blocks.deleted,
-            blocks_rewritten = blocks.rewritten,
-            blocks_marked = blocks.marked,
             jobs = writes.len(),
             events = writes.iter().map(|w| w.log_seqs.len()).sum::<usize>(),
-            read_ms = t_read.as_millis() as u64,
-            encode_ms = (t_encode - t_read).as_millis() as u64,
-            write_ms = (t_write - t_encode).as_millis() as u64,
+            write_ms = t_write.as_millis() as u64,
             delete_ms = (t0.elapsed() - t_write).as_millis() as u64,
             "fold chunk"
         );
@@ -161,9 +137,9 @@ impl FoldPass {
         let mut idx = self.index.write();
         idx.cold.dict.mark_persisted(dict_len);
         let mut n = 0;
-        for p in prepared {
-            let unchanged = idx.jobs.get(&p.job_id).is_some_and(|h| h.rec.events.len() == p.seqs.len());
-            if unchanged && idx.fold(&p.job_id).is_some() {
+        for w in writes {
+            let unchanged = idx.jobs.get(&w.job_id).is_some_and(|h| h.rec.events.len() == w.log_seqs.len());
+            if unchanged && idx.fold(&w.job_id).is_some() {
                 n += 1;
             }
         }

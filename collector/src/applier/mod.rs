@@ -6,7 +6,7 @@
 //!   each batch.
 //! - [`checkpoint`]: periodically (and at shutdown) the committer takes the jobs changed since the last
 //!   checkpoint and hands them to the maintenance thread, which writes their snapshots off the commit path.
-//! - [`fold`]: periodically the maintenance thread folds ended, settled jobs out of memory (archive + summary).
+//! - [`fold`]: periodically the maintenance thread folds ended, settled jobs out of memory (a summary listing their log entries).
 //! - [`retention`]: deletes jobs that ended longer ago than `store.retention`.
 //! - [`deadlines`]: SLO deadlines the alert loop saw pass, applied to the index (and the stream), and the SLO
 //!   windows pruned.
@@ -311,7 +311,7 @@ impl Committer {
                 self.advance_deadlines(to);
             }
             // While folding has a backlog, checkpoint less often: most dirty jobs are about to fold (their
-            // events go to archives), and a checkpoint would spend the maintenance thread on their snapshots.
+            // snapshots are then deleted), and a checkpoint would spend the maintenance thread on their snapshots.
             let checkpoint_every = if self.fold_more.load(Ordering::Acquire) {
                 self.settings.checkpoint_interval * 4
             } else {

@@ -1,5 +1,5 @@
 //! Retention: deletes jobs that ended more than `store.retention` ago, hot or folded, from the index (with
-//! their SLO contributions and metric footprints) and from the store (log entries, snapshot, archive, summary),
+//! their SLO contributions and metric footprints) and from the store (log entries, snapshot, summary, and the archive of a job an older collector folded),
 //! in chunks so the write lock stays short.
 
 use super::Committer;

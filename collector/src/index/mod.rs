@@ -337,7 +337,7 @@ impl JobIndex {
         out
     }
 
-    /// Makes a folded job hot again from its events (read from its archive), before a late event is applied to
+    /// Makes a folded job hot again from its events (read from the store), before a late event is applied to
     /// it. Its SLO contributions and footprint are recomputed silently (the windows already count them).
     /// Returns false if the job is not folded.
     pub fn unfold(&mut self, job_id: &str, events: Vec<CompactEvent>, now: i64) -> bool {

@@ -241,7 +241,7 @@ mod fold_model {
                         ev.seq = seq;
                         have.push(ev.clone());
                         if idx.folded(job).is_some() {
-                            // The archive holds exactly the events delivered before the fold.
+                            // The store holds exactly the events delivered before the fold.
                             let archived: Vec<CompactEvent> = have.iter().filter(|e| e.seq != seq).cloned().collect();
                             prop_assert!(idx.unfold(job, archived, now));
                         }

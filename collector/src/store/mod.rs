@@ -12,13 +12,19 @@
 //! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 5). Job snapshots,
 //!   written by checkpoints.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
-//! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence a fold removed from
-//!   the log (sequence numbers never go back, even when the newest log entries were folded away).
-//! - tree `archive`: `job_id` -> sealed archive: every event of a *folded* job (an ended job whose history left
-//!   memory), as `[format 1] ++ varint(raw length) ++ zstd(raw)`, raw being, per event in sequence order,
-//!   `varint(seq delta) ++ varint(len) ++ protobuf LifecycleEvent without its job_id` (the key holds it).
-//! - tree `summaries`: `job_id` -> sealed summary of a folded job. The body's format belongs to the index (the
-//!   store seals and checks it, and never looks inside).
+//! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
+//!   last ran (sequence numbers never go back, even when retention deletes the newest log entries; older
+//!   collectors' folds removed log entries too).
+//! - tree `summaries`: `job_id` -> summary of a folded job (an ended job whose history left memory), sealed as
+//!   version 3: `varint(n) ++ n varint sequence deltas ++ body`: the log sequences of every event of the job
+//!   (which stay in the log) and the summary body, whose format belongs to the index (the store seals and checks
+//!   it, and never looks inside). Version-2 summaries (written before folded events stayed in the log) are the
+//!   bare body; their events are in the job's archive.
+//! - tree `archive` (written by collectors before folded events stayed in the log; read, deleted by retention,
+//!   never written): `job_id` -> sealed archive of a folded job's events, as `[format 1] ++ varint(raw length)
+//!   ++ zstd(raw)`, raw being, per event in sequence order, `varint(seq delta) ++ varint(len) ++ protobuf
+//!   LifecycleEvent without its job_id` (the key holds it). A job folded again after a late event keeps its
+//!   archive: its new summary lists the archived sequences too, read from the archive as they are not in the log.
 //! - tree `dictionary`: `u32` big-endian -> sealed entry: the job attribute sets summaries refer to by number
 //!   (the index's format). Append-only; written in the same transaction as the summaries that first use them.
 //!
@@ -50,13 +56,16 @@
 //!   sequence is above both the last log entry and the marker.
 //!
 //! # Folded jobs
-//! A fold moves one ended job's events out of the log and its snapshot into its archive, and writes its
-//! summary: archive and summary first (flushed), then the deletes (see [`Store::fold_jobs`]). For every job, then, its snapshot **or its archive** holds
-//! every event with `seq <= checkpoint_seq`. A job is *unfolded* when it is hot again (a late event) while its
-//! archive and summary remain: its events are the union of its archive, its snapshot and its log entries, and
-//! restore treats any job that has a summary and a snapshot or log-tail entries this way. A fold never runs
-//! while a checkpoint chunk is being written (they share one thread and the `store_writes` lock), so a snapshot
-//! written after a fold holds every event of the job, archived ones included.
+//! A fold writes an ended job's summary, which lists the log sequences of all its events, and then deletes its
+//! snapshot (see [`Store::fold_jobs`]); the events stay where they are, in the log's compressed blocks (a fold
+//! neither reads nor rewrites the log). For every job, then, its snapshot **or the log entries its summary
+//! lists** (for jobs folded by older collectors: its archive) hold every event with `seq <= checkpoint_seq`. A
+//! job is *unfolded* when it is hot again (a late event) while its summary remains: its events are the union of
+//! the events its summary lists, its snapshot and its later log entries. Restore treats a job with a summary
+//! and a snapshot, or with log-tail entries above the summary's last sequence, this way; log-tail entries a
+//! summary lists are the folded job's own and are not replayed. A fold never runs while a checkpoint chunk is
+//! being written (they share one thread and the `store_writes` lock), so a snapshot written after a fold holds
+//! every event of the job, folded ones included.
 //!
 //! # Restore
 //! Reads every snapshot, then replays only the log entries after `checkpoint_seq`, then reads the summaries
@@ -95,6 +104,9 @@ const SNAPSHOT_VERSION: u8 = 5;
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
+/// The sealed version of summaries that list their job's log sequences (see the module doc); version-2
+/// summaries are the bare body.
+const SUMMARY_VERSION: u8 = 3;
 /// The format of an archive body (inside the sealed value).
 const ARCHIVE_FORMAT: u8 = 1;
 /// Largest decompressed archive accepted (a job holds at most `store.max_events_per_job` events).
@@ -219,12 +231,51 @@ impl Default for StoreOptions {
 pub struct FoldWrite {
     /// The job.
     pub job_id: String,
-    /// Its log entries, removed by the fold (their events are in `archive`).
+    /// The log sequences of every event of the job (they stay in the log; the summary lists them).
     pub log_seqs: Vec<u64>,
-    /// The sealed archive of every event of the job ([`encode_archive`]).
-    pub archive: Vec<u8>,
-    /// The summary body (the index's format); the store seals it.
+    /// The summary body (the index's format); the store seals it with the sequences.
     pub summary: Vec<u8>,
+}
+
+/// A stored summary: `[SUMMARY_VERSION] ++ crc32 ++ varint(n) ++ sequence deltas ++ body` (sequences sorted).
+fn encode_summary(seqs: &[u64], body: &[u8]) -> Vec<u8> {
+    let mut sorted = seqs.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut inner = Vec::with_capacity(body.len() + 2 * sorted.len() + 4);
+    prost::encoding::encode_varint(sorted.len() as u64, &mut inner);
+    let mut prev = 0u64;
+    for s in sorted {
+        prost::encoding::encode_varint(s - prev, &mut inner);
+        prev = s;
+    }
+    inner.extend_from_slice(body);
+    seal_as(SUMMARY_VERSION, &inner)
+}
+
+/// A stored summary's log sequences (`None` for a version-2 summary, whose events are in the job's archive)
+/// and body.
+fn decode_summary(v: &[u8]) -> Result<(Option<Vec<u64>>, &[u8]), String> {
+    if v.first() != Some(&SUMMARY_VERSION) {
+        return unseal(v, false).map(|body| (None, body));
+    }
+    let mut rest = unseal_as(SUMMARY_VERSION, v, false)?;
+    let n = prost::encoding::decode_varint(&mut rest).map_err(|e| format!("sequence count: {e}"))?;
+    // Each sequence takes at least one byte: a count beyond the bytes left is damage, not an allocation size.
+    if n > rest.len() as u64 {
+        return Err(format!("{n} sequences claimed in {} bytes", rest.len()));
+    }
+    let mut seqs = Vec::with_capacity(n as usize);
+    let mut prev = 0u64;
+    for i in 0..n {
+        let d = prost::encoding::decode_varint(&mut rest).map_err(|e| format!("sequence {i}: {e}"))?;
+        if i > 0 && d == 0 {
+            return Err(format!("sequence {i} repeats the one before"));
+        }
+        prev = prev.checked_add(d).ok_or_else(|| format!("sequence {i} overflows"))?;
+        seqs.push(prev);
+    }
+    Ok((Some(seqs), rest))
 }
 
 /// Snapshots per sled batch in a checkpoint: sled applies a batch under a database-wide lock, and a large one
@@ -556,6 +607,9 @@ impl Store {
         } else {
             marker.saturating_add(1)
         };
+        // Jobs the tail brought that no snapshot holds: a folded job's own events (its summary lists them) are
+        // among them, and leave again below.
+        let mut tail_only: HashSet<String> = HashSet::new();
         let dead = t.dead();
         let mut tail = log::Events::from(&t.blocks, &dead, from)?;
         while let Some((seq, body)) = tail.next_event()? {
@@ -565,6 +619,9 @@ impl Store {
             }
             let ev = decode_log_body(seq, &body)?;
             if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
+                if !events.contains_key(&ev.job_id) {
+                    tail_only.insert(ev.job_id.clone());
+                }
                 out.dirty.insert(ev.job_id.clone());
                 events.entry(ev.job_id).or_default().push(ce);
             }
@@ -575,28 +632,75 @@ impl Store {
             out.dirty.extend(events.keys().cloned());
         }
         let log_done = started.elapsed();
-        // Folded jobs: a summary each, unless the job is hot again (then its archived events join the rest).
+        // Folded jobs: a summary each, unless the job is hot again (then its folded events join the rest).
+        let mut damaged: HashSet<String> = HashSet::new();
         for kv in t.summaries.iter() {
             let (k, v) = kv?;
             let job_id = std::str::from_utf8(&k).map_err(|_| corrupt("summaries", &k, "job id is not UTF-8"))?;
-            let usable = match unseal(&v, false) {
-                Ok(body) if !events.contains_key(job_id) => on_summary(job_id, body),
-                Ok(_) => {
-                    out.unfolded += 1;
-                    Err(String::new())
+            let (seqs, body) = match decode_summary(&v) {
+                Ok(x) => x,
+                Err(reason) => {
+                    tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from the log");
+                    damaged.insert(job_id.to_string());
+                    continue;
                 }
-                Err(reason) => Err(reason),
+            };
+            let hot = match (&seqs, events.get(job_id)) {
+                (_, None) => false,
+                // A summary from before folded events stayed in the log: any snapshot or log entry is newer.
+                (None, Some(_)) => true,
+                // A snapshot, or a log entry the summary does not list (a late event).
+                (Some(seqs), Some(evs)) => {
+                    !tail_only.contains(job_id) || evs.iter().any(|e| seqs.binary_search(&e.seq).is_err())
+                }
+            };
+            if !hot && tail_only.remove(job_id) {
+                // The tail held only the folded job's own events.
+                events.remove(job_id);
+                out.dirty.remove(job_id);
+            }
+            let usable = if hot {
+                out.unfolded += 1;
+                Err(String::new())
+            } else {
+                on_summary(job_id, body)
             };
             match usable {
                 Ok(()) => out.folded += 1,
                 Err(reason) => {
                     if !reason.is_empty() {
-                        tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its archive");
+                        tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its events");
                     }
-                    let archived = self.archived(job_id)?;
+                    let folded = match &seqs {
+                        Some(seqs) => self.read_job_events(job_id, seqs, true)?,
+                        None => self.archive_of(job_id)?,
+                    };
                     let evs = events.entry(job_id.to_string()).or_default();
-                    evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                    evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                    out.dirty.insert(job_id.to_string());
                 }
+            }
+        }
+        if !damaged.is_empty() {
+            // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs (and
+            // the archives of older collectors' folds), and each comes back hot.
+            let dead = t.dead();
+            let mut all = log::Events::from(&t.blocks, &dead, 1)?;
+            while let Some((seq, body)) = all.next_event()? {
+                let ev = decode_log_body(seq, &body)?;
+                if damaged.contains(&ev.job_id) {
+                    if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
+                        events.entry(ev.job_id).or_default().push(ce);
+                    }
+                }
+            }
+            drop(all);
+            drop(dead);
+            for job_id in damaged {
+                let archived = self.archive_of(&job_id)?;
+                let evs = events.entry(job_id.clone()).or_default();
+                evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                out.dirty.insert(job_id);
             }
         }
         let summaries_done = started.elapsed();
@@ -638,8 +742,32 @@ impl Store {
         Ok(u64::from_be_bytes(arr))
     }
 
-    /// Every archived event of a job, in sequence order (empty if the job was never folded).
-    pub fn archived(&self, job_id: &str) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+    /// Every event of a folded job its summary lists, in sequence order, from the log (and, for a job folded by
+    /// an older collector, its archive); empty if the job has no summary. An event the summary lists that is
+    /// stored nowhere is an error.
+    pub fn folded_events(&self, job_id: &str) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+        self.read_folded(job_id, true)
+    }
+
+    /// Like [`Store::folded_events`], leaving out events stored nowhere (for readers racing retention, which
+    /// may delete the job between their reads of its summary and its events).
+    pub fn folded_events_present(&self, job_id: &str) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+        self.read_folded(job_id, false)
+    }
+
+    fn read_folded(&self, job_id: &str, strict: bool) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
+        let t = self.t()?;
+        let Some(v) = t.summaries.get(job_id.as_bytes())? else { return Ok(Vec::new()) };
+        let (seqs, _) = decode_summary(&v).map_err(|r| corrupt("summaries", job_id.as_bytes(), r))?;
+        match seqs {
+            Some(seqs) => self.read_job_events(job_id, &seqs, strict),
+            None => self.archive_of(job_id),
+        }
+    }
+
+    /// The events of a job in its archive (written by collectors before folded events stayed in the log), in
+    /// sequence order; empty without one.
+    fn archive_of(&self, job_id: &str) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         let t = self.t()?;
         match t.archive.get(job_id.as_bytes())? {
             Some(v) => decode_archive(job_id, &v).map_err(|r| corrupt("archive", job_id.as_bytes(), r)),
@@ -647,12 +775,12 @@ impl Store {
         }
     }
 
-    /// One event of a job, from the log or, for a job that was folded, from its archive.
+    /// One event of a job, from the log or, for a job folded by an older collector, from its archive.
     pub fn job_event(&self, job_id: &str, seq: u64) -> Result<Option<pb::LifecycleEvent>, StoreError> {
         if let Some(ev) = self.event(seq)? {
             return Ok(Some(ev));
         }
-        Ok(self.archived(job_id)?.into_iter().find(|(s, _)| *s == seq).map(|(_, e)| e))
+        Ok(self.archive_of(job_id)?.into_iter().find(|(s, _)| *s == seq).map(|(_, e)| e))
     }
 
     /// The events of a job at the given sequences (in the order given), from the log or its archive. A sequence
@@ -704,7 +832,7 @@ impl Store {
                 continue;
             }
             let job_id = jobs[i].0;
-            let mut archive: HashMap<u64, pb::LifecycleEvent> = self.archived(job_id)?.into_iter().collect();
+            let mut archive: HashMap<u64, pb::LifecycleEvent> = self.archive_of(job_id)?.into_iter().collect();
             for seq in seqs {
                 let ev = archive.remove(&seq).ok_or_else(|| missing_event(job_id, seq))?;
                 out[i].push((seq, ev));
@@ -729,7 +857,7 @@ impl Store {
                 continue;
             }
             if archive.is_none() {
-                archive = Some(self.archived(job_id)?.into_iter().collect());
+                archive = Some(self.archive_of(job_id)?.into_iter().collect());
             }
             match archive.as_mut().and_then(|a| a.remove(&seq)) {
                 Some(ev) => out.push((seq, ev)),
@@ -740,61 +868,49 @@ impl Store {
         Ok(out)
     }
 
-    /// Folds jobs: writes their archives, summaries and new dictionary entries, flushes, then removes their log
-    /// entries and snapshots and records `max_seq` (the highest sequence used so far), and flushes again.
+    /// Folds jobs: writes their summaries (each listing the job's log sequences) and new dictionary entries,
+    /// flushes, then removes their snapshots and records `max_seq` (the highest sequence used so far), and
+    /// flushes again. The jobs' events stay in the log.
     ///
     /// Two steps, not one transaction (sled's multi-tree transactions are several times slower than batches):
-    /// a crash between them leaves a job with both its archive and its log entries, which restore treats as an
-    /// unfolded job (archive ∪ log, deduplicated by sequence), so nothing is lost or counted twice; and since the
-    /// first step is flushed before the second starts, no crash can keep the deletes without the archive.
+    /// a crash between them leaves a job with both its summary and its snapshot, which restore treats as an
+    /// unfolded job (the snapshot ∪ the events the summary lists, deduplicated by sequence), so nothing is lost
+    /// or counted twice; and since the first step is flushed before the second starts, no crash can keep the
+    /// snapshot's delete without the summary.
     pub fn fold_jobs(&self, jobs: &[FoldWrite], dictionary: &[(u32, Vec<u8>)], max_seq: u64) -> Result<(), StoreError> {
         self.fold_write(jobs, dictionary)?;
-        self.fold_delete(jobs, max_seq).map(|_| ())
+        self.fold_delete(jobs, max_seq)
     }
 
-    /// The first step of [`Store::fold_jobs`]: dictionary entries, archives and summaries, flushed.
+    /// The first step of [`Store::fold_jobs`]: dictionary entries and summaries, flushed.
     pub fn fold_write(&self, jobs: &[FoldWrite], dictionary: &[(u32, Vec<u8>)]) -> Result<(), StoreError> {
         let t = self.t()?;
         let mut dict = sled::Batch::default();
         for (id, body) in dictionary {
             dict.insert(&id.to_be_bytes(), seal(body));
         }
-        let mut archive = sled::Batch::default();
         let mut summaries = sled::Batch::default();
         for j in jobs {
-            archive.insert(j.job_id.as_bytes(), j.archive.as_slice());
-            summaries.insert(j.job_id.as_bytes(), seal(&j.summary));
+            summaries.insert(j.job_id.as_bytes(), encode_summary(&j.log_seqs, &j.summary));
         }
         // The dictionary first: a summary never refers to an entry that is not stored.
         t.dictionary.apply_batch(dict)?;
-        t.archive.apply_batch(archive)?;
         t.summaries.apply_batch(summaries)?;
         t.db.flush()?;
         Ok(())
     }
 
-    /// The second step of [`Store::fold_jobs`]: the folded jobs' log entries and snapshots go, `max_seq` is
-    /// recorded, flushed.
-    pub fn fold_delete(&self, jobs: &[FoldWrite], max_seq: u64) -> Result<KillStats, StoreError> {
+    /// The second step of [`Store::fold_jobs`]: the folded jobs' snapshots go, `max_seq` is recorded, flushed.
+    pub fn fold_delete(&self, jobs: &[FoldWrite], max_seq: u64) -> Result<(), StoreError> {
         let t = self.t()?;
         let mut snaps = sled::Batch::default();
-        let mut seqs = Vec::new();
         for j in jobs {
-            seqs.extend_from_slice(&j.log_seqs);
             snaps.remove(job_key(&j.job_id));
         }
         snaps.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()));
         t.jobs.apply_batch(snaps)?;
-        let mut cache = t.seq_cache();
-        let mut dead = t.dead();
-        let mut kill = log::plan_kill(&t.blocks, &dead, &cache, &seqs)?;
-        let stats = kill.stats;
-        t.blocks.apply_batch(std::mem::take(&mut kill.batch))?;
-        kill.commit(&mut dead, &mut cache);
-        drop(dead);
-        drop(cache);
         t.db.flush()?;
-        Ok(stats)
+        Ok(())
     }
 
     /// The log sequence that the job snapshots cover.
@@ -1131,6 +1247,15 @@ impl Store {
         let mut seqs = Vec::new();
         for (job_id, job_seqs) in jobs {
             seqs.extend_from_slice(job_seqs);
+            // A folded job's events are the log entries its summary lists (an unreadable summary lists none:
+            // its entries then stay until their blocks' other events go, and are never read again).
+            if let Some(v) = t.summaries.get(job_id.as_bytes())? {
+                match decode_summary(&v) {
+                    Ok((Some(listed), _)) => seqs.extend_from_slice(&listed),
+                    Ok((None, _)) => {}
+                    Err(reason) => tracing::warn!(job_id, reason = %reason, "retention: summary unusable"),
+                }
+            }
             snaps.remove(job_key(job_id));
             folded.remove(job_id.as_bytes());
         }
@@ -1138,6 +1263,14 @@ impl Store {
         let mut dead = t.dead();
         let mut kill = log::plan_kill(&t.blocks, &dead, &cache, &seqs)?;
         let log = std::mem::take(&mut kill.batch);
+        tracing::debug!(
+            jobs = jobs.len(),
+            events = seqs.len(),
+            blocks_deleted = kill.stats.deleted,
+            blocks_rewritten = kill.stats.rewritten,
+            blocks_marked = kill.stats.marked,
+            "log entries of deleted jobs"
+        );
         // One transaction over the trees: a crash keeps all of a job or none of it (deleting the log entries
         // first would let a restart restore the snapshot without its raw events; the snapshot first, rebuild the
         // job from just its log tail).

@@ -371,11 +371,14 @@ mod model {
         Expire(u8),
         /// Drop the store (everything acknowledged was flushed) and restore.
         Restart,
-        /// Fold a hot job (archive + summary, log entries and snapshot removed) and drop it from memory.
+        /// Fold a hot job (summary listing its log entries written, snapshot removed) and drop it from memory.
         Fold(u8),
+        /// Fold a hot job as collectors before this layout did (archive + bare summary written, log entries
+        /// and snapshot removed) and drop it from memory.
+        LegacyFold(u8),
         /// Fold a hot job whose late event arrives meanwhile: written, but the job stays hot.
         FoldKeptHot(u8),
-        /// A fold that crashes between its two steps: archive and summary written, nothing deleted (the job
+        /// A fold that crashes between its two steps: summary written, snapshot not deleted (the job
         /// stays hot in memory; the next restart must restore it whole).
         TornFold(u8),
     }
@@ -390,19 +393,14 @@ mod model {
             2 => (0u8..6).prop_map(Op::Fold),
             1 => (0u8..6).prop_map(Op::FoldKeptHot),
             1 => (0u8..6).prop_map(Op::TornFold),
+            1 => (0u8..6).prop_map(Op::LegacyFold),
         ]
     }
 
-    /// What a fold of `job` writes: its archive from the store, and its id as the summary.
-    fn fold_write(store: &Store, job: &str, rec: &JobRecord) -> FoldWrite {
+    /// What a fold of `job` writes: its sequences, and its id as the summary.
+    fn fold_write(job: &str, rec: &JobRecord) -> FoldWrite {
         let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
-        let events = store.job_events(job, &seqs).expect("events");
-        FoldWrite {
-            job_id: job.to_string(),
-            log_seqs: seqs,
-            archive: encode_archive(job, &events).expect("archive"),
-            summary: job.as_bytes().to_vec(),
-        }
+        FoldWrite { job_id: job.to_string(), log_seqs: seqs, summary: job.as_bytes().to_vec() }
     }
 
     proptest! {
@@ -418,6 +416,9 @@ mod model {
             let mut dirty: HashSet<String> = HashSet::new();
             // Folded jobs, with the record they had when folded.
             let mut folded: BTreeMap<String, JobRecord> = BTreeMap::new();
+            // Hot jobs whose fold crashed after writing their summary and that have not changed since: a restart
+            // may bring them back folded (the summary lists every event they have) or hot (a snapshot beside it).
+            let mut torn: HashSet<String> = HashSet::new();
             let mut last_seq = 0u64;
             // The highest sequence a checkpoint marker claims: new events must be numbered above it.
             let mut marker = 0u64;
@@ -428,6 +429,7 @@ mod model {
                         let mut evs = Vec::new();
                         for (j, count) in items {
                             let job = format!("j{j}");
+                            torn.remove(&job);
                             for _ in 0..count {
                                 n += 1;
                                 let kind = if acked.get(&job).is_none_or(|s| s.is_empty()) {
@@ -437,9 +439,9 @@ mod model {
                                 };
                                 evs.push(ev(&job, &format!("e{n}"), 1_000_000 + n as i64, kind));
                             }
-                            // A late event for a folded job unfolds it from its archive first.
+                            // A late event for a folded job unfolds it from its folded events first.
                             if let Some(rec) = folded.remove(&job) {
-                                let archived = store.archived(&job).expect("archive");
+                                let archived = store.folded_events(&job).expect("folded events");
                                 let compact = archived.iter().filter_map(|(q, e)| CompactEvent::from_pb(e, *q)).collect();
                                 let back = JobRecord::from_events(compact);
                                 prop_assert_eq!(&back, &rec);
@@ -469,14 +471,16 @@ mod model {
                     Op::TornFold(j) => {
                         let job = format!("j{j}");
                         if let Some(rec) = mem.get(&job) {
-                            let fw = fold_write(&store, &job, rec);
+                            let fw = fold_write(&job, rec);
                             store.fold_write(&[fw], &[]).expect("fold write");
+                            torn.insert(job);
                         }
                     }
                     Op::Fold(j) | Op::FoldKeptHot(j) => {
                         let job = format!("j{j}");
+                        torn.remove(&job);
                         if let Some(rec) = mem.get(&job) {
-                            let fw = fold_write(&store, &job, rec);
+                            let fw = fold_write(&job, rec);
                             store.fold_jobs(&[fw], &[], last_seq).expect("fold");
                             if matches!(op, Op::Fold(_)) {
                                 if let Some(rec) = mem.remove(&job) {
@@ -493,8 +497,18 @@ mod model {
                             }
                         }
                     }
+                    Op::LegacyFold(j) => {
+                        let job = format!("j{j}");
+                        torn.remove(&job);
+                        if let Some(rec) = mem.remove(&job) {
+                            legacy_fold(&store, &job, &rec, last_seq);
+                            folded.insert(job.clone(), rec);
+                            dirty.remove(&job);
+                        }
+                    }
                     Op::Expire(j) => {
                         let job = format!("j{j}");
+                        torn.remove(&job);
                         if folded.remove(&job).is_some() {
                             store.delete_jobs(&[(job.clone(), Vec::new())]).expect("delete");
                             acked.remove(&job);
@@ -512,6 +526,14 @@ mod model {
                         drop(store);
                         store = Store::open(dir.path()).expect("reopen");
                         let r = store.restore().expect("restore");
+                        for job in torn.clone() {
+                            if r.summaries.iter().any(|(id, _)| *id == job) && !r.jobs.contains_key(&job) {
+                                if let Some(rec) = mem.remove(&job) {
+                                    folded.insert(job.clone(), rec);
+                                }
+                                torn.remove(&job);
+                            }
+                        }
                         // Sequences may be reused only when every event holding them was deleted (retention),
                         // never below a live event or the checkpoint marker.
                         let live = mem
@@ -535,7 +557,7 @@ mod model {
                             })
                             .collect();
                         for (id, _) in &r.summaries {
-                            let ids = store.archived(id).expect("archive").into_iter().map(|(_, e)| e.event_id).collect();
+                            let ids = store.folded_events(id).expect("folded").into_iter().map(|(_, e)| e.event_id).collect();
                             prop_assert!(got.insert(id.clone(), ids).is_none(), "{} both hot and folded", id);
                         }
                         prop_assert_eq!(&got, &acked);
@@ -611,6 +633,28 @@ fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_whole_blocks
     assert!(store.stream_read(105, 10).is_err());
 }
 
+/// A fold as collectors before folded events stayed in the log wrote it: the job's events copied into an
+/// archive beside a bare (version-2) summary of its id, flushed; then its log entries killed and its snapshot
+/// removed, flushed.
+fn legacy_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64) {
+    let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
+    let events = store.job_events(job, &seqs).expect("events");
+    let t = store.t().expect("open");
+    t.archive.insert(job.as_bytes(), encode_archive(job, &events).expect("archive")).expect("archive");
+    t.summaries.insert(job.as_bytes(), seal(job.as_bytes())).expect("summary");
+    t.db.flush().expect("flush");
+    t.jobs.remove(job_key(job)).expect("snapshot");
+    t.jobs.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes())).expect("max seq");
+    let mut cache = t.seq_cache();
+    let mut dead = t.dead();
+    let mut kill = log::plan_kill(&t.blocks, &dead, &cache, &seqs).expect("plan");
+    t.blocks.apply_batch(std::mem::take(&mut kill.batch)).expect("kill");
+    kill.commit(&mut dead, &mut cache);
+    drop(dead);
+    drop(cache);
+    t.db.flush().expect("flush");
+}
+
 #[test]
 fn a_folds_batched_read_matches_per_job_reads_and_falls_back_to_archives() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -625,16 +669,11 @@ fn a_folds_batched_read_matches_per_job_reads_and_falls_back_to_archives() {
         }
     }
     write(&store, &mut mem, &mut seq, &events);
-    // Job "c" was folded once (its first 10 events are only in its archive), then came back hot.
+    // Job "c" was folded once by an older collector (its first 10 events are only in its archive), then came
+    // back hot.
     let c_seqs: Vec<u64> = mem["c"].events.iter().map(|e| e.seq).collect();
-    let archived = store.job_events("c", &c_seqs[..10]).expect("read");
-    let fw = FoldWrite {
-        job_id: "c".into(),
-        log_seqs: c_seqs[..10].to_vec(),
-        archive: encode_archive("c", &archived).expect("archive"),
-        summary: b"row".to_vec(),
-    };
-    store.fold_jobs(&[fw], &[], seq).expect("fold");
+    let first_ten = JobRecord::from_events(mem["c"].events[..10].to_vec());
+    legacy_fold(&store, "c", &first_ten, seq);
     let seqs: Vec<(String, Vec<u64>)> =
         mem.iter().map(|(id, r)| (id.clone(), r.events.iter().rev().map(|e| e.seq).collect())).collect();
     let wanted: Vec<(&str, &[u64])> = seqs.iter().map(|(id, s)| (id.as_str(), s.as_slice())).collect();
@@ -655,4 +694,109 @@ fn a_folds_batched_read_matches_per_job_reads_and_falls_back_to_archives() {
     // A sequence in neither the log nor the archive is an error naming it.
     let err = store.jobs_events(&[("c", &[c_seqs[0], seq + 7][..])]).expect_err("missing");
     assert!(err.to_string().contains(&format!("seq {}", seq + 7)), "{err}");
+}
+
+#[test]
+fn a_summary_lists_its_sequences_sealed_and_refuses_damage() {
+    let v = encode_summary(&[9, 3, 300, 3], b"body");
+    assert_eq!(v[0], SUMMARY_VERSION);
+    let (seqs, body) = decode_summary(&v).expect("decode");
+    assert_eq!(seqs, Some(vec![3, 9, 300]), "sorted, duplicates dropped");
+    assert_eq!(body, b"body");
+    // A version-2 summary (the bare body) lists none: its events are in the job's archive.
+    assert_eq!(decode_summary(&seal(b"old")).expect("legacy"), (None, &b"old"[..]));
+    // Damage is refused, naming why.
+    let mut bad = v.clone();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    assert!(decode_summary(&bad).expect_err("crc").contains("checksum"));
+    let huge = seal_as(SUMMARY_VERSION, &[0xff, 0xff, 0x03]);
+    assert!(decode_summary(&huge).expect_err("count").contains("sequences claimed"));
+    let repeat = seal_as(SUMMARY_VERSION, &[2, 5, 0]);
+    assert!(decode_summary(&repeat).expect_err("repeat").contains("repeats"));
+    assert!(decode_summary(&[7, 0, 0, 0, 0]).expect_err("version").contains("unknown version 7"));
+}
+
+#[test]
+fn a_folded_jobs_events_stay_in_the_log_until_retention_and_restore_does_not_replay_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = Store::open(dir.path()).expect("open");
+    let mut mem = BTreeMap::new();
+    let mut seq = 0;
+    let mut events = Vec::new();
+    for i in 0..30i64 {
+        for job in ["a", "b"] {
+            let kind = if i == 0 {
+                submitted()
+            } else {
+                Kind::Checkpoint(pb::Checkpoint { step: i as u64, ..Default::default() })
+            };
+            events.push(ev(job, &format!("{job}{i}"), 1_000_000 + i * 1_000, kind));
+        }
+    }
+    write(&store, &mut mem, &mut seq, &events);
+    // Fold "a" without a checkpoint: all its events are in the log tail, and its summary lists them.
+    let a_seqs: Vec<u64> = mem["a"].events.iter().map(|e| e.seq).collect();
+    let fw = FoldWrite { job_id: "a".into(), log_seqs: a_seqs.clone(), summary: b"a".to_vec() };
+    store.fold_jobs(&[fw], &[], seq).expect("fold");
+    let folded = store.folded_events("a").expect("folded events");
+    assert_eq!(
+        folded.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        a_seqs.iter().copied().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>()
+    );
+    assert!(folded.iter().all(|(_, e)| e.job_id == "a"));
+    // Restore: "a" is folded (not replayed into a hot record, not dirty), "b" is hot from the tail.
+    drop(store);
+    store = Store::open(dir.path()).expect("reopen");
+    let r = store.restore().expect("restore");
+    assert_eq!(r.summaries, vec![("a".to_string(), b"a".to_vec())]);
+    assert_eq!(r.jobs.keys().collect::<Vec<_>>(), vec!["b"]);
+    assert!(!r.dirty.contains("a") && r.dirty.contains("b"));
+    assert_eq!((r.folded, r.unfolded, r.replayed), (1, 0, 60));
+    // A late event: "a" comes back hot with every event (those the summary lists, read from the log).
+    let late = ev("a", "a-late", 2_000_000, Kind::NodeAssigned(Default::default()));
+    write(&store, &mut mem, &mut seq, std::slice::from_ref(&late));
+    drop(store);
+    store = Store::open(dir.path()).expect("reopen");
+    let r = store.restore().expect("restore");
+    assert_eq!(r.unfolded, 1);
+    assert_eq!(r.jobs["a"], mem["a"]);
+    assert!(r.dirty.contains("a"));
+    // A damaged summary: the job is rebuilt from the whole log (checkpointed first, so no tail holds it).
+    store.checkpoint(mem.iter().map(|(id, r)| (id.as_str(), r)), seq).expect("checkpoint");
+    let fw = FoldWrite {
+        job_id: "b".into(),
+        log_seqs: mem["b"].events.iter().map(|e| e.seq).collect(),
+        summary: b"b".to_vec(),
+    };
+    store.fold_jobs(&[fw], &[], seq).expect("fold b");
+    let t = store.t().expect("open");
+    let mut damaged = t.summaries.get(b"b").expect("get").expect("present").to_vec();
+    let at = damaged.len() - 1;
+    damaged[at] ^= 0xff;
+    t.summaries.insert(b"b", damaged).expect("damage");
+    t.db.flush().expect("flush");
+    drop(t);
+    drop(store);
+    store = Store::open(dir.path()).expect("reopen");
+    let r = store.restore().expect("restore");
+    assert_eq!((r.replayed, r.folded), (0, 0));
+    assert_eq!(r.jobs["b"], mem["b"], "rebuilt from the log");
+    assert!(r.dirty.contains("b"));
+    // Retention of a folded job kills its log entries with its summary.
+    let fw = FoldWrite {
+        job_id: "a".into(),
+        log_seqs: mem["a"].events.iter().map(|e| e.seq).collect(),
+        summary: b"a".to_vec(),
+    };
+    store.fold_jobs(&[fw], &[], seq).expect("refold");
+    assert_eq!(store.folded_events("a").expect("folded").len(), 31);
+    store.delete_jobs(&[("a".to_string(), Vec::new())]).expect("delete");
+    assert!(store.folded_events("a").expect("gone").is_empty());
+    for s in mem["a"].events.iter().map(|e| e.seq) {
+        assert!(store.event(s).expect("read").is_none(), "seq {s} left the log");
+    }
+    for s in mem["b"].events.iter().map(|e| e.seq) {
+        assert!(store.event(s).expect("read").is_some(), "seq {s} of b stays");
+    }
 }
