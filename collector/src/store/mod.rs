@@ -62,8 +62,8 @@
 //! lists** (for jobs folded by older collectors: its archive) hold every event with `seq <= checkpoint_seq`. A
 //! job is *unfolded* when it is hot again (a late event) while its summary remains: its events are the union of
 //! the events its summary lists, its snapshot and its later log entries. Restore treats a job with a summary
-//! and a snapshot, or with log-tail entries above the summary's last sequence, this way; log-tail entries a
-//! summary lists are the folded job's own and are not replayed. A fold never runs while a checkpoint chunk is
+//! and a snapshot, or with a log-tail entry the summary does not list (a late event), this way; log-tail
+//! entries a summary lists are the folded job's own and are not replayed. A fold never runs while a checkpoint chunk is
 //! being written (they share one thread and the `store_writes` lock), so a snapshot written after a fold holds
 //! every event of the job, folded ones included.
 //!
@@ -1247,8 +1247,8 @@ impl Store {
         let mut seqs = Vec::new();
         for (job_id, job_seqs) in jobs {
             seqs.extend_from_slice(job_seqs);
-            // A folded job's events are the log entries its summary lists (an unreadable summary lists none:
-            // its entries then stay until their blocks' other events go, and are never read again).
+            // A folded job's events are the log entries its summary lists. (A summary damaged on disk lists
+            // none here; restore will have rebuilt that job as a hot one, whose sequences the caller passes.)
             if let Some(v) = t.summaries.get(job_id.as_bytes())? {
                 match decode_summary(&v) {
                     Ok((Some(listed), _)) => seqs.extend_from_slice(&listed),
