@@ -34,21 +34,13 @@ pub(super) struct FoldPass {
     pub stop: Arc<AtomicBool>,
 }
 
-/// A job prepared for folding.
-struct Prepared {
-    job_id: String,
-    seqs: Vec<u64>,
-    summary: Vec<u8>,
-}
-
 impl FoldPass {
     /// Folds every candidate; returns how many jobs left memory.
     pub fn run(self, store: &Store) -> usize {
         let started = Instant::now();
         self.more.store(false, Ordering::Release);
         // At most what one pass can fold (the rest waits for the next pass), oldest first by their first log
-        // sequence: a chunk's events then sit close together in the log, which keeps the blocks a later
-        // retention pass kills few (and whole).
+        // sequence.
         let candidates: Vec<String> = {
             let idx = self.index.read();
             let mut due: Vec<(u64, &String)> = idx
@@ -98,7 +90,7 @@ impl FoldPass {
     fn fold_chunk(&self, store: &Store, chunk: &[String]) -> Result<usize, StoreError> {
         let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
         // Rows and sequences, under a short write lock (interning may add dictionary entries).
-        let (prepared, dictionary, dict_len, max_seq) = {
+        let (writes, dictionary, dict_len, max_seq) = {
             let mut idx = self.index.write();
             let idx = &mut *idx;
             let mut out = Vec::with_capacity(chunk.len());
@@ -107,22 +99,18 @@ impl FoldPass {
                 let Some(attrs) = h.rec.timeline.attrs.clone() else { continue };
                 let n = idx.cold.dict.intern(&attrs);
                 let Some(row) = crate::index::cold::Folded::of(&h.rec.timeline, n) else { continue };
-                out.push(Prepared {
+                out.push(FoldWrite {
                     job_id: id.clone(),
-                    seqs: h.rec.events.iter().map(|e| e.seq).collect(),
+                    log_seqs: h.rec.events.iter().map(|e| e.seq).collect(),
                     summary: row.encode(),
                 });
             }
             (out, idx.cold.dict.unpersisted(), idx.cold.dict.len() as u32, idx.last_seq)
         };
-        if prepared.is_empty() {
+        if writes.is_empty() {
             return Ok(0);
         }
         let t0 = Instant::now();
-        let writes: Vec<FoldWrite> = prepared
-            .into_iter()
-            .map(|p| FoldWrite { job_id: p.job_id, log_seqs: p.seqs, summary: p.summary })
-            .collect();
         store.fold_write(&writes, &dictionary)?;
         let t_write = t0.elapsed();
         store.fold_delete(&writes, max_seq)?;

@@ -672,7 +672,7 @@ impl Store {
                         tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its events");
                     }
                     let folded = match &seqs {
-                        Some(seqs) => self.read_job_events(job_id, seqs, true)?,
+                        Some(seqs) => self.jobs_events(&[(job_id, seqs)])?.pop().unwrap_or_default(),
                         None => self.archive_of(job_id)?,
                     };
                     let evs = events.entry(job_id.to_string()).or_default();
@@ -760,7 +760,9 @@ impl Store {
         let Some(v) = t.summaries.get(job_id.as_bytes())? else { return Ok(Vec::new()) };
         let (seqs, _) = decode_summary(&v).map_err(|r| corrupt("summaries", job_id.as_bytes(), r))?;
         match seqs {
-            Some(seqs) => self.read_job_events(job_id, &seqs, strict),
+            // One decode per log block the job's events are in (a job's ~20 events sit in a few blocks).
+            Some(seqs) if strict => Ok(self.jobs_events(&[(job_id, &seqs)])?.pop().unwrap_or_default()),
+            Some(seqs) => self.read_job_events(job_id, &seqs, false),
             None => self.archive_of(job_id),
         }
     }
@@ -795,8 +797,8 @@ impl Store {
         self.read_job_events(job_id, seqs, false)
     }
 
-    /// The events of many jobs at once, for a fold: `jobs[i]` gets the events at `seqs[i]`, in sequence order.
-    /// The log is read in one pass in sequence order (each block touched is read and decompressed once, so a
+    /// The events of many jobs at once (a folded job's, by its summary): `jobs[i]` gets the events at
+    /// `seqs[i]`, in sequence order. The log is read in one pass in sequence order (each block touched is read and decompressed once, so a
     /// chunk of jobs costs one block read per block it touches, not one per event); sequences missing from
     /// the log (an unfolded job's archived events) come from the job's archive. A sequence found in neither is
     /// an error, as for [`Store::job_events`].
