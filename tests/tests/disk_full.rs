@@ -227,6 +227,14 @@ fn check_all(c: &Collector, acked: &BTreeSet<(String, String)>, when: &str) {
             stored.insert((job.clone(), e["event_id"].as_str().expect("id").to_string()));
         }
     }
-    let missing = acked.difference(&stored).count();
-    assert_eq!(missing, 0, "{when}: {missing} acknowledged events missing");
+    let missing: Vec<&(String, String)> = acked.difference(&stored).collect();
+    let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+    assert!(
+        missing.is_empty(),
+        "{when}: {} acknowledged events missing, first {:?}; collector log (newest first):\n{}",
+        missing.len(),
+        &missing[..missing.len().min(12)],
+        tail.join("\n")
+    );
 }

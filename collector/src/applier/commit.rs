@@ -146,7 +146,7 @@ impl Committer {
                 fresh.push(flags);
             }
         }
-        let first_seq = self.index.read().last_seq + 1;
+        let first_seq = self.index.read().last_seq.max(self.used_seq.get()) + 1;
         let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
         // The stream's filter subject of each fresh event (only when the stream is kept).
         let mut subjects = Vec::new();
@@ -182,6 +182,9 @@ impl Committer {
             });
         let mut flushed = false;
         if failed.is_none() && !(entries.is_empty() && staged.as_ref().is_none_or(|s| s.records.is_empty())) {
+            if let Some((last, _)) = entries.last() {
+                self.used_seq.set(*last);
+            }
             let stream_entries = staged.as_ref().map(|s| super::stream::entries(&s.records)).unwrap_or_default();
             match self.store.append_durable_with_stream(&entries, &stream_entries, now) {
                 Ok(()) => flushed = true,

@@ -29,6 +29,8 @@ pub mod fold;
 pub mod health;
 mod retention;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 use crate::health::{Health, IngestStats};
 use crate::index::SharedIndex;
@@ -164,6 +166,7 @@ pub fn spawn(
             stopping: Arc::new(AtomicBool::new(false)),
             store_writes: Arc::new(Mutex::new(())),
             last_reopen: std::cell::Cell::new(None),
+            used_seq: std::cell::Cell::new(0),
         }
         .run(rx)
     })
@@ -191,6 +194,10 @@ struct Committer {
     store_writes: Arc<Mutex<()>>,
     /// When the store was last reopened after a failure (reopens are at most once per [`REOPEN_BACKOFF`]).
     last_reopen: std::cell::Cell<Option<Instant>>,
+    /// The last log sequence any write used, acknowledged or not. A failed group commit's sequences are never
+    /// handed out again: sled may have kept some of its blocks, and a later block starting inside that range
+    /// would leave a stale block in front of acknowledged events (blocks must never overlap).
+    used_seq: std::cell::Cell<u64>,
 }
 
 /// Records with more events than this are copied under the index lock and encoded outside it at checkpoints.
@@ -399,6 +406,17 @@ impl Committer {
             Ok(()) => {
                 self.health.reopened();
                 tracing::warn!("store reopened after a write failure");
+                // What sled kept of failed group commits goes: nothing past the last acknowledged sequence was
+                // acknowledged. If this fails too, the next failed group reopens and tries again; the
+                // sequences stay used either way.
+                let acked = self.index.read().last_seq;
+                match self.store.drop_log_after(acked) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::warn!(blocks = n, after_seq = acked, "dropped log blocks of failed group commits")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot drop the log blocks of failed group commits yet"),
+                }
             }
             Err(e) => tracing::warn!(error = %e, "store reopen failed; trying again with a later batch"),
         }

@@ -9,7 +9,11 @@
 //! zstd(payload)` (blocks over 256 bytes, when smaller). Blocks never overlap: a block holds sequences from its
 //! key up to the next block's key.
 //!
-//! Events leave the log when their job is folded (its archive holds them) or deleted by retention. A block whose
+//! Sequences are never reused, not even those of a failed group commit (sled may have kept some of its blocks;
+//! the committer drops them after the reopen), so a lookup by sequence always lands on the block that holds it.
+//!
+//! Events leave the log when their job is deleted by retention (a folded job's summary lists its sequences; old
+//! stores' folds moved events into archives and left dead records). A block whose
 //! events are all gone is deleted; otherwise its gone events are listed in its *dead record*, key `[1u8] ++
 //! first seq`, value sealed (version [`DEAD_VERSION`]) `varint(count) ++ varint(n) ++ n x varint(seq delta)`
 //! (count: the block's events; deltas from the block's first seq, then from the previous dead seq). Once half a

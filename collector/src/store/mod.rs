@@ -370,6 +370,10 @@ pub struct Store {
     options: Arc<StoreOptions>,
     /// The open database; `None` between a failed reopen and the next attempt.
     inner: Arc<RwLock<Option<Trees>>>,
+    /// Tests: this many more durable appends are written and flushed, then reported as failed (what a write cut
+    /// short by a full disk can leave: sled kept some of it, the caller was told it failed).
+    #[cfg(test)]
+    pub(crate) fail_after_write: Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// The open database and its trees.
@@ -516,6 +520,8 @@ impl Store {
             path: Arc::new(path.to_path_buf()),
             options: Arc::new(options),
             inner: Arc::new(RwLock::new(Some(trees))),
+            #[cfg(test)]
+            fail_after_write: Arc::default(),
         })
     }
 
@@ -959,7 +965,34 @@ impl Store {
             t.stream.apply_batch(batch)?;
         }
         t.db.flush()?;
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering;
+            if self.fail_after_write.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+                return Err(StoreError::Sled(sled::Error::Io(std::io::Error::from_raw_os_error(28))));
+            }
+        }
         Ok(())
+    }
+
+    /// Deletes every log block after sequence `seq` and flushes; returns how many went. After a failed group
+    /// commit and a reopen, the blocks past the last acknowledged sequence are writes sled kept although the
+    /// commit failed (no batch of them was acknowledged): they go, so the store holds what memory holds.
+    pub fn drop_log_after(&self, seq: u64) -> Result<usize, StoreError> {
+        let t = self.t()?;
+        let Some(from) = seq.checked_add(1) else { return Ok(0) };
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for kv in t.blocks.range(log::block_key(from)..=log::block_key(u64::MAX)) {
+            let (k, _) = kv?;
+            batch.remove(k);
+            n += 1;
+        }
+        if n > 0 {
+            t.blocks.apply_batch(batch)?;
+            t.db.flush()?;
+        }
+        Ok(n)
     }
 
     /// The last log sequence whose event record the stream holds (written with the event records, after the log
