@@ -683,13 +683,16 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
         reason,
     })?;
     let mut cold = ColdJobs::with_dictionary(dict);
+    // The store lists summaries by job id: the rows are collected, then loaded in one sorted pass.
+    let mut rows = Vec::new();
     let restored = store.restore_with(|job_id, body| {
         let row = Folded::decode(body)?;
         if cold.dict.get(row.attrs).is_none() {
             return Err(format!("attribute set {} is not in the dictionary", row.attrs));
         }
-        cold.insert(job_id, row);
+        rows.push((Box::<str>::from(job_id), row));
         Ok(())
     })?;
+    cold.load_sorted(rows);
     Ok((restored, cold))
 }

@@ -9,7 +9,7 @@
 use crate::job::{JobAttrs, JobState, Placement, Segment, Timeline};
 use serde::{Deserialize, Serialize};
 use startline_proto::pb;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// "No value" in an `i64` time field of a row.
@@ -333,7 +333,10 @@ pub struct ColdJobs {
     pub rows: BTreeMap<Box<str>, Folded>,
     /// The attributes rows point to.
     pub dict: Dictionary,
-    /// Estimated bytes of the rows.
+    /// Node names the rows' placements share: one allocation per distinct node, not one per job and node (a
+    /// fleet's nodes are few and every job names some). Grows with the distinct nodes ever folded.
+    nodes: HashSet<Arc<str>>,
+    /// Estimated bytes of the rows and the node names.
     bytes: usize,
 }
 
@@ -341,15 +344,12 @@ pub struct ColdJobs {
 /// B-tree's share of a node).
 const ROW_OVERHEAD: usize = std::mem::size_of::<Folded>() + std::mem::size_of::<Box<str>>() + 16;
 
+/// The row's own bytes (node names are shared: [`ColdJobs`] counts each once).
 fn row_bytes(id: &str, row: &Folded) -> usize {
     let placements: usize = row
         .placements
         .iter()
-        .map(|p| {
-            std::mem::size_of::<Placement>()
-                + p.nodes.iter().map(|n| 16 + std::mem::size_of::<std::sync::Arc<str>>() + n.len()).sum::<usize>()
-                + 16
-        })
+        .map(|p| std::mem::size_of::<Placement>() + 16 + p.nodes.len() * std::mem::size_of::<Arc<str>>())
         .sum();
     ROW_OVERHEAD + id.len() + std::mem::size_of_val(&*row.waits) + placements
 }
@@ -357,14 +357,50 @@ fn row_bytes(id: &str, row: &Folded) -> usize {
 impl ColdJobs {
     /// No rows yet, over a loaded dictionary.
     pub fn with_dictionary(dict: Dictionary) -> ColdJobs {
-        ColdJobs { rows: BTreeMap::new(), dict, bytes: 0 }
+        ColdJobs { rows: BTreeMap::new(), dict, nodes: HashSet::new(), bytes: 0 }
     }
 
     /// Adds (or replaces) a folded job.
-    pub fn insert(&mut self, job_id: &str, row: Folded) {
+    pub fn insert(&mut self, job_id: &str, mut row: Folded) {
+        self.share_nodes(&mut row);
         self.bytes += row_bytes(job_id, &row);
         if let Some(old) = self.rows.insert(job_id.into(), row) {
             self.bytes -= row_bytes(job_id, &old);
+        }
+    }
+
+    /// Adds rows sorted by job id (as the store lists them at a restart) to an empty set in one pass: the map is
+    /// built from the sorted run with full nodes (inserting one by one leaves them about half full). Falls back
+    /// to [`ColdJobs::insert`] when rows exist already or the run is not sorted.
+    pub fn load_sorted(&mut self, rows: Vec<(Box<str>, Folded)>) {
+        let sorted = rows.windows(2).all(|w| w[0].0 < w[1].0);
+        if !self.rows.is_empty() || !sorted {
+            for (id, row) in rows {
+                self.insert(&id, row);
+            }
+            return;
+        }
+        let mut rows = rows;
+        for (id, row) in &mut rows {
+            self.share_nodes(row);
+            self.bytes += row_bytes(id, row);
+        }
+        self.rows = rows.into_iter().collect();
+    }
+
+    /// Points the row's node names at the shared ones (adding names not seen before).
+    fn share_nodes(&mut self, row: &mut Folded) {
+        for p in row.placements.iter_mut() {
+            let is_shared = |n: &Arc<str>| self.nodes.get(n).is_some_and(|s| Arc::ptr_eq(s, n));
+            let shared = p.nodes.iter().all(is_shared) && p.lost_node.as_ref().is_none_or(is_shared);
+            if shared {
+                continue;
+            }
+            let nodes: Vec<Arc<str>> = p.nodes.iter().map(|n| intern(&mut self.nodes, &mut self.bytes, n)).collect();
+            p.nodes = nodes.into();
+            if let Some(lost) = &p.lost_node {
+                p.lost_node = Some(intern(&mut self.nodes, &mut self.bytes, lost));
+            }
         }
     }
 
@@ -413,4 +449,14 @@ impl ColdJobs {
     pub fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
+}
+
+/// The shared copy of a node name, added (and its bytes counted) if new.
+fn intern(names: &mut HashSet<Arc<str>>, bytes: &mut usize, name: &Arc<str>) -> Arc<str> {
+    if let Some(n) = names.get(name) {
+        return n.clone();
+    }
+    *bytes += 16 + name.len() + 2 * std::mem::size_of::<Arc<str>>();
+    names.insert(name.clone());
+    name.clone()
 }

@@ -296,6 +296,94 @@ mod fold_model {
         }
     }
 
+    /// Folded rows share one copy of each node name (by insert and by a restart's sorted load), read back the
+    /// same timelines, and the memory estimate returns to the shared names once every row is gone.
+    #[test]
+    fn folded_rows_share_node_names_and_a_sorted_load_reads_back_the_same() {
+        let placed = |id: u64, nodes: &[&str]| {
+            let names: Arc<[Arc<str>]> = nodes.iter().map(|n| Arc::<str>::from(*n)).collect();
+            JobRecord::from_events(vec![
+                CompactEvent {
+                    at_ms: T0,
+                    id_hash: id,
+                    seq: id,
+                    attempt: None,
+                    kind: EventKind::Submitted(attrs(true)),
+                },
+                CompactEvent {
+                    at_ms: T0 + MIN,
+                    id_hash: id + 1,
+                    seq: id + 1,
+                    attempt: None,
+                    kind: EventKind::NodeAssigned { nodes: names },
+                },
+                CompactEvent {
+                    at_ms: T0 + 2 * MIN,
+                    id_hash: id + 2,
+                    seq: id + 2,
+                    attempt: None,
+                    kind: EventKind::NodeLost { node: "gpu-2".into() },
+                },
+                CompactEvent {
+                    at_ms: T0 + 3 * MIN,
+                    id_hash: id + 3,
+                    seq: id + 3,
+                    attempt: None,
+                    kind: EventKind::Done { outcome: pb::Outcome::Failed, exit_code: Some(1) },
+                },
+            ])
+        };
+        let recs: Vec<(String, JobRecord)> = (0..40u64)
+            .map(|i| (format!("job-{i:03}"), placed(i * 10, if i % 2 == 0 { &["gpu-1", "gpu-2"] } else { &["gpu-2"] })))
+            .collect();
+        let mut one_by_one = ColdJobs::default();
+        let mut rows = Vec::new();
+        let mut sorted = ColdJobs::default();
+        for (id, rec) in &recs {
+            let n = one_by_one.dict.intern(rec.timeline.attrs.as_ref().expect("attrs"));
+            sorted.dict.intern(rec.timeline.attrs.as_ref().expect("attrs"));
+            let row = cold::Folded::of(&rec.timeline, n).expect("done");
+            // What a restart reads: the stored body decoded, with its own copy of every name.
+            rows.push((Box::<str>::from(id.as_str()), cold::Folded::decode(&row.encode()).expect("decodes")));
+            one_by_one.insert(id, row);
+        }
+        sorted.load_sorted(rows.clone());
+        let mut unsorted = ColdJobs::default();
+        unsorted.dict.intern(recs[0].1.timeline.attrs.as_ref().expect("attrs"));
+        rows.reverse();
+        unsorted.load_sorted(rows);
+        for cold in [&one_by_one, &sorted, &unsorted] {
+            assert_eq!(cold.len(), recs.len());
+            let mut first: BTreeMap<String, Arc<str>> = BTreeMap::new();
+            for ((id, rec), (key, row)) in recs.iter().zip(&cold.rows) {
+                assert_eq!(id.as_str(), &**key);
+                let t = cold.timeline(row);
+                assert_eq!(t, rec.timeline, "{id}");
+                for p in &t.placements {
+                    for n in p.nodes.iter().chain(p.lost_node.iter()) {
+                        let shared = first.entry(n.to_string()).or_insert_with(|| n.clone());
+                        assert!(Arc::ptr_eq(shared, n), "{id}: node {n} is a copy, not the shared name");
+                    }
+                }
+            }
+            assert_eq!(first.len(), 2, "two distinct nodes");
+        }
+        assert_eq!(sorted.bytes(), one_by_one.bytes());
+        assert_eq!(unsorted.bytes(), one_by_one.bytes());
+        let names_only = {
+            let mut c = ColdJobs::default();
+            c.insert("x", cold::Folded::of(&recs[0].1.timeline, 0).expect("done"));
+            let row = c.remove("x").expect("there");
+            drop(row);
+            c.bytes()
+        };
+        for (id, _) in &recs {
+            sorted.remove(id).expect("there");
+        }
+        assert_eq!(sorted.bytes(), names_only, "only the shared names are left");
+        assert!(names_only > 0);
+    }
+
     #[test]
     fn a_summary_survives_its_codec() {
         let events = vec![

@@ -640,6 +640,8 @@ impl Store {
         let log_done = started.elapsed();
         // Folded jobs: a summary each, unless the job is hot again (then its folded events join the rest).
         let mut damaged: HashSet<String> = HashSet::new();
+        // Time spent in `on_summary` (building the index's rows), reported apart from reading the summaries.
+        let mut in_callback = std::time::Duration::ZERO;
         for kv in t.summaries.iter() {
             let (k, v) = kv?;
             let job_id = std::str::from_utf8(&k).map_err(|_| corrupt("summaries", &k, "job id is not UTF-8"))?;
@@ -669,7 +671,10 @@ impl Store {
                 out.unfolded += 1;
                 Err(String::new())
             } else {
-                on_summary(job_id, body)
+                let t0 = std::time::Instant::now();
+                let r = on_summary(job_id, body);
+                in_callback += t0.elapsed();
+                r
             };
             match usable {
                 Ok(()) => out.folded += 1,
@@ -719,6 +724,7 @@ impl Store {
             snapshots_ms = snapshots_done.as_millis() as u64,
             log_tail_ms = (log_done - snapshots_done).as_millis() as u64,
             summaries_ms = (summaries_done - log_done).as_millis() as u64,
+            summary_rows_ms = in_callback.as_millis() as u64,
             derive_ms = (started.elapsed() - summaries_done).as_millis() as u64,
             "store read"
         );
