@@ -207,10 +207,12 @@ impl Committer {
         }
         if let Some(cause) = failed {
             self.health.storage_failed(cause);
+            // Recovered before the answers go out: a client that retries at once finds the failed group's
+            // leftovers gone (when the reopen succeeded).
+            self.recover_store();
             for req in group {
                 let _ = req.reply.send(Err(CommitError { cause }));
             }
-            self.recover_store();
             return;
         }
         self.health.storage_ok();

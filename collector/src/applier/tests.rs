@@ -1,10 +1,12 @@
 //! The committer driven through its channel, with a store that can report a durable write as failed.
 
 use super::*;
+use crate::index::cold::{ColdJobs, Dictionary, Folded};
 use crate::index::labels::LabelLimiter;
 use crate::index::JobIndex;
 use crate::slo::{SloDef, SloEngine};
 use crate::store::encode_log_value;
+use proptest::prelude::*;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -93,6 +95,35 @@ fn stored_by_index(index: &SharedIndex, store: &Store) -> BTreeSet<(String, Stri
     out
 }
 
+/// Committer settings for these tests: folding after `fold_after` (None: never), checkpoints rare unless folding.
+fn settings(fold_after: Option<Duration>) -> CommitterSettings {
+    CommitterSettings {
+        group_max_events: 10_000,
+        checkpoint_interval: if fold_after.is_some() { Duration::from_millis(5) } else { Duration::from_secs(3600) },
+        clock: crate::time::Clock::system(),
+        wake: Arc::new(tokio::sync::Notify::new()),
+        telemetry: None,
+        retention: None,
+        retention_interval: Duration::from_secs(3600),
+        max_events_per_job: 10_000,
+        feed: crate::feed::Feed::new(),
+        fold_after,
+        fold_interval: Duration::from_millis(5),
+        stream: None,
+        deadlines: Arc::default(),
+    }
+}
+
+/// An empty index.
+fn empty_index() -> SharedIndex {
+    SharedIndex::new(JobIndex::new(
+        BTreeMap::new(),
+        0,
+        SloEngine::new(SloDef::defaults()),
+        LabelLimiter::new(&Default::default()),
+    ))
+}
+
 /// A group commit sled kept although it reported failure (a write cut short by a full disk), then a reopen, then
 /// more groups: every acknowledged event reads back as itself, before and after a restart, and what the failed
 /// group left is gone. (Before the fix the next groups reused the failed group's sequences, and a block it left
@@ -102,36 +133,15 @@ async fn a_failed_group_commits_sequences_are_never_reused_and_its_leftovers_go_
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let t0 = startline_proto::time::now_ms() - 3_600_000;
-    let index = SharedIndex::new(JobIndex::new(
-        BTreeMap::new(),
-        0,
-        SloEngine::new(SloDef::defaults()),
-        LabelLimiter::new(&Default::default()),
-    ));
+    let index = empty_index();
     let (tx, rx) = mpsc::channel(16);
-    let settings = CommitterSettings {
-        group_max_events: 10_000,
-        checkpoint_interval: Duration::from_secs(3600),
-        clock: crate::time::Clock::system(),
-        wake: Arc::new(tokio::sync::Notify::new()),
-        telemetry: None,
-        retention: None,
-        retention_interval: Duration::from_secs(3600),
-        max_events_per_job: 10_000,
-        feed: crate::feed::Feed::new(),
-        fold_after: None,
-        fold_interval: Duration::from_secs(3600),
-        stream: None,
-        deadlines: Arc::default(),
-    };
+    let settings = settings(None);
     let health = Arc::new(Health::default());
     let committer = spawn(store.clone(), index.clone(), rx, settings, Arc::default(), health.clone()).expect("spawn");
 
     let mut acked = BTreeSet::new();
     // Three rounds: each has a good group, a failed one (several blocks of it kept by sled), then good ones.
     for round in 0..3 {
-        // Reopens are at most once per REOPEN_BACKOFF.
-        tokio::time::sleep(REOPEN_BACKOFF + Duration::from_millis(50)).await;
         let a = batch(&format!("a{round}"), 300, t0);
         assert_eq!(send(&tx, &a).await.expect("a").accepted, 300);
         acked.extend(ids(&a));
@@ -175,4 +185,150 @@ async fn a_failed_group_commits_sequences_are_never_reused_and_its_leftovers_go_
         }
     }
     assert_same(&got, &acked, "after a restart");
+}
+
+/// One step of [`acknowledged_events_survive_failed_commits_folds_and_restarts`].
+#[derive(Debug, Clone)]
+enum Op {
+    /// A batch of `(job, event)` numbers (repeats of stored events are duplicates).
+    Send(Vec<(u8, u8)>),
+    /// The same, with the store reporting the write as failed after keeping it.
+    SendFailing(Vec<(u8, u8)>),
+    /// Stop the committer (final checkpoint), reopen the store, restore, start again.
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let events = proptest::collection::vec((0u8..12, 0u8..10), 1..120);
+    prop_oneof![
+        6 => events.clone().prop_map(Op::Send),
+        2 => events.prop_map(Op::SendFailing),
+        1 => Just(Op::Restart),
+    ]
+}
+
+/// Event `e` of job `j`: 0 is the `submitted`, 9 the `done` (so jobs fold, and later events unfold them), the
+/// rest checkpoints.
+fn numbered(j: u8, e: u8, t0: i64) -> pb::LifecycleEvent {
+    let mut ev = batch(&format!("m{j}"), 1, t0).remove(0);
+    ev.event_id = format!("m{j}-e{e}");
+    ev.occurred_at = Some(ts(t0 + i64::from(e) * 1000));
+    if e > 0 {
+        ev.kind = Some(if e == 9 {
+            Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() })
+        } else {
+            Kind::Checkpoint(pb::Checkpoint { step: u64::from(e), ..Default::default() })
+        });
+    }
+    ev
+}
+
+/// Every event the index holds (hot jobs by sequence, folded ones through their summaries), read from the store.
+fn stored_events(index: &SharedIndex, store: &Store) -> BTreeSet<(String, String)> {
+    let mut out = stored_by_index(index, store);
+    let folded: Vec<String> = index.read().cold.rows.keys().map(|k| k.to_string()).collect();
+    for job_id in folded {
+        for (_, ev) in store.folded_events(&job_id).expect("folded events") {
+            out.insert((job_id.clone(), ev.event_id));
+        }
+    }
+    out
+}
+
+/// What a start does: restore the store into an index.
+fn restored_index(store: &Store) -> SharedIndex {
+    let dict = Dictionary::load(store.load_dictionary().expect("dictionary")).expect("loads");
+    let mut cold = ColdJobs::with_dictionary(dict);
+    let restored = store
+        .restore_with(|id, body| {
+            cold.insert(id, Folded::decode(body)?);
+            Ok(())
+        })
+        .expect("restore");
+    SharedIndex::new(
+        JobIndex::new_at(
+            restored.jobs,
+            cold,
+            restored.last_seq,
+            SloEngine::new(SloDef::defaults()),
+            LabelLimiter::new(&Default::default()),
+            startline_proto::time::now_ms(),
+        )
+        .with_dirty(restored.dirty),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random sequences of batches (new events, duplicates, late events of folded jobs), group commits the store
+    /// reports failed after keeping them (then a reopen), and restarts, against a model that is just the set of
+    /// acknowledged events: after every step the index reads back exactly those from the store, the log holds
+    /// nothing else, and each answer counts new events and duplicates as the model does.
+    #[test]
+    fn acknowledged_events_survive_failed_commits_folds_and_restarts(ops in proptest::collection::vec(op(), 1..24)) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        rt.block_on(async move {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let t0 = startline_proto::time::now_ms() - 3_600_000;
+            let mut store = Store::open(dir.path()).expect("open");
+            let mut index = empty_index();
+            let health = Arc::new(Health::default());
+            let fold = Some(Duration::ZERO);
+            let (mut tx, rx) = mpsc::channel(16);
+            let mut committer = Some(spawn(store.clone(), index.clone(), rx, settings(fold), Arc::default(), health.clone()).expect("spawn"));
+            let mut acked: BTreeSet<(String, String)> = BTreeSet::new();
+            for (step, op) in ops.into_iter().enumerate() {
+                match op {
+                    Op::Send(evs) | Op::SendFailing(evs) if evs.is_empty() => {}
+                    Op::Send(numbers) => {
+                        let mut seen = BTreeSet::new();
+                        let evs: Vec<_> = numbers.iter().filter(|n| seen.insert(**n)).map(|&(j, e)| numbered(j, e, t0)).collect();
+                        let new = ids(&evs).difference(&acked).count() as u32;
+                        let got = send(&tx, &evs).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
+                        assert_eq!((got.accepted, got.duplicates), (new, evs.len() as u32 - new), "step {step}");
+                        acked.extend(ids(&evs));
+                    }
+                    Op::SendFailing(numbers) => {
+                        let mut seen = BTreeSet::new();
+                        let evs: Vec<_> = numbers.iter().filter(|n| seen.insert(**n)).map(|&(j, e)| numbered(j, e, t0)).collect();
+                        store.fail_after_write.store(1, std::sync::atomic::Ordering::Release);
+                        match send(&tx, &evs).await {
+                            Err(e) => assert_eq!(e.cause, "no space left on device"),
+                            // Every event was a duplicate: nothing to write, nothing failed.
+                            Ok(r) => {
+                                assert_eq!(r.accepted, 0, "step {step}: a write was made and reported failed");
+                                store.fail_after_write.store(0, std::sync::atomic::Ordering::Release);
+                            }
+                        }
+                    }
+                    Op::Restart => {
+                        drop(tx);
+                        let c = committer.take().expect("running");
+                        tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
+                        drop(store);
+                        store = Store::open(dir.path()).expect("reopen");
+                        index = restored_index(&store);
+                        let (t, rx) = mpsc::channel(16);
+                        tx = t;
+                        committer = Some(spawn(store.clone(), index.clone(), rx, settings(fold), Arc::default(), health.clone()).expect("spawn"));
+                    }
+                }
+                assert_same(&stored_events(&index, &store), &acked, &format!("step {step}: the index"));
+                let mut in_log = BTreeSet::new();
+                let listed = store.log_after(0, usize::MAX).expect("log");
+                for (seq, job_id, _) in &listed {
+                    let Some(ev) = store.job_event(job_id, *seq).expect("read") else {
+                        panic!("step {step}: the log lists seq {seq} of {job_id}, a read by sequence does not find it");
+                    };
+                    in_log.insert((job_id.clone(), ev.event_id));
+                }
+                assert_same(&in_log, &acked, &format!("step {step}: the log"));
+            }
+            drop(tx);
+            if let Some(c) = committer {
+                tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
+            }
+        });
+    }
 }
