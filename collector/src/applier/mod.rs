@@ -417,6 +417,21 @@ impl Committer {
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot drop the log blocks of failed group commits yet"),
                 }
+                // Likewise the stream's records of failed groups: never published, but a subscriber reading the
+                // store (after a restart, or a reconnect) would get them.
+                if let Some((sw, (from, to))) = self.stream.as_ref().and_then(|sw| Some((sw, sw.failed_records()?))) {
+                    match self.store.drop_stream_blocks(from, to) {
+                        Ok(n) => {
+                            sw.failed_records_dropped();
+                            if n > 0 {
+                                tracing::warn!(blocks = n, from, to, "dropped stream blocks of failed group commits");
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot drop the stream blocks of failed group commits yet")
+                        }
+                    }
+                }
             }
             Err(e) => tracing::warn!(error = %e, "store reopen failed; trying again with a later batch"),
         }

@@ -26,6 +26,9 @@ pub(super) struct StreamWriter {
     /// Written, not yet flushed (so not yet published), in cursor order.
     pending: RefCell<Vec<Rec>>,
     last_trim: Cell<Instant>,
+    /// Cursors of failed groups' records since the last durable write: sled may have kept them; the committer
+    /// deletes them once it has reopened the store (see [`StreamWriter::failed_records`]).
+    failed: Cell<Option<(u64, u64)>>,
 }
 
 /// Records of one group commit that go into its durable batch.
@@ -55,6 +58,7 @@ impl StreamWriter {
             next: Cell::new(next),
             pending: RefCell::new(Vec::new()),
             last_trim: Cell::new(Instant::now()),
+            failed: Cell::new(None),
         };
         w.repair_events(store, index, now_ms)?;
         let through = store.stream_changes_through()?;
@@ -145,6 +149,18 @@ impl StreamWriter {
         Ok(())
     }
 
+    /// The cursors of records of failed group commits since the last durable write (none published; sled may
+    /// have kept them). Deleting the stream blocks keyed in this range removes exactly those records: each
+    /// group's records are one block keyed by its first cursor, and records written before have lower cursors.
+    pub(super) fn failed_records(&self) -> Option<(u64, u64)> {
+        self.failed.get()
+    }
+
+    /// The failed groups' records are gone from the store.
+    pub(super) fn failed_records_dropped(&self) {
+        self.failed.set(None);
+    }
+
     fn alloc(&self) -> u64 {
         let c = self.next.get();
         self.next.set(c + 1);
@@ -173,6 +189,10 @@ impl StreamWriter {
     /// cursor), and live subscribers are ended so that they resume from what the store holds. (Jobs whose change
     /// records were lost get their resync record at the next start.)
     pub(super) fn unstage(&self, store: &Store, staged: Staged) {
+        if let Some(last) = staged.records.last() {
+            let (from, to) = (staged.rollback_to, last.cursor);
+            self.failed.set(Some(self.failed.get().map_or((from, to), |(f, t)| (f.min(from), t.max(to)))));
+        }
         self.next.set(staged.rollback_to);
         self.stream.post_alerts(staged.alerts);
         let dropped = std::mem::take(&mut *self.pending.borrow_mut());
@@ -185,6 +205,9 @@ impl StreamWriter {
 
     /// The batch is durable (and with it every record written before): publish them, in order.
     pub(super) fn durable(&self, staged: Vec<Rec>) {
+        // A durable write may have reused a failed group's cursors (it overwrote that group's block): what
+        // failed before is no longer safe to delete.
+        self.failed.set(None);
         let mut all = std::mem::take(&mut *self.pending.borrow_mut());
         all.extend(staged);
         self.publish(all);

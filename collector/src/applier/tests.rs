@@ -109,7 +109,8 @@ fn settings(fold_after: Option<Duration>) -> CommitterSettings {
         feed: crate::feed::Feed::new(),
         fold_after,
         fold_interval: Duration::from_millis(5),
-        stream: None,
+        // With folding (the model test), the stream out too.
+        stream: fold_after.map(|_| crate::stream::Stream::new(crate::stream::StreamSettings::default())),
         deadlines: Arc::default(),
     }
 }
@@ -324,6 +325,18 @@ proptest! {
                     in_log.insert((job_id.clone(), ev.event_id));
                 }
                 assert_same(&in_log, &acked, &format!("step {step}: the log"));
+                // The stream's event records: one per acknowledged event, cursors increasing.
+                let mut in_stream = BTreeSet::new();
+                let mut last = 0;
+                for r in store.stream_read(0, usize::MAX).expect("stream") {
+                    assert!(r.cursor > last, "step {step}: cursor {} after {last}", r.cursor);
+                    last = r.cursor;
+                    if let Some(pb::stream_record::Record::Event(a)) = r.record {
+                        let ev = a.event.expect("event");
+                        assert!(in_stream.insert((ev.job_id, ev.event_id)), "step {step}: an event twice in the stream");
+                    }
+                }
+                assert_same(&in_stream, &acked, &format!("step {step}: the stream"));
             }
             drop(tx);
             if let Some(c) = committer {

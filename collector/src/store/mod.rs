@@ -981,6 +981,24 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes the stream blocks keyed (by first cursor) from `from` through `to` and flushes; returns how many
+    /// went. After a failed group commit and a reopen, those are the failed groups' records that sled kept.
+    pub fn drop_stream_blocks(&self, from: u64, to: u64) -> Result<usize, StoreError> {
+        let t = self.t()?;
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for kv in t.stream.range(stream_key(from)..=stream_key(to)) {
+            let (k, _) = kv?;
+            batch.remove(k);
+            n += 1;
+        }
+        if n > 0 {
+            t.stream.apply_batch(batch)?;
+            t.db.flush()?;
+        }
+        Ok(n)
+    }
+
     /// Deletes every log block after sequence `seq` and flushes; returns how many went. After a failed group
     /// commit and a reopen, the blocks past the last acknowledged sequence are writes sled kept although the
     /// commit failed (no batch of them was acknowledged): they go, so the store holds what memory holds.
