@@ -419,12 +419,16 @@ impl Committer {
                 }
                 // Likewise the stream's records of failed groups: never published, but a subscriber reading the
                 // store (after a restart, or a reconnect) would get them.
-                if let Some((sw, (from, to))) = self.stream.as_ref().and_then(|sw| Some((sw, sw.failed_records()?))) {
-                    match self.store.drop_stream_blocks(from, to) {
+                if let Some(sw) = &self.stream {
+                    let dropped: Result<usize, StoreError> = sw
+                        .failed_records()
+                        .into_iter()
+                        .try_fold(0, |n, (from, to)| Ok(n + self.store.drop_stream_blocks(from, to)?));
+                    match dropped {
                         Ok(n) => {
                             sw.failed_records_dropped();
                             if n > 0 {
-                                tracing::warn!(blocks = n, from, to, "dropped stream blocks of failed group commits");
+                                tracing::warn!(blocks = n, "dropped stream blocks of failed group commits");
                             }
                         }
                         Err(e) => {

@@ -26,9 +26,9 @@ pub(super) struct StreamWriter {
     /// Written, not yet flushed (so not yet published), in cursor order.
     pending: RefCell<Vec<Rec>>,
     last_trim: Cell<Instant>,
-    /// Cursors of failed groups' records since the last durable write: sled may have kept them; the committer
-    /// deletes them once it has reopened the store (see [`StreamWriter::failed_records`]).
-    failed: Cell<Option<(u64, u64)>>,
+    /// Cursors of failed groups' records not handed out again: sled may have kept them; the committer deletes
+    /// them once it has reopened the store (see [`StreamWriter::failed_records`]).
+    failed: RefCell<Vec<(u64, u64)>>,
 }
 
 /// Records of one group commit that go into its durable batch.
@@ -58,7 +58,7 @@ impl StreamWriter {
             next: Cell::new(next),
             pending: RefCell::new(Vec::new()),
             last_trim: Cell::new(Instant::now()),
-            failed: Cell::new(None),
+            failed: RefCell::new(Vec::new()),
         };
         w.repair_events(store, index, now_ms)?;
         let through = store.stream_changes_through()?;
@@ -149,20 +149,23 @@ impl StreamWriter {
         Ok(())
     }
 
-    /// The cursors of records of failed group commits since the last durable write (none published; sled may
-    /// have kept them). Deleting the stream blocks keyed in this range removes exactly those records: each
+    /// The cursors of records of failed group commits (none published; sled may have kept them), unless a
+    /// cursor of the range was handed out again since. Deleting the stream blocks keyed in this range removes exactly those records: each
     /// group's records are one block keyed by its first cursor, and records written before have lower cursors.
-    pub(super) fn failed_records(&self) -> Option<(u64, u64)> {
-        self.failed.get()
+    pub(super) fn failed_records(&self) -> Vec<(u64, u64)> {
+        self.failed.borrow().clone()
     }
 
     /// The failed groups' records are gone from the store.
     pub(super) fn failed_records_dropped(&self) {
-        self.failed.set(None);
+        self.failed.borrow_mut().clear();
     }
 
     fn alloc(&self) -> u64 {
         let c = self.next.get();
+        // A failed group's cursor handed out again: its block will be overwritten, and deleting the range later
+        // could delete the new records.
+        self.failed.borrow_mut().retain(|(from, to)| !(*from..=*to).contains(&c));
         self.next.set(c + 1);
         c
     }
@@ -187,11 +190,11 @@ impl StreamWriter {
     /// since the last flush may or may not reach the disk (the store is reopened after a failure): they are never
     /// published, their cursors are never reused (the stream may show a hole there, never two records under one
     /// cursor), and live subscribers are ended so that they resume from what the store holds. (Jobs whose change
-    /// records were lost get their resync record at the next start.)
+    /// records were lost get their resync record at the next start.) The failed group's own records are
+    /// remembered ([`StreamWriter::failed_records`]): the committer deletes what sled kept of them once reopened.
     pub(super) fn unstage(&self, store: &Store, staged: Staged) {
         if let Some(last) = staged.records.last() {
-            let (from, to) = (staged.rollback_to, last.cursor);
-            self.failed.set(Some(self.failed.get().map_or((from, to), |(f, t)| (f.min(from), t.max(to)))));
+            self.failed.borrow_mut().push((staged.rollback_to, last.cursor));
         }
         self.next.set(staged.rollback_to);
         self.stream.post_alerts(staged.alerts);
@@ -205,9 +208,6 @@ impl StreamWriter {
 
     /// The batch is durable (and with it every record written before): publish them, in order.
     pub(super) fn durable(&self, staged: Vec<Rec>) {
-        // A durable write may have reused a failed group's cursors (it overwrote that group's block): what
-        // failed before is no longer safe to delete.
-        self.failed.set(None);
         let mut all = std::mem::take(&mut *self.pending.borrow_mut());
         all.extend(staged);
         self.publish(all);

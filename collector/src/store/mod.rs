@@ -985,18 +985,7 @@ impl Store {
     /// went. After a failed group commit and a reopen, those are the failed groups' records that sled kept.
     pub fn drop_stream_blocks(&self, from: u64, to: u64) -> Result<usize, StoreError> {
         let t = self.t()?;
-        let mut batch = sled::Batch::default();
-        let mut n = 0;
-        for kv in t.stream.range(stream_key(from)..=stream_key(to)) {
-            let (k, _) = kv?;
-            batch.remove(k);
-            n += 1;
-        }
-        if n > 0 {
-            t.stream.apply_batch(batch)?;
-            t.db.flush()?;
-        }
-        Ok(n)
+        delete_range(&t.db, &t.stream, stream_key(from)..=stream_key(to))
     }
 
     /// Deletes every log block after sequence `seq` and flushes; returns how many went. After a failed group
@@ -1005,18 +994,7 @@ impl Store {
     pub fn drop_log_after(&self, seq: u64) -> Result<usize, StoreError> {
         let t = self.t()?;
         let Some(from) = seq.checked_add(1) else { return Ok(0) };
-        let mut batch = sled::Batch::default();
-        let mut n = 0;
-        for kv in t.blocks.range(log::block_key(from)..=log::block_key(u64::MAX)) {
-            let (k, _) = kv?;
-            batch.remove(k);
-            n += 1;
-        }
-        if n > 0 {
-            t.blocks.apply_batch(batch)?;
-            t.db.flush()?;
-        }
-        Ok(n)
+        delete_range(&t.db, &t.blocks, log::block_key(from)..=log::block_key(u64::MAX))
     }
 
     /// The last log sequence whose event record the stream holds (written with the event records, after the log
@@ -1396,6 +1374,26 @@ impl Store {
 
 const STREAM_CHANGES_KEY: &[u8] = b"\0changes_through";
 const STREAM_LOG_KEY: &[u8] = b"\0log_through";
+
+/// Deletes the keys of `tree` in `range` in one batch and flushes (if any went); returns how many went.
+fn delete_range(
+    db: &sled::Db,
+    tree: &sled::Tree,
+    range: std::ops::RangeInclusive<[u8; 9]>,
+) -> Result<usize, StoreError> {
+    let mut batch = sled::Batch::default();
+    let mut n = 0;
+    for kv in tree.range(range) {
+        let (k, _) = kv?;
+        batch.remove(k);
+        n += 1;
+    }
+    if n > 0 {
+        tree.apply_batch(batch)?;
+        db.flush()?;
+    }
+    Ok(n)
+}
 
 fn stream_key(cursor: u64) -> [u8; 9] {
     let mut k = [1u8; 9];
