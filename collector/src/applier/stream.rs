@@ -150,8 +150,9 @@ impl StreamWriter {
     }
 
     /// The cursors of records of failed group commits (none published; sled may have kept them), unless a
-    /// cursor of the range was handed out again since. Deleting the stream blocks keyed in this range removes exactly those records: each
-    /// group's records are one block keyed by its first cursor, and records written before have lower cursors.
+    /// cursor of the range was handed out again since. Deleting the stream blocks keyed in this range removes
+    /// exactly those records: each group's records are one block keyed by its first cursor, and records written
+    /// before have lower cursors.
     pub(super) fn failed_records(&self) -> Vec<(u64, u64)> {
         self.failed.borrow().clone()
     }

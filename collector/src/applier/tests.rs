@@ -224,6 +224,24 @@ fn numbered(j: u8, e: u8, t0: i64) -> pb::LifecycleEvent {
     ev
 }
 
+/// The events numbered in `numbers`, each once.
+fn distinct_events(numbers: &[(u8, u8)], t0: i64) -> Vec<pb::LifecycleEvent> {
+    let mut seen = BTreeSet::new();
+    numbers.iter().filter(|n| seen.insert(**n)).map(|&(j, e)| numbered(j, e, t0)).collect()
+}
+
+/// Starts a committer on `store` and `index` (folding after `fold`); returns its channel and thread.
+fn start(
+    store: &Store,
+    index: &SharedIndex,
+    health: &Arc<Health>,
+    fold: Option<Duration>,
+) -> (mpsc::Sender<CommitRequest>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(16);
+    let c = spawn(store.clone(), index.clone(), rx, settings(fold), Arc::default(), health.clone()).expect("spawn");
+    (tx, c)
+}
+
 /// Every event the index holds (hot jobs by sequence, folded ones through their summaries), read from the store.
 fn stored_events(index: &SharedIndex, store: &Store) -> BTreeSet<(String, String)> {
     let mut out = stored_by_index(index, store);
@@ -276,23 +294,21 @@ proptest! {
             let mut index = empty_index();
             let health = Arc::new(Health::default());
             let fold = Some(Duration::ZERO);
-            let (mut tx, rx) = mpsc::channel(16);
-            let mut committer = Some(spawn(store.clone(), index.clone(), rx, settings(fold), Arc::default(), health.clone()).expect("spawn"));
+            let (mut tx, c) = start(&store, &index, &health, fold);
+            let mut committer = Some(c);
             let mut acked: BTreeSet<(String, String)> = BTreeSet::new();
             for (step, op) in ops.into_iter().enumerate() {
                 match op {
                     Op::Send(evs) | Op::SendFailing(evs) if evs.is_empty() => {}
                     Op::Send(numbers) => {
-                        let mut seen = BTreeSet::new();
-                        let evs: Vec<_> = numbers.iter().filter(|n| seen.insert(**n)).map(|&(j, e)| numbered(j, e, t0)).collect();
+                        let evs = distinct_events(&numbers, t0);
                         let new = ids(&evs).difference(&acked).count() as u32;
                         let got = send(&tx, &evs).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
                         assert_eq!((got.accepted, got.duplicates), (new, evs.len() as u32 - new), "step {step}");
                         acked.extend(ids(&evs));
                     }
                     Op::SendFailing(numbers) => {
-                        let mut seen = BTreeSet::new();
-                        let evs: Vec<_> = numbers.iter().filter(|n| seen.insert(**n)).map(|&(j, e)| numbered(j, e, t0)).collect();
+                        let evs = distinct_events(&numbers, t0);
                         store.fail_after_write.store(1, std::sync::atomic::Ordering::Release);
                         match send(&tx, &evs).await {
                             Err(e) => assert_eq!(e.cause, "no space left on device"),
@@ -310,9 +326,8 @@ proptest! {
                         drop(store);
                         store = Store::open(dir.path()).expect("reopen");
                         index = restored_index(&store);
-                        let (t, rx) = mpsc::channel(16);
-                        tx = t;
-                        committer = Some(spawn(store.clone(), index.clone(), rx, settings(fold), Arc::default(), health.clone()).expect("spawn"));
+                        let (t, c) = start(&store, &index, &health, fold);
+                        (tx, committer) = (t, Some(c));
                     }
                 }
                 assert_same(&stored_events(&index, &store), &acked, &format!("step {step}: the index"));
@@ -333,7 +348,8 @@ proptest! {
                     last = r.cursor;
                     if let Some(pb::stream_record::Record::Event(a)) = r.record {
                         let ev = a.event.expect("event");
-                        assert!(in_stream.insert((ev.job_id, ev.event_id)), "step {step}: an event twice in the stream");
+                        let fresh = in_stream.insert((ev.job_id, ev.event_id));
+                        assert!(fresh, "step {step}: an event twice in the stream");
                     }
                 }
                 assert_same(&in_stream, &acked, &format!("step {step}: the stream"));
