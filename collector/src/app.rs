@@ -683,7 +683,8 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
         reason,
     })?;
     let mut cold = ColdJobs::with_dictionary(dict);
-    // The store lists summaries by job id: the rows are collected, then loaded in one sorted pass.
+    // The store lists summaries by job id: the rows are collected, then loaded in one sorted pass (full B-tree
+    // nodes; while the map is built, the collected rows are held too: a transient peak of one row per folded job).
     let mut rows = Vec::new();
     let restored = store.restore_with(|job_id, body| {
         let row = Folded::decode(body)?;

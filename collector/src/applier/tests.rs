@@ -6,41 +6,21 @@ use crate::index::labels::LabelLimiter;
 use crate::index::JobIndex;
 use crate::slo::{SloDef, SloEngine};
 use crate::store::encode_log_value;
+use crate::store::tests::{ev, submitted};
 use proptest::prelude::*;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use std::collections::{BTreeMap, BTreeSet};
-
-fn ts(ms: i64) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
-}
 
 /// `n` events of jobs `{tag}-0`, `{tag}-1`, ... (ten events each: a `submitted`, then checkpoints).
 fn batch(tag: &str, n: usize, at_ms: i64) -> Vec<pb::LifecycleEvent> {
     (0..n)
         .map(|i| {
             let kind = if i % 10 == 0 {
-                Kind::Submitted(pb::Submitted {
-                    pool_kind: pb::PoolKind::Managed as i32,
-                    provider: "sagemaker".into(),
-                    pool: "pool-a".into(),
-                    priority: pb::PriorityClass::Normal as i32,
-                    gpu_class: "a100".into(),
-                    gpu_count: 1,
-                    node_count: 1,
-                    region: "r1".into(),
-                    ..Default::default()
-                })
+                submitted()
             } else {
                 Kind::Checkpoint(pb::Checkpoint { step: i as u64, ..Default::default() })
             };
-            pb::LifecycleEvent {
-                event_id: format!("{tag}-event-{i}"),
-                job_id: format!("{tag}-{}", i / 10),
-                attempt: None,
-                source: "test".into(),
-                occurred_at: Some(ts(at_ms + i as i64 * 1000)),
-                kind: Some(kind),
-            }
+            ev(&format!("{tag}-{}", i / 10), &format!("{tag}-event-{i}"), at_ms + i as i64 * 1000, kind)
         })
         .collect()
 }
@@ -211,17 +191,12 @@ fn op() -> impl Strategy<Value = Op> {
 /// Event `e` of job `j`: 0 is the `submitted`, 9 the `done` (so jobs fold, and later events unfold them), the
 /// rest checkpoints.
 fn numbered(j: u8, e: u8, t0: i64) -> pb::LifecycleEvent {
-    let mut ev = batch(&format!("m{j}"), 1, t0).remove(0);
-    ev.event_id = format!("m{j}-e{e}");
-    ev.occurred_at = Some(ts(t0 + i64::from(e) * 1000));
-    if e > 0 {
-        ev.kind = Some(if e == 9 {
-            Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() })
-        } else {
-            Kind::Checkpoint(pb::Checkpoint { step: u64::from(e), ..Default::default() })
-        });
-    }
-    ev
+    let kind = match e {
+        0 => submitted(),
+        9 => Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() }),
+        _ => Kind::Checkpoint(pb::Checkpoint { step: u64::from(e), ..Default::default() }),
+    };
+    ev(&format!("m{j}"), &format!("m{j}-e{e}"), t0 + i64::from(e) * 1000, kind)
 }
 
 /// The events numbered in `numbers`, each once.

@@ -1614,6 +1614,6 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
 
 mod log;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use log::KillStats;

@@ -6,7 +6,8 @@ use startline_proto::pb::lifecycle_event::Kind;
 use startline_proto::time::ms_to_timestamp;
 use std::collections::BTreeSet;
 
-fn ev(job: &str, id: &str, at: i64, kind: Kind) -> pb::LifecycleEvent {
+/// An event of `job` (source `test`); the collector's other unit tests build theirs with it too.
+pub(crate) fn ev(job: &str, id: &str, at: i64, kind: Kind) -> pb::LifecycleEvent {
     pb::LifecycleEvent {
         event_id: id.into(),
         job_id: job.into(),
@@ -17,7 +18,8 @@ fn ev(job: &str, id: &str, at: i64, kind: Kind) -> pb::LifecycleEvent {
     }
 }
 
-fn submitted() -> Kind {
+/// A `submitted` of a managed, urgent 8-GPU job.
+pub(crate) fn submitted() -> Kind {
     Kind::Submitted(pb::Submitted {
         pool_kind: pb::PoolKind::Managed as i32,
         provider: "sagemaker".into(),
