@@ -122,8 +122,10 @@ pub async fn run_with_clock(
         // deadline crossed while the collector was down, and stored alert state keeps those pages from repeating.
         let jobs = std::mem::take(&mut restored.jobs);
         let dirty = std::mem::take(&mut restored.dirty);
-        let mut index =
-            JobIndex::new_at(jobs, cold, restored.last_seq, SloEngine::new(slo_defs), limiter, now).with_dirty(dirty);
+        let stale = std::mem::take(&mut restored.stale_summaries);
+        let mut index = JobIndex::new_at(jobs, cold, restored.last_seq, SloEngine::new(slo_defs), limiter, now)
+            .with_dirty(dirty)
+            .with_stale_summaries(stale);
         // Decisions are counted from here on: the restored history was assessed silently.
         index.slo.start_counting();
         tracing::debug!(
@@ -683,17 +685,29 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
         reason,
     })?;
     let mut cold = ColdJobs::with_dictionary(dict);
-    // The store lists summaries by job id: the rows are collected, then loaded in one sorted pass (full B-tree
-    // nodes; while the map is built, the collected rows are held too: a transient peak of one row per folded job).
+    // The store lists summaries in fold order: the rows are collected, then sorted by job id and loaded in one
+    // pass (full B-tree nodes; while the map is built, the collected rows are held too: a transient peak of one
+    // row per folded job).
     let mut rows = Vec::new();
-    let restored = store.restore_with(|job_id, body| {
-        let row = Folded::decode(body)?;
+    let restored = store.restore_with(|job_id, summary, body| {
+        let row = Folded::decode(body)?.with_summary(summary);
         if cold.dict.get(row.attrs).is_none() {
             return Err(format!("attribute set {} is not in the dictionary", row.attrs));
         }
         rows.push((Box::<str>::from(job_id), row));
         Ok(())
     })?;
-    cold.load_sorted(rows);
+    // Summaries no job needs: older ones of a job with two, and the stale ones of a job that restored folded.
+    let mut superseded = cold.load(rows);
+    for (job_id, numbers) in &restored.stale_summaries {
+        if !restored.jobs.contains_key(job_id) {
+            let current = cold.rows.get(job_id.as_str()).map(|r| r.summary());
+            superseded.extend(numbers.iter().filter(|n| Some(**n) != current).map(|n| (job_id.clone(), *n)));
+        }
+    }
+    if !superseded.is_empty() {
+        tracing::warn!(summaries = superseded.len(), "deleting superseded summaries (left by failed folds)");
+        store.delete_summaries(&superseded)?;
+    }
     Ok((restored, cold))
 }

@@ -138,34 +138,48 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
 /// are read from the store (the log entries its summary lists) and its timeline derived again from them.
 pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>) -> Result<Json<Job>, ApiError> {
     let now = s.clock.now_ms();
-    let hot = {
-        let idx = s.index.read();
-        match idx.jobs.get(&job_id) {
-            Some(h) => Some((h.rec.timeline.clone(), h.rec.events.iter().map(|e| e.seq).collect::<Vec<_>>())),
-            None if idx.folded(&job_id).is_some() => None,
-            None => return Err(ApiError::not_found(format!("job {job_id:?} is not known"))),
-        }
-    };
+    let index = s.index.clone();
     let store = s.store.clone();
     let id = job_id.clone();
-    let (timeline, events) = tokio::task::spawn_blocking(move || -> Result<_, crate::store::StoreError> {
-        let (timeline, events) = match hot {
-            // Events that vanish meanwhile (retention deleted the job after the lookup) are left out.
-            Some((t, seqs)) => (t, store.job_events_present(&id, &seqs)?),
-            None => {
-                // Shown in the job's canonical order, as for a hot job.
-                let mut by_seq: std::collections::HashMap<u64, _> =
-                    store.folded_events_present(&id)?.into_iter().collect();
-                let compact = by_seq.iter().filter_map(|(seq, e)| CompactEvent::from_pb(e, *seq)).collect();
-                let rec = JobRecord::from_events(compact);
-                let events = rec.events.iter().filter_map(|c| Some((c.seq, by_seq.remove(&c.seq)?))).collect();
-                (rec.timeline, events)
+    let found = tokio::task::spawn_blocking(move || -> Result<_, crate::store::StoreError> {
+        // A folded job's summary is replaced when a late event unfolds it and a fold folds it again: a read that
+        // finds its summary gone looks the job up again (a few times at most).
+        for _ in 0..3 {
+            let hot = {
+                let idx = index.read();
+                match idx.jobs.get(&id) {
+                    Some(h) => Ok((h.rec.timeline.clone(), h.rec.events.iter().map(|e| e.seq).collect::<Vec<_>>())),
+                    None => match idx.folded(&id) {
+                        Some(row) => Err(row.summary()),
+                        None => return Ok(None),
+                    },
+                }
+            };
+            match hot {
+                // Events that vanish meanwhile (retention deleted the job after the lookup) are left out.
+                Ok((t, seqs)) => return Ok(Some((t, store.job_events_present(&id, &seqs)?))),
+                Err(summary) => {
+                    let events = store.folded_events_present(&id, summary)?;
+                    let moved = events.is_empty() && index.read().folded(&id).map(|r| r.summary()) != Some(summary);
+                    if moved {
+                        continue;
+                    }
+                    // Shown in the job's canonical order, as for a hot job.
+                    let mut by_seq: std::collections::HashMap<u64, _> = events.into_iter().collect();
+                    let compact = by_seq.iter().filter_map(|(seq, e)| CompactEvent::from_pb(e, *seq)).collect();
+                    let rec = JobRecord::from_events(compact);
+                    let events = rec.events.iter().filter_map(|c| Some((c.seq, by_seq.remove(&c.seq)?))).collect();
+                    return Ok(Some((rec.timeline, events)));
+                }
             }
-        };
-        Ok((timeline, events))
+        }
+        Ok(None)
     })
     .await
     .map_err(ApiError::unavailable)?
     .map_err(ApiError::unavailable)?;
+    let Some((timeline, events)) = found else {
+        return Err(ApiError::not_found(format!("job {job_id:?} is not known")));
+    };
     Ok(Json(Job::detail(&job_id, &timeline, &events, now)))
 }

@@ -199,9 +199,12 @@ fn fixture() -> Fixture {
         JobIndex::new_at(jobs, Default::default(), last_seq, SloEngine::new(SloDef::defaults()), limiter, NOW);
     // Fold one ended job as the applier does: summary (listing its log entries) written, row in memory.
     let seqs: Vec<u64> = index.jobs[FOLDED].rec.events.iter().map(|e| e.seq).collect();
-    let row = index.fold(FOLDED).expect("ended job folds");
-    let write = FoldWrite { job_id: FOLDED.into(), log_seqs: seqs, summary: row.encode() };
-    store.fold_jobs(&[write], &index.cold.dict.unpersisted(), last_seq).expect("fold");
+    let row = index.fold(FOLDED, 0).expect("ended job folds");
+    let mut write = [FoldWrite { job_id: FOLDED.into(), log_seqs: seqs, summary: row.encode(), ..Default::default() }];
+    store.fold_jobs(&mut write, &index.cold.dict.unpersisted(), last_seq).expect("fold");
+    // The row points at the summary the store numbered, as the applier's rows do.
+    let row = index.cold.remove(FOLDED).expect("folded");
+    index.cold.insert(FOLDED, row.with_summary(write[0].number));
     assert!(index.folded(FOLDED).is_some() && index.jobs.contains_key(HOT));
     let board = AlertBoard::default();
     for (key, started, resolved) in [

@@ -24,13 +24,13 @@ impl Committer {
         let (seqs, folded_since) = {
             let idx = self.index.read();
             match idx.jobs.get(job_id) {
-                Some(h) => (h.rec.seqs_of_hash(id_hash).collect(), false),
-                None => (Vec::new(), idx.folded(job_id).is_some()),
+                Some(h) => (h.rec.seqs_of_hash(id_hash).collect(), None),
+                None => (Vec::new(), idx.folded(job_id).map(|r| r.summary())),
             }
         };
-        if folded_since {
+        if let Some(summary) = folded_since {
             // Folded by the maintenance thread after this group's folded events were read: they say.
-            return Ok(self.store.folded_events(job_id)?.iter().any(|(_, e)| e.event_id == event_id));
+            return Ok(self.store.folded_events(job_id, summary)?.iter().any(|(_, e)| e.event_id == event_id));
         }
         for seq in seqs {
             if self.store.job_event(job_id, seq)?.is_some_and(|e| e.event_id == event_id) {
@@ -42,18 +42,17 @@ impl Committer {
 
     /// The stored events of the folded jobs a group writes to (read once per group, outside the index lock).
     fn folded_events_of(&self, group: &[CommitRequest]) -> Result<FoldedEvents, StoreError> {
-        let wanted: HashSet<&str> = {
+        let wanted: HashMap<&str, u64> = {
             let idx = self.index.read();
             group
                 .iter()
                 .flat_map(|r| r.events.iter())
-                .map(|e| e.job_id.as_str())
-                .filter(|j| idx.folded(j).is_some())
+                .filter_map(|e| Some((e.job_id.as_str(), idx.folded(&e.job_id)?.summary())))
                 .collect()
         };
         let mut out = HashMap::with_capacity(wanted.len());
-        for job_id in wanted {
-            out.insert(job_id.to_string(), self.store.folded_events(job_id)?);
+        for (job_id, summary) in wanted {
+            out.insert(job_id.to_string(), self.store.folded_events(job_id, summary)?);
         }
         Ok(out)
     }
@@ -70,12 +69,12 @@ impl Committer {
             Some(a) => a.len(),
             None => {
                 let idx = self.index.read();
-                match (idx.jobs.get(job_id), idx.folded(job_id)) {
+                match (idx.jobs.get(job_id), idx.folded(job_id).map(|r| r.summary())) {
                     (Some(h), _) => h.rec.events.len(),
                     // Folded since this group's folded events were read: read them now.
-                    (None, Some(_)) => {
+                    (None, Some(summary)) => {
                         drop(idx);
-                        self.store.folded_events(job_id).map_or(0, |a| a.len())
+                        self.store.folded_events(job_id, summary).map_or(0, |a| a.len())
                     }
                     (None, None) => 0,
                 }
@@ -327,9 +326,10 @@ impl Committer {
     /// was folded since (by the fold pass, between the duplicate check and now), from the store.
     fn unfold(&self, idx: &mut JobIndex, job_id: &str, folded: &FoldedEvents, now: i64) {
         let read;
+        let summary = idx.folded(job_id).map_or(crate::store::LEGACY_SUMMARY, |r| r.summary());
         let archived = match folded.get(job_id) {
             Some(a) => a,
-            None => match self.store.folded_events(job_id) {
+            None => match self.store.folded_events(job_id, summary) {
                 Ok(a) => {
                     read = a;
                     &read
@@ -341,7 +341,10 @@ impl Committer {
                     // Until a restart the job's timeline in memory lacks the folded events.
                     tracing::error!(error = %e, job_id, "cannot read a folded job's events to apply a late event");
                     self.health.storage_failed(e.cause());
-                    idx.remove(job_id, now);
+                    if let Some(gone) = idx.remove(job_id, now) {
+                        // Its summary stays in the store: the hot record's next fold replaces it.
+                        idx.stale_summaries.insert(job_id.to_string(), gone.summaries);
+                    }
                     return;
                 }
             },

@@ -3,8 +3,8 @@
 //! jobs interleaves): their rows are made under the index write lock (interning attributes), their summaries
 //! (each listing the job's log sequences: the events stay in the log, nothing is read or copied) written and
 //! flushed, their snapshots removed, and only then are they dropped from memory, unless a late event arrived
-//! meanwhile (such a job stays hot; its summary is superseded by its next fold, and restore treats it as
-//! unfolded).
+//! meanwhile (such a job stays hot; its summary is stale: superseded by its next fold, deleted by retention, and
+//! restore treats it as unfolded). A job's new summary replaces its stale ones in the same store batch.
 
 use crate::health::Health;
 use crate::index::SharedIndex;
@@ -90,7 +90,7 @@ impl FoldPass {
     fn fold_chunk(&self, store: &Store, chunk: &[String]) -> Result<usize, StoreError> {
         let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
         // Rows and sequences, under a short write lock (interning may add dictionary entries).
-        let (writes, dictionary, dict_len, max_seq) = {
+        let (mut writes, dictionary, dict_len, max_seq) = {
             let mut idx = self.index.write();
             let idx = &mut *idx;
             let mut out = Vec::with_capacity(chunk.len());
@@ -103,6 +103,8 @@ impl FoldPass {
                     job_id: id.clone(),
                     log_seqs: h.rec.events.iter().map(|e| e.seq).collect(),
                     summary: row.encode(),
+                    replaces: idx.stale_summaries.get(id).cloned().unwrap_or_default(),
+                    number: 0,
                 });
             }
             (out, idx.cold.dict.unpersisted(), idx.cold.dict.len() as u32, idx.last_seq)
@@ -111,9 +113,28 @@ impl FoldPass {
             return Ok(0);
         }
         let t0 = Instant::now();
-        store.fold_write(&writes, &dictionary)?;
+        if let Err(e) = store.fold_write(&mut writes, &dictionary) {
+            // sled may have kept the write: its summaries are the jobs' stale ones too (deleting a summary that is
+            // not stored is no error).
+            let mut idx = self.index.write();
+            for w in &writes {
+                if idx.jobs.contains_key(&w.job_id) {
+                    idx.stale_summaries.entry(w.job_id.clone()).or_default().push(w.number);
+                }
+            }
+            return Err(e);
+        }
         let t_write = t0.elapsed();
-        store.fold_delete(&writes, max_seq)?;
+        if let Err(e) = store.fold_delete(&writes, max_seq) {
+            // The summaries are stored (and replaced the older ones): the jobs stay hot with them as stale.
+            let mut idx = self.index.write();
+            for w in &writes {
+                if idx.jobs.contains_key(&w.job_id) {
+                    idx.stale_summaries.insert(w.job_id.clone(), vec![w.number]);
+                }
+            }
+            return Err(e);
+        }
         tracing::debug!(
             jobs = writes.len(),
             events = writes.iter().map(|w| w.log_seqs.len()).sum::<usize>(),
@@ -127,8 +148,11 @@ impl FoldPass {
         let mut n = 0;
         for w in writes {
             let unchanged = idx.jobs.get(&w.job_id).is_some_and(|h| h.rec.events.len() == w.log_seqs.len());
-            if unchanged && idx.fold(&w.job_id).is_some() {
+            if unchanged && idx.fold(&w.job_id, w.number).is_some() {
                 n += 1;
+            } else if idx.jobs.contains_key(&w.job_id) {
+                // Changed meanwhile: it stays hot, and the summary just written is its stale one.
+                idx.stale_summaries.insert(w.job_id, vec![w.number]);
             }
         }
         Ok(n)

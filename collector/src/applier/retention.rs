@@ -1,8 +1,9 @@
 //! Retention: deletes jobs that ended more than `store.retention` ago, hot or folded, from the index (with
-//! their SLO contributions and metric footprints) and from the store (log entries, snapshot, summary, and the archive of a job an older collector folded),
+//! their SLO contributions and metric footprints) and from the store (log entries, snapshot, summaries, and the archive of a job an older collector folded),
 //! in chunks so the write lock stays short.
 
 use super::Committer;
+use crate::store::ExpiredJob;
 use std::time::Duration;
 
 /// Jobs deleted per index write lock and store transaction.
@@ -25,9 +26,15 @@ impl Committer {
         for chunk in expired.chunks(CHUNK) {
             // No checkpoint chunk or fold may be between encoding and writing these jobs while they go.
             let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
-            let removed: Vec<(String, Vec<u64>)> = {
+            let removed: Vec<ExpiredJob> = {
                 let mut idx = self.index.write();
-                chunk.iter().filter_map(|id| Some((id.clone(), idx.remove(id, now)?))).collect()
+                chunk
+                    .iter()
+                    .filter_map(|id| {
+                        let gone = idx.remove(id, now)?;
+                        Some(ExpiredJob { job_id: id.clone(), seqs: gone.seqs, summaries: gone.summaries })
+                    })
+                    .collect()
             };
             if let Err(e) = self.store.delete_jobs(&removed) {
                 // Gone from memory, not from disk: a restart brings them back and the next pass deletes them.

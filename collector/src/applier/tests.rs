@@ -1,7 +1,6 @@
 //! The committer driven through its channel, with a store that can report a durable write as failed.
 
 use super::*;
-use crate::index::cold::{ColdJobs, Dictionary, Folded};
 use crate::index::labels::LabelLimiter;
 use crate::index::JobIndex;
 use crate::slo::{SloDef, SloEngine};
@@ -220,9 +219,9 @@ fn start(
 /// Every event the index holds (hot jobs by sequence, folded ones through their summaries), read from the store.
 fn stored_events(index: &SharedIndex, store: &Store) -> BTreeSet<(String, String)> {
     let mut out = stored_by_index(index, store);
-    let folded: Vec<String> = index.read().cold.rows.keys().map(|k| k.to_string()).collect();
-    for job_id in folded {
-        for (_, ev) in store.folded_events(&job_id).expect("folded events") {
+    let folded: Vec<(String, u64)> = index.read().cold.rows.iter().map(|(k, r)| (k.to_string(), r.summary())).collect();
+    for (job_id, summary) in folded {
+        for (_, ev) in store.folded_events(&job_id, summary).expect("folded events") {
             out.insert((job_id.clone(), ev.event_id));
         }
     }
@@ -231,14 +230,7 @@ fn stored_events(index: &SharedIndex, store: &Store) -> BTreeSet<(String, String
 
 /// What a start does: restore the store into an index.
 fn restored_index(store: &Store) -> SharedIndex {
-    let dict = Dictionary::load(store.load_dictionary().expect("dictionary")).expect("loads");
-    let mut cold = ColdJobs::with_dictionary(dict);
-    let restored = store
-        .restore_with(|id, body| {
-            cold.insert(id, Folded::decode(body)?);
-            Ok(())
-        })
-        .expect("restore");
+    let (restored, cold) = crate::app::restore_index(store).expect("restore");
     SharedIndex::new(
         JobIndex::new_at(
             restored.jobs,
@@ -248,8 +240,25 @@ fn restored_index(store: &Store) -> SharedIndex {
             LabelLimiter::new(&Default::default()),
             startline_proto::time::now_ms(),
         )
-        .with_dirty(restored.dirty),
+        .with_dirty(restored.dirty)
+        .with_stale_summaries(restored.stale_summaries),
     )
+}
+
+/// With nothing running: every summary the store holds is one the index knows (a folded job's row, or a hot job's
+/// stale summary, which its next fold replaces and retention deletes), and every folded row's summary is stored.
+fn assert_summaries_known(index: &SharedIndex, store: &Store, what: &str) {
+    let stored: BTreeSet<(String, u64)> = store.summary_numbers().expect("summaries").into_iter().collect();
+    let idx = index.read();
+    let rows: BTreeSet<(String, u64)> = idx.cold.rows.iter().map(|(k, r)| (k.to_string(), r.summary())).collect();
+    let stale: BTreeSet<(String, u64)> =
+        idx.stale_summaries.iter().flat_map(|(k, ns)| ns.iter().map(move |n| (k.clone(), *n))).collect();
+    assert!(rows.is_subset(&stored), "{what}: folded rows without a stored summary: {:?}", rows.difference(&stored));
+    let known: BTreeSet<(String, u64)> = rows.union(&stale).cloned().collect();
+    assert!(stored.is_subset(&known), "{what}: summaries the index does not know: {:?}", stored.difference(&known));
+    for (job_id, _) in &stale {
+        assert!(idx.jobs.contains_key(job_id), "{what}: stale summary of {job_id}, which is not hot");
+    }
 }
 
 proptest! {
@@ -298,9 +307,11 @@ proptest! {
                         drop(tx);
                         let c = committer.take().expect("running");
                         tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
+                        assert_summaries_known(&index, &store, &format!("step {step}: before the restart"));
                         drop(store);
                         store = Store::open(dir.path()).expect("reopen");
                         index = restored_index(&store);
+                        assert_summaries_known(&index, &store, &format!("step {step}: after the restart"));
                         let (t, c) = start(&store, &index, &health, fold);
                         (tx, committer) = (t, Some(c));
                     }

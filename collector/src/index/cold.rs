@@ -53,6 +53,9 @@ pub struct Folded {
     waits: Box<[(Segment, i64)]>,
     /// Where it ran.
     placements: Box<[Placement]>,
+    /// The number of its summary in the store (0: keyed by its job id, as older collectors stored them); not
+    /// part of the summary body.
+    summary: u64,
 }
 
 fn opt(v: i64) -> Option<i64> {
@@ -63,6 +66,17 @@ impl Folded {
     /// When the job ended.
     pub fn done_at(&self) -> i64 {
         self.done_at
+    }
+
+    /// The number of its summary in the store (see [`Folded::with_summary`]).
+    pub fn summary(&self) -> u64 {
+        self.summary
+    }
+
+    /// The row with its stored summary's number (the store assigns it when it writes the summary).
+    pub fn with_summary(mut self, summary: u64) -> Folded {
+        self.summary = summary;
+        self
     }
 
     /// How many placements the row keeps.
@@ -112,6 +126,7 @@ impl Folded {
             flags,
             waits: t.initial_wait_ms.iter().map(|(s, ms)| (*s, *ms)).collect(),
             placements: t.placements.iter().cloned().collect(),
+            summary: 0,
         })
     }
 
@@ -236,6 +251,7 @@ impl Folded {
             flags: d.flags,
             waits: d.waits.into_boxed_slice(),
             placements: placements.into_boxed_slice(),
+            summary: 0,
         })
     }
 }
@@ -369,23 +385,35 @@ impl ColdJobs {
         }
     }
 
-    /// Adds rows sorted by job id (as the store lists them at a restart) to an empty set in one pass: the map is
-    /// built from the sorted run with full nodes (inserting one by one leaves them about half full). Falls back
-    /// to [`ColdJobs::insert`] when rows exist already or the run is not sorted.
-    pub fn load_sorted(&mut self, rows: Vec<(Box<str>, Folded)>) {
-        let sorted = rows.windows(2).all(|w| w[0].0 < w[1].0);
-        if !self.rows.is_empty() || !sorted {
-            for (id, row) in rows {
+    /// Adds the rows a restart read (in the store's order: by summary number) to an empty set: sorted by job
+    /// id, then built into the map in one pass, with full nodes (inserting one by one leaves them about half
+    /// full). A job with two rows (two summaries: a failed fold's write that sled kept) keeps the one with the
+    /// higher summary number, the newer; the others are returned `(job_id, summary number)`, for the store to
+    /// delete. Rows already present are kept unless a loaded row replaces them.
+    pub fn load(&mut self, mut rows: Vec<(Box<str>, Folded)>) -> Vec<(String, u64)> {
+        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.summary.cmp(&b.1.summary)));
+        let mut superseded = Vec::new();
+        let mut keep: Vec<(Box<str>, Folded)> = Vec::with_capacity(rows.len());
+        for (id, row) in rows {
+            if let Some(last) = keep.last_mut().filter(|(k, _)| *k == id) {
+                superseded.push((id.to_string(), last.1.summary));
+                last.1 = row;
+                continue;
+            }
+            keep.push((id, row));
+        }
+        if !self.rows.is_empty() {
+            for (id, row) in keep {
                 self.insert(&id, row);
             }
-            return;
+            return superseded;
         }
-        let mut rows = rows;
-        for (id, row) in &mut rows {
+        for (id, row) in &mut keep {
             self.share_nodes(row);
             self.bytes += row_bytes(id, row);
         }
-        self.rows = rows.into_iter().collect();
+        self.rows = keep.into_iter().collect();
+        superseded
     }
 
     /// Points the row's node names at the shared ones (adding names not seen before).

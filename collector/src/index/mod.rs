@@ -143,6 +143,9 @@ pub struct JobIndex {
     pub dirty: HashSet<String>,
     /// Hot jobs that have ended, with when they last changed (collector time): fold candidates.
     pub settling: HashMap<String, i64>,
+    /// Hot jobs that still have summaries in the store (folded once, then hot again after a late event), with
+    /// the summaries' numbers: the job's next fold replaces them, retention deletes them.
+    pub stale_summaries: HashMap<String, Vec<u64>>,
     /// The highest log sequence applied.
     pub last_seq: u64,
     /// SLO windows and the deadline index.
@@ -184,6 +187,7 @@ impl JobIndex {
             cold,
             dirty: HashSet::new(),
             settling: HashMap::new(),
+            stale_summaries: HashMap::new(),
             last_seq,
             slo,
             slo_generation: 0,
@@ -253,6 +257,13 @@ impl JobIndex {
         slo.carry_decisions(&self.slo);
         self.slo = slo;
         self.slo_generation += 1;
+    }
+
+    /// Records the stored summaries of hot jobs (after a restore: jobs unfolded by a late event, or whose
+    /// summary was unusable); entries of jobs that are not hot are left out.
+    pub fn with_stale_summaries(mut self, stale: HashMap<String, Vec<u64>>) -> Self {
+        self.stale_summaries = stale.into_iter().filter(|(id, _)| self.jobs.contains_key(id)).collect();
+        self
     }
 
     /// Marks jobs as changed since the last checkpoint: after a restore, every job rebuilt from the log tail,
@@ -341,9 +352,8 @@ impl JobIndex {
     /// it. Its SLO contributions and footprint are recomputed silently (the windows already count them).
     /// Returns false if the job is not folded.
     pub fn unfold(&mut self, job_id: &str, events: Vec<CompactEvent>, now: i64) -> bool {
-        if self.cold.remove(job_id).is_none() {
-            return false;
-        }
+        let Some(row) = self.cold.remove(job_id) else { return false };
+        self.stale_summaries.entry(job_id.to_string()).or_default().push(row.summary());
         let rec = JobRecord::from_events(events);
         let mut slo = Vec::new();
         self.slo.assess_into(&rec.timeline, now, &mut slo);
@@ -355,35 +365,47 @@ impl JobIndex {
         true
     }
 
-    /// Folds a hot, ended job into a row, dropping its events from memory. Its SLO contributions stay counted
-    /// (they are final). Returns the row, or `None` if the job is not hot and ended.
-    pub fn fold(&mut self, job_id: &str) -> Option<Folded> {
+    /// Folds a hot, ended job into a row, dropping its events from memory; `summary` is the number of the
+    /// summary the store holds for it (which replaced its stale ones). Its SLO contributions stay counted (they
+    /// are final). Returns the row, or `None` if the job is not hot and ended.
+    pub fn fold(&mut self, job_id: &str, summary: u64) -> Option<Folded> {
         let hot = self.jobs.get(job_id)?;
         let attrs = hot.rec.timeline.attrs.as_ref()?;
         let id = self.cold.dict.intern(attrs);
-        let row = Folded::of(&hot.rec.timeline, id)?;
+        let row = Folded::of(&hot.rec.timeline, id)?.with_summary(summary);
         self.jobs.remove(job_id);
         self.dirty.remove(job_id);
         self.settling.remove(job_id);
+        self.stale_summaries.remove(job_id);
         self.cold.insert(job_id, row.clone());
         Some(row)
     }
 
-    /// Removes a job (hot or folded) with its SLO contributions and metric footprint. Returns the log sequences
-    /// of a hot job's events (empty for a folded job), or `None` if unknown.
-    pub fn remove(&mut self, job_id: &str, now: i64) -> Option<Vec<u64>> {
+    /// Removes a job (hot or folded) with its SLO contributions and metric footprint. Returns what the store
+    /// holds of it, or `None` if unknown.
+    pub fn remove(&mut self, job_id: &str, now: i64) -> Option<Removed> {
         if let Some(mut h) = self.jobs.remove(job_id) {
             self.slo.forget(job_id, &mut h.slo);
             self.gauges.update(job_id, h.metrics.as_ref(), None, &h.rec.timeline, true);
             self.dirty.remove(job_id);
             self.settling.remove(job_id);
-            return Some(h.rec.events.iter().map(|e| e.seq).collect());
+            let summaries = self.stale_summaries.remove(job_id).unwrap_or_default();
+            return Some(Removed { seqs: h.rec.events.iter().map(|e| e.seq).collect(), summaries });
         }
         let row = self.cold.remove(job_id)?;
         let t = self.cold.timeline(&row);
         self.slo.count_ended(job_id, &t, now, -1);
-        Some(Vec::new())
+        Some(Removed { seqs: Vec::new(), summaries: vec![row.summary()] })
     }
+}
+
+/// What the store holds of a job removed from the index (see [`JobIndex::remove`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// The log sequences of a hot job's events (a folded job's are listed by its summary).
+    pub seqs: Vec<u64>,
+    /// The numbers of its summaries in the store: a folded job's, or a hot job's stale ones.
+    pub summaries: Vec<u64>,
 }
 
 /// Fixed bytes of one hot job beside its events: the record, timeline, fold state, SLO contributions, metric

@@ -48,7 +48,7 @@ fn scans_fill_a_folded_jobs_placements_only_when_asked() {
     idx.jobs.insert("j".into(), HotJob { rec: JobRecord::from_events(events), ..HotJob::default() });
     let hot = idx.jobs["j"].rec.timeline.clone();
     assert_eq!(hot.placements.len(), 1, "{:?}", hot.placements);
-    assert!(idx.fold("j").is_some());
+    assert!(idx.fold("j", 1).is_some());
     let shared = SharedIndex::new(idx);
     let mut light = None;
     shared.for_each_job(10, |_, r| light = Some((r.timeline.clone(), r.folded)));
@@ -240,18 +240,24 @@ mod fold_model {
                         let mut ev = ev.clone();
                         ev.seq = seq;
                         have.push(ev.clone());
-                        if idx.folded(job).is_some() {
+                        if let Some(summary) = idx.folded(job).map(|r| r.summary()) {
                             // The store holds exactly the events delivered before the fold.
                             let archived: Vec<CompactEvent> = have.iter().filter(|e| e.seq != seq).cloned().collect();
                             prop_assert!(idx.unfold(job, archived, now));
+                            // Its summary stays in the store until the next fold replaces it.
+                            prop_assert_eq!(idx.stale_summaries.get(job), Some(&vec![summary]));
                         }
                         idx.insert(job, ev, now);
                     }
                     Op::Fold(j) => {
                         let job = format!("j{j}");
                         let done = idx.jobs.get(&job).is_some_and(|h| h.rec.timeline.state == crate::job::JobState::Done);
-                        let folded = idx.fold(&job).is_some();
+                        let folded = idx.fold(&job, seq).is_some();
                         prop_assert_eq!(folded, done);
+                        if folded {
+                            prop_assert_eq!(idx.folded(&job).map(|r| r.summary()), Some(seq));
+                            prop_assert!(!idx.stale_summaries.contains_key(&job));
+                        }
                     }
                     Op::Restart => {
                         let hot = std::mem::take(&mut idx.jobs).into_iter().map(|(k, h)| (k, JobRecord::from_events(h.rec.events))).collect();
@@ -339,19 +345,25 @@ mod fold_model {
         let mut one_by_one = ColdJobs::default();
         let mut rows = Vec::new();
         let mut sorted = ColdJobs::default();
-        for (id, rec) in &recs {
+        for (i, (id, rec)) in recs.iter().enumerate() {
             let n = one_by_one.dict.intern(rec.timeline.attrs.as_ref().expect("attrs"));
             sorted.dict.intern(rec.timeline.attrs.as_ref().expect("attrs"));
-            let row = cold::Folded::of(&rec.timeline, n).expect("done");
+            let row = cold::Folded::of(&rec.timeline, n).expect("done").with_summary(i as u64 + 1);
             // What a restart reads: the stored body decoded, with its own copy of every name.
-            rows.push((Box::<str>::from(id.as_str()), cold::Folded::decode(&row.encode()).expect("decodes")));
+            let read = cold::Folded::decode(&row.encode()).expect("decodes").with_summary(row.summary());
+            rows.push((Box::<str>::from(id.as_str()), read));
             one_by_one.insert(id, row);
         }
-        sorted.load_sorted(rows.clone());
+        assert!(sorted.load(rows.clone()).is_empty(), "one summary per job: none superseded");
         let mut unsorted = ColdJobs::default();
         unsorted.dict.intern(recs[0].1.timeline.attrs.as_ref().expect("attrs"));
+        // Fold order is not job order; and a job with two summaries (a failed fold's write kept) keeps the newer.
         rows.reverse();
-        unsorted.load_sorted(rows);
+        let older = rows[3].1.clone().with_summary(0);
+        rows.insert(0, (rows[3].0.clone(), older));
+        let superseded = unsorted.load(rows);
+        assert_eq!(superseded, vec![(recs[36].0.clone(), 0)]);
+        assert_eq!(unsorted.rows[recs[36].0.as_str()].summary(), 37);
         for cold in [&one_by_one, &sorted, &unsorted] {
             assert_eq!(cold.len(), recs.len());
             let mut first: BTreeMap<String, Arc<str>> = BTreeMap::new();

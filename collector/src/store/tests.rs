@@ -305,7 +305,7 @@ fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
         (t.blocks.range(log::all_blocks()).count(), totals)
     };
     // One job of ten goes: its two events are marked dead, the block stays.
-    store.delete_jobs(&[("j0".to_string(), seqs_of("j0", &mem))]).expect("delete");
+    store.delete_jobs(&[expired("j0", seqs_of("j0", &mem))]).expect("delete");
     assert_eq!(blocks_state(&store), (1, (1, 2)));
     assert_eq!(store.event(1).expect("read"), None, "a dead event is not read");
     assert!(store.event(2).expect("read").is_some());
@@ -317,7 +317,7 @@ fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
     let r = store.restore().expect("restore");
     assert_eq!(r.replayed, 18, "dead events are not replayed");
     // Four more jobs go: half the block is dead, it is rewritten with the live half and its mark goes.
-    let gone: Vec<(String, Vec<u64>)> = (1..5).map(|j| (format!("j{j}"), seqs_of(&format!("j{j}"), &mem))).collect();
+    let gone: Vec<ExpiredJob> = (1..5).map(|j| expired(&format!("j{j}"), seqs_of(&format!("j{j}"), &mem))).collect();
     store.delete_jobs(&gone).expect("delete");
     assert_eq!(blocks_state(&store), (1, (0, 0)));
     let r = store.restore().expect("restore");
@@ -326,7 +326,7 @@ fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
         mem.iter().filter(|(k, _)| k.as_str() >= "j5").map(|(k, v)| (k.clone(), v.clone())).collect();
     assert_eq!(r.jobs, left);
     // The rest go: the block goes.
-    let gone: Vec<(String, Vec<u64>)> = (5..10).map(|j| (format!("j{j}"), seqs_of(&format!("j{j}"), &mem))).collect();
+    let gone: Vec<ExpiredJob> = (5..10).map(|j| expired(&format!("j{j}"), seqs_of(&format!("j{j}"), &mem))).collect();
     store.delete_jobs(&gone).expect("delete");
     assert_eq!(blocks_state(&store), (0, (0, 0)));
     assert!(store.restore().expect("restore").jobs.is_empty());
@@ -339,9 +339,14 @@ fn sequence_numbers_never_go_back_when_the_newest_log_entries_are_deleted() {
     let (mem, seq) = three_jobs(&store);
     store.checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), seq).expect("checkpoint");
     // Retention deletes the job holding the newest entry.
-    store.delete_jobs(&[("c".to_string(), vec![seq])]).expect("delete");
+    store.delete_jobs(&[expired("c", vec![seq])]).expect("delete");
     let r = store.restore().expect("restore");
     assert_eq!(r.last_seq, seq, "the next event must be numbered above the checkpoint marker");
+}
+
+/// A hot job retention deletes: its events' sequences, no summaries.
+fn expired(job: &str, seqs: Vec<u64>) -> ExpiredJob {
+    ExpiredJob { job_id: job.to_string(), seqs, summaries: Vec::new() }
 }
 
 #[test]
@@ -383,6 +388,9 @@ mod model {
         /// A fold that crashes between its two steps: summary written, snapshot not deleted (the job
         /// stays hot in memory; the next restart must restore it whole).
         TornFold(u8),
+        /// Fold a hot job as collectors before summary numbers did: its summary (listing its log entries) keyed
+        /// by its job id.
+        KeyedFold(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -396,13 +404,15 @@ mod model {
             1 => (0u8..6).prop_map(Op::FoldKeptHot),
             1 => (0u8..6).prop_map(Op::TornFold),
             1 => (0u8..6).prop_map(Op::LegacyFold),
+            1 => (0u8..6).prop_map(Op::KeyedFold),
         ]
     }
 
-    /// What a fold of `job` writes: its sequences, and its id as the summary.
-    fn fold_write(job: &str, rec: &JobRecord) -> FoldWrite {
+    /// What a fold of `job` writes: its sequences, and its id as the summary, replacing its older summaries.
+    fn fold_write(job: &str, rec: &JobRecord, replaces: &[u64]) -> FoldWrite {
         let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
-        FoldWrite { job_id: job.to_string(), log_seqs: seqs, summary: job.as_bytes().to_vec() }
+        let summary = job.as_bytes().to_vec();
+        FoldWrite { job_id: job.to_string(), log_seqs: seqs, summary, replaces: replaces.to_vec(), number: 0 }
     }
 
     proptest! {
@@ -421,6 +431,8 @@ mod model {
             // Hot jobs whose fold crashed after writing their summary and that have not changed since: a restart
             // may bring them back folded (the summary lists every event they have) or hot (a snapshot beside it).
             let mut torn: HashSet<String> = HashSet::new();
+            // The numbers of the summaries the store holds per job (a folded job's; a hot job's stale ones).
+            let mut summaries: BTreeMap<String, Vec<u64>> = BTreeMap::new();
             let mut last_seq = 0u64;
             // The highest sequence a checkpoint marker claims: new events must be numbered above it.
             let mut marker = 0u64;
@@ -443,7 +455,8 @@ mod model {
                             }
                             // A late event for a folded job unfolds it from its folded events first.
                             if let Some(rec) = folded.remove(&job) {
-                                let archived = store.folded_events(&job).expect("folded events");
+                                let number = summaries[&job][0];
+                                let archived = store.folded_events(&job, number).expect("folded events");
                                 let compact = archived.iter().filter_map(|(q, e)| CompactEvent::from_pb(e, *q)).collect();
                                 let back = JobRecord::from_events(compact);
                                 prop_assert_eq!(&back, &rec);
@@ -473,8 +486,9 @@ mod model {
                     Op::TornFold(j) => {
                         let job = format!("j{j}");
                         if let Some(rec) = mem.get(&job) {
-                            let fw = fold_write(&job, rec);
-                            store.fold_write(&[fw], &[]).expect("fold write");
+                            let mut fw = [fold_write(&job, rec, summaries.get(&job).map_or(&[], |v| v))];
+                            store.fold_write(&mut fw, &[]).expect("fold write");
+                            summaries.insert(job.clone(), vec![fw[0].number]);
                             torn.insert(job);
                         }
                     }
@@ -482,8 +496,9 @@ mod model {
                         let job = format!("j{j}");
                         torn.remove(&job);
                         if let Some(rec) = mem.get(&job) {
-                            let fw = fold_write(&job, rec);
-                            store.fold_jobs(&[fw], &[], last_seq).expect("fold");
+                            let mut fw = [fold_write(&job, rec, summaries.get(&job).map_or(&[], |v| v))];
+                            store.fold_jobs(&mut fw, &[], last_seq).expect("fold");
+                            summaries.insert(job.clone(), vec![fw[0].number]);
                             if matches!(op, Op::Fold(_)) {
                                 if let Some(rec) = mem.remove(&job) {
                                     folded.insert(job.clone(), rec);
@@ -499,11 +514,20 @@ mod model {
                             }
                         }
                     }
-                    Op::LegacyFold(j) => {
+                    // Older collectors' folds, of jobs that have no summary yet.
+                    Op::LegacyFold(j) | Op::KeyedFold(j) => {
                         let job = format!("j{j}");
+                        if summaries.contains_key(&job) || !mem.contains_key(&job) {
+                            continue;
+                        }
                         torn.remove(&job);
                         if let Some(rec) = mem.remove(&job) {
-                            legacy_fold(&store, &job, &rec, last_seq);
+                            if matches!(op, Op::LegacyFold(_)) {
+                                legacy_fold(&store, &job, &rec, last_seq);
+                            } else {
+                                keyed_fold(&store, &job, &rec, last_seq);
+                            }
+                            summaries.insert(job.clone(), vec![LEGACY_SUMMARY]);
                             folded.insert(job.clone(), rec);
                             dirty.remove(&job);
                         }
@@ -511,13 +535,16 @@ mod model {
                     Op::Expire(j) => {
                         let job = format!("j{j}");
                         torn.remove(&job);
+                        let numbers = summaries.remove(&job).unwrap_or_default();
                         if folded.remove(&job).is_some() {
-                            store.delete_jobs(&[(job.clone(), Vec::new())]).expect("delete");
+                            let gone = ExpiredJob { job_id: job.clone(), seqs: Vec::new(), summaries: numbers.clone() };
+                            store.delete_jobs(&[gone]).expect("delete");
                             acked.remove(&job);
                         }
                         if let Some(rec) = mem.remove(&job) {
+                            let seqs = rec.events.iter().map(|e| e.seq).collect();
                             store
-                                .delete_jobs(&[(job.clone(), rec.events.iter().map(|e| e.seq).collect())])
+                                .delete_jobs(&[ExpiredJob { job_id: job.clone(), seqs, summaries: numbers }])
                                 .expect("delete");
                             dirty.remove(&job);
                             acked.remove(&job);
@@ -529,7 +556,7 @@ mod model {
                         store = Store::open(dir.path()).expect("reopen");
                         let r = store.restore().expect("restore");
                         for job in torn.clone() {
-                            if r.summaries.iter().any(|(id, _)| *id == job) && !r.jobs.contains_key(&job) {
+                            if r.summaries.iter().any(|(id, _, _)| *id == job) && !r.jobs.contains_key(&job) {
                                 if let Some(rec) = mem.remove(&job) {
                                     folded.insert(job.clone(), rec);
                                 }
@@ -558,16 +585,30 @@ mod model {
                                 (id.clone(), ids)
                             })
                             .collect();
-                        for (id, _) in &r.summaries {
-                            let ids = store.folded_events(id).expect("folded").into_iter().map(|(_, e)| e.event_id).collect();
+                        for (id, number, _) in &r.summaries {
+                            let ids = store.folded_events(id, *number).expect("folded").into_iter().map(|(_, e)| e.event_id).collect();
                             prop_assert!(got.insert(id.clone(), ids).is_none(), "{} both hot and folded", id);
                         }
                         prop_assert_eq!(&got, &acked);
                         prop_assert_eq!(&r.jobs, &mem);
-                        let summarized: BTreeSet<&String> = r.summaries.iter().map(|(id, _)| id).collect();
+                        let summarized: BTreeSet<&String> = r.summaries.iter().map(|(id, _, _)| id).collect();
                         prop_assert_eq!(summarized, folded.keys().collect::<BTreeSet<_>>());
-                        for (id, body) in &r.summaries {
+                        for (id, number, body) in &r.summaries {
                             prop_assert_eq!(body.as_slice(), id.as_bytes());
+                            prop_assert_eq!(summaries.get(id), Some(&vec![*number]), "{}: the summary last written", id);
+                        }
+                        // The store holds one summary per job, the one last written; hot jobs' are stale.
+                        let stored: BTreeMap<String, Vec<u64>> = store.summary_numbers().expect("numbers").into_iter().fold(
+                            BTreeMap::new(),
+                            |mut m, (id, n)| {
+                                m.entry(id).or_insert_with(Vec::new).push(n);
+                                m
+                            },
+                        );
+                        prop_assert_eq!(&stored, &summaries);
+                        for (id, numbers) in &r.stale_summaries {
+                            prop_assert!(r.jobs.contains_key(id), "{}: stale summaries of a job not hot", id);
+                            prop_assert_eq!(summaries.get(id), Some(numbers));
                         }
                         mem = r.jobs;
                         dirty = r.dirty;
@@ -633,6 +674,17 @@ fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_whole_blocks
     let (_, value) = encode_stream_blocks(&[stream_rec(9, 1)], 1).expect("encode").remove(0);
     raw_put(&store, "stream", &stream_key(106), &value);
     assert!(store.stream_read(105, 10).is_err());
+}
+
+/// A fold as collectors before summary numbers wrote it: the summary (listing the job's log sequences) keyed by
+/// the job id, flushed; then its snapshot removed.
+fn keyed_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64) {
+    let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
+    let t = store.t().expect("open");
+    t.summaries.insert(job.as_bytes(), encode_summary(&seqs, job.as_bytes())).expect("summary");
+    t.db.flush().expect("flush");
+    let fw = FoldWrite { job_id: job.to_string(), ..Default::default() };
+    store.fold_delete(&[fw], max_seq).expect("delete snapshot");
 }
 
 /// A fold as collectors before folded events stayed in the log wrote it: the job's events copied into an
@@ -739,9 +791,12 @@ fn a_folded_jobs_events_stay_in_the_log_until_retention_and_restore_does_not_rep
     write(&store, &mut mem, &mut seq, &events);
     // Fold "a" without a checkpoint: all its events are in the log tail, and its summary lists them.
     let a_seqs: Vec<u64> = mem["a"].events.iter().map(|e| e.seq).collect();
-    let fw = FoldWrite { job_id: "a".into(), log_seqs: a_seqs.clone(), summary: b"a".to_vec() };
-    store.fold_jobs(&[fw], &[], seq).expect("fold");
-    let folded = store.folded_events("a").expect("folded events");
+    let mut fw =
+        [FoldWrite { job_id: "a".into(), log_seqs: a_seqs.clone(), summary: b"a".to_vec(), ..Default::default() }];
+    store.fold_jobs(&mut fw, &[], seq).expect("fold");
+    let a_summary = fw[0].number;
+    assert_eq!(a_summary, 1, "the first summary number");
+    let folded = store.folded_events("a", a_summary).expect("folded events");
     assert_eq!(
         folded.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
         a_seqs.iter().copied().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>()
@@ -751,7 +806,7 @@ fn a_folded_jobs_events_stay_in_the_log_until_retention_and_restore_does_not_rep
     drop(store);
     store = Store::open(dir.path()).expect("reopen");
     let r = store.restore().expect("restore");
-    assert_eq!(r.summaries, vec![("a".to_string(), b"a".to_vec())]);
+    assert_eq!(r.summaries, vec![("a".to_string(), a_summary, b"a".to_vec())]);
     assert_eq!(r.jobs.keys().collect::<Vec<_>>(), vec!["b"]);
     assert!(!r.dirty.contains("a") && r.dirty.contains("b"));
     assert_eq!((r.folded, r.unfolded, r.replayed), (1, 0, 60));
@@ -763,20 +818,23 @@ fn a_folded_jobs_events_stay_in_the_log_until_retention_and_restore_does_not_rep
     let r = store.restore().expect("restore");
     assert_eq!(r.unfolded, 1);
     assert_eq!(r.jobs["a"], mem["a"]);
+    assert_eq!(r.stale_summaries, HashMap::from([("a".to_string(), vec![a_summary])]));
     assert!(r.dirty.contains("a"));
     // A damaged summary: the job is rebuilt from the whole log (checkpointed first, so no tail holds it).
     store.checkpoint(mem.iter().map(|(id, r)| (id.as_str(), r)), seq).expect("checkpoint");
-    let fw = FoldWrite {
+    let mut fw = [FoldWrite {
         job_id: "b".into(),
         log_seqs: mem["b"].events.iter().map(|e| e.seq).collect(),
         summary: b"b".to_vec(),
-    };
-    store.fold_jobs(&[fw], &[], seq).expect("fold b");
+        ..Default::default()
+    }];
+    store.fold_jobs(&mut fw, &[], seq).expect("fold b");
+    let b_key = summary_key("b", fw[0].number);
     let t = store.t().expect("open");
-    let mut damaged = t.summaries.get(b"b").expect("get").expect("present").to_vec();
+    let mut damaged = t.summaries.get(&b_key).expect("get").expect("present").to_vec();
     let at = damaged.len() - 1;
     damaged[at] ^= 0xff;
-    t.summaries.insert(b"b", damaged).expect("damage");
+    t.summaries.insert(&b_key, damaged).expect("damage");
     t.db.flush().expect("flush");
     drop(t);
     drop(store);
@@ -785,16 +843,24 @@ fn a_folded_jobs_events_stay_in_the_log_until_retention_and_restore_does_not_rep
     assert_eq!((r.replayed, r.folded), (0, 0));
     assert_eq!(r.jobs["b"], mem["b"], "rebuilt from the log");
     assert!(r.dirty.contains("b"));
+    assert_eq!(r.stale_summaries.get("b"), Some(&vec![fw[0].number]), "its damaged summary is stale");
     // Retention of a folded job kills its log entries with its summary.
-    let fw = FoldWrite {
+    let mut fw = [FoldWrite {
         job_id: "a".into(),
         log_seqs: mem["a"].events.iter().map(|e| e.seq).collect(),
         summary: b"a".to_vec(),
-    };
-    store.fold_jobs(&[fw], &[], seq).expect("refold");
-    assert_eq!(store.folded_events("a").expect("folded").len(), 31);
-    store.delete_jobs(&[("a".to_string(), Vec::new())]).expect("delete");
-    assert!(store.folded_events("a").expect("gone").is_empty());
+        replaces: vec![a_summary],
+        number: 0,
+    }];
+    store.fold_jobs(&mut fw, &[], seq).expect("refold");
+    let refolded = fw[0].number;
+    assert!(refolded > a_summary);
+    assert!(store.folded_events("a", a_summary).expect("replaced").is_empty(), "the old summary went");
+    assert_eq!(store.folded_events("a", refolded).expect("folded").len(), 31);
+    let gone = ExpiredJob { job_id: "a".into(), seqs: Vec::new(), summaries: vec![refolded] };
+    store.delete_jobs(&[gone]).expect("delete");
+    assert!(store.folded_events("a", refolded).expect("gone").is_empty());
+    assert!(store.summary_numbers().expect("numbers").iter().all(|(id, _)| id != "a"));
     for s in mem["a"].events.iter().map(|e| e.seq) {
         assert!(store.event(s).expect("read").is_none(), "seq {s} left the log");
     }
