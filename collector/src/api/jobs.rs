@@ -3,12 +3,14 @@
 use super::extract::{ApiPath, Params};
 use super::types::{Job, JobList};
 use super::{ApiError, ApiState};
-use crate::job::{CompactEvent, JobRecord, JobState, Timeline};
+use crate::index::FoldedRef;
+use crate::job::{CompactEvent, JobAttrs, JobRecord, JobState, Timeline};
 use crate::time::parse_time;
 use axum::extract::State;
 use axum::Json;
 use startline_proto::labels::Label;
 use startline_proto::pb;
+use std::collections::HashMap;
 
 /// Filters of a job listing.
 #[derive(Debug, Default)]
@@ -41,18 +43,37 @@ impl Filter {
                 return false;
             }
         }
-        let attr_filtered = self.pool_kind.is_some()
+        if !self.attr_filtered() {
+            return true;
+        }
+        t.attrs.as_ref().is_some_and(|a| self.attrs_match(a))
+    }
+
+    /// Whether a folded job (always done) can match, from its row alone: its attributes' verdict is worked out
+    /// once per attribute set (`memo`, by the row's attribute number), not once per job.
+    fn matches_row(&self, r: FoldedRef<'_>, memo: &mut HashMap<u32, bool>) -> bool {
+        if self.state.is_some_and(|s| s != JobState::Done) {
+            return false;
+        }
+        let at = r.row.submitted_at();
+        if self.submitted_after.is_some_and(|after| at < after) || self.submitted_before.is_some_and(|b| at >= b) {
+            return false;
+        }
+        *memo.entry(r.row.attrs).or_insert_with(|| self.attrs_match(r.attrs))
+    }
+
+    fn attr_filtered(&self) -> bool {
+        self.pool_kind.is_some()
             || self.provider.is_some()
             || self.pool.is_some()
             || self.priority.is_some()
             || self.gpu_class.is_some()
             || self.region.is_some()
             || self.team.is_some()
-            || self.project.is_some();
-        if !attr_filtered {
-            return true;
-        }
-        let Some(a) = &t.attrs else { return false };
+            || self.project.is_some()
+    }
+
+    fn attrs_match(&self, a: &JobAttrs) -> bool {
         let eq = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
         self.pool_kind.is_none_or(|k| k == a.pool_kind)
             && eq(&self.provider, &a.provider)
@@ -115,7 +136,10 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
     let (jobs, next) = tokio::task::spawn_blocking(move || {
         let mut jobs: Vec<Job> = Vec::with_capacity(limit.min(1000));
         let mut next = None;
-        index.scan_from(page_token.as_deref(), super::compare::SCAN_CHUNK, |id, job| {
+        // Folded jobs are judged by their rows first: only those that can match have their timelines filled in.
+        let mut memo = HashMap::new();
+        let pre = |_: &str, r: FoldedRef<'_>| f.matches_row(r, &mut memo);
+        index.scan_where(page_token.as_deref(), super::compare::SCAN_CHUNK, pre, |id, job| {
             if !f.matches(job.timeline) {
                 return true;
             }

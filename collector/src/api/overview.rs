@@ -6,11 +6,75 @@ use super::extract::Params;
 use super::types::{OldestWait, Overview, PoolTtfs, SeriesPoint};
 use super::{ApiError, ApiState};
 use crate::compare::stats::percentile;
+use crate::job::{JobAttrs, JobState};
 use crate::time::format_ms;
 use axum::extract::State;
 use axum::Json;
 use startline_proto::labels::Label;
 use std::collections::BTreeMap;
+
+/// A pool and priority: `(pool_kind, provider, pool, priority)`.
+type PoolKey = (String, String, String, String);
+
+/// Times to first step of the jobs that started in the window, by pool and over time.
+struct Started {
+    /// Per pool and priority, in first-seen order.
+    groups: Vec<(PoolKey, Vec<f64>)>,
+    by_key: std::collections::HashMap<PoolKey, usize>,
+    /// Folded jobs' attribute sets (by dictionary number) to their group: one lookup per set, not per job.
+    by_attrs: std::collections::HashMap<u32, usize>,
+    series: BTreeMap<(&'static str, i64), Vec<f64>>,
+    from: i64,
+    now: i64,
+    step: i64,
+}
+
+impl Started {
+    fn new(from: i64, now: i64, step: i64) -> Started {
+        Started {
+            groups: Vec::new(),
+            by_key: Default::default(),
+            by_attrs: Default::default(),
+            series: BTreeMap::new(),
+            from,
+            now,
+            step,
+        }
+    }
+
+    /// A job of attributes `a` (dictionary number `attrs_id` for a folded job) that reached its first step at
+    /// `f` after `ttfs` ms.
+    fn add(&mut self, a: &JobAttrs, attrs_id: Option<u32>, f: i64, ttfs: i64) {
+        if f < self.from || f > self.now {
+            return;
+        }
+        let secs = ttfs as f64 / 1000.0;
+        let memo = attrs_id.and_then(|n| self.by_attrs.get(&n).copied());
+        let group = match memo {
+            Some(g) => g,
+            None => {
+                let key = (
+                    a.pool_kind.label().to_string(),
+                    a.provider.clone(),
+                    a.pool.clone(),
+                    a.priority.label().to_string(),
+                );
+                let next = self.groups.len();
+                let g = *self.by_key.entry(key.clone()).or_insert(next);
+                if g == next {
+                    self.groups.push((key, Vec::new()));
+                }
+                if let Some(n) = attrs_id {
+                    self.by_attrs.insert(n, g);
+                }
+                g
+            }
+        };
+        self.groups[group].1.push(secs);
+        let bucket = self.from + ((f - self.from) / self.step) * self.step;
+        self.series.entry((a.pool_kind.label(), bucket)).or_default().push(secs);
+    }
+}
 
 /// The overview.
 pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Overview>, ApiError> {
@@ -33,30 +97,35 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
     // A full scan: off the async workers, in chunks under short read locks.
     let (states, by_pool, series): Scan = tokio::task::spawn_blocking(move || {
         let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
-        let mut by_pool: BTreeMap<(String, String, String, String), Vec<f64>> = BTreeMap::new();
-        let mut series: BTreeMap<(String, i64), Vec<f64>> = BTreeMap::new();
-        index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
-            let t = job.timeline;
-            *states.entry(t.state.label()).or_default() += 1;
-            let (Some(a), Some(f), Some(ttfs)) = (t.attrs.as_ref(), t.first_step_at, t.time_to_first_step_ms()) else {
-                return;
-            };
-            if f < from || f > now {
-                return;
-            }
-            let secs = ttfs as f64 / 1000.0;
-            by_pool
-                .entry((
-                    a.pool_kind.label().to_string(),
-                    a.provider.clone(),
-                    a.pool.clone(),
-                    a.priority.label().to_string(),
-                ))
-                .or_default()
-                .push(secs);
-            let bucket = from + ((f - from) / step) * step;
-            series.entry((a.pool_kind.label().to_string(), bucket)).or_default().push(secs);
-        });
+        let mut acc = Started::new(from, now, step);
+        // A folded job is done, and its row holds its attributes and times: its timeline is never filled in.
+        let mut done_folded = 0u64;
+        let (states_ref, acc_ref) = (&mut states, std::cell::RefCell::new(&mut acc));
+        index.scan_where(
+            None,
+            super::compare::SCAN_CHUNK,
+            |_, r| {
+                done_folded += 1;
+                if let (Some(f), Some(ttfs)) = (r.row.first_step_at(), r.row.time_to_first_step_ms()) {
+                    acc_ref.borrow_mut().add(r.attrs, Some(r.row.attrs), f, ttfs);
+                }
+                false
+            },
+            |_, job| {
+                let t = job.timeline;
+                *states_ref.entry(t.state.label()).or_default() += 1;
+                if let (Some(a), Some(f), Some(ttfs)) = (t.attrs.as_ref(), t.first_step_at, t.time_to_first_step_ms()) {
+                    acc_ref.borrow_mut().add(a, None, f, ttfs);
+                }
+                true
+            },
+        );
+        if done_folded > 0 {
+            *states.entry(JobState::Done.label()).or_default() += done_folded;
+        }
+        let by_pool: BTreeMap<PoolKey, Vec<f64>> = acc.groups.into_iter().collect();
+        let series: BTreeMap<(String, i64), Vec<f64>> =
+            acc.series.into_iter().map(|((kind, at), xs)| ((kind.to_string(), at), xs)).collect();
         (states, by_pool, series)
     })
     .await

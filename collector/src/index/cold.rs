@@ -68,6 +68,21 @@ impl Folded {
         self.done_at
     }
 
+    /// When the job was submitted.
+    pub fn submitted_at(&self) -> i64 {
+        self.submitted_at
+    }
+
+    /// When it reached its first training step, if it did.
+    pub fn first_step_at(&self) -> Option<i64> {
+        opt(self.first_step_at)
+    }
+
+    /// Its time to first step, as [`Timeline::time_to_first_step_ms`] gives it.
+    pub fn time_to_first_step_ms(&self) -> Option<i64> {
+        Some(self.first_step_at()? - self.submitted_at)
+    }
+
     /// The number of its summary in the store (see [`Folded::with_summary`]).
     pub fn summary(&self) -> u64 {
         self.summary

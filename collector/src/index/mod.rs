@@ -46,6 +46,15 @@ impl HotJob {
     }
 }
 
+/// A folded job as a scan shows it before filling in its timeline (see [`SharedIndex::scan_where`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FoldedRef<'a> {
+    /// Its row (times, counts, waits).
+    pub row: &'a Folded,
+    /// Its attributes (shared by every row with the same set; `row.attrs` numbers them).
+    pub attrs: &'a Arc<crate::job::JobAttrs>,
+}
+
 /// How a reader sees one job, hot or folded.
 #[derive(Debug, Clone, Copy)]
 pub struct JobRef<'a> {
@@ -463,35 +472,74 @@ impl SharedIndex {
     /// [`SharedIndex::for_each_job_with_slo`] when they are needed; nor are their placements
     /// ([`SharedIndex::for_each_job_with_placements`]).
     pub fn for_each_job(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
-        self.scan(None, chunk, Needs::default(), |k, r| {
-            f(k, r);
-            true
-        });
+        self.scan(
+            None,
+            chunk,
+            Needs::default(),
+            |_, _| true,
+            |k, r| {
+                f(k, r);
+                true
+            },
+        );
     }
 
     /// [`SharedIndex::for_each_job`] with every job's SLO contributions.
     pub fn for_each_job_with_slo(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
-        self.scan(None, chunk, Needs { slo: true, placements: false }, |k, r| {
-            f(k, r);
-            true
-        });
+        self.scan(
+            None,
+            chunk,
+            Needs { slo: true, placements: false },
+            |_, _| true,
+            |k, r| {
+                f(k, r);
+                true
+            },
+        );
     }
 
     /// [`SharedIndex::for_each_job`] with folded jobs' placements filled in too (the other scans leave a folded
     /// job's `timeline.placements` empty: copying them is most of a scan's cost per folded job).
     pub fn for_each_job_with_placements(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
-        self.scan(None, chunk, Needs { slo: false, placements: true }, |k, r| {
-            f(k, r);
-            true
-        });
+        self.scan(
+            None,
+            chunk,
+            Needs { slo: false, placements: true },
+            |_, _| true,
+            |k, r| {
+                f(k, r);
+                true
+            },
+        );
     }
 
     /// Like [`SharedIndex::for_each_job`], starting after `after` and stopping when `f` returns false.
     pub fn scan_from(&self, after: Option<&str>, chunk: usize, f: impl FnMut(&str, JobRef<'_>) -> bool) {
-        self.scan(after, chunk, Needs::default(), f)
+        self.scan(after, chunk, Needs::default(), |_, _| true, f)
     }
 
-    fn scan(&self, after: Option<&str>, chunk: usize, needs: Needs, mut f: impl FnMut(&str, JobRef<'_>) -> bool) {
+    /// Like [`SharedIndex::scan_from`], showing each folded job to `pre` first, as its row: only rows `pre`
+    /// accepts have their timeline filled in and go to `f`. A reader that can tell from a row (its times, its
+    /// attributes) whether it wants the job skips the rest at a few nanoseconds each instead of the ~0.5 µs of
+    /// filling a timeline; a reader that needs nothing more than the row handles it in `pre` and returns false.
+    pub fn scan_where(
+        &self,
+        after: Option<&str>,
+        chunk: usize,
+        pre: impl FnMut(&str, FoldedRef<'_>) -> bool,
+        f: impl FnMut(&str, JobRef<'_>) -> bool,
+    ) {
+        self.scan(after, chunk, Needs::default(), pre, f)
+    }
+
+    fn scan(
+        &self,
+        after: Option<&str>,
+        chunk: usize,
+        needs: Needs,
+        mut pre: impl FnMut(&str, FoldedRef<'_>) -> bool,
+        mut f: impl FnMut(&str, JobRef<'_>) -> bool,
+    ) {
         let chunk = chunk.max(1);
         let mut after: Option<String> = after.map(str::to_string);
         let mut scratch = Timeline::default();
@@ -519,6 +567,15 @@ impl SharedIndex {
                     (k.as_str(), f(k, JobRef { timeline: &h.rec.timeline, slo: &h.slo, folded: false }))
                 } else {
                     let Some((k, row)) = cold.next() else { break };
+                    let wanted = match idx.cold.dict.get(row.attrs) {
+                        Some(attrs) => pre(k, FoldedRef { row, attrs }),
+                        None => true,
+                    };
+                    if !wanted {
+                        n += 1;
+                        last = Some(k);
+                        continue;
+                    }
                     idx.cold.fill_with(row, &mut scratch, needs.placements);
                     if needs.slo {
                         idx.slo.assess_into(&scratch, now, &mut contribs);
