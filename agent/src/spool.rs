@@ -649,10 +649,12 @@ mod tests {
         s.register("a").expect("a");
         s.register("b").expect("b");
         s.append(&[ev(1), ev(2), ev(3)]).expect("append");
-        let give_up = Some(std::time::Duration::from_millis(200));
+        // Long enough that the steps above fit in it on a loaded machine (with 200 ms a busy CI host took longer
+        // between `register("b")` and this ack, and b was already past its give-up time).
+        let give_up = Some(std::time::Duration::from_millis(1500));
         s.ack("a", 2, give_up).expect("ack");
         assert_eq!(s.len(), 3, "b has acknowledged nothing yet and is within its give-up time");
-        std::thread::sleep(std::time::Duration::from_millis(250));
+        std::thread::sleep(std::time::Duration::from_millis(1600));
         s.ack("a", 3, give_up).expect("ack");
         assert_eq!(s.len(), 0, "b is silent past the give-up time: a's acknowledgements remove events");
         // b comes back: it gets what is left after its cursor (nothing of the removed events), and new events.
@@ -660,7 +662,7 @@ mod tests {
         let for_b: Vec<String> = s.after(0, 10).expect("after").into_iter().map(|(_, e)| e.event_id).collect();
         assert_eq!(for_b, ["e4"]);
         // With both silent, nothing is removed.
-        std::thread::sleep(std::time::Duration::from_millis(250));
+        std::thread::sleep(std::time::Duration::from_millis(1600));
         s.append(&[ev(5)]).expect("append");
         s.ack("a", 3, give_up).expect("stale ack");
         assert_eq!(s.len(), 2);
