@@ -59,11 +59,14 @@ impl Started {
                     a.pool.clone(),
                     a.priority.label().to_string(),
                 );
-                let next = self.groups.len();
-                let g = *self.by_key.entry(key.clone()).or_insert(next);
-                if g == next {
-                    self.groups.push((key, Vec::new()));
-                }
+                let g = match self.by_key.get(&key) {
+                    Some(g) => *g,
+                    None => {
+                        self.by_key.insert(key.clone(), self.groups.len());
+                        self.groups.push((key, Vec::new()));
+                        self.groups.len() - 1
+                    }
+                };
                 if let Some(n) = attrs_id {
                     self.by_attrs.insert(n, g);
                 }

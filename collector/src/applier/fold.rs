@@ -44,7 +44,7 @@ impl FoldPass {
         let started = Instant::now();
         self.more.store(false, Ordering::Release);
         // At most what one pass can fold (the rest waits for the next pass), the longest settled first. Only the
-        // settling set is read (tens of nanoseconds per job, under the read lock): with a backlog of a million
+        // settling set is read (one pass over it, no lookups, under the read lock): with a backlog of a million
         // ended jobs, looking each up to order them by their first log sequence took longer than the pass's
         // budget (and held the applier's write lock off as long).
         let candidates: Vec<String> = {
@@ -61,12 +61,10 @@ impl FoldPass {
         };
         let mut folded = 0;
         let mut chunks = candidates.chunks(FOLD_CHUNK);
-        let mut first = true;
-        for chunk in chunks.by_ref() {
+        for (i, chunk) in chunks.by_ref().enumerate() {
             // The first chunk whatever the time: a pass that spent its budget choosing candidates must still make
             // progress (in the 10M-job run of session 14 none did, and hot jobs piled up to 1.4M).
-            let out_of_time = !first && started.elapsed() >= PASS_BUDGET;
-            first = false;
+            let out_of_time = i > 0 && started.elapsed() >= PASS_BUDGET;
             if out_of_time || self.stop.load(Ordering::Acquire) {
                 self.more.store(!self.stop.load(Ordering::Acquire), Ordering::Release);
                 break;
@@ -89,6 +87,22 @@ impl FoldPass {
         }
         self.busy.store(false, Ordering::Release);
         folded
+    }
+
+    /// After a failed fold: the jobs stay hot, and the summaries the fold wrote (or may have written) become their
+    /// stale ones, in place of the older ones when the write is known to have `replaced` them.
+    fn keep_stale(&self, writes: &[FoldWrite], replaced: bool) {
+        let mut idx = self.index.write();
+        for w in writes {
+            if !idx.jobs.contains_key(&w.job_id) {
+                continue;
+            }
+            let stale = idx.stale_summaries.entry(w.job_id.clone()).or_default();
+            if replaced {
+                stale.clear();
+            }
+            stale.push(w.number);
+        }
     }
 
     fn fold_chunk(&self, store: &Store, chunk: &[String]) -> Result<usize, StoreError> {
@@ -118,25 +132,15 @@ impl FoldPass {
         }
         let t0 = Instant::now();
         if let Err(e) = store.fold_write(&mut writes, &dictionary) {
-            // sled may have kept the write: its summaries are the jobs' stale ones too (deleting a summary that is
-            // not stored is no error).
-            let mut idx = self.index.write();
-            for w in &writes {
-                if idx.jobs.contains_key(&w.job_id) {
-                    idx.stale_summaries.entry(w.job_id.clone()).or_default().push(w.number);
-                }
-            }
+            // sled may have kept the write: its summaries are the jobs' stale ones too, beside the older ones it
+            // may not have deleted (deleting a summary that is not stored is no error).
+            self.keep_stale(&writes, false);
             return Err(e);
         }
         let t_write = t0.elapsed();
         if let Err(e) = store.fold_delete(&writes, max_seq) {
             // The summaries are stored (and replaced the older ones): the jobs stay hot with them as stale.
-            let mut idx = self.index.write();
-            for w in &writes {
-                if idx.jobs.contains_key(&w.job_id) {
-                    idx.stale_summaries.insert(w.job_id.clone(), vec![w.number]);
-                }
-            }
+            self.keep_stale(&writes, true);
             return Err(e);
         }
         tracing::debug!(

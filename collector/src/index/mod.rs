@@ -520,8 +520,9 @@ impl SharedIndex {
 
     /// Like [`SharedIndex::scan_from`], showing each folded job to `pre` first, as its row: only rows `pre`
     /// accepts have their timeline filled in and go to `f`. A reader that can tell from a row (its times, its
-    /// attributes) whether it wants the job skips the rest at a few nanoseconds each instead of the ~0.5 µs of
-    /// filling a timeline; a reader that needs nothing more than the row handles it in `pre` and returns false.
+    /// attributes) whether it wants the job saves filling a timeline for the rest (a skipped row still costs the
+    /// walk to it: ~0.1-0.2 µs per row at 1M jobs, BENCHMARKS.md session 14); a reader that needs nothing more
+    /// than the row handles it in `pre` and returns false.
     pub fn scan_where(
         &self,
         after: Option<&str>,
