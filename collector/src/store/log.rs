@@ -76,17 +76,35 @@ pub(super) fn key_seq(key: &[u8]) -> Result<u64, StoreError> {
     }
 }
 
-fn bad(first: u64, reason: impl ToString) -> StoreError {
-    StoreError::Corrupt { what: "log", key: format!("block {first}"), reason: reason.to_string() }
+/// What a block holds: the tree it is named by in errors and the seal version of its values. The log's blocks
+/// and the summaries' packs (see `super::packs`) share the block format.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Kind {
+    pub what: &'static str,
+    pub version: u8,
+}
+
+/// The log's blocks.
+pub(super) const LOG: Kind = Kind { what: "log", version: BLOCK_VERSION };
+
+impl Kind {
+    fn bad(self, first: u64, reason: impl ToString) -> StoreError {
+        StoreError::Corrupt { what: self.what, key: format!("block {first}"), reason: reason.to_string() }
+    }
 }
 
 /// Encodes events `(seq, protobuf body)`, ascending and all at or above `first`, as one sealed block value.
 pub(super) fn encode_block(first: u64, events: &[(u64, &[u8])]) -> Result<Vec<u8>, StoreError> {
+    encode_block_of(LOG, first, events)
+}
+
+/// Encodes entries `(number, bytes)`, ascending and all at or above `first`, as one sealed block of `kind`.
+pub(super) fn encode_block_of(kind: Kind, first: u64, events: &[(u64, &[u8])]) -> Result<Vec<u8>, StoreError> {
     let (Some(head), Some(last)) = (events.first(), events.last()) else {
-        return Err(bad(first, "an empty block"));
+        return Err(kind.bad(first, "an empty block"));
     };
     if head.0 < first || events.windows(2).any(|w| w[0].0 >= w[1].0) {
-        return Err(bad(first, "sequences not ascending from the block's first"));
+        return Err(kind.bad(first, "sequences not ascending from the block's first"));
     }
     let mut raw = Vec::with_capacity(events.iter().map(|(_, b)| b.len() + 4).sum());
     for (seq, body) in events {
@@ -97,7 +115,7 @@ pub(super) fn encode_block(first: u64, events: &[(u64, &[u8])]) -> Result<Vec<u8
     let mut out = Vec::with_capacity(raw.len() / 2 + 16);
     let mut compressed = None;
     if raw.len() > COMPRESS_OVER {
-        let z = zstd::bulk::compress(&raw, ZSTD_LEVEL).map_err(|e| bad(first, e))?;
+        let z = zstd::bulk::compress(&raw, ZSTD_LEVEL).map_err(|e| kind.bad(first, e))?;
         if z.len() + 4 < raw.len() {
             compressed = Some(z);
         }
@@ -112,7 +130,7 @@ pub(super) fn encode_block(first: u64, events: &[(u64, &[u8])]) -> Result<Vec<u8
         }
         None => out.extend_from_slice(&raw),
     }
-    Ok(seal_as(BLOCK_VERSION, &out))
+    Ok(seal_as(kind.version, &out))
 }
 
 /// A block's event count and last sequence, without decompressing it.
@@ -122,24 +140,29 @@ pub(super) struct BlockMeta {
     pub last: u64,
 }
 
-fn block_header(first: u64, v: &[u8]) -> Result<(u8, BlockMeta, &[u8]), StoreError> {
-    let body = unseal_as(BLOCK_VERSION, v, false).map_err(|r| bad(first, r))?;
-    let Some((&format, mut rest)) = body.split_first() else { return Err(bad(first, "empty value")) };
+fn block_header(kind: Kind, first: u64, v: &[u8]) -> Result<(u8, BlockMeta, &[u8]), StoreError> {
+    let body = unseal_as(kind.version, v, false).map_err(|r| kind.bad(first, r))?;
+    let Some((&format, mut rest)) = body.split_first() else { return Err(kind.bad(first, "empty value")) };
     if !matches!(format, FORMAT_RAW | FORMAT_ZSTD) {
-        return Err(bad(first, format!("unknown block format {format}")));
+        return Err(kind.bad(first, format!("unknown block format {format}")));
     }
-    let count = decode_varint(&mut rest).map_err(|e| bad(first, e))?;
-    let span = decode_varint(&mut rest).map_err(|e| bad(first, e))?;
+    let count = decode_varint(&mut rest).map_err(|e| kind.bad(first, e))?;
+    let span = decode_varint(&mut rest).map_err(|e| kind.bad(first, e))?;
     if count == 0 || count > u64::from(u32::MAX) {
-        return Err(bad(first, format!("block claims {count} events")));
+        return Err(kind.bad(first, format!("block claims {count} events")));
     }
-    let last = first.checked_add(span).ok_or_else(|| bad(first, "last sequence overflows"))?;
+    let last = first.checked_add(span).ok_or_else(|| kind.bad(first, "last sequence overflows"))?;
     Ok((format, BlockMeta { count: count as u32, last }, rest))
 }
 
 /// The header of a stored block.
 pub(super) fn block_meta(first: u64, v: &[u8]) -> Result<BlockMeta, StoreError> {
-    block_header(first, v).map(|(_, m, _)| m)
+    block_meta_of(LOG, first, v)
+}
+
+/// The header of a stored block of `kind`.
+pub(super) fn block_meta_of(kind: Kind, first: u64, v: &[u8]) -> Result<BlockMeta, StoreError> {
+    block_header(kind, first, v).map(|(_, m, _)| m)
 }
 
 /// A decoded block: its events' sequences and protobuf bodies.
@@ -169,16 +192,21 @@ impl Block {
 
 /// Decodes a stored block (checksum, header, every event's framing).
 pub(super) fn decode_block(first: u64, v: &[u8]) -> Result<Block, StoreError> {
-    let (format, meta, mut rest) = block_header(first, v)?;
+    decode_block_of(LOG, first, v)
+}
+
+/// Decodes a stored block of `kind` (checksum, header, every entry's framing).
+pub(super) fn decode_block_of(kind: Kind, first: u64, v: &[u8]) -> Result<Block, StoreError> {
+    let (format, meta, mut rest) = block_header(kind, first, v)?;
     let raw = if format == FORMAT_ZSTD {
-        let raw_len = decode_varint(&mut rest).map_err(|e| bad(first, e))?;
+        let raw_len = decode_varint(&mut rest).map_err(|e| kind.bad(first, e))?;
         // A block's payload is at most BLOCK_MAX_RAW plus one event; anything far above is damage.
         if raw_len > (64 << 20) {
-            return Err(bad(first, format!("block claims {raw_len} bytes")));
+            return Err(kind.bad(first, format!("block claims {raw_len} bytes")));
         }
-        let raw = zstd::bulk::decompress(rest, raw_len as usize).map_err(|e| bad(first, e))?;
+        let raw = zstd::bulk::decompress(rest, raw_len as usize).map_err(|e| kind.bad(first, e))?;
         if raw.len() as u64 != raw_len {
-            return Err(bad(first, format!("{} bytes, header says {raw_len}", raw.len())));
+            return Err(kind.bad(first, format!("{} bytes, header says {raw_len}", raw.len())));
         }
         raw
     } else {
@@ -188,14 +216,14 @@ pub(super) fn decode_block(first: u64, v: &[u8]) -> Result<Block, StoreError> {
     let mut buf: &[u8] = &raw;
     let mut prev: Option<u64> = None;
     while !buf.is_empty() {
-        let delta = decode_varint(&mut buf).map_err(|e| bad(first, e))?;
-        let len = decode_varint(&mut buf).map_err(|e| bad(first, e))? as usize;
+        let delta = decode_varint(&mut buf).map_err(|e| kind.bad(first, e))?;
+        let len = decode_varint(&mut buf).map_err(|e| kind.bad(first, e))? as usize;
         if len > buf.len() {
-            return Err(bad(first, "truncated event"));
+            return Err(kind.bad(first, "truncated event"));
         }
-        let seq = first.checked_add(delta).ok_or_else(|| bad(first, "sequence overflows"))?;
+        let seq = first.checked_add(delta).ok_or_else(|| kind.bad(first, "sequence overflows"))?;
         if prev.is_some_and(|p| p >= seq) {
-            return Err(bad(first, "sequences out of order"));
+            return Err(kind.bad(first, "sequences out of order"));
         }
         prev = Some(seq);
         let start = raw.len() - buf.len();
@@ -203,7 +231,7 @@ pub(super) fn decode_block(first: u64, v: &[u8]) -> Result<Block, StoreError> {
         buf = &buf[len..];
     }
     if entries.len() != meta.count as usize || prev != Some(meta.last) {
-        return Err(bad(first, format!("{} events through {prev:?}, header says {meta:?}", entries.len())));
+        return Err(kind.bad(first, format!("{} events through {prev:?}, header says {meta:?}", entries.len())));
     }
     Ok(Block { first, raw, entries })
 }

@@ -15,18 +15,20 @@
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
 //!   last ran (sequence numbers never go back, even when retention deletes the newest log entries; older
 //!   collectors' folds removed log entries too).
-//! - tree `summaries`: `[0xFF] ++ summary number (u64 big-endian) ++ job_id` -> summary of a folded job (an ended
-//!   job whose history left memory), sealed as version 3: `varint(n) ++ n varint sequence deltas ++ body`: the
-//!   log sequences of every event of the job (which stay in the log) and the summary body, whose format belongs
-//!   to the index (the store seals and checks it, and never looks inside). Summary numbers are handed out in
-//!   fold order, so folds append to the tree's end and a restart reads it front to back (keyed by job id, folds
-//!   wrote all over the tree: at 3M jobs reading it took 20-40 times longer). A job has at most one summary:
-//!   a fold that replaces an older summary (of a job folded again after a late event) deletes it in the same
-//!   batch; if a failed write left two anyway, restore keeps the highest number. Collectors before summary
-//!   numbers keyed summaries by the bare `job_id` (0xFF never starts UTF-8): those are still read (summary
-//!   number [`LEGACY_SUMMARY`]), replaced by a new fold of their job and deleted by retention, never written.
-//!   Version-2 summaries (written before folded events stayed in the log) are the bare body; their events are
-//!   in the job's archive.
+//! - tree `summaries`: the summaries of folded jobs (ended jobs whose history left memory), packed many to a
+//!   value: `[0xFE] ++ first summary number` (u64 big-endian) -> a pack of the summaries of one fold chunk with
+//!   consecutive numbers (format, rewrites and damage: see [`packs`]). A summary is `varint(n) ++ n varint
+//!   sequence deltas ++ body`: the log sequences of every event of the job (which stay in the log) and the
+//!   summary body, whose format belongs to the index (the store seals and checks it, and never looks inside).
+//!   Summary numbers are handed out in fold order, so folds append packs to the tree's end and a restart reads a
+//!   few thousand compressed values per 100k folded jobs front to back. A job has at most one summary: a fold
+//!   that replaces an older summary (of a job folded again after a late event) removes it in the same batch (its
+//!   pack is rewritten without it); if a failed write left two anyway, restore keeps the highest number.
+//!   Older layouts in the same tree are still read, replaced by a new fold of their job and deleted by
+//!   retention, never written: single summaries `[0xFF] ++ number ++ job_id` sealed as version 3 (the summary
+//!   above, alone); before summary numbers, single summaries keyed by the bare `job_id` (0xFE and 0xFF never start
+//!   UTF-8), summary number [`LEGACY_SUMMARY`]; version-2 summaries (written before folded events stayed in the
+//!   log) are the bare body, their events in the job's archive.
 //! - tree `archive` (written by collectors before folded events stayed in the log; read, deleted by retention,
 //!   never written): `job_id` -> sealed archive of a folded job's events, as `[format 1] ++ varint(raw length)
 //!   ++ zstd(raw)`, raw being, per event in sequence order, `varint(seq delta) ++ varint(len) ++ protobuf
@@ -81,7 +83,8 @@
 //! decoded or has an old version is reported with its job and key, and every job is then rebuilt from the whole
 //! log (which holds every accepted event until retention deletes the job). A damaged log value cannot be
 //! rebuilt from anything: restore refuses with an error naming its sequence number, rather than serve a timeline
-//! silently missing an event.
+//! silently missing an event. A summary pack that fails its checksum is reported, and the jobs it held (those
+//! in the log with neither a snapshot nor a readable summary) are rebuilt from the whole log (see [`packs`]).
 //!
 //! # What a flush promises
 //! `append_durable` returns after sled's `flush`, which writes and `fsync`s sled's log: an acknowledged event
@@ -226,6 +229,8 @@ pub struct Restored {
     pub folded: usize,
     /// Folded jobs found hot again (an archive plus later events), restored with their archived events.
     pub unfolded: usize,
+    /// Summary packs that could not be read (by first summary number): their jobs were rebuilt from the log.
+    pub lost_packs: Vec<u64>,
 }
 
 /// Options of the store.
@@ -297,8 +302,16 @@ fn parse_summary_key(k: &[u8]) -> Result<(&str, u64), String> {
     Ok((id, no))
 }
 
-/// A stored summary: `[SUMMARY_VERSION] ++ crc32 ++ varint(n) ++ sequence deltas ++ body` (sequences sorted).
+/// A single stored summary: `[SUMMARY_VERSION] ++ crc32 ++ summary` (see [`summary_bytes`]). Written by
+/// collectors before packs; the tests write them to stand for such stores.
+#[cfg(test)]
 fn encode_summary(seqs: &[u64], body: &[u8]) -> Vec<u8> {
+    seal_as(SUMMARY_VERSION, &summary_bytes(seqs, body))
+}
+
+/// A summary as stored in a pack (and, sealed, alone): `varint(n) ++ n sequence deltas ++ body` (sequences
+/// sorted, duplicates dropped).
+fn summary_bytes(seqs: &[u64], body: &[u8]) -> Vec<u8> {
     let mut sorted = seqs.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
@@ -310,7 +323,7 @@ fn encode_summary(seqs: &[u64], body: &[u8]) -> Vec<u8> {
         prev = s;
     }
     inner.extend_from_slice(body);
-    seal_as(SUMMARY_VERSION, &inner)
+    inner
 }
 
 /// A stored summary's log sequences (`None` for a version-2 summary, whose events are in the job's archive)
@@ -319,7 +332,12 @@ fn decode_summary(v: &[u8]) -> Result<(Option<Vec<u64>>, &[u8]), String> {
     if v.first() != Some(&SUMMARY_VERSION) {
         return unseal(v, false).map(|body| (None, body));
     }
-    let mut rest = unseal_as(SUMMARY_VERSION, v, false)?;
+    let rest = unseal_as(SUMMARY_VERSION, v, false)?;
+    parse_summary(rest).map(|(seqs, body)| (Some(seqs), body))
+}
+
+/// A summary's log sequences and body (see [`summary_bytes`]).
+fn parse_summary(mut rest: &[u8]) -> Result<(Vec<u64>, &[u8]), String> {
     let n = prost::encoding::decode_varint(&mut rest).map_err(|e| format!("sequence count: {e}"))?;
     // Each sequence takes at least one byte: a count beyond the bytes left is damage, not an allocation size.
     if n > rest.len() as u64 {
@@ -335,7 +353,7 @@ fn decode_summary(v: &[u8]) -> Result<(Option<Vec<u64>>, &[u8]), String> {
         prev = prev.checked_add(d).ok_or_else(|| format!("sequence {i} overflows"))?;
         seqs.push(prev);
     }
-    Ok((Some(seqs), rest))
+    Ok((seqs, rest))
 }
 
 /// Snapshots per sled batch in a checkpoint: sled applies a batch under a database-wide lock, and a large one
@@ -448,6 +466,9 @@ struct Trees {
     dead: Arc<Mutex<log::DeadTable>>,
     /// Sequences of recently read log blocks (see [`log::SeqCache`]).
     seq_cache: Arc<Mutex<log::SeqCache>>,
+    /// Held by whoever rewrites summary packs, from reading a pack to applying its rewrite (see [`packs`]).
+    /// Lock order: before the cache and the dead table.
+    packs: Arc<Mutex<()>>,
     jobs: sled::Tree,
     alerts: sled::Tree,
     archive: sled::Tree,
@@ -467,14 +488,65 @@ impl Trees {
         self.seq_cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// One above the highest stored summary number (1 without numbered summaries).
+    /// One above the highest stored summary number, packed or single (1 without numbered summaries).
     fn next_summary(&self) -> Result<u64, StoreError> {
-        let Some((k, _)) = self.summaries.last()? else { return Ok(1) };
-        if k.first() != Some(&SUMMARY_PREFIX) {
-            return Ok(1);
+        let mut last = packs::last_number(&self.summaries)?;
+        if let Some((k, _)) = self.summaries.last()? {
+            if k.first() == Some(&SUMMARY_PREFIX) {
+                let (_, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
+                last = last.max(no);
+            }
         }
-        let (_, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-        Ok(no.saturating_add(1))
+        Ok(last.saturating_add(1))
+    }
+
+    fn packs_lock(&self) -> MutexGuard<'_, ()> {
+        self.packs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stored summary number `no` of a job: `None` if there is none; else its log sequences (`None` for a
+    /// version-2 summary, whose events are in the job's archive).
+    fn summary_seqs(&self, job_id: &str, no: u64) -> Result<Option<Option<Vec<u64>>>, StoreError> {
+        let key = summary_key(job_id, no);
+        if let Some(v) = self.summaries.get(&key)? {
+            let (seqs, _) = decode_summary(&v).map_err(|r| corrupt("summaries", &key, r))?;
+            return Ok(Some(seqs));
+        }
+        if no == LEGACY_SUMMARY {
+            return Ok(None);
+        }
+        let Some(pack) = packs::pack_at(&self.summaries, no)? else { return Ok(None) };
+        match pack.get(no) {
+            Some(entry) => {
+                let (held_by, summary) = entry?;
+                if held_by != job_id {
+                    return Ok(None);
+                }
+                let (seqs, _) = parse_summary(summary).map_err(|r| StoreError::Corrupt {
+                    what: "summaries",
+                    key: format!("summary {no}"),
+                    reason: r,
+                })?;
+                Ok(Some(Some(seqs)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Adds removing summaries `(job id, number)` to `batch` (single ones by key, packed ones by rewriting their
+    /// pack) and returns the packed ones removed (with their summaries). The caller holds [`Trees::packs_lock`]
+    /// until the batch is applied. A damaged pack is left alone (logged): nothing in it can be read or
+    /// rewritten.
+    fn plan_summary_removal(
+        &self,
+        batch: &mut sled::Batch,
+        wanted: &[(&str, u64)],
+    ) -> Result<Vec<packs::Removed>, StoreError> {
+        for (job_id, no) in wanted {
+            batch.remove(summary_key(job_id, *no));
+        }
+        let numbered: Vec<(&str, u64)> = wanted.iter().copied().filter(|(_, no)| *no != LEGACY_SUMMARY).collect();
+        packs::plan_remove(&self.summaries, batch, &numbered)
     }
 
     /// The live event at `seq`, if the log holds it.
@@ -514,6 +586,7 @@ impl Trees {
             blocks,
             dead,
             seq_cache: Arc::default(),
+            packs: Arc::default(),
             jobs: db.open_tree("jobs")?,
             alerts: db.open_tree("alerts")?,
             archive: db.open_tree("archive")?,
@@ -638,8 +711,9 @@ impl Store {
     }
 
     /// Like [`Store::restore`], handing each folded job's summary (job id, summary number, body) to
-    /// `on_summary` instead of collecting them, in the store's order (older collectors' summaries first, then by
-    /// number). A summary `on_summary` refuses (it cannot decode it) is set aside: the job is rebuilt from its
+    /// `on_summary` instead of collecting them, in the store's order (older collectors' single summaries first,
+    /// then packs by number). A pack that cannot be read is listed in [`Restored::lost_packs`], and every job the
+    /// log holds with neither a snapshot nor a readable summary is rebuilt from the log as a hot job. A summary `on_summary` refuses (it cannot decode it) is set aside: the job is rebuilt from its
     /// events as a hot job (which the next fold folds again). If a job has two summaries (a failed fold's write
     /// kept by sled), both are handed over: the one with the higher number is the newer.
     pub fn restore_with(
@@ -721,16 +795,14 @@ impl Store {
         let mut damaged: HashSet<String> = HashSet::new();
         // Time spent in `on_summary` (building the index's rows), reported apart from reading the summaries.
         let mut in_callback = std::time::Duration::ZERO;
-        for kv in t.summaries.iter() {
-            let (k, v) = kv?;
-            let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-            let (seqs, body) = match decode_summary(&v) {
+        let mut one = |job_id: &str, no: u64, stored: Result<(Option<Vec<u64>>, &[u8]), String>| {
+            let (seqs, body) = match stored {
                 Ok(x) => x,
                 Err(reason) => {
                     tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from the log");
                     damaged.insert(job_id.to_string());
                     out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
-                    continue;
+                    return Ok(());
                 }
             };
             let hot = match (&seqs, events.get(job_id)) {
@@ -772,16 +844,73 @@ impl Store {
                     out.dirty.insert(job_id.to_string());
                 }
             }
+            Ok::<(), StoreError>(())
+        };
+        // Single summaries (older collectors' keyed by job id, then numbered ones), then packs.
+        for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
+            let (k, v) = kv?;
+            let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
+            one(job_id, no, decode_summary(&v))?;
         }
-        if !damaged.is_empty() {
+        // Packs that cannot be read: which jobs they held is unknown until the log is read (below).
+        let mut lost_packs: Vec<u64> = Vec::new();
+        for kv in t.summaries.range(packs::all_packs()) {
+            let (k, v) = kv?;
+            let first = packs::pack_first(&k)?;
+            let pack = match packs::Pack::decode(first, &v) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
+                    lost_packs.push(first);
+                    continue;
+                }
+            };
+            for entry in pack.entries() {
+                match entry {
+                    Ok((no, job_id, summary)) => one(job_id, no, parse_summary(summary).map(|(s, b)| (Some(s), b)))?,
+                    Err(e) => {
+                        tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
+                        lost_packs.push(first);
+                        break;
+                    }
+                }
+            }
+        }
+        // With a pack lost, every job the log holds that has neither a snapshot nor a usable summary was in it
+        // (a job with only log-tail events may be an unfolded one whose summary it was): read the summaries'
+        // job ids once more, and rebuild those jobs from the whole log.
+        let mut unknown: Option<(HashSet<String>, HashSet<String>)> = None;
+        if !lost_packs.is_empty() {
+            out.lost_packs = lost_packs;
+            let mut summarized: HashSet<String> = HashSet::new();
+            for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
+                let (k, _) = kv?;
+                let (job_id, _) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
+                summarized.insert(job_id.to_string());
+            }
+            for kv in t.summaries.range(packs::all_packs()) {
+                let (k, v) = kv?;
+                if let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) {
+                    summarized.extend(pack.entries().filter_map(|e| e.ok()).map(|(_, id, _)| id.to_string()));
+                }
+            }
+            let held: HashSet<String> = events.keys().filter(|id| !tail_only.contains(*id)).cloned().collect();
+            unknown = Some((summarized, held));
+        }
+        if !damaged.is_empty() || unknown.is_some() {
             // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs (and
             // the archives of older collectors' folds), and each comes back hot.
+            let lost = |id: &str| {
+                unknown.as_ref().is_some_and(|(summarized, held)| !summarized.contains(id) && !held.contains(id))
+            };
+            let mut rebuilt: HashSet<String> = HashSet::new();
             let dead = t.dead();
             let mut all = log::Events::from(&t.blocks, &dead, 1)?;
             while let Some((seq, body)) = all.next_event()? {
                 let ev = decode_log_body(seq, &body)?;
-                if damaged.contains(&ev.job_id) {
+                if damaged.contains(&ev.job_id) || lost(&ev.job_id) {
                     if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
+                        rebuilt.insert(ev.job_id.clone());
                         events.entry(ev.job_id).or_default().push(ce);
                     }
                 }
@@ -794,6 +923,7 @@ impl Store {
                 evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
                 out.dirty.insert(job_id);
             }
+            out.dirty.extend(rebuilt);
         }
         let summaries_done = started.elapsed();
         // One derivation per job (records dedupe by sequence number, never by id hash: two events whose ids
@@ -854,9 +984,7 @@ impl Store {
 
     fn read_folded(&self, job_id: &str, no: u64, strict: bool) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         let t = self.t()?;
-        let key = summary_key(job_id, no);
-        let Some(v) = t.summaries.get(&key)? else { return Ok(Vec::new()) };
-        let (seqs, _) = decode_summary(&v).map_err(|r| corrupt("summaries", &key, r))?;
+        let Some(seqs) = t.summary_seqs(job_id, no)? else { return Ok(Vec::new()) };
         match seqs {
             // One decode per log block the job's events are in (a job's ~20 events sit in a few blocks).
             Some(seqs) if strict => Ok(self.jobs_events(&[(job_id, &seqs)])?.pop().unwrap_or_default()),
@@ -1001,29 +1129,46 @@ impl Store {
         for (id, body) in dictionary {
             dict.insert(&id.to_be_bytes(), seal(body));
         }
+        let bytes: Vec<Vec<u8>> = jobs.iter().map(|j| summary_bytes(&j.log_seqs, &j.summary)).collect();
+        let entries: Vec<packs::Entry<'_>> = jobs
+            .iter()
+            .zip(&bytes)
+            .map(|(j, b)| packs::Entry { number: j.number, job_id: &j.job_id, summary: b })
+            .collect();
         let mut summaries = sled::Batch::default();
-        for j in jobs.iter() {
-            for &old in &j.replaces {
-                summaries.remove(summary_key(&j.job_id, old));
-            }
-            summaries.insert(summary_key(&j.job_id, j.number), encode_summary(&j.log_seqs, &j.summary));
+        let replaced: Vec<(&str, u64)> =
+            jobs.iter().flat_map(|j| j.replaces.iter().map(|no| (j.job_id.as_str(), *no))).collect();
+        let lock = t.packs_lock();
+        t.plan_summary_removal(&mut summaries, &replaced)?;
+        for (first, v) in packs::encode_packs(&entries)? {
+            summaries.insert(&packs::pack_key(first), v);
         }
         // The dictionary first: a summary never refers to an entry that is not stored.
         t.dictionary.apply_batch(dict)?;
         t.summaries.apply_batch(summaries)?;
+        drop(lock);
         t.db.flush()?;
         Ok(())
     }
 
-    /// Every stored summary, `(job_id, number)`, in the store's order.
+    /// Every readable stored summary, `(job_id, number)`, in the store's order.
     #[cfg(test)]
     pub(crate) fn summary_numbers(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let t = self.t()?;
         let mut out = Vec::new();
-        for kv in t.summaries.iter() {
+        for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
             let (k, _) = kv?;
             let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
             out.push((job_id.to_string(), no));
+        }
+        for kv in t.summaries.range(packs::all_packs()) {
+            let (k, v) = kv?;
+            // A damaged pack's summaries cannot be read (restore reports it in `lost_packs`).
+            let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) else { continue };
+            for e in pack.entries() {
+                let (no, job_id, _) = e?;
+                out.push((job_id.to_string(), no));
+            }
         }
         Ok(out)
     }
@@ -1035,10 +1180,11 @@ impl Store {
         }
         let t = self.t()?;
         let mut batch = sled::Batch::default();
-        for (job_id, no) in summaries {
-            batch.remove(summary_key(job_id, *no));
-        }
+        let wanted: Vec<(&str, u64)> = summaries.iter().map(|(id, no)| (id.as_str(), *no)).collect();
+        let lock = t.packs_lock();
+        t.plan_summary_removal(&mut batch, &wanted)?;
         t.summaries.apply_batch(batch)?;
+        drop(lock);
         t.db.flush()?;
         Ok(())
     }
@@ -1426,10 +1572,18 @@ impl Store {
                         Err(reason) => tracing::warn!(job_id, reason = %reason, "retention: summary unusable"),
                     }
                 }
-                summaries.remove(key);
             }
             snaps.remove(job_key(job_id));
             archives.remove(job_id.as_bytes());
+        }
+        let wanted: Vec<(&str, u64)> =
+            jobs.iter().flat_map(|j| j.summaries.iter().map(|no| (j.job_id.as_str(), *no))).collect();
+        let packs_lock = t.packs_lock();
+        for (no, job_id, summary) in t.plan_summary_removal(&mut summaries, &wanted)? {
+            match parse_summary(&summary) {
+                Ok((listed, _)) => seqs.extend_from_slice(&listed),
+                Err(reason) => tracing::warn!(job_id, no, reason = %reason, "retention: summary unusable"),
+            }
         }
         let mut cache = t.seq_cache();
         let mut dead = t.dead();
@@ -1457,6 +1611,7 @@ impl Store {
         kill.commit(&mut dead, &mut cache);
         drop(dead);
         drop(cache);
+        drop(packs_lock);
         t.db.flush()?;
         Ok(())
     }
@@ -1748,6 +1903,7 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
 }
 
 mod log;
+mod packs;
 #[cfg(test)]
 pub(crate) mod tests;
 

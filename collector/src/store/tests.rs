@@ -378,8 +378,9 @@ mod model {
         Expire(u8),
         /// Drop the store (everything acknowledged was flushed) and restore.
         Restart,
-        /// Fold a hot job (summary listing its log entries written, snapshot removed) and drop it from memory.
-        Fold(u8),
+        /// Fold hot jobs in one write (their summaries, each listing its log entries, share a pack; snapshots
+        /// removed) and drop them from memory.
+        Fold(Vec<u8>),
         /// Fold a hot job as collectors before this layout did (archive + bare summary written, log entries
         /// and snapshot removed) and drop it from memory.
         LegacyFold(u8),
@@ -391,6 +392,8 @@ mod model {
         /// Fold a hot job as collectors before summary numbers did: its summary (listing its log entries) keyed
         /// by its job id.
         KeyedFold(u8),
+        /// Fold a hot job as collectors before summary packs did: its summary alone, keyed by its number.
+        NumberedFold(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -400,11 +403,12 @@ mod model {
             1 => (0u8..6).prop_map(Op::TornCheckpoint),
             1 => (0u8..6).prop_map(Op::Expire),
             2 => Just(Op::Restart),
-            2 => (0u8..6).prop_map(Op::Fold),
+            2 => proptest::collection::vec(0u8..6, 1..4).prop_map(Op::Fold),
             1 => (0u8..6).prop_map(Op::FoldKeptHot),
             1 => (0u8..6).prop_map(Op::TornFold),
             1 => (0u8..6).prop_map(Op::LegacyFold),
             1 => (0u8..6).prop_map(Op::KeyedFold),
+            1 => (0u8..6).prop_map(Op::NumberedFold),
         ]
     }
 
@@ -492,19 +496,34 @@ mod model {
                             torn.insert(job);
                         }
                     }
-                    Op::Fold(j) | Op::FoldKeptHot(j) => {
+                    Op::Fold(js) => {
+                        let jobs: BTreeSet<String> =
+                            js.iter().map(|j| format!("j{j}")).filter(|job| mem.contains_key(job)).collect();
+                        let mut fw: Vec<FoldWrite> = jobs
+                            .iter()
+                            .map(|job| fold_write(job, &mem[job], summaries.get(job).map_or(&[], |v| v)))
+                            .collect();
+                        if fw.is_empty() {
+                            continue;
+                        }
+                        store.fold_jobs(&mut fw, &[], last_seq).expect("fold");
+                        for w in fw {
+                            torn.remove(&w.job_id);
+                            summaries.insert(w.job_id.clone(), vec![w.number]);
+                            if let Some(rec) = mem.remove(&w.job_id) {
+                                folded.insert(w.job_id.clone(), rec);
+                            }
+                            dirty.remove(&w.job_id);
+                        }
+                    }
+                    Op::FoldKeptHot(j) => {
                         let job = format!("j{j}");
                         torn.remove(&job);
                         if let Some(rec) = mem.get(&job) {
                             let mut fw = [fold_write(&job, rec, summaries.get(&job).map_or(&[], |v| v))];
                             store.fold_jobs(&mut fw, &[], last_seq).expect("fold");
                             summaries.insert(job.clone(), vec![fw[0].number]);
-                            if matches!(op, Op::Fold(_)) {
-                                if let Some(rec) = mem.remove(&job) {
-                                    folded.insert(job.clone(), rec);
-                                }
-                                dirty.remove(&job);
-                            } else {
+                            {
                                 // The late event that kept it hot (logged after the fold's copy).
                                 n += 1;
                                 let late = ev(&job, &format!("e{n}"), 1_000_000 + n as i64, Kind::NodeAssigned(Default::default()));
@@ -515,19 +534,29 @@ mod model {
                         }
                     }
                     // Older collectors' folds, of jobs that have no summary yet.
-                    Op::LegacyFold(j) | Op::KeyedFold(j) => {
+                    Op::LegacyFold(j) | Op::KeyedFold(j) | Op::NumberedFold(j) => {
                         let job = format!("j{j}");
                         if summaries.contains_key(&job) || !mem.contains_key(&job) {
                             continue;
                         }
                         torn.remove(&job);
                         if let Some(rec) = mem.remove(&job) {
-                            if matches!(op, Op::LegacyFold(_)) {
-                                legacy_fold(&store, &job, &rec, last_seq);
-                            } else {
-                                keyed_fold(&store, &job, &rec, last_seq);
-                            }
-                            summaries.insert(job.clone(), vec![LEGACY_SUMMARY]);
+                            let number = match op {
+                                Op::LegacyFold(_) => {
+                                    legacy_fold(&store, &job, &rec, last_seq);
+                                    LEGACY_SUMMARY
+                                }
+                                Op::KeyedFold(_) => {
+                                    keyed_fold(&store, &job, &rec, last_seq, LEGACY_SUMMARY);
+                                    LEGACY_SUMMARY
+                                }
+                                _ => {
+                                    let no = store.next_summary.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                                    keyed_fold(&store, &job, &rec, last_seq, no);
+                                    no
+                                }
+                            };
+                            summaries.insert(job.clone(), vec![number]);
                             folded.insert(job.clone(), rec);
                             dirty.remove(&job);
                         }
@@ -676,12 +705,13 @@ fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_whole_blocks
     assert!(store.stream_read(105, 10).is_err());
 }
 
-/// A fold as collectors before summary numbers wrote it: the summary (listing the job's log sequences) keyed by
-/// the job id, flushed; then its snapshot removed.
-fn keyed_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64) {
+/// A fold as collectors before summary packs wrote it: the summary (listing the job's log sequences) alone under
+/// its number, or (`LEGACY_SUMMARY`, before summary numbers) keyed by the job id, flushed; then its snapshot
+/// removed.
+fn keyed_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64, number: u64) {
     let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
     let t = store.t().expect("open");
-    t.summaries.insert(job.as_bytes(), encode_summary(&seqs, job.as_bytes())).expect("summary");
+    t.summaries.insert(summary_key(job, number), encode_summary(&seqs, job.as_bytes())).expect("summary");
     t.db.flush().expect("flush");
     let fw = FoldWrite { job_id: job.to_string(), ..Default::default() };
     store.fold_delete(&[fw], max_seq).expect("delete snapshot");
@@ -829,21 +859,42 @@ fn a_folded_jobs_events_stay_in_the_log_until_retention_and_restore_does_not_rep
         ..Default::default()
     }];
     store.fold_jobs(&mut fw, &[], seq).expect("fold b");
-    let b_key = summary_key("b", fw[0].number);
+    // "b" is alone in its pack, keyed by its summary number; a damaged pack cannot say which jobs it held.
+    let b_key = packs::pack_key(fw[0].number);
     let t = store.t().expect("open");
-    let mut damaged = t.summaries.get(&b_key).expect("get").expect("present").to_vec();
+    let mut damaged = t.summaries.get(b_key).expect("get").expect("present").to_vec();
     let at = damaged.len() - 1;
     damaged[at] ^= 0xff;
-    t.summaries.insert(&b_key, damaged).expect("damage");
+    t.summaries.insert(b_key, damaged).expect("damage");
     t.db.flush().expect("flush");
     drop(t);
+    for _ in 0..2 {
+        // Every restart while the damaged pack exists finds the job in the log with no record or summary.
+        drop(store);
+        store = Store::open(dir.path()).expect("reopen");
+        let r = store.restore().expect("restore");
+        assert_eq!((r.replayed, r.folded), (0, 0));
+        assert_eq!(r.jobs["b"], mem["b"], "rebuilt from the log");
+        assert!(r.dirty.contains("b"));
+        assert_eq!(r.lost_packs, vec![fw[0].number]);
+        assert_eq!(r.jobs.keys().collect::<Vec<_>>(), vec!["a", "b"], "only jobs without a record or summary");
+    }
+    // Folded again (a new pack), "b" is folded at the next restart although the damaged pack is still there.
+    let b_damaged = fw[0].number;
+    let mut fw = [FoldWrite {
+        job_id: "b".into(),
+        log_seqs: mem["b"].events.iter().map(|e| e.seq).collect(),
+        summary: b"b2".to_vec(),
+        ..Default::default()
+    }];
+    store.fold_jobs(&mut fw, &[], seq).expect("refold b");
+    assert!(fw[0].number > b_damaged);
     drop(store);
     store = Store::open(dir.path()).expect("reopen");
     let r = store.restore().expect("restore");
-    assert_eq!((r.replayed, r.folded), (0, 0));
-    assert_eq!(r.jobs["b"], mem["b"], "rebuilt from the log");
-    assert!(r.dirty.contains("b"));
-    assert_eq!(r.stale_summaries.get("b"), Some(&vec![fw[0].number]), "its damaged summary is stale");
+    assert_eq!(r.lost_packs, vec![b_damaged]);
+    assert!(r.summaries.contains(&("b".to_string(), fw[0].number, b"b2".to_vec())));
+    assert!(!r.jobs.contains_key("b") && !r.dirty.contains("b"));
     // Retention of a folded job kills its log entries with its summary.
     let mut fw = [FoldWrite {
         job_id: "a".into(),
