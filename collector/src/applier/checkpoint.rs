@@ -6,7 +6,7 @@ use super::{Committer, ENCODE_UNDER_LOCK_MAX_EVENTS};
 use crate::health::Health;
 use crate::index::SharedIndex;
 use crate::store::{Store, StoreError};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -24,6 +24,7 @@ impl Committer {
             index: self.index.clone(),
             health: self.health.clone(),
             busy: self.checkpoint_busy.clone(),
+            took_ms: self.checkpoint_took_ms.clone(),
             store_writes: self.store_writes.clone(),
         })
     }
@@ -37,6 +38,8 @@ pub(super) struct Checkpoint {
     health: Arc<Health>,
     /// Cleared when this checkpoint is done (written, or failed and handed back).
     busy: Arc<AtomicBool>,
+    /// Set to how long the write took, milliseconds, when it is done (failed ones included).
+    took_ms: Arc<AtomicU64>,
     /// Excludes retention's deletes while a chunk is encoded and written.
     store_writes: Arc<Mutex<()>>,
 }
@@ -87,6 +90,7 @@ impl Checkpoint {
             }
         }
         let result = result.and_then(|()| store.finish_checkpoint(self.through_seq));
+        self.took_ms.store(started.elapsed().as_millis() as u64, Ordering::Release);
         match result {
             Ok(()) => {
                 tracing::debug!(

@@ -421,3 +421,18 @@ fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
     let rows: BTreeSet<(String, u64)> = idx.cold.rows.iter().map(|(k, r)| (k.to_string(), r.summary())).collect();
     assert_eq!(stored, rows);
 }
+
+#[test]
+fn with_a_fold_backlog_checkpoints_leave_folding_at_least_as_much_time_as_they_take() {
+    let interval = Duration::from_secs(2);
+    // No backlog: the configured interval, however long the last checkpoint took.
+    assert_eq!(checkpoint_every(interval, false, Duration::from_secs(14)), interval);
+    // A backlog: four intervals at least...
+    assert_eq!(checkpoint_every(interval, true, Duration::from_millis(500)), Duration::from_secs(8));
+    // ...and twice the last checkpoint's time, so that of each cycle (measured from hand-over) the checkpoint
+    // takes at most half and fold passes get the rest.
+    let took = Duration::from_secs(14);
+    let every = checkpoint_every(interval, true, took);
+    assert_eq!(every, Duration::from_secs(28));
+    assert!(every - took >= took, "folds get {:?} after a {took:?} checkpoint", every - took);
+}
