@@ -176,6 +176,9 @@ enum Op {
     SendFailing(Vec<(u8, u8)>),
     /// Stop the committer (final checkpoint), reopen the store, restore, start again.
     Restart,
+    /// The next fold's store write (`FAIL_FOLD_WRITE`) or snapshot delete (`FAIL_FOLD_DELETE`) is kept and
+    /// reported failed: its jobs stay hot, the summaries it wrote become their stale ones.
+    FailNextFold(u32),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -184,6 +187,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => events.clone().prop_map(Op::Send),
         2 => events.prop_map(Op::SendFailing),
         1 => Just(Op::Restart),
+        1 => prop_oneof![Just(crate::store::FAIL_FOLD_WRITE), Just(crate::store::FAIL_FOLD_DELETE)].prop_map(Op::FailNextFold),
     ]
 }
 
@@ -302,6 +306,9 @@ proptest! {
                                 store.fail_after_write.store(0, std::sync::atomic::Ordering::Release);
                             }
                         }
+                    }
+                    Op::FailNextFold(which) => {
+                        store.fail_fold.store(which, std::sync::atomic::Ordering::Release);
                     }
                     Op::Restart => {
                         drop(tx);

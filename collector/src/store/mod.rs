@@ -454,7 +454,16 @@ pub struct Store {
     /// short by a full disk can leave: sled kept some of it, the caller was told it failed).
     #[cfg(test)]
     pub(crate) fail_after_write: Arc<std::sync::atomic::AtomicU32>,
+    /// Tests: [`FAIL_FOLD_WRITE`] makes the next [`Store::fold_write`], [`FAIL_FOLD_DELETE`] the next
+    /// [`Store::fold_delete`], write and flush, then report a failure (once).
+    #[cfg(test)]
+    pub(crate) fail_fold: Arc<std::sync::atomic::AtomicU32>,
 }
+
+/// Tests: see `Store::fail_fold`.
+pub(crate) const FAIL_FOLD_WRITE: u32 = 1;
+/// Tests: see `Store::fail_fold`.
+pub(crate) const FAIL_FOLD_DELETE: u32 = 2;
 
 /// The open database and its trees.
 #[derive(Clone)]
@@ -669,6 +678,8 @@ impl Store {
             next_summary: Arc::new(next_summary.into()),
             #[cfg(test)]
             fail_after_write: Arc::default(),
+            #[cfg(test)]
+            fail_fold: Arc::default(),
         })
     }
 
@@ -1148,6 +1159,21 @@ impl Store {
         t.summaries.apply_batch(summaries)?;
         drop(lock);
         t.db.flush()?;
+        self.injected_fold_failure(FAIL_FOLD_WRITE)
+    }
+
+    /// Tests: fails once if [`Store::fail_fold`] is set to `which`.
+    #[cfg(test)]
+    fn injected_fold_failure(&self, which: u32) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
+        if self.fail_fold.compare_exchange(which, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return Err(StoreError::Sled(sled::Error::Io(std::io::Error::from_raw_os_error(28))));
+        }
+        Ok(())
+    }
+
+    #[cfg(not(test))]
+    fn injected_fold_failure(&self, _: u32) -> Result<(), StoreError> {
         Ok(())
     }
 
@@ -1199,7 +1225,7 @@ impl Store {
         snaps.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()));
         t.jobs.apply_batch(snaps)?;
         t.db.flush()?;
-        Ok(())
+        self.injected_fold_failure(FAIL_FOLD_DELETE)
     }
 
     /// The log sequence that the job snapshots cover.
