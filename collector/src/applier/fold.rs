@@ -32,7 +32,9 @@ pub(super) struct FoldPass {
     pub busy: Arc<AtomicBool>,
     /// Fold jobs that have not changed since this time (collector milliseconds).
     pub unchanged_since: i64,
-    /// Set when the pass stopped with candidates left: the committer starts the next pass at once.
+    /// Set when the pass stopped with candidates left (the committer then starts the next pass at once, and
+    /// checkpoints less often); cleared when a pass ends with none left. Not cleared while a pass runs: the
+    /// committer reads it then, to decide whether a checkpoint is due.
     pub more: Arc<AtomicBool>,
     /// Set at shutdown: the pass stops after its current chunk (the jobs stay hot; nothing is lost).
     pub stop: Arc<AtomicBool>,
@@ -42,7 +44,7 @@ impl FoldPass {
     /// Folds every candidate; returns how many jobs left memory.
     pub fn run(self, store: &Store) -> usize {
         let started = Instant::now();
-        self.more.store(false, Ordering::Release);
+        let mut more = false;
         // At most what one pass can fold (the rest waits for the next pass), the longest settled first. Only the
         // settling set is read (one pass over it, no lookups, under the read lock): with a backlog of a million
         // ended jobs, looking each up to order them by their first log sequence took longer than the pass's
@@ -66,7 +68,7 @@ impl FoldPass {
             // progress (in the 10M-job run of session 14 none did, and hot jobs piled up to 1.4M).
             let out_of_time = i > 0 && started.elapsed() >= PASS_BUDGET;
             if out_of_time || self.stop.load(Ordering::Acquire) {
-                self.more.store(!self.stop.load(Ordering::Acquire), Ordering::Release);
+                more = !self.stop.load(Ordering::Acquire);
                 break;
             }
             match self.fold_chunk(store, chunk) {
@@ -80,8 +82,9 @@ impl FoldPass {
         }
         if candidates.len() == FOLD_CHUNK * 32 && chunks.next().is_none() && !self.stop.load(Ordering::Acquire) {
             // Took as many as one pass may: there may be more.
-            self.more.store(true, Ordering::Release);
+            more = true;
         }
+        self.more.store(more, Ordering::Release);
         if folded > 0 {
             tracing::debug!(jobs = folded, elapsed_ms = started.elapsed().as_millis() as u64, "jobs folded");
         }

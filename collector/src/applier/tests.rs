@@ -402,10 +402,11 @@ fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
         by_age.into_iter().take(fold::FOLD_CHUNK).map(|(_, k)| k).collect()
     };
     let index = SharedIndex::new(idx);
+    let store_writes: Arc<Mutex<()>> = Arc::default();
     let pass = |more: &Arc<AtomicBool>| fold::FoldPass {
         index: index.clone(),
         health: Arc::new(Health::default()),
-        store_writes: Arc::default(),
+        store_writes: store_writes.clone(),
         busy: Arc::new(AtomicBool::new(true)),
         unchanged_since: now,
         more: more.clone(),
@@ -416,12 +417,27 @@ fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
     assert!(more.load(std::sync::atomic::Ordering::Acquire), "more to fold: another pass at once");
     let folded: BTreeSet<String> = index.read().cold.rows.keys().map(|k| k.to_string()).collect();
     assert_eq!(folded, oldest, "the longest settled first");
-    let mut passes = 1;
+    // While a pass runs (here: held up at its first chunk) the backlog flag stays as the last pass left it: the
+    // committer reads it then to decide whether a checkpoint is due (a flag cleared at the start of every pass
+    // let checkpoints run back to back in the 10M-job replay of session 15).
+    let held = store_writes.lock().expect("lock");
+    let running = std::thread::spawn({
+        let p = pass(&more);
+        let store = store.clone();
+        move || p.run(&store)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(more.load(std::sync::atomic::Ordering::Acquire), "the backlog flag cleared while a pass runs");
+    drop(held);
+    assert!(running.join().expect("pass") > 0);
+    let mut passes = 2;
     while !index.read().settling.is_empty() {
         assert!(pass(&more).run(&store) > 0, "pass {passes} folded nothing");
         passes += 1;
         assert!(passes <= 3, "{passes} passes for {jobs} jobs");
     }
+    assert_eq!(pass(&more).run(&store), 0);
+    assert!(!more.load(std::sync::atomic::Ordering::Acquire), "a pass with nothing left clears the flag");
     let idx = index.read();
     assert_eq!((idx.cold.len(), idx.jobs.len()), (jobs, 0));
     let stored: BTreeSet<(String, u64)> = store.summary_numbers().expect("summaries").into_iter().collect();
