@@ -239,17 +239,28 @@ pub(super) fn decode_block_of(kind: Kind, first: u64, v: &[u8]) -> Result<Block,
 /// Splits events (ascending) into blocks of at most [`BLOCK_MAX_EVENTS`] events and about [`BLOCK_MAX_RAW`]
 /// bytes: `(first seq, sealed value)`.
 pub(super) fn encode_blocks(events: &[(u64, &[u8])]) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    encode_blocks_of(LOG, events, BLOCK_MAX_EVENTS, BLOCK_MAX_RAW)
+}
+
+/// Splits entries (ascending) into blocks of `kind` of at most `max_entries` entries and about `max_raw` bytes:
+/// `(first number, sealed value)`.
+pub(super) fn encode_blocks_of(
+    kind: Kind,
+    entries: &[(u64, &[u8])],
+    max_entries: usize,
+    max_raw: usize,
+) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     let mut out = Vec::new();
     let mut i = 0;
-    while i < events.len() {
+    while i < entries.len() {
         let mut j = i;
         let mut bytes = 0;
-        while j < events.len() && j - i < BLOCK_MAX_EVENTS && bytes < BLOCK_MAX_RAW {
-            bytes += events[j].1.len() + 4;
+        while j < entries.len() && j - i < max_entries && bytes < max_raw {
+            bytes += entries[j].1.len() + 4;
             j += 1;
         }
-        let first = events[i].0;
-        out.push((first, encode_block(first, &events[i..j])?));
+        let first = entries[i].0;
+        out.push((first, encode_block_of(kind, first, &entries[i..j])?));
         i = j;
     }
     Ok(out)

@@ -79,20 +79,8 @@ fn entry_bytes(e: &Entry<'_>) -> Vec<u8> {
 /// Splits entries (ascending numbers) into packs: `(first number, sealed value)`.
 pub(super) fn encode_packs(entries: &[Entry<'_>]) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     let framed: Vec<(u64, Vec<u8>)> = entries.iter().map(|e| (e.number, entry_bytes(e))).collect();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < framed.len() {
-        let mut j = i;
-        let mut bytes = 0;
-        while j < framed.len() && j - i < PACK_MAX_ENTRIES && bytes < PACK_MAX_RAW {
-            bytes += framed[j].1.len() + 4;
-            j += 1;
-        }
-        let refs: Vec<(u64, &[u8])> = framed[i..j].iter().map(|(n, b)| (*n, b.as_slice())).collect();
-        out.push((framed[i].0, log::encode_block_of(PACKS, framed[i].0, &refs)?));
-        i = j;
-    }
-    Ok(out)
+    let refs: Vec<(u64, &[u8])> = framed.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+    log::encode_blocks_of(PACKS, &refs, PACK_MAX_ENTRIES, PACK_MAX_RAW)
 }
 
 /// A decoded pack.
