@@ -792,6 +792,11 @@ fn run_size(rt: &tokio::runtime::Runtime, a: &CoreArgs, jobs: u64) -> SizeReport
             })
         }
     };
+    // Written as soon as the store is built: a run cut short in its queries (a 10M store's take many minutes) can
+    // be resumed on the kept store.
+    if let (Some(f), None) = (&build_file, rep.json.get("reused_store")) {
+        std::fs::write(f, ingest.to_string()).expect("build.json");
+    }
     let events = ingest["events"].as_u64().unwrap_or(0).max(1);
     let pb_mean = ingest["protobuf_mean_bytes"].as_f64().unwrap_or(0.0);
     for k in [
@@ -939,9 +944,6 @@ fn run_size(rt: &tokio::runtime::Runtime, a: &CoreArgs, jobs: u64) -> SizeReport
     rep.json["disk_allocated_bytes_after_stop"] = json!(alloc);
     rep.json["disk_bytes_per_event"] = json!(disk_per_event);
     rep.json["disk_ratio_to_protobuf"] = json!(disk_per_event / pb_mean.max(1.0));
-    if let (Some(f), None) = (&build_file, rep.json.get("reused_store")) {
-        std::fs::write(f, ingest.to_string()).expect("build.json");
-    }
 
     let (c, ready_s) = start_collector(&db, a);
     let rss = status_kib(c.child.id(), "VmRSS");
