@@ -203,7 +203,7 @@ fn fixture() -> Fixture {
     let mut write = [FoldWrite { job_id: FOLDED.into(), log_seqs: seqs, summary: row.encode(), ..Default::default() }];
     store.fold_jobs(&mut write, &index.cold.dict.unpersisted(), last_seq).expect("fold");
     // The row points at the summary the store numbered, as the applier's rows do.
-    let row = index.cold.remove(FOLDED).expect("folded");
+    index.cold.remove(FOLDED).expect("folded");
     index.cold.insert(FOLDED, row.with_summary(write[0].number));
     assert!(index.folded(FOLDED).is_some() && index.jobs.contains_key(HOT));
     let board = AlertBoard::default();

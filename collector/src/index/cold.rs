@@ -1,15 +1,21 @@
-//! Folded ("cold") jobs: ended jobs whose events left memory, each kept as one fixed-size [`Folded`] row, plus
-//! the interned job attributes the rows point to. Owns both stored codecs: the summary body (sealed by the
-//! store in its `summaries` tree) and the attribute dictionary entries (its `dictionary` tree).
+//! Folded ("cold") jobs: ended jobs whose events left memory, each kept as one packed [`Row`], plus the
+//! interned job attributes and node names the rows point to. Owns both stored codecs: the summary body (a
+//! [`Folded`], sealed by the store in its summary packs) and the attribute dictionary entries (its `dictionary`
+//! tree).
 //!
-//! A row holds everything of a done job's [`Timeline`]: [`Folded::timeline`] gives back exactly the timeline it
-//! was made from (a property test checks it), so readers see a folded job as they saw it hot, and the SLO
-//! contributions and metric footprints of a folded job are recomputed from it when needed instead of kept.
+//! A [`Folded`] holds everything of a done job's [`Timeline`] and gives back exactly the timeline it was made
+//! from (a property test checks it), so readers see a folded job as they saw it hot, and the SLO contributions
+//! and metric footprints of a folded job are recomputed from it when needed instead of kept. In memory it is
+//! kept as a [`Row`]: the four times scans judge a job by (submit, first step, end, and the summary number) as
+//! plain fields, everything else packed into a few dozen bytes of varints (times as offsets from the submit,
+//! node names as numbers into a table the rows share). ~150 bytes a folded job in all, against ~570 as a struct
+//! with its own allocations (BENCHMARKS.md, session 16); a fill decodes the packed bytes straight into a
+//! [`Timeline`].
 
-use crate::job::{JobAttrs, JobState, Placement, Segment, Timeline};
+use crate::job::{JobAttrs, JobState, Placement, PlacementEnd, Segment, Timeline};
 use serde::{Deserialize, Serialize};
 use startline_proto::pb;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// "No value" in an `i64` time field of a row.
@@ -357,43 +363,351 @@ fn encode_attrs(a: &JobAttrs) -> Vec<u8> {
     postcard::to_stdvec(a).unwrap_or_default()
 }
 
-/// Every folded job, by id, with the dictionary its rows point to.
+/// One folded job in memory: what scans judge a job by as plain fields, the rest of its [`Folded`] packed (see
+/// the module doc). Made and read by [`ColdJobs`], which holds the node names the packed placements number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// Index into the attribute dictionary.
+    pub attrs: u32,
+    submitted_at: i64,
+    done_at: i64,
+    first_step_at: i64,
+    /// The number of its summary in the store (see [`Folded::with_summary`]).
+    summary: u64,
+    /// Every other field of the [`Folded`], as [`pack`] writes them.
+    packed: Box<[u8]>,
+}
+
+impl Row {
+    /// When the job ended.
+    pub fn done_at(&self) -> i64 {
+        self.done_at
+    }
+
+    /// When the job was submitted.
+    pub fn submitted_at(&self) -> i64 {
+        self.submitted_at
+    }
+
+    /// When it reached its first training step, if it did.
+    pub fn first_step_at(&self) -> Option<i64> {
+        opt(self.first_step_at)
+    }
+
+    /// Its time to first step, as [`Timeline::time_to_first_step_ms`] gives it.
+    pub fn time_to_first_step_ms(&self) -> Option<i64> {
+        Some(self.first_step_at()? - self.submitted_at)
+    }
+
+    /// The number of its summary in the store.
+    pub fn summary(&self) -> u64 {
+        self.summary
+    }
+
+    /// Bytes of the packed part.
+    pub fn packed_len(&self) -> usize {
+        self.packed.len()
+    }
+}
+
+/// Node names packed rows number: one allocation per distinct node, not one per job and node (a fleet's nodes
+/// are few and every job names some). Append-only, so a number stays valid while any row holds it; grows with
+/// the distinct nodes ever folded.
+#[derive(Debug, Default)]
+struct NodeTable {
+    names: Vec<Arc<str>>,
+    ids: HashMap<Arc<str>, u32>,
+}
+
+impl NodeTable {
+    /// The number of a name, adding it (and counting its bytes) if new.
+    fn id(&mut self, name: &Arc<str>, bytes: &mut usize) -> u32 {
+        if let Some(id) = self.ids.get(name) {
+            return *id;
+        }
+        let id = self.names.len() as u32;
+        *bytes += 16 + name.len() + 3 * std::mem::size_of::<Arc<str>>() + 8;
+        self.names.push(name.clone());
+        self.ids.insert(name.clone(), id);
+        id
+    }
+
+    /// The shared name of a number (a number no row could have written reads as an empty name).
+    fn name(&self, id: u64) -> Arc<str> {
+        usize::try_from(id).ok().and_then(|i| self.names.get(i)).cloned().unwrap_or_else(|| Arc::from(""))
+    }
+}
+
+/// Bits of a packed row's `present` byte: which optional times it holds.
+const HAS_FIRST_QUEUED: u8 = 1;
+const HAS_NODE_ASSIGNED: u8 = 2;
+const HAS_PREPARING: u8 = 4;
+const HAS_CHECKPOINT: u8 = 8;
+/// Bits of a packed placement's head byte above its end's index (3 bits).
+const PLACED_FIRST_STEP: u8 = 8;
+const PLACED_ENDED: u8 = 16;
+const PLACED_LOST_NODE: u8 = 32;
+
+fn put_u(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_i(out: &mut Vec<u8>, v: i64) {
+    put_u(out, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+/// Reads what [`put_u`] and [`put_i`] wrote; past the end every read is 0 (the bytes are the collector's own,
+/// written by [`pack`]: a short read cannot happen, and must not panic if it did).
+struct Unpack<'a> {
+    rest: &'a [u8],
+}
+
+impl Unpack<'_> {
+    fn u(&mut self) -> u64 {
+        let mut v = 0u64;
+        let mut shift = 0;
+        while let Some((&b, rest)) = self.rest.split_first() {
+            self.rest = rest;
+            if shift < 64 {
+                v |= u64::from(b & 0x7f) << shift;
+            }
+            shift += 7;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        v
+    }
+
+    fn i(&mut self) -> i64 {
+        let z = self.u();
+        ((z >> 1) as i64) ^ -((z & 1) as i64)
+    }
+
+    fn byte(&mut self) -> u8 {
+        match self.rest.split_first() {
+            Some((&b, rest)) => {
+                self.rest = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    /// A time written as its offset from `base`.
+    fn at(&mut self, base: i64) -> i64 {
+        base.wrapping_add(self.i())
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::try_from(self.u()).unwrap_or(u32::MAX)
+    }
+
+    fn i32(&mut self) -> i32 {
+        i32::try_from(self.i()).unwrap_or_default()
+    }
+}
+
+fn put_segment(out: &mut Vec<u8>, s: Segment) {
+    match s {
+        Segment::Unreported => out.push(0),
+        Segment::Queued(r) => {
+            out.push(1);
+            put_i(out, r as i64);
+        }
+        Segment::Assigned => out.push(2),
+        Segment::Preparing(p) => {
+            out.push(3);
+            put_i(out, p as i64);
+        }
+    }
+}
+
+fn take_segment(r: &mut Unpack<'_>) -> Segment {
+    match r.byte() {
+        1 => Segment::Queued(pb::WaitReason::try_from(r.i32()).unwrap_or_default()),
+        2 => Segment::Assigned,
+        3 => Segment::Preparing(pb::PreparingPhase::try_from(r.i32()).unwrap_or_default()),
+        _ => Segment::Unreported,
+    }
+}
+
+/// Packs a folded job (node names numbered in `nodes`, whose new names' bytes are added to `bytes`).
+fn pack(f: &Folded, nodes: &mut NodeTable, bytes: &mut usize) -> Row {
+    let base = f.submitted_at;
+    let mut out = Vec::with_capacity(48);
+    let times = [
+        (f.first_queued_at, HAS_FIRST_QUEUED),
+        (f.node_assigned_at, HAS_NODE_ASSIGNED),
+        (f.preparing_at, HAS_PREPARING),
+        (f.checkpoint_at, HAS_CHECKPOINT),
+    ];
+    let present = times.iter().filter(|(v, _)| *v != NONE).fold(0, |acc, (_, bit)| acc | bit);
+    out.push(present);
+    out.push(f.flags);
+    for (v, _) in times.iter().filter(|(v, _)| *v != NONE) {
+        put_i(&mut out, v.wrapping_sub(base));
+    }
+    for v in [f.checkpoint_step, f.lost_steps, f.max_step] {
+        put_u(&mut out, v);
+    }
+    for v in [f.requeue_wait_ms, f.lost_work_ms, f.checkpoint_save_ms, f.failed_work_ms] {
+        put_i(&mut out, v);
+    }
+    for v in [f.runs, f.attempts, f.preemptions, f.node_losses, f.ignored_after_done] {
+        put_u(&mut out, u64::from(v));
+    }
+    put_i(&mut out, i64::from(f.exit_code));
+    put_i(&mut out, i64::from(f.outcome));
+    put_u(&mut out, f.waits.len() as u64);
+    for (s, ms) in f.waits.iter() {
+        put_segment(&mut out, *s);
+        put_i(&mut out, *ms);
+    }
+    put_u(&mut out, f.placements.len() as u64);
+    for p in f.placements.iter() {
+        let end = PlacementEnd::ALL.iter().position(|e| *e == p.end).unwrap_or(0) as u8;
+        let mut head = end;
+        if p.first_step_at.is_some() {
+            head |= PLACED_FIRST_STEP;
+        }
+        if p.ended_at.is_some() {
+            head |= PLACED_ENDED;
+        }
+        if p.lost_node.is_some() {
+            head |= PLACED_LOST_NODE;
+        }
+        out.push(head);
+        put_i(&mut out, p.assigned_at.wrapping_sub(base));
+        for v in p.first_step_at.iter().chain(p.ended_at.iter()) {
+            put_i(&mut out, v.wrapping_sub(base));
+        }
+        put_u(&mut out, p.nodes.len() as u64);
+        for n in p.nodes.iter() {
+            put_u(&mut out, u64::from(nodes.id(n, bytes)));
+        }
+        if let Some(n) = &p.lost_node {
+            put_u(&mut out, u64::from(nodes.id(n, bytes)));
+        }
+    }
+    Row {
+        attrs: f.attrs,
+        submitted_at: f.submitted_at,
+        done_at: f.done_at,
+        first_step_at: f.first_step_at,
+        summary: f.summary,
+        packed: out.into_boxed_slice(),
+    }
+}
+
+/// A packed row's fields before its wait segments (which follow in the reader).
+struct Scalars {
+    first_queued_at: i64,
+    node_assigned_at: i64,
+    preparing_at: i64,
+    checkpoint_at: i64,
+    checkpoint_step: u64,
+    lost_steps: u64,
+    max_step: u64,
+    requeue_wait_ms: i64,
+    lost_work_ms: i64,
+    checkpoint_save_ms: i64,
+    failed_work_ms: i64,
+    runs: u32,
+    attempts: u32,
+    preemptions: u32,
+    node_losses: u32,
+    ignored_after_done: u32,
+    exit_code: i32,
+    outcome: i32,
+    flags: u8,
+}
+
+fn take_scalars(row: &Row, r: &mut Unpack<'_>) -> Scalars {
+    let base = row.submitted_at;
+    let present = r.byte();
+    let flags = r.byte();
+    let time = |bit: u8, r: &mut Unpack<'_>| if present & bit != 0 { r.at(base) } else { NONE };
+    let first_queued_at = time(HAS_FIRST_QUEUED, r);
+    let node_assigned_at = time(HAS_NODE_ASSIGNED, r);
+    let preparing_at = time(HAS_PREPARING, r);
+    let checkpoint_at = time(HAS_CHECKPOINT, r);
+    Scalars {
+        first_queued_at,
+        node_assigned_at,
+        preparing_at,
+        checkpoint_at,
+        checkpoint_step: r.u(),
+        lost_steps: r.u(),
+        max_step: r.u(),
+        requeue_wait_ms: r.i(),
+        lost_work_ms: r.i(),
+        checkpoint_save_ms: r.i(),
+        failed_work_ms: r.i(),
+        runs: r.u32(),
+        attempts: r.u32(),
+        preemptions: r.u32(),
+        node_losses: r.u32(),
+        ignored_after_done: r.u32(),
+        exit_code: r.i32(),
+        outcome: r.i32(),
+        flags,
+    }
+}
+
+fn take_placement(base: i64, nodes: &NodeTable, r: &mut Unpack<'_>) -> Placement {
+    let head = r.byte();
+    let assigned_at = r.at(base);
+    let first_step_at = (head & PLACED_FIRST_STEP != 0).then(|| r.at(base));
+    let ended_at = (head & PLACED_ENDED != 0).then(|| r.at(base));
+    let n = r.u();
+    let names: Vec<Arc<str>> = (0..n).map(|_| nodes.name(r.u())).collect();
+    let lost_node = (head & PLACED_LOST_NODE != 0).then(|| nodes.name(r.u()));
+    Placement {
+        nodes: names.into(),
+        assigned_at,
+        first_step_at,
+        ended_at,
+        end: PlacementEnd::ALL.get(usize::from(head & 7)).copied().unwrap_or(PlacementEnd::Open),
+        lost_node,
+    }
+}
+
+/// Every folded job, by id, with the dictionary and node names its rows point to.
 #[derive(Debug, Default)]
 pub struct ColdJobs {
     /// Rows by job id (listings page by id). Change them with [`ColdJobs::insert`] and [`ColdJobs::remove`].
-    pub rows: BTreeMap<Box<str>, Folded>,
+    pub rows: BTreeMap<Box<str>, Row>,
     /// The attributes rows point to.
     pub dict: Dictionary,
-    /// Node names the rows' placements share: one allocation per distinct node, not one per job and node (a
-    /// fleet's nodes are few and every job names some). Grows with the distinct nodes ever folded.
-    nodes: HashSet<Arc<str>>,
+    /// Node names the rows' placements number.
+    nodes: NodeTable,
     /// Estimated bytes of the rows and the node names.
     bytes: usize,
 }
 
-/// Estimated bytes of one row in the map beside its id and wait segments (the row, the key's box, and the
-/// B-tree's share of a node).
-const ROW_OVERHEAD: usize = std::mem::size_of::<Folded>() + std::mem::size_of::<Box<str>>() + 16;
+/// Estimated bytes of one row in the map beside its id and packed bytes: the row, the key's box, the B-tree's
+/// share of a node, and the allocator's rounding of the two allocations (the id's and the packed bytes').
+const ROW_OVERHEAD: usize = std::mem::size_of::<Row>() + std::mem::size_of::<Box<str>>() + 16 + 2 * 8;
 
 /// The row's own bytes (node names are shared: [`ColdJobs`] counts each once).
-fn row_bytes(id: &str, row: &Folded) -> usize {
-    let placements: usize = row
-        .placements
-        .iter()
-        .map(|p| std::mem::size_of::<Placement>() + 16 + p.nodes.len() * std::mem::size_of::<Arc<str>>())
-        .sum();
-    ROW_OVERHEAD + id.len() + std::mem::size_of_val(&*row.waits) + placements
+fn row_bytes(id: &str, row: &Row) -> usize {
+    ROW_OVERHEAD + id.len() + row.packed.len()
 }
 
 impl ColdJobs {
     /// No rows yet, over a loaded dictionary.
     pub fn with_dictionary(dict: Dictionary) -> ColdJobs {
-        ColdJobs { rows: BTreeMap::new(), dict, nodes: HashSet::new(), bytes: 0 }
+        ColdJobs { rows: BTreeMap::new(), dict, nodes: NodeTable::default(), bytes: 0 }
     }
 
     /// Adds (or replaces) a folded job.
-    pub fn insert(&mut self, job_id: &str, mut row: Folded) {
-        self.share_nodes(&mut row);
+    pub fn insert(&mut self, job_id: &str, row: Folded) {
+        let row = pack(&row, &mut self.nodes, &mut self.bytes);
         self.bytes += row_bytes(job_id, &row);
         if let Some(old) = self.rows.insert(job_id.into(), row) {
             self.bytes -= row_bytes(job_id, &old);
@@ -423,32 +737,18 @@ impl ColdJobs {
             }
             return superseded;
         }
-        for (id, row) in &mut keep {
-            self.share_nodes(row);
-            self.bytes += row_bytes(id, row);
+        let mut packed = Vec::with_capacity(keep.len());
+        for (id, row) in keep {
+            let row = pack(&row, &mut self.nodes, &mut self.bytes);
+            self.bytes += row_bytes(&id, &row);
+            packed.push((id, row));
         }
-        self.rows = keep.into_iter().collect();
+        self.rows = packed.into_iter().collect();
         superseded
     }
 
-    /// Points the row's node names at the shared ones (adding names not seen before).
-    fn share_nodes(&mut self, row: &mut Folded) {
-        for p in row.placements.iter_mut() {
-            let is_shared = |n: &Arc<str>| self.nodes.get(n).is_some_and(|s| Arc::ptr_eq(s, n));
-            let shared = p.nodes.iter().all(is_shared) && p.lost_node.as_ref().is_none_or(is_shared);
-            if shared {
-                continue;
-            }
-            let nodes: Vec<Arc<str>> = p.nodes.iter().map(|n| intern(&mut self.nodes, &mut self.bytes, n)).collect();
-            p.nodes = nodes.into();
-            if let Some(lost) = &p.lost_node {
-                p.lost_node = Some(intern(&mut self.nodes, &mut self.bytes, lost));
-            }
-        }
-    }
-
     /// Removes a folded job.
-    pub fn remove(&mut self, job_id: &str) -> Option<Folded> {
+    pub fn remove(&mut self, job_id: &str) -> Option<Row> {
         let row = self.rows.remove(job_id)?;
         self.bytes -= row_bytes(job_id, &row);
         Some(row)
@@ -459,26 +759,103 @@ impl ColdJobs {
         self.bytes
     }
 
+    /// The [`Folded`] a row was packed from.
+    pub fn unpack(&self, row: &Row) -> Folded {
+        let mut r = Unpack { rest: &row.packed };
+        let s = take_scalars(row, &mut r);
+        let waits: Vec<(Segment, i64)> = (0..r.u()).map(|_| (take_segment(&mut r), r.i())).collect();
+        let placements: Vec<Placement> =
+            (0..r.u()).map(|_| take_placement(row.submitted_at, &self.nodes, &mut r)).collect();
+        Folded {
+            attrs: row.attrs,
+            submitted_at: row.submitted_at,
+            done_at: row.done_at,
+            first_step_at: row.first_step_at,
+            first_queued_at: s.first_queued_at,
+            node_assigned_at: s.node_assigned_at,
+            preparing_at: s.preparing_at,
+            checkpoint_at: s.checkpoint_at,
+            checkpoint_step: s.checkpoint_step,
+            requeue_wait_ms: s.requeue_wait_ms,
+            lost_work_ms: s.lost_work_ms,
+            checkpoint_save_ms: s.checkpoint_save_ms,
+            failed_work_ms: s.failed_work_ms,
+            lost_steps: s.lost_steps,
+            max_step: s.max_step,
+            runs: s.runs,
+            attempts: s.attempts,
+            preemptions: s.preemptions,
+            node_losses: s.node_losses,
+            ignored_after_done: s.ignored_after_done,
+            exit_code: s.exit_code,
+            outcome: s.outcome,
+            flags: s.flags,
+            waits: waits.into_boxed_slice(),
+            placements: placements.into_boxed_slice(),
+            summary: row.summary,
+        }
+    }
+
     /// The full timeline of a folded job.
-    pub fn timeline(&self, row: &Folded) -> Timeline {
+    pub fn timeline(&self, row: &Row) -> Timeline {
         let mut t = Timeline::default();
         self.fill(row, &mut t);
         t
     }
 
     /// Writes a folded job's timeline into `t`.
-    pub fn fill(&self, row: &Folded, t: &mut Timeline) {
+    pub fn fill(&self, row: &Row, t: &mut Timeline) {
         self.fill_with(row, t, true)
     }
 
-    /// [`ColdJobs::fill`], with `placements` only when asked for (see [`Folded::fill_with`]).
-    pub fn fill_with(&self, row: &Folded, t: &mut Timeline, placements: bool) {
+    /// [`ColdJobs::fill`], with `placements` only when asked for (see [`Folded::fill_with`]). Decodes the packed
+    /// row straight into `t`, reusing its allocations.
+    pub fn fill_with(&self, row: &Row, t: &mut Timeline, placements: bool) {
         match self.dict.get(row.attrs) {
-            Some(a) => row.fill_with(a, t, placements),
+            Some(a) => {
+                if !t.attrs.as_ref().is_some_and(|have| Arc::ptr_eq(have, a)) {
+                    t.attrs = Some(a.clone());
+                }
+            }
             // Rows are only made from interned attributes; an unknown number means a damaged dictionary.
-            None => {
-                let a = Arc::new(JobAttrs::unknown());
-                row.fill_with(&a, t, placements)
+            None => t.attrs = Some(Arc::new(JobAttrs::unknown())),
+        }
+        let mut r = Unpack { rest: &row.packed };
+        let s = take_scalars(row, &mut r);
+        t.state = JobState::Done;
+        t.submitted_at = Some(row.submitted_at);
+        t.first_queued_at = opt(s.first_queued_at);
+        t.node_assigned_at = opt(s.node_assigned_at);
+        t.preparing_at = opt(s.preparing_at);
+        t.first_step_at = opt(row.first_step_at);
+        t.last_checkpoint = opt(s.checkpoint_at).map(|at| (at, s.checkpoint_step));
+        t.done_at = Some(row.done_at);
+        t.outcome = (s.flags & 4 != 0).then(|| pb::Outcome::try_from(s.outcome).unwrap_or_default());
+        t.exit_code = (s.flags & 1 != 0).then_some(s.exit_code);
+        t.current_wait = None;
+        t.wait_started_at = None;
+        t.current_raw_reason = None;
+        t.current_estimated_start = None;
+        t.initial_wait_ms.clear();
+        for _ in 0..r.u() {
+            let seg = take_segment(&mut r);
+            t.initial_wait_ms.insert(seg, r.i());
+        }
+        t.requeue_wait_ms = s.requeue_wait_ms;
+        t.runs = s.runs;
+        t.attempts = s.attempts;
+        t.preemptions = s.preemptions;
+        t.node_losses = s.node_losses;
+        t.lost_work_ms = s.lost_work_ms;
+        t.checkpoint_save_ms = s.checkpoint_save_ms;
+        t.failed_work_ms = s.failed_work_ms;
+        t.lost_steps = s.lost_steps;
+        t.max_step = (s.flags & 2 != 0).then_some(s.max_step);
+        t.ignored_after_done = s.ignored_after_done;
+        t.placements.clear();
+        if placements {
+            for _ in 0..r.u() {
+                t.placements.push(take_placement(row.submitted_at, &self.nodes, &mut r));
             }
         }
     }
@@ -494,12 +871,197 @@ impl ColdJobs {
     }
 }
 
-/// The shared copy of a node name, added (and its bytes counted) if new.
-fn intern(names: &mut HashSet<Arc<str>>, bytes: &mut usize, name: &Arc<str>) -> Arc<str> {
-    if let Some(n) = names.get(name) {
-        return n.clone();
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn time() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            2 => Just(NONE),
+            1 => Just(i64::MAX),
+            6 => 1_700_000_000_000i64..1_800_000_000_000,
+            1 => any::<i64>(),
+        ]
     }
-    *bytes += 16 + name.len() + 2 * std::mem::size_of::<Arc<str>>();
-    names.insert(name.clone());
-    name.clone()
+
+    fn segment() -> impl Strategy<Value = Segment> {
+        (0u8..4, 0i32..12).prop_map(|(tag, code)| match tag {
+            0 => Segment::Unreported,
+            1 => Segment::Queued(pb::WaitReason::try_from(code).unwrap_or_default()),
+            2 => Segment::Assigned,
+            _ => Segment::Preparing(pb::PreparingPhase::try_from(code % 6).unwrap_or_default()),
+        })
+    }
+
+    fn placement() -> impl Strategy<Value = Placement> {
+        (
+            prop::collection::vec(0usize..5, 0..4),
+            time(),
+            prop::option::of(time()),
+            prop::option::of(time()),
+            0usize..8,
+            prop::option::of(0usize..5),
+        )
+            .prop_map(|(nodes, assigned_at, first_step_at, ended_at, end, lost)| {
+                let name = |i: usize| Arc::<str>::from(format!("gpu-node-{i:03}"));
+                Placement {
+                    nodes: nodes.into_iter().map(name).collect::<Vec<_>>().into(),
+                    assigned_at,
+                    first_step_at,
+                    ended_at,
+                    end: PlacementEnd::ALL[end],
+                    lost_node: lost.map(name),
+                }
+            })
+    }
+
+    prop_compose! {
+        fn folded()(
+            attrs in 0u32..3,
+            times in prop::array::uniform7(time()),
+            counts in prop::array::uniform3(prop_oneof![Just(0u64), any::<u64>()]),
+            ms in prop::array::uniform4(prop_oneof![Just(0i64), -5_000i64..86_400_000, any::<i64>()]),
+            small in prop::array::uniform5(prop_oneof![0u32..4, any::<u32>()]),
+            exit_code in any::<i32>(),
+            outcome in -1i32..7,
+            flags in 0u8..8,
+            waits in prop::collection::btree_map(segment(), any::<i64>(), 0..5),
+            placements in prop::collection::vec(placement(), 0..4),
+            summary in any::<u64>(),
+        ) -> Folded {
+            let [submitted_at, done_at, first_step_at, first_queued_at, node_assigned_at, preparing_at, checkpoint_at] = times;
+            Folded {
+                attrs,
+                submitted_at: if submitted_at == NONE { 0 } else { submitted_at },
+                done_at,
+                first_step_at,
+                first_queued_at,
+                node_assigned_at,
+                preparing_at,
+                checkpoint_at,
+                checkpoint_step: counts[0],
+                requeue_wait_ms: ms[0],
+                lost_work_ms: ms[1],
+                checkpoint_save_ms: ms[2],
+                failed_work_ms: ms[3],
+                lost_steps: counts[1],
+                max_step: counts[2],
+                runs: small[0],
+                attempts: small[1],
+                preemptions: small[2],
+                node_losses: small[3],
+                ignored_after_done: small[4],
+                exit_code,
+                outcome,
+                flags,
+                waits: waits.into_iter().collect::<Vec<_>>().into_boxed_slice(),
+                placements: placements.into_boxed_slice(),
+                summary,
+            }
+        }
+    }
+
+    fn dictionary() -> Dictionary {
+        let mut d = Dictionary::default();
+        for team in ["a", "b", "c"] {
+            d.intern(&Arc::new(JobAttrs { team: team.into(), ..JobAttrs::unknown() }));
+        }
+        d
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+        /// Any row, extreme values included, packs and unpacks to itself, and fills in the timeline its unpacked
+        /// form fills (with and without placements), node names shared; removing every row leaves only the names.
+        #[test]
+        fn a_packed_row_unpacks_to_itself(rows in prop::collection::vec(folded(), 1..12)) {
+            let mut cold = ColdJobs::with_dictionary(dictionary());
+            for (i, f) in rows.iter().enumerate() {
+                cold.insert(&format!("job-{i}"), f.clone());
+            }
+            let names = cold.nodes.names.len();
+            prop_assert!(names <= 5);
+            for (i, f) in rows.iter().enumerate() {
+                let row = &cold.rows[format!("job-{i}").as_str()];
+                prop_assert_eq!(&cold.unpack(row), f);
+                prop_assert_eq!((row.done_at(), row.submitted_at(), row.first_step_at(), row.summary()),
+                    (f.done_at(), f.submitted_at(), f.first_step_at(), f.summary()));
+                let attrs = cold.dict.get(f.attrs).expect("interned").clone();
+                for placements in [true, false] {
+                    let mut want = Timeline::default();
+                    f.fill_with(&attrs, &mut want, placements);
+                    // Filling over a timeline left by another job reuses it and leaves nothing of it behind.
+                    let mut got = cold.timeline(&cold.rows["job-0"]);
+                    cold.fill_with(row, &mut got, placements);
+                    prop_assert_eq!(&got, &want);
+                    for p in &got.placements {
+                        for n in p.nodes.iter().chain(p.lost_node.iter()) {
+                            let shared = cold.nodes.ids.get_key_value(n).map(|(k, _)| k.clone());
+                            prop_assert!(shared.is_some_and(|s| Arc::ptr_eq(&s, n)), "node {} is a copy", n);
+                        }
+                    }
+                }
+            }
+            for i in 0..rows.len() {
+                let id = format!("job-{i}");
+                prop_assert!(cold.remove(&id).is_some());
+            }
+            prop_assert_eq!(cold.bytes(), cold.nodes.names.iter().map(|n| 16 + n.len() + 3 * 16 + 8).sum::<usize>());
+        }
+    }
+
+    /// A typical folded job (times in milliseconds minutes apart, three wait segments, one placement on one
+    /// node) packs into a few dozen bytes: the size the memory model counts on.
+    #[test]
+    fn a_typical_row_packs_small() {
+        let t0 = 1_780_000_000_000;
+        let f = Folded {
+            attrs: 1,
+            submitted_at: t0,
+            done_at: t0 + 7_200_000,
+            first_step_at: t0 + 900_000,
+            first_queued_at: t0 + 1_000,
+            node_assigned_at: t0 + 600_000,
+            preparing_at: t0 + 610_000,
+            checkpoint_at: t0 + 3_600_000,
+            checkpoint_step: 12_000,
+            requeue_wait_ms: 0,
+            lost_work_ms: 0,
+            checkpoint_save_ms: 45_000,
+            failed_work_ms: 0,
+            lost_steps: 0,
+            max_step: 24_000,
+            runs: 1,
+            attempts: 1,
+            preemptions: 0,
+            node_losses: 0,
+            ignored_after_done: 0,
+            exit_code: 0,
+            outcome: pb::Outcome::Succeeded as i32,
+            flags: 7,
+            waits: vec![
+                (Segment::Unreported, 1_000),
+                (Segment::Queued(pb::WaitReason::Capacity), 599_000),
+                (Segment::Preparing(pb::PreparingPhase::ImagePull), 290_000),
+            ]
+            .into_boxed_slice(),
+            placements: vec![Placement {
+                nodes: vec![Arc::<str>::from("a100-node-013")].into(),
+                assigned_at: t0 + 600_000,
+                first_step_at: Some(t0 + 900_000),
+                ended_at: Some(t0 + 7_200_000),
+                end: PlacementEnd::Succeeded,
+                lost_node: None,
+            }]
+            .into_boxed_slice(),
+            summary: 7,
+        };
+        let mut cold = ColdJobs::with_dictionary(dictionary());
+        cold.insert("slurm/cluster-a/1234567", f.clone());
+        let row = &cold.rows["slurm/cluster-a/1234567"];
+        assert_eq!(cold.unpack(row), f);
+        assert!(row.packed_len() <= 64, "{} bytes packed", row.packed_len());
+        assert!(std::mem::size_of::<Row>() <= 56);
+    }
 }

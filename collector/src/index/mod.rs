@@ -6,8 +6,8 @@
 //!
 //! # Memory model
 //! A hot job costs its events, its timeline and its derived state (about 2-3 KiB for a typical job). A folded
-//! job costs one [`cold::Folded`] row (about 150 bytes plus its wait segments) and its id; its attributes are
-//! shared through a dictionary, and its SLO contributions are recomputed from its row when needed (an ended
+//! job costs one packed [`cold::Row`] (56 bytes plus ~40-60 bytes of varints) and its id in a B-tree, ~150-200
+//! bytes in all; its attributes and node names are shared through tables, and its SLO contributions are recomputed from its row when needed (an ended
 //! job's contributions do not change), not kept.
 
 pub mod chains;
@@ -19,7 +19,7 @@ pub mod nodes;
 
 use crate::job::{CompactEvent, JobRecord, Timeline};
 use crate::slo::{Contribution, SloEngine};
-use cold::{ColdJobs, Folded};
+use cold::{ColdJobs, Folded, Row};
 use footprint::{footprint, Footprint, JobGauges, Observation};
 use labels::{LabelLimiter, LabelSettings};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -49,8 +49,8 @@ impl HotJob {
 /// A folded job as a scan shows it before filling in its timeline (see [`SharedIndex::scan_where`]).
 #[derive(Debug, Clone, Copy)]
 pub struct FoldedRef<'a> {
-    /// Its row (times, counts, waits).
-    pub row: &'a Folded,
+    /// Its row (the times scans judge by; [`ColdJobs::fill_with`] gives the rest).
+    pub row: &'a Row,
     /// Its attributes (shared by every row with the same set; `row.attrs` numbers them).
     pub attrs: &'a Arc<crate::job::JobAttrs>,
 }
@@ -308,7 +308,7 @@ impl JobIndex {
     }
 
     /// A folded job's row.
-    pub fn folded(&self, job_id: &str) -> Option<&Folded> {
+    pub fn folded(&self, job_id: &str) -> Option<&Row> {
         self.cold.rows.get(job_id)
     }
 

@@ -430,7 +430,10 @@ mod fold_model {
         assert_eq!((rec.timeline.checkpoint_save_ms, rec.timeline.failed_work_ms), (4_000, MIN));
         let back = cold::Folded::decode(&row.encode()).expect("decodes");
         assert_eq!(back, row);
-        assert_eq!(cold.timeline(&back), rec.timeline);
+        // Kept in memory packed, it unpacks to the same row and fills in the same timeline.
+        cold.insert("j", back.clone());
+        assert_eq!(cold.unpack(&cold.rows["j"]), back);
+        assert_eq!(cold.timeline(&cold.rows["j"]), rec.timeline);
         assert_eq!(back.placements_len(), 1);
         // A format-2 row (before placements): the same fields, then nothing; read back with no placements
         // (postcard writes the empty placement list of format 3 as one byte).
