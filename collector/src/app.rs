@@ -685,16 +685,16 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
         reason,
     })?;
     let mut cold = ColdJobs::with_dictionary(dict);
-    // The store lists summaries in fold order: the rows are collected, then sorted by job id and loaded in one
-    // pass (full B-tree nodes; while the map is built, the collected rows are held too: a transient peak of one
-    // row per folded job).
+    // The store lists summaries in fold order: the rows are packed as they are read, collected, then sorted by
+    // job id and loaded in one pass (full B-tree nodes; while the map is built, the collected rows are held too:
+    // a transient peak of one 72-byte entry per folded job).
     let mut rows = Vec::new();
     let restored = store.restore_with(|job_id, summary, body| {
         let row = Folded::decode(body)?.with_summary(summary);
         if cold.dict.get(row.attrs).is_none() {
             return Err(format!("attribute set {} is not in the dictionary", row.attrs));
         }
-        rows.push((Box::<str>::from(job_id), row));
+        rows.push((Box::<str>::from(job_id), cold.pack(&row)));
         Ok(())
     })?;
     // Summaries no job needs: older ones of a job with two, and the stale ones of a job that restored folded.

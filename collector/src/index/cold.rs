@@ -707,22 +707,32 @@ impl ColdJobs {
 
     /// Adds (or replaces) a folded job.
     pub fn insert(&mut self, job_id: &str, row: Folded) {
-        let row = pack(&row, &mut self.nodes, &mut self.bytes);
+        let row = self.pack(&row);
+        self.insert_row(job_id, row);
+    }
+
+    /// A folded job packed for [`ColdJobs::load`] (its node names added to the shared table).
+    pub fn pack(&mut self, row: &Folded) -> Row {
+        pack(row, &mut self.nodes, &mut self.bytes)
+    }
+
+    fn insert_row(&mut self, job_id: &str, row: Row) {
         self.bytes += row_bytes(job_id, &row);
         if let Some(old) = self.rows.insert(job_id.into(), row) {
             self.bytes -= row_bytes(job_id, &old);
         }
     }
 
-    /// Adds the rows a restart read (in the store's order: by summary number) to an empty set: sorted by job
+    /// Adds the rows a restart read (in the store's order: by summary number; each packed by
+    /// [`ColdJobs::pack`] as it was read, so that the transient list is small) to an empty set: sorted by job
     /// id, then built into the map in one pass, with full nodes (inserting one by one leaves them about half
     /// full). A job with two rows (two summaries: a failed fold's write that sled kept) keeps the one with the
     /// higher summary number, the newer; the others are returned `(job_id, summary number)`, for the store to
     /// delete. Rows already present are kept unless a loaded row replaces them.
-    pub fn load(&mut self, mut rows: Vec<(Box<str>, Folded)>) -> Vec<(String, u64)> {
+    pub fn load(&mut self, mut rows: Vec<(Box<str>, Row)>) -> Vec<(String, u64)> {
         rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.summary.cmp(&b.1.summary)));
         let mut superseded = Vec::new();
-        let mut keep: Vec<(Box<str>, Folded)> = Vec::with_capacity(rows.len());
+        let mut keep: Vec<(Box<str>, Row)> = Vec::with_capacity(rows.len());
         for (id, row) in rows {
             if let Some(last) = keep.last_mut().filter(|(k, _)| *k == id) {
                 superseded.push((id.to_string(), last.1.summary));
@@ -733,17 +743,14 @@ impl ColdJobs {
         }
         if !self.rows.is_empty() {
             for (id, row) in keep {
-                self.insert(&id, row);
+                self.insert_row(&id, row);
             }
             return superseded;
         }
-        let mut packed = Vec::with_capacity(keep.len());
-        for (id, row) in keep {
-            let row = pack(&row, &mut self.nodes, &mut self.bytes);
-            self.bytes += row_bytes(&id, &row);
-            packed.push((id, row));
+        for (id, row) in &keep {
+            self.bytes += row_bytes(id, row);
         }
-        self.rows = packed.into_iter().collect();
+        self.rows = keep.into_iter().collect();
         superseded
     }
 

@@ -354,14 +354,19 @@ mod fold_model {
             rows.push((Box::<str>::from(id.as_str()), read));
             one_by_one.insert(id, row);
         }
-        assert!(sorted.load(rows.clone()).is_empty(), "one summary per job: none superseded");
+        let packed = |c: &mut ColdJobs, rows: Vec<(Box<str>, cold::Folded)>| -> Vec<(Box<str>, cold::Row)> {
+            rows.into_iter().map(|(id, f)| (id, c.pack(&f))).collect()
+        };
+        let for_sorted = packed(&mut sorted, rows.clone());
+        assert!(sorted.load(for_sorted).is_empty(), "one summary per job: none superseded");
         let mut unsorted = ColdJobs::default();
         unsorted.dict.intern(recs[0].1.timeline.attrs.as_ref().expect("attrs"));
         // Fold order is not job order; and a job with two summaries (a failed fold's write kept) keeps the newer.
         rows.reverse();
         let older = rows[3].1.clone().with_summary(0);
         rows.insert(0, (rows[3].0.clone(), older));
-        let superseded = unsorted.load(rows);
+        let for_unsorted = packed(&mut unsorted, rows);
+        let superseded = unsorted.load(for_unsorted);
         assert_eq!(superseded, vec![(recs[36].0.clone(), 0)]);
         assert_eq!(unsorted.rows[recs[36].0.as_str()].summary(), 37);
         for cold in [&one_by_one, &sorted, &unsorted] {
