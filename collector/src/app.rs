@@ -112,6 +112,7 @@ pub async fn run_with_clock(
     let now = clock.now_ms();
     let limiter = LabelLimiter::new(&config.metrics.labels);
     let cache_bytes = config.cache_bytes;
+    let hot_budget = usize::try_from(config.hot_budget_bytes).unwrap_or(usize::MAX);
     let (store, restored, index, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let t0 = std::time::Instant::now();
         let store = Store::open_with(&path, StoreOptions { cache_bytes })?;
@@ -125,7 +126,8 @@ pub async fn run_with_clock(
         let stale = std::mem::take(&mut restored.stale_summaries);
         let mut index = JobIndex::new_at(jobs, cold, restored.last_seq, SloEngine::new(slo_defs), limiter, now)
             .with_dirty(dirty)
-            .with_stale_summaries(stale);
+            .with_stale_summaries(stale)
+            .with_hot_budget(hot_budget);
         // Decisions are counted from here on: the restored history was assessed silently.
         index.slo.start_counting();
         tracing::debug!(

@@ -219,6 +219,9 @@ pub struct StoreSection {
     pub fold_interval: Option<String>,
     /// sled's page cache, MiB. Default 64.
     pub cache_mib: Option<usize>,
+    /// Memory budget of hot jobs (waiting, running, ended and not yet folded), MiB, by the index's estimate.
+    /// Over it, ended jobs are folded without waiting for `fold_after`. Default 256.
+    pub hot_budget_mib: Option<usize>,
 }
 
 /// `[grpc]`
@@ -310,6 +313,8 @@ pub struct Config {
     pub fold_interval: Duration,
     /// sled's page cache, bytes.
     pub cache_bytes: u64,
+    /// Memory budget of hot jobs, bytes (over it, ended jobs fold without waiting for `fold_after`).
+    pub hot_budget_bytes: u64,
     /// gRPC listen address.
     pub grpc_listen: SocketAddr,
     /// Largest gRPC message, bytes.
@@ -508,6 +513,7 @@ impl FileConfig {
             fold_after: store.fold_after,
             fold_interval: store.fold_interval,
             cache_bytes: store.cache_bytes,
+            hot_budget_bytes: store.hot_budget_bytes,
             grpc_listen: grpc.listen,
             max_message_bytes: grpc.max_message_bytes,
             max_batch_events: grpc.max_batch_events,
@@ -557,6 +563,7 @@ struct StoreSettings {
     fold_after: Option<Duration>,
     fold_interval: Duration,
     cache_bytes: u64,
+    hot_budget_bytes: u64,
 }
 
 impl StoreSection {
@@ -603,6 +610,8 @@ impl StoreSection {
             Duration::from_millis(10),
         );
         let cache_bytes = range(errs, "store.cache_mib", self.cache_mib, 64, 4, 1 << 20) as u64 * (1 << 20);
+        let hot_budget_bytes =
+            range(errs, "store.hot_budget_mib", self.hot_budget_mib, 256, 1, 1 << 20) as u64 * (1 << 20);
         StoreSettings {
             path,
             checkpoint_interval,
@@ -612,6 +621,7 @@ impl StoreSection {
             fold_after,
             fold_interval,
             cache_bytes,
+            hot_budget_bytes,
         }
     }
 }
@@ -1102,6 +1112,7 @@ mod tests {
             fold_after: Some("later".into()),
             fold_interval: Some("1ms".into()),
             cache_mib: Some(1),
+            hot_budget_mib: Some(0),
         };
         let mut errs = Vec::new();
         let v = s.validate(&mut errs);
@@ -1117,7 +1128,8 @@ mod tests {
         assert!(errs[5].starts_with("store.fold_after: \"later\" is not a duration"), "{}", errs[5]);
         assert_eq!(errs[6], "store.fold_interval: \"1ms\" is shorter than 10ms");
         assert_eq!(errs[7], "store.cache_mib: 1 is outside 4..=1048576");
-        assert_eq!(errs.len(), 8, "{errs:#?}");
+        assert_eq!(errs[8], "store.hot_budget_mib: 0 is outside 1..=1048576");
+        assert_eq!(errs.len(), 9, "{errs:#?}");
         assert_eq!((v.checkpoint_interval, v.retention), (Duration::from_secs(2), None));
     }
 

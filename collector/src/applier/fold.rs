@@ -1,5 +1,5 @@
-//! Folding: on the maintenance thread, jobs that ended and have not changed for `store.fold_after` are moved
-//! out of memory. Per chunk of jobs, under the store-writes lock (so no snapshot or retention delete of the same
+//! Folding: on the maintenance thread, jobs that ended and have not changed for `store.fold_after` (or, while
+//! hot jobs are over their memory budget `store.hot_budget_mib`, every ended job) are moved out of memory. Per chunk of jobs, under the store-writes lock (so no snapshot or retention delete of the same
 //! jobs interleaves): their rows are made under the index write lock (interning attributes), their summaries
 //! (each listing the job's log sequences: the events stay in the log, nothing is read or copied) written and
 //! flushed, their snapshots removed, and only then are they dropped from memory, unless a late event arrived
@@ -30,8 +30,13 @@ pub(super) struct FoldPass {
     pub store_writes: Arc<Mutex<()>>,
     /// Cleared when the pass is done.
     pub busy: Arc<AtomicBool>,
-    /// Fold jobs that have not changed since this time (collector milliseconds).
+    /// Fold jobs that have not changed since this time (collector milliseconds)...
     pub unchanged_since: i64,
+    /// ...or, while hot jobs are over their budget ([`crate::index::JobIndex::hot_budget`]), every ended job
+    /// unchanged since this time (the pass's start).
+    pub now: i64,
+    /// Whether the last pass found hot jobs over their budget (a change is logged).
+    pub over_budget: Arc<AtomicBool>,
     /// Set when the pass stopped with candidates left (the committer then starts the next pass at once, and
     /// checkpoints less often); cleared when a pass ends with none left. Not cleared while a pass runs: the
     /// committer reads it then, to decide whether a checkpoint is due.
@@ -51,8 +56,9 @@ impl FoldPass {
         // budget (and held the applier's write lock off as long).
         let candidates: Vec<String> = {
             let idx = self.index.read();
+            let since = self.cutoff(idx.hot_bytes(), idx.hot_budget, idx.jobs.len(), idx.settling.len());
             let mut due: Vec<(i64, &String)> =
-                idx.settling.iter().filter(|(_, at)| **at <= self.unchanged_since).map(|(k, at)| (*at, k)).collect();
+                idx.settling.iter().filter(|(_, at)| **at <= since).map(|(k, at)| (*at, k)).collect();
             let n = due.len().min(FOLD_CHUNK * 32);
             if n < due.len() {
                 due.select_nth_unstable(n);
@@ -90,6 +96,36 @@ impl FoldPass {
         }
         self.busy.store(false, Ordering::Release);
         folded
+    }
+
+    /// The time before which ended jobs fold: settled for `fold_after`, or, over the hot budget, any. Logs when
+    /// hot jobs go over or back under their budget.
+    fn cutoff(&self, hot_bytes: usize, budget: usize, hot_jobs: usize, ended: usize) -> i64 {
+        let over = hot_bytes > budget;
+        if self.over_budget.swap(over, Ordering::AcqRel) != over {
+            let mib = |b: usize| b >> 20;
+            if over {
+                tracing::warn!(
+                    hot_mib = mib(hot_bytes),
+                    budget_mib = mib(budget),
+                    hot_jobs,
+                    open_jobs = hot_jobs.saturating_sub(ended),
+                    "hot jobs are over store.hot_budget_mib: ended jobs fold at once, without waiting for \
+                     store.fold_after (open jobs cannot fold; if they alone are over it, raise the budget)"
+                );
+            } else {
+                tracing::info!(
+                    hot_mib = mib(hot_bytes),
+                    budget_mib = mib(budget),
+                    "hot jobs are within store.hot_budget_mib again"
+                );
+            }
+        }
+        if over {
+            self.now.max(self.unchanged_since)
+        } else {
+            self.unchanged_since
+        }
     }
 
     /// After a failed fold: the jobs stay hot, and the summaries the fold wrote (or may have written) become their

@@ -164,6 +164,7 @@ pub fn spawn(
             checkpoint_took_ms: Arc::new(AtomicU64::new(0)),
             fold_busy: Arc::new(AtomicBool::new(false)),
             fold_more: Arc::new(AtomicBool::new(false)),
+            fold_over_budget: Arc::new(AtomicBool::new(false)),
             stopping: Arc::new(AtomicBool::new(false)),
             store_writes: Arc::new(Mutex::new(())),
             last_reopen: std::cell::Cell::new(None),
@@ -191,6 +192,8 @@ struct Committer {
     fold_busy: Arc<AtomicBool>,
     /// Set by a fold pass that ran out of its time budget with jobs left to fold.
     fold_more: Arc<AtomicBool>,
+    /// Whether the last fold pass found hot jobs over their memory budget.
+    fold_over_budget: Arc<AtomicBool>,
     /// Set at shutdown, so a running fold pass stops after its chunk.
     stopping: Arc<AtomicBool>,
     /// Held by the checkpointer while it encodes and writes a chunk, and by retention while it deletes.
@@ -346,6 +349,8 @@ impl Committer {
                         store_writes: self.store_writes.clone(),
                         busy: self.fold_busy.clone(),
                         unchanged_since: self.settings.clock.now_ms() - after.as_millis() as i64,
+                        now: self.settings.clock.now_ms(),
+                        over_budget: self.fold_over_budget.clone(),
                         more: self.fold_more.clone(),
                         stop: self.stopping.clone(),
                     };

@@ -409,6 +409,8 @@ fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
         store_writes: store_writes.clone(),
         busy: Arc::new(AtomicBool::new(true)),
         unchanged_since: now,
+        now,
+        over_budget: Arc::default(),
         more: more.clone(),
         stop: Arc::default(),
     };
@@ -443,6 +445,79 @@ fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
     let stored: BTreeSet<(String, u64)> = store.summary_numbers().expect("summaries").into_iter().collect();
     let rows: BTreeSet<(String, u64)> = idx.cold.rows.iter().map(|(k, r)| (k.to_string(), r.summary())).collect();
     assert_eq!(stored, rows);
+}
+
+/// Over the hot jobs' memory budget (`store.hot_budget_mib`), a pass folds ended jobs that have not settled for
+/// `fold_after` yet; within it, only settled ones. Jobs still open never fold, whatever the budget.
+#[test]
+fn over_the_hot_budget_ended_jobs_fold_without_settling() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let t0 = startline_proto::time::now_ms() - 3_600_000;
+    let mut events = Vec::new();
+    for j in 0..60 {
+        let id = format!("h{j:03}");
+        events.push(ev(&id, &format!("{id}-s"), t0, submitted()));
+        if j % 3 != 0 {
+            let done = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
+            events.push(ev(&id, &format!("{id}-d"), t0 + 60_000, done));
+        }
+    }
+    let entries: Vec<(u64, Vec<u8>)> =
+        events.iter().enumerate().map(|(i, e)| (i as u64 + 1, encode_log_value(e))).collect();
+    store.append_durable(&entries).expect("append");
+    let mut by_job: BTreeMap<String, Vec<crate::job::CompactEvent>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        by_job
+            .entry(e.job_id.clone())
+            .or_default()
+            .push(crate::job::CompactEvent::from_pb(e, i as u64 + 1).expect("kind"));
+    }
+    let recs: BTreeMap<String, crate::job::JobRecord> =
+        by_job.into_iter().map(|(k, evs)| (k, crate::job::JobRecord::from_events(evs))).collect();
+    let now = startline_proto::time::now_ms();
+    let fold_after = 300_000;
+    let index = |budget: usize| {
+        let idx = JobIndex::new_at(
+            recs.clone(),
+            Default::default(),
+            entries.len() as u64,
+            SloEngine::new(SloDef::defaults()),
+            LabelLimiter::new(&Default::default()),
+            now,
+        )
+        .with_hot_budget(budget);
+        SharedIndex::new(idx)
+    };
+    let pass = |index: &SharedIndex, over: &Arc<AtomicBool>| fold::FoldPass {
+        index: index.clone(),
+        health: Arc::new(Health::default()),
+        store_writes: Arc::default(),
+        busy: Arc::new(AtomicBool::new(true)),
+        // Every job ended (and settled) just now: none has been unchanged for fold_after.
+        unchanged_since: now - fold_after,
+        now,
+        over_budget: over.clone(),
+        more: Arc::default(),
+        stop: Arc::default(),
+    };
+    let within = index(usize::MAX);
+    let hot = within.read().hot_bytes();
+    assert!(hot > 0);
+    let over = Arc::new(AtomicBool::new(false));
+    assert_eq!(pass(&within, &over).run(&store), 0, "within the budget: nothing settled for fold_after yet");
+    assert!(!over.load(std::sync::atomic::Ordering::Acquire));
+    let tight = index(hot - 1);
+    assert_eq!(pass(&tight, &over).run(&store), 40, "over the budget: every ended job folds, no open one");
+    assert!(over.load(std::sync::atomic::Ordering::Acquire), "the pass saw the budget exceeded");
+    let idx = tight.read();
+    assert_eq!((idx.jobs.len(), idx.cold.len()), (20, 40));
+    assert!(idx.jobs.keys().all(|k| k[1..].parse::<u32>().is_ok_and(|j| j % 3 == 0)), "only open jobs stay hot");
+    assert!(idx.hot_bytes() < hot);
+    drop(idx);
+    // Back within it (the open jobs alone fit): the next pass says so and folds nothing more.
+    assert_eq!(pass(&tight, &over).run(&store), 0);
+    assert!(!over.load(std::sync::atomic::Ordering::Acquire), "back within the budget");
 }
 
 #[test]

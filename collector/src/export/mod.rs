@@ -1197,6 +1197,20 @@ fn observe_memory(meter: &Meter, sources: &Sources) {
             o.observe(s.store.cache_bytes(), &[KeyValue::new("part", "store_cache")]);
         })
         .build();
+    let s = sources.clone();
+    let _ = meter
+        .u64_observable_gauge("startline.collector.memory.budget")
+        .with_unit("By")
+        .with_description(
+            "Memory budgets by part: hot_jobs (store.hot_budget_mib: over it, ended jobs fold at once), \
+             store_cache (store.cache_mib)",
+        )
+        .with_callback(move |o| {
+            let budget = s.index.read().hot_budget;
+            o.observe(budget as u64, &[KeyValue::new("part", "hot_jobs")]);
+            o.observe(s.store.cache_bytes(), &[KeyValue::new("part", "store_cache")]);
+        })
+        .build();
 }
 
 fn slo_statuses(s: &Sources) -> Vec<crate::slo::SloStatus> {
@@ -1335,6 +1349,7 @@ mod tests {
                 "startline_collector_commit_duration_seconds histogram",
                 "startline_collector_events_total counter",
                 "startline_collector_jobs gauge",
+                "startline_collector_memory_budget_bytes gauge",
                 "startline_collector_memory_bytes gauge",
                 "startline_collector_metric_overflow_total counter",
                 "startline_collector_refusals_total counter",

@@ -167,6 +167,9 @@ pub struct JobIndex {
     pub gauges: JobGauges,
     /// Bounds free-text metric attributes.
     pub limiter: LabelLimiter,
+    /// Memory budget of hot jobs, bytes by [`JobIndex::hot_bytes`] (`store.hot_budget_mib`; unbounded unless
+    /// set): over it, the applier folds ended jobs without waiting for them to settle.
+    pub hot_budget: usize,
 }
 
 impl Default for JobIndex {
@@ -203,6 +206,7 @@ impl JobIndex {
             sources: SourceMarks::default(),
             gauges: JobGauges::default(),
             limiter,
+            hot_budget: usize::MAX,
         };
         let mut t = Timeline::default();
         for (id, row) in &idx.cold.rows {
@@ -292,6 +296,19 @@ impl JobIndex {
         self.len() == 0
     }
 
+    /// The index with a memory budget for hot jobs (see [`JobIndex::hot_budget`]).
+    pub fn with_hot_budget(mut self, bytes: usize) -> Self {
+        self.hot_budget = bytes;
+        self
+    }
+
+    /// Estimated bytes of the hot jobs (a fixed share per job for its timeline, derived state and map entry,
+    /// plus its events); takes one pass over the hot jobs.
+    pub fn hot_bytes(&self) -> usize {
+        let events: usize = self.jobs.values().map(|h| h.rec.events.len()).sum();
+        self.jobs.len() * HOT_JOB_BYTES + events * std::mem::size_of::<CompactEvent>()
+    }
+
     /// What the index holds and its estimated size in memory, for self-metrics.
     pub fn memory(&self) -> MemoryUse {
         let events: usize = self.jobs.values().map(|h| h.rec.events.len()).sum();
@@ -300,6 +317,7 @@ impl JobIndex {
             hot_jobs: self.jobs.len(),
             hot_events: events,
             hot_bytes,
+            hot_budget_bytes: self.hot_budget,
             folded_jobs: self.cold.len(),
             folded_bytes: self.cold.bytes(),
             dictionary_entries: self.cold.dict.len(),
@@ -430,6 +448,8 @@ pub struct MemoryUse {
     pub hot_events: usize,
     /// Estimated bytes of hot jobs.
     pub hot_bytes: usize,
+    /// Their budget ([`JobIndex::hot_budget`]).
+    pub hot_budget_bytes: usize,
     /// Folded jobs.
     pub folded_jobs: usize,
     /// Estimated bytes of folded rows, their ids and wait segments.
