@@ -360,7 +360,7 @@ pub async fn run_with_clock(
             auth: auth.clone(),
             tls: tls.clone(),
             exposed,
-            index: index.clone(),
+            applier: deadlines.clone(),
             alerts: alert_settings,
             wake: wake.clone(),
             clock,
@@ -528,8 +528,8 @@ pub struct Reloader {
     pub tls: Option<Arc<TlsState>>,
     /// Whether a listener is reachable beyond loopback.
     pub exposed: bool,
-    /// The job index, whose SLO engine is replaced when `[[slo]]` changed.
-    pub index: SharedIndex,
+    /// Requests to the applier (the index's one writer), which installs new `[[slo]]` definitions.
+    pub applier: Arc<crate::index::deadlines::DeadlineRequests>,
     /// The alert loop's settings.
     pub alerts: tokio::sync::watch::Sender<crate::alert::AlertConfig>,
     /// Wakes the alert loop after an SLO change.
@@ -557,6 +557,10 @@ fn listener_url(addr: SocketAddr, tls: bool) -> String {
 
 /// Sections a running collector cannot take without a restart.
 const RESTART_SECTIONS: [&str; 9] = ["store", "grpc", "http", "ingest", "metrics", "logs", "cost", "chains", "nodes"];
+
+/// Longest a reload waits for the applier to install new SLO definitions (they assess every job: seconds at
+/// millions of jobs).
+const SLO_SWAP_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Reloader {
     /// Re-reads the file and applies what it can; the answer lists what changed and what needs a restart.
@@ -593,13 +597,23 @@ impl Reloader {
         self.auth.reload(new.auth.keyring(), self.exposed && !new.auth.enabled(), new.auth.metrics_protected);
         let slos_changed = changed.contains(&"slo");
         if slos_changed {
-            let started = std::time::Instant::now();
-            self.index.write().replace_slos(new.slos.clone(), self.clock.now_ms());
-            tracing::info!(
-                slos = new.slos.len(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "SLOs replaced; every job assessed again"
-            );
+            // The applier installs them between two group commits (it is the index's one writer); waiting here
+            // keeps the answer true: when it says the SLOs changed, every job was assessed again.
+            let done = self.applier.request_slos(new.slos.clone());
+            match done.recv_timeout(SLO_SWAP_TIMEOUT) {
+                Ok(took) => tracing::info!(
+                    slos = new.slos.len(),
+                    elapsed_ms = took.as_millis() as u64,
+                    "SLOs replaced by the applier; every job assessed again"
+                ),
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => tracing::warn!(
+                    waited_s = SLO_SWAP_TIMEOUT.as_secs(),
+                    "the applier has not installed the new SLOs yet; they stay queued and take effect when it does"
+                ),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => tracing::warn!(
+                    "the new SLOs were not installed: the collector is stopping, or a newer reload replaced them"
+                ),
+            }
             self.wake.notify_one();
         }
         // Always sent: notifier credential files were re-read even when the section's text is unchanged.

@@ -19,6 +19,10 @@
 //! Nothing below `config`/`app` imports `api`, `app` or `config`. `main.rs` is its own crate (it reaches the
 //! library as `startline_collector::`) and is not read.
 //!
+//! The index has one writer: outside `applier/` (and `index/` itself) no non-test code takes the index write lock
+//! (`index.write()`, `idx.write()`); readers and the alert loop ask the applier instead (see
+//! `index::deadlines`). [`only_the_applier_takes_the_index_write_lock`] checks it.
+//!
 //! The scan is lexical, not a full parser: comments, strings and char literals are skipped; inline non-test
 //! `mod x { .. }` blocks are treated as part of their file's module (only the crate root has one).
 
@@ -509,4 +513,53 @@ fn a_planted_forbidden_edge_is_caught() {
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert_eq!((bad[0].0, bad[0].1), ("store", "api"));
     assert_eq!(bad[0].2, &vec!["store/mod.rs:2".to_string()], "the test file's edge is not counted");
+}
+
+/// Lines where the tokens take the index write lock: `index.write()` or `idx.write()`.
+fn index_writes(t: &[Token]) -> Vec<usize> {
+    (2..t.len().saturating_sub(2))
+        .filter(|&i| {
+            t[i].text == "write"
+                && t[i - 1].text == "."
+                && matches!(t[i - 2].text.as_str(), "index" | "idx")
+                && t[i + 1].text == "("
+                && t[i + 2].text == ")"
+        })
+        .map(|i| t[i].line)
+        .collect()
+}
+
+#[test]
+fn only_the_applier_takes_the_index_write_lock() {
+    let src = src_dir();
+    let files = rust_files(&src);
+    let test_files = test_only_files(&files);
+    let mut writers = BTreeSet::new();
+    let mut problems = Vec::new();
+    for file in &files {
+        if test_files.contains(file) {
+            continue;
+        }
+        let rel = file.strip_prefix(&src).unwrap_or(file);
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()));
+        let lines = index_writes(&strip_test_items(tokenize(&text)));
+        if lines.is_empty() {
+            continue;
+        }
+        let module = module_path(rel).first().cloned().unwrap_or_default();
+        writers.insert(module.clone());
+        if module != "applier" && module != "index" {
+            problems.extend(lines.iter().map(|l| format!("{}:{l}", rel.display())));
+        }
+    }
+    assert!(writers.contains("applier"), "the scan found no index write in the applier: is it reading src/?");
+    assert!(
+        problems.is_empty(),
+        "the index write lock taken outside the applier (ask the applier: index::deadlines): {}",
+        problems.join(", ")
+    );
+    // The scan sees a planted write, and not one in a comment, a string or test code.
+    let planted = "fn f(s: &S) {\n    let g = s.index.write();\n    // idx.write()\n    let t = \"idx.write()\";\n}\n\
+                   #[cfg(test)]\nmod tests { fn g(idx: &I) { idx.write(); } }\n";
+    assert_eq!(index_writes(&strip_test_items(tokenize(planted))), vec![2]);
 }

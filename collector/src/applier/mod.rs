@@ -323,6 +323,13 @@ impl Committer {
             if let Some(to) = self.settings.deadlines.take() {
                 self.advance_deadlines(to);
             }
+            // A reload's new SLO definitions, installed between group commits by the index's one writer.
+            if let Some(swap) = self.settings.deadlines.take_slos() {
+                let started = Instant::now();
+                self.index.write().replace_slos(swap.defs, self.settings.clock.now_ms());
+                let _ = swap.done.send(started.elapsed());
+                self.settings.wake.notify_one();
+            }
             let checkpoint_every = checkpoint_every(
                 self.settings.checkpoint_interval,
                 self.fold_more.load(Ordering::Acquire),
@@ -363,6 +370,8 @@ impl Committer {
                 }
             }
         }
+        // A reload waiting for an SLO swap is told it will not happen.
+        drop(self.settings.deadlines.take_slos());
         // Final checkpoint: after the tasks in progress (a fold pass stops after its chunk; a failed checkpoint
         // hands its jobs back), then flush.
         self.stopping.store(true, Ordering::Release);
