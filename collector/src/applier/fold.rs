@@ -1,10 +1,11 @@
 //! Folding: on the maintenance thread, jobs that ended and have not changed for `store.fold_after` (or, while
-//! hot jobs are over their memory budget `store.hot_budget_mib`, every ended job) are moved out of memory. Per chunk of jobs, under the store-writes lock (so no snapshot or retention delete of the same
-//! jobs interleaves): their rows are made under the index write lock (interning attributes), their summaries
-//! (each listing the job's log sequences: the events stay in the log, nothing is read or copied) written and
-//! flushed, their snapshots removed, and only then are they dropped from memory, unless a late event arrived
-//! meanwhile (such a job stays hot; its summary is stale: superseded by its next fold, deleted by retention, and
-//! restore treats it as unfolded). A job's new summary replaces its stale ones in the same store batch.
+//! hot jobs are over their memory budget `store.hot_budget_mib`, every ended job) are moved out of memory. Per
+//! chunk of jobs, under the store-writes lock (so no snapshot or retention delete of the same jobs interleaves):
+//! their rows are made under the index write lock (interning attributes), their summaries (each listing the
+//! job's log sequences: the events stay in the log, nothing is read or copied) written and flushed, their
+//! snapshots removed, and only then are they dropped from memory, unless a late event arrived meanwhile (such a
+//! job stays hot; its summary is stale: superseded by its next fold, deleted by retention, and restore treats it
+//! as unfolded). A job's new summary replaces its stale ones in the same store batch.
 
 use crate::health::Health;
 use crate::index::SharedIndex;
