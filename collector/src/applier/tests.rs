@@ -355,22 +355,23 @@ proptest! {
     }
 }
 
-/// A fold pass folds at least one chunk even when its time budget is gone before the first (the budget is zero in
-/// unit tests): a backlog of ended jobs always shrinks, a chunk per pass, oldest settled first, and every folded
-/// job's summary is the one its row names. (In a 10M-job run, choosing among 1.2M candidates outlasted the 2 s
-/// budget, the budget was checked before the first chunk, and no pass folded anything.)
-#[test]
-fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(dir.path()).expect("open");
+/// `n` jobs named `{prefix}{j:05}` submitted an hour ago, those `ended(j)` done a minute later, appended to the
+/// store's log: the last log sequence and the jobs' records.
+fn jobs_in_log(
+    store: &Store,
+    prefix: &str,
+    n: usize,
+    ended: impl Fn(usize) -> bool,
+) -> (u64, BTreeMap<String, crate::job::JobRecord>) {
     let t0 = startline_proto::time::now_ms() - 3_600_000;
-    let jobs = fold::FOLD_CHUNK * 2 + 100;
     let mut events = Vec::new();
-    for j in 0..jobs {
-        let id = format!("b{j:05}");
+    for j in 0..n {
+        let id = format!("{prefix}{j:05}");
         events.push(ev(&id, &format!("{id}-s"), t0, submitted()));
-        let done = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
-        events.push(ev(&id, &format!("{id}-d"), t0 + 60_000, done));
+        if ended(j) {
+            let done = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
+            events.push(ev(&id, &format!("{id}-d"), t0 + 60_000, done));
+        }
     }
     let entries: Vec<(u64, Vec<u8>)> =
         events.iter().enumerate().map(|(i, e)| (i as u64 + 1, encode_log_value(e))).collect();
@@ -383,11 +384,24 @@ fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
             .push(crate::job::CompactEvent::from_pb(e, i as u64 + 1).expect("kind"));
     }
     let recs = by_job.into_iter().map(|(k, evs)| (k, crate::job::JobRecord::from_events(evs))).collect();
+    (entries.len() as u64, recs)
+}
+
+/// A fold pass folds at least one chunk even when its time budget is gone before the first (the budget is zero in
+/// unit tests): a backlog of ended jobs always shrinks, a chunk per pass, oldest settled first, and every folded
+/// job's summary is the one its row names. (In a 10M-job run, choosing among 1.2M candidates outlasted the 2 s
+/// budget, the budget was checked before the first chunk, and no pass folded anything.)
+#[test]
+fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let jobs = fold::FOLD_CHUNK * 2 + 100;
+    let (last_seq, recs) = jobs_in_log(&store, "b", jobs, |_| true);
     let now = startline_proto::time::now_ms();
     let mut idx = JobIndex::new_at(
         recs,
         Default::default(),
-        entries.len() as u64,
+        last_seq,
         SloEngine::new(SloDef::defaults()),
         LabelLimiter::new(&Default::default()),
         now,
@@ -453,35 +467,14 @@ fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
 fn over_the_hot_budget_ended_jobs_fold_without_settling() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
-    let t0 = startline_proto::time::now_ms() - 3_600_000;
-    let mut events = Vec::new();
-    for j in 0..60 {
-        let id = format!("h{j:03}");
-        events.push(ev(&id, &format!("{id}-s"), t0, submitted()));
-        if j % 3 != 0 {
-            let done = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
-            events.push(ev(&id, &format!("{id}-d"), t0 + 60_000, done));
-        }
-    }
-    let entries: Vec<(u64, Vec<u8>)> =
-        events.iter().enumerate().map(|(i, e)| (i as u64 + 1, encode_log_value(e))).collect();
-    store.append_durable(&entries).expect("append");
-    let mut by_job: BTreeMap<String, Vec<crate::job::CompactEvent>> = BTreeMap::new();
-    for (i, e) in events.iter().enumerate() {
-        by_job
-            .entry(e.job_id.clone())
-            .or_default()
-            .push(crate::job::CompactEvent::from_pb(e, i as u64 + 1).expect("kind"));
-    }
-    let recs: BTreeMap<String, crate::job::JobRecord> =
-        by_job.into_iter().map(|(k, evs)| (k, crate::job::JobRecord::from_events(evs))).collect();
+    let (last_seq, recs) = jobs_in_log(&store, "h", 60, |j| j % 3 != 0);
     let now = startline_proto::time::now_ms();
     let fold_after = 300_000;
     let index = |budget: usize| {
         let idx = JobIndex::new_at(
             recs.clone(),
             Default::default(),
-            entries.len() as u64,
+            last_seq,
             SloEngine::new(SloDef::defaults()),
             LabelLimiter::new(&Default::default()),
             now,

@@ -69,21 +69,25 @@ fn opt(v: i64) -> Option<i64> {
 }
 
 impl Folded {
+    #[cfg(test)]
     /// When the job ended.
     pub fn done_at(&self) -> i64 {
         self.done_at
     }
 
+    #[cfg(test)]
     /// When the job was submitted.
     pub fn submitted_at(&self) -> i64 {
         self.submitted_at
     }
 
+    #[cfg(test)]
     /// When it reached its first training step, if it did.
     pub fn first_step_at(&self) -> Option<i64> {
         opt(self.first_step_at)
     }
 
+    #[cfg(test)]
     /// Its time to first step, as [`Timeline::time_to_first_step_ms`] gives it.
     pub fn time_to_first_step_ms(&self) -> Option<i64> {
         Some(self.first_step_at()? - self.submitted_at)
@@ -100,6 +104,7 @@ impl Folded {
         self
     }
 
+    #[cfg(test)]
     /// How many placements the row keeps.
     pub fn placements_len(&self) -> usize {
         self.placements.len()
@@ -151,11 +156,13 @@ impl Folded {
         })
     }
 
+    #[cfg(test)]
     /// Writes the job's timeline into `t` (reusing its allocations), with `attrs` as its attributes.
     pub fn fill(&self, attrs: &Arc<JobAttrs>, t: &mut Timeline) {
         self.fill_with(attrs, t, true)
     }
 
+    #[cfg(test)]
     /// [`Folded::fill`], leaving `placements` empty unless asked for: copying them clones every node name, which
     /// is most of a scan's cost per folded job, and only the node report reads them.
     pub fn fill_with(&self, attrs: &Arc<JobAttrs>, t: &mut Timeline, placements: bool) {
@@ -815,8 +822,8 @@ impl ColdJobs {
         self.fill_with(row, t, true)
     }
 
-    /// [`ColdJobs::fill`], with `placements` only when asked for (see [`Folded::fill_with`]). Decodes the packed
-    /// row straight into `t`, reusing its allocations.
+    /// [`ColdJobs::fill`], with `placements` only when asked for (copying them clones every node name; only the
+    /// node report reads them). Decodes the packed row straight into `t`, reusing its allocations.
     pub fn fill_with(&self, row: &Row, t: &mut Timeline, placements: bool) {
         match self.dict.get(row.attrs) {
             Some(a) => {
