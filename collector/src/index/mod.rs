@@ -305,14 +305,23 @@ impl JobIndex {
     /// Estimated bytes of the hot jobs (a fixed share per job for its timeline, derived state and map entry,
     /// plus its events); takes one pass over the hot jobs.
     pub fn hot_bytes(&self) -> usize {
-        let events: usize = self.jobs.values().map(|h| h.rec.events.len()).sum();
+        self.hot_bytes_with(self.hot_events())
+    }
+
+    /// Events held by hot jobs.
+    fn hot_events(&self) -> usize {
+        self.jobs.values().map(|h| h.rec.events.len()).sum()
+    }
+
+    /// [`JobIndex::hot_bytes`] given the hot jobs' events.
+    fn hot_bytes_with(&self, events: usize) -> usize {
         self.jobs.len() * HOT_JOB_BYTES + events * std::mem::size_of::<CompactEvent>()
     }
 
     /// What the index holds and its estimated size in memory, for self-metrics.
     pub fn memory(&self) -> MemoryUse {
-        let events: usize = self.jobs.values().map(|h| h.rec.events.len()).sum();
-        let hot_bytes = self.jobs.len() * HOT_JOB_BYTES + events * std::mem::size_of::<CompactEvent>();
+        let events = self.hot_events();
+        let hot_bytes = self.hot_bytes_with(events);
         MemoryUse {
             hot_jobs: self.jobs.len(),
             hot_events: events,
