@@ -419,8 +419,11 @@ fn human_secs(s: f64) -> String {
 
 fn run_store_stats(config: &startline_collector::config::Config) -> anyhow::Result<()> {
     use startline_collector::store::{Store, StoreOptions};
-    let store = Store::open_with(&config.store_path, StoreOptions { cache_bytes: config.cache_bytes })
-        .with_context(|| format!("cannot open the store at {}", config.store_path.display()))?;
+    let store = Store::open_with(
+        &config.store_path,
+        StoreOptions { cache_bytes: config.cache_bytes, ..StoreOptions::default() },
+    )
+    .with_context(|| format!("cannot open the store at {}", config.store_path.display()))?;
     let trees = store.tree_stats().context("cannot read the store")?;
     let on_disk = store.size_on_disk().context("cannot size the store")?;
     let held: u64 = trees.iter().map(|t| t.bytes).sum();

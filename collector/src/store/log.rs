@@ -1,26 +1,28 @@
-//! The event log as compressed blocks (tree `log_blocks`): the block and dead-record codecs, the in-memory
-//! table of dead events, and the reads and writes the store makes of them.
+//! The event log as compressed blocks: the block and dead-record codecs, the in-memory table of dead events,
+//! and the reads and writes the store makes of them (the blocks live in the log's files, see [`super::files`];
+//! the dead records in sled's tree `log_blocks`).
 //!
 //! A group commit's events go in as one or more *blocks* (at most [`BLOCK_MAX_EVENTS`] events or
-//! [`BLOCK_MAX_RAW`] bytes each, so a sled leaf of blocks stays far below sled's 128 KiB blob threshold): key
-//! `[0u8] ++ first seq` (u64 big-endian), value sealed (version [`BLOCK_VERSION`]) `[format] ++ varint(count) ++
+//! [`BLOCK_MAX_RAW`] bytes each), each sealed (version [`BLOCK_VERSION`]) `[format] ++ varint(count) ++
 //! varint(last seq - first seq) ++ payload`, the payload being per event, in sequence order, `varint(seq - first
 //! seq) ++ varint(len) ++ protobuf LifecycleEvent`; format 1 keeps it as is, format 2 is `varint(raw length) ++
-//! zstd(payload)` (blocks over 256 bytes, when smaller). Blocks never overlap: a block holds sequences from its
-//! key up to the next block's key.
+//! zstd(payload)` (blocks over 256 bytes, when smaller). Its first sequence is in its frame (and was its key in
+//! sled, `[0u8] ++ first seq` big-endian, in stores written before the log's files). Blocks never overlap.
 //!
-//! Sequences are never reused, not even those of a failed group commit (sled may have kept some of its blocks;
-//! the committer drops them after the reopen), so a lookup by sequence always lands on the block that holds it.
+//! Sequences are never reused, not even those of a failed group commit (a failed append is cut from the file;
+//! one the file kept although the commit failed is dropped after the reopen), so a lookup by sequence always
+//! lands on the block that holds it.
 //!
 //! Events leave the log when their job is deleted by retention (a folded job's summary lists its sequences; old
-//! stores' folds moved events into archives and left dead records). A block whose
-//! events are all gone is deleted; otherwise its gone events are listed in its *dead record*, key `[1u8] ++
-//! first seq`, value sealed (version [`DEAD_VERSION`]) `varint(count) ++ varint(n) ++ n x varint(seq delta)`
-//! (count: the block's events; deltas from the block's first seq, then from the previous dead seq). Once half a
-//! block or more is dead it is rewritten with only its live events, under the same key, and its dead record goes
-//! (one batch: sled applies it atomically). Readers never see dead events: every read filters them through the
-//! in-memory [`DeadTable`] (loaded at open from the dead records, a few per live block).
+//! stores' folds moved events into archives and left dead records). Gone events are listed in their block's
+//! *dead record*, key `[1u8] ++ first seq`, value sealed (version [`DEAD_VERSION`]) `varint(count) ++ varint(n)
+//! ++ n x varint(seq delta)` (count: the block's events; deltas from the block's first seq, then from the
+//! previous dead seq), written in the same sled transaction as the rest of the job's removal. Once a segment's
+//! events are all or half dead it is deleted or rewritten (see [`super::files`]) and its blocks' dead records
+//! go. Readers never see dead events: every read filters them through the in-memory [`DeadTable`] (loaded at
+//! open from the dead records, checked against the blocks' event counts).
 
+use super::files::{BlockIter, LogFiles};
 use super::{corrupt, seal_as, unseal_as, StoreError};
 use prost::encoding::{decode_varint, encode_varint};
 use std::collections::BTreeMap;
@@ -32,9 +34,8 @@ pub(super) const BLOCK_VERSION: u8 = 3;
 pub(super) const DEAD_VERSION: u8 = 3;
 /// At most this many events per block.
 pub(super) const BLOCK_MAX_EVENTS: usize = 256;
-/// A block is closed once its payload reaches this many bytes (before compression). Kept small: with 16 KiB
-/// blocks (sled leaves of ~80 KiB) sled tore its log on a full disk so that no reopen accepted it
-/// (`tests/tests/disk_full.rs` failed every run); with 4 KiB it passes.
+/// A block is closed once its payload reaches this many bytes (before compression). (While blocks lived in
+/// sled, 16 KiB blocks made sled tear its log on a full disk; the log's files have no such limit.)
 pub(super) const BLOCK_MAX_RAW: usize = 4 * 1024;
 const FORMAT_RAW: u8 = 1;
 const FORMAT_ZSTD: u8 = 2;
@@ -294,7 +295,7 @@ pub(super) fn decode_dead(first: u64, v: &[u8]) -> Result<Dead, StoreError> {
     let mut body = unseal_as(DEAD_VERSION, v, false).map_err(bad)?;
     let count = decode_varint(&mut body).map_err(|e| bad(e.to_string()))?;
     let n = decode_varint(&mut body).map_err(|e| bad(e.to_string()))?;
-    if count > u64::from(u32::MAX) || n >= count {
+    if count == 0 || count > u64::from(u32::MAX) || n > count {
         return Err(bad(format!("{n} dead of {count}")));
     }
     let mut seqs = Vec::with_capacity(n as usize);
@@ -342,15 +343,46 @@ impl SeqCache {
 }
 
 impl DeadTable {
-    /// Loads the dead records of a `log_blocks` tree.
-    pub fn load(tree: &sled::Tree) -> Result<DeadTable, StoreError> {
+    /// Loads the dead records of a `log_blocks` tree, keeping those of blocks `counts` (first sequence -> event
+    /// count) holds with the count they were written for; the others are left over from a segment deleted or
+    /// rewritten just before a crash (see [`super::files`]) and are removed from the tree.
+    pub fn load(tree: &sled::Tree, counts: &BTreeMap<u64, u32>) -> Result<DeadTable, StoreError> {
         let mut blocks = BTreeMap::new();
+        let mut stale = sled::Batch::default();
+        let mut n_stale = 0usize;
         for kv in tree.range(dead_key(0)..) {
             let (k, v) = kv?;
             let first = key_seq(&k)?;
-            blocks.insert(first, decode_dead(first, &v)?);
+            let dead = decode_dead(first, &v)?;
+            if counts.get(&first) == Some(&dead.count) {
+                blocks.insert(first, dead);
+            } else {
+                stale.remove(k);
+                n_stale += 1;
+            }
+        }
+        if n_stale > 0 {
+            tracing::info!(records = n_stale, "log: dropping dead records of blocks no longer stored");
+            tree.apply_batch(stale)?;
         }
         Ok(DeadTable { blocks })
+    }
+
+    /// The dead record of the block at `first`: its event count and dead sequences.
+    pub fn of(&self, first: u64) -> Option<(u32, Vec<u64>)> {
+        self.blocks.get(&first).map(|d| (d.count, d.seqs.clone()))
+    }
+
+    /// Forgets the dead records of blocks deleted or rewritten, and their cached sequences; returns the batch
+    /// removing the records from the tree.
+    pub fn forget(&mut self, firsts: &[u64], cache: &mut SeqCache) -> sled::Batch {
+        let mut batch = sled::Batch::default();
+        for first in firsts {
+            self.blocks.remove(first);
+            cache.seqs.remove(first);
+            batch.remove(&dead_key(*first));
+        }
+        batch
     }
 
     /// Whether the event at `seq` of the block starting at `first` is dead.
@@ -395,6 +427,11 @@ pub struct KillStats {
 }
 
 impl Kill {
+    /// The first sequences of the blocks it marks.
+    pub fn touched(&self) -> Vec<u64> {
+        self.changes.iter().map(|(first, _)| *first).collect()
+    }
+
     /// Applies the dead-table changes (after the batch was applied).
     pub fn commit(self, table: &mut DeadTable, cache: &mut SeqCache) {
         table.apply(&self.changes);
@@ -407,9 +444,11 @@ impl Kill {
     }
 }
 
-/// Plans removing the events at `seqs` (any order; sequences not in the log are ignored) from the log.
+/// Plans removing the events at `seqs` (any order; sequences not in the log are ignored) from the log: every
+/// block holding any gets a dead record listing them (a block whose events are all dead too: its segment's
+/// collection, see [`LogFiles::collect`], deletes or rewrites it once the batch is durable).
 pub(super) fn plan_kill(
-    tree: &sled::Tree,
+    files: &LogFiles,
     table: &DeadTable,
     cache: &SeqCache,
     seqs: &[u64],
@@ -423,21 +462,14 @@ pub(super) fn plan_kill(
     let mut i = 0;
     while i < sorted.len() {
         let seq = sorted[i];
-        let Some(kv) = tree.range(block_key(0)..=block_key(seq)).next_back() else {
+        let Some(block) = files.block_at(seq)? else {
             i += 1;
             continue;
         };
-        let (k, v) = kv?;
-        let first = key_seq(&k)?;
-        let mut block = None;
+        let first = block.first;
         let held: Vec<u64> = match cache.seqs.get(&first) {
             Some(seqs) => seqs.clone(),
-            None => {
-                let b = decode_block(first, &v)?;
-                let seqs = b.entries.iter().map(|(s, _)| *s).collect();
-                block = Some(b);
-                seqs
-            }
+            None => block.entries.iter().map(|(s, _)| *s).collect(),
         };
         let last = held.last().copied().unwrap_or(first);
         if seq > last {
@@ -460,55 +492,19 @@ pub(super) fn plan_kill(
             continue;
         }
         if dead.seqs.len() >= dead.count as usize {
-            batch.remove(&block_key(first));
-            batch.remove(&dead_key(first));
-            changes.push((first, None));
             stats.deleted += 1;
-        } else if dead.seqs.len() * 2 >= dead.count as usize {
-            let block = match block {
-                Some(b) => b,
-                None => decode_block(first, &v)?,
-            };
-            let live: Vec<(u64, &[u8])> = block.iter().filter(|(s, _)| dead.seqs.binary_search(s).is_err()).collect();
-            batch.insert(&block_key(first), encode_block(first, &live)?);
-            batch.remove(&dead_key(first));
-            changes.push((first, None));
-            stats.rewritten += 1;
         } else {
-            batch.insert(&dead_key(first), encode_dead(first, &dead));
-            changes.push((first, Some(dead)));
             stats.marked += 1;
         }
+        batch.insert(&dead_key(first), encode_dead(first, &dead));
+        changes.push((first, Some(dead)));
     }
     Ok(Kill { batch, changes, stats })
 }
 
-/// The block holding `seq`, if any (it may not hold `seq` itself).
-pub(super) fn block_at(tree: &sled::Tree, seq: u64) -> Result<Option<Block>, StoreError> {
-    match tree.range(block_key(0)..=block_key(seq)).next_back() {
-        Some(kv) => {
-            let (k, v) = kv?;
-            let first = key_seq(&k)?;
-            decode_block(first, &v).map(Some)
-        }
-        None => Ok(None),
-    }
-}
-
-/// The last sequence in the log (0 if empty).
-pub(super) fn last_seq(tree: &sled::Tree) -> Result<u64, StoreError> {
-    match tree.range(all_blocks()).next_back() {
-        Some(kv) => {
-            let (k, v) = kv?;
-            Ok(block_meta(key_seq(&k)?, &v)?.last)
-        }
-        None => Ok(0),
-    }
-}
-
 /// Iterates the live events at or after `from`, block by block, in sequence order.
 pub(super) struct Events<'a> {
-    blocks: sled::Iter,
+    blocks: BlockIter<'a>,
     table: &'a DeadTable,
     from: u64,
     current: Option<Block>,
@@ -517,12 +513,8 @@ pub(super) struct Events<'a> {
 
 impl<'a> Events<'a> {
     /// Live events from `from` on.
-    pub fn from(tree: &sled::Tree, table: &'a DeadTable, from: u64) -> Result<Events<'a>, StoreError> {
-        let start = match tree.range(block_key(0)..=block_key(from)).next_back() {
-            Some(kv) => key_seq(&kv?.0)?,
-            None => 0,
-        };
-        Ok(Events { blocks: tree.range(block_key(start)..dead_key(0)), table, from, current: None, at: 0 })
+    pub fn from(files: &'a LogFiles, table: &'a DeadTable, from: u64) -> Result<Events<'a>, StoreError> {
+        Ok(Events { blocks: files.blocks_from(from), table, from, current: None, at: 0 })
     }
 
     /// The next live event `(seq, protobuf body)`, copied out.
@@ -537,11 +529,9 @@ impl<'a> Events<'a> {
                     }
                 }
             }
-            match self.blocks.next() {
-                Some(kv) => {
-                    let (k, v) = kv?;
-                    let first = key_seq(&k)?;
-                    self.current = Some(decode_block(first, &v)?);
+            match self.blocks.next_block()? {
+                Some(b) => {
+                    self.current = Some(b);
                     self.at = 0;
                 }
                 None => return Ok(None),
@@ -550,10 +540,49 @@ impl<'a> Events<'a> {
     }
 }
 
+/// Moves the blocks of a log kept in sled (tree `log_blocks`, written by collectors before the log's files)
+/// into the log's files, then deletes them from the tree (dead records stay: blocks move unchanged). Safe to
+/// repeat after a crash part-way: blocks at or below the files' last sequence are already moved.
+pub(super) fn migrate_to_files(db: &sled::Db, tree: &sled::Tree, files: &LogFiles) -> Result<u64, StoreError> {
+    let done_through = files.last_seq();
+    let mut moved = 0u64;
+    let mut pending: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut pending_bytes = 0usize;
+    for kv in tree.range(all_blocks()) {
+        let (k, v) = kv?;
+        let first = key_seq(&k)?;
+        if done_through > 0 && first <= done_through {
+            continue;
+        }
+        moved += u64::from(block_meta(first, &v)?.count);
+        pending_bytes += v.len();
+        pending.push((first, v.to_vec()));
+        if pending_bytes >= 4 << 20 {
+            files.append(&pending)?;
+            pending.clear();
+            pending_bytes = 0;
+        }
+    }
+    files.append(&pending)?;
+    let mut batch = sled::Batch::default();
+    for kv in tree.range(all_blocks()) {
+        batch.remove(kv?.0);
+    }
+    tree.apply_batch(batch)?;
+    db.flush()?;
+    Ok(moved)
+}
+
 /// Moves a version-1/2 log (tree `log`, one value per event) into blocks, then empties it. Safe to repeat after a
 /// crash part-way: entries at or below the last block's last sequence are already moved.
 pub(super) fn migrate_legacy(db: &sled::Db, legacy: &sled::Tree, blocks: &sled::Tree) -> Result<u64, StoreError> {
-    let done_through = last_seq(blocks)?;
+    let done_through = match blocks.range(all_blocks()).next_back() {
+        Some(kv) => {
+            let (k, v) = kv?;
+            block_meta(key_seq(&k)?, &v)?.last
+        }
+        None => 0,
+    };
     let mut moved = 0u64;
     let mut pending: Vec<(u64, Vec<u8>)> = Vec::new();
     let flush_pending = |pending: &mut Vec<(u64, Vec<u8>)>| -> Result<(), StoreError> {
@@ -661,10 +690,10 @@ mod tests {
         let n = flipped.len();
         flipped[n - 1] ^= 1;
         assert!(decode_dead(1000, &flipped).is_err());
+        // A block whose events are all dead is marked so until its segment is collected.
         let all_dead = Dead { count: 2, seqs: vec![1, 2] };
-        assert!(
-            decode_dead(1, &encode_dead(1, &all_dead)).is_err(),
-            "a block with every event dead is deleted, not marked"
-        );
+        assert_eq!(decode_dead(1, &encode_dead(1, &all_dead)).expect("decode"), all_dead);
+        let too_many = Dead { count: 1, seqs: vec![1, 2] };
+        assert!(decode_dead(1, &encode_dead(1, &too_many)).is_err(), "more dead than the block holds");
     }
 }

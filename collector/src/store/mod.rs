@@ -5,10 +5,14 @@
 //! - tree `alerts`: alert key -> sealed JSON alert record (firing since, resolved at).
 //! - tree `node_health`: `node ++ [0u8] ++ at_ms` (i64 big-endian) -> sealed `postcard(Reading)`: GPU health
 //!   readings of node agents (see `index::nodes`), kept for 30 days.
-//! - tree `log_blocks`: the log, every accepted event in commit order, as compressed blocks of consecutive
-//!   sequences, one or more per group commit (format, dead events and compaction: see [`log`]). An event is
-//!   acknowledged only after its block is applied here and the database is flushed. (Stores written before
-//!   blocks kept one value per event in tree `log`; opening such a store moves it into blocks once.)
+//! - directory `log/` beside sled's files: the log, every accepted event in commit order, as compressed blocks
+//!   of consecutive sequences, one or more per group commit (block format and dead events: see [`log`]),
+//!   appended to segment files (framing, torn tails, deletes and rewrites: see [`files`]). An event is
+//!   acknowledged only after its block's append is synced (and sled flushed). Outside sled, so the log costs
+//!   its compressed bytes on disk and nothing more (sled keeps superseded pages until a segment of its file is
+//!   mostly garbage). Stores written before the log's files kept the blocks in tree `log_blocks`, and before
+//!   blocks one value per event in tree `log`; opening such a store moves them into the files once.
+//! - tree `log_blocks`: the dead records of the log's blocks (see [`log`]).
 //! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 5). Job snapshots,
 //!   written by checkpoints.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
@@ -87,8 +91,10 @@
 //! in the log with neither a snapshot nor a readable summary) are rebuilt from the whole log (see [`packs`]).
 //!
 //! # What a flush promises
-//! `append_durable` returns after sled's `flush`, which writes and `fsync`s sled's log: an acknowledged event
-//! survives a crash of the process and of the machine, provided the disk honours fsync. sled checksums its own
+//! `append_durable` returns after the log's append is synced (`fdatasync`) and sled's `flush`, which writes and
+//! `fsync`s sled's log: an acknowledged event survives a crash of the process and of the machine, provided the
+//! disk honours fsync. The log's append goes first: nothing sled holds refers to an event not yet durable in
+//! the log. sled checksums its own
 //! log segments and recovers the longest intact prefix of them after a crash; values written but not yet
 //! flushed may or may not survive (never acknowledged, so never counted on).
 //!
@@ -146,6 +152,14 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// A log file could not be read or written.
+    #[error("log file {path}: {source}")]
+    File {
+        /// The file or directory.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// The store is closed for a reopen after a failure.
     #[error("store closed after a failure; reopening")]
     Closed,
@@ -176,7 +190,7 @@ impl StoreError {
     pub fn cause(&self) -> &'static str {
         let io = match self {
             StoreError::Sled(sled::Error::Io(e)) => Some(e),
-            StoreError::Dir { source, .. } => Some(source),
+            StoreError::Dir { source, .. } | StoreError::File { source, .. } => Some(source),
             _ => None,
         };
         match io {
@@ -238,11 +252,13 @@ pub struct Restored {
 pub struct StoreOptions {
     /// sled's page cache, bytes.
     pub cache_bytes: u64,
+    /// A log segment takes no more appends once it holds this many bytes (see [`files`]).
+    pub segment_bytes: u64,
 }
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        StoreOptions { cache_bytes: 64 << 20 }
+        StoreOptions { cache_bytes: 64 << 20, segment_bytes: files::SEGMENT_MAX }
     }
 }
 
@@ -469,7 +485,10 @@ pub(crate) const FAIL_FOLD_DELETE: u32 = 2;
 #[derive(Clone)]
 struct Trees {
     db: sled::Db,
-    /// The event log, as blocks (see [`log`]).
+    /// The event log's blocks, in files beside sled's (see [`files`]).
+    files: Arc<files::LogFiles>,
+    /// Tree `log_blocks`: the dead records of the log's blocks (and, in stores written before the log's files,
+    /// the blocks themselves, moved into the files at open).
     blocks: sled::Tree,
     /// The dead events of the log's blocks (see [`log::DeadTable`]); written only by the applier's thread.
     dead: Arc<Mutex<log::DeadTable>>,
@@ -560,7 +579,7 @@ impl Trees {
 
     /// The live event at `seq`, if the log holds it.
     fn log_get(&self, seq: u64) -> Result<Option<pb::LifecycleEvent>, StoreError> {
-        let Some(block) = log::block_at(&self.blocks, seq)? else { return Ok(None) };
+        let Some(block) = self.files.block_at(seq)? else { return Ok(None) };
         match block.get(seq) {
             Some(body) if !self.dead().is_dead(block.first, seq) => decode_log_body(seq, body).map(Some),
             _ => Ok(None),
@@ -590,8 +609,22 @@ impl Trees {
             let moved = log::migrate_legacy(&db, &legacy, &blocks)?;
             tracing::info!(events = moved, elapsed_ms = started.elapsed().as_millis() as u64, "log moved into blocks");
         }
-        let dead = Arc::new(Mutex::new(log::DeadTable::load(&blocks)?));
+        let (files, opened) = files::LogFiles::open(&path.join(LOG_DIR), options.segment_bytes)?;
+        if opened.torn_bytes > 0 || opened.scanned > 1 {
+            tracing::info!(?opened, "log files opened");
+        }
+        if blocks.range(log::all_blocks()).next().is_some() {
+            let started = std::time::Instant::now();
+            let moved = log::migrate_to_files(&db, &blocks, &files)?;
+            tracing::info!(
+                events = moved,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "log moved out of sled into files"
+            );
+        }
+        let dead = Arc::new(Mutex::new(log::DeadTable::load(&blocks, &files.counts())?));
         Ok(Trees {
+            files: Arc::new(files),
             blocks,
             dead,
             seq_cache: Arc::default(),
@@ -781,7 +814,7 @@ impl Store {
         // among them, and leave again below.
         let mut tail_only: HashSet<String> = HashSet::new();
         let dead = t.dead();
-        let mut tail = log::Events::from(&t.blocks, &dead, from)?;
+        let mut tail = log::Events::from(&t.files, &dead, from)?;
         while let Some((seq, body)) = tail.next_event()? {
             out.replayed += 1;
             if beyond.contains(&seq) {
@@ -916,7 +949,7 @@ impl Store {
             };
             let mut rebuilt: HashSet<String> = HashSet::new();
             let dead = t.dead();
-            let mut all = log::Events::from(&t.blocks, &dead, 1)?;
+            let mut all = log::Events::from(&t.files, &dead, 1)?;
             while let Some((seq, body)) = all.next_event()? {
                 let ev = decode_log_body(seq, &body)?;
                 if damaged.contains(&ev.job_id) || lost(&ev.job_id) {
@@ -940,7 +973,7 @@ impl Store {
         // One derivation per job (records dedupe by sequence number, never by id hash: two events whose ids
         // collide are both kept).
         out.jobs = events.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
-        let last_logged = log::last_seq(&t.blocks)?;
+        let last_logged = t.files.last_seq();
         out.last_seq = last_logged.max(marker).max(self.max_folded_seq()?);
         tracing::debug!(
             snapshots_ms = snapshots_done.as_millis() as u64,
@@ -1055,7 +1088,7 @@ impl Store {
             let mut block: Option<log::Block> = None;
             for (seq, i) in wanted {
                 if !block.as_ref().is_some_and(|b| b.first <= seq && seq <= b.last()) {
-                    block = log::block_at(&t.blocks, seq)?;
+                    block = t.files.block_at(seq)?;
                     if let Some(b) = &block {
                         cache.remember(b);
                     }
@@ -1259,11 +1292,8 @@ impl Store {
             let body = unseal(value, true).map_err(|r| corrupt_log(&seq.to_be_bytes(), r))?;
             bodies.push((*seq, body));
         }
-        let mut batch = sled::Batch::default();
-        for (first, value) in log::encode_blocks(&bodies)? {
-            batch.insert(&log::block_key(first), value);
-        }
-        t.blocks.apply_batch(batch)?;
+        // The log's files first, synced: everything sled holds refers only to events already durable there.
+        t.files.append(&log::encode_blocks(&bodies)?)?;
         if !stream.is_empty() {
             let mut batch = stream_batch(stream, at_ms)?;
             if let Some((last, _)) = entries.last() {
@@ -1295,7 +1325,8 @@ impl Store {
     pub fn drop_log_after(&self, seq: u64) -> Result<usize, StoreError> {
         let t = self.t()?;
         let Some(from) = seq.checked_add(1) else { return Ok(0) };
-        delete_range(&t.db, &t.blocks, log::block_key(from)..=log::block_key(u64::MAX))
+        let _ = from;
+        t.files.truncate_after(seq)
     }
 
     /// The last log sequence whose event record the stream holds (written with the event records, after the log
@@ -1322,7 +1353,7 @@ impl Store {
         let t = self.t()?;
         let mut out = Vec::new();
         let dead = t.dead();
-        let mut events = log::Events::from(&t.blocks, &dead, after.saturating_add(1))?;
+        let mut events = log::Events::from(&t.files, &dead, after.saturating_add(1))?;
         while out.len() < limit {
             let Some((seq, body)) = events.next_event()? else { break };
             let ev = decode_log_body(seq, &body)?;
@@ -1613,7 +1644,7 @@ impl Store {
         }
         let mut cache = t.seq_cache();
         let mut dead = t.dead();
-        let mut kill = log::plan_kill(&t.blocks, &dead, &cache, &seqs)?;
+        let mut kill = log::plan_kill(&t.files, &dead, &cache, &seqs)?;
         let log = std::mem::take(&mut kill.batch);
         tracing::debug!(
             jobs = jobs.len(),
@@ -1634,12 +1665,37 @@ impl Store {
             Ok(())
         });
         transaction_result(applied)?;
+        let touched = kill.touched();
         kill.commit(&mut dead, &mut cache);
         drop(dead);
         drop(cache);
         drop(packs_lock);
         t.db.flush()?;
+        // Segments now all or mostly dead go or shrink. A failure here loses nothing (the dead records are
+        // durable; the next retention pass or restart tries again) and is only logged.
+        if let Err(e) = self.collect_log(&t, &touched) {
+            tracing::warn!(error = %e, "log: cannot reclaim the segments of deleted events yet");
+        }
         Ok(())
+    }
+
+    /// Deletes or rewrites the log segments holding blocks `touched` that are all or mostly dead (see
+    /// [`files::LogFiles::collect`]), then forgets the dead records of the blocks that went.
+    fn collect_log(&self, t: &Trees, touched: &[u64]) -> Result<files::Collected, StoreError> {
+        let (gone, done) = t.files.collect(touched, &|first| t.dead().of(first))?;
+        if !gone.is_empty() {
+            let mut cache = t.seq_cache();
+            let mut dead = t.dead();
+            let batch = dead.forget(&gone, &mut cache);
+            t.blocks.apply_batch(batch)?;
+            tracing::debug!(
+                deleted = done.deleted,
+                rewritten = done.rewritten,
+                blocks = gone.len(),
+                "log segments reclaimed"
+            );
+        }
+        Ok(done)
     }
 
     /// Flushes everything written so far.
@@ -1659,7 +1715,7 @@ impl Store {
     pub fn tree_stats(&self) -> Result<Vec<TreeStats>, StoreError> {
         let t = self.t()?;
         let trees: [(&'static str, &sled::Tree); 8] = [
-            ("log_blocks", &t.blocks),
+            ("log_blocks (dead records)", &t.blocks),
             ("jobs", &t.jobs),
             ("archive", &t.archive),
             ("summaries", &t.summaries),
@@ -1668,7 +1724,9 @@ impl Store {
             ("alerts", &t.alerts),
             ("node_health", &t.node_health),
         ];
-        let mut out = Vec::with_capacity(trees.len());
+        let mut out = Vec::with_capacity(trees.len() + 1);
+        let (blocks, bytes) = t.files.totals();
+        out.push(TreeStats { tree: "log files", values: blocks, bytes });
         for (name, tree) in trees {
             let mut s = TreeStats { tree: name, values: 0, bytes: 0 };
             for kv in tree.iter() {
@@ -1684,7 +1742,7 @@ impl Store {
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         let t = self.t()?;
-        Ok(t.db.size_on_disk()?)
+        Ok(t.db.size_on_disk()? + t.files.totals().1)
     }
 }
 
@@ -1928,8 +1986,12 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
     b.create(path).map_err(|source| StoreError::Dir { path: path.display().to_string(), source })
 }
 
+mod files;
 mod log;
 mod packs;
+
+/// The directory of the log's files, under the store's.
+const LOG_DIR: &str = "log";
 #[cfg(test)]
 pub(crate) mod tests;
 

@@ -1,0 +1,976 @@
+//! The event log's files: the log's blocks (format: see [`super::log`]) appended to segment files beside sled's,
+//! outside sled. Owns the frame and index formats, appends with `fsync`, torn-tail recovery, lookups by
+//! sequence, and deleting or rewriting segments whose events retention removed.
+//!
+//! # Layout
+//! Directory `log/` under the store's directory:
+//! - `<first seq, 20 digits>.seg`: a *segment*, frames appended in sequence order. A frame is a 16-byte header
+//!   `len u32 LE ++ first seq u64 LE ++ crc32(the first 12 bytes) u32 LE` followed by `len` bytes: the sealed block
+//!   value (its own version and checksum). A group commit's blocks go into one segment, written with one `write`
+//!   and made durable with `fdatasync` before the commit is acknowledged; a new segment is started (and the
+//!   directory synced) once the current one holds [`SEGMENT_MAX`] bytes.
+//! - `<first seq>.idx`: the block index of a segment no longer appended to (`"SLIX" ++ version ++ n ++ n x (first
+//!   u64, offset u32, len u32, count u32) ++ segment length u64 ++ crc32`, little-endian), so an open reads a few
+//!   bytes per block instead of the segments. An index that is missing, damaged or whose length does not match
+//!   its segment is ignored and the segment scanned (and the index written again).
+//!
+//! # Crashes
+//! Only the newest segment is ever appended to. At open its frames are read up to the first that is incomplete
+//! or fails a checksum, and the file is cut there: a write that was not acknowledged (its `fdatasync` never
+//! returned) may be partly on disk. A damaged frame in any older segment is an error: those were acknowledged and
+//! synced, and are never rewritten in place.
+//!
+//! Retention marks removed events in the dead records (a sled tree, see [`super::log`]); a segment whose events
+//! are all dead is then deleted, and one at least half dead is rewritten with only its live events (a new file,
+//! synced, renamed over the old one, the directory synced). A rewritten block holds fewer events than the dead
+//! record of its old version says its block held, so a dead record left behind by a crash after the rename is
+//! recognised at open (its count no longer matches the block's) and dropped.
+
+use super::log::{self, Block, BlockMeta};
+use super::StoreError;
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// A segment takes no more appends once it holds this many bytes.
+pub(super) const SEGMENT_MAX: u64 = 32 << 20;
+const HEADER: usize = 16;
+const INDEX_MAGIC: &[u8; 4] = b"SLIX";
+const INDEX_VERSION: u8 = 1;
+/// The largest frame body accepted when reading (a block is at most a few hundred KiB).
+const FRAME_MAX: u32 = 64 << 20;
+
+/// One block's place: its first sequence, where its frame's body starts, its length and its event count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Ix {
+    pub first: u64,
+    offset: u32,
+    len: u32,
+    pub count: u32,
+}
+
+/// A segment: its file and its blocks.
+struct Seg {
+    /// The number in its name: at or below its first block's first sequence.
+    name: u64,
+    file: Arc<File>,
+    blocks: Vec<Ix>,
+    /// Bytes in use (frames past it are not part of the segment).
+    end: u64,
+}
+
+impl Seg {
+    fn events(&self) -> u64 {
+        self.blocks.iter().map(|b| u64::from(b.count)).sum()
+    }
+}
+
+/// The log's segments. Appends, truncation and retention's deletes and rewrites are serialised by the writer
+/// lock; readers take the state's read lock only to find a block, and read its frame after releasing it.
+pub(super) struct LogFiles {
+    dir: PathBuf,
+    /// See [`SEGMENT_MAX`].
+    segment_max: u64,
+    state: RwLock<State>,
+    writer: Mutex<Writer>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Ascending by name.
+    segs: Vec<Seg>,
+    /// The last sequence appended (0 if none).
+    last: u64,
+}
+
+#[derive(Default)]
+struct Writer {
+    /// An append failed: every later one is refused until the store is reopened (and the tail scanned again).
+    broken: bool,
+}
+
+/// What one open found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct OpenStats {
+    pub segments: usize,
+    pub scanned: usize,
+    pub blocks: usize,
+    /// Bytes cut from the newest segment's end (an unacknowledged write cut short).
+    pub torn_bytes: u64,
+}
+
+fn file_err(path: &Path, source: std::io::Error) -> StoreError {
+    StoreError::File { path: path.display().to_string(), source }
+}
+
+fn seg_path(dir: &Path, name: u64) -> PathBuf {
+    dir.join(format!("{name:020}.seg"))
+}
+
+fn idx_path(dir: &Path, name: u64) -> PathBuf {
+    dir.join(format!("{name:020}.idx"))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| file_err(dir, e))
+}
+
+/// The bit of a header's length word saying that more frames of the same append follow.
+const MORE: u32 = 1 << 31;
+
+/// A frame's header: `more` when further frames of the same append follow it.
+fn header(len: u32, first: u64, more: bool) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    let word = if more { len | MORE } else { len };
+    h[..4].copy_from_slice(&word.to_le_bytes());
+    h[4..12].copy_from_slice(&first.to_le_bytes());
+    let crc = crc32fast::hash(&h[..12]);
+    h[12..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// A header's `(len, first, more)`, if it is one.
+fn parse_header(h: &[u8; HEADER]) -> Option<(u32, u64, bool)> {
+    let crc = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
+    if crc32fast::hash(&h[..12]) != crc {
+        return None;
+    }
+    let word = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
+    let len = word & !MORE;
+    let mut f = [0u8; 8];
+    f.copy_from_slice(&h[4..12]);
+    (len <= FRAME_MAX).then_some((len, u64::from_le_bytes(f), word & MORE != 0))
+}
+
+/// Appends the frames of `blocks` to `out` as one append (each frame but the last says more follow), returning
+/// their index entries (offsets from `base`).
+pub(super) fn frames(blocks: &[(u64, Vec<u8>)], base: u64, out: &mut Vec<u8>) -> Result<Vec<Ix>, StoreError> {
+    let mut ixs = Vec::with_capacity(blocks.len());
+    for (i, (first, value)) in blocks.iter().enumerate() {
+        let meta = log::block_meta(*first, value)?;
+        let len = u32::try_from(value.len())
+            .ok()
+            .filter(|l| *l <= FRAME_MAX)
+            .ok_or_else(|| bad_frame(*first, "block over 64 MiB"))?;
+        out.extend_from_slice(&header(len, *first, i + 1 < blocks.len()));
+        let offset = base + out.len() as u64;
+        let offset = u32::try_from(offset).map_err(|_| bad_frame(*first, "segment over 4 GiB"))?;
+        out.extend_from_slice(value);
+        ixs.push(Ix { first: *first, offset, len, count: meta.count });
+    }
+    Ok(ixs)
+}
+
+fn bad_frame(first: u64, reason: impl ToString) -> StoreError {
+    StoreError::Corrupt { what: "log", key: format!("block {first}"), reason: reason.to_string() }
+}
+
+/// Reads a segment's frames from the start: its blocks, the bytes they span, and whether the read stopped at a
+/// damaged or incomplete frame (the returned length is then the start of the append it belongs to: an append's
+/// frames are kept all or none).
+fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<String>), StoreError> {
+    let mut bytes = Vec::new();
+    File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| file_err(path, e))?;
+    let mut blocks: Vec<Ix> = Vec::new();
+    let mut at = 0usize;
+    let mut prev_last: Option<u64> = None;
+    // Where the append being read started, and the blocks before it.
+    let mut append_at = 0usize;
+    let mut append_blocks = 0usize;
+    while at < bytes.len() {
+        let why = match bytes.get(at..at + HEADER) {
+            None => Some("an incomplete frame header".to_string()),
+            Some(h) => match <&[u8; HEADER]>::try_from(h).ok().and_then(parse_header) {
+                None => Some("a frame header that fails its checksum".to_string()),
+                Some((len, first, more)) => {
+                    let body = at + HEADER;
+                    match bytes.get(body..body + len as usize) {
+                        None => Some("an incomplete frame".to_string()),
+                        Some(value) => match log::block_meta(first, value) {
+                            Err(e) => Some(e.to_string()),
+                            Ok(_) if prev_last.is_some_and(|p| p >= first) => {
+                                Some(format!("block {first} does not follow the previous block"))
+                            }
+                            Ok(BlockMeta { count, last }) => {
+                                let offset = u32::try_from(body).map_err(|_| bad_frame(first, "segment over 4 GiB"))?;
+                                blocks.push(Ix { first, offset, len, count });
+                                prev_last = Some(last);
+                                at = body + len as usize;
+                                if !more {
+                                    append_at = at;
+                                    append_blocks = blocks.len();
+                                }
+                                None
+                            }
+                        },
+                    }
+                }
+            },
+        };
+        if let Some(why) = why {
+            // A torn write is the file's last append: nothing valid follows it. A valid frame after the damage
+            // means an acknowledged block itself is damaged.
+            let why = match valid_frame_after(&bytes, at + 1) {
+                Some(later) => format!("{why}, followed by a valid frame at byte {later} (not a torn write)"),
+                None => format!("{why} {TORN}"),
+            };
+            blocks.truncate(append_blocks);
+            return Ok((blocks, append_at as u64, Some(why)));
+        }
+    }
+    if append_at < at {
+        blocks.truncate(append_blocks);
+        return Ok((blocks, append_at as u64, Some(format!("an append whose last frame is missing {TORN}"))));
+    }
+    Ok((blocks, at as u64, None))
+}
+
+/// Marks a damage [`scan`] found to be a torn tail.
+const TORN: &str = "(nothing valid after it)";
+
+/// The offset of the first valid frame at or after `from`, if any.
+fn valid_frame_after(bytes: &[u8], from: usize) -> Option<usize> {
+    (from..bytes.len().saturating_sub(HEADER)).find(|&at| {
+        let Some(h) = bytes.get(at..at + HEADER).and_then(|h| <&[u8; HEADER]>::try_from(h).ok()) else {
+            return false;
+        };
+        parse_header(h).is_some_and(|(len, first, _)| {
+            bytes.get(at + HEADER..at + HEADER + len as usize).is_some_and(|v| log::block_meta(first, v).is_ok())
+        })
+    })
+}
+
+fn encode_index(blocks: &[Ix], seg_len: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + 1 + 4 + blocks.len() * 20 + 12);
+    v.extend_from_slice(INDEX_MAGIC);
+    v.push(INDEX_VERSION);
+    v.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+    for b in blocks {
+        v.extend_from_slice(&b.first.to_le_bytes());
+        v.extend_from_slice(&b.offset.to_le_bytes());
+        v.extend_from_slice(&b.len.to_le_bytes());
+        v.extend_from_slice(&b.count.to_le_bytes());
+    }
+    v.extend_from_slice(&seg_len.to_le_bytes());
+    let crc = crc32fast::hash(&v);
+    v.extend_from_slice(&crc.to_le_bytes());
+    v
+}
+
+/// A segment's index, if it is intact and made for a segment of `seg_len` bytes.
+fn decode_index(v: &[u8], seg_len: u64) -> Option<Vec<Ix>> {
+    let (body, crc) = v.split_at_checked(v.len().checked_sub(4)?)?;
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return None;
+    }
+    let rest = body.strip_prefix(INDEX_MAGIC)?;
+    let (&version, rest) = rest.split_first()?;
+    if version != INDEX_VERSION {
+        return None;
+    }
+    let (n, rest) = rest.split_at_checked(4)?;
+    let n = u32::from_le_bytes(n.try_into().ok()?) as usize;
+    let (entries, len) = rest.split_at_checked(n.checked_mul(20)?)?;
+    if u64::from_le_bytes(len.try_into().ok()?) != seg_len {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    for e in entries.chunks_exact(20) {
+        let u32_at = |i: usize| u32::from_le_bytes([e[i], e[i + 1], e[i + 2], e[i + 3]]);
+        let mut f = [0u8; 8];
+        f.copy_from_slice(&e[..8]);
+        out.push(Ix { first: u64::from_le_bytes(f), offset: u32_at(8), len: u32_at(12), count: u32_at(16) });
+    }
+    Some(out)
+}
+
+/// Writes `bytes` to `path` through a temporary file, synced and renamed (the directory is synced by the caller).
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| file_err(dir, e))
+}
+
+impl LogFiles {
+    /// Opens (creating) the segments under `dir`: reads each older segment's index (or scans it), scans the
+    /// newest and cuts a torn tail from it.
+    pub fn open(dir: &Path, segment_max: u64) -> Result<(LogFiles, OpenStats), StoreError> {
+        if !dir.is_dir() {
+            super::create_private_dir(dir)?;
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| file_err(dir, e))? {
+            let entry = entry.map_err(|e| file_err(dir, e))?;
+            let file_name = entry.file_name();
+            let Some(file_name) = file_name.to_str() else { continue };
+            if file_name.ends_with(".tmp") {
+                // A rewrite or an index write cut short: never renamed, so never in use.
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            if let Some(n) = file_name.strip_suffix(".seg").and_then(|n| n.parse::<u64>().ok()) {
+                names.push(n);
+            }
+        }
+        names.sort_unstable();
+        let mut stats = OpenStats { segments: names.len(), ..OpenStats::default() };
+        let mut segs: Vec<Seg> = Vec::with_capacity(names.len());
+        for (i, &name) in names.iter().enumerate() {
+            let newest = i + 1 == names.len();
+            let path = seg_path(dir, name);
+            let file = OpenOptions::new().read(true).write(true).open(&path).map_err(|e| file_err(&path, e))?;
+            let len = file.metadata().map_err(|e| file_err(&path, e))?.len();
+            let indexed =
+                if newest { None } else { std::fs::read(idx_path(dir, name)).ok().and_then(|v| decode_index(&v, len)) };
+            let (blocks, end) = match indexed {
+                Some(blocks) => (blocks, len),
+                None => {
+                    stats.scanned += 1;
+                    let (blocks, end, damage) = scan(&path)?;
+                    if let Some(why) = damage {
+                        if !newest || !why.ends_with(TORN) {
+                            return Err(StoreError::Corrupt {
+                                what: "log",
+                                key: format!("segment {} at byte {end}", path.display()),
+                                reason: why,
+                            });
+                        }
+                        tracing::warn!(
+                            segment = %path.display(),
+                            at = end,
+                            cut = len - end,
+                            reason = %why,
+                            "log: cutting an unacknowledged write from the newest segment"
+                        );
+                        stats.torn_bytes = len - end;
+                        file.set_len(end).and_then(|()| file.sync_all()).map_err(|e| file_err(&path, e))?;
+                    } else if !newest {
+                        write_atomically(dir, &idx_path(dir, name), &encode_index(&blocks, end))?;
+                    }
+                    (blocks, end)
+                }
+            };
+            if let (Some(prev), Some(head)) = (segs.last().and_then(|s| s.blocks.last()), blocks.first()) {
+                if prev.first >= head.first {
+                    return Err(bad_frame(head.first, format!("segment {name} overlaps the one before it")));
+                }
+            }
+            stats.blocks += blocks.len();
+            segs.push(Seg { name, file: Arc::new(file), blocks, end });
+        }
+        let files = LogFiles {
+            dir: dir.to_path_buf(),
+            segment_max,
+            state: RwLock::new(State { segs, last: 0 }),
+            writer: Mutex::default(),
+        };
+        let last = match files.last_block()? {
+            Some(b) => b.last(),
+            None => 0,
+        };
+        files.state_mut().last = last;
+        Ok((files, stats))
+    }
+
+    fn state(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn state_mut(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn writer(&self) -> std::sync::MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last sequence in the log (0 if empty).
+    pub fn last_seq(&self) -> u64 {
+        self.state().last
+    }
+
+    /// Appends sealed blocks `(first seq, value)` (ascending, above every stored block) and syncs: on `Ok` they
+    /// survive a crash of the process and of the machine. On an error nothing of them is counted on (a partial
+    /// write is cut off, now or at the next open) and every later append fails until the store is reopened.
+    pub fn append(&self, blocks: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let mut w = self.writer();
+        if w.broken {
+            return Err(StoreError::Closed);
+        }
+        let result = self.append_locked(blocks);
+        if result.is_err() {
+            w.broken = true;
+        }
+        result
+    }
+
+    fn append_locked(&self, blocks: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let first = blocks[0].0;
+        let (file, base, roll) = {
+            let s = self.state();
+            if let Some(prev) = s.segs.last().and_then(|g| g.blocks.last()) {
+                if prev.first >= first || s.last >= first {
+                    return Err(bad_frame(first, format!("appended after block {} (last seq {})", prev.first, s.last)));
+                }
+            }
+            match s.segs.last() {
+                Some(g) if g.end < self.segment_max || g.blocks.is_empty() => (Some(g.file.clone()), g.end, false),
+                Some(_) => (None, 0, true),
+                None => (None, 0, false),
+            }
+        };
+        let (file, base, new_seg) = match file {
+            Some(f) => (f, base, None),
+            None => {
+                if roll {
+                    self.seal_newest()?;
+                }
+                let path = seg_path(&self.dir, first);
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .map_err(|e| file_err(&path, e))?;
+                sync_dir(&self.dir)?;
+                let f = Arc::new(f);
+                (f.clone(), 0, Some(Seg { name: first, file: f, blocks: Vec::new(), end: 0 }))
+            }
+        };
+        let mut buf = Vec::with_capacity(blocks.iter().map(|(_, v)| v.len() + HEADER).sum());
+        let ixs = frames(blocks, base, &mut buf)?;
+        let last = match blocks.last() {
+            Some((f, v)) => log::block_meta(*f, v)?.last,
+            None => 0,
+        };
+        let written = file.write_all_at(&buf, base).and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            // Cut what may have reached the file; if even that fails the next open cuts it (it is the tail).
+            let _ = file.set_len(base);
+            return Err(file_err(&seg_path(&self.dir, new_seg.as_ref().map_or(0, |s| s.name)), e));
+        }
+        let mut s = self.state_mut();
+        if let Some(seg) = new_seg {
+            s.segs.push(seg);
+        }
+        if let Some(seg) = s.segs.last_mut() {
+            seg.blocks.extend(ixs);
+            seg.end = base + buf.len() as u64;
+        }
+        s.last = last;
+        Ok(())
+    }
+
+    /// Writes the newest segment's index (it takes no more appends).
+    fn seal_newest(&self) -> Result<(), StoreError> {
+        let (name, index) = {
+            let s = self.state();
+            let Some(g) = s.segs.last() else { return Ok(()) };
+            (g.name, encode_index(&g.blocks, g.end))
+        };
+        write_atomically(&self.dir, &idx_path(&self.dir, name), &index)
+    }
+
+    /// The block holding `seq` (or, if `seq` is in no block, the block before it), with its frame's place.
+    fn find(&self, seq: u64) -> Option<(Arc<File>, Ix)> {
+        let s = self.state();
+        let i = s.segs.partition_point(|g| g.name <= seq).checked_sub(1)?;
+        // The segment named at or below `seq` may hold no block at or below it (its first blocks were removed):
+        // then the block before is the previous segment's last.
+        for g in s.segs[..=i].iter().rev() {
+            let j = g.blocks.partition_point(|b| b.first <= seq);
+            if let Some(j) = j.checked_sub(1) {
+                return Some((g.file.clone(), g.blocks[j]));
+            }
+        }
+        None
+    }
+
+    /// The first block starting after `first`.
+    fn after(&self, first: u64) -> Option<(Arc<File>, Ix)> {
+        let s = self.state();
+        let i = s.segs.partition_point(|g| g.name <= first).saturating_sub(1);
+        for g in &s.segs[i..] {
+            let j = g.blocks.partition_point(|b| b.first <= first);
+            if let Some(b) = g.blocks.get(j) {
+                return Some((g.file.clone(), *b));
+            }
+        }
+        None
+    }
+
+    fn read(&self, file: &File, ix: Ix) -> Result<Vec<u8>, StoreError> {
+        let mut v = vec![0u8; ix.len as usize];
+        file.read_exact_at(&mut v, u64::from(ix.offset)).map_err(|e| file_err(&self.dir, e))?;
+        Ok(v)
+    }
+
+    fn decode(&self, file: &File, ix: Ix) -> Result<Block, StoreError> {
+        log::decode_block(ix.first, &self.read(file, ix)?)
+    }
+
+    /// The block holding `seq`, if any (it may not hold `seq` itself).
+    pub fn block_at(&self, seq: u64) -> Result<Option<Block>, StoreError> {
+        match self.find(seq) {
+            Some((f, ix)) => self.decode(&f, ix).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The newest block.
+    fn last_block(&self) -> Result<Option<Block>, StoreError> {
+        let found = {
+            let s = self.state();
+            s.segs.iter().rev().find_map(|g| g.blocks.last().map(|b| (g.file.clone(), *b)))
+        };
+        match found {
+            Some((f, ix)) => self.decode(&f, ix).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The first block starting at or before `from` (or the first block), then each next one in order.
+    pub fn blocks_from(&self, from: u64) -> BlockIter<'_> {
+        BlockIter { files: self, next: Start::AtOrBefore(from) }
+    }
+
+    /// The event count of every block, by first sequence (for checking dead records at open).
+    pub fn counts(&self) -> BTreeMap<u64, u32> {
+        let s = self.state();
+        s.segs.iter().flat_map(|g| g.blocks.iter().map(|b| (b.first, b.count))).collect()
+    }
+
+    /// Blocks and bytes in all.
+    pub fn totals(&self) -> (u64, u64) {
+        let s = self.state();
+        (s.segs.iter().map(|g| g.blocks.len() as u64).sum(), s.segs.iter().map(|g| g.end).sum())
+    }
+
+    /// Removes every block starting after `seq` (only the newest blocks: those of failed group commits) and
+    /// syncs; returns how many went.
+    pub fn truncate_after(&self, seq: u64) -> Result<usize, StoreError> {
+        let _w = self.writer();
+        let mut s = self.state_mut();
+        let mut gone = 0;
+        while let Some(g) = s.segs.last_mut() {
+            let keep = g.blocks.partition_point(|b| b.first <= seq);
+            if keep == g.blocks.len() {
+                break;
+            }
+            gone += g.blocks.len() - keep;
+            let path = seg_path(&self.dir, g.name);
+            if keep == 0 && g.name > seq {
+                std::fs::remove_file(&path).map_err(|e| file_err(&path, e))?;
+                let _ = std::fs::remove_file(idx_path(&self.dir, g.name));
+                s.segs.pop();
+                sync_dir(&self.dir)?;
+                continue;
+            }
+            let end = g.blocks.get(keep).map_or(g.end, |b| u64::from(b.offset) - HEADER as u64);
+            g.file.set_len(end).and_then(|()| g.file.sync_all()).map_err(|e| file_err(&path, e))?;
+            let _ = std::fs::remove_file(idx_path(&self.dir, g.name));
+            g.blocks.truncate(keep);
+            g.end = end;
+            break;
+        }
+        let newest = s.segs.iter().rev().find_map(|g| g.blocks.last().map(|b| (g.file.clone(), *b)));
+        drop(s);
+        if gone > 0 {
+            let last = match newest {
+                Some((f, ix)) => self.decode(&f, ix)?.last(),
+                None => 0,
+            };
+            self.state_mut().last = last;
+        }
+        Ok(gone)
+    }
+
+    /// Deletes or rewrites the segments (other than the newest) holding the blocks `touched` whose events are
+    /// all or at least half dead by `is_dead`; returns the first sequences of the blocks that no longer exist
+    /// as they were (their dead records are to go) and what was done.
+    pub fn collect(
+        &self,
+        touched: &[u64],
+        dead: &dyn Fn(u64) -> Option<(u32, Vec<u64>)>,
+    ) -> Result<(Vec<u64>, Collected), StoreError> {
+        let _w = self.writer();
+        let mut names: Vec<u64> = {
+            let s = self.state();
+            let newest = s.segs.last().map(|g| g.name);
+            touched
+                .iter()
+                .filter_map(|&first| {
+                    let i = s.segs.partition_point(|g| g.name <= first).checked_sub(1)?;
+                    Some(s.segs[i].name).filter(|n| Some(*n) != newest)
+                })
+                .collect()
+        };
+        names.sort_unstable();
+        names.dedup();
+        let mut gone_blocks = Vec::new();
+        let mut done = Collected::default();
+        for name in names {
+            let (file, blocks, total) = {
+                let s = self.state();
+                let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) else { continue };
+                let g = &s.segs[i];
+                (g.file.clone(), g.blocks.clone(), g.events())
+            };
+            let dead_n: u64 = blocks
+                .iter()
+                .map(|b| dead(b.first).filter(|(c, _)| *c == b.count).map_or(0, |(_, d)| d.len() as u64))
+                .sum();
+            if dead_n * 2 < total {
+                continue;
+            }
+            let path = seg_path(&self.dir, name);
+            if dead_n >= total {
+                std::fs::remove_file(idx_path(&self.dir, name))
+                    .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+                    .map_err(|e| file_err(&path, e))?;
+                std::fs::remove_file(&path).map_err(|e| file_err(&path, e))?;
+                sync_dir(&self.dir)?;
+                self.state_mut().segs.retain(|g| g.name != name);
+                gone_blocks.extend(blocks.iter().map(|b| b.first));
+                done.deleted += 1;
+                continue;
+            }
+            // Rewrite with the live events only: blocks without dead events are copied as they are.
+            let mut out = Vec::new();
+            let mut new_blocks = Vec::with_capacity(blocks.len());
+            for b in &blocks {
+                let value = self.read(&file, *b)?;
+                match dead(b.first).filter(|(c, _)| *c == b.count) {
+                    None => new_blocks.extend(frames(&[(b.first, value)], 0, &mut out)?),
+                    Some((_, d)) => {
+                        gone_blocks.push(b.first);
+                        let block = log::decode_block(b.first, &value)?;
+                        let live: Vec<(u64, &[u8])> =
+                            block.iter().filter(|(s, _)| d.binary_search(s).is_err()).collect();
+                        if let Some((first, _)) = live.first() {
+                            let v = log::encode_block(*first, &live)?;
+                            new_blocks.extend(frames(&[(*first, v)], 0, &mut out)?);
+                        }
+                    }
+                }
+            }
+            let _ = std::fs::remove_file(idx_path(&self.dir, name));
+            write_atomically(&self.dir, &path, &out)?;
+            sync_dir(&self.dir)?;
+            let f = File::open(&path).map_err(|e| file_err(&path, e))?;
+            write_atomically(&self.dir, &idx_path(&self.dir, name), &encode_index(&new_blocks, out.len() as u64))?;
+            let mut s = self.state_mut();
+            if let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) {
+                s.segs[i] = Seg { name, file: Arc::new(f), blocks: new_blocks, end: out.len() as u64 };
+            }
+            done.rewritten += 1;
+        }
+        Ok((gone_blocks, done))
+    }
+}
+
+/// What [`LogFiles::collect`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Collected {
+    pub deleted: usize,
+    pub rewritten: usize,
+}
+
+enum Start {
+    AtOrBefore(u64),
+    After(u64),
+    Done,
+}
+
+/// Blocks in sequence order (see [`LogFiles::blocks_from`]). Each step looks its block up again, so segments
+/// deleted or rewritten between steps are never read from a stale place.
+pub(super) struct BlockIter<'a> {
+    files: &'a LogFiles,
+    next: Start,
+}
+
+impl BlockIter<'_> {
+    /// The next block.
+    pub fn next_block(&mut self) -> Result<Option<Block>, StoreError> {
+        let found = match self.next {
+            Start::AtOrBefore(seq) => self.files.find(seq).or_else(|| self.files.first_block()),
+            Start::After(first) => self.files.after(first),
+            Start::Done => None,
+        };
+        match found {
+            Some((f, ix)) => {
+                self.next = Start::After(ix.first);
+                self.files.decode(&f, ix).map(Some)
+            }
+            None => {
+                self.next = Start::Done;
+                Ok(None)
+            }
+        }
+    }
+}
+
+impl LogFiles {
+    fn first_block(&self) -> Option<(Arc<File>, Ix)> {
+        let s = self.state();
+        s.segs.iter().find_map(|g| g.blocks.first().map(|b| (g.file.clone(), *b)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Blocks of `n` events from `first` on, every third sequence skipped (gaps are allowed), a few events per
+    /// block.
+    /// `(first seq, bytes)`: sealed blocks, or events.
+    type Numbered = Vec<(u64, Vec<u8>)>;
+
+    fn blocks(first: u64, n: u64) -> (Numbered, Numbered) {
+        let events: Vec<(u64, Vec<u8>)> = (0..n)
+            .map(|i| first + i + i / 2)
+            .map(|s| (s, format!("event {s} ").repeat((s % 5 + 1) as usize).into_bytes()))
+            .collect();
+        let refs: Vec<(u64, &[u8])> = events.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+        let mut out = Vec::new();
+        for chunk in refs.chunks(4) {
+            out.push((chunk[0].0, log::encode_block(chunk[0].0, chunk).expect("encode")));
+        }
+        (out, events)
+    }
+
+    fn all(files: &LogFiles) -> Vec<(u64, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut it = files.blocks_from(0);
+        while let Some(b) = it.next_block().expect("read") {
+            out.extend(b.iter().map(|(s, v)| (s, v.to_vec())));
+        }
+        out
+    }
+
+    fn newest_seg(dir: &Path) -> PathBuf {
+        let mut segs: Vec<PathBuf> = std::fs::read_dir(dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+            .collect();
+        segs.sort();
+        segs.pop().expect("a segment")
+    }
+
+    #[test]
+    fn blocks_round_trip_across_segments_indexes_and_reopens() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let mut model = Vec::new();
+        let mut next = 1;
+        {
+            let (files, _) = LogFiles::open(&path, 700).expect("open");
+            for _ in 0..12 {
+                let (bs, evs) = blocks(next, 9);
+                next = evs.last().expect("events").0 + 5;
+                files.append(&bs).expect("append");
+                model.extend(evs);
+            }
+            assert_eq!(all(&files), model);
+            assert_eq!(files.last_seq(), model.last().expect("some").0);
+        }
+        let segments = std::fs::read_dir(&path).expect("dir").count();
+        assert!(segments > 6, "small segments roll: {segments} files");
+        let (files, stats) = LogFiles::open(&path, 700).expect("reopen");
+        assert_eq!(stats.scanned, 1, "only the newest segment is scanned: {stats:?}");
+        assert_eq!(all(&files), model);
+        for (s, body) in &model {
+            let b = files.block_at(*s).expect("read").expect("a block");
+            assert_eq!(b.get(*s), Some(body.as_slice()), "seq {s}");
+        }
+        // A sequence in a gap lands on the block before it, which does not hold it.
+        let gap = model[1].0 + 1;
+        assert!(files.block_at(gap).expect("read").is_some_and(|b| b.get(gap).is_none()));
+        assert!(files.block_at(0).expect("read").is_none());
+        // A damaged index is ignored: the segment is scanned and the index written again.
+        let idx = std::fs::read_dir(&path)
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .find(|p| p.extension().is_some_and(|x| x == "idx"))
+            .expect("an index");
+        let mut v = std::fs::read(&idx).expect("read");
+        v[10] ^= 0xFF;
+        std::fs::write(&idx, v).expect("write");
+        drop(files);
+        let (files, stats) = LogFiles::open(&path, 700).expect("reopen");
+        assert_eq!(stats.scanned, 2, "{stats:?}");
+        assert_eq!(all(&files), model);
+        drop(files);
+        let (_, stats) = LogFiles::open(&path, 700).expect("reopen");
+        assert_eq!(stats.scanned, 1, "the index was written again: {stats:?}");
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_appends_go_on_after_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let (bs, mut model) = blocks(1, 20);
+        {
+            let (files, _) = LogFiles::open(&path, 1 << 20).expect("open");
+            files.append(&bs).expect("append");
+        }
+        let full = std::fs::read(newest_seg(&path)).expect("read");
+        // Every cut of a further append: a header cut short, a body cut short, zeros where the body should be.
+        // A two-block append cut anywhere, even after its whole first frame, loses both: appends are all or none.
+        let (two, _) = blocks(100, 8);
+        assert_eq!(two.len(), 2);
+        let mut frame = Vec::new();
+        frames(&two, 0, &mut frame).expect("frames");
+        let first_frame = HEADER + two[0].1.len();
+        let (more, more_events) = blocks(100, 4);
+        let mut one = Vec::new();
+        frames(&more, 0, &mut one).expect("frames");
+        let cuts = [1, HEADER - 1, HEADER, HEADER + 3, first_frame, first_frame + HEADER + 2, frame.len() - 1];
+        for (frame, cut) in cuts.iter().map(|c| (&frame, *c)).chain([(&one, one.len() - 1), (&one, 3)]) {
+            let mut torn = full.clone();
+            torn.extend_from_slice(&frame[..cut]);
+            std::fs::write(newest_seg(&path), &torn).expect("write");
+            let (files, stats) = LogFiles::open(&path, 1 << 20).expect("reopen cuts the tail");
+            assert_eq!(stats.torn_bytes, cut as u64);
+            assert_eq!(all(&files), model, "cut at {cut}");
+            assert_eq!(std::fs::metadata(newest_seg(&path)).expect("meta").len(), full.len() as u64);
+        }
+        let mut zeros = full.clone();
+        zeros.extend(std::iter::repeat_n(0u8, 300));
+        std::fs::write(newest_seg(&path), &zeros).expect("write");
+        let (files, _) = LogFiles::open(&path, 1 << 20).expect("reopen");
+        files.append(&more).expect("append after the cut");
+        model.extend(more_events);
+        assert_eq!(all(&files), model);
+    }
+
+    #[test]
+    fn damage_before_valid_frames_or_in_an_older_segment_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        {
+            let (files, _) = LogFiles::open(&path, 1 << 20).expect("open");
+            files.append(&blocks(1, 20).0).expect("append");
+        }
+        let seg = newest_seg(&path);
+        let good = std::fs::read(&seg).expect("read");
+        let mut bad = good.clone();
+        bad[HEADER + 6] ^= 0x40;
+        std::fs::write(&seg, &bad).expect("write");
+        let err = LogFiles::open(&path, 1 << 20).err().expect("refused").to_string();
+        assert!(err.contains("not a torn write"), "{err}");
+        std::fs::write(&seg, &good).expect("write");
+        // An older segment: any damage is refused, even at its end.
+        {
+            let (files, _) = LogFiles::open(&path, 1).expect("open");
+            files.append(&blocks(200, 4).0).expect("append");
+        }
+        let mut cut = good.clone();
+        cut.truncate(good.len() - 2);
+        std::fs::write(&seg, &cut).expect("write");
+        let _ = std::fs::remove_file(seg.with_extension("idx"));
+        let err = LogFiles::open(&path, 1).err().expect("refused").to_string();
+        assert!(err.contains("incomplete frame"), "{err}");
+    }
+
+    #[test]
+    fn truncation_drops_the_newest_blocks_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let (files, _) = LogFiles::open(&path, 400).expect("open");
+        let (bs, model) = blocks(1, 40);
+        for b in bs.chunks(2) {
+            files.append(b).expect("append");
+        }
+        let keep_through = model[21].0;
+        let gone = files.truncate_after(keep_through).expect("truncate");
+        assert!(gone > 0);
+        let left: Vec<(u64, Vec<u8>)> = all(&files);
+        // Whole blocks go: the block holding `keep_through` stays.
+        assert!(left.iter().any(|(s, _)| *s == keep_through));
+        assert!(left.len() < model.len());
+        assert_eq!(left[..], model[..left.len()]);
+        assert_eq!(files.last_seq(), left.last().expect("some").0);
+        drop(files);
+        let (files, _) = LogFiles::open(&path, 400).expect("reopen");
+        assert_eq!(all(&files), left);
+        files.append(&blocks(10_000, 4).0).expect("append after");
+    }
+
+    #[test]
+    fn collection_deletes_dead_segments_rewrites_mostly_dead_ones_and_keeps_the_newest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let (files, _) = LogFiles::open(&path, 1).expect("open");
+        let (bs, events) = blocks(1, 60);
+        for b in bs.chunks(2) {
+            files.append(b).expect("append");
+        }
+        let counts = files.counts();
+        let firsts: Vec<u64> = counts.keys().copied().collect();
+        // One segment per append of two blocks. Dead: all of the first segment's events, three of four of each
+        // block of the next two, one of four of the rest.
+        let mut dead: BTreeMap<u64, (u32, Vec<u64>)> = BTreeMap::new();
+        for (i, (&first, &count)) in counts.iter().enumerate() {
+            let block = files.block_at(first).expect("read").expect("block");
+            let seqs: Vec<u64> = block.iter().map(|(s, _)| s).collect();
+            let n = match i {
+                0 | 1 => seqs.len(),
+                2..=5 => 3,
+                _ => 1,
+            };
+            dead.insert(first, (count, seqs[..n].to_vec()));
+        }
+        let is_dead = |s: u64| dead.iter().any(|(_, (_, d))| d.contains(&s));
+        let live: Vec<(u64, Vec<u8>)> = events.iter().filter(|(s, _)| !is_dead(*s)).cloned().collect();
+        let (gone, done) = files.collect(&firsts, &|f| dead.get(&f).cloned()).expect("collect");
+        assert!(done.deleted >= 1 && done.rewritten >= 1, "{done:?}");
+        // Every block of a deleted or rewritten segment with dead events went; blocks of kept segments stayed.
+        let after = files.counts();
+        for f in &gone {
+            assert!(after.get(f).is_none_or(|c| *c < counts[f]), "block {f}");
+        }
+        // What remains: the live events of collected segments, everything of the others (dead records still
+        // apply to those).
+        let stored: Vec<(u64, Vec<u8>)> = all(&files);
+        let kept_dead: Vec<u64> =
+            dead.iter().filter(|(f, _)| !gone.contains(f)).flat_map(|(_, (_, d))| d.clone()).collect();
+        let visible: Vec<(u64, Vec<u8>)> = stored.iter().filter(|(s, _)| !kept_dead.contains(s)).cloned().collect();
+        assert_eq!(visible, live);
+        drop(files);
+        let (files, stats) = LogFiles::open(&path, 1).expect("reopen");
+        assert_eq!(stats.scanned, 1, "rewritten segments have their index: {stats:?}");
+        assert_eq!(all(&files), stored);
+        // The newest segment is never collected, even all dead.
+        let newest = *files.counts().keys().last().expect("a block");
+        let before = all(&files);
+        let all_dead: BTreeMap<u64, (u32, Vec<u64>)> = files
+            .counts()
+            .into_iter()
+            .filter(|(f, _)| *f == newest)
+            .map(|(f, c)| {
+                let b = files.block_at(f).expect("read").expect("block");
+                (f, (c, b.iter().map(|(s, _)| s).collect()))
+            })
+            .collect();
+        let (gone, _) = files.collect(&[newest], &|f| all_dead.get(&f).cloned()).expect("collect");
+        assert!(gone.is_empty());
+        assert_eq!(all(&files), before);
+    }
+}
