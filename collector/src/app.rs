@@ -112,10 +112,11 @@ pub async fn run_with_clock(
     let now = clock.now_ms();
     let limiter = LabelLimiter::new(&config.metrics.labels);
     let cache_bytes = config.cache_bytes;
+    let segment_bytes = config.log_segment_bytes;
     let hot_budget = usize::try_from(config.hot_budget_bytes).unwrap_or(usize::MAX);
     let (store, restored, index, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let t0 = std::time::Instant::now();
-        let store = Store::open_with(&path, StoreOptions { cache_bytes, ..StoreOptions::default() })?;
+        let store = Store::open_with(&path, StoreOptions { cache_bytes, segment_bytes })?;
         let opened = t0.elapsed();
         let (mut restored, cold) = restore_index(&store)?;
         let read = t0.elapsed();

@@ -222,6 +222,9 @@ pub struct StoreSection {
     /// Memory budget of hot jobs (waiting, running, ended and not yet folded), MiB, by the index's estimate.
     /// Over it, ended jobs are folded without waiting for `fold_after`. Default 256.
     pub hot_budget_mib: Option<usize>,
+    /// Size of a log segment file, KiB: the unit retention deletes or rewrites and compaction rewrites.
+    /// Default 32768 (32 MiB).
+    pub log_segment_kib: Option<usize>,
 }
 
 /// `[grpc]`
@@ -315,6 +318,8 @@ pub struct Config {
     pub cache_bytes: u64,
     /// Memory budget of hot jobs, bytes (over it, ended jobs fold without waiting for `fold_after`).
     pub hot_budget_bytes: u64,
+    /// Log segment size, bytes (`store.log_segment_kib`).
+    pub log_segment_bytes: u64,
     /// gRPC listen address.
     pub grpc_listen: SocketAddr,
     /// Largest gRPC message, bytes.
@@ -514,6 +519,7 @@ impl FileConfig {
             fold_interval: store.fold_interval,
             cache_bytes: store.cache_bytes,
             hot_budget_bytes: store.hot_budget_bytes,
+            log_segment_bytes: store.log_segment_bytes,
             grpc_listen: grpc.listen,
             max_message_bytes: grpc.max_message_bytes,
             max_batch_events: grpc.max_batch_events,
@@ -564,6 +570,7 @@ struct StoreSettings {
     fold_interval: Duration,
     cache_bytes: u64,
     hot_budget_bytes: u64,
+    log_segment_bytes: u64,
 }
 
 impl StoreSection {
@@ -612,6 +619,8 @@ impl StoreSection {
         let cache_bytes = range(errs, "store.cache_mib", self.cache_mib, 64, 4, 1 << 20) as u64 * (1 << 20);
         let hot_budget_bytes =
             range(errs, "store.hot_budget_mib", self.hot_budget_mib, 256, 1, 1 << 20) as u64 * (1 << 20);
+        let log_segment_bytes =
+            range(errs, "store.log_segment_kib", self.log_segment_kib, 32 << 10, 64, 1 << 20) as u64 * (1 << 10);
         StoreSettings {
             path,
             checkpoint_interval,
@@ -622,6 +631,7 @@ impl StoreSection {
             fold_interval,
             cache_bytes,
             hot_budget_bytes,
+            log_segment_bytes,
         }
     }
 }
@@ -1113,6 +1123,7 @@ mod tests {
             fold_interval: Some("1ms".into()),
             cache_mib: Some(1),
             hot_budget_mib: Some(0),
+            log_segment_kib: Some(2),
         };
         let mut errs = Vec::new();
         let v = s.validate(&mut errs);
@@ -1129,7 +1140,8 @@ mod tests {
         assert_eq!(errs[6], "store.fold_interval: \"1ms\" is shorter than 10ms");
         assert_eq!(errs[7], "store.cache_mib: 1 is outside 4..=1048576");
         assert_eq!(errs[8], "store.hot_budget_mib: 0 is outside 1..=1048576");
-        assert_eq!(errs.len(), 9, "{errs:#?}");
+        assert_eq!(errs[9], "store.log_segment_kib: 2 is outside 64..=1048576");
+        assert_eq!(errs.len(), 10, "{errs:#?}");
         assert_eq!((v.checkpoint_interval, v.retention), (Duration::from_secs(2), None));
     }
 

@@ -421,7 +421,7 @@ fn run_store_stats(config: &startline_collector::config::Config) -> anyhow::Resu
     use startline_collector::store::{Store, StoreOptions};
     let store = Store::open_with(
         &config.store_path,
-        StoreOptions { cache_bytes: config.cache_bytes, ..StoreOptions::default() },
+        StoreOptions { cache_bytes: config.cache_bytes, segment_bytes: config.log_segment_bytes },
     )
     .with_context(|| format!("cannot open the store at {}", config.store_path.display()))?;
     let trees = store.tree_stats().context("cannot read the store")?;

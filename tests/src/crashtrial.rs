@@ -390,7 +390,9 @@ fn write_config(dir: &Path, rng: &mut Rng) -> (std::path::PathBuf, String) {
     let exp = rng.range(0, 1000) as f64 / 1000.0 * 3.0;
     let checkpoint_ms = (10.0 * 10f64.powf(exp)) as u64;
     let fast_retention = rng.chance(0.5);
-    let mut toml = format!("[store]\ncheckpoint_interval = \"{checkpoint_ms}ms\"\nretention = \"30d\"\n");
+    // The smallest log segments: appends roll to new files often, and compaction and retention rewrite them.
+    let mut toml =
+        format!("[store]\ncheckpoint_interval = \"{checkpoint_ms}ms\"\nretention = \"30d\"\nlog_segment_kib = 64\n");
     if fast_retention {
         toml.push_str("retention_interval = \"100ms\"\n");
     }

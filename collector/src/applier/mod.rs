@@ -1,11 +1,12 @@
 //! The applier: one thread (the committer) that owns all writes, and a maintenance thread beside it.
 //!
-//! - [`commit`]: drains the ingest channel into group commits (many batches, from many streams, in one sled
-//!   batch and one flush), filters duplicates, rejects new events of a job that already holds
+//! - [`commit`]: drains the ingest channel into group commits (many batches, from many streams, in one synced
+//!   log append and one sled flush), filters duplicates, rejects new events of a job that already holds
 //!   `store.max_events_per_job`, applies the new events to the job index after they are durable, and answers
 //!   each batch.
 //! - [`checkpoint`]: periodically (and at shutdown) the committer takes the jobs changed since the last
-//!   checkpoint and hands them to the maintenance thread, which writes their snapshots off the commit path.
+//!   checkpoint and hands them to the maintenance thread, which writes their snapshots off the commit path,
+//!   then does the log's upkeep (`Store::maintain_log`: one sealed segment compacted into large blocks).
 //! - [`fold`]: periodically the maintenance thread folds ended, settled jobs out of memory (a summary listing their log entries).
 //! - [`retention`]: deletes jobs that ended longer ago than `store.retention`.
 //! - [`deadlines`]: SLO deadlines the alert loop saw pass, applied to the index (and the stream), and the SLO
@@ -482,7 +483,13 @@ enum Task {
 impl Task {
     fn run(self, store: &Store) {
         match self {
-            Task::Checkpoint(ck) => ck.write(store),
+            Task::Checkpoint(ck) => {
+                ck.write(store);
+                // Log upkeep rides on the checkpoint's turn: at most one segment compacted per checkpoint.
+                if let Err(e) = store.maintain_log() {
+                    tracing::warn!(error = %e, "log upkeep failed; trying again after the next checkpoint");
+                }
+            }
             Task::Fold(f) => {
                 f.run(store);
             }

@@ -56,6 +56,8 @@ pub(super) struct Ix {
 struct Seg {
     /// The number in its name: at or below its first block's first sequence.
     name: u64,
+    /// Rewritten into large blocks once sealed (see [`LogFiles::compact`]).
+    compacted: bool,
     file: Arc<File>,
     blocks: Vec<Ix>,
     /// Bytes in use (frames past it are not part of the segment).
@@ -146,7 +148,7 @@ fn parse_header(h: &[u8; HEADER]) -> Option<(u32, u64, bool)> {
 }
 
 /// Appends the frames of `blocks` to `out` as one append (each frame but the last says more follow), returning
-/// their index entries (offsets from `base`).
+/// their index entries (offsets: `base` plus the position in `out`, `out` being written at `base`).
 pub(super) fn frames(blocks: &[(u64, Vec<u8>)], base: u64, out: &mut Vec<u8>) -> Result<Vec<Ix>, StoreError> {
     let mut ixs = Vec::with_capacity(blocks.len());
     for (i, (first, value)) in blocks.iter().enumerate() {
@@ -243,10 +245,14 @@ fn valid_frame_after(bytes: &[u8], from: usize) -> Option<usize> {
     })
 }
 
-fn encode_index(blocks: &[Ix], seg_len: u64) -> Vec<u8> {
-    let mut v = Vec::with_capacity(4 + 1 + 4 + blocks.len() * 20 + 12);
+/// Index flag: the segment was compacted.
+const COMPACTED: u8 = 1;
+
+fn encode_index(blocks: &[Ix], seg_len: u64, flags: u8) -> Vec<u8> {
+    let mut v = Vec::with_capacity(4 + 2 + 4 + blocks.len() * 20 + 12);
     v.extend_from_slice(INDEX_MAGIC);
     v.push(INDEX_VERSION);
+    v.push(flags);
     v.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
     for b in blocks {
         v.extend_from_slice(&b.first.to_le_bytes());
@@ -260,8 +266,8 @@ fn encode_index(blocks: &[Ix], seg_len: u64) -> Vec<u8> {
     v
 }
 
-/// A segment's index, if it is intact and made for a segment of `seg_len` bytes.
-fn decode_index(v: &[u8], seg_len: u64) -> Option<Vec<Ix>> {
+/// A segment's index and flags, if it is intact and made for a segment of `seg_len` bytes.
+fn decode_index(v: &[u8], seg_len: u64) -> Option<(Vec<Ix>, u8)> {
     let (body, crc) = v.split_at_checked(v.len().checked_sub(4)?)?;
     if crc32fast::hash(body).to_le_bytes() != crc {
         return None;
@@ -271,6 +277,7 @@ fn decode_index(v: &[u8], seg_len: u64) -> Option<Vec<Ix>> {
     if version != INDEX_VERSION {
         return None;
     }
+    let (&flags, rest) = rest.split_first()?;
     let (n, rest) = rest.split_at_checked(4)?;
     let n = u32::from_le_bytes(n.try_into().ok()?) as usize;
     let (entries, len) = rest.split_at_checked(n.checked_mul(20)?)?;
@@ -284,7 +291,7 @@ fn decode_index(v: &[u8], seg_len: u64) -> Option<Vec<Ix>> {
         f.copy_from_slice(&e[..8]);
         out.push(Ix { first: u64::from_le_bytes(f), offset: u32_at(8), len: u32_at(12), count: u32_at(16) });
     }
-    Some(out)
+    Some((out, flags))
 }
 
 /// Writes `bytes` to `path` through a temporary file, synced and renamed (the directory is synced by the caller).
@@ -333,8 +340,8 @@ impl LogFiles {
             let len = file.metadata().map_err(|e| file_err(&path, e))?.len();
             let indexed =
                 if newest { None } else { std::fs::read(idx_path(dir, name)).ok().and_then(|v| decode_index(&v, len)) };
-            let (blocks, end) = match indexed {
-                Some(blocks) => (blocks, len),
+            let (blocks, end, compacted) = match indexed {
+                Some((blocks, flags)) => (blocks, len, flags & COMPACTED != 0),
                 None => {
                     stats.scanned += 1;
                     let (blocks, end, damage) = scan(&path)?;
@@ -356,9 +363,9 @@ impl LogFiles {
                         stats.torn_bytes = len - end;
                         file.set_len(end).and_then(|()| file.sync_all()).map_err(|e| file_err(&path, e))?;
                     } else if !newest {
-                        write_atomically(dir, &idx_path(dir, name), &encode_index(&blocks, end))?;
+                        write_atomically(dir, &idx_path(dir, name), &encode_index(&blocks, end, 0))?;
                     }
-                    (blocks, end)
+                    (blocks, end, false)
                 }
             };
             if let (Some(prev), Some(head)) = (segs.last().and_then(|s| s.blocks.last()), blocks.first()) {
@@ -367,7 +374,7 @@ impl LogFiles {
                 }
             }
             stats.blocks += blocks.len();
-            segs.push(Seg { name, file: Arc::new(file), blocks, end });
+            segs.push(Seg { name, compacted, file: Arc::new(file), blocks, end });
         }
         let files = LogFiles {
             dir: dir.to_path_buf(),
@@ -448,7 +455,7 @@ impl LogFiles {
                     .map_err(|e| file_err(&path, e))?;
                 sync_dir(&self.dir)?;
                 let f = Arc::new(f);
-                (f.clone(), 0, Some(Seg { name: first, file: f, blocks: Vec::new(), end: 0 }))
+                (f.clone(), 0, Some(Seg { name: first, compacted: false, file: f, blocks: Vec::new(), end: 0 }))
             }
         };
         let mut buf = Vec::with_capacity(blocks.iter().map(|(_, v)| v.len() + HEADER).sum());
@@ -480,7 +487,7 @@ impl LogFiles {
         let (name, index) = {
             let s = self.state();
             let Some(g) = s.segs.last() else { return Ok(()) };
-            (g.name, encode_index(&g.blocks, g.end))
+            (g.name, encode_index(&g.blocks, g.end, 0))
         };
         write_atomically(&self.dir, &idx_path(&self.dir, name), &index)
     }
@@ -624,11 +631,11 @@ impl LogFiles {
         let mut gone_blocks = Vec::new();
         let mut done = Collected::default();
         for name in names {
-            let (file, blocks, total) = {
+            let (file, blocks, total, compacted) = {
                 let s = self.state();
                 let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) else { continue };
                 let g = &s.segs[i];
-                (g.file.clone(), g.blocks.clone(), g.events())
+                (g.file.clone(), g.blocks.clone(), g.events(), g.compacted)
             };
             let dead_n: u64 = blocks
                 .iter()
@@ -672,16 +679,96 @@ impl LogFiles {
             write_atomically(&self.dir, &path, &out)?;
             sync_dir(&self.dir)?;
             let f = File::open(&path).map_err(|e| file_err(&path, e))?;
-            write_atomically(&self.dir, &idx_path(&self.dir, name), &encode_index(&new_blocks, out.len() as u64))?;
+            let flags = if compacted { COMPACTED } else { 0 };
+            write_atomically(
+                &self.dir,
+                &idx_path(&self.dir, name),
+                &encode_index(&new_blocks, out.len() as u64, flags),
+            )?;
             let mut s = self.state_mut();
             if let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) {
-                s.segs[i] = Seg { name, file: Arc::new(f), blocks: new_blocks, end: out.len() as u64 };
+                s.segs[i] = Seg { name, compacted, file: Arc::new(f), blocks: new_blocks, end: out.len() as u64 };
             }
             done.rewritten += 1;
         }
         Ok((gone_blocks, done))
     }
 }
+
+impl LogFiles {
+    /// The oldest segment that takes no more appends and was not compacted yet.
+    pub fn next_to_compact(&self) -> Option<u64> {
+        let s = self.state();
+        let sealed = s.segs.len().checked_sub(1)?;
+        s.segs[..sealed].iter().find(|g| !g.compacted).map(|g| g.name)
+    }
+
+    /// Rewrites segment `name` (not the newest) with its events in large blocks ([`COMPACT_RAW`] bytes before
+    /// compression, zstd level [`COMPACT_LEVEL`]): a quiet collector commits a few events at a time, and small
+    /// blocks cost their framing and compress poorly. Blocks with dead events (`has_dead`) are copied as they
+    /// are, so no dead record ever names a block compaction made. Returns the first sequences of the blocks
+    /// replaced (their cached sequences are stale) and the segment's bytes before and after.
+    pub fn compact(
+        &self,
+        name: u64,
+        has_dead: &dyn Fn(u64) -> bool,
+    ) -> Result<Option<(Vec<u64>, u64, u64)>, StoreError> {
+        let _w = self.writer();
+        let (file, blocks, before) = {
+            let s = self.state();
+            let newest = s.segs.last().map(|g| g.name);
+            let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) else { return Ok(None) };
+            let g = &s.segs[i];
+            if Some(name) == newest || g.compacted {
+                return Ok(None);
+            }
+            (g.file.clone(), g.blocks.clone(), g.end)
+        };
+        let mut out = Vec::new();
+        let mut new_blocks = Vec::with_capacity(blocks.len() / 8 + 1);
+        let mut replaced = Vec::new();
+        let mut run: Vec<(u64, Vec<u8>)> = Vec::new();
+        let flush_run = |run: &mut Vec<(u64, Vec<u8>)>, out: &mut Vec<u8>, new_blocks: &mut Vec<Ix>| {
+            let refs: Vec<(u64, &[u8])> = run.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+            for block in log::encode_blocks_at(log::LOG, &refs, COMPACT_EVENTS, COMPACT_RAW, COMPACT_LEVEL)? {
+                new_blocks.extend(frames(&[block], 0, out)?);
+            }
+            run.clear();
+            Ok::<(), StoreError>(())
+        };
+        for b in &blocks {
+            let value = self.read(&file, *b)?;
+            if has_dead(b.first) {
+                flush_run(&mut run, &mut out, &mut new_blocks)?;
+                new_blocks.extend(frames(&[(b.first, value)], 0, &mut out)?);
+            } else {
+                replaced.push(b.first);
+                let block = log::decode_block(b.first, &value)?;
+                run.extend(block.iter().map(|(s, v)| (s, v.to_vec())));
+            }
+        }
+        flush_run(&mut run, &mut out, &mut new_blocks)?;
+        let path = seg_path(&self.dir, name);
+        let _ = std::fs::remove_file(idx_path(&self.dir, name));
+        write_atomically(&self.dir, &path, &out)?;
+        sync_dir(&self.dir)?;
+        let f = File::open(&path).map_err(|e| file_err(&path, e))?;
+        let after = out.len() as u64;
+        write_atomically(&self.dir, &idx_path(&self.dir, name), &encode_index(&new_blocks, after, COMPACTED))?;
+        let mut s = self.state_mut();
+        if let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) {
+            s.segs[i] = Seg { name, compacted: true, file: Arc::new(f), blocks: new_blocks, end: after };
+        }
+        Ok(Some((replaced, before, after)))
+    }
+}
+
+/// Payload of a block written by compaction, bytes before compression.
+pub(super) const COMPACT_RAW: usize = 64 * 1024;
+/// Most events in a block written by compaction.
+const COMPACT_EVENTS: usize = 4096;
+/// zstd level of compaction (blocks of group commits use level 1: they are on the ack's path).
+const COMPACT_LEVEL: i32 = 3;
 
 /// What [`LogFiles::collect`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -972,5 +1059,45 @@ mod tests {
         let (gone, _) = files.collect(&[newest], &|f| all_dead.get(&f).cloned()).expect("collect");
         assert!(gone.is_empty());
         assert_eq!(all(&files), before);
+    }
+
+    #[test]
+    fn compaction_merges_small_blocks_keeps_marked_ones_and_reads_the_same() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let (files, _) = LogFiles::open(&path, 600).expect("open");
+        // Many small appends, as a quiet collector makes them.
+        let mut model = Vec::new();
+        let mut next = 1;
+        for _ in 0..80 {
+            let (bs, evs) = blocks(next, 2);
+            next = evs.last().expect("events").0 + 3;
+            files.append(&bs).expect("append");
+            model.extend(evs);
+        }
+        let before = files.totals();
+        let counts = files.counts();
+        // One block is marked (a dead record names it): it stays as it is.
+        let marked = *counts.keys().nth(3).expect("a block");
+        let mut compacted = 0;
+        while let Some(name) = files.next_to_compact() {
+            let (replaced, b, a) = files.compact(name, &|f| f == marked).expect("compact").expect("done");
+            assert!(a < b, "smaller: {a} < {b}");
+            assert!(!replaced.contains(&marked));
+            compacted += 1;
+        }
+        assert!(compacted > 3, "{compacted}");
+        let after = files.totals();
+        assert!(after.0 < before.0 / 4 && after.1 < before.1, "blocks and bytes shrink: {before:?} -> {after:?}");
+        assert_eq!(files.counts().get(&marked), counts.get(&marked), "the marked block is kept as it was");
+        assert_eq!(all(&files), model);
+        for (s, body) in &model {
+            assert_eq!(files.block_at(*s).expect("read").expect("block").get(*s), Some(body.as_slice()));
+        }
+        drop(files);
+        let (files, stats) = LogFiles::open(&path, 600).expect("reopen");
+        assert_eq!(stats.scanned, 1, "{stats:?}");
+        assert_eq!(files.next_to_compact(), None, "compaction is remembered in the index");
+        assert_eq!(all(&files), model);
     }
 }

@@ -101,6 +101,16 @@ pub(super) fn encode_block(first: u64, events: &[(u64, &[u8])]) -> Result<Vec<u8
 
 /// Encodes entries `(number, bytes)`, ascending and all at or above `first`, as one sealed block of `kind`.
 pub(super) fn encode_block_of(kind: Kind, first: u64, events: &[(u64, &[u8])]) -> Result<Vec<u8>, StoreError> {
+    encode_block_at(kind, first, events, ZSTD_LEVEL)
+}
+
+/// [`encode_block_of`] at zstd level `level`.
+pub(super) fn encode_block_at(
+    kind: Kind,
+    first: u64,
+    events: &[(u64, &[u8])],
+    level: i32,
+) -> Result<Vec<u8>, StoreError> {
     let (Some(head), Some(last)) = (events.first(), events.last()) else {
         return Err(kind.bad(first, "an empty block"));
     };
@@ -116,7 +126,7 @@ pub(super) fn encode_block_of(kind: Kind, first: u64, events: &[(u64, &[u8])]) -
     let mut out = Vec::with_capacity(raw.len() / 2 + 16);
     let mut compressed = None;
     if raw.len() > COMPRESS_OVER {
-        let z = zstd::bulk::compress(&raw, ZSTD_LEVEL).map_err(|e| kind.bad(first, e))?;
+        let z = zstd::bulk::compress(&raw, level).map_err(|e| kind.bad(first, e))?;
         if z.len() + 4 < raw.len() {
             compressed = Some(z);
         }
@@ -251,6 +261,17 @@ pub(super) fn encode_blocks_of(
     max_entries: usize,
     max_raw: usize,
 ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    encode_blocks_at(kind, entries, max_entries, max_raw, ZSTD_LEVEL)
+}
+
+/// [`encode_blocks_of`] at zstd level `level`.
+pub(super) fn encode_blocks_at(
+    kind: Kind,
+    entries: &[(u64, &[u8])],
+    max_entries: usize,
+    max_raw: usize,
+    level: i32,
+) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < entries.len() {
@@ -261,7 +282,7 @@ pub(super) fn encode_blocks_of(
             j += 1;
         }
         let first = entries[i].0;
-        out.push((first, encode_block_of(kind, first, &entries[i..j])?));
+        out.push((first, encode_block_at(kind, first, &entries[i..j], level)?));
         i = j;
     }
     Ok(out)
@@ -320,28 +341,6 @@ pub(super) struct DeadTable {
     blocks: BTreeMap<u64, Dead>,
 }
 
-/// The sequences of recently read blocks: a fold reads a chunk's blocks, then kills events in the same blocks,
-/// and this spares decoding them twice. At most [`SEQ_CACHE_BLOCKS`]; a block's entry goes when it changes.
-/// Whoever fills it holds its lock for the whole read, and a kill holds it from plan to commit, so an entry is
-/// always the block as stored.
-#[derive(Debug, Default)]
-pub(super) struct SeqCache {
-    seqs: std::collections::HashMap<u64, Vec<u64>>,
-}
-
-/// Most blocks whose sequences [`SeqCache`] remembers (a few hundred bytes each).
-const SEQ_CACHE_BLOCKS: usize = 4096;
-
-impl SeqCache {
-    /// Remembers the sequences of a block just decoded.
-    pub fn remember(&mut self, block: &Block) {
-        if self.seqs.len() >= SEQ_CACHE_BLOCKS {
-            self.seqs.clear();
-        }
-        self.seqs.insert(block.first, block.entries.iter().map(|(s, _)| *s).collect());
-    }
-}
-
 impl DeadTable {
     /// Loads the dead records of a `log_blocks` tree, keeping those of blocks `counts` (first sequence -> event
     /// count) holds with the count they were written for; the others are left over from a segment deleted or
@@ -373,13 +372,11 @@ impl DeadTable {
         self.blocks.get(&first).map(|d| (d.count, d.seqs.clone()))
     }
 
-    /// Forgets the dead records of blocks deleted or rewritten, and their cached sequences; returns the batch
-    /// removing the records from the tree.
-    pub fn forget(&mut self, firsts: &[u64], cache: &mut SeqCache) -> sled::Batch {
+    /// Forgets the dead records of blocks deleted or rewritten; returns the batch removing them from the tree.
+    pub fn forget(&mut self, firsts: &[u64]) -> sled::Batch {
         let mut batch = sled::Batch::default();
         for first in firsts {
             self.blocks.remove(first);
-            cache.seqs.remove(first);
             batch.remove(&dead_key(*first));
         }
         batch
@@ -391,7 +388,6 @@ impl DeadTable {
     }
 
     /// Blocks with dead events, and dead events in all.
-    #[cfg(test)]
     pub fn totals(&self) -> (usize, usize) {
         (self.blocks.len(), self.blocks.values().map(|d| d.seqs.len()).sum())
     }
@@ -433,26 +429,15 @@ impl Kill {
     }
 
     /// Applies the dead-table changes (after the batch was applied).
-    pub fn commit(self, table: &mut DeadTable, cache: &mut SeqCache) {
+    pub fn commit(self, table: &mut DeadTable) {
         table.apply(&self.changes);
-        for (first, d) in &self.changes {
-            if d.is_none() {
-                // Deleted or rewritten: its sequences changed.
-                cache.seqs.remove(first);
-            }
-        }
     }
 }
 
 /// Plans removing the events at `seqs` (any order; sequences not in the log are ignored) from the log: every
 /// block holding any gets a dead record listing them (a block whose events are all dead too: its segment's
 /// collection, see [`LogFiles::collect`], deletes or rewrites it once the batch is durable).
-pub(super) fn plan_kill(
-    files: &LogFiles,
-    table: &DeadTable,
-    cache: &SeqCache,
-    seqs: &[u64],
-) -> Result<Kill, StoreError> {
+pub(super) fn plan_kill(files: &LogFiles, table: &DeadTable, seqs: &[u64]) -> Result<Kill, StoreError> {
     let mut sorted = seqs.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
@@ -467,10 +452,7 @@ pub(super) fn plan_kill(
             continue;
         };
         let first = block.first;
-        let held: Vec<u64> = match cache.seqs.get(&first) {
-            Some(seqs) => seqs.clone(),
-            None => block.entries.iter().map(|(s, _)| *s).collect(),
-        };
+        let held: Vec<u64> = block.entries.iter().map(|(s, _)| *s).collect();
         let last = held.last().copied().unwrap_or(first);
         if seq > last {
             // In the gap after the block's last event: not in the log.

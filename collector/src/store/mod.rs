@@ -492,8 +492,12 @@ struct Trees {
     blocks: sled::Tree,
     /// The dead events of the log's blocks (see [`log::DeadTable`]); written only by the applier's thread.
     dead: Arc<Mutex<log::DeadTable>>,
-    /// Sequences of recently read log blocks (see [`log::SeqCache`]).
-    seq_cache: Arc<Mutex<log::SeqCache>>,
+    /// Held by retention's deletes and by log compaction, from reading the dead table to applying what they
+    /// change: a dead record must always name a block as it is stored. Lock order: before the packs' lock.
+    log_rewrites: Arc<Mutex<()>>,
+    /// Every segment is to be looked at for deleting or rewriting (a collection failed, or the store opened
+    /// with dead records).
+    collect_due: Arc<std::sync::atomic::AtomicBool>,
     /// Held by whoever rewrites summary packs, from reading a pack to applying its rewrite (see [`packs`]).
     /// Lock order: before the cache and the dead table.
     packs: Arc<Mutex<()>>,
@@ -511,9 +515,8 @@ impl Trees {
         self.dead.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Lock order: the cache before the dead table.
-    fn seq_cache(&self) -> MutexGuard<'_, log::SeqCache> {
-        self.seq_cache.lock().unwrap_or_else(|p| p.into_inner())
+    fn log_rewrites(&self) -> MutexGuard<'_, ()> {
+        self.log_rewrites.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// One above the highest stored summary number, packed or single (1 without numbered summaries).
@@ -622,12 +625,15 @@ impl Trees {
                 "log moved out of sled into files"
             );
         }
-        let dead = Arc::new(Mutex::new(log::DeadTable::load(&blocks, &files.counts())?));
+        let dead = log::DeadTable::load(&blocks, &files.counts())?;
+        let collect_due = Arc::new(std::sync::atomic::AtomicBool::new(dead.totals().0 > 0));
+        let dead = Arc::new(Mutex::new(dead));
         Ok(Trees {
             files: Arc::new(files),
             blocks,
             dead,
-            seq_cache: Arc::default(),
+            log_rewrites: Arc::default(),
+            collect_due,
             packs: Arc::default(),
             jobs: db.open_tree("jobs")?,
             alerts: db.open_tree("alerts")?,
@@ -1082,16 +1088,11 @@ impl Store {
         let mut missing: Vec<Vec<u64>> = vec![Vec::new(); jobs.len()];
         {
             // One decode per block touched: the wanted sequences are sorted, and a block covers a run of them.
-            // The cache's lock for the whole read (see `log::SeqCache`); the dead table's only per lookup, so
-            // readers of single events are not held up.
-            let mut cache = t.seq_cache();
+            // The dead table's lock only per lookup, so readers of single events are not held up.
             let mut block: Option<log::Block> = None;
             for (seq, i) in wanted {
                 if !block.as_ref().is_some_and(|b| b.first <= seq && seq <= b.last()) {
                     block = t.files.block_at(seq)?;
-                    if let Some(b) = &block {
-                        cache.remember(b);
-                    }
                 }
                 match block.as_ref().and_then(|b| b.get(seq).filter(|_| !t.dead().is_dead(b.first, seq))) {
                     Some(body) => out[i as usize].push((seq, decode_log_body(seq, body)?)),
@@ -1635,6 +1636,7 @@ impl Store {
         }
         let wanted: Vec<(&str, u64)> =
             jobs.iter().flat_map(|j| j.summaries.iter().map(|no| (j.job_id.as_str(), *no))).collect();
+        let rewrites = t.log_rewrites();
         let packs_lock = t.packs_lock();
         for (no, job_id, summary) in t.plan_summary_removal(&mut summaries, &wanted)? {
             match parse_summary(&summary) {
@@ -1642,9 +1644,8 @@ impl Store {
                 Err(reason) => tracing::warn!(job_id, no, reason = %reason, "retention: summary unusable"),
             }
         }
-        let mut cache = t.seq_cache();
         let mut dead = t.dead();
-        let mut kill = log::plan_kill(&t.files, &dead, &cache, &seqs)?;
+        let mut kill = log::plan_kill(&t.files, &dead, &seqs)?;
         let log = std::mem::take(&mut kill.batch);
         tracing::debug!(
             jobs = jobs.len(),
@@ -1666,17 +1667,47 @@ impl Store {
         });
         transaction_result(applied)?;
         let touched = kill.touched();
-        kill.commit(&mut dead, &mut cache);
+        kill.commit(&mut dead);
         drop(dead);
-        drop(cache);
         drop(packs_lock);
         t.db.flush()?;
         // Segments now all or mostly dead go or shrink. A failure here loses nothing (the dead records are
-        // durable; the next retention pass or restart tries again) and is only logged.
+        // durable; the next [`Store::maintain_log`] looks at every segment again) and is only logged.
         if let Err(e) = self.collect_log(&t, &touched) {
             tracing::warn!(error = %e, "log: cannot reclaim the segments of deleted events yet");
+            t.collect_due.store(true, std::sync::atomic::Ordering::Release);
         }
+        drop(rewrites);
         Ok(())
+    }
+
+    /// Log upkeep, for a thread off the commit path: compacts the oldest segment not yet compacted (see
+    /// [`files::LogFiles::compact`]), and looks at every segment for ones to delete or rewrite when a
+    /// collection failed or the store was opened with dead records. Returns the segment compacted with its bytes
+    /// before and after.
+    pub fn maintain_log(&self) -> Result<Option<(u64, u64, u64)>, StoreError> {
+        let t = self.t()?;
+        let _rewrites = t.log_rewrites();
+        if t.collect_due.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            let all: Vec<u64> = t.files.counts().into_keys().collect();
+            if let Err(e) = self.collect_log(&t, &all) {
+                t.collect_due.store(true, std::sync::atomic::Ordering::Release);
+                return Err(e);
+            }
+        }
+        let Some(name) = t.files.next_to_compact() else { return Ok(None) };
+        let started = std::time::Instant::now();
+        let Some((_, before, after)) = t.files.compact(name, &|first| t.dead().of(first).is_some())? else {
+            return Ok(None);
+        };
+        tracing::debug!(
+            segment = name,
+            before,
+            after,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "log segment compacted"
+        );
+        Ok(Some((name, before, after)))
     }
 
     /// Deletes or rewrites the log segments holding blocks `touched` that are all or mostly dead (see
@@ -1684,9 +1715,7 @@ impl Store {
     fn collect_log(&self, t: &Trees, touched: &[u64]) -> Result<files::Collected, StoreError> {
         let (gone, done) = t.files.collect(touched, &|first| t.dead().of(first))?;
         if !gone.is_empty() {
-            let mut cache = t.seq_cache();
-            let mut dead = t.dead();
-            let batch = dead.forget(&gone, &mut cache);
+            let batch = t.dead().forget(&gone);
             t.blocks.apply_batch(batch)?;
             tracing::debug!(
                 deleted = done.deleted,

@@ -395,6 +395,8 @@ mod model {
         Expire(u8),
         /// Drop the store (everything acknowledged was flushed) and restore.
         Restart,
+        /// The log's upkeep: compact a sealed segment, collect dead ones if due.
+        MaintainLog,
         /// A group commit of this many events dies part-way through writing its block to the log's newest
         /// segment (never acknowledged); then restart.
         TornAppend(u8),
@@ -446,6 +448,7 @@ mod model {
             1 => (0u8..6).prop_map(Op::Expire),
             2 => Just(Op::Restart),
             1 => (1u8..9).prop_map(Op::TornAppend),
+            2 => Just(Op::MaintainLog),
             2 => proptest::collection::vec(0u8..6, 1..4).prop_map(Op::Fold),
             1 => (0u8..6).prop_map(Op::FoldKeptHot),
             1 => (0u8..6).prop_map(Op::TornFold),
@@ -524,6 +527,9 @@ mod model {
                             dirty.insert(e.job_id.clone());
                             acked.entry(e.job_id).or_default().insert(e.event_id);
                         }
+                    }
+                    Op::MaintainLog => {
+                        store.maintain_log().expect("log upkeep");
                     }
                     Op::Checkpoint => {
                         let jobs = dirty.iter().filter_map(|id| mem.get(id).map(|r| (id.as_str(), r)));
@@ -781,13 +787,11 @@ fn legacy_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64) {
     t.db.flush().expect("flush");
     t.jobs.remove(job_key(job)).expect("snapshot");
     t.jobs.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes())).expect("max seq");
-    let mut cache = t.seq_cache();
     let mut dead = t.dead();
-    let mut kill = log::plan_kill(&t.files, &dead, &cache, &seqs).expect("plan");
+    let mut kill = log::plan_kill(&t.files, &dead, &seqs).expect("plan");
     t.blocks.apply_batch(std::mem::take(&mut kill.batch)).expect("kill");
-    kill.commit(&mut dead, &mut cache);
+    kill.commit(&mut dead);
     drop(dead);
-    drop(cache);
     t.db.flush().expect("flush");
 }
 
