@@ -215,9 +215,13 @@ fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<String>), StoreError> {
         if let Some(why) = why {
             // A torn write is the file's last append: nothing valid follows it. A valid frame after the damage
             // means an acknowledged block itself is damaged.
+            // Pages of an unsynced write may reach the disk out of order: valid frames after the damage are still
+            // a torn write when they are the rest of one append ending the file.
             let why = match valid_frame_after(&bytes, at + 1) {
-                Some(later) => format!("{why}, followed by a valid frame at byte {later} (not a torn write)"),
-                None => format!("{why} {TORN}"),
+                Some(later) if !ends_one_append(&bytes, later) => {
+                    format!("{why}, followed by a valid frame at byte {later} (not a torn write)")
+                }
+                _ => format!("{why} {TORN}"),
             };
             blocks.truncate(append_blocks);
             return Ok((blocks, append_at as u64, Some(why)));
@@ -232,6 +236,26 @@ fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<String>), StoreError> {
 
 /// Marks a damage [`scan`] found to be a torn tail.
 const TORN: &str = "(nothing valid after it)";
+
+/// Whether the frames from `at` on are all valid and the end of one append: each but the last says more follow,
+/// the last ends the file.
+fn ends_one_append(bytes: &[u8], mut at: usize) -> bool {
+    loop {
+        let Some(h) = bytes.get(at..at + HEADER).and_then(|h| <&[u8; HEADER]>::try_from(h).ok()) else {
+            return false;
+        };
+        let Some((len, first, more)) = parse_header(h) else { return false };
+        let end = at + HEADER + len as usize;
+        match bytes.get(at + HEADER..end) {
+            Some(v) if log::block_meta(first, v).is_ok() => {}
+            _ => return false,
+        }
+        if !more {
+            return end == bytes.len();
+        }
+        at = end;
+    }
+}
 
 /// The offset of the first valid frame at or after `from`, if any.
 fn valid_frame_after(bytes: &[u8], from: usize) -> Option<usize> {
@@ -296,14 +320,24 @@ fn decode_index(v: &[u8], seg_len: u64) -> Option<(Vec<Ix>, u8)> {
 
 /// Writes `bytes` to `path` through a temporary file, synced and renamed (the directory is synced by the caller).
 fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    write_new(dir, path, bytes).map(drop)
+}
+
+/// [`write_atomically`], returning the new file opened for reading and writing. The rename is the commit point:
+/// on `Ok` the new contents are at `path` (durable once the directory is synced).
+fn write_new(dir: &Path, path: &Path, bytes: &[u8]) -> Result<File, StoreError> {
     let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
+    let write = || -> std::io::Result<File> {
+        let mut f = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_data()?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        Ok(f)
     };
-    write().map_err(|e| file_err(dir, e))
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        file_err(dir, e)
+    })
 }
 
 impl LogFiles {
@@ -368,6 +402,14 @@ impl LogFiles {
                     (blocks, end, false)
                 }
             };
+            if blocks.is_empty() && newest {
+                // Created by a roll whose first append never completed: nothing in it was acknowledged.
+                drop(file);
+                std::fs::remove_file(&path).map_err(|e| file_err(&path, e))?;
+                let _ = std::fs::remove_file(idx_path(dir, name));
+                sync_dir(dir)?;
+                continue;
+            }
             if let (Some(prev), Some(head)) = (segs.last().and_then(|s| s.blocks.last()), blocks.first()) {
                 if prev.first >= head.first {
                     return Err(bad_frame(head.first, format!("segment {name} overlaps the one before it")));
@@ -467,7 +509,7 @@ impl LogFiles {
         let written = file.write_all_at(&buf, base).and_then(|()| file.sync_data());
         if let Err(e) = written {
             // Cut what may have reached the file; if even that fails the next open cuts it (it is the tail).
-            let _ = file.set_len(base);
+            let _ = file.set_len(base).and_then(|()| file.sync_data());
             return Err(file_err(&seg_path(&self.dir, new_seg.as_ref().map_or(0, |s| s.name)), e));
         }
         let mut s = self.state_mut();
@@ -550,9 +592,9 @@ impl LogFiles {
         }
     }
 
-    /// The first block starting at or before `from` (or the first block), then each next one in order.
+    /// The block holding `from` (or the first after it), then each next one in order.
     pub fn blocks_from(&self, from: u64) -> BlockIter<'_> {
-        BlockIter { files: self, next: Start::AtOrBefore(from) }
+        BlockIter { files: self, through: from.saturating_sub(1), prev: None }
     }
 
     /// The event count of every block, by first sequence (for checking dead records at open).
@@ -575,12 +617,12 @@ impl LogFiles {
         let mut gone = 0;
         while let Some(g) = s.segs.last_mut() {
             let keep = g.blocks.partition_point(|b| b.first <= seq);
-            if keep == g.blocks.len() {
+            if keep == g.blocks.len() && keep > 0 {
                 break;
             }
             gone += g.blocks.len() - keep;
             let path = seg_path(&self.dir, g.name);
-            if keep == 0 && g.name > seq {
+            if keep == 0 {
                 std::fs::remove_file(&path).map_err(|e| file_err(&path, e))?;
                 let _ = std::fs::remove_file(idx_path(&self.dir, g.name));
                 s.segs.pop();
@@ -588,7 +630,13 @@ impl LogFiles {
                 continue;
             }
             let end = g.blocks.get(keep).map_or(g.end, |b| u64::from(b.offset) - HEADER as u64);
-            g.file.set_len(end).and_then(|()| g.file.sync_all()).map_err(|e| file_err(&path, e))?;
+            g.file.set_len(end).map_err(|e| file_err(&path, e))?;
+            // The last frame kept may have said more of its append follow: no longer.
+            if let Some(b) = g.blocks.get(keep - 1) {
+                let at = u64::from(b.offset) - HEADER as u64;
+                g.file.write_all_at(&header(b.len, b.first, false), at).map_err(|e| file_err(&path, e))?;
+            }
+            g.file.sync_all().map_err(|e| file_err(&path, e))?;
             let _ = std::fs::remove_file(idx_path(&self.dir, g.name));
             g.blocks.truncate(keep);
             g.end = end;
@@ -606,65 +654,71 @@ impl LogFiles {
         Ok(gone)
     }
 
-    /// Deletes or rewrites the segments (other than the newest) holding the blocks `touched` whose events are
-    /// all or at least half dead by `is_dead`; returns the first sequences of the blocks that no longer exist
-    /// as they were (their dead records are to go) and what was done.
-    pub fn collect(
-        &self,
-        touched: &[u64],
-        dead: &dyn Fn(u64) -> Option<(u32, Vec<u64>)>,
-    ) -> Result<(Vec<u64>, Collected), StoreError> {
-        let _w = self.writer();
-        let mut names: Vec<u64> = {
-            let s = self.state();
-            let newest = s.segs.last().map(|g| g.name);
-            touched
-                .iter()
-                .filter_map(|&first| {
-                    let i = s.segs.partition_point(|g| g.name <= first).checked_sub(1)?;
-                    Some(s.segs[i].name).filter(|n| Some(*n) != newest)
-                })
-                .collect()
-        };
+    /// The segments other than the newest holding blocks `touched`, by name.
+    pub fn segments_of(&self, touched: &[u64]) -> Vec<u64> {
+        let s = self.state();
+        let newest = s.segs.last().map(|g| g.name);
+        let mut names: Vec<u64> = touched
+            .iter()
+            .filter_map(|&first| {
+                let i = s.segs.partition_point(|g| g.name <= first).checked_sub(1)?;
+                Some(s.segs[i].name).filter(|n| Some(*n) != newest)
+            })
+            .collect();
         names.sort_unstable();
         names.dedup();
-        let mut gone_blocks = Vec::new();
-        let mut done = Collected::default();
-        for name in names {
-            let (file, blocks, total, compacted) = {
-                let s = self.state();
-                let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) else { continue };
-                let g = &s.segs[i];
-                (g.file.clone(), g.blocks.clone(), g.events(), g.compacted)
-            };
-            let dead_n: u64 = blocks
-                .iter()
-                .map(|b| dead(b.first).filter(|(c, _)| *c == b.count).map_or(0, |(_, d)| d.len() as u64))
-                .sum();
-            if dead_n * 2 < total {
-                continue;
+        names
+    }
+
+    /// Deletes segment `name` (not the newest) if every event in it is dead by `dead` (a block's dead record:
+    /// its event count and dead sequences; a record whose count is not the block's is ignored), or rewrites it
+    /// with only its live events if at least half are dead. Returns, once that is durable, the first sequences
+    /// of the blocks that no longer exist as they were (their dead records are to go) and whether the segment
+    /// was deleted; `None` when it stays as it is. A failure after the segment was replaced (syncing the
+    /// directory) refuses appends until the store is reopened: the dead records must stay until it is known
+    /// which file a crash would keep.
+    pub fn collect_segment(
+        &self,
+        name: u64,
+        dead: &dyn Fn(u64) -> Option<(u32, Vec<u64>)>,
+    ) -> Result<Option<(Vec<u64>, bool)>, StoreError> {
+        let mut w = self.writer();
+        let (file, blocks, total, compacted) = {
+            let s = self.state();
+            let newest = s.segs.last().map(|g| g.name);
+            let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) else { return Ok(None) };
+            if Some(name) == newest {
+                return Ok(None);
             }
-            let path = seg_path(&self.dir, name);
-            if dead_n >= total {
-                std::fs::remove_file(idx_path(&self.dir, name))
-                    .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
-                    .map_err(|e| file_err(&path, e))?;
-                std::fs::remove_file(&path).map_err(|e| file_err(&path, e))?;
-                sync_dir(&self.dir)?;
-                self.state_mut().segs.retain(|g| g.name != name);
-                gone_blocks.extend(blocks.iter().map(|b| b.first));
-                done.deleted += 1;
-                continue;
-            }
-            // Rewrite with the live events only: blocks without dead events are copied as they are.
+            let g = &s.segs[i];
+            (g.file.clone(), g.blocks.clone(), g.events(), g.compacted)
+        };
+        let records: Vec<Option<Vec<u64>>> =
+            blocks.iter().map(|b| dead(b.first).filter(|(c, _)| *c == b.count).map(|(_, d)| d)).collect();
+        let dead_n: u64 = records.iter().flatten().map(|d| d.len() as u64).sum();
+        if dead_n * 2 < total {
+            return Ok(None);
+        }
+        let path = seg_path(&self.dir, name);
+        let deleted = dead_n >= total;
+        let gone: Vec<u64> = if deleted {
+            std::fs::remove_file(idx_path(&self.dir, name))
+                .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+                .map_err(|e| file_err(&path, e))?;
+            std::fs::remove_file(&path).map_err(|e| file_err(&path, e))?;
+            self.state_mut().segs.retain(|g| g.name != name);
+            blocks.iter().map(|b| b.first).collect()
+        } else {
+            // Blocks without dead events are copied as they are.
             let mut out = Vec::new();
             let mut new_blocks = Vec::with_capacity(blocks.len());
-            for b in &blocks {
+            let mut replaced = Vec::new();
+            for (b, d) in blocks.iter().zip(&records) {
                 let value = self.read(&file, *b)?;
-                match dead(b.first).filter(|(c, _)| *c == b.count) {
+                match d {
                     None => new_blocks.extend(frames(&[(b.first, value)], 0, &mut out)?),
-                    Some((_, d)) => {
-                        gone_blocks.push(b.first);
+                    Some(d) => {
+                        replaced.push(b.first);
                         let block = log::decode_block(b.first, &value)?;
                         let live: Vec<(u64, &[u8])> =
                             block.iter().filter(|(s, _)| d.binary_search(s).is_err()).collect();
@@ -676,22 +730,39 @@ impl LogFiles {
                 }
             }
             let _ = std::fs::remove_file(idx_path(&self.dir, name));
-            write_atomically(&self.dir, &path, &out)?;
-            sync_dir(&self.dir)?;
-            let f = File::open(&path).map_err(|e| file_err(&path, e))?;
-            let flags = if compacted { COMPACTED } else { 0 };
-            write_atomically(
-                &self.dir,
-                &idx_path(&self.dir, name),
-                &encode_index(&new_blocks, out.len() as u64, flags),
-            )?;
-            let mut s = self.state_mut();
-            if let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) {
-                s.segs[i] = Seg { name, compacted, file: Arc::new(f), blocks: new_blocks, end: out.len() as u64 };
-            }
-            done.rewritten += 1;
+            let f = write_new(&self.dir, &path, &out)?;
+            self.replace(name, Seg { name, compacted, file: Arc::new(f), blocks: new_blocks, end: out.len() as u64 });
+            replaced
+        };
+        if let Err(e) = sync_dir(&self.dir) {
+            w.broken = true;
+            return Err(e);
         }
-        Ok((gone_blocks, done))
+        if !deleted {
+            self.write_index(name);
+        }
+        Ok(Some((gone, deleted)))
+    }
+
+    /// Puts `seg` in the place of segment `name`.
+    fn replace(&self, name: u64, seg: Seg) {
+        let mut s = self.state_mut();
+        if let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) {
+            s.segs[i] = seg;
+        }
+    }
+
+    /// Writes segment `name`'s index; a failure only costs a scan of the segment at the next open.
+    fn write_index(&self, name: u64) {
+        let index = {
+            let s = self.state();
+            let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) else { return };
+            let g = &s.segs[i];
+            encode_index(&g.blocks, g.end, if g.compacted { COMPACTED } else { 0 })
+        };
+        if let Err(e) = write_atomically(&self.dir, &idx_path(&self.dir, name), &index) {
+            tracing::warn!(error = %e, segment = name, "log: cannot write a segment's index (it is scanned at open)");
+        }
     }
 }
 
@@ -750,15 +821,12 @@ impl LogFiles {
         flush_run(&mut run, &mut out, &mut new_blocks)?;
         let path = seg_path(&self.dir, name);
         let _ = std::fs::remove_file(idx_path(&self.dir, name));
-        write_atomically(&self.dir, &path, &out)?;
-        sync_dir(&self.dir)?;
-        let f = File::open(&path).map_err(|e| file_err(&path, e))?;
+        let f = write_new(&self.dir, &path, &out)?;
         let after = out.len() as u64;
-        write_atomically(&self.dir, &idx_path(&self.dir, name), &encode_index(&new_blocks, after, COMPACTED))?;
-        let mut s = self.state_mut();
-        if let Ok(i) = s.segs.binary_search_by_key(&name, |g| g.name) {
-            s.segs[i] = Seg { name, compacted: true, file: Arc::new(f), blocks: new_blocks, end: after };
-        }
+        self.replace(name, Seg { name, compacted: true, file: Arc::new(f), blocks: new_blocks, end: after });
+        // Either file holds the same events: a crash before the directory is synced costs nothing.
+        sync_dir(&self.dir)?;
+        self.write_index(name);
         Ok(Some((replaced, before, after)))
     }
 }
@@ -770,44 +838,55 @@ const COMPACT_EVENTS: usize = 4096;
 /// zstd level of compaction (blocks of group commits use level 1: they are on the ack's path).
 const COMPACT_LEVEL: i32 = 3;
 
-/// What [`LogFiles::collect`] did.
+/// What [`LogFiles::collect_segment`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Collected {
     pub deleted: usize,
     pub rewritten: usize,
 }
 
-enum Start {
-    AtOrBefore(u64),
-    After(u64),
-    Done,
-}
-
 /// Blocks in sequence order (see [`LogFiles::blocks_from`]). Each step looks its block up again, so segments
-/// deleted or rewritten between steps are never read from a stale place.
+/// deleted, rewritten or compacted between steps are never read from a stale place; a block may then come back
+/// merged into a larger one, so each step also says through which sequence its events were already handed out.
 pub(super) struct BlockIter<'a> {
     files: &'a LogFiles,
-    next: Start,
+    /// Every sequence at or below it was covered by earlier steps.
+    through: u64,
+    /// The previous step's block (first sequence, event count), or `None` before the first step.
+    prev: Option<(u64, u32)>,
 }
 
 impl BlockIter<'_> {
-    /// The next block.
-    pub fn next_block(&mut self) -> Result<Option<Block>, StoreError> {
-        let found = match self.next {
-            Start::AtOrBefore(seq) => self.files.find(seq).or_else(|| self.files.first_block()),
-            Start::After(first) => self.files.after(first),
-            Start::Done => None,
-        };
-        match found {
+    /// The next block, and the sequence through which its events were covered by earlier blocks.
+    pub fn next_block(&mut self) -> Result<Option<(Block, u64)>, StoreError> {
+        let next = match self.files.find(self.through.saturating_add(1)) {
+            // Every block starts above: the first one.
+            None => self.files.first_block(),
+            // The block just handed out, unchanged: the one after it.
+            Some((_, ix)) if Some((ix.first, ix.count)) == self.prev => self.files.after(ix.first),
             Some((f, ix)) => {
-                self.next = Start::After(ix.first);
-                self.files.decode(&f, ix).map(Some)
+                let block = self.files.decode(&f, ix)?;
+                if block.last() > self.through {
+                    return Ok(Some(self.step(block, ix)));
+                }
+                // An older block (the ones after it went): the next one starts above `through`.
+                self.files.after(ix.first)
             }
-            None => {
-                self.next = Start::Done;
-                Ok(None)
+        };
+        match next {
+            Some((f, ix)) => {
+                let block = self.files.decode(&f, ix)?;
+                Ok(Some(self.step(block, ix)))
             }
+            None => Ok(None),
         }
+    }
+
+    fn step(&mut self, block: Block, ix: Ix) -> (Block, u64) {
+        let covered = self.through;
+        self.through = self.through.max(block.last());
+        self.prev = Some((ix.first, ix.count));
+        (block, covered)
     }
 }
 
@@ -844,10 +923,31 @@ mod tests {
     fn all(files: &LogFiles) -> Vec<(u64, Vec<u8>)> {
         let mut out = Vec::new();
         let mut it = files.blocks_from(0);
-        while let Some(b) = it.next_block().expect("read") {
-            out.extend(b.iter().map(|(s, v)| (s, v.to_vec())));
+        while let Some((b, covered)) = it.next_block().expect("read") {
+            out.extend(b.iter().filter(|(s, _)| *s > covered).map(|(s, v)| (s, v.to_vec())));
         }
         out
+    }
+
+    /// Collects every segment holding blocks `touched`, as the store does: `(blocks gone, what was done)`.
+    fn collect(
+        files: &LogFiles,
+        touched: &[u64],
+        dead: &dyn Fn(u64) -> Option<(u32, Vec<u64>)>,
+    ) -> (Vec<u64>, Collected) {
+        let mut gone = Vec::new();
+        let mut done = Collected::default();
+        for name in files.segments_of(touched) {
+            if let Some((g, deleted)) = files.collect_segment(name, dead).expect("collect") {
+                gone.extend(g);
+                if deleted {
+                    done.deleted += 1;
+                } else {
+                    done.rewritten += 1;
+                }
+            }
+        }
+        (gone, done)
     }
 
     fn newest_seg(dir: &Path) -> PathBuf {
@@ -954,6 +1054,8 @@ mod tests {
         {
             let (files, _) = LogFiles::open(&path, 1 << 20).expect("open");
             files.append(&blocks(1, 20).0).expect("append");
+            // A later append: the damage below is in an append that is not the newest.
+            files.append(&blocks(100, 4).0).expect("append");
         }
         let seg = newest_seg(&path);
         let good = std::fs::read(&seg).expect("read");
@@ -977,6 +1079,67 @@ mod tests {
     }
 
     #[test]
+    fn a_torn_append_with_a_hole_before_its_later_frames_is_cut_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let (bs, model) = blocks(1, 20);
+        {
+            let (files, _) = LogFiles::open(&path, 1 << 20).expect("open");
+            files.append(&bs).expect("append");
+        }
+        let full = std::fs::read(newest_seg(&path)).expect("read");
+        // An unsynced three-frame append whose first frame never reached the disk (zeros) while the later ones
+        // did: pages of one write can land out of order.
+        let (three, _) = blocks(100, 12);
+        assert_eq!(three.len(), 3);
+        let mut frame = Vec::new();
+        frames(&three, 0, &mut frame).expect("frames");
+        let hole = HEADER + three[0].1.len();
+        frame[..hole].iter_mut().for_each(|b| *b = 0);
+        let mut torn = full.clone();
+        torn.extend_from_slice(&frame);
+        std::fs::write(newest_seg(&path), &torn).expect("write");
+        let (files, stats) = LogFiles::open(&path, 1 << 20).expect("a torn write, not damage");
+        assert_eq!(stats.torn_bytes, frame.len() as u64);
+        assert_eq!(all(&files), model);
+        drop(files);
+        // The same with a complete append after the hole is damage: that append was acknowledged.
+        let mut next = Vec::new();
+        frames(&blocks(500, 4).0, 0, &mut next).expect("frames");
+        let mut damaged = full.clone();
+        damaged.extend_from_slice(&frame);
+        damaged.extend_from_slice(&next);
+        std::fs::write(newest_seg(&path), &damaged).expect("write");
+        assert!(LogFiles::open(&path, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn an_empty_newest_segment_left_by_a_failed_roll_is_removed_at_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let (bs, mut model) = blocks(1, 8);
+        {
+            let (files, _) = LogFiles::open(&path, 1).expect("open");
+            files.append(&bs[..1]).expect("append");
+            files.append(&bs[1..]).expect("append");
+        }
+        // A roll created the next segment, then its first append failed and was cut to nothing.
+        let empty = seg_path(&path, 1_000);
+        std::fs::write(&empty, b"").expect("create");
+        let (files, _) = LogFiles::open(&path, 1).expect("reopen");
+        assert!(!empty.exists(), "the empty segment is removed");
+        assert_eq!(all(&files), model);
+        // Sequences of failed groups may be handed out again after a restart: below the removed segment's name.
+        let (more, more_events) = blocks(50, 4);
+        files.append(&more).expect("append");
+        model.extend(more_events);
+        assert_eq!(all(&files), model);
+        for (s, body) in &model {
+            assert_eq!(files.block_at(*s).expect("read").expect("block").get(*s), Some(body.as_slice()));
+        }
+    }
+
+    #[test]
     fn truncation_drops_the_newest_blocks_only() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
@@ -985,7 +1148,9 @@ mod tests {
         for b in bs.chunks(2) {
             files.append(b).expect("append");
         }
-        let keep_through = model[21].0;
+        // The first of a two-block append: the cut goes through the append, and the kept frame must no longer say
+        // more of its append follow (else the next open would cut it as torn).
+        let keep_through = model[17].0;
         let gone = files.truncate_after(keep_through).expect("truncate");
         assert!(gone > 0);
         let left: Vec<(u64, Vec<u8>)> = all(&files);
@@ -1026,7 +1191,7 @@ mod tests {
         }
         let is_dead = |s: u64| dead.iter().any(|(_, (_, d))| d.contains(&s));
         let live: Vec<(u64, Vec<u8>)> = events.iter().filter(|(s, _)| !is_dead(*s)).cloned().collect();
-        let (gone, done) = files.collect(&firsts, &|f| dead.get(&f).cloned()).expect("collect");
+        let (gone, done) = collect(&files, &firsts, &|f| dead.get(&f).cloned());
         assert!(done.deleted >= 1 && done.rewritten >= 1, "{done:?}");
         // Every block of a deleted or rewritten segment with dead events went; blocks of kept segments stayed.
         let after = files.counts();
@@ -1056,7 +1221,7 @@ mod tests {
                 (f, (c, b.iter().map(|(s, _)| s).collect()))
             })
             .collect();
-        let (gone, _) = files.collect(&[newest], &|f| all_dead.get(&f).cloned()).expect("collect");
+        let (gone, _) = collect(&files, &[newest], &|f| all_dead.get(&f).cloned());
         assert!(gone.is_empty());
         assert_eq!(all(&files), before);
     }
@@ -1077,6 +1242,14 @@ mod tests {
         }
         let before = files.totals();
         let counts = files.counts();
+        // A reader part-way through the log while compaction merges the blocks it has read with the next ones:
+        // it neither skips nor repeats an event.
+        let mut reader = files.blocks_from(0);
+        let mut read = Vec::new();
+        for _ in 0..5 {
+            let (b, covered) = reader.next_block().expect("read").expect("a block");
+            read.extend(b.iter().filter(|(s, _)| *s > covered).map(|(s, v)| (s, v.to_vec())));
+        }
         // One block is marked (a dead record names it): it stays as it is.
         let marked = *counts.keys().nth(3).expect("a block");
         let mut compacted = 0;
@@ -1087,6 +1260,10 @@ mod tests {
             compacted += 1;
         }
         assert!(compacted > 3, "{compacted}");
+        while let Some((b, covered)) = reader.next_block().expect("read") {
+            read.extend(b.iter().filter(|(s, _)| *s > covered).map(|(s, v)| (s, v.to_vec())));
+        }
+        assert_eq!(read, model, "a reader across compaction");
         let after = files.totals();
         assert!(after.0 < before.0 / 4 && after.1 < before.1, "blocks and bytes shrink: {before:?} -> {after:?}");
         assert_eq!(files.counts().get(&marked), counts.get(&marked), "the marked block is kept as it was");

@@ -363,6 +363,7 @@ impl DeadTable {
         if n_stale > 0 {
             tracing::info!(records = n_stale, "log: dropping dead records of blocks no longer stored");
             tree.apply_batch(stale)?;
+            tree.flush()?;
         }
         Ok(DeadTable { blocks })
     }
@@ -436,7 +437,7 @@ impl Kill {
 
 /// Plans removing the events at `seqs` (any order; sequences not in the log are ignored) from the log: every
 /// block holding any gets a dead record listing them (a block whose events are all dead too: its segment's
-/// collection, see [`LogFiles::collect`], deletes or rewrites it once the batch is durable).
+/// collection, see [`LogFiles::collect_segment`], deletes or rewrites it once the batch is durable).
 pub(super) fn plan_kill(files: &LogFiles, table: &DeadTable, seqs: &[u64]) -> Result<Kill, StoreError> {
     let mut sorted = seqs.to_vec();
     sorted.sort_unstable();
@@ -459,7 +460,12 @@ pub(super) fn plan_kill(files: &LogFiles, table: &DeadTable, seqs: &[u64]) -> Re
             i += 1;
             continue;
         }
-        let mut dead = table.get(first).cloned().unwrap_or(Dead { count: held.len() as u32, seqs: Vec::new() });
+        // A record for another version of the block (left by a rewrite) does not apply to this one.
+        let mut dead = table
+            .get(first)
+            .filter(|d| d.count as usize == held.len())
+            .cloned()
+            .unwrap_or(Dead { count: held.len() as u32, seqs: Vec::new() });
         let before = dead.seqs.len();
         while i < sorted.len() && sorted[i] <= last {
             let s = sorted[i];
@@ -489,7 +495,8 @@ pub(super) struct Events<'a> {
     blocks: BlockIter<'a>,
     table: &'a DeadTable,
     from: u64,
-    current: Option<Block>,
+    /// The block being read, and the sequence through which earlier blocks covered its events.
+    current: Option<(Block, u64)>,
     at: usize,
 }
 
@@ -502,11 +509,11 @@ impl<'a> Events<'a> {
     /// The next live event `(seq, protobuf body)`, copied out.
     pub fn next_event(&mut self) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
         loop {
-            if let Some(b) = &self.current {
+            if let Some((b, covered)) = &self.current {
                 while self.at < b.entries.len() {
                     let (seq, r) = b.entries[self.at].clone();
                     self.at += 1;
-                    if seq >= self.from && !self.table.is_dead(b.first, seq) {
+                    if seq >= self.from && seq > *covered && !self.table.is_dead(b.first, seq) {
                         return Ok(Some((seq, b.raw[r].to_vec())));
                     }
                 }

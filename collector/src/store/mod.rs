@@ -1711,18 +1711,25 @@ impl Store {
     }
 
     /// Deletes or rewrites the log segments holding blocks `touched` that are all or mostly dead (see
-    /// [`files::LogFiles::collect`]), then forgets the dead records of the blocks that went.
+    /// [`files::LogFiles::collect_segment`]), one at a time, each followed by removing (and flushing away) the
+    /// dead records of its blocks that went. The caller holds `log_rewrites`.
     fn collect_log(&self, t: &Trees, touched: &[u64]) -> Result<files::Collected, StoreError> {
-        let (gone, done) = t.files.collect(touched, &|first| t.dead().of(first))?;
-        if !gone.is_empty() {
+        let mut done = files::Collected::default();
+        for name in t.files.segments_of(touched) {
+            let Some((gone, deleted)) = t.files.collect_segment(name, &|first| t.dead().of(first))? else {
+                continue;
+            };
+            if deleted {
+                done.deleted += 1;
+            } else {
+                done.rewritten += 1;
+            }
             let batch = t.dead().forget(&gone);
             t.blocks.apply_batch(batch)?;
-            tracing::debug!(
-                deleted = done.deleted,
-                rewritten = done.rewritten,
-                blocks = gone.len(),
-                "log segments reclaimed"
-            );
+            t.db.flush()?;
+        }
+        if done != files::Collected::default() {
+            tracing::debug!(deleted = done.deleted, rewritten = done.rewritten, "log segments reclaimed");
         }
         Ok(done)
     }
