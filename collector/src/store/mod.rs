@@ -13,8 +13,10 @@
 //!   mostly garbage). Stores written before the log's files kept the blocks in tree `log_blocks`, and before
 //!   blocks one value per event in tree `log`; opening such a store moves them into the files once.
 //! - tree `log_blocks`: the dead records of the log's blocks (see [`log`]).
-//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `postcard(Vec<CompactEvent>)` (seal version 5). Job snapshots,
-//!   written by checkpoints.
+//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `varint(n) ++ n sequence deltas` (seal version 6): job snapshots,
+//!   written by checkpoints, listing the log sequences of the job's events (restore reads the events from the
+//!   log in one pass in sequence order). A few bytes per event, so a checkpoint rewriting a dirty job costs
+//!   little and sled's garbage stays small. Version 5 snapshots, `postcard(Vec<CompactEvent>)`, are still read.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
 //!   last ran (sequence numbers never go back, even when retention deletes the newest log entries; older
@@ -57,7 +59,7 @@
 //! snapshots hold event-id hashes from `std`'s unspecified hasher and are never trusted (see below).
 //!
 //! # The checkpoint invariant
-//! For every job, its snapshot holds every event of the job with `seq <= checkpoint_seq`. Snapshots may be
+//! For every job, its snapshot lists (or, version 5, holds) every event of the job with `seq <= checkpoint_seq`. Snapshots may be
 //! newer than the marker (a crash mid-checkpoint): restore skips log entries a snapshot already holds, by
 //! sequence number. To keep the invariant:
 //! - every job whose record holds events that its snapshot may not (jobs rebuilt from the log tail at restart,
@@ -81,7 +83,8 @@
 //! every event of the job, folded ones included.
 //!
 //! # Restore
-//! Reads every snapshot, then replays only the log entries after `checkpoint_seq`, then reads the summaries
+//! Reads every snapshot and the events they list from the log (one pass in sequence order, each block decoded
+//! once), then replays only the log entries after `checkpoint_seq`, then reads the summaries
 //! (never a folded job's events, except for unfolded jobs): restart cost is bounded by the number of jobs plus
 //! the events since the last checkpoint. A snapshot that fails its checksum, cannot be
 //! decoded or has an old version is reported with its job and key, and every job is then rebuilt from the whole
@@ -112,10 +115,13 @@ pub type StoredReading = Result<(String, Vec<u8>), String>;
 
 /// The current version of every sealed value.
 const SEALED_VERSION: u8 = 2;
-/// The sealed version of job snapshots: 3 added checkpoint save times to compact events, 4 node names to
-/// `node_assigned` and `node_lost`, 5 the scheduler's estimated start to `queued`. Older snapshots are not read: restore then rebuilds every job from the log,
-/// once, as for a damaged snapshot.
-const SNAPSHOT_VERSION: u8 = 5;
+/// The sealed version of job snapshots: 6 lists the job's log sequences (its events are read from the log at
+/// restore); 5 held the job's compact events (3 added checkpoint save times to compact events, 4 node names to
+/// `node_assigned` and `node_lost`, 5 the scheduler's estimated start to `queued`). Version 5 is still read;
+/// older snapshots are not: restore then rebuilds every job from the log, once, as for a damaged snapshot.
+const SNAPSHOT_VERSION: u8 = 6;
+/// Snapshots holding the job's compact events (read, no longer written).
+const SNAPSHOT_EVENTS_VERSION: u8 = 5;
 /// Values written before checksums: `[1u8] ++ body`.
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
@@ -426,13 +432,42 @@ pub fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8
     encode_snapshot_events(job_id, &rec.events)
 }
 
-/// Encodes one job snapshot from the job's events (in record order).
+/// Encodes one job snapshot from the job's events (in record order): the log sequences of its events, as a
+/// summary lists them (`varint(n) ++ n sequence deltas`); the events themselves are in the log, which holds
+/// every event of a job until retention deletes the job (snapshot with it).
 pub fn encode_snapshot_events(job_id: &str, events: &[CompactEvent]) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
-    let body = postcard::to_stdvec(events).map_err(|e| corrupt("jobs", job_id.as_bytes(), e))?;
-    Ok((job_key(job_id), seal_as(SNAPSHOT_VERSION, &body)))
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    Ok((job_key(job_id), seal_as(SNAPSHOT_VERSION, &summary_bytes(&seqs, &[]))))
 }
 
-fn decode_snapshot(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
+/// A stored snapshot: the job's log sequences, or (version 5) its compact events.
+#[derive(Debug, PartialEq)]
+enum Snapshot {
+    Seqs(Vec<u64>),
+    Events(Vec<CompactEvent>),
+}
+
+impl Snapshot {
+    fn seqs(&self) -> Vec<u64> {
+        match self {
+            Snapshot::Seqs(s) => s.clone(),
+            Snapshot::Events(evs) => evs.iter().map(|e| e.seq).collect(),
+        }
+    }
+}
+
+fn decode_snapshot(v: &[u8]) -> Result<Snapshot, String> {
+    if v.first() == Some(&SNAPSHOT_VERSION) {
+        let (seqs, rest) = parse_summary(unseal_as(SNAPSHOT_VERSION, v, false)?)?;
+        if !rest.is_empty() {
+            return Err(format!("{} bytes after the sequences", rest.len()));
+        }
+        return Ok(Snapshot::Seqs(seqs));
+    }
+    decode_snapshot_events(v).map(Snapshot::Events)
+}
+
+fn decode_snapshot_events(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
     if v.first() == Some(&SEALED_VERSION) {
         return Err("snapshot of an older compact-event format (before checkpoint save times)".to_string());
     }
@@ -442,7 +477,7 @@ fn decode_snapshot(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
     if v.first() == Some(&4) {
         return Err("snapshot of an older compact-event format (before estimated starts)".to_string());
     }
-    let body = unseal_as(SNAPSHOT_VERSION, v, false)?;
+    let body = unseal_as(SNAPSHOT_EVENTS_VERSION, v, false)?;
     postcard::from_bytes(body).map_err(|e| e.to_string())
 }
 
@@ -784,14 +819,21 @@ impl Store {
         let mut events: HashMap<String, Vec<CompactEvent>> = HashMap::new();
         // Events in snapshots past the marker (written by a checkpoint that crashed before its marker).
         let mut beyond: HashSet<u64> = HashSet::new();
+        // Snapshots that list their job's log sequences: the events are read from the log after the scan.
+        let mut listed: Vec<(String, Vec<u64>)> = Vec::new();
         if out.rebuilt.is_none() {
             for kv in t.jobs.scan_prefix([JOB_PREFIX]) {
                 let (k, v) = kv?;
                 let job_id = String::from_utf8_lossy(&k[1..]).into_owned();
                 match decode_snapshot(&v) {
-                    Ok(evs) => {
-                        beyond.extend(evs.iter().filter(|e| e.seq > marker).map(|e| e.seq));
-                        events.insert(job_id, evs);
+                    Ok(snapshot) => {
+                        beyond.extend(snapshot.seqs().into_iter().filter(|s| *s > marker));
+                        match snapshot {
+                            Snapshot::Seqs(seqs) => listed.push((job_id, seqs)),
+                            Snapshot::Events(evs) => {
+                                events.insert(job_id, evs);
+                            }
+                        }
                         out.snapshots += 1;
                     }
                     Err(reason) => {
@@ -805,6 +847,14 @@ impl Store {
                         break;
                     }
                 }
+            }
+        }
+        if out.rebuilt.is_none() && !listed.is_empty() {
+            // One pass over the log in sequence order for every listed job (each block decoded once).
+            let jobs: Vec<(&str, &[u64])> = listed.iter().map(|(id, seqs)| (id.as_str(), seqs.as_slice())).collect();
+            let read = self.jobs_events_map(&jobs, |seq, ev| CompactEvent::from_pb(&ev, seq))?;
+            for ((job_id, _), evs) in listed.into_iter().zip(read) {
+                events.insert(job_id, evs);
             }
         }
         let snapshots_done = started.elapsed();
@@ -1079,12 +1129,25 @@ impl Store {
     /// the log (an unfolded job's archived events) come from the job's archive. A sequence found in neither is
     /// an error, as for [`Store::job_events`].
     pub fn jobs_events(&self, jobs: &[(&str, &[u64])]) -> Result<Vec<Vec<(u64, pb::LifecycleEvent)>>, StoreError> {
+        let mut out = self.jobs_events_map(jobs, |seq, ev| Some((seq, ev)))?;
+        for evs in &mut out {
+            evs.sort_by_key(|(s, _)| *s);
+        }
+        Ok(out)
+    }
+
+    /// [`Store::jobs_events`], each event handed to `map` as it is decoded (in sequence order, then the
+    /// archived ones) and dropped when it gives `None`: reading many jobs' events never holds them all decoded.
+    fn jobs_events_map<T>(
+        &self,
+        jobs: &[(&str, &[u64])],
+        map: impl Fn(u64, pb::LifecycleEvent) -> Option<T>,
+    ) -> Result<Vec<Vec<T>>, StoreError> {
         let t = self.t()?;
         let mut wanted: Vec<(u64, u32)> =
             jobs.iter().enumerate().flat_map(|(i, (_, seqs))| seqs.iter().map(move |s| (*s, i as u32))).collect();
         wanted.sort_unstable();
-        let mut out: Vec<Vec<(u64, pb::LifecycleEvent)>> =
-            jobs.iter().map(|(_, seqs)| Vec::with_capacity(seqs.len())).collect();
+        let mut out: Vec<Vec<T>> = jobs.iter().map(|(_, seqs)| Vec::with_capacity(seqs.len())).collect();
         let mut missing: Vec<Vec<u64>> = vec![Vec::new(); jobs.len()];
         {
             // One decode per block touched: the wanted sequences are sorted, and a block covers a run of them.
@@ -1095,7 +1158,7 @@ impl Store {
                     block = t.files.block_at(seq)?;
                 }
                 match block.as_ref().and_then(|b| b.get(seq).filter(|_| !t.dead().is_dead(b.first, seq))) {
-                    Some(body) => out[i as usize].push((seq, decode_log_body(seq, body)?)),
+                    Some(body) => out[i as usize].extend(map(seq, decode_log_body(seq, body)?)),
                     None => missing[i as usize].push(seq),
                 }
             }
@@ -1108,9 +1171,8 @@ impl Store {
             let mut archive: HashMap<u64, pb::LifecycleEvent> = self.archive_of(job_id)?.into_iter().collect();
             for seq in seqs {
                 let ev = archive.remove(&seq).ok_or_else(|| missing_event(job_id, seq))?;
-                out[i].push((seq, ev));
+                out[i].extend(map(seq, ev));
             }
-            out[i].sort_by_key(|(s, _)| *s);
         }
         Ok(out)
     }
