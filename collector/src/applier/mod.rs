@@ -6,7 +6,8 @@
 //!   each batch.
 //! - [`checkpoint`]: periodically (and at shutdown) the committer takes the jobs changed since the last
 //!   checkpoint and hands them to the maintenance thread, which writes their snapshots off the commit path,
-//!   then does the log's upkeep (`Store::maintain_log`: one sealed segment compacted into large blocks).
+//!   then does the log's upkeep (`Store::maintain_log`: segments retention emptied deleted or rewritten, one
+//!   sealed segment compacted into large blocks; also after each fold pass).
 //! - [`fold`]: periodically the maintenance thread folds ended, settled jobs out of memory (a summary listing their log entries).
 //! - [`retention`]: deletes jobs that ended longer ago than `store.retention`.
 //! - [`deadlines`]: SLO deadlines the alert loop saw pass, applied to the index (and the stream), and the SLO
@@ -475,6 +476,14 @@ fn checkpoint_every(interval: Duration, fold_backlog: bool, last_took: Duration)
     }
 }
 
+/// The log's upkeep rides on the maintenance thread's turns (after each checkpoint and fold pass): segments
+/// retention emptied are deleted or rewritten, and at most one sealed segment is compacted per turn.
+fn log_upkeep(store: &Store) {
+    if let Err(e) = store.maintain_log() {
+        tracing::warn!(error = %e, "log upkeep failed; trying again at the next checkpoint or fold pass");
+    }
+}
+
 enum Task {
     Checkpoint(Checkpoint),
     Fold(FoldPass),
@@ -485,13 +494,11 @@ impl Task {
         match self {
             Task::Checkpoint(ck) => {
                 ck.write(store);
-                // Log upkeep rides on the checkpoint's turn: at most one segment compacted per checkpoint.
-                if let Err(e) = store.maintain_log() {
-                    tracing::warn!(error = %e, "log upkeep failed; trying again after the next checkpoint");
-                }
+                log_upkeep(store);
             }
             Task::Fold(f) => {
                 f.run(store);
+                log_upkeep(store);
             }
         }
     }

@@ -533,6 +533,9 @@ struct Trees {
     /// Every segment is to be looked at for deleting or rewriting (a collection failed, or the store opened
     /// with dead records).
     collect_due: Arc<std::sync::atomic::AtomicBool>,
+    /// Segments holding events retention removed since the last [`Store::maintain_log`], by name: collected
+    /// there, off the commit path.
+    collect_pending: Arc<Mutex<std::collections::BTreeSet<u64>>>,
     /// Held by whoever rewrites summary packs, from reading a pack to applying its rewrite (see [`packs`]).
     /// Lock order: before the cache and the dead table.
     packs: Arc<Mutex<()>>,
@@ -669,6 +672,7 @@ impl Trees {
             dead,
             log_rewrites: Arc::default(),
             collect_due,
+            collect_pending: Arc::default(),
             packs: Arc::default(),
             jobs: db.open_tree("jobs")?,
             alerts: db.open_tree("alerts")?,
@@ -1733,29 +1737,32 @@ impl Store {
         drop(dead);
         drop(packs_lock);
         t.db.flush()?;
-        // Segments now all or mostly dead go or shrink. A failure here loses nothing (the dead records are
-        // durable; the next [`Store::maintain_log`] looks at every segment again) and is only logged.
-        if let Err(e) = self.collect_log(&t, &touched) {
-            tracing::warn!(error = %e, "log: cannot reclaim the segments of deleted events yet");
-            t.collect_due.store(true, std::sync::atomic::Ordering::Release);
-        }
+        // Segments now all or mostly dead go or shrink in the next [`Store::maintain_log`], on the maintenance
+        // thread: a rewrite of a segment takes long enough to hold group commits up.
+        let names = t.files.segments_of(&touched);
+        t.collect_pending.lock().unwrap_or_else(|p| p.into_inner()).extend(names);
         drop(rewrites);
         Ok(())
     }
 
-    /// Log upkeep, for a thread off the commit path: compacts the oldest segment not yet compacted (see
-    /// [`files::LogFiles::compact`]), and looks at every segment for ones to delete or rewrite when a
-    /// collection failed or the store was opened with dead records. Returns the segment compacted with its bytes
-    /// before and after.
+    /// Log upkeep, for a thread off the commit path: deletes or rewrites the segments retention emptied since
+    /// the last call (every segment when a collection failed or the store was opened with dead records; a
+    /// failure loses nothing, the dead records are durable, and the next call looks at every segment), then
+    /// compacts the oldest segment not yet compacted (see [`files::LogFiles::compact`]). Returns the segment
+    /// compacted with its bytes before and after.
     pub fn maintain_log(&self) -> Result<Option<(u64, u64, u64)>, StoreError> {
         let t = self.t()?;
         let _rewrites = t.log_rewrites();
-        if t.collect_due.swap(false, std::sync::atomic::Ordering::AcqRel) {
-            let all: Vec<u64> = t.files.counts().into_keys().collect();
-            if let Err(e) = self.collect_log(&t, &all) {
-                t.collect_due.store(true, std::sync::atomic::Ordering::Release);
-                return Err(e);
-            }
+        let pending = std::mem::take(&mut *t.collect_pending.lock().unwrap_or_else(|p| p.into_inner()));
+        let names: Vec<u64> = if t.collect_due.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            t.files.segments_of(&t.files.counts().into_keys().collect::<Vec<u64>>())
+        } else {
+            pending.into_iter().collect()
+        };
+        if let Err(e) = self.collect_log(&t, &names) {
+            tracing::warn!(error = %e, "log: cannot reclaim the segments of deleted events yet");
+            t.collect_due.store(true, std::sync::atomic::Ordering::Release);
+            return Err(e);
         }
         let Some(name) = t.files.next_to_compact() else { return Ok(None) };
         let started = std::time::Instant::now();
@@ -1772,12 +1779,12 @@ impl Store {
         Ok(Some((name, before, after)))
     }
 
-    /// Deletes or rewrites the log segments holding blocks `touched` that are all or mostly dead (see
+    /// Deletes or rewrites the log segments `names` that are all or mostly dead (see
     /// [`files::LogFiles::collect_segment`]), one at a time, each followed by removing (and flushing away) the
     /// dead records of its blocks that went. The caller holds `log_rewrites`.
-    fn collect_log(&self, t: &Trees, touched: &[u64]) -> Result<files::Collected, StoreError> {
+    fn collect_log(&self, t: &Trees, names: &[u64]) -> Result<files::Collected, StoreError> {
         let mut done = files::Collected::default();
-        for name in t.files.segments_of(touched) {
+        for &name in names {
             let Some((gone, deleted)) = t.files.collect_segment(name, &|first| t.dead().of(first))? else {
                 continue;
             };

@@ -346,6 +346,7 @@ fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
     };
     // One job of ten goes: its two events are marked dead, the block stays.
     store.delete_jobs(&[expired("j0", seqs_of("j0", &mem))]).expect("delete");
+    store.maintain_log().expect("log upkeep");
     assert_eq!(blocks_state(&store), (2, (1, 2), 1));
     assert_eq!(store.event(1).expect("read"), None, "a dead event is not read");
     assert!(store.event(2).expect("read").is_some());
@@ -356,9 +357,11 @@ fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
     assert_eq!(blocks_state(&store), (2, (1, 2), 1));
     let r = store.restore().expect("restore");
     assert_eq!(r.replayed, 19, "dead events are not replayed");
-    // Four more jobs go: half the segment is dead, it is rewritten with the live half and its mark goes.
+    // Four more jobs go: half the segment is dead, it is rewritten with the live half and its mark goes (by the
+    // log's upkeep, on the maintenance thread in the collector).
     let gone: Vec<ExpiredJob> = (1..5).map(|j| expired(&format!("j{j}"), seqs_of(&format!("j{j}"), &mem))).collect();
     store.delete_jobs(&gone).expect("delete");
+    store.maintain_log().expect("log upkeep");
     assert_eq!(blocks_state(&store), (2, (0, 0), 0));
     let r = store.restore().expect("restore");
     assert_eq!(r.replayed, 11);
@@ -368,6 +371,7 @@ fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
     // The rest go: the segment goes.
     let gone: Vec<ExpiredJob> = (5..10).map(|j| expired(&format!("j{j}"), seqs_of(&format!("j{j}"), &mem))).collect();
     store.delete_jobs(&gone).expect("delete");
+    store.maintain_log().expect("log upkeep");
     assert_eq!(blocks_state(&store), (1, (0, 0), 0));
     let r = store.restore().expect("restore");
     assert_eq!(r.jobs.keys().collect::<Vec<_>>(), vec!["z"]);
