@@ -424,11 +424,7 @@ impl LogFiles {
             state: RwLock::new(State { segs, last: 0 }),
             writer: Mutex::default(),
         };
-        let last = match files.last_block()? {
-            Some(b) => b.last(),
-            None => 0,
-        };
-        files.state_mut().last = last;
+        files.reset_last()?;
         Ok((files, stats))
     }
 
@@ -580,6 +576,13 @@ impl LogFiles {
         }
     }
 
+    /// Sets the last sequence from the newest block.
+    fn reset_last(&self) -> Result<(), StoreError> {
+        let last = self.last_block()?.map_or(0, |b| b.last());
+        self.state_mut().last = last;
+        Ok(())
+    }
+
     /// The newest block.
     fn last_block(&self) -> Result<Option<Block>, StoreError> {
         let found = {
@@ -642,16 +645,18 @@ impl LogFiles {
             g.end = end;
             break;
         }
-        let newest = s.segs.iter().rev().find_map(|g| g.blocks.last().map(|b| (g.file.clone(), *b)));
         drop(s);
         if gone > 0 {
-            let last = match newest {
-                Some((f, ix)) => self.decode(&f, ix)?.last(),
-                None => 0,
-            };
-            self.state_mut().last = last;
+            self.reset_last()?;
         }
         Ok(gone)
+    }
+
+    /// Every segment other than the newest, by name.
+    pub fn sealed(&self) -> Vec<u64> {
+        let s = self.state();
+        let n = s.segs.len().saturating_sub(1);
+        s.segs[..n].iter().map(|g| g.name).collect()
     }
 
     /// The segments other than the newest holding blocks `touched`, by name.
@@ -832,7 +837,7 @@ impl LogFiles {
 }
 
 /// Payload of a block written by compaction, bytes before compression.
-pub(super) const COMPACT_RAW: usize = 64 * 1024;
+const COMPACT_RAW: usize = 64 * 1024;
 /// Most events in a block written by compaction.
 const COMPACT_EVENTS: usize = 4096;
 /// zstd level of compaction (blocks of group commits use level 1: they are on the ack's path).

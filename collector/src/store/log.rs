@@ -397,29 +397,24 @@ impl DeadTable {
         self.blocks.get(&first)
     }
 
-    fn apply(&mut self, changes: &[(u64, Option<Dead>)]) {
-        for (first, d) in changes {
-            match d {
-                Some(d) => self.blocks.insert(*first, d.clone()),
-                None => self.blocks.remove(first),
-            };
-        }
+    fn apply(&mut self, changes: Vec<(u64, Dead)>) {
+        self.blocks.extend(changes);
     }
 }
 
 /// What a kill writes: a batch for the `log_blocks` tree and the dead-table changes to make once it is applied.
 pub(super) struct Kill {
     pub batch: sled::Batch,
-    changes: Vec<(u64, Option<Dead>)>,
-    /// Blocks deleted whole, rewritten without their dead events, and dead records written.
+    changes: Vec<(u64, Dead)>,
+    /// Blocks now all dead, and blocks with some events dead.
     pub stats: KillStats,
 }
 
-/// Counts of one kill.
+/// Counts of one kill: dead records written for blocks whose events are now all dead (their segment's
+/// collection removes them) and for blocks with some left.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct KillStats {
-    pub deleted: usize,
-    pub rewritten: usize,
+    pub all_dead: usize,
     pub marked: usize,
 }
 
@@ -431,7 +426,7 @@ impl Kill {
 
     /// Applies the dead-table changes (after the batch was applied).
     pub fn commit(self, table: &mut DeadTable) {
-        table.apply(&self.changes);
+        table.apply(self.changes);
     }
 }
 
@@ -480,12 +475,12 @@ pub(super) fn plan_kill(files: &LogFiles, table: &DeadTable, seqs: &[u64]) -> Re
             continue;
         }
         if dead.seqs.len() >= dead.count as usize {
-            stats.deleted += 1;
+            stats.all_dead += 1;
         } else {
             stats.marked += 1;
         }
         batch.insert(&dead_key(first), encode_dead(first, &dead));
-        changes.push((first, Some(dead)));
+        changes.push((first, dead));
     }
     Ok(Kill { batch, changes, stats })
 }

@@ -447,15 +447,6 @@ enum Snapshot {
     Events(Vec<CompactEvent>),
 }
 
-impl Snapshot {
-    fn seqs(&self) -> Vec<u64> {
-        match self {
-            Snapshot::Seqs(s) => s.clone(),
-            Snapshot::Events(evs) => evs.iter().map(|e| e.seq).collect(),
-        }
-    }
-}
-
 fn decode_snapshot(v: &[u8]) -> Result<Snapshot, String> {
     if v.first() == Some(&SNAPSHOT_VERSION) {
         let (seqs, rest) = parse_summary(unseal_as(SNAPSHOT_VERSION, v, false)?)?;
@@ -525,7 +516,8 @@ struct Trees {
     /// Tree `log_blocks`: the dead records of the log's blocks (and, in stores written before the log's files,
     /// the blocks themselves, moved into the files at open).
     blocks: sled::Tree,
-    /// The dead events of the log's blocks (see [`log::DeadTable`]); written only by the applier's thread.
+    /// The dead events of the log's blocks (see [`log::DeadTable`]); written by retention (the committer) and
+    /// the log's upkeep (the maintenance thread), which exclude each other by `log_rewrites`.
     dead: Arc<Mutex<log::DeadTable>>,
     /// Held by retention's deletes and by log compaction, from reading the dead table to applying what they
     /// change: a dead record must always name a block as it is stored. Lock order: before the packs' lock.
@@ -537,7 +529,7 @@ struct Trees {
     /// there, off the commit path.
     collect_pending: Arc<Mutex<std::collections::BTreeSet<u64>>>,
     /// Held by whoever rewrites summary packs, from reading a pack to applying its rewrite (see [`packs`]).
-    /// Lock order: before the cache and the dead table.
+    /// Lock order: before the dead table.
     packs: Arc<Mutex<()>>,
     jobs: sled::Tree,
     alerts: sled::Tree,
@@ -830,14 +822,14 @@ impl Store {
                 let (k, v) = kv?;
                 let job_id = String::from_utf8_lossy(&k[1..]).into_owned();
                 match decode_snapshot(&v) {
-                    Ok(snapshot) => {
-                        beyond.extend(snapshot.seqs().into_iter().filter(|s| *s > marker));
-                        match snapshot {
-                            Snapshot::Seqs(seqs) => listed.push((job_id, seqs)),
-                            Snapshot::Events(evs) => {
-                                events.insert(job_id, evs);
-                            }
-                        }
+                    Ok(Snapshot::Seqs(seqs)) => {
+                        beyond.extend(seqs.iter().filter(|s| **s > marker));
+                        listed.push((job_id, seqs));
+                        out.snapshots += 1;
+                    }
+                    Ok(Snapshot::Events(evs)) => {
+                        beyond.extend(evs.iter().filter(|e| e.seq > marker).map(|e| e.seq));
+                        events.insert(job_id, evs);
                         out.snapshots += 1;
                     }
                     Err(reason) => {
@@ -1391,8 +1383,6 @@ impl Store {
     /// commit failed (no batch of them was acknowledged): they go, so the store holds what memory holds.
     pub fn drop_log_after(&self, seq: u64) -> Result<usize, StoreError> {
         let t = self.t()?;
-        let Some(from) = seq.checked_add(1) else { return Ok(0) };
-        let _ = from;
         t.files.truncate_after(seq)
     }
 
@@ -1716,8 +1706,7 @@ impl Store {
         tracing::debug!(
             jobs = jobs.len(),
             events = seqs.len(),
-            blocks_deleted = kill.stats.deleted,
-            blocks_rewritten = kill.stats.rewritten,
+            blocks_all_dead = kill.stats.all_dead,
             blocks_marked = kill.stats.marked,
             "log entries of deleted jobs"
         );
@@ -1755,7 +1744,7 @@ impl Store {
         let _rewrites = t.log_rewrites();
         let pending = std::mem::take(&mut *t.collect_pending.lock().unwrap_or_else(|p| p.into_inner()));
         let names: Vec<u64> = if t.collect_due.swap(false, std::sync::atomic::Ordering::AcqRel) {
-            t.files.segments_of(&t.files.counts().into_keys().collect::<Vec<u64>>())
+            t.files.sealed()
         } else {
             pending.into_iter().collect()
         };
