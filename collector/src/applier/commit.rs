@@ -1,4 +1,4 @@
-//! Group commit and acknowledgements: drains batches into one durable sled append, filters duplicates (against
+//! Group commit and acknowledgements: drains batches into one synced append to the log's files, filters duplicates (against
 //! hot jobs' id hashes, or a folded job's stored events), enforces the per-job event cap, unfolds folded jobs a late
 //! event reaches, applies the new events to the index after they are durable, records metrics, then answers.
 
@@ -175,35 +175,20 @@ impl Committer {
             }
         }
         let now = self.settings.clock.now_ms();
-        let staged =
-            self.stream.as_ref().filter(|_| failed.is_none()).map(|sw| {
-                sw.stage(now, subjects.into_iter().zip(&entries).map(|(s, (seq, v))| (s, *seq, v.as_slice())))
-            });
-        let mut flushed = false;
-        if failed.is_none() && !(entries.is_empty() && staged.as_ref().is_none_or(|s| s.records.is_empty())) {
-            if let Some((last, _)) = entries.last() {
-                self.used_seq.set(*last);
-            }
-            let stream_entries = staged.as_ref().map(|s| super::stream::entries(&s.records)).unwrap_or_default();
-            match self.store.append_durable_with_stream(&entries, &stream_entries, now) {
-                Ok(()) => flushed = true,
-                Err(e) => {
-                    tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
-                    failed = Some(self.cause_of(&e));
-                }
+        if failed.is_none() && !entries.is_empty() {
+            self.used_seq.set(first_seq + entries.len() as u64 - 1);
+            // Synced before anything else: the ack waits for this alone.
+            if let Err(e) = self.store.append_durable(&entries) {
+                tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
+                failed = Some(self.cause_of(&e));
             }
         }
-        let mut event_cursors = Vec::new();
-        if let (Some(sw), Some(staged)) = (&self.stream, staged) {
-            if failed.is_some() {
-                sw.unstage(&self.store, staged);
-            } else if flushed {
-                event_cursors = staged.event_cursors.clone();
-                sw.durable(staged.records);
-            }
-            // Else nothing was staged and nothing flushed (a group of duplicates): records written since the
-            // last flush stay unpublished until the next one.
-        }
+        // The stream's cursors for the durable events (its records are written after the acks went out and
+        // flushed off the commit path; see `stream`).
+        let staged = match (&self.stream, failed) {
+            (Some(sw), None) => sw.stage(entries.len()),
+            _ => None,
+        };
         if let Some(cause) = failed {
             self.health.storage_failed(cause);
             // Recovered before the answers go out: a client that retries at once finds the failed group's
@@ -219,14 +204,12 @@ impl Committer {
         let accepted = entries.len() as u64;
         // The feed takes the stored values when someone subscribes; otherwise they go now.
         let feeding = self.settings.feed.active();
-        let mut values = if feeding {
-            entries.into_iter().map(|(_, v)| v).collect()
-        } else {
+        let mut values =
+            if feeding { entries.iter().map(|(_, v)| v.clone()).collect() } else { Vec::new() }.into_iter();
+        if staged.is_none() {
             // Not needed any more: freed before the index lock is taken.
-            drop(entries);
-            Vec::new()
+            entries = Vec::new();
         }
-        .into_iter();
         let mut fed = crate::feed::Group::default();
         let mut replies = Vec::with_capacity(group.len());
         let mut observations = Vec::new();
@@ -277,7 +260,7 @@ impl Committer {
                 replies.push((req.reply, res.clone()));
             }
             idx.end_group();
-            if let Some(sw) = &self.stream {
+            if let Some(sw) = self.stream.as_ref().filter(|_| staged.is_some()) {
                 let named = |i| super::stream::slo_name(&idx.slo, i);
                 for (job_id, before, last_seq) in touched {
                     let Some(h) = idx.jobs.get(&job_id) else { continue };
@@ -301,9 +284,6 @@ impl Committer {
         if feeding {
             self.settings.feed.publish(fed);
         }
-        if let Some(sw) = &self.stream {
-            sw.write_changes(&self.store, changes, event_cursors.last().copied(), now);
-        }
         let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
         let rejected: usize = results.iter().map(|r| r.rejections.len()).sum();
         IngestStats::add(&self.stats.accepted, accepted);
@@ -320,6 +300,11 @@ impl Committer {
             let _ = reply.send(Ok(res));
         }
         self.settings.wake.notify_one();
+        // The stream's records, once the acks are out: they are not part of the ack's promise (see `stream`).
+        if let (Some(sw), Some(staged)) = (&self.stream, staged) {
+            let events = subjects.into_iter().zip(&entries).map(|(s, (seq, v))| (s, *seq, v.as_slice()));
+            sw.write_group(now, staged, events, changes);
+        }
     }
 
     /// Makes a folded job hot before a new event joins it, from the events read for this group or, if the job

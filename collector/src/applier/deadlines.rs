@@ -1,7 +1,7 @@
 //! SLO deadlines, applied by the committer: the alert loop keeps the timer of the next deadline and, when one
 //! passes, asks ([`crate::index::deadlines::DeadlineRequests`]); the committer re-assesses the jobs whose
 //! deadline passed under the index write lock (each becomes bad while it still waits), writes one stream change
-//! record per job whose SLO decision changed (published after the next flush, like every change record), and
+//! record per job whose SLO decision changed (published once flushed, like every record), and
 //! wakes the alert loop, which takes the page changes under a read lock. The committer also prunes the SLO
 //! windows once a minute. So the index has one writer, and a decision made by time passing reaches the stream.
 
@@ -17,10 +17,13 @@ impl Committer {
     pub(super) fn advance_deadlines(&self, to_ms: i64) {
         let now = self.settings.clock.now_ms();
         let mut records = Vec::new();
+        // Cursors for waiting alert changes first, then the change records built below (none while the stream
+        // is broken: the reopen's repair resyncs).
+        let staged = self.stream.as_ref().and_then(|sw| sw.stage(0));
         {
             let mut idx = self.index.write();
             let due = idx.advance_deadlines(to_ms);
-            if let Some(sw) = &self.stream {
+            if let Some(sw) = self.stream.as_ref().filter(|_| staged.is_some()) {
                 let named = |i| super::stream::slo_name(&idx.slo, i);
                 for (job_id, before) in due {
                     let Some(h) = idx.jobs.get(&job_id) else { continue };
@@ -33,8 +36,8 @@ impl Committer {
                 }
             }
         }
-        if let Some(sw) = self.stream.as_ref().filter(|_| !records.is_empty()) {
-            sw.write_changes(&self.store, records, None, now);
+        if let (Some(sw), Some(staged)) = (&self.stream, staged) {
+            sw.write_group(now, staged, std::iter::empty(), records);
         }
         self.settings.wake.notify_one();
     }

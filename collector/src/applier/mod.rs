@@ -1,7 +1,8 @@
-//! The applier: one thread (the committer) that owns all writes, and a maintenance thread beside it.
+//! The applier: one thread (the committer) that owns all writes, a maintenance thread and the stream's flush
+//! thread beside it.
 //!
 //! - [`commit`]: drains the ingest channel into group commits (many batches, from many streams, in one synced
-//!   log append and one sled flush), filters duplicates, rejects new events of a job that already holds
+//!   log append: all an ack waits for), filters duplicates, rejects new events of a job that already holds
 //!   `store.max_events_per_job`, applies the new events to the job index after they are durable, and answers
 //!   each batch.
 //! - [`checkpoint`]: periodically (and at shutdown) the committer takes the jobs changed since the last
@@ -12,6 +13,8 @@
 //! - [`retention`]: deletes jobs that ended longer ago than `store.retention`.
 //! - [`deadlines`]: SLO deadlines the alert loop saw pass, applied to the index (and the stream), and the SLO
 //!   windows pruned.
+//! - [`stream`]: the stream out's writer: cursors, records built after the acks, written and flushed by its
+//!   own thread, published once durable, repaired from the log after a crash or a failed write.
 //! - [`health`]: node agents' GPU health readings, stored and added to the node health book (beside the
 //!   committer: they are not lifecycle events).
 //!
@@ -144,6 +147,11 @@ pub fn spawn(
     health: Arc<Health>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let runtime = tokio::runtime::Handle::current();
+    // What the store holds at open was read from disk: durable, so readable by subscribers from the start (the
+    // writer's repair, on the committer thread, only adds after it).
+    if let (Some(s), Ok(Some((_, last)))) = (&settings.stream, store.stream_bounds()) {
+        s.durable.fetch_max(last, Ordering::AcqRel);
+    }
     std::thread::Builder::new().name("startline-committer".into()).spawn(move || {
         let stream = settings.stream.clone().and_then(|s| {
             match stream::StreamWriter::open(&store, &index, s, settings.clock.now_ms()) {
@@ -268,12 +276,11 @@ impl Committer {
             let first = match rx.try_recv() {
                 Ok(r) => Some(r),
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
-                // Idle: stream records written since the last flush are flushed and published first; then a
-                // timed wait on the runtime's timer (the committer is a plain thread), which posted alert
-                // changes cut short.
+                // Idle: alert changes waiting for the stream are written first; then a timed wait on the
+                // runtime's timer (the committer is a plain thread), which posted alert changes cut short.
                 Err(mpsc::error::TryRecvError::Empty) => {
                     if let Some(sw) = self.stream.as_ref().filter(|s| s.has_work()) {
-                        sw.idle_flush(&self.store, self.settings.clock.now_ms());
+                        sw.idle_write(self.settings.clock.now_ms());
                     }
                     let woken = async {
                         match &self.stream {
@@ -295,6 +302,10 @@ impl Committer {
                 }
             };
             if let Some(sw) = &self.stream {
+                // A failed stream write or flush: reopen and repair (rate-limited like any store failure).
+                if sw.broken() {
+                    self.recover_store();
+                }
                 sw.trim(&self.store, self.settings.clock.now_ms());
             }
             if last_prune.elapsed() >= deadlines::PRUNE_EVERY {
@@ -387,7 +398,8 @@ impl Committer {
             ck.write(&self.store);
         }
         if let Some(sw) = &self.stream {
-            sw.idle_flush(&self.store, self.settings.clock.now_ms());
+            sw.idle_write(self.settings.clock.now_ms());
+            sw.finish();
             sw.stream.hub.close();
         }
         if let Err(e) = self.store.flush() {
@@ -404,9 +416,10 @@ impl Committer {
         }
     }
 
-    /// After a failed write: sled refuses every later write once it has seen an I/O error, so the store is
-    /// reopened (at most once per [`REOPEN_BACKOFF`]); the next group then finds out whether the cause is gone.
-    /// The in-memory index is unaffected: it holds only acknowledged events, and those were flushed.
+    /// After a failed write (a group's log append, or a stream write or flush): sled refuses every later write
+    /// once it has seen an I/O error, so the store is reopened (at most once per [`REOPEN_BACKOFF`]); the next
+    /// group then finds out whether the cause is gone. The in-memory index is unaffected: it holds only
+    /// acknowledged events, and those are synced in the log.
     fn recover_store(&self) {
         if self.last_reopen.get().is_some_and(|t| t.elapsed() < REOPEN_BACKOFF) {
             return;
@@ -418,6 +431,9 @@ impl Committer {
                 return;
             }
             _ => {}
+        }
+        if let Some(sw) = &self.stream {
+            sw.before_reopen();
         }
         match self.store.reopen() {
             Ok(()) => {
@@ -434,24 +450,9 @@ impl Committer {
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot drop the log blocks of failed group commits yet"),
                 }
-                // Likewise the stream's records of failed groups: never published, but a subscriber reading the
-                // store (after a restart, or a reconnect) would get them.
+                // The stream's records written since the last flush may be lost: repaired from the log.
                 if let Some(sw) = &self.stream {
-                    let dropped: Result<usize, StoreError> = sw
-                        .failed_records()
-                        .into_iter()
-                        .try_fold(0, |n, (from, to)| Ok(n + self.store.drop_stream_blocks(from, to)?));
-                    match dropped {
-                        Ok(n) => {
-                            sw.failed_records_dropped();
-                            if n > 0 {
-                                tracing::warn!(blocks = n, "dropped stream blocks of failed group commits");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot drop the stream blocks of failed group commits yet")
-                        }
-                    }
+                    sw.after_reopen(&self.store, &self.index, self.settings.clock.now_ms());
                 }
             }
             Err(e) => tracing::warn!(error = %e, "store reopen failed; trying again with a later batch"),

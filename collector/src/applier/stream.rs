@@ -1,20 +1,24 @@
-//! The stream's writer, owned by the committer (the one place cursors are assigned): event records go into the
-//! group commit's durable batch, job changes are written after the index applied the group, alert changes posted
-//! by the alert loop join the next batch (or an idle flush), and records reach live subscribers only after a
-//! flush made them durable. Also trims the stream to its retention and, at start, resyncs jobs whose change
-//! records a crash lost (see the `stream` module doc for the contract).
+//! The stream's writer, owned by the committer (the one place cursors are assigned). A group commit's event
+//! records are written (unflushed) once its log append is durable, its job changes after the index applied the
+//! group, alert changes posted by the alert loop join the next write; then the records go to the [`Flusher`], a
+//! thread that flushes sled off the commit path (an ack waits for the log's sync only) and publishes records to
+//! live subscribers once a flush made them durable. Also trims the stream to its retention and, at start or after a
+//! store failure, repairs what a crash lost: event records from the log, resync records for jobs whose change
+//! records are gone (see the `stream` module doc for the contract).
 
 use crate::index::SharedIndex;
 use crate::job::EventKind;
 use crate::store::{Store, StoreError};
 use crate::stream::{self, JobView, Rec, Stream, Subject};
-use std::cell::{Cell, RefCell};
-use std::sync::Arc;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Records trimmed per store call.
 const TRIM_CHUNK: usize = 10_000;
-/// Most log entries the start-up repair adds (a crash leaves out at most one group commit's).
+/// Most log entries the repair adds (a crash leaves out at most the records of the flushes in flight; a store
+/// failure, those written until the store is reopened).
 const REPAIR_MAX: u64 = 1_000_000;
 /// How often the stream is trimmed.
 const TRIM_EVERY: Duration = Duration::from_secs(60);
@@ -23,44 +27,60 @@ pub(super) struct StreamWriter {
     pub(super) stream: Arc<Stream>,
     /// The next cursor.
     next: Cell<u64>,
-    /// Written, not yet flushed (so not yet published), in cursor order.
-    pending: RefCell<Vec<Rec>>,
     last_trim: Cell<Instant>,
-    /// Cursors of failed groups' records not handed out again: sled may have kept them; the committer deletes
-    /// them once it has reopened the store (see [`StreamWriter::failed_records`]).
-    failed: RefCell<Vec<(u64, u64)>>,
-}
-
-/// Records of one group commit that go into its durable batch.
-pub(super) struct Staged {
-    /// Alert and event records, in cursor order.
-    pub records: Vec<Rec>,
-    /// The cursor of each fresh event of the group, in order.
-    pub event_cursors: Vec<u64>,
-    /// Alert changes taken from the outbox (posted back if the batch fails).
-    alerts: Vec<stream::AlertNote>,
-    /// The next cursor before staging.
-    rollback_to: u64,
+    flusher: Flusher,
 }
 
 impl StreamWriter {
-    /// Opens the writer: the next cursor follows the newest retained record, and jobs whose event records lack
-    /// their change records (a crash between a group commit and the next flush) get a resync record each.
+    /// Opens the writer: the next cursor follows the newest retained record, event records a crash left out are
+    /// added from the log, and jobs whose event records lack their change records get a resync record each.
     pub(super) fn open(
         store: &Store,
         index: &SharedIndex,
         stream: Arc<Stream>,
         now_ms: i64,
     ) -> Result<Self, StoreError> {
-        let next = store.stream_bounds()?.map_or(1, |(_, last)| last + 1);
         let w = StreamWriter {
+            flusher: Flusher::start(store.clone(), stream.clone()),
             stream,
-            next: Cell::new(next),
-            pending: RefCell::new(Vec::new()),
+            next: Cell::new(1),
             last_trim: Cell::new(Instant::now()),
-            failed: RefCell::new(Vec::new()),
         };
-        w.repair_events(store, index, now_ms)?;
+        w.repair(store, index, now_ms)?;
+        Ok(w)
+    }
+
+    /// Whether a stream write or flush failed since the store was last (re)opened.
+    pub(super) fn broken(&self) -> bool {
+        self.flusher.failed()
+    }
+
+    /// The committer is about to reopen the store: records handed over so far are never published (they were
+    /// written to the store being closed; the repair after the reopen rewrites what it lost), and live
+    /// subscribers are ended so that they resume from what the store holds.
+    pub(super) fn before_reopen(&self) {
+        self.flusher.new_epoch(&self.stream);
+    }
+
+    /// The store was reopened: the stream is repaired from the log and written to again.
+    pub(super) fn after_reopen(&self, store: &Store, index: &SharedIndex, now_ms: i64) {
+        match self.repair(store, index, now_ms) {
+            Ok(()) => {
+                self.flusher.clear_failed();
+                tracing::warn!("stream: repaired after the store was reopened");
+            }
+            Err(e) => tracing::error!(error = %e, "stream: repair after the reopen failed; retried at the next"),
+        }
+    }
+
+    /// Makes the store's stream whole with its log and index: cursors continue after the newest record (never
+    /// reusing one handed out before), event records the store lacks are added from the log, jobs whose change
+    /// records are missing get a resync record; everything is flushed and published, and every record the store
+    /// now holds counts as durable.
+    fn repair(&self, store: &Store, index: &SharedIndex, now_ms: i64) -> Result<(), StoreError> {
+        let held = store.stream_bounds()?.map_or(1, |(_, last)| last + 1);
+        self.next.set(self.next.get().max(held));
+        let mut recs = self.repair_events(store, index, now_ms)?;
         let through = store.stream_changes_through()?;
         let mut jobs = std::collections::BTreeSet::new();
         let mut after = through;
@@ -74,51 +94,51 @@ impl StreamWriter {
                 }
             }
         }
-        if jobs.is_empty() {
-            return Ok(w);
+        if !jobs.is_empty() {
+            let resync: Vec<Rec> = {
+                let idx = index.read();
+                jobs.iter()
+                    .filter_map(|job_id| {
+                        let h = idx.jobs.get(job_id)?;
+                        let view = JobView::of(&h.rec.timeline, &h.slo);
+                        let change = stream::resync(&view, |i| slo_name(&idx.slo, i));
+                        Some(stream::change_record(
+                            self.alloc(),
+                            now_ms,
+                            &Subject::job(job_id, h.rec.timeline.attrs.as_deref()),
+                            change,
+                        ))
+                    })
+                    .collect()
+            };
+            store.stream_put(&entries(&resync), Some(after), now_ms)?;
+            tracing::warn!(jobs = resync.len(), "stream: change records lost in a crash; resync records written");
+            recs.extend(resync);
         }
-        let recs: Vec<Rec> = {
-            let idx = index.read();
-            jobs.iter()
-                .filter_map(|job_id| {
-                    let h = idx.jobs.get(job_id)?;
-                    let view = JobView::of(&h.rec.timeline, &h.slo);
-                    let change = stream::resync(&view, |i| slo_name(&idx.slo, i));
-                    Some(stream::change_record(
-                        w.alloc(),
-                        now_ms,
-                        &Subject::job(job_id, h.rec.timeline.attrs.as_deref()),
-                        change,
-                    ))
-                })
-                .collect()
-        };
-        store.stream_put(&entries(&recs), Some(after), now_ms)?;
         store.flush()?;
-        tracing::warn!(jobs = recs.len(), "stream: change records lost in a crash; resync records written");
-        // Durable: a subscriber that connected while the collector started gets them live too.
-        w.publish(recs);
-        Ok(w)
+        // Durable: a subscriber that connected meanwhile gets them live too.
+        self.flusher.publish_now(&self.stream, recs, self.next.get() - 1);
+        Ok(())
     }
 
-    /// Adds the event records of log entries the stream lacks: those a crash left in the log but not in the
-    /// stream (the log batch is applied first; sled may persist it alone). A store that never kept a stream
-    /// (first start, or an upgrade) starts the stream at the log's end instead.
-    fn repair_events(&self, store: &Store, index: &SharedIndex, now_ms: i64) -> Result<(), StoreError> {
+    /// The event records of log entries the stream lacks (written, not flushed): those of group commits whose
+    /// stream write a crash or a store failure lost (the log is synced first and alone). A store that never kept
+    /// a stream (first start, or an upgrade) starts the stream at the log's end instead.
+    fn repair_events(&self, store: &Store, index: &SharedIndex, now_ms: i64) -> Result<Vec<Rec>, StoreError> {
         let last_seq = index.read().last_seq;
         let Some(mut through) = store.stream_log_through()? else {
             store.set_stream_log_through(last_seq)?;
-            return Ok(());
+            return Ok(Vec::new());
         };
         if last_seq.saturating_sub(through) > REPAIR_MAX {
             tracing::warn!(
                 from = through,
                 to = last_seq,
-                "stream: more log entries than a crash leaves lack event records (was the stream disabled?); \
-                 the stream resumes at the log's end without them"
+                "stream: more log entries lack event records than a repair adds (was the stream disabled, or its \
+                 store failing for long?); the stream resumes at the log's end without them"
             );
             store.set_stream_log_through(last_seq)?;
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut added = Vec::new();
         loop {
@@ -136,90 +156,70 @@ impl StreamWriter {
                     })
                     .collect()
             };
-            store.stream_put(&entries(&recs), None, now_ms)?;
-            store.set_stream_log_through(last)?;
+            store.stream_put_events(&entries(&recs), last, None, now_ms)?;
             through = last;
             added.extend(recs);
         }
         if !added.is_empty() {
-            store.flush()?;
             tracing::warn!(events = added.len(), "stream: event records a crash left out were added from the log");
-            self.publish(added);
         }
-        Ok(())
-    }
-
-    /// The cursors of records of failed group commits (none published; sled may have kept them), unless a
-    /// cursor of the range was handed out again since. Deleting the stream blocks keyed in this range removes
-    /// exactly those records: each group's records are one block keyed by its first cursor, and records written
-    /// before have lower cursors.
-    pub(super) fn failed_records(&self) -> Vec<(u64, u64)> {
-        self.failed.borrow().clone()
-    }
-
-    /// The failed groups' records are gone from the store.
-    pub(super) fn failed_records_dropped(&self) {
-        self.failed.borrow_mut().clear();
+        Ok(added)
     }
 
     fn alloc(&self) -> u64 {
         let c = self.next.get();
-        // A failed group's cursor handed out again: its block will be overwritten, and deleting the range later
-        // could delete the new records.
-        self.failed.borrow_mut().retain(|(from, to)| !(*from..=*to).contains(&c));
         self.next.set(c + 1);
         c
     }
 
-    /// Builds the alert records waiting in the outbox and the records of a group's fresh events. `events` are
-    /// `(subject, log sequence, stored log value)` in sequence order.
-    pub(super) fn stage<'a>(&self, now_ms: i64, events: impl Iterator<Item = (Subject, u64, &'a [u8])>) -> Staged {
-        let rollback_to = self.next.get();
+    /// Reserves the cursors of a group's records, in the order they are written: the alert changes waiting in the
+    /// outbox (taken from it), then one event record per fresh event (`events`, whose log append is durable);
+    /// the group's job changes take theirs after ([`StreamWriter::change`]). `None` while the stream is broken
+    /// (the reopen's repair adds the event records; alert changes keep waiting).
+    pub(super) fn stage(&self, events: usize) -> Option<Staged> {
+        if self.broken() {
+            return None;
+        }
         let alerts = self.stream.take_alerts();
-        let mut records: Vec<Rec> = alerts.iter().map(|a| stream::alert_record(self.alloc(), now_ms, a)).collect();
-        let mut event_cursors = Vec::new();
-        for (subject, seq, value) in events {
-            let body = crate::store::log_value_body(value).unwrap_or_default();
-            let cursor = self.alloc();
-            event_cursors.push(cursor);
-            records.push(stream::event_record(cursor, now_ms, &subject, seq, body));
-        }
-        Staged { records, event_cursors, alerts, rollback_to }
+        let alerts_from = self.next.get();
+        self.next.set(alerts_from + alerts.len() as u64 + events as u64);
+        Some(Staged { alerts, alerts_from, events })
     }
 
-    /// The batch failed: its cursors are free again and its alert changes wait for the next one. Records written
-    /// since the last flush may or may not reach the disk (the store is reopened after a failure): they are never
-    /// published, their cursors are never reused (the stream may show a hole there, never two records under one
-    /// cursor), and live subscribers are ended so that they resume from what the store holds. (Jobs whose change
-    /// records were lost get their resync record at the next start.) The failed group's own records are
-    /// remembered ([`StreamWriter::failed_records`]): the committer deletes what sled kept of them once reopened.
-    pub(super) fn unstage(&self, store: &Store, staged: Staged) {
-        if let Some(last) = staged.records.last() {
-            self.failed.borrow_mut().push((staged.rollback_to, last.cursor));
-        }
-        self.next.set(staged.rollback_to);
-        self.stream.post_alerts(staged.alerts);
-        let dropped = std::mem::take(&mut *self.pending.borrow_mut());
-        if !dropped.is_empty() {
-            let held = store.stream_bounds().ok().flatten().map_or(0, |(_, last)| last + 1);
-            self.next.set(staged.rollback_to.max(held));
-            self.stream.hub.close();
-        }
-    }
-
-    /// The batch is durable (and with it every record written before): publish them, in order.
-    pub(super) fn durable(&self, staged: Vec<Rec>) {
-        let mut all = std::mem::take(&mut *self.pending.borrow_mut());
-        all.extend(staged);
-        self.publish(all);
-    }
-
-    fn publish(&self, all: Vec<Rec>) {
-        if all.is_empty() {
+    /// Builds a staged group's records (after its acks went out) and hands them to the flusher, which writes
+    /// them with the stream's markers and flushes. `events` are `(subject, log sequence, stored log value)` in
+    /// sequence order, as many as staged; `changes` were built after staging.
+    pub(super) fn write_group<'a>(
+        &self,
+        now_ms: i64,
+        staged: Staged,
+        events: impl Iterator<Item = (Subject, u64, &'a [u8])>,
+        changes: Vec<Rec>,
+    ) {
+        let Staged { alerts, alerts_from, events: staged_events } = staged;
+        if self.broken() {
+            // Failed since staging: the repair covers the events; alert changes wait again.
+            self.stream.post_alerts(alerts);
             return;
         }
-        self.stream.written.fetch_add(all.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        self.stream.hub.publish(all.into());
+        let mut cursor = alerts_from;
+        let mut recs: Vec<Rec> = Vec::with_capacity(alerts.len() + staged_events + changes.len());
+        for a in &alerts {
+            recs.push(stream::alert_record(cursor, now_ms, a));
+            cursor += 1;
+        }
+        let mut marks = Marks::default();
+        for (subject, seq, value) in events.take(staged_events) {
+            let body = crate::store::log_value_body(value).unwrap_or_default();
+            recs.push(stream::event_record(cursor, now_ms, &subject, seq, body));
+            // The group's changes are written with its last event record.
+            marks = Marks { log_through: Some(seq), changes_through: Some(cursor) };
+            cursor += 1;
+        }
+        recs.extend(changes);
+        if !recs.is_empty() {
+            self.flusher.hand(Handed { epoch: 0, recs, marks, at_ms: now_ms });
+        }
     }
 
     /// Allocates a cursor for a job change and builds its record.
@@ -227,37 +227,21 @@ impl StreamWriter {
         stream::change_record(self.alloc(), now_ms, subject, change)
     }
 
-    /// Writes a group's change records (unflushed; published after the next flush). `through` is the cursor of
-    /// the group's last event record.
-    pub(super) fn write_changes(&self, store: &Store, changes: Vec<Rec>, through: Option<u64>, now_ms: i64) {
-        match store.stream_put(&entries(&changes), through, now_ms) {
-            Ok(()) => self.pending.borrow_mut().extend(changes),
-            // Never published: a restart resyncs these jobs (the marker did not move).
-            Err(e) => tracing::error!(error = %e, "stream: cannot write job change records"),
-        }
-    }
-
-    /// Whether records wait for a flush, or alert changes for a write.
+    /// Whether alert changes wait for a write.
     pub(super) fn has_work(&self) -> bool {
-        !self.pending.borrow().is_empty() || self.stream.alerts_waiting()
+        self.stream.alerts_waiting() && !self.broken()
     }
 
-    /// With no group commit coming: writes waiting alert changes, flushes, publishes.
-    pub(super) fn idle_flush(&self, store: &Store, now_ms: i64) {
-        let staged = self.stage(now_ms, std::iter::empty());
-        let res =
-            if staged.records.is_empty() { Ok(()) } else { store.stream_put(&entries(&staged.records), None, now_ms) }
-                .and_then(|()| store.flush());
-        match res {
-            Ok(()) => {
-                let Staged { records, .. } = staged;
-                self.durable(records);
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "stream: idle flush failed");
-                self.unstage(store, staged);
-            }
+    /// With no group commit coming: writes waiting alert changes and hands them to the flusher.
+    pub(super) fn idle_write(&self, now_ms: i64) {
+        if let Some(staged) = self.stage(0) {
+            self.write_group(now_ms, staged, std::iter::empty(), Vec::new());
         }
+    }
+
+    /// At shutdown: waits for the flusher's last flush (and publication).
+    pub(super) fn finish(&self) {
+        self.flusher.finish();
     }
 
     /// Deletes records older than the retention (at most once a minute).
@@ -278,6 +262,176 @@ impl StreamWriter {
             }
         }
     }
+}
+
+/// A group's reserved cursors (see [`StreamWriter::stage`]).
+pub(super) struct Staged {
+    alerts: Vec<stream::AlertNote>,
+    alerts_from: u64,
+    events: usize,
+}
+
+/// Writes the stream's records and flushes sled, off the commit path. The committer hands over a group's records
+/// and goes on; this thread writes whatever was handed meanwhile as one batch (with the stream's markers),
+/// flushes, then marks those records durable (the catch-up reads of `export::stream` stop there) and publishes
+/// them to live subscribers, in cursor order. The commit path never waits for sled.
+///
+/// A failed write or flush publishes nothing and marks the stream failed; the committer then reopens the store.
+/// Before the reopen it starts a new epoch: records handed over earlier are never written (the store they were
+/// meant for is being closed; the repair after the reopen adds what is missing). A write cycle (epoch check,
+/// write, flush, publication) holds the cycle lock, as do a new epoch and the repair's publication, so no
+/// record of an old epoch reaches the reopened store and publications keep cursor order.
+struct Flusher {
+    tx: Mutex<Option<std::sync::mpsc::Sender<Handed>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    shared: Arc<FlushShared>,
+}
+
+#[derive(Default)]
+struct FlushShared {
+    /// Held for a write cycle, a new epoch and the repair's publication.
+    cycle: Mutex<()>,
+    epoch: AtomicU64,
+    failed: AtomicBool,
+}
+
+/// The stream's markers a batch moves (see [`Store::stream_put_events`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Marks {
+    log_through: Option<u64>,
+    changes_through: Option<u64>,
+}
+
+/// One group's records, handed to the flusher.
+struct Handed {
+    epoch: u64,
+    recs: Vec<Rec>,
+    marks: Marks,
+    at_ms: i64,
+}
+
+impl Flusher {
+    fn start(store: Store, stream: Arc<Stream>) -> Flusher {
+        let shared = Arc::new(FlushShared::default());
+        let (tx, rx) = std::sync::mpsc::channel::<Handed>();
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new().name("startline-stream-flush".into()).spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut handed = vec![first];
+                handed.extend(rx.try_iter());
+                sh.cycle(&store, &stream, handed);
+            }
+        });
+        let (tx, thread) = match thread {
+            Ok(h) => (Some(tx), Some(h)),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the stream's flush thread; the stream is not kept until a restart");
+                shared.failed.store(true, Ordering::Release);
+                (None, None)
+            }
+        };
+        Flusher { tx: Mutex::new(tx), thread: Mutex::new(thread), shared }
+    }
+
+    fn failed(&self) -> bool {
+        self.shared.failed.load(Ordering::Acquire)
+    }
+
+    fn clear_failed(&self) {
+        self.shared.failed.store(false, Ordering::Release);
+    }
+
+    /// Records handed over so far are never written; live subscribers end (they resume from the store).
+    fn new_epoch(&self, stream: &Stream) {
+        let _cycle = self.shared.lock();
+        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
+        stream.hub.close();
+    }
+
+    fn hand(&self, mut h: Handed) {
+        h.epoch = self.shared.epoch.load(Ordering::Acquire);
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = tx.as_ref() {
+            if tx.send(h).is_ok() {
+                return;
+            }
+        }
+        // No thread: never written; the repair after a restart adds the event records.
+        self.shared.failed.store(true, Ordering::Release);
+    }
+
+    /// Publishes records the caller has just flushed, and counts everything through `durable` as durable.
+    fn publish_now(&self, stream: &Stream, recs: Vec<Rec>, durable: u64) {
+        let _cycle = self.shared.lock();
+        stream.durable.fetch_max(durable, Ordering::AcqRel);
+        publish(stream, recs);
+    }
+
+    /// Waits for the thread's last cycle.
+    fn finish(&self) {
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(h) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if h.join().is_err() {
+                tracing::error!("stream flush thread panicked");
+            }
+        }
+    }
+}
+
+impl FlushShared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.cycle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the handed records of the current epoch as one batch, flushes, publishes.
+    fn cycle(&self, store: &Store, stream: &Stream, handed: Vec<Handed>) {
+        let _cycle = self.lock();
+        if self.failed.load(Ordering::Acquire) {
+            // Dropped: the committer's repair makes the store whole.
+            return;
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let mut marks = Marks::default();
+        let mut at_ms = 0;
+        let mut recs = Vec::new();
+        for h in handed.into_iter().filter(|h| h.epoch == epoch) {
+            marks.log_through = h.marks.log_through.or(marks.log_through);
+            marks.changes_through = h.marks.changes_through.or(marks.changes_through);
+            at_ms = at_ms.max(h.at_ms);
+            recs.extend(h.recs);
+        }
+        if recs.is_empty() {
+            return;
+        }
+        let written = match marks.log_through {
+            Some(seq) => store.stream_put_events(&entries(&recs), seq, marks.changes_through, at_ms),
+            None => store.stream_put(&entries(&recs), marks.changes_through, at_ms),
+        };
+        match written.and_then(|()| store.flush()) {
+            Ok(()) => publish(stream, recs),
+            Err(e) => {
+                tracing::error!(error = %e, "stream: write or flush failed; the store is reopened and the stream repaired");
+                self.failed.store(true, Ordering::Release);
+                stream.hub.close();
+                // The committer reopens the store without waiting for the next batch.
+                stream.wake.notify_one();
+            }
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Durable records: marked so (catch-up reads go that far) and handed to live subscribers, in order.
+fn publish(stream: &Stream, recs: Vec<Rec>) {
+    let Some(last) = recs.last() else { return };
+    stream.durable.fetch_max(last.cursor, Ordering::AcqRel);
+    stream.written.fetch_add(recs.len() as u64, Ordering::Relaxed);
+    stream.hub.publish(recs.into());
 }
 
 /// Records as the store takes them: `(cursor, encoded record)`, sharing the bytes.
@@ -360,9 +514,9 @@ mod tests {
         let e1 = stream::event_record(1, T0, &subject, 1, &[]);
         let e2 = stream::event_record(2, T0, &subject, 2, &[]);
         // The changes of event record 1 were written (marker 1); those of record 2 were not.
-        store.append_durable_with_stream(&[], &[(1, e1.bytes.to_vec())], T0).expect("append");
+        store.stream_put(&[(1, e1.bytes.to_vec())], None, T0).expect("put");
         store.stream_put::<Vec<u8>>(&[], Some(1), T0).expect("marker");
-        store.append_durable_with_stream(&[], &[(2, e2.bytes.to_vec())], T0).expect("append");
+        store.stream_put(&[(2, e2.bytes.to_vec())], None, T0).expect("put");
         let index = index_with(BTreeMap::from([("j1".to_string(), record())]), 2);
         let stream = Stream::new(Default::default());
         let w = StreamWriter::open(&store, &index, stream.clone(), T0 + 120_000).expect("open");
@@ -416,13 +570,10 @@ mod tests {
         let subject = Subject::job("j1", None);
         let body = crate::store::log_value_body(&log[0].1).expect("body").to_vec();
         // Group 1 was whole; group 2 reached the log only.
+        store.append_durable(&log[..1]).expect("g1 log");
         store
-            .append_durable_with_stream(
-                &log[..1],
-                &[(1, stream::event_record(1, T0, &subject, 1, &body).bytes.to_vec())],
-                T0,
-            )
-            .expect("g1");
+            .stream_put_events(&[(1, stream::event_record(1, T0, &subject, 1, &body).bytes.to_vec())], 1, None, T0)
+            .expect("g1 stream");
         store.stream_put::<Vec<u8>>(&[], Some(1), T0).expect("marker");
         store.append_durable(&log[1..]).expect("g2 log only");
         let index = index_with(BTreeMap::from([("j1".to_string(), record())]), 2);
@@ -449,6 +600,107 @@ mod tests {
         StreamWriter::open(&store2, &index, Stream::new(Default::default()), T0).expect("open");
         assert_eq!(store2.stream_bounds().expect("bounds"), None);
         assert_eq!(store2.stream_log_through().expect("through"), Some(2));
+    }
+
+    /// Records handed to the flusher are written and published only after a flush: in order, with the durable
+    /// mark moved to the last. A failed flush publishes nothing, ends live subscribers and marks the stream
+    /// broken; records handed before the committer's new epoch (its reopen) are never written.
+    #[tokio::test]
+    async fn the_flusher_publishes_only_what_a_flush_made_durable_and_nothing_of_an_older_epoch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db")).expect("open");
+        let index = index_with(BTreeMap::new(), 0);
+        let stream = Stream::new(Default::default());
+        let w = StreamWriter::open(&store, &index, stream.clone(), T0).expect("open");
+        let subject = Subject::job("j", None);
+        let mut live = stream.hub.subscribe(100);
+        let hand = |from: u64, n: u64| {
+            let recs = (from..from + n).map(|c| stream::event_record(c, T0, &subject, c, &[])).collect();
+            w.flusher.hand(Handed { epoch: 0, recs, marks: Marks::default(), at_ms: T0 });
+        };
+        let cursors = || store.stream_read(0, 100).expect("read").iter().map(|r| r.cursor).collect::<Vec<_>>();
+        hand(1, 3);
+        let got = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("published").expect("live");
+        assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!(stream.durable.load(Ordering::Acquire), 3);
+        assert_eq!(cursors(), vec![1, 2, 3]);
+        // A failed flush: nothing published, the subscriber ended, the writer broken.
+        store.fail_flush.store(1, Ordering::Release);
+        hand(4, 2);
+        let end = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("ended");
+        assert!(matches!(end, Err(crate::stream::Ended::Closed)), "{end:?}");
+        assert!(w.broken());
+        assert_eq!(stream.durable.load(Ordering::Acquire), 3);
+        // Handed while broken, or in the old epoch: never written.
+        hand(6, 1);
+        w.before_reopen();
+        w.flusher.clear_failed();
+        let mut live = stream.hub.subscribe(100);
+        hand(7, 1);
+        let got = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("published").expect("live");
+        assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![7], "6 was of the old epoch");
+        w.finish();
+        assert_eq!(cursors(), vec![1, 2, 3, 4, 5, 7], "4-5 written (their flush failed), 6 never");
+    }
+
+    /// A store failure lost a group's stream write (its log append was synced and acknowledged): after the reopen
+    /// the writer adds the group's event records from the log and a resync for its job, flushed, published live
+    /// and marked durable, with cursors after every one handed out before.
+    #[tokio::test]
+    async fn after_a_reopen_the_writer_adds_the_event_records_a_failure_lost() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db")).expect("open");
+        let ev = |id: &str, kind| pb::LifecycleEvent {
+            job_id: "j1".into(),
+            event_id: id.into(),
+            source: "t".into(),
+            occurred_at: Some(startline_proto::time::ms_to_timestamp(T0)),
+            attempt: None,
+            kind: Some(kind),
+        };
+        let log: Vec<(u64, Vec<u8>)> = vec![
+            (1, crate::store::encode_log_value(&ev("s", pb::lifecycle_event::Kind::Submitted(Default::default())))),
+            (
+                2,
+                crate::store::encode_log_value(&ev(
+                    "f",
+                    pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 1 }),
+                )),
+            ),
+        ];
+        let stream = Stream::new(Default::default());
+        let index = index_with(BTreeMap::new(), 0);
+        let w = StreamWriter::open(&store, &index, stream.clone(), T0).expect("open");
+        store.append_durable(&log[..1]).expect("g1 log");
+        let subject = Subject::job("j1", None);
+        let mut live = stream.hub.subscribe(100);
+        let staged = w.stage(1).expect("not broken");
+        w.write_group(T0, staged, std::iter::once((subject, 1, log[0].1.as_slice())), Vec::new());
+        // Written and flushed by the flush thread.
+        let got = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("published").expect("live");
+        assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(store.stream_log_through().expect("marker"), Some(1));
+        assert_eq!(store.stream_changes_through().expect("marker"), 1);
+        // Group 2 reached the log; its stream write was lost with the failure.
+        store.append_durable(&log[1..]).expect("g2 log");
+        let index = index_with(BTreeMap::from([("j1".to_string(), record())]), 2);
+        w.before_reopen();
+        store.reopen().expect("reopen");
+        let mut live2 = stream.hub.subscribe(100);
+        w.after_reopen(&store, &index, T0 + 60_000);
+        assert!(!w.broken());
+        let recs = store.stream_read(1, 10).expect("read");
+        assert_eq!(recs.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![2, 3]);
+        assert!(matches!(&recs[0].record, Some(pb::stream_record::Record::Event(a)) if a.seq == 2));
+        assert!(matches!(&recs[1].record, Some(pb::stream_record::Record::Change(c)) if c.resync));
+        assert_eq!(stream.durable.load(std::sync::atomic::Ordering::Acquire), 3);
+        // The subscriber from before the reopen was ended (it resumes from the store); one from after it gets the
+        // repaired records live.
+        let end = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("ended");
+        assert!(matches!(end, Err(crate::stream::Ended::Closed)), "{end:?}");
+        let got = tokio::time::timeout(Duration::from_secs(10), live2.recv()).await.expect("published").expect("live");
+        assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![2, 3]);
+        w.finish();
     }
 
     /// The committer trims records older than `[stream] retention`, at most once a minute, never the newest.

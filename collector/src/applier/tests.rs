@@ -179,6 +179,9 @@ enum Op {
     /// The next fold's store write (`FAIL_FOLD_WRITE`) or snapshot delete (`FAIL_FOLD_DELETE`) is kept and
     /// reported failed: its jobs stay hot, the summaries it wrote become their stale ones.
     FailNextFold(u32),
+    /// A batch whose stream records' flush (on the flush thread, after the ack) reports failure: the committer
+    /// reopens the store and repairs the stream from the log.
+    SendFailingStreamFlush(Vec<(u8, u8)>),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -188,6 +191,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => events.prop_map(Op::SendFailing),
         1 => Just(Op::Restart),
         1 => prop_oneof![Just(crate::store::FAIL_FOLD_WRITE), Just(crate::store::FAIL_FOLD_DELETE)].prop_map(Op::FailNextFold),
+        1 => proptest::collection::vec((0u8..12, 0u8..10), 1..120).prop_map(Op::SendFailingStreamFlush),
     ]
 }
 
@@ -287,7 +291,30 @@ proptest! {
             let mut acked: BTreeSet<(String, String)> = BTreeSet::new();
             for (step, op) in ops.into_iter().enumerate() {
                 match op {
-                    Op::Send(evs) | Op::SendFailing(evs) if evs.is_empty() => {}
+                    Op::Send(evs) | Op::SendFailing(evs) | Op::SendFailingStreamFlush(evs) if evs.is_empty() => {}
+                    Op::SendFailingStreamFlush(numbers) => {
+                        let evs = distinct_events(&numbers, t0);
+                        let new = ids(&evs).difference(&acked).count() as u32;
+                        // An empty batch's answer: the committer is past its start (whose stream repair flushes too).
+                        send(&tx, &[]).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
+                        let reopens = health.reopens();
+                        store.fail_flush.store(1, std::sync::atomic::Ordering::Release);
+                        // Acknowledged: the ack waits for the log's sync, not for the stream's flush.
+                        let got = send(&tx, &evs).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
+                        assert_eq!((got.accepted, got.duplicates), (new, evs.len() as u32 - new), "step {step}");
+                        acked.extend(ids(&evs));
+                        let armed = || store.fail_flush.load(std::sync::atomic::Ordering::Acquire) > 0;
+                        if got.accepted == 0 && store.fail_flush.compare_exchange(1, 0, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire).is_ok() {
+                            // Nothing was written, so nothing flushed: the failure never happened.
+                        } else {
+                            // The flush failed (now or soon): the committer reopens the store.
+                            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                            while armed() || health.reopens() == reopens {
+                                assert!(std::time::Instant::now() < deadline, "step {step}: no reopen after the failed flush");
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                        }
+                    }
                     Op::Send(numbers) => {
                         let evs = distinct_events(&numbers, t0);
                         let new = ids(&evs).difference(&acked).count() as u32;
@@ -333,19 +360,32 @@ proptest! {
                     in_log.insert((job_id.clone(), ev.event_id));
                 }
                 assert_same(&in_log, &acked, &format!("step {step}: the log"));
-                // The stream's event records: one per acknowledged event, cursors increasing.
-                let mut in_stream = BTreeSet::new();
-                let mut last = 0;
-                for r in store.stream_read(0, usize::MAX).expect("stream") {
-                    assert!(r.cursor > last, "step {step}: cursor {} after {last}", r.cursor);
-                    last = r.cursor;
-                    if let Some(pb::stream_record::Record::Event(a)) = r.record {
-                        let ev = a.event.expect("event");
-                        let fresh = in_stream.insert((ev.job_id, ev.event_id));
-                        assert!(fresh, "step {step}: an event twice in the stream");
+                // The stream's event records: one per acknowledged event, cursors increasing (always); every
+                // acknowledged event there once its flush or, after a failed one, the reopen's repair is done.
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                loop {
+                    let mut in_stream = BTreeSet::new();
+                    let mut last = 0;
+                    let Ok(recs) = store.stream_read(0, usize::MAX) else {
+                        // Closed for the reopen at this moment.
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    for r in recs {
+                        assert!(r.cursor > last, "step {step}: cursor {} after {last}", r.cursor);
+                        last = r.cursor;
+                        if let Some(pb::stream_record::Record::Event(a)) = r.record {
+                            let ev = a.event.expect("event");
+                            let fresh = in_stream.insert((ev.job_id, ev.event_id));
+                            assert!(fresh, "step {step}: an event twice in the stream");
+                        }
                     }
+                    if in_stream == acked || std::time::Instant::now() > deadline {
+                        assert_same(&in_stream, &acked, &format!("step {step}: the stream"));
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                assert_same(&in_stream, &acked, &format!("step {step}: the stream"));
             }
             drop(tx);
             if let Some(c) = committer {

@@ -34,12 +34,17 @@ fn storage(e: crate::store::StoreError) -> Status {
 }
 
 impl StreamService {
+    /// Retained records after `after`, up to the newest durable one (a written record not yet flushed comes live
+    /// once it is).
     async fn read(&self, after: u64) -> Result<Vec<pb::StreamRecord>, Status> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.stream_read(after, CATCH_UP_CHUNK))
+        let durable = self.stream.durable.load(std::sync::atomic::Ordering::Acquire);
+        let mut recs = tokio::task::spawn_blocking(move || store.stream_read(after, CATCH_UP_CHUNK))
             .await
             .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(storage)
+            .map_err(storage)?;
+        recs.retain(|r| r.cursor <= durable);
+        Ok(recs)
     }
 
     /// Where a subscription starts: the cursor it resumes after.
@@ -49,7 +54,7 @@ impl StreamService {
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(storage)?;
-        let last = bounds.map_or(0, |(_, l)| l);
+        let last = bounds.map_or(0, |(_, l)| l).min(self.stream.durable.load(std::sync::atomic::Ordering::Acquire));
         match (req.after_cursor, bounds) {
             (Some(c), _) if c > last => Err(Status::out_of_range(format!(
                 "after_cursor: {c} is ahead of the newest record ({last}); was the collector's data replaced?"
@@ -237,12 +242,11 @@ mod tests {
             store.stream_put(std::slice::from_ref(r), None, r.0 as i64 * 1000).expect("put");
         }
         assert_eq!(store.stream_trim(4000, 100).expect("trim"), 3);
-        let svc = StreamService {
-            store,
-            stream: Stream::new(Default::default()),
-            shutdown: CancellationToken::new(),
-            clock: crate::time::Clock::system(),
-        };
+        let stream = Stream::new(Default::default());
+        // Durable through 6 (the writer marks what its flushes made durable).
+        stream.durable.store(6, std::sync::atomic::Ordering::Release);
+        let svc =
+            StreamService { store, stream, shutdown: CancellationToken::new(), clock: crate::time::Clock::system() };
         let after = |c| pb::SubscribeRequest { after_cursor: Some(c), ..Default::default() };
         for c in [0, 1, 2] {
             let e = collect(&svc, after(c), 1).await.expect_err("trimmed");
@@ -257,5 +261,13 @@ mod tests {
         let e = collect(&svc, after(7), 1).await.expect_err("ahead");
         assert_eq!(e.code(), tonic::Code::OutOfRange);
         assert!(e.message().contains("ahead of the newest record (6)"), "{e}");
+        // A record written and not yet durable is not read from the store (it comes live once flushed), nor does
+        // it count as the newest.
+        svc.store.stream_put(&[record(7)], None, 7000).expect("put");
+        assert!(svc.read(6).await.expect("read").is_empty());
+        let e = collect(&svc, after(7), 1).await.expect_err("ahead");
+        assert!(e.message().contains("ahead of the newest record (6)"), "{e}");
+        svc.stream.durable.store(7, std::sync::atomic::Ordering::Release);
+        assert_eq!(svc.read(6).await.expect("read").iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![7]);
     }
 }

@@ -126,7 +126,7 @@ pub(super) fn encode_block_at(
     let mut out = Vec::with_capacity(raw.len() / 2 + 16);
     let mut compressed = None;
     if raw.len() > COMPRESS_OVER {
-        let z = zstd::bulk::compress(&raw, level).map_err(|e| kind.bad(first, e))?;
+        let z = compress(&raw, level).map_err(|e| kind.bad(first, e))?;
         if z.len() + 4 < raw.len() {
             compressed = Some(z);
         }
@@ -596,6 +596,25 @@ pub(super) fn migrate_legacy(db: &sled::Db, legacy: &sled::Tree, blocks: &sled::
     legacy.clear()?;
     db.flush()?;
     Ok(moved)
+}
+
+/// zstd at `level` with this thread's compression context, reused: creating one per call (what
+/// `zstd::bulk::compress` does) costs more than compressing a group commit's block. The output is the same.
+pub(super) fn compress(raw: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
+    thread_local! {
+        static CCTX: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    CCTX.with(|c| {
+        let mut slot = c.borrow_mut();
+        if slot.as_ref().is_none_or(|(l, _)| *l != level) {
+            *slot = Some((level, zstd::bulk::Compressor::new(level)?));
+        }
+        match slot.as_mut() {
+            Some((_, z)) => z.compress(raw),
+            None => zstd::bulk::compress(raw, level),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -94,10 +94,10 @@
 //! in the log with neither a snapshot nor a readable summary) are rebuilt from the whole log (see [`packs`]).
 //!
 //! # What a flush promises
-//! `append_durable` returns after the log's append is synced (`fdatasync`) and sled's `flush`, which writes and
-//! `fsync`s sled's log: an acknowledged event survives a crash of the process and of the machine, provided the
-//! disk honours fsync. The log's append goes first: nothing sled holds refers to an event not yet durable in
-//! the log. sled checksums its own
+//! `append_durable` returns after the log's append is synced (`fdatasync`): an acknowledged event survives a
+//! crash of the process and of the machine, provided the disk honours fsync. sled is flushed (its `flush` writes
+//! and `fsync`s sled's log) by whoever needs its own writes durable: checkpoints, folds, retention's log upkeep,
+//! and the stream's flush thread; nothing sled holds refers to an event not yet durable in the log. sled checksums its own
 //! log segments and recovers the longest intact prefix of them after a crash; values written but not yet
 //! flushed may or may not survive (never acknowledged, so never counted on).
 //!
@@ -496,6 +496,9 @@ pub struct Store {
     /// short by a full disk can leave: sled kept some of it, the caller was told it failed).
     #[cfg(test)]
     pub(crate) fail_after_write: Arc<std::sync::atomic::AtomicU32>,
+    #[cfg(test)]
+    /// Tests: the next this many [`Store::flush`] calls report failure without flushing.
+    pub(crate) fail_flush: Arc<std::sync::atomic::AtomicU32>,
     /// Tests: [`FAIL_FOLD_WRITE`] makes the next [`Store::fold_write`], [`FAIL_FOLD_DELETE`] the next
     /// [`Store::fold_delete`], write and flush, then report a failure (once).
     #[cfg(test)]
@@ -748,6 +751,8 @@ impl Store {
             next_summary: Arc::new(next_summary.into()),
             #[cfg(test)]
             fail_after_write: Arc::default(),
+            #[cfg(test)]
+            fail_flush: Arc::default(),
             #[cfg(test)]
             fail_fold: Arc::default(),
         })
@@ -1331,36 +1336,17 @@ impl Store {
         Ok(u64::from_be_bytes(arr))
     }
 
-    /// Appends encoded events at the given sequences in one atomic batch and flushes: when this returns `Ok`,
-    /// the events survive a crash of the process.
+    /// Appends encoded events at the given sequences to the log's files, all or none, and syncs them: when this
+    /// returns `Ok`, the events survive a crash of the process and of the machine. sled is not flushed: nothing
+    /// it holds is needed to read the log.
     pub fn append_durable(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
-        self.append_durable_with_stream::<Vec<u8>>(entries, &[], 0)
-    }
-
-    /// [`Store::append_durable`], also writing stream records (`(cursor, encoded StreamRecord)`) before the same
-    /// flush: everything written before it (earlier unflushed stream records included) is durable on `Ok`.
-    pub fn append_durable_with_stream<B: AsRef<[u8]>>(
-        &self,
-        entries: &[(u64, Vec<u8>)],
-        stream: &[(u64, B)],
-        at_ms: i64,
-    ) -> Result<(), StoreError> {
         let t = self.t()?;
         let mut bodies = Vec::with_capacity(entries.len());
         for (seq, value) in entries {
             let body = unseal(value, true).map_err(|r| corrupt_log(&seq.to_be_bytes(), r))?;
             bodies.push((*seq, body));
         }
-        // The log's files first, synced: everything sled holds refers only to events already durable there.
         t.files.append(&log::encode_blocks(&bodies)?)?;
-        if !stream.is_empty() {
-            let mut batch = stream_batch(stream, at_ms)?;
-            if let Some((last, _)) = entries.last() {
-                batch.insert(STREAM_LOG_KEY, seal(&last.to_be_bytes()));
-            }
-            t.stream.apply_batch(batch)?;
-        }
-        t.db.flush()?;
         #[cfg(test)]
         {
             use std::sync::atomic::Ordering;
@@ -1371,11 +1357,25 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes the stream blocks keyed (by first cursor) from `from` through `to` and flushes; returns how many
-    /// went. After a failed group commit and a reopen, those are the failed groups' records that sled kept.
-    pub fn drop_stream_blocks(&self, from: u64, to: u64) -> Result<usize, StoreError> {
+    /// Writes stream records holding the event records of log entries (consecutive cursors, recorded at `at_ms`)
+    /// with the stream's log marker (event records are held through log sequence `log_through`) and, when given,
+    /// the changes marker (see [`Store::stream_put`]), in one batch, without a flush: a crash before the next
+    /// flush loses all or none, and the stream's writer adds the missing records from the log at start.
+    pub fn stream_put_events<B: AsRef<[u8]>>(
+        &self,
+        records: &[(u64, B)],
+        log_through: u64,
+        changes_through: Option<u64>,
+        at_ms: i64,
+    ) -> Result<(), StoreError> {
         let t = self.t()?;
-        delete_range(&t.db, &t.stream, stream_key(from)..=stream_key(to))
+        let mut batch = stream_batch(records, at_ms)?;
+        batch.insert(STREAM_LOG_KEY, seal(&log_through.to_be_bytes()));
+        if let Some(c) = changes_through {
+            batch.insert(STREAM_CHANGES_KEY, seal(&c.to_be_bytes()));
+        }
+        t.stream.apply_batch(batch)?;
+        Ok(())
     }
 
     /// Deletes every log block after sequence `seq` and flushes; returns how many went. After a failed group
@@ -1795,6 +1795,13 @@ impl Store {
     /// Flushes everything written so far.
     pub fn flush(&self) -> Result<(), StoreError> {
         let t = self.t()?;
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering;
+            if self.fail_flush.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok() {
+                return Err(StoreError::Sled(sled::Error::Io(std::io::Error::from_raw_os_error(5))));
+            }
+        }
         t.db.flush()?;
         Ok(())
     }
@@ -1842,26 +1849,6 @@ impl Store {
 
 const STREAM_CHANGES_KEY: &[u8] = b"\0changes_through";
 const STREAM_LOG_KEY: &[u8] = b"\0log_through";
-
-/// Deletes the keys of `tree` in `range` in one batch and flushes (if any went); returns how many went.
-fn delete_range(
-    db: &sled::Db,
-    tree: &sled::Tree,
-    range: std::ops::RangeInclusive<[u8; 9]>,
-) -> Result<usize, StoreError> {
-    let mut batch = sled::Batch::default();
-    let mut n = 0;
-    for kv in tree.range(range) {
-        let (k, _) = kv?;
-        batch.remove(k);
-        n += 1;
-    }
-    if n > 0 {
-        tree.apply_batch(batch)?;
-        db.flush()?;
-    }
-    Ok(n)
-}
 
 fn stream_key(cursor: u64) -> [u8; 9] {
     let mut k = [1u8; 9];
@@ -1915,7 +1902,7 @@ fn encode_stream_blocks<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Res
         }
         let count = (j - i) as u32;
         let (format, payload) = if raw.len() > 256 {
-            let z = zstd::bulk::compress(&raw, 1).map_err(|e| corrupt("stream", &stream_key(first), e))?;
+            let z = log::compress(&raw, 1).map_err(|e| corrupt("stream", &stream_key(first), e))?;
             (STREAM_ZSTD, z)
         } else {
             (STREAM_RAW, raw.clone())

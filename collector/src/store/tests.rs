@@ -758,10 +758,10 @@ fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_whole_blocks
         assert_eq!(store.stream_bounds().expect("bounds"), None);
         assert_eq!(store.stream_changes_through().expect("marker"), 0);
         let ev1 = encode_log_value(&ev("j", "e1", 1000, submitted()));
-        // Block 1-2 with the log entry, block 3-4 without a flush, then a large block 5-104 (compressed).
-        store
-            .append_durable_with_stream(&[(1, ev1)], &[stream_rec(1, 1000), stream_rec(2, 1000)], 1000)
-            .expect("append");
+        // Block 1-2 with the log marker, block 3-4 with the changes marker, then a large block 5-104 (compressed),
+        // one flush.
+        store.append_durable(&[(1, ev1)]).expect("append");
+        store.stream_put_events(&[stream_rec(1, 1000), stream_rec(2, 1000)], 1, None, 1000).expect("put events");
         store.stream_put(&[stream_rec(3, 2000), stream_rec(4, 3000)], Some(2), 3000).expect("put");
         let big: Vec<(u64, Vec<u8>)> = (5..=104).map(|c| stream_rec(c, 4000)).collect();
         store.stream_put(&big, None, 4000).expect("put");

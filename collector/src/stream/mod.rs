@@ -8,14 +8,16 @@
 //! alert loop posts to the outbox, the gRPC service (`export::stream`) reads.
 //!
 //! # Ordering and durability (the contract a subscriber relies on)
-//! One writer assigns cursors: the committer. Event records are written in the same flush as their log
-//! entries; the job changes of a group commit (one per job it changed: the view before its first event of the
-//! group against the view after the group) (and alert changes posted meanwhile) are written after it and
-//! become durable with the next flush (the next group commit's, or an idle flush right after). Records are
-//! handed to live subscribers only once durable, in cursor order, so a record a subscriber has seen is never
-//! lost by a crash and a reconnect after cursor `c` (reading the store's `stream` tree, then live) yields
-//! exactly the records after `c`. A crash can lose change records that nobody was sent yet; restore then
-//! writes a *resync* change (the job's state now) for every job whose event records lack their changes.
+//! One writer assigns cursors: the committer. A group commit's event records are written once its log append
+//! is synced (the ack waits for that sync only), then the group's job changes (one per job it changed: the view
+//! before its first event of the group against the view after the group) and alert changes posted meanwhile;
+//! a flush thread makes them durable off the commit path. Records are handed to live subscribers, and become
+//! readable by a catch-up ([`Stream::durable`]), only once durable, in cursor order, so a record a subscriber
+//! has seen is never lost by a crash and a reconnect after cursor `c` (reading the store's `stream` tree, then
+//! live) yields exactly the records after `c`. A crash (or a store failure) can lose records nobody was sent
+//! yet: at start (or after the reopen) the event records of log entries past the stream's log marker are
+//! added from the log, and a *resync* change (the job's state now) is written for every job whose event
+//! records lack their changes.
 
 use crate::job::{JobAttrs, JobState, Segment, Timeline};
 use crate::slo::{Contribution, Standing};
@@ -539,6 +541,9 @@ pub struct Stream {
     outbox: Mutex<Vec<AlertNote>>,
     /// Records written (self-metric).
     pub written: AtomicU64,
+    /// The newest cursor known durable (flushed, or read back from disk at start): catch-up reads stop there, so
+    /// a subscriber never sees a record a crash could still lose.
+    pub durable: AtomicU64,
     /// Subscribers disconnected for falling behind (self-metric).
     pub overflows: AtomicU64,
     /// Woken when alert changes are posted (the committer writes them without waiting for a group commit).
@@ -564,6 +569,7 @@ impl Stream {
             hub: Hub::default(),
             outbox: Mutex::new(Vec::new()),
             written: AtomicU64::new(0),
+            durable: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             calls: AtomicU64::new(0),
