@@ -67,9 +67,13 @@ pub async fn json(State(s): State<ApiState>, Params(q): Params) -> Result<Json<c
     let index = s.index.clone();
     // A full scan: off the async workers, in chunks under short read locks.
     let report = tokio::task::spawn_blocking(move || {
-        let mut c = compare::Collector::new(query);
-        index.for_each_job_with_slo(SCAN_CHUNK, |_, r| c.add(r));
-        c.finish(&slos)
+        let c = std::cell::RefCell::new(compare::Collector::new(query));
+        index.for_each_job_with_slo_where(
+            SCAN_CHUNK,
+            |_, f| c.borrow().wants(f.attrs, f.row.submitted_at()),
+            |_, r| c.borrow_mut().add(r),
+        );
+        c.into_inner().finish(&slos)
     })
     .await
     .map_err(ApiError::unavailable)?;
@@ -81,9 +85,13 @@ pub async fn svg(State(s): State<ApiState>, Params(q): Params) -> Result<Respons
     let query = parse(&s, &q)?;
     let index = s.index.clone();
     let samples = tokio::task::spawn_blocking(move || {
-        let mut c = compare::Collector::new(compare::Query { by: None, ..query });
-        index.for_each_job_with_slo(SCAN_CHUNK, |_, r| c.add(r));
-        c.samples()
+        let c = std::cell::RefCell::new(compare::Collector::new(compare::Query { by: None, ..query }));
+        index.for_each_job_with_slo_where(
+            SCAN_CHUNK,
+            |_, f| c.borrow().wants(f.attrs, f.row.submitted_at()),
+            |_, r| c.borrow_mut().add(r),
+        );
+        c.into_inner().samples()
     })
     .await
     .map_err(ApiError::unavailable)?;

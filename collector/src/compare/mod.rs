@@ -111,8 +111,10 @@ struct Side {
     ended_before_start: u64,
     ttfs: Vec<f64>,
     wait_ms: BTreeMap<Segment, i64>,
-    slo: BTreeMap<u16, (u64, u64)>,
-    by_hour: BTreeMap<u32, Vec<f64>>,
+    /// Good and bad decisions by SLO index (`None`: no job of the side is covered by it).
+    slo: Vec<Option<(u64, u64)>>,
+    /// TTFS samples by hour of the day (UTC) of the submit.
+    by_hour: [Vec<f64>; 24],
     /// Per priced job: (cost, useful GPU-hours).
     costs: Vec<(f64, f64)>,
     unpriced: u64,
@@ -297,8 +299,10 @@ impl Side {
             (Some(ttfs), _) => {
                 let s = secs(ttfs);
                 self.ttfs.push(s);
-                let hour = (t.submitted_at.unwrap_or(0).rem_euclid(86_400_000) / 3_600_000) as u32;
-                self.by_hour.entry(hour).or_default().push(s);
+                let hour = (t.submitted_at.unwrap_or(0).rem_euclid(86_400_000) / 3_600_000) as usize;
+                if let Some(h) = self.by_hour.get_mut(hour) {
+                    h.push(s);
+                }
             }
             (None, Some(_)) => self.ended_before_start += 1,
             (None, None) => self.waiting += 1,
@@ -308,7 +312,11 @@ impl Side {
             *e = e.saturating_add(*ms);
         }
         for c in job.slo {
-            let e = self.slo.entry(c.slo).or_default();
+            let i = usize::from(c.slo);
+            if self.slo.len() <= i {
+                self.slo.resize(i + 1, None);
+            }
+            let e = self.slo[i].get_or_insert_default();
             match c.standing {
                 Standing::Good { .. } => e.0 += 1,
                 Standing::Bad { .. } => e.1 += 1,
@@ -346,8 +354,10 @@ impl Side {
         let slo = self
             .slo
             .iter()
-            .filter_map(|(i, (good, bad))| {
-                let d = slos.get(*i as usize)?;
+            .enumerate()
+            .filter_map(|(i, counts)| {
+                let (good, bad) = counts.as_ref()?;
+                let d = slos.get(i)?;
                 let total = good.saturating_add(*bad);
                 Some(SloCompliance {
                     slo: d.name.clone(),
@@ -357,9 +367,9 @@ impl Side {
                 })
             })
             .collect();
-        let by_hour = (0..24)
+        let by_hour = (0..24u32)
             .map(|h| {
-                let mut xs = self.by_hour.get(&h).cloned().unwrap_or_default();
+                let mut xs = std::mem::take(&mut self.by_hour[h as usize]);
                 xs.sort_by(f64::total_cmp);
                 HourStats {
                     hour_utc: h,
@@ -407,6 +417,15 @@ impl Collector {
     /// An empty accumulation for a query.
     pub fn new(q: Query) -> Self {
         Collector { q, groups: BTreeMap::new() }
+    }
+
+    /// Whether a job with these attributes, submitted then, counts ([`Collector::add`] ignores the rest): a scan
+    /// asks before filling in a folded job's timeline.
+    pub fn wants(&self, attrs: &crate::job::JobAttrs, submitted_at: i64) -> bool {
+        let q = &self.q;
+        submitted_at >= q.now_ms.saturating_sub(q.window_ms)
+            && submitted_at <= q.now_ms
+            && (q.left.matches(attrs) || q.right.matches(attrs))
     }
 
     /// Adds one job (ignored unless submitted in the window and on a side).

@@ -306,6 +306,38 @@ proptest! {
         let svg = cdf_overlay("l", &samples.left, "r", &samples.right);
         assert_chart(&svg, &samples.left, &samples.right)?;
     }
+
+    /// A scan may skip (not fill in) a folded job `wants` refuses: the comparison of only the jobs it accepts is
+    /// the comparison of all of them.
+    #[test]
+    fn skipping_the_jobs_wants_refuses_changes_nothing(
+        jobs in prop::collection::vec(job(), 0..24),
+        now_ms in prop_oneof![Just(NOW), Just(NOW - 20 * 86_400_000), any::<i64>()],
+        window_ms in prop_oneof![Just(60_000i64), Just(7 * 86_400_000i64), Just(30 * 86_400_000i64), Just(i64::MAX)],
+        left in prop_oneof![Just("pool_kind=managed"), Just("gpu_class=h100"), Just("")],
+    ) {
+        let q = Query {
+            left: Selector::parse(left).map_err(TestCaseError::fail)?,
+            right: Selector::parse("pool_kind=dedicated,gpu_class=a100").map_err(TestCaseError::fail)?,
+            by: Some(Attr::GpuClass),
+            window_ms,
+            now_ms,
+            cost: None,
+        };
+        let slos = crate::slo::SloDef::defaults();
+        let mut all = Collector::new(q.clone());
+        let mut wanted = Collector::new(q);
+        for rec in &jobs {
+            all.add(rec.view());
+            let t = &rec.rec.timeline;
+            if let (Some(a), Some(sub)) = (t.attrs.as_deref(), t.submitted_at) {
+                if wanted.wants(a, sub) {
+                    wanted.add(rec.view());
+                }
+            }
+        }
+        prop_assert_eq!(all.finish(&slos), wanted.finish(&slos));
+    }
 }
 
 const NOW: i64 = 1_767_225_600_000;

@@ -527,6 +527,20 @@ impl SharedIndex {
         );
     }
 
+    /// [`SharedIndex::for_each_job_with_slo`], showing each folded job to `pre` first (see
+    /// [`SharedIndex::scan_where`]): only rows it accepts are filled in and go to `f`.
+    pub fn for_each_job_with_slo_where(
+        &self,
+        chunk: usize,
+        pre: impl FnMut(&str, FoldedRef<'_>) -> bool,
+        mut f: impl FnMut(&str, JobRef<'_>),
+    ) {
+        self.scan(None, chunk, Needs { slo: true, placements: false }, pre, |k, r| {
+            f(k, r);
+            true
+        });
+    }
+
     /// [`SharedIndex::for_each_job`] with folded jobs' placements filled in too (the other scans leave a folded
     /// job's `timeline.placements` empty: copying them is most of a scan's cost per folded job).
     pub fn for_each_job_with_placements(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
