@@ -18,12 +18,14 @@ impl Committer {
         let now = self.settings.clock.now_ms();
         let mut records = Vec::new();
         // Cursors for waiting alert changes first, then the change records built below (none while the stream
-        // is broken: the reopen's repair resyncs).
+        // is broken: the jobs are named for the reopen's repair, which resyncs them).
         let staged = self.stream.as_ref().and_then(|sw| sw.stage(0));
         {
             let mut idx = self.index.write();
             let due = idx.advance_deadlines(to_ms);
-            if let Some(sw) = self.stream.as_ref().filter(|_| staged.is_some()) {
+            if let (Some(sw), None) = (&self.stream, &staged) {
+                sw.resync_later(due.into_iter().map(|(job_id, _)| job_id));
+            } else if let Some(sw) = &self.stream {
                 let named = |i| super::stream::slo_name(&idx.slo, i);
                 for (job_id, before) in due {
                     let Some(h) = idx.jobs.get(&job_id) else { continue };

@@ -273,6 +273,11 @@ impl Committer {
                 };
                 wait = wait.min(fold_wait);
             }
+            // A broken stream is retried at least every reopen backoff (its failure's wake-up may have come while
+            // a reopen was not yet allowed).
+            if self.stream.as_ref().is_some_and(|s| s.broken()) {
+                wait = wait.min(REOPEN_BACKOFF.max(Duration::from_millis(50)));
+            }
             let first = match rx.try_recv() {
                 Ok(r) => Some(r),
                 Err(mpsc::error::TryRecvError::Disconnected) => break,

@@ -28,6 +28,8 @@ pub(super) struct StreamWriter {
     /// The next cursor.
     next: Cell<u64>,
     last_trim: Cell<Instant>,
+    /// Jobs whose change records could not be written (the stream was broken): resynced by the next repair.
+    resync_later: std::cell::RefCell<std::collections::BTreeSet<String>>,
     flusher: Flusher,
 }
 
@@ -45,6 +47,7 @@ impl StreamWriter {
             stream,
             next: Cell::new(1),
             last_trim: Cell::new(Instant::now()),
+            resync_later: Default::default(),
         };
         w.repair(store, index, now_ms)?;
         Ok(w)
@@ -69,20 +72,29 @@ impl StreamWriter {
                 self.flusher.clear_failed();
                 tracing::warn!("stream: repaired after the store was reopened");
             }
-            Err(e) => tracing::error!(error = %e, "stream: repair after the reopen failed; retried at the next"),
+            Err(e) => {
+                // Still broken: nothing is written (so no marker moves past the events the repair must cover)
+                // until the next reopen's repair succeeds.
+                tracing::error!(error = %e, "stream: repair after the reopen failed; retried at the next reopen");
+                self.flusher.set_failed();
+            }
         }
     }
 
     /// Makes the store's stream whole with its log and index: cursors continue after the newest record (never
     /// reusing one handed out before), event records the store lacks are added from the log, jobs whose change
-    /// records are missing get a resync record; everything is flushed and published, and every record the store
-    /// now holds counts as durable.
+    /// records are missing (and those [`StreamWriter::resync_later`] named) get a resync record; everything is
+    /// flushed, every record the store now holds counts as durable, and live subscribers get the new records
+    /// (or, when the store also holds records they were never sent, are ended so that they read them from it).
     fn repair(&self, store: &Store, index: &SharedIndex, now_ms: i64) -> Result<(), StoreError> {
-        let held = store.stream_bounds()?.map_or(1, |(_, last)| last + 1);
-        self.next.set(self.next.get().max(held));
+        let held_last = store.stream_bounds()?.map_or(0, |(_, last)| last);
+        self.next.set(self.next.get().max(held_last + 1));
+        // Records a failed flush or repair left in the store (sled can keep a write it reported failed): durable
+        // now, never published.
+        let unpublished = held_last > self.stream.durable.load(Ordering::Acquire);
         let mut recs = self.repair_events(store, index, now_ms)?;
         let through = store.stream_changes_through()?;
-        let mut jobs = std::collections::BTreeSet::new();
+        let mut jobs: std::collections::BTreeSet<String> = self.resync_later.borrow().iter().cloned().collect();
         let mut after = through;
         loop {
             let chunk = store.stream_read(after, 10_000)?;
@@ -116,8 +128,8 @@ impl StreamWriter {
             recs.extend(resync);
         }
         store.flush()?;
-        // Durable: a subscriber that connected meanwhile gets them live too.
-        self.flusher.publish_now(&self.stream, recs, self.next.get() - 1);
+        self.resync_later.borrow_mut().clear();
+        self.flusher.repaired(&self.stream, recs, self.next.get() - 1, unpublished);
         Ok(())
     }
 
@@ -141,8 +153,11 @@ impl StreamWriter {
             return Ok(Vec::new());
         }
         let mut added = Vec::new();
-        loop {
-            let logged = store.log_after(through, 10_000)?;
+        // Up to the last acknowledged sequence: after a failed group commit the log may still hold its blocks
+        // (when cutting them failed too); they were never acknowledged.
+        while through < last_seq {
+            let mut logged = store.log_after(through, 10_000)?;
+            logged.retain(|(seq, _, _)| *seq <= last_seq);
             let Some((last, _, _)) = logged.last() else { break };
             let last = *last;
             let recs: Vec<Rec> = {
@@ -222,6 +237,12 @@ impl StreamWriter {
         }
     }
 
+    /// Jobs whose change (made by time passing, not an event) could not be recorded: the next repair writes
+    /// their resync records.
+    pub(super) fn resync_later(&self, jobs: impl IntoIterator<Item = String>) {
+        self.resync_later.borrow_mut().extend(jobs);
+    }
+
     /// Allocates a cursor for a job change and builds its record.
     pub(super) fn change(&self, now_ms: i64, subject: &Subject, change: startline_proto::pb::JobChange) -> Rec {
         stream::change_record(self.alloc(), now_ms, subject, change)
@@ -285,6 +306,9 @@ struct Flusher {
     tx: Mutex<Option<std::sync::mpsc::Sender<Handed>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     shared: Arc<FlushShared>,
+    /// For cycles run by the committer itself when the thread could not start.
+    store: Store,
+    stream: Arc<Stream>,
 }
 
 #[derive(Default)]
@@ -314,23 +338,22 @@ impl Flusher {
     fn start(store: Store, stream: Arc<Stream>) -> Flusher {
         let shared = Arc::new(FlushShared::default());
         let (tx, rx) = std::sync::mpsc::channel::<Handed>();
-        let sh = shared.clone();
+        let (sh, st, sr) = (shared.clone(), store.clone(), stream.clone());
         let thread = std::thread::Builder::new().name("startline-stream-flush".into()).spawn(move || {
             while let Ok(first) = rx.recv() {
                 let mut handed = vec![first];
                 handed.extend(rx.try_iter());
-                sh.cycle(&store, &stream, handed);
+                sh.cycle(&st, &sr, handed);
             }
         });
         let (tx, thread) = match thread {
             Ok(h) => (Some(tx), Some(h)),
             Err(e) => {
-                tracing::error!(error = %e, "cannot start the stream's flush thread; the stream is not kept until a restart");
-                shared.failed.store(true, Ordering::Release);
+                tracing::error!(error = %e, "cannot start the stream's flush thread; the committer writes and flushes the stream itself");
                 (None, None)
             }
         };
-        Flusher { tx: Mutex::new(tx), thread: Mutex::new(thread), shared }
+        Flusher { tx: Mutex::new(tx), thread: Mutex::new(thread), shared, store, stream }
     }
 
     fn failed(&self) -> bool {
@@ -351,20 +374,33 @@ impl Flusher {
     fn hand(&self, mut h: Handed) {
         h.epoch = self.shared.epoch.load(Ordering::Acquire);
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = tx.as_ref() {
-            if tx.send(h).is_ok() {
-                return;
-            }
-        }
-        // No thread: never written; the repair after a restart adds the event records.
+        let h = match tx.as_ref() {
+            Some(tx) => match tx.send(h) {
+                Ok(()) => return,
+                Err(std::sync::mpsc::SendError(h)) => h,
+            },
+            None => h,
+        };
+        drop(tx);
+        // No thread (it could not start, or is gone): the cycle runs here, on the commit path.
+        self.shared.cycle(&self.store, &self.stream, vec![h]);
+    }
+
+    fn set_failed(&self) {
         self.shared.failed.store(true, Ordering::Release);
     }
 
-    /// Publishes records the caller has just flushed, and counts everything through `durable` as durable.
-    fn publish_now(&self, stream: &Stream, recs: Vec<Rec>, durable: u64) {
+    /// After a repair the caller flushed: everything through `durable` is durable; the repair's records go to
+    /// live subscribers, or, when the store holds records they were never sent (`unpublished`), they are ended
+    /// and read them from the store.
+    fn repaired(&self, stream: &Stream, recs: Vec<Rec>, durable: u64, unpublished: bool) {
         let _cycle = self.shared.lock();
         stream.durable.fetch_max(durable, Ordering::AcqRel);
-        publish(stream, recs);
+        if unpublished {
+            stream.hub.close();
+        } else {
+            publish(stream, recs);
+        }
     }
 
     /// Waits for the thread's last cycle.
@@ -700,6 +736,60 @@ mod tests {
         assert!(matches!(end, Err(crate::stream::Ended::Closed)), "{end:?}");
         let got = tokio::time::timeout(Duration::from_secs(10), live2.recv()).await.expect("published").expect("live");
         assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![2, 3]);
+        w.finish();
+    }
+
+    /// After a failed flush sled may keep records nobody was sent, and after a failed group commit the log may keep
+    /// blocks nobody acknowledged: the repair adds event records only up to the index's last sequence, counts the
+    /// kept records durable, and ends live subscribers so that they read them from the store (none skipped).
+    #[tokio::test]
+    async fn a_repair_stops_at_the_last_acknowledged_sequence_and_sends_kept_records_through_the_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db")).expect("open");
+        let ev = |id: &str| pb::LifecycleEvent {
+            job_id: "j1".into(),
+            event_id: id.into(),
+            source: "t".into(),
+            occurred_at: Some(startline_proto::time::ms_to_timestamp(T0)),
+            attempt: None,
+            kind: Some(pb::lifecycle_event::Kind::Submitted(Default::default())),
+        };
+        let log: Vec<(u64, Vec<u8>)> =
+            (1..=3).map(|n| (n, crate::store::encode_log_value(&ev(&format!("e{n}"))))).collect();
+        let stream = Stream::new(Default::default());
+        let w = StreamWriter::open(&store, &index_with(BTreeMap::new(), 0), stream.clone(), T0).expect("open");
+        store.append_durable(&log[..1]).expect("g1 log");
+        let subject = Subject::job("j1", None);
+        let staged = w.stage(1).expect("not broken");
+        let mut live = stream.hub.subscribe(100);
+        w.write_group(T0, staged, std::iter::once((subject.clone(), 1, log[0].1.as_slice())), Vec::new());
+        let got = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("published").expect("live");
+        assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![1]);
+        // Group 2 (seq 2) acknowledged, its stream write lost; a change record (cursor 2) kept by sled although its
+        // flush failed; group 3 (seq 3) failed and its block was not cut.
+        store.append_durable(&log[1..]).expect("g2, g3 log");
+        store
+            .stream_put(&[(2, stream::change_record(2, T0, &subject, Default::default()).bytes.to_vec())], None, T0)
+            .expect("kept");
+        let index = index_with(BTreeMap::from([("j1".to_string(), record())]), 2);
+        w.before_reopen();
+        store.reopen().expect("reopen");
+        let mut live = stream.hub.subscribe(100);
+        w.after_reopen(&store, &index, T0 + 60_000);
+        let recs = store.stream_read(0, 10).expect("read");
+        let event_seqs: Vec<u64> = recs
+            .iter()
+            .filter_map(|r| match &r.record {
+                Some(pb::stream_record::Record::Event(a)) => Some(a.seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(event_seqs, vec![1, 2], "seq 3 was never acknowledged");
+        assert_eq!(store.stream_log_through().expect("marker"), Some(2));
+        let last = recs.last().map_or(0, |r| r.cursor);
+        assert_eq!(stream.durable.load(Ordering::Acquire), last);
+        let end = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("ended");
+        assert!(matches!(end, Err(crate::stream::Ended::Closed)), "kept record 2 was never sent: {end:?}");
         w.finish();
     }
 
