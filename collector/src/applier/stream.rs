@@ -529,6 +529,28 @@ mod tests {
         ])
     }
 
+    /// Job j1's `submitted` and `first_step`, encoded as the log stores them, at sequences 1 and 2.
+    fn submitted_then_first_step() -> Vec<(u64, Vec<u8>)> {
+        let ev = |id: &str, kind| pb::LifecycleEvent {
+            job_id: "j1".into(),
+            event_id: id.into(),
+            source: "t".into(),
+            occurred_at: Some(startline_proto::time::ms_to_timestamp(T0)),
+            attempt: None,
+            kind: Some(kind),
+        };
+        vec![
+            (1, crate::store::encode_log_value(&ev("s", pb::lifecycle_event::Kind::Submitted(Default::default())))),
+            (
+                2,
+                crate::store::encode_log_value(&ev(
+                    "f",
+                    pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 1 }),
+                )),
+            ),
+        ]
+    }
+
     fn index_with(jobs: BTreeMap<String, JobRecord>, last_seq: u64) -> crate::index::SharedIndex {
         crate::index::SharedIndex::new(JobIndex::new_at(
             jobs,
@@ -578,31 +600,14 @@ mod tests {
         assert_eq!(store.stream_read(3, 10).expect("read").len(), 0);
     }
 
-    /// The log batch of a group commit is applied before the stream's: a crash between the two can leave events
-    /// in the log (sled's background flush persisted them) with no event record. The next start adds them, after
+    /// A group commit's log append is synced before its stream records are written (by the flush thread, after
+    /// the acks): a crash between the two leaves events in the log with no event record. The next start adds them, after
     /// the records already there, and resyncs their jobs.
     #[test]
     fn log_entries_a_crash_left_out_of_the_stream_are_added_at_start() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("db")).expect("open");
-        let ev = |id: &str, kind| pb::LifecycleEvent {
-            job_id: "j1".into(),
-            event_id: id.into(),
-            source: "t".into(),
-            occurred_at: Some(startline_proto::time::ms_to_timestamp(T0)),
-            attempt: None,
-            kind: Some(kind),
-        };
-        let log: Vec<(u64, Vec<u8>)> = vec![
-            (1, crate::store::encode_log_value(&ev("s", pb::lifecycle_event::Kind::Submitted(Default::default())))),
-            (
-                2,
-                crate::store::encode_log_value(&ev(
-                    "f",
-                    pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 1 }),
-                )),
-            ),
-        ];
+        let log = submitted_then_first_step();
         let subject = Subject::job("j1", None);
         let body = crate::store::log_value_body(&log[0].1).expect("body").to_vec();
         // Group 1 was whole; group 2 reached the log only.
@@ -686,24 +691,7 @@ mod tests {
     async fn after_a_reopen_the_writer_adds_the_event_records_a_failure_lost() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("db")).expect("open");
-        let ev = |id: &str, kind| pb::LifecycleEvent {
-            job_id: "j1".into(),
-            event_id: id.into(),
-            source: "t".into(),
-            occurred_at: Some(startline_proto::time::ms_to_timestamp(T0)),
-            attempt: None,
-            kind: Some(kind),
-        };
-        let log: Vec<(u64, Vec<u8>)> = vec![
-            (1, crate::store::encode_log_value(&ev("s", pb::lifecycle_event::Kind::Submitted(Default::default())))),
-            (
-                2,
-                crate::store::encode_log_value(&ev(
-                    "f",
-                    pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 1 }),
-                )),
-            ),
-        ];
+        let log = submitted_then_first_step();
         let stream = Stream::new(Default::default());
         let index = index_with(BTreeMap::new(), 0);
         let w = StreamWriter::open(&store, &index, stream.clone(), T0).expect("open");
