@@ -68,8 +68,10 @@ pub async fn json(State(s): State<ApiState>, Params(q): Params) -> Result<Json<c
     // A full scan: off the async workers, in chunks under short read locks.
     let report = tokio::task::spawn_blocking(move || {
         let c = std::cell::RefCell::new(compare::Collector::new(query));
-        index.for_each_job_with_slo_where(
+        // Sorted samples and counts (costs summed in sorted order): the order of the walk does not matter.
+        index.scan_unordered(
             SCAN_CHUNK,
+            true,
             |_, f| c.borrow().wants(f.attrs, f.row.submitted_at()),
             |_, r| c.borrow_mut().add(r),
         );
@@ -86,8 +88,9 @@ pub async fn svg(State(s): State<ApiState>, Params(q): Params) -> Result<Respons
     let index = s.index.clone();
     let samples = tokio::task::spawn_blocking(move || {
         let c = std::cell::RefCell::new(compare::Collector::new(compare::Query { by: None, ..query }));
-        index.for_each_job_with_slo_where(
+        index.scan_unordered(
             SCAN_CHUNK,
+            true,
             |_, f| c.borrow().wants(f.attrs, f.row.submitted_at()),
             |_, r| c.borrow_mut().add(r),
         );

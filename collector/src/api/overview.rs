@@ -104,9 +104,10 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
         // A folded job is done, and its row holds its attributes and times: its timeline is never filled in.
         let mut done_folded = 0u64;
         let (states_ref, acc_ref) = (&mut states, std::cell::RefCell::new(&mut acc));
-        index.scan_where(
-            None,
+        // Counts and sorted samples: the order of the walk does not matter.
+        index.scan_unordered(
             super::compare::SCAN_CHUNK,
+            false,
             |_, r| {
                 done_folded += 1;
                 if let (Some(f), Some(ttfs)) = (r.row.first_step_at(), r.row.time_to_first_step_ms()) {
@@ -120,7 +121,6 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
                 if let (Some(a), Some(f), Some(ttfs)) = (t.attrs.as_ref(), t.first_step_at, t.time_to_first_step_ms()) {
                     acc_ref.borrow_mut().add(a, None, f, ttfs);
                 }
-                true
             },
         );
         if done_folded > 0 {

@@ -221,8 +221,9 @@ impl PoolTally {
     pub fn add(&mut self, model: &CostModel, a: &JobAttrs, acc: &Account) {
         let [waiting, preparing, requeue, checkpoint, lost, failed, productive] = acc.by_category();
         let g = f64::from(acc.gpus) / HOUR_MS;
-        let held = (preparing + checkpoint + lost + failed + productive) as f64 * g;
-        let wait = (waiting + requeue) as f64 * g;
+        // In f64: each part is at most i64::MAX (saturated), their sum need not be.
+        let held = [preparing, checkpoint, lost, failed, productive].iter().map(|x| *x as f64).sum::<f64>() * g;
+        let wait = (waiting as f64 + requeue as f64) * g;
         self.pool_kind = a.pool_kind.label();
         if self.provider.is_empty() {
             self.provider = a.provider.clone();

@@ -287,7 +287,9 @@ impl Side {
                 (Some(rate), Some(acc)) => {
                     let [_, preparing, _, checkpoint, lost, failed, productive] = acc.by_category();
                     let g = f64::from(acc.gpus) / 3_600_000.0;
-                    let held = (preparing + checkpoint + lost + failed + productive) as f64 * g;
+                    // In f64: each part is at most i64::MAX (saturated), their sum need not be.
+                    let held =
+                        [preparing, checkpoint, lost, failed, productive].iter().map(|x| *x as f64).sum::<f64>() * g;
                     self.costs.push((held * rate, productive as f64 * g));
                 }
                 _ => self.unpriced += 1,
@@ -327,6 +329,9 @@ impl Side {
 
     fn summarize(&mut self, slos: &[SloDef], priced: bool) -> SideReport {
         let cost = priced.then(|| {
+            // In a fixed order, so that sums do not depend on the order jobs were added in (scans walk hot and
+            // folded jobs in an order of their own).
+            self.costs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
             let per_job: Vec<f64> = self.costs.iter().map(|(c, _)| *c).collect();
             let ratio = stats::ratio_ci(&self.costs);
             CostSummary {

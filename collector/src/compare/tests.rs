@@ -307,6 +307,50 @@ proptest! {
         assert_chart(&svg, &samples.left, &samples.right)?;
     }
 
+    /// Scans walk hot and folded jobs in an order of their own: the comparison (costs included) is the same
+    /// whatever order the jobs come in, to the bit.
+    #[test]
+    fn the_comparison_does_not_depend_on_the_order_jobs_come_in(
+        jobs in prop::collection::vec(job(), 0..24),
+        rotate in 0usize..24,
+        reverse in any::<bool>(),
+    ) {
+        let mut errs = Vec::new();
+        let model = cost::CostSection {
+            currency: Some("USD".into()),
+            price: vec![cost::PriceEntry { selector: "pool_kind=managed".into(), per_gpu_hour: 4.1 }],
+            dedicated: vec![cost::DedicatedEntry { pool: "p".into(), gpus: 64, per_gpu_hour: 2.3, capacity: vec![] }],
+        }
+        .validate(&mut errs);
+        prop_assert!(errs.is_empty(), "{:?}", errs);
+        let q = Query {
+            left: Selector::parse("pool_kind=managed").map_err(TestCaseError::fail)?,
+            right: Selector::parse("pool_kind=dedicated").map_err(TestCaseError::fail)?,
+            by: Some(Attr::GpuClass),
+            window_ms: 400 * 86_400_000,
+            now_ms: NOW,
+            cost: Some(Arc::new(model)),
+        };
+        let slos = crate::slo::SloDef::defaults();
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        if !order.is_empty() {
+            let k = rotate % order.len();
+            order.rotate_left(k);
+        }
+        if reverse {
+            order.reverse();
+        }
+        let mut a = Collector::new(q.clone());
+        let mut b = Collector::new(q);
+        for rec in &jobs {
+            a.add(rec.view());
+        }
+        for i in order {
+            b.add(jobs[i].view());
+        }
+        prop_assert_eq!(a.finish(&slos), b.finish(&slos));
+    }
+
     /// A scan may skip (not fill in) a folded job `wants` refuses: the comparison of only the jobs it accepts is
     /// the comparison of all of them.
     #[test]

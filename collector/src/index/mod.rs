@@ -527,20 +527,6 @@ impl SharedIndex {
         );
     }
 
-    /// [`SharedIndex::for_each_job_with_slo`], showing each folded job to `pre` first (see
-    /// [`SharedIndex::scan_where`]): only rows it accepts are filled in and go to `f`.
-    pub fn for_each_job_with_slo_where(
-        &self,
-        chunk: usize,
-        pre: impl FnMut(&str, FoldedRef<'_>) -> bool,
-        mut f: impl FnMut(&str, JobRef<'_>),
-    ) {
-        self.scan(None, chunk, Needs { slo: true, placements: false }, pre, |k, r| {
-            f(k, r);
-            true
-        });
-    }
-
     /// [`SharedIndex::for_each_job`] with folded jobs' placements filled in too (the other scans leave a folded
     /// job's `timeline.placements` empty: copying them is most of a scan's cost per folded job).
     pub fn for_each_job_with_placements(&self, chunk: usize, mut f: impl FnMut(&str, JobRef<'_>)) {
@@ -574,6 +560,63 @@ impl SharedIndex {
         f: impl FnMut(&str, JobRef<'_>) -> bool,
     ) {
         self.scan(after, chunk, Needs::default(), pre, f)
+    }
+
+    /// Every job once, hot and folded, in no particular order, for readers that only aggregate (counts, sorted
+    /// samples): like [`SharedIndex::scan_where`] without an `after` and without stopping, without placements,
+    /// and with folded jobs' SLO contributions when `with_slo`. The key space is walked in chunks, each under one read lock: a chunk ends at
+    /// the `chunk`-th folded job (or hot job, if those come first), and inside it the folded jobs and then the hot
+    /// ones are visited by range, without comparing their ids. (The ordered walk compares the next hot and folded
+    /// ids at every step, touching every id's bytes: most of an overview at 1M jobs, BENCHMARKS.md session 18.)
+    pub fn scan_unordered(
+        &self,
+        chunk: usize,
+        with_slo: bool,
+        mut pre: impl FnMut(&str, FoldedRef<'_>) -> bool,
+        mut f: impl FnMut(&str, JobRef<'_>),
+    ) {
+        let chunk = chunk.max(1);
+        let mut after: Option<String> = None;
+        let mut scratch = Timeline::default();
+        let mut contribs: Vec<Contribution> = Vec::new();
+        let now = startline_proto::time::now_ms();
+        loop {
+            let idx = self.read();
+            let lower = match &after {
+                Some(k) => Bound::Excluded(k.as_str()),
+                None => Bound::Unbounded,
+            };
+            // The chunk's end: its `chunk`-th folded job, or the end of the index.
+            let mut end: Option<&str> =
+                idx.cold.rows.range::<str, _>((lower, Bound::Unbounded)).nth(chunk - 1).map(|(k, _)| &**k);
+            // Hot jobs up to it, at most `chunk` of them (else the chunk ends at the last one visited).
+            let mut n = 0;
+            for (k, h) in idx.jobs.range::<str, _>((lower, end.map_or(Bound::Unbounded, Bound::Included))) {
+                f(k, JobRef { timeline: &h.rec.timeline, slo: &h.slo, folded: false });
+                n += 1;
+                if n == chunk {
+                    end = Some(k.as_str());
+                    break;
+                }
+            }
+            for (k, row) in idx.cold.rows.range::<str, _>((lower, end.map_or(Bound::Unbounded, Bound::Included))) {
+                let wanted = match idx.cold.dict.get(row.attrs) {
+                    Some(attrs) => pre(k, FoldedRef { row, attrs }),
+                    None => true,
+                };
+                if wanted {
+                    idx.cold.fill_with(row, &mut scratch, false);
+                    contribs.clear();
+                    if with_slo {
+                        idx.slo.assess_into(&scratch, now, &mut contribs);
+                    }
+                    f(k, JobRef { timeline: &scratch, slo: &contribs, folded: true });
+                }
+            }
+            let Some(end) = end.map(str::to_string) else { return };
+            drop(idx);
+            after = Some(end);
+        }
     }
 
     fn scan(

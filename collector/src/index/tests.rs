@@ -61,6 +61,78 @@ fn scans_fill_a_folded_jobs_placements_only_when_asked() {
     assert_eq!(full.expect("visited"), hot);
 }
 
+/// The unordered scan visits every job exactly once, hot or folded, at any chunk size and any mix: folded jobs
+/// are shown to `pre` once each and reach `f` only when it accepts them (checked against the ordered scan).
+#[test]
+fn unordered_scan_visits_every_job_once_at_any_chunk_size() {
+    use crate::job::{EventKind, JobAttrs};
+    use startline_proto::pb;
+    let at = 1_767_225_600_000i64;
+    let done_job = |n: u64| {
+        let ev = |seq: u64, m: i64, kind: EventKind| CompactEvent {
+            at_ms: at + m * 60_000,
+            id_hash: seq,
+            seq,
+            attempt: None,
+            kind,
+        };
+        JobRecord::from_events(vec![
+            ev(n * 10 + 1, 0, EventKind::Submitted(Arc::new(JobAttrs::unknown()))),
+            ev(n * 10 + 2, 6, EventKind::FirstStep { step: 1 }),
+            ev(n * 10 + 3, 60, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
+        ])
+    };
+    // Mixes: all hot, all folded, alternating, runs of each, a few of one among many of the other.
+    let mixes: Vec<Box<dyn Fn(u64) -> bool>> = vec![
+        Box::new(|_| false),
+        Box::new(|_| true),
+        Box::new(|i| i % 2 == 0),
+        Box::new(|i| (i / 7) % 2 == 0),
+        Box::new(|i| i % 11 == 3),
+        Box::new(|i| i % 11 != 3),
+    ];
+    for (m, folded) in mixes.iter().enumerate() {
+        let mut idx = JobIndex::default();
+        for i in 0..50u64 {
+            let id = format!("job-{:03}", (i * 37) % 50);
+            idx.jobs.insert(id.clone(), HotJob { rec: done_job(i), ..HotJob::default() });
+            if folded(i) {
+                assert!(idx.fold(&id, 1).is_some());
+            }
+        }
+        let shared = SharedIndex::new(idx);
+        let mut want = Vec::new();
+        shared.for_each_job(1000, |k, r| want.push((k.to_string(), r.folded)));
+        for chunk in [1, 2, 3, 5, 7, 49, 50, 51, 1000] {
+            let mut got = Vec::new();
+            let mut shown = Vec::new();
+            shared.scan_unordered(
+                chunk,
+                false,
+                |k, _| {
+                    shown.push(k.to_string());
+                    // Every third folded job is handled in `pre` alone.
+                    shown.len() % 3 != 0
+                },
+                |k, r| got.push((k.to_string(), r.folded)),
+            );
+            let mut handled: Vec<(String, bool)> = got.clone();
+            for (i, k) in shown.iter().enumerate() {
+                if (i + 1) % 3 == 0 {
+                    handled.push((k.clone(), true));
+                }
+            }
+            handled.sort();
+            assert_eq!(handled, want, "mix {m}, chunk {chunk}");
+            let mut shown_sorted = shown.clone();
+            shown_sorted.sort();
+            shown_sorted.dedup();
+            assert_eq!(shown_sorted.len(), shown.len(), "mix {m}, chunk {chunk}: a folded job shown twice");
+            assert_eq!(shown.len(), want.iter().filter(|(_, f)| *f).count(), "mix {m}, chunk {chunk}");
+        }
+    }
+}
+
 mod fold_model {
     //! Folding and unfolding interleaved at random with deliveries in any order (with duplicates) and
     //! restarts: every job's timeline and every SLO count must equal the all-in-memory derivation from the

@@ -50,8 +50,8 @@ impl Account {
     /// Milliseconds per category, in [`CATEGORIES`] order.
     pub fn by_category(&self) -> [i64; 7] {
         [
-            self.waiting.values().sum(),
-            self.preparing.values().sum(),
+            saturating_sum(self.waiting.values()),
+            saturating_sum(self.preparing.values()),
             self.requeue_wait,
             self.checkpoint,
             self.lost,
@@ -77,20 +77,22 @@ pub fn account(t: &Timeline, now_ms: i64) -> Option<Account> {
             // The open wait: still before the first step, or waiting again after a run stopped.
             if let Some((seg, since)) = t.current_wait {
                 if t.first_step_at.is_none() {
-                    *waits.entry(seg).or_insert(0) += end - since;
+                    let w = waits.entry(seg).or_insert(0);
+                    *w = w.saturating_add(end.saturating_sub(since));
                 } else if let Some(started) = t.wait_started_at {
-                    requeue_wait += end - started.min(end);
+                    requeue_wait = requeue_wait.saturating_add(end.saturating_sub(started.min(end)));
                 }
             }
             end
         }
     };
-    let total = end - submitted;
-    let initial: i64 = waits.values().sum();
+    // Saturating throughout: timestamps come from clients, and differences of extreme ones must not overflow.
+    let total = end.saturating_sub(submitted);
+    let initial = saturating_sum(waits.values());
     // The initial waits cover submit to the first step (or the end) exactly, so they never exceed `total`; the
     // requeue wait is capped by what is left, and the runs are the rest.
-    let requeue_wait = requeue_wait.clamp(0, (total - initial).max(0));
-    let run = (total - initial - requeue_wait).max(0);
+    let requeue_wait = requeue_wait.clamp(0, total.saturating_sub(initial).max(0));
+    let run = total.saturating_sub(initial).saturating_sub(requeue_wait).max(0);
     let checkpoint = t.checkpoint_save_ms.clamp(0, run);
     let lost = t.lost_work_ms.clamp(0, run - checkpoint);
     let failed = t.failed_work_ms.clamp(0, run - checkpoint - lost);
@@ -107,4 +109,9 @@ pub fn account(t: &Timeline, now_ms: i64) -> Option<Account> {
         total,
         gpus: t.attrs.as_ref().map_or(0, |a| a.gpu_count),
     })
+}
+
+/// A sum that stops at `i64::MAX` / `i64::MIN` instead of overflowing.
+fn saturating_sum<'a>(xs: impl Iterator<Item = &'a i64>) -> i64 {
+    xs.fold(0i64, |a, x| a.saturating_add(*x))
 }
