@@ -64,7 +64,7 @@ impl Account {
 /// Accounts a job at `now_ms` (used only while it has not ended); `None` before its `submitted` is known.
 pub fn account(t: &Timeline, now_ms: i64) -> Option<Account> {
     let submitted = t.submitted_at?;
-    let mut waits = t.initial_wait_ms.clone();
+    let mut waits: BTreeMap<Segment, i64> = t.initial_wait_ms.iter().copied().collect();
     let mut requeue_wait = t.requeue_wait_ms;
     // The end: when it ended, else now, never before anything the timeline already holds.
     let end = match t.done_at {

@@ -192,6 +192,97 @@ impl Placement {
     }
 }
 
+/// Milliseconds per wait segment, in segment order: a map of a few entries kept as a sorted vector, so a reader
+/// that refills one timeline per job (a scan over folded jobs) reuses its allocation instead of building a tree
+/// per job. Serialized as a map.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SegmentTotals(Vec<(Segment, i64)>);
+
+impl SegmentTotals {
+    /// Adds `ms` to a segment's total (a new segment starts at 0).
+    pub fn add(&mut self, seg: Segment, ms: i64) {
+        match self.0.binary_search_by(|(s, _)| s.cmp(&seg)) {
+            Ok(i) => self.0[i].1 += ms,
+            Err(i) => self.0.insert(i, (seg, ms)),
+        }
+    }
+
+    /// Sets a segment's total.
+    pub fn insert(&mut self, seg: Segment, ms: i64) {
+        match self.0.binary_search_by(|(s, _)| s.cmp(&seg)) {
+            Ok(i) => self.0[i].1 = ms,
+            Err(i) => self.0.insert(i, (seg, ms)),
+        }
+    }
+
+    /// A segment's total, if it has one.
+    pub fn get(&self, seg: &Segment) -> Option<&i64> {
+        self.0.binary_search_by(|(s, _)| s.cmp(seg)).ok().map(|i| &self.0[i].1)
+    }
+
+    /// `(segment, total)` in segment order.
+    pub fn iter(&self) -> std::slice::Iter<'_, (Segment, i64)> {
+        self.0.iter()
+    }
+
+    /// The totals, in segment order.
+    pub fn values(&self) -> impl Iterator<Item = &i64> {
+        self.0.iter().map(|(_, ms)| ms)
+    }
+
+    /// No segments.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Whether no segment has a total.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Segments with a total.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl<'a> IntoIterator for &'a SegmentTotals {
+    type Item = &'a (Segment, i64);
+    type IntoIter = std::slice::Iter<'a, (Segment, i64)>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl FromIterator<(Segment, i64)> for SegmentTotals {
+    fn from_iter<I: IntoIterator<Item = (Segment, i64)>>(iter: I) -> Self {
+        let mut t = SegmentTotals::default();
+        t.extend(iter);
+        t
+    }
+}
+
+impl Extend<(Segment, i64)> for SegmentTotals {
+    /// Like a map's: a later total for the same segment replaces the earlier.
+    fn extend<I: IntoIterator<Item = (Segment, i64)>>(&mut self, iter: I) {
+        for (seg, ms) in iter {
+            self.insert(seg, ms);
+        }
+    }
+}
+
+impl Serialize for SegmentTotals {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        ser.collect_map(self.0.iter().map(|(s, ms)| (s, ms)))
+    }
+}
+
+impl<'de> Deserialize<'de> for SegmentTotals {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        Ok(BTreeMap::<Segment, i64>::deserialize(de)?.into_iter().collect())
+    }
+}
+
 /// Everything derived about one job. All times are Unix milliseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Timeline {
@@ -226,7 +317,7 @@ pub struct Timeline {
     /// The scheduler's estimated start given with the current `queued` segment, if any (Unix ms).
     pub current_estimated_start: Option<i64>,
     /// Time spent in each segment before the first step (or before the end, if it never started).
-    pub initial_wait_ms: BTreeMap<Segment, i64>,
+    pub initial_wait_ms: SegmentTotals,
     /// Time spent waiting again after preemptions, node losses and requeues, before training resumed.
     pub requeue_wait_ms: i64,
     /// Runs started (1 for a job that ran once; 0 before the first step).
@@ -519,7 +610,7 @@ fn stop_run(run_start: &mut Option<i64>, requeue_start: &mut Option<i64>, wait: 
 fn close(t: &mut Timeline, wait: &mut Option<(Segment, i64)>, at: i64) {
     if let Some((seg, since)) = wait.take() {
         if t.first_step_at.is_none() {
-            *t.initial_wait_ms.entry(seg).or_insert(0) += at - since;
+            t.initial_wait_ms.add(seg, at - since);
         }
     }
 }
