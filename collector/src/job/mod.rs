@@ -14,7 +14,7 @@ mod timeline;
 
 pub use event::{CompactEvent, EventKind, JobAttrs};
 pub use record::{InsertOutcome, JobRecord};
-pub use timeline::{JobState, Placement, PlacementEnd, Segment, Timeline, TimelineFold};
+pub use timeline::{JobState, Placement, PlacementEnd, Segment, SegmentTotals, Timeline, TimelineFold};
 
 /// The 64-bit hash of an event id: FNV-1a 64 of its UTF-8 bytes ([`startline_proto::hash`]), fixed by its
 /// specification so the hashes persisted in job snapshots never change meaning. It orders ties and indexes

@@ -609,3 +609,35 @@ proptest! {
         }
     }
 }
+
+/// Wait totals behave as the map they replaced: segment order, `add` accumulates, `insert` and `extend` replace,
+/// and they serialize as a map (the same bytes as `BTreeMap<Segment, i64>`).
+#[test]
+fn segment_totals_behave_as_a_map() {
+    let q = |r| Segment::Queued(r);
+    let mut t = SegmentTotals::default();
+    t.add(q(pb::WaitReason::Quota), 5);
+    t.add(Segment::Unreported, 1);
+    t.add(q(pb::WaitReason::Quota), 7);
+    t.insert(Segment::Assigned, 3);
+    t.extend([(Segment::Assigned, 4), (Segment::Preparing(pb::PreparingPhase::ImagePull), 9)]);
+    let want: std::collections::BTreeMap<Segment, i64> = [
+        (Segment::Unreported, 1),
+        (q(pb::WaitReason::Quota), 12),
+        (Segment::Assigned, 4),
+        (Segment::Preparing(pb::PreparingPhase::ImagePull), 9),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(t.iter().copied().collect::<Vec<_>>(), want.iter().map(|(s, v)| (*s, *v)).collect::<Vec<_>>());
+    assert_eq!(t.get(&q(pb::WaitReason::Quota)), Some(&12));
+    assert_eq!(t.get(&q(pb::WaitReason::Capacity)), None);
+    assert_eq!(t.values().sum::<i64>(), 26);
+    let bytes = postcard::to_stdvec(&t).expect("serialize");
+    assert_eq!(bytes, postcard::to_stdvec(&want).expect("serialize"));
+    let back: SegmentTotals = postcard::from_bytes(&bytes).expect("deserialize");
+    assert_eq!(back, t);
+    t.clear();
+    assert!(t.is_empty());
+    assert_eq!(t.len(), 0);
+}
