@@ -233,7 +233,7 @@ impl StreamWriter {
         }
         recs.extend(changes);
         if !recs.is_empty() {
-            self.flusher.hand(Handed { epoch: 0, recs, marks, at_ms: now_ms });
+            self.flusher.hand(recs, marks, now_ms);
         }
     }
 
@@ -371,8 +371,9 @@ impl Flusher {
         stream.hub.close();
     }
 
-    fn hand(&self, mut h: Handed) {
-        h.epoch = self.shared.epoch.load(Ordering::Acquire);
+    /// Hands a group's records (and the markers they move) to the thread, in the current epoch.
+    fn hand(&self, recs: Vec<Rec>, marks: Marks, at_ms: i64) {
+        let h = Handed { epoch: self.shared.epoch.load(Ordering::Acquire), recs, marks, at_ms };
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let h = match tx.as_ref() {
             Some(tx) => match tx.send(h) {
@@ -657,7 +658,7 @@ mod tests {
         let mut live = stream.hub.subscribe(100);
         let hand = |from: u64, n: u64| {
             let recs = (from..from + n).map(|c| stream::event_record(c, T0, &subject, c, &[])).collect();
-            w.flusher.hand(Handed { epoch: 0, recs, marks: Marks::default(), at_ms: T0 });
+            w.flusher.hand(recs, Marks::default(), T0);
         };
         let cursors = || store.stream_read(0, 100).expect("read").iter().map(|r| r.cursor).collect::<Vec<_>>();
         hand(1, 3);

@@ -582,10 +582,7 @@ impl SharedIndex {
         let now = startline_proto::time::now_ms();
         loop {
             let idx = self.read();
-            let lower = match &after {
-                Some(k) => Bound::Excluded(k.as_str()),
-                None => Bound::Unbounded,
-            };
+            let lower = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
             // The chunk's end: its `chunk`-th folded job, or the end of the index.
             let mut end: Option<&str> =
                 idx.cold.rows.range::<str, _>((lower, Bound::Unbounded)).nth(chunk - 1).map(|(k, _)| &**k);
@@ -634,10 +631,7 @@ impl SharedIndex {
         let now = startline_proto::time::now_ms();
         loop {
             let idx = self.read();
-            let lower = match &after {
-                Some(k) => Bound::Excluded(k.as_str()),
-                None => Bound::Unbounded,
-            };
+            let lower = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
             let mut hot = idx.jobs.range::<str, _>((lower, Bound::Unbounded)).peekable();
             let mut cold = idx.cold.rows.range::<str, _>((lower, Bound::Unbounded)).peekable();
             let mut n = 0;

@@ -24,18 +24,16 @@ fn chunked_scan_visits_every_job_once_in_order() {
     }
 }
 
+/// Event number `seq` (its id hash too) of kind `kind`, `m` minutes after 2026-01-01.
+fn minute_event(seq: u64, m: i64, kind: crate::job::EventKind) -> CompactEvent {
+    CompactEvent { at_ms: 1_767_225_600_000 + m * 60_000, id_hash: seq, seq, attempt: None, kind }
+}
+
 #[test]
 fn scans_fill_a_folded_jobs_placements_only_when_asked() {
     use crate::job::{EventKind, JobAttrs};
     use startline_proto::pb;
-    let at = 1_767_225_600_000i64;
-    let ev = |seq: u64, m: i64, kind: EventKind| CompactEvent {
-        at_ms: at + m * 60_000,
-        id_hash: seq,
-        seq,
-        attempt: None,
-        kind,
-    };
+    let ev = minute_event;
     let mut attrs = JobAttrs::unknown();
     attrs.pool = "p".into();
     let events = vec![
@@ -67,15 +65,8 @@ fn scans_fill_a_folded_jobs_placements_only_when_asked() {
 fn unordered_scan_visits_every_job_once_at_any_chunk_size() {
     use crate::job::{EventKind, JobAttrs};
     use startline_proto::pb;
-    let at = 1_767_225_600_000i64;
     let done_job = |n: u64| {
-        let ev = |seq: u64, m: i64, kind: EventKind| CompactEvent {
-            at_ms: at + m * 60_000,
-            id_hash: seq,
-            seq,
-            attempt: None,
-            kind,
-        };
+        let ev = minute_event;
         JobRecord::from_events(vec![
             ev(n * 10 + 1, 0, EventKind::Submitted(Arc::new(JobAttrs::unknown()))),
             ev(n * 10 + 2, 6, EventKind::FirstStep { step: 1 }),
