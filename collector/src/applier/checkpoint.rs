@@ -1,14 +1,18 @@
 //! Checkpoints: the applier takes the set of jobs changed since the last checkpoint (cheap, under the write
-//! lock) and the maintenance thread writes their snapshots in small chunks under short read locks, then the
-//! marker (see the store's checkpoint invariant). One at a time; a failed one hands its jobs back.
+//! lock) and the maintenance thread writes each job's new events as a snapshot chunk (groups of jobs under
+//! short read locks), then the marker (see the store's checkpoint invariant), then records what each job's
+//! chunks hold. One at a time; a failed one hands its jobs back.
 
-use super::{Committer, ENCODE_UNDER_LOCK_MAX_EVENTS};
+use super::Committer;
 use crate::health::Health;
-use crate::index::SharedIndex;
-use crate::store::{Store, StoreError};
+use crate::index::{SharedIndex, SnapMark};
+use crate::store::{ChunkPlan, Store, StoreError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Marks recorded per index write lock after a checkpoint.
+const MARKS_PER_LOCK: usize = 1024;
 
 impl Committer {
     /// Takes the set of jobs changed since the last checkpoint, with the log position the checkpoint will cover.
@@ -51,50 +55,68 @@ impl Checkpoint {
         self.busy.store(false, Ordering::Release);
     }
 
-    /// Encodes the jobs' current records (at least as new as `through_seq`; newer is harmless because restore
-    /// skips log entries a snapshot holds) in small chunks under short read locks, writes and flushes them, then
-    /// the marker. On failure nothing moves the marker and the jobs go back to the dirty set.
+    /// Writes each job's next snapshot chunk (its events since its chunks, or all of them: see
+    /// [`ChunkPlan`]) in small groups, the events copied under short read locks and encoded outside them, then
+    /// flushes and writes the marker; once that succeeded, records in each job's [`SnapMark`] what its chunks
+    /// now hold. On failure nothing moves the marker or a mark, and the jobs go back to the dirty set (a chunk
+    /// that was written anyway is replaced by the next one, which starts at the same sequence and holds more).
+    ///
+    /// [`SnapMark`]: crate::index::SnapMark
     pub(super) fn write(self, store: &Store) {
         let started = Instant::now();
         let n = self.dirty.len();
         let ids: Vec<&String> = self.dirty.iter().collect();
         let mut result = Ok(());
+        // `(job, incarnation, through, chunks)` to record once the checkpoint is durable.
+        let mut marks: Vec<(&str, u64, u64, u32)> = Vec::with_capacity(n);
+        let mut written = 0usize;
         for chunk in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
             let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
-            // Small records are encoded under the read lock; a large one is copied under it and encoded after,
-            // so a job with a long history holds the committer off for a copy, not for an encoding.
-            let mut large: Vec<(&str, Vec<crate::job::CompactEvent>)> = Vec::new();
-            let encoded: Result<Vec<_>, StoreError> = {
+            // Each job's new events are copied under the read lock (reference-counted attributes: cheap), and
+            // encoded after it: a job with a long history holds the committer off for a copy, not an encoding.
+            let plans: Vec<(&str, SnapMark, ChunkPlan)> = {
                 let idx = self.index.read();
                 chunk
                     .iter()
                     .filter_map(|id| {
-                        let r = &idx.jobs.get(id.as_str())?.rec;
-                        if r.events.len() > ENCODE_UNDER_LOCK_MAX_EVENTS {
-                            large.push((id.as_str(), r.events.clone()));
-                            return None;
-                        }
-                        Some(crate::store::encode_snapshot_events(id, &r.events))
+                        let h = idx.jobs.get(id.as_str())?;
+                        let plan = ChunkPlan::of(&h.rec.events, h.snap.through, h.snap.chunks)?;
+                        Some((id.as_str(), h.snap, plan))
                     })
                     .collect()
             };
-            let encoded = encoded.and_then(|mut e| {
-                for (id, events) in &large {
-                    e.push(crate::store::encode_snapshot_events(id, events)?);
-                }
-                Ok(e)
-            });
-            result = encoded.and_then(|e| store.write_snapshots(e));
+            let encoded: Result<Vec<_>, StoreError> = plans.iter().map(|(id, _, p)| p.encode(id)).collect();
+            result = encoded.and_then(|e| store.write_chunks(e));
             if result.is_err() {
                 break;
+            }
+            for (id, mark, plan) in &plans {
+                let (through, chunks) = plan.after(mark.through, mark.chunks);
+                written += plan.events.len();
+                marks.push((id, mark.incarnation, through, chunks));
             }
         }
         let result = result.and_then(|()| store.finish_checkpoint(self.through_seq));
         self.took_ms.store(started.elapsed().as_millis() as u64, Ordering::Release);
         match result {
             Ok(()) => {
+                // Durable: the jobs' chunks hold what the marks say, unless the job left memory meanwhile (its
+                // chunks went with it; one back under the same id is a new incarnation, whose mark stays).
+                // In groups, so the write lock stays short beside a checkpoint of many jobs.
+                for group in marks.chunks(MARKS_PER_LOCK) {
+                    let mut idx = self.index.write();
+                    for &(id, incarnation, through, chunks) in group {
+                        if let Some(h) = idx.jobs.get_mut(id) {
+                            if h.snap.incarnation == incarnation {
+                                h.snap.through = through;
+                                h.snap.chunks = chunks;
+                            }
+                        }
+                    }
+                }
                 tracing::debug!(
                     jobs = n,
+                    events = written,
                     through_seq = self.through_seq,
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "checkpoint written"

@@ -216,9 +216,6 @@ struct Committer {
     used_seq: std::cell::Cell<u64>,
 }
 
-/// Records with more events than this are copied under the index lock and encoded outside it at checkpoints.
-const ENCODE_UNDER_LOCK_MAX_EVENTS: usize = 1024;
-
 /// The least time between two reopens of a failing store (none in unit tests, which inject many failures).
 const REOPEN_BACKOFF: Duration = Duration::from_millis(if cfg!(test) { 0 } else { 500 });
 /// The store is not reopened while its file system has less room than this: sled reopened on a full disk can

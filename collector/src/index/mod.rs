@@ -37,6 +37,37 @@ pub struct HotJob {
     pub metrics: Option<Footprint>,
     /// Hash of the source of its latest event received since start (0: none since start).
     pub source: u64,
+    /// What the store's snapshot chunks of this job hold.
+    pub snap: SnapMark,
+}
+
+/// What the store's snapshot chunks of a hot job hold, for the applier's checkpoints (which add the job's new
+/// events as a chunk, or replace its chunks: see `store::ChunkPlan`). Bookkeeping of the store's, not state of
+/// the job: every two marks compare equal, so a restored job equals the one before the restart.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SnapMark {
+    /// The highest log sequence its chunks hold.
+    pub through: u64,
+    /// How many chunks it has; 0 when none is known (a new, unfolded or rebuilt job): the next checkpoint
+    /// replaces whatever the store holds for it.
+    pub chunks: u32,
+    /// Which life of the job in memory this mark belongs to (a job that left memory and came back is a new
+    /// one, whose chunks a checkpoint of the old one must not vouch for).
+    pub incarnation: u64,
+}
+
+impl SnapMark {
+    /// The mark of a job new in memory: no chunks known, a new incarnation.
+    pub fn fresh() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        SnapMark { through: 0, chunks: 0, incarnation: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
+    }
+}
+
+impl PartialEq for SnapMark {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl HotJob {
@@ -214,7 +245,7 @@ impl JobIndex {
             idx.slo.count_ended(id, &t, now, 1);
         }
         for (id, rec) in jobs {
-            let mut hot = HotJob { rec, ..Default::default() };
+            let mut hot = HotJob { rec, snap: SnapMark::fresh(), ..Default::default() };
             idx.slo.on_job(&id, &hot.rec.timeline, &mut hot.slo, now);
             hot.metrics = footprint(&hot.rec.timeline, &idx.limiter, None);
             idx.gauges.update(&id, None, hot.metrics.as_ref(), &hot.rec.timeline, true);
@@ -286,6 +317,17 @@ impl JobIndex {
         self
     }
 
+    /// Sets what the store's snapshot chunks of restored jobs hold: `(highest sequence, chunks)` by job.
+    pub fn with_chunks(mut self, chunks: HashMap<String, (u64, u32)>) -> Self {
+        for (id, (through, n)) in chunks {
+            if let Some(h) = self.jobs.get_mut(&id) {
+                h.snap.through = through;
+                h.snap.chunks = n;
+            }
+        }
+        self
+    }
+
     /// Jobs known, hot and folded.
     pub fn len(&self) -> usize {
         self.jobs.len() + self.cold.len()
@@ -348,10 +390,11 @@ impl JobIndex {
                 h.rec.insert_unchecked(ev);
                 h
             }
-            None => self
-                .jobs
-                .entry(job_id.to_string())
-                .or_insert_with(|| HotJob { rec: JobRecord::from_events(vec![ev]), ..Default::default() }),
+            None => self.jobs.entry(job_id.to_string()).or_insert_with(|| HotJob {
+                rec: JobRecord::from_events(vec![ev]),
+                snap: SnapMark::fresh(),
+                ..Default::default()
+            }),
         };
         self.slo.on_job(job_id, &hot.rec.timeline, &mut hot.slo, now);
         let fp = footprint(&hot.rec.timeline, &self.limiter, hot.metrics.as_ref());
@@ -397,7 +440,7 @@ impl JobIndex {
         if rec.timeline.state == crate::job::JobState::Done {
             self.settling.insert(job_id.to_string(), now);
         }
-        self.jobs.insert(job_id.to_string(), HotJob { rec, slo, metrics, source: 0 });
+        self.jobs.insert(job_id.to_string(), HotJob { rec, slo, metrics, source: 0, snap: SnapMark::fresh() });
         true
     }
 

@@ -13,10 +13,19 @@
 //!   mostly garbage). Stores written before the log's files kept the blocks in tree `log_blocks`, and before
 //!   blocks one value per event in tree `log`; opening such a store moves them into the files once.
 //! - tree `log_blocks`: the dead records of the log's blocks (see [`log`]).
-//! - tree `jobs`: `[1u8] ++ job_id` -> sealed `varint(n) ++ n sequence deltas` (seal version 6): job snapshots,
-//!   written by checkpoints, listing the log sequences of the job's events (restore reads the events from the
-//!   log in one pass in sequence order). A few bytes per event, so a checkpoint rewriting a dirty job costs
-//!   little and sled's garbage stays small. Version 5 snapshots, `postcard(Vec<CompactEvent>)`, are still read.
+//! - tree `jobs`: `[2u8] ++ job_id ++ [0xFF] ++ first sequence` (u64 big-endian) -> sealed
+//!   `postcard(Vec<CompactEvent>)` (seal version 7): a hot job's snapshot, as *chunks*. A checkpoint adds one
+//!   chunk per dirty job holding only the events its chunks do not (those past the highest sequence they hold:
+//!   sequences are handed out in arrival order, late events included), keyed by the lowest sequence in it; a job
+//!   with no chunk known to the committer (new, unfolded, rebuilt, or restored from an older snapshot) or with
+//!   [`MAX_CHUNKS`] gets one chunk of all its events instead, replacing the others in the same batch. So a
+//!   checkpoint writes each event about once (sled's garbage stays small), and a restart decodes the hot jobs'
+//!   compact events from a few values each without reading the log. 0xFF is never in UTF-8, so a job's chunks
+//!   are exactly the keys under `[2u8] ++ job_id ++ [0xFF]`.
+//! - tree `jobs`: `[1u8] ++ job_id`: a snapshot written before chunks, still read (with the job's chunks, if it
+//!   has any since: the union), replaced by the job's next whole chunk, deleted with the job's chunks: version 6
+//!   is `varint(n) ++ n sequence deltas`, the log sequences of the job's events (restore reads them from the log
+//!   in one pass in sequence order); version 5 `postcard(Vec<CompactEvent>)`.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
 //!   last ran (sequence numbers never go back, even when retention deletes the newest log entries; older
@@ -59,7 +68,8 @@
 //! snapshots hold event-id hashes from `std`'s unspecified hasher and are never trusted (see below).
 //!
 //! # The checkpoint invariant
-//! For every job, its snapshot lists (or, version 5, holds) every event of the job with `seq <= checkpoint_seq`. Snapshots may be
+//! For every job, its snapshot (the union of its chunks; before chunks, the one value) holds or lists every
+//! event of the job with `seq <= checkpoint_seq`. Snapshots may be
 //! newer than the marker (a crash mid-checkpoint): restore skips log entries a snapshot already holds, by
 //! sequence number. To keep the invariant:
 //! - every job whose record holds events that its snapshot may not (jobs rebuilt from the log tail at restart,
@@ -67,6 +77,10 @@
 //!   before it moves the marker; a checkpoint that fails hands its jobs back to the dirty set;
 //! - the snapshots of a checkpoint are flushed before its marker is written, so a crash can never keep the
 //!   marker and lose a snapshot it depends on, whatever order sled's recovery keeps unflushed writes in;
+//! - the committer learns what a job's chunks hold only after that flush (so a chunk of a failed checkpoint is
+//!   never counted on: the next one starts at the same sequence, holds more, and replaces it), and forgets it
+//!   whenever the chunks may be gone (a fold deleted them while a late event kept the job hot; the job left
+//!   memory and came back), so the job's next chunk holds all its events;
 //! - sequence numbers never go backwards, even when retention deletes the newest log entries: the next
 //!   sequence is above both the last log entry and the marker.
 //!
@@ -83,10 +97,10 @@
 //! every event of the job, folded ones included.
 //!
 //! # Restore
-//! Reads every snapshot and the events they list from the log (one pass in sequence order, each block decoded
-//! once), then replays only the log entries after `checkpoint_seq`, then reads the summaries
-//! (never a folded job's events, except for unfolded jobs): restart cost is bounded by the number of jobs plus
-//! the events since the last checkpoint. A snapshot that fails its checksum, cannot be
+//! Reads every snapshot chunk (and older snapshots, with the events they list from the log in one pass in
+//! sequence order), then replays only the log entries after `checkpoint_seq`, then reads the summaries
+//! (never a folded job's events, except for unfolded jobs): restart cost is bounded by the number of jobs and
+//! of hot jobs' events plus the events since the last checkpoint. A snapshot or chunk that fails its checksum, cannot be
 //! decoded or has an old version is reported with its job and key, and every job is then rebuilt from the whole
 //! log (which holds every accepted event until retention deletes the job). A damaged log value cannot be
 //! rebuilt from anything: restore refuses with an error naming its sequence number, rather than serve a timeline
@@ -136,6 +150,15 @@ const ARCHIVE_MAX_RAW: u64 = 1 << 30;
 /// zstd level for archives: fast, and most of the gain (events of one job repeat their source and id prefixes).
 const ARCHIVE_ZSTD_LEVEL: i32 = 3;
 const JOB_PREFIX: u8 = 1;
+/// First byte of a snapshot chunk's key (see the module doc).
+const CHUNK_PREFIX: u8 = 2;
+/// Between a chunk key's job id and its first sequence: never a byte of UTF-8, so one job's chunks are exactly
+/// the keys under `[CHUNK_PREFIX] ++ job_id ++ [CHUNK_SEP]`.
+const CHUNK_SEP: u8 = 0xFF;
+/// The sealed version of snapshot chunks: `postcard(Vec<CompactEvent>)`.
+const CHUNK_VERSION: u8 = 7;
+/// A checkpoint that would give a job more chunks than this replaces them with one holding all its events.
+pub const MAX_CHUNKS: u32 = 16;
 /// First byte of a summary key written in fold order: never the first byte of a UTF-8 job id (the key of
 /// older collectors' summaries).
 const SUMMARY_PREFIX: u8 = 0xFF;
@@ -237,6 +260,9 @@ pub struct Restored {
     pub replayed: usize,
     /// Jobs whose records hold events their snapshots may not: the next checkpoint must write them.
     pub dirty: HashSet<String>,
+    /// What the snapshot chunks of each job restored from chunks hold: `(highest sequence, chunks)` (see
+    /// [`ChunkPlan::of`]); a hot job not listed has none that its next checkpoint may add to.
+    pub chunks: HashMap<String, (u64, u32)>,
     /// Why the snapshots were set aside and every job rebuilt from the log, if they were.
     pub rebuilt: Option<String>,
     /// Summaries of folded jobs, `(job_id, summary number, body)`, in the store's order, when restored with
@@ -427,17 +453,102 @@ fn job_key(job_id: &str) -> Vec<u8> {
     key
 }
 
-/// Encodes one job snapshot as a `jobs` tree key and value.
-pub fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
-    encode_snapshot_events(job_id, &rec.events)
+/// Encodes one job snapshot as written before snapshot chunks (version 6: the log sequences of its events, as a
+/// summary lists them): the tests stand for such stores with it.
+#[cfg(test)]
+fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+    let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
+    Ok((job_key(job_id), seal_as(SNAPSHOT_VERSION, &summary_bytes(&seqs, &[]))))
 }
 
-/// Encodes one job snapshot from the job's events (in record order): the log sequences of its events, as a
-/// summary lists them (`varint(n) ++ n sequence deltas`); the events themselves are in the log, which holds
-/// every event of a job until retention deletes the job (snapshot with it).
-pub fn encode_snapshot_events(job_id: &str, events: &[CompactEvent]) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
-    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
-    Ok((job_key(job_id), seal_as(SNAPSHOT_VERSION, &summary_bytes(&seqs, &[]))))
+/// The prefix of every snapshot chunk key of a job.
+fn chunk_prefix(job_id: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(10 + job_id.len());
+    key.push(CHUNK_PREFIX);
+    key.extend_from_slice(job_id.as_bytes());
+    key.push(CHUNK_SEP);
+    key
+}
+
+/// A snapshot chunk's key: its job and the lowest sequence it holds.
+fn chunk_key(job_id: &str, first: u64) -> Vec<u8> {
+    let mut key = chunk_prefix(job_id);
+    key.extend_from_slice(&first.to_be_bytes());
+    key
+}
+
+/// A snapshot chunk key's job id and first sequence.
+fn parse_chunk_key(k: &[u8]) -> Result<(&str, u64), String> {
+    let rest = k.strip_prefix(&[CHUNK_PREFIX]).ok_or("not a chunk key")?;
+    let (id, tail) = rest.split_at_checked(rest.len().saturating_sub(9)).ok_or("chunk key too short")?;
+    let (sep, first) = tail.split_first().ok_or("chunk key too short")?;
+    let first: [u8; 8] = first.try_into().map_err(|_| "chunk key too short")?;
+    if *sep != CHUNK_SEP {
+        return Err("chunk key without its separator".to_string());
+    }
+    let id = std::str::from_utf8(id).map_err(|_| "job id is not UTF-8".to_string())?;
+    Ok((id, u64::from_be_bytes(first)))
+}
+
+/// The events a checkpoint writes as a job's next snapshot chunk (see the module doc).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkPlan {
+    /// The chunk replaces every chunk (and older snapshot) the job has: the job has no chunk yet as far as its
+    /// holder knows (new, unfolded, restored without chunks or rebuilt), or [`MAX_CHUNKS`] already.
+    pub replace: bool,
+    /// The events it holds: every event of the job when it replaces, else those past the job's chunks.
+    pub events: Vec<CompactEvent>,
+}
+
+impl ChunkPlan {
+    /// The next chunk of a job whose record holds `events` and whose chunks hold `through` in `chunks` chunks
+    /// (0: none known); `None` when there is nothing to add.
+    pub fn of(events: &[CompactEvent], through: u64, chunks: u32) -> Option<ChunkPlan> {
+        let replace = chunks == 0 || chunks >= MAX_CHUNKS;
+        let events: Vec<CompactEvent> =
+            if replace { events.to_vec() } else { events.iter().filter(|e| e.seq > through).cloned().collect() };
+        (!events.is_empty()).then_some(ChunkPlan { replace, events })
+    }
+
+    /// Encodes the chunk of job `job_id`.
+    pub fn encode(&self, job_id: &str) -> Result<SnapshotChunk, StoreError> {
+        let first = self.events.iter().map(|e| e.seq).min().unwrap_or(0);
+        let body = postcard::to_stdvec(&self.events).map_err(|e| StoreError::Corrupt {
+            what: "jobs",
+            key: job_id.to_string(),
+            reason: format!("cannot encode a snapshot chunk: {e}"),
+        })?;
+        Ok(SnapshotChunk {
+            job_id: job_id.to_string(),
+            key: chunk_key(job_id, first),
+            value: seal_as(CHUNK_VERSION, &body),
+            replace: self.replace,
+        })
+    }
+
+    /// What the job's chunks hold once this one is written and flushed: `(through, chunks)`.
+    pub fn after(&self, through: u64, chunks: u32) -> (u64, u32) {
+        let last = self.events.iter().map(|e| e.seq).max().unwrap_or(0);
+        if self.replace {
+            (last, 1)
+        } else {
+            (through.max(last), chunks.saturating_add(1))
+        }
+    }
+}
+
+/// An encoded snapshot chunk (see [`ChunkPlan::encode`] and [`Store::write_chunks`]).
+#[derive(Debug, Clone)]
+pub struct SnapshotChunk {
+    job_id: String,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    replace: bool,
+}
+
+fn decode_chunk(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
+    let body = unseal_as(CHUNK_VERSION, v, false)?;
+    postcard::from_bytes(body).map_err(|e| e.to_string())
 }
 
 /// A stored snapshot: the job's log sequences, or (version 5) its compact events.
@@ -544,6 +655,19 @@ struct Trees {
 }
 
 impl Trees {
+    /// Adds to `batch` the removal of every snapshot of `job_id`: its chunks (but `keep`) and a snapshot written
+    /// before chunks.
+    fn remove_snapshots(&self, batch: &mut sled::Batch, job_id: &str, keep: Option<&[u8]>) -> Result<(), StoreError> {
+        batch.remove(job_key(job_id));
+        for k in self.jobs.scan_prefix(chunk_prefix(job_id)).keys() {
+            let k = k?;
+            if Some(&*k) != keep {
+                batch.remove(k);
+            }
+        }
+        Ok(())
+    }
+
     fn dead(&self) -> MutexGuard<'_, log::DeadTable> {
         self.dead.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -850,18 +974,51 @@ impl Store {
                 }
             }
         }
+        if out.rebuilt.is_none() {
+            for kv in t.jobs.scan_prefix([CHUNK_PREFIX]) {
+                let (k, v) = kv?;
+                let decoded = parse_chunk_key(&k).and_then(|(id, first)| {
+                    let evs = decode_chunk(&v)?;
+                    match evs.iter().map(|e| e.seq).min() {
+                        Some(min) if min == first => Ok((id, evs)),
+                        _ => Err(format!(
+                            "chunk keyed at sequence {first} holds {} events from {:?}",
+                            evs.len(),
+                            evs.iter().map(|e| e.seq).min()
+                        )),
+                    }
+                });
+                let (job_id, evs) = match decoded {
+                    Ok(x) => x,
+                    Err(reason) => {
+                        let shown = String::from_utf8_lossy(&k).into_owned();
+                        tracing::warn!(key = %shown, reason = %reason, "snapshot chunk unusable; rebuilding every job from the log");
+                        out.rebuilt = Some(format!("snapshot chunk {shown:?}: {reason}"));
+                        break;
+                    }
+                };
+                let last = evs.iter().map(|e| e.seq).max().unwrap_or(0);
+                beyond.extend(evs.iter().filter(|e| e.seq > marker).map(|e| e.seq));
+                let mark = out.chunks.entry(job_id.to_string()).or_insert((0, 0));
+                *mark = (mark.0.max(last), mark.1 + 1);
+                events.entry(job_id.to_string()).or_default().extend(evs);
+                out.snapshots += 1;
+            }
+        }
         if out.rebuilt.is_none() && !listed.is_empty() {
             // One pass over the log in sequence order for every listed job (each block decoded once).
             let jobs: Vec<(&str, &[u64])> = listed.iter().map(|(id, seqs)| (id.as_str(), seqs.as_slice())).collect();
             let read = self.jobs_events_map(&jobs, |seq, ev| CompactEvent::from_pb(&ev, seq))?;
             for ((job_id, _), evs) in listed.into_iter().zip(read) {
-                events.insert(job_id, evs);
+                // A job may have chunks too (written since): its events are the union.
+                events.entry(job_id).or_default().extend(evs);
             }
         }
         let snapshots_done = started.elapsed();
         let from = if out.rebuilt.is_some() {
             events.clear();
             beyond.clear();
+            out.chunks.clear();
             out.snapshots = 0;
             1
         } else {
@@ -1317,7 +1474,7 @@ impl Store {
         let t = self.t()?;
         let mut snaps = sled::Batch::default();
         for j in jobs {
-            snaps.remove(job_key(&j.job_id));
+            t.remove_snapshots(&mut snaps, &j.job_id, None)?;
         }
         snaps.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()));
         t.jobs.apply_batch(snaps)?;
@@ -1529,6 +1686,9 @@ impl Store {
     /// the commits running beside it), then [`Store::finish_checkpoint`]. A crash part-way leaves some snapshots
     /// newer than the marker, which is harmless: restore skips the log entries a snapshot already holds.
     /// (The committer's checkpointer writes its chunks under its own locks and finishes the same way.)
+    ///
+    /// Each job's snapshot is written whole (one chunk replacing its others): for tools and tests. The committer
+    /// adds to its jobs' chunks instead (see [`ChunkPlan`]).
     pub fn checkpoint<'a>(
         &self,
         jobs: impl Iterator<Item = (&'a str, &'a JobRecord)>,
@@ -1537,27 +1697,33 @@ impl Store {
         let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK);
         let mut n = 0;
         for (job_id, rec) in jobs {
-            chunk.push(encode_snapshot(job_id, rec)?);
+            if let Some(plan) = ChunkPlan::of(&rec.events, 0, 0) {
+                chunk.push(plan.encode(job_id)?);
+            }
             n += 1;
             if chunk.len() == SNAPSHOT_CHUNK {
-                self.write_snapshots(std::mem::take(&mut chunk))?;
+                self.write_chunks(std::mem::take(&mut chunk))?;
             }
         }
-        self.write_snapshots(chunk)?;
+        self.write_chunks(chunk)?;
         self.finish_checkpoint(through_seq)?;
         Ok(n)
     }
 
-    /// Writes encoded snapshots (from [`encode_snapshot`]) in one batch, then yields so that a waiting group commit
-    /// can take sled's lock. Keep batches small ([`SNAPSHOT_CHUNK`]).
-    pub fn write_snapshots(&self, snapshots: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StoreError> {
+    /// Writes snapshot chunks (from [`ChunkPlan::encode`]) in one batch (a chunk that replaces removes the job's
+    /// other chunks and older snapshot in it), then yields so that a waiting group commit can take sled's lock.
+    /// Keep batches small ([`SNAPSHOT_CHUNK`]).
+    pub fn write_chunks(&self, chunks: Vec<SnapshotChunk>) -> Result<(), StoreError> {
         let t = self.t()?;
-        if snapshots.is_empty() {
+        if chunks.is_empty() {
             return Ok(());
         }
         let mut batch = sled::Batch::default();
-        for (k, v) in snapshots {
-            batch.insert(k, v);
+        for c in chunks {
+            if c.replace {
+                t.remove_snapshots(&mut batch, &c.job_id, Some(&c.key))?;
+            }
+            batch.insert(c.key, c.value);
         }
         t.jobs.apply_batch(batch)?;
         std::thread::yield_now();
@@ -1687,7 +1853,7 @@ impl Store {
                     }
                 }
             }
-            snaps.remove(job_key(job_id));
+            t.remove_snapshots(&mut snaps, job_id, None)?;
             archives.remove(job_id.as_bytes());
         }
         let wanted: Vec<(&str, u64)> =

@@ -173,6 +173,144 @@ fn values_are_versioned_and_checksummed() {
     assert!(decode_snapshot(&bad).expect_err("must fail").contains("checksum mismatch"));
 }
 
+/// The keys of the `jobs` tree under a prefix.
+fn jobs_keys(store: &Store, prefix: &[u8]) -> Vec<Vec<u8>> {
+    let t = store.t().expect("open");
+    t.jobs.scan_prefix(prefix).keys().map(|k| k.expect("key").to_vec()).collect()
+}
+
+/// Writes each job's next chunk as the committer does, then the marker; returns the marks after.
+fn add_chunks(
+    store: &Store,
+    mem: &BTreeMap<String, JobRecord>,
+    marks: &mut HashMap<String, (u64, u32)>,
+    jobs: &[&str],
+    through: u64,
+) {
+    let mut chunks = Vec::new();
+    let mut after = Vec::new();
+    for id in jobs {
+        let (t, n) = marks.get(*id).copied().unwrap_or_default();
+        if let Some(plan) = ChunkPlan::of(&mem[*id].events, t, n) {
+            chunks.push(plan.encode(id).expect("encode"));
+            after.push((id.to_string(), plan.after(t, n)));
+        }
+    }
+    store.write_chunks(chunks).expect("chunks");
+    store.finish_checkpoint(through).expect("marker");
+    marks.extend(after);
+}
+
+#[test]
+fn snapshot_chunks_add_new_events_merge_past_the_limit_and_keep_jobs_apart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let mut mem = BTreeMap::new();
+    let mut seq = 0;
+    let mut marks: HashMap<String, (u64, u32)> = HashMap::new();
+    // "a" and "ab": one job id a prefix of another.
+    write(&store, &mut mem, &mut seq, &[ev("a", "a0", 1_000_000, submitted()), ev("ab", "x0", 1_000_000, submitted())]);
+    add_chunks(&store, &mem, &mut marks, &["a", "ab"], seq);
+    assert_eq!(marks["a"], (1, 1));
+    // Each checkpoint adds one chunk with only the new events; a late event (earlier time, higher sequence)
+    // is new too.
+    for i in 1..MAX_CHUNKS as i64 {
+        let at = if i == 5 { 999_000 } else { 1_000_000 + i * 1000 };
+        write(
+            &store,
+            &mut mem,
+            &mut seq,
+            &[ev("a", &format!("a{i}"), at, Kind::Checkpoint(pb::Checkpoint { step: i as u64, ..Default::default() }))],
+        );
+        let plan = ChunkPlan::of(&mem["a"].events, marks["a"].0, marks["a"].1).expect("new events");
+        assert!(!plan.replace);
+        assert_eq!(plan.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![seq], "only the new event");
+        add_chunks(&store, &mem, &mut marks, &["a"], seq);
+    }
+    assert_eq!(marks["a"], (seq, MAX_CHUNKS));
+    assert_eq!(jobs_keys(&store, &chunk_prefix("a")).len(), MAX_CHUNKS as usize);
+    let r = store.restore().expect("restore");
+    assert!(r.rebuilt.is_none());
+    assert_eq!(r.jobs, mem);
+    assert_eq!(r.replayed, 0, "nothing after the marker");
+    assert_eq!(r.chunks["a"], marks["a"], "restore finds what the marks say");
+    assert_eq!(r.chunks["ab"], (2, 1));
+    // One more: the job's chunks are merged into one holding every event.
+    write(&store, &mut mem, &mut seq, &[ev("a", "last", 1_100_000, Kind::FirstStep(pb::FirstStep { step: 1 }))]);
+    let plan = ChunkPlan::of(&mem["a"].events, marks["a"].0, marks["a"].1).expect("new events");
+    assert!(plan.replace);
+    assert_eq!(plan.events.len(), mem["a"].events.len());
+    add_chunks(&store, &mem, &mut marks, &["a"], seq);
+    assert_eq!(marks["a"], (seq, 1));
+    assert_eq!(jobs_keys(&store, &chunk_prefix("a")), vec![chunk_key("a", 1)]);
+    assert_eq!(jobs_keys(&store, &chunk_prefix("ab")).len(), 1, "the other job's chunk stays");
+    let r = store.restore().expect("restore");
+    assert_eq!(r.jobs, mem);
+    assert_eq!((r.chunks["a"], r.chunks["ab"]), ((seq, 1), (2, 1)));
+    // Nothing new: no chunk.
+    assert!(ChunkPlan::of(&mem["a"].events, seq, 1).is_none());
+    // A fold deletes every chunk of its job and no other's.
+    store.fold_delete(&[FoldWrite { job_id: "a".into(), ..Default::default() }], seq).expect("fold delete");
+    assert!(jobs_keys(&store, &chunk_prefix("a")).is_empty());
+    assert_eq!(jobs_keys(&store, &chunk_prefix("ab")).len(), 1);
+}
+
+#[test]
+fn a_whole_chunk_replaces_an_older_snapshot_and_chunk_damage_rebuilds_from_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let (mut mem, mut seq) = three_jobs(&store);
+    // A store from before chunks: a version-6 snapshot of "a", no chunk.
+    for k in jobs_keys(&store, &chunk_prefix("a")) {
+        store.t().expect("open").jobs.remove(k).expect("remove");
+    }
+    let (key, v6) = encode_snapshot("a", &mem["a"]).expect("encode");
+    raw_put(&store, "jobs", &key, &v6);
+    let r = store.restore().expect("restore");
+    assert_eq!(r.jobs, mem);
+    assert!(!r.chunks.contains_key("a"), "no chunk to add to: the next one replaces the old snapshot");
+    // The job changes; its next chunk holds all its events and removes the old snapshot.
+    write(&store, &mut mem, &mut seq, &[ev("a", "a3", 1_200_000, Kind::Done(pb::Done::default()))]);
+    let mut marks = r.chunks;
+    // (The checkpoint covers every dirty job: "c", from the log tail, too.)
+    assert_eq!(r.dirty, ["c".to_string()].into());
+    add_chunks(&store, &mem, &mut marks, &["a", "c"], seq);
+    assert!(jobs_keys(&store, &job_key("a")).is_empty(), "old snapshot replaced");
+    let r = store.restore().expect("restore");
+    assert_eq!(r.jobs, mem);
+    assert_eq!(r.chunks["a"], (seq, 1));
+    // A chunk that fails its checksum: reported with its key, every job rebuilt from the log.
+    let k = chunk_key("a", 1);
+    let mut v = store.t().expect("open").jobs.get(&k).expect("get").expect("chunk").to_vec();
+    let last = v.len() - 1;
+    v[last] ^= 0x01;
+    raw_put(&store, "jobs", &k, &v);
+    let r = store.restore().expect("restore");
+    let why = r.rebuilt.expect("rebuilt");
+    assert!(why.contains("checksum mismatch") && why.contains("chunk"), "{why}");
+    assert_eq!(r.jobs, mem);
+    assert!(r.chunks.is_empty() && r.dirty.len() == mem.len(), "every job rewritten whole by the next checkpoint");
+    // A chunk whose key does not name its first event is damage too.
+    let plan = ChunkPlan::of(&mem["b"].events, 0, 0).expect("events");
+    let c = plan.encode("b").expect("encode");
+    raw_put(&store, "jobs", &chunk_key("b", 999), &c.value);
+    raw_put(
+        &store,
+        "jobs",
+        &k,
+        &ChunkPlan::of(&mem["a"].events, 0, 0).expect("events").encode("a").expect("encode").value,
+    );
+    let why = store.restore().expect("restore").rebuilt.expect("rebuilt");
+    assert!(why.contains("keyed at sequence 999"), "{why}");
+    // Versions other than 7 under a chunk key are refused.
+    raw_put(&store, "jobs", &chunk_key("b", 999), &seal_as(6, &[]));
+    let why = store.restore().expect("restore").rebuilt.expect("rebuilt");
+    assert!(why.contains("unknown version 6"), "{why}");
+    assert_eq!(parse_chunk_key(&chunk_key("a\u{e9}", 7)), Ok(("a\u{e9}", 7)));
+    assert!(parse_chunk_key(&[CHUNK_PREFIX, b'a', 0xFF, 1]).is_err());
+    assert!(parse_chunk_key(&[CHUNK_PREFIX, b'a', 0, 0, 0, 0, 0, 0, 0, 0, 1]).is_err(), "no separator");
+}
+
 #[test]
 fn a_damaged_snapshot_is_reported_and_every_job_is_rebuilt_from_the_log() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -519,6 +657,9 @@ mod model {
             let mut last_seq = 0u64;
             // The highest sequence a checkpoint marker claims: new events must be numbered above it.
             let mut marker = 0u64;
+            // What each hot job's snapshot chunks hold, as the committer's marks say: `(through, chunks)`; a job
+            // not listed has none known (its next checkpoint replaces whatever is stored).
+            let mut marks: HashMap<String, (u64, u32)> = HashMap::new();
             let mut n = 0u64;
             for op in ops {
                 let op = match op {
@@ -545,6 +686,7 @@ mod model {
                             }
                             // A late event for a folded job unfolds it from its folded events first.
                             if let Some(rec) = folded.remove(&job) {
+                                marks.remove(&job);
                                 let number = summaries[&job][0];
                                 let archived = store.folded_events(&job, number).expect("folded events");
                                 let compact = archived.iter().filter_map(|(q, e)| CompactEvent::from_pb(e, *q)).collect();
@@ -562,19 +704,40 @@ mod model {
                     Op::MaintainLog => {
                         store.maintain_log().expect("log upkeep");
                     }
+                    // As the committer does: each dirty job's new events as a chunk (or all of them, replacing its
+                    // chunks), in small groups, then the marker, then the marks.
                     Op::Checkpoint => {
-                        let jobs = dirty.iter().filter_map(|id| mem.get(id).map(|r| (id.as_str(), r)));
-                        store.checkpoint(jobs, last_seq).expect("checkpoint");
+                        let mut after = Vec::new();
+                        let ids: Vec<&String> = dirty.iter().collect();
+                        for group in ids.chunks(2) {
+                            let mut chunks = Vec::new();
+                            for id in group {
+                                let Some(rec) = mem.get(*id) else { continue };
+                                let (through, n) = marks.get(*id).copied().unwrap_or_default();
+                                if let Some(plan) = ChunkPlan::of(&rec.events, through, n) {
+                                    chunks.push(plan.encode(id).expect("encode"));
+                                    after.push(((*id).clone(), plan.after(through, n)));
+                                }
+                            }
+                            store.write_chunks(chunks).expect("chunks");
+                        }
+                        store.finish_checkpoint(last_seq).expect("checkpoint");
+                        marks.extend(after);
                         marker = last_seq;
                         dirty.clear();
                     }
+                    // A checkpoint cut short: some chunks written, no marker, no marks.
                     Op::TornCheckpoint(k) => {
-                        let snaps: Vec<_> = dirty
+                        let chunks: Vec<_> = dirty
                             .iter()
                             .take(usize::from(k))
-                            .filter_map(|id| mem.get(id).map(|r| encode_snapshot(id, r).expect("encode")))
+                            .filter_map(|id| {
+                                let (through, n) = marks.get(id).copied().unwrap_or_default();
+                                let plan = ChunkPlan::of(&mem.get(id)?.events, through, n)?;
+                                Some(plan.encode(id).expect("encode"))
+                            })
                             .collect();
-                        store.write_snapshots(snaps).expect("snapshots");
+                        store.write_chunks(chunks).expect("chunks");
                     }
                     Op::TornFold(j) => {
                         let job = format!("j{j}");
@@ -599,6 +762,7 @@ mod model {
                         for w in fw {
                             torn.remove(&w.job_id);
                             summaries.insert(w.job_id.clone(), vec![w.number]);
+                            marks.remove(&w.job_id);
                             if let Some(rec) = mem.remove(&w.job_id) {
                                 folded.insert(w.job_id.clone(), rec);
                             }
@@ -612,6 +776,8 @@ mod model {
                             let mut fw = [fold_write(&job, rec, summaries.get(&job).map_or(&[], |v| v))];
                             store.fold_jobs(&mut fw, &[], last_seq).expect("fold");
                             summaries.insert(job.clone(), vec![fw[0].number]);
+                            // The fold deleted its chunks: the committer forgets its mark.
+                            marks.remove(&job);
                             {
                                 // The late event that kept it hot (logged after the fold's copy).
                                 n += 1;
@@ -647,6 +813,7 @@ mod model {
                             };
                             summaries.insert(job.clone(), vec![number]);
                             folded.insert(job.clone(), rec);
+                            marks.remove(&job);
                             dirty.remove(&job);
                         }
                     }
@@ -654,6 +821,7 @@ mod model {
                         let job = format!("j{j}");
                         torn.remove(&job);
                         let numbers = summaries.remove(&job).unwrap_or_default();
+                        marks.remove(&job);
                         if folded.remove(&job).is_some() {
                             let gone = ExpiredJob { job_id: job.clone(), seqs: Vec::new(), summaries: numbers.clone() };
                             store.delete_jobs(&[gone]).expect("delete");
@@ -728,6 +896,11 @@ mod model {
                             prop_assert!(r.jobs.contains_key(id), "{}: stale summaries of a job not hot", id);
                             prop_assert_eq!(summaries.get(id), Some(numbers));
                         }
+                        // Chunks belong to hot jobs only (a fold and retention delete them with the job's other snapshot).
+                        for id in r.chunks.keys() {
+                            prop_assert!(r.jobs.contains_key(id), "{}: chunks of a job not hot", id);
+                        }
+                        marks = r.chunks;
                         mem = r.jobs;
                         dirty = r.dirty;
                         last_seq = r.last_seq;
@@ -816,7 +989,9 @@ fn legacy_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64) {
     t.archive.insert(job.as_bytes(), encode_archive(job, &events).expect("archive")).expect("archive");
     t.summaries.insert(job.as_bytes(), seal(job.as_bytes())).expect("summary");
     t.db.flush().expect("flush");
-    t.jobs.remove(job_key(job)).expect("snapshot");
+    let mut snaps = sled::Batch::default();
+    t.remove_snapshots(&mut snaps, job, None).expect("snapshots");
+    t.jobs.apply_batch(snaps).expect("snapshot");
     t.jobs.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes())).expect("max seq");
     let mut dead = t.dead();
     let mut kill = log::plan_kill(&t.files, &dead, &seqs).expect("plan");
