@@ -125,10 +125,10 @@ pub async fn run_with_clock(
         let jobs = std::mem::take(&mut restored.jobs);
         let dirty = std::mem::take(&mut restored.dirty);
         let stale = std::mem::take(&mut restored.stale_summaries);
-        let chunks = std::mem::take(&mut restored.chunks);
+        let through = std::mem::take(&mut restored.snapshot_through);
         let mut index = JobIndex::new_at(jobs, cold, restored.last_seq, SloEngine::new(slo_defs), limiter, now)
             .with_dirty(dirty)
-            .with_chunks(chunks)
+            .with_snapshot_through(through)
             .with_stale_summaries(stale)
             .with_hot_budget(hot_budget);
         // Decisions are counted from here on: the restored history was assessed silently.

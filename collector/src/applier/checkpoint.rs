@@ -1,18 +1,29 @@
 //! Checkpoints: the applier takes the set of jobs changed since the last checkpoint (cheap, under the write
-//! lock) and the maintenance thread writes each job's new events as a snapshot chunk (groups of jobs under
-//! short read locks), then the marker (see the store's checkpoint invariant), then records what each job's
-//! chunks hold. One at a time; a failed one hands its jobs back.
+//! lock) and the maintenance thread writes what they gained since their last snapshot as an *increment* (or,
+//! once the increments outgrow the last base, every hot job as a new *base*: see `store::snaps`), copying
+//! events under short read locks in groups, then the marker (see the store's checkpoint invariant), then
+//! records in each job's mark what the store now holds of it. One at a time; a failed one hands its jobs back.
 
 use super::Committer;
 use crate::health::Health;
-use crate::index::{SharedIndex, SnapMark};
-use crate::store::{ChunkPlan, Store, StoreError};
+use crate::index::SharedIndex;
+use crate::job::CompactEvent;
+use crate::store::snaps::PartWriter;
+use crate::store::{Store, StoreError};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Marks recorded per index write lock after a checkpoint.
 const MARKS_PER_LOCK: usize = 1024;
+/// A checkpoint writes a base once the increments since the last one hold more bytes than it and than this
+/// (or there are [`BASE_AFTER_INCREMENTS`] of them).
+const BASE_MIN_BYTES: u64 = 8 << 20;
+/// See [`BASE_MIN_BYTES`].
+const BASE_AFTER_INCREMENTS: u64 = 1024;
+
+/// `(job, incarnation, highest sequence written)` of each job a checkpoint wrote.
+type Marks = Vec<(String, u64, u64)>;
 
 impl Committer {
     /// Takes the set of jobs changed since the last checkpoint, with the log position the checkpoint will cover.
@@ -55,68 +66,34 @@ impl Checkpoint {
         self.busy.store(false, Ordering::Release);
     }
 
-    /// Writes each job's next snapshot chunk (its events since its chunks, or all of them: see
-    /// [`ChunkPlan`]) in small groups, the events copied under short read locks and encoded outside them, then
-    /// flushes and writes the marker; once that succeeded, records in each job's [`SnapMark`] what its chunks
-    /// now hold. On failure nothing moves the marker or a mark, and the jobs go back to the dirty set (a chunk
-    /// that was written anyway is replaced by the next one, which starts at the same sequence and holds more).
-    ///
-    /// [`SnapMark`]: crate::index::SnapMark
+    /// Writes an increment (or a base), flushes, writes the marker; once that succeeded, records in each job's
+    /// mark what the store holds of it (unless the job left memory meanwhile: one back under the same id is a
+    /// new incarnation, whose mark stays). On failure nothing moves the marker or a mark, and the jobs go back
+    /// to the dirty set (parts written anyway are harmless: restore takes the union, by sequence).
     pub(super) fn write(self, store: &Store) {
         let started = Instant::now();
         let n = self.dirty.len();
-        let ids: Vec<&String> = self.dirty.iter().collect();
-        let mut result = Ok(());
-        // `(job, incarnation, through, chunks)` to record once the checkpoint is durable.
-        let mut marks: Vec<(&str, u64, u64, u32)> = Vec::with_capacity(n);
-        let mut written = 0usize;
-        for chunk in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
-            let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
-            // Each job's new events are copied under the read lock (reference-counted attributes: cheap), and
-            // encoded after it: a job with a long history holds the committer off for a copy, not an encoding.
-            let plans: Vec<(&str, SnapMark, ChunkPlan)> = {
-                let idx = self.index.read();
-                chunk
-                    .iter()
-                    .filter_map(|id| {
-                        let h = idx.jobs.get(id.as_str())?;
-                        let plan = ChunkPlan::of(&h.rec.events, h.snap.through, h.snap.chunks)?;
-                        Some((id.as_str(), h.snap, plan))
-                    })
-                    .collect()
-            };
-            let encoded: Result<Vec<_>, StoreError> = plans.iter().map(|(id, _, p)| p.encode(id)).collect();
-            result = encoded.and_then(|e| store.write_chunks(e));
-            if result.is_err() {
-                break;
-            }
-            for (id, mark, plan) in &plans {
-                let (through, chunks) = plan.after(mark.through, mark.chunks);
-                written += plan.events.len();
-                marks.push((id, mark.incarnation, through, chunks));
-            }
-        }
-        let result = result.and_then(|()| store.finish_checkpoint(self.through_seq));
+        let base = store.wants_base(BASE_MIN_BYTES, BASE_AFTER_INCREMENTS);
+        let result = if base { self.write_base(store) } else { self.write_increment(store) };
         self.took_ms.store(started.elapsed().as_millis() as u64, Ordering::Release);
         match result {
-            Ok(()) => {
-                // Durable: the jobs' chunks hold what the marks say, unless the job left memory meanwhile (its
-                // chunks went with it; one back under the same id is a new incarnation, whose mark stays).
+            Ok((marks, events)) => {
                 // In groups, so the write lock stays short beside a checkpoint of many jobs.
                 for group in marks.chunks(MARKS_PER_LOCK) {
                     let mut idx = self.index.write();
-                    for &(id, incarnation, through, chunks) in group {
-                        if let Some(h) = idx.jobs.get_mut(id) {
-                            if h.snap.incarnation == incarnation {
-                                h.snap.through = through;
-                                h.snap.chunks = chunks;
+                    for (id, incarnation, through) in group {
+                        if let Some(h) = idx.jobs.get_mut(id.as_str()) {
+                            if h.snap.incarnation == *incarnation {
+                                h.snap.through = h.snap.through.max(*through);
                             }
                         }
                     }
                 }
                 tracing::debug!(
-                    jobs = n,
-                    events = written,
+                    dirty = n,
+                    jobs = marks.len(),
+                    events,
+                    base,
                     through_seq = self.through_seq,
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "checkpoint written"
@@ -129,5 +106,77 @@ impl Checkpoint {
                 self.give_back();
             }
         }
+    }
+
+    /// The dirty jobs' events past their marks, as an increment.
+    fn write_increment(&self, store: &Store) -> Result<(Marks, usize), StoreError> {
+        let ids: Vec<&String> = self.dirty.iter().collect();
+        let mut w = PartWriter::default();
+        let mut marks = Vec::with_capacity(ids.len());
+        let mut events = 0;
+        for group in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
+            let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
+            let copied = self.copy(group.iter().map(|id| id.as_str()), false);
+            for (id, incarnation, evs) in copied {
+                w.add(id, &evs).map_err(|r| part_error(id, r))?;
+                events += evs.len();
+                marks.push((id.to_string(), incarnation, evs.iter().map(|e| e.seq).max().unwrap_or(0)));
+            }
+            store.write_increment(w.take_done())?;
+        }
+        store.write_increment(w.finish().map_err(|r| part_error("", r))?)?;
+        store.finish_checkpoint(self.through_seq)?;
+        Ok((marks, events))
+    }
+
+    /// Every hot job's events, as a base (the dirty jobs among them).
+    fn write_base(&self, store: &Store) -> Result<(Marks, usize), StoreError> {
+        let base = {
+            // Retention's deletes before this point are not in the base (their tombstones go at the switch);
+            // later ones keep theirs.
+            let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
+            store.begin_base()
+        };
+        let ids: Vec<String> = self.index.read().jobs.keys().cloned().collect();
+        let mut w = PartWriter::default();
+        let mut marks = Vec::with_capacity(ids.len());
+        let (mut events, mut part) = (0, 0u64);
+        for group in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
+            let copied = self.copy(group.iter().map(|id| id.as_str()), true);
+            for (id, incarnation, evs) in copied {
+                w.add(id, &evs).map_err(|r| part_error(id, r))?;
+                events += evs.len();
+                marks.push((id.to_string(), incarnation, evs.iter().map(|e| e.seq).max().unwrap_or(0)));
+            }
+            let done = w.take_done();
+            let n = done.len() as u64;
+            store.write_base_parts(base, part, done)?;
+            part += n;
+        }
+        store.write_base_parts(base, part, w.finish().map_err(|r| part_error("", r))?)?;
+        store.switch_base(base, self.through_seq)?;
+        Ok((marks, events))
+    }
+
+    /// Copies, under one read lock, each hot job's events past its mark (`all`: every event), with its
+    /// incarnation; jobs with none are left out. Compact events share their attributes: a copy is cheap, and a
+    /// job with a long history holds the committer off for a copy, not an encoding.
+    fn copy<'a>(&self, ids: impl Iterator<Item = &'a str>, all: bool) -> Vec<(&'a str, u64, Vec<CompactEvent>)> {
+        let idx = self.index.read();
+        ids.filter_map(|id| {
+            let h = idx.jobs.get(id)?;
+            let through = if all { 0 } else { h.snap.through };
+            let evs: Vec<CompactEvent> = h.rec.events.iter().filter(|e| e.seq > through).cloned().collect();
+            (!evs.is_empty()).then_some((id, h.snap.incarnation, evs))
+        })
+        .collect()
+    }
+}
+
+fn part_error(job_id: &str, reason: String) -> StoreError {
+    StoreError::Corrupt {
+        what: "jobs",
+        key: job_id.to_string(),
+        reason: format!("cannot encode a snapshot part: {reason}"),
     }
 }

@@ -5,11 +5,10 @@
 //! job's log sequences: the events stay in the log, nothing is read or copied) written and flushed, their
 //! snapshots removed, and only then are they dropped from memory, unless a late event arrived meanwhile (such a
 //! job stays hot; its summary is stale: superseded by its next fold, deleted by retention, and restore treats it
-//! as unfolded; its snapshot chunks are gone, so its next checkpoint writes it whole). A job's new summary
-//! replaces its stale ones in the same store batch.
+//! as unfolded). A job's new summary replaces its stale ones in the same store batch.
 
 use crate::health::Health;
-use crate::index::{SharedIndex, SnapMark};
+use crate::index::SharedIndex;
 use crate::store::{FoldWrite, Store, StoreError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -135,11 +134,8 @@ impl FoldPass {
     fn keep_stale(&self, writes: &[FoldWrite], replaced: bool) {
         let mut idx = self.index.write();
         for w in writes {
-            let Some(h) = idx.jobs.get_mut(&w.job_id) else { continue };
-            // Its snapshot chunks may be gone (the delete may have been kept): the next checkpoint writes it whole.
-            h.snap = SnapMark::fresh();
-            if !idx.dirty.contains(&w.job_id) {
-                idx.dirty.insert(w.job_id.clone());
+            if !idx.jobs.contains_key(&w.job_id) {
+                continue;
             }
             let stale = idx.stale_summaries.entry(w.job_id.clone()).or_default();
             if replaced {
@@ -202,11 +198,8 @@ impl FoldPass {
             let unchanged = idx.jobs.get(&w.job_id).is_some_and(|h| h.rec.events.len() == w.log_seqs.len());
             if unchanged && idx.fold(&w.job_id, w.number).is_some() {
                 n += 1;
-            } else if let Some(h) = idx.jobs.get_mut(&w.job_id) {
-                // Changed meanwhile: it stays hot, and the summary just written is its stale one. Its snapshot
-                // chunks were deleted: the next checkpoint writes it whole (it is dirty: it changed).
-                h.snap = SnapMark::fresh();
-                idx.dirty.insert(w.job_id.clone());
+            } else if idx.jobs.contains_key(&w.job_id) {
+                // Changed meanwhile: it stays hot, and the summary just written is its stale one.
                 idx.stale_summaries.insert(w.job_id, vec![w.number]);
             }
         }

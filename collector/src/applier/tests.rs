@@ -249,7 +249,7 @@ fn restored_index(store: &Store) -> SharedIndex {
             startline_proto::time::now_ms(),
         )
         .with_dirty(restored.dirty)
-        .with_chunks(restored.chunks)
+        .with_snapshot_through(restored.snapshot_through)
         .with_stale_summaries(restored.stale_summaries),
     )
 }

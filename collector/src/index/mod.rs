@@ -41,26 +41,24 @@ pub struct HotJob {
     pub snap: SnapMark,
 }
 
-/// What the store's snapshot chunks of a hot job hold, for the applier's checkpoints (which add the job's new
-/// events as a chunk, or replace its chunks: see `store::ChunkPlan`). Bookkeeping of the store's, not state of
-/// the job: every two marks compare equal, so a restored job equals the one before the restart.
+/// What the store's snapshot parts hold of a hot job, for the applier's checkpoints (which write the job's
+/// events past it: see `store::snaps`). Bookkeeping of the store's, not state of the job: every two marks
+/// compare equal, so a restored job equals the one before the restart.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SnapMark {
-    /// The highest log sequence its chunks hold.
+    /// The highest log sequence the parts hold of it; 0 when none is known (a new, unfolded or rebuilt job):
+    /// the next checkpoint writes all its events.
     pub through: u64,
-    /// How many chunks it has; 0 when none is known (a new, unfolded or rebuilt job): the next checkpoint
-    /// replaces whatever the store holds for it.
-    pub chunks: u32,
     /// Which life of the job in memory this mark belongs to (a job that left memory and came back is a new
     /// one, whose chunks a checkpoint of the old one must not vouch for).
     pub incarnation: u64,
 }
 
 impl SnapMark {
-    /// The mark of a job new in memory: no chunks known, a new incarnation.
+    /// The mark of a job new in memory: nothing known stored, a new incarnation.
     pub fn fresh() -> Self {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        SnapMark { through: 0, chunks: 0, incarnation: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
+        SnapMark { through: 0, incarnation: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) }
     }
 }
 
@@ -317,12 +315,11 @@ impl JobIndex {
         self
     }
 
-    /// Sets what the store's snapshot chunks of restored jobs hold: `(highest sequence, chunks)` by job.
-    pub fn with_chunks(mut self, chunks: HashMap<String, (u64, u32)>) -> Self {
-        for (id, (through, n)) in chunks {
+    /// Sets what the store's snapshot parts hold of restored jobs: the highest sequence, by job.
+    pub fn with_snapshot_through(mut self, through: HashMap<String, u64>) -> Self {
+        for (id, seq) in through {
             if let Some(h) = self.jobs.get_mut(&id) {
-                h.snap.through = through;
-                h.snap.chunks = n;
+                h.snap.through = seq;
             }
         }
         self

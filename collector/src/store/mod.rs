@@ -13,19 +13,22 @@
 //!   mostly garbage). Stores written before the log's files kept the blocks in tree `log_blocks`, and before
 //!   blocks one value per event in tree `log`; opening such a store moves them into the files once.
 //! - tree `log_blocks`: the dead records of the log's blocks (see [`log`]).
-//! - tree `jobs`: `[2u8] ++ job_id ++ [0xFF] ++ first sequence` (u64 big-endian) -> sealed
-//!   `postcard(Vec<CompactEvent>)` (seal version 7): a hot job's snapshot, as *chunks*. A checkpoint adds one
-//!   chunk per dirty job holding only the events its chunks do not (those past the highest sequence they hold:
-//!   sequences are handed out in arrival order, late events included), keyed by the lowest sequence in it; a job
-//!   with no chunk known to the committer (new, unfolded, rebuilt, or restored from an older snapshot) or with
-//!   [`MAX_CHUNKS`] gets one chunk of all its events instead, replacing the others in the same batch. So a
-//!   checkpoint writes each event about once (sled's garbage stays small), and a restart decodes the hot jobs'
-//!   compact events from a few values each without reading the log. 0xFF is never in UTF-8, so a job's chunks
-//!   are exactly the keys under `[2u8] ++ job_id ++ [0xFF]`.
-//! - tree `jobs`: `[1u8] ++ job_id`: a snapshot written before chunks, still read (with the job's chunks, if it
-//!   has any since: the union), replaced by the job's next whole chunk, deleted with the job's chunks: version 6
-//!   is `varint(n) ++ n sequence deltas`, the log sequences of the job's events (restore reads them from the log
-//!   in one pass in sequence order); version 5 `postcard(Vec<CompactEvent>)`.
+//! - tree `jobs`: the hot jobs' snapshots, as *parts* (format and keys: see [`snaps`]): one or more zstd
+//!   values per checkpoint, each holding the compact events of many jobs. A checkpoint writes an *increment*:
+//!   each dirty job's events past what the store holds of it (the committer keeps that mark per hot job, learnt
+//!   after the checkpoint's flush; sequences are handed out in arrival order, late events included, so "past"
+//!   is "above the highest sequence written"). Once the increments hold more bytes than the last *base* (and
+//!   more than a floor), a checkpoint writes a new base, every hot job's events, and one batch points restore
+//!   at it and removes the increments and older bases. Each event is so written about twice, compressed, in a
+//!   few large values (sled's garbage stays small; one value per job per checkpoint left gigabytes of it), and a
+//!   restart decodes the hot jobs from a few dozen values without reading the log. Parts are never edited: a
+//!   fold leaves a folded job's events in them (restore tells by its summary, which lists every one of them),
+//!   and retention writes a *tombstone* for each job it deletes, so that restore skips the job's events in
+//!   parts written before (the next base removes it). `[0u8] ++ "snap_base"` -> sealed u64: the base in use.
+//! - tree `jobs`: `[1u8] ++ job_id`: a job's snapshot written before parts, still read (with what parts hold
+//!   of the job: the union), removed by the next base: version 6 is `varint(n) ++ n sequence deltas`, the log
+//!   sequences of the job's events (read from the log in one pass in sequence order); version 5
+//!   `postcard(Vec<CompactEvent>)`.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
 //!   last ran (sequence numbers never go back, even when retention deletes the newest log entries; older
@@ -68,8 +71,8 @@
 //! snapshots hold event-id hashes from `std`'s unspecified hasher and are never trusted (see below).
 //!
 //! # The checkpoint invariant
-//! For every job, its snapshot (the union of its chunks; before chunks, the one value) holds or lists every
-//! event of the job with `seq <= checkpoint_seq`. Snapshots may be
+//! For every hot job, its snapshot (what the base and the increments hold of it; before parts, one value) holds
+//! or lists every event of the job with `seq <= checkpoint_seq`. Snapshots may be
 //! newer than the marker (a crash mid-checkpoint): restore skips log entries a snapshot already holds, by
 //! sequence number. To keep the invariant:
 //! - every job whose record holds events that its snapshot may not (jobs rebuilt from the log tail at restart,
@@ -77,30 +80,29 @@
 //!   before it moves the marker; a checkpoint that fails hands its jobs back to the dirty set;
 //! - the snapshots of a checkpoint are flushed before its marker is written, so a crash can never keep the
 //!   marker and lose a snapshot it depends on, whatever order sled's recovery keeps unflushed writes in;
-//! - the committer learns what a job's chunks hold only after that flush (so a chunk of a failed checkpoint is
-//!   never counted on: the next one starts at the same sequence, holds more, and replaces it), and forgets it
-//!   whenever the chunks may be gone (a fold deleted them while a late event kept the job hot; the job left
-//!   memory and came back), so the job's next chunk holds all its events;
+//! - the committer learns what the store holds of a job only after that flush (a part of a failed checkpoint
+//!   is never counted on; restore takes the union anyway), and a job that leaves memory and comes back starts
+//!   from nothing known, so its next part holds all its events;
 //! - sequence numbers never go backwards, even when retention deletes the newest log entries: the next
 //!   sequence is above both the last log entry and the marker.
 //!
 //! # Folded jobs
 //! A fold writes an ended job's summary, which lists the log sequences of all its events, and then deletes its
-//! snapshot (see [`Store::fold_jobs`]); the events stay where they are, in the log's compressed blocks (a fold
-//! neither reads nor rewrites the log). For every job, then, its snapshot **or the log entries its summary
-//! lists** (for jobs folded by older collectors: its archive) hold every event with `seq <= checkpoint_seq`. A
-//! job is *unfolded* when it is hot again (a late event) while its summary remains: its events are the union of
-//! the events its summary lists, its snapshot and its later log entries. Restore treats a job with a summary
-//! and a snapshot, or with a log-tail entry the summary does not list (a late event), this way; log-tail
-//! entries a summary lists are the folded job's own and are not replayed. A fold never runs while a checkpoint chunk is
-//! being written (they share one thread and the `store_writes` lock), so a snapshot written after a fold holds
-//! every event of the job, folded ones included.
+//! snapshot from before parts, if any (see [`Store::fold_jobs`]); the events stay where they are, in the log's
+//! compressed blocks and in the snapshot parts (a fold neither reads nor rewrites either). For every job, then,
+//! its snapshot **or the log entries its summary lists** (for jobs folded by older collectors: its archive) hold
+//! every event with `seq <= checkpoint_seq`. A job is *unfolded* when it is hot again (a late event) while its
+//! summary remains: its events are the union of the events its summary lists, its snapshot and its later log
+//! entries. Restore treats a job this way when its snapshot or the log's tail holds an event its summary does
+//! not list (a late event); otherwise what they hold of it is the folded job's own and is dropped. A fold never
+//! runs while a checkpoint is being written (they share one thread), so a part written after a fold holds every
+//! event of the job, folded ones included.
 //!
 //! # Restore
-//! Reads every snapshot chunk (and older snapshots, with the events they list from the log in one pass in
-//! sequence order), then replays only the log entries after `checkpoint_seq`, then reads the summaries
+//! Reads the base and the increments (and older snapshots, with the events they list from the log in one pass
+//! in sequence order), then replays only the log entries after `checkpoint_seq`, then reads the summaries
 //! (never a folded job's events, except for unfolded jobs): restart cost is bounded by the number of jobs and
-//! of hot jobs' events plus the events since the last checkpoint. A snapshot or chunk that fails its checksum, cannot be
+//! of hot jobs' events plus the events since the last checkpoint. A snapshot or part that fails its checksum, cannot be
 //! decoded or has an old version is reported with its job and key, and every job is then rebuilt from the whole
 //! log (which holds every accepted event until retention deletes the job). A damaged log value cannot be
 //! rebuilt from anything: restore refuses with an error naming its sequence number, rather than serve a timeline
@@ -140,6 +142,8 @@ const SNAPSHOT_EVENTS_VERSION: u8 = 5;
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
+/// Tree `jobs`: the number of the base the snapshot parts build on (see [`snaps`]).
+const BASE_KEY: &[u8] = b"\0snap_base";
 /// The sealed version of summaries that list their job's log sequences (see the module doc); version-2
 /// summaries are the bare body.
 const SUMMARY_VERSION: u8 = 3;
@@ -150,15 +154,6 @@ const ARCHIVE_MAX_RAW: u64 = 1 << 30;
 /// zstd level for archives: fast, and most of the gain (events of one job repeat their source and id prefixes).
 const ARCHIVE_ZSTD_LEVEL: i32 = 3;
 const JOB_PREFIX: u8 = 1;
-/// First byte of a snapshot chunk's key (see the module doc).
-const CHUNK_PREFIX: u8 = 2;
-/// Between a chunk key's job id and its first sequence: never a byte of UTF-8, so one job's chunks are exactly
-/// the keys under `[CHUNK_PREFIX] ++ job_id ++ [CHUNK_SEP]`.
-const CHUNK_SEP: u8 = 0xFF;
-/// The sealed version of snapshot chunks: `postcard(Vec<CompactEvent>)`.
-const CHUNK_VERSION: u8 = 7;
-/// A checkpoint that would give a job more chunks than this replaces them with one holding all its events.
-pub const MAX_CHUNKS: u32 = 16;
 /// First byte of a summary key written in fold order: never the first byte of a UTF-8 job id (the key of
 /// older collectors' summaries).
 const SUMMARY_PREFIX: u8 = 0xFF;
@@ -260,9 +255,9 @@ pub struct Restored {
     pub replayed: usize,
     /// Jobs whose records hold events their snapshots may not: the next checkpoint must write them.
     pub dirty: HashSet<String>,
-    /// What the snapshot chunks of each job restored from chunks hold: `(highest sequence, chunks)` (see
-    /// [`ChunkPlan::of`]); a hot job not listed has none that its next checkpoint may add to.
-    pub chunks: HashMap<String, (u64, u32)>,
+    /// The highest sequence the snapshot parts hold of each job they hold: a checkpoint writes the job's
+    /// later events only (a hot job not listed: all of them).
+    pub snapshot_through: HashMap<String, u64>,
     /// Why the snapshots were set aside and every job rebuilt from the log, if they were.
     pub rebuilt: Option<String>,
     /// Summaries of folded jobs, `(job_id, summary number, body)`, in the store's order, when restored with
@@ -461,96 +456,6 @@ fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), 
     Ok((job_key(job_id), seal_as(SNAPSHOT_VERSION, &summary_bytes(&seqs, &[]))))
 }
 
-/// The prefix of every snapshot chunk key of a job.
-fn chunk_prefix(job_id: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(10 + job_id.len());
-    key.push(CHUNK_PREFIX);
-    key.extend_from_slice(job_id.as_bytes());
-    key.push(CHUNK_SEP);
-    key
-}
-
-/// A snapshot chunk's key: its job and the lowest sequence it holds.
-fn chunk_key(job_id: &str, first: u64) -> Vec<u8> {
-    let mut key = chunk_prefix(job_id);
-    key.extend_from_slice(&first.to_be_bytes());
-    key
-}
-
-/// A snapshot chunk key's job id and first sequence.
-fn parse_chunk_key(k: &[u8]) -> Result<(&str, u64), String> {
-    let rest = k.strip_prefix(&[CHUNK_PREFIX]).ok_or("not a chunk key")?;
-    let (id, tail) = rest.split_at_checked(rest.len().saturating_sub(9)).ok_or("chunk key too short")?;
-    let (sep, first) = tail.split_first().ok_or("chunk key too short")?;
-    let first: [u8; 8] = first.try_into().map_err(|_| "chunk key too short")?;
-    if *sep != CHUNK_SEP {
-        return Err("chunk key without its separator".to_string());
-    }
-    let id = std::str::from_utf8(id).map_err(|_| "job id is not UTF-8".to_string())?;
-    Ok((id, u64::from_be_bytes(first)))
-}
-
-/// The events a checkpoint writes as a job's next snapshot chunk (see the module doc).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ChunkPlan {
-    /// The chunk replaces every chunk (and older snapshot) the job has: the job has no chunk yet as far as its
-    /// holder knows (new, unfolded, restored without chunks or rebuilt), or [`MAX_CHUNKS`] already.
-    pub replace: bool,
-    /// The events it holds: every event of the job when it replaces, else those past the job's chunks.
-    pub events: Vec<CompactEvent>,
-}
-
-impl ChunkPlan {
-    /// The next chunk of a job whose record holds `events` and whose chunks hold `through` in `chunks` chunks
-    /// (0: none known); `None` when there is nothing to add.
-    pub fn of(events: &[CompactEvent], through: u64, chunks: u32) -> Option<ChunkPlan> {
-        let replace = chunks == 0 || chunks >= MAX_CHUNKS;
-        let events: Vec<CompactEvent> =
-            if replace { events.to_vec() } else { events.iter().filter(|e| e.seq > through).cloned().collect() };
-        (!events.is_empty()).then_some(ChunkPlan { replace, events })
-    }
-
-    /// Encodes the chunk of job `job_id`.
-    pub fn encode(&self, job_id: &str) -> Result<SnapshotChunk, StoreError> {
-        let first = self.events.iter().map(|e| e.seq).min().unwrap_or(0);
-        let body = postcard::to_stdvec(&self.events).map_err(|e| StoreError::Corrupt {
-            what: "jobs",
-            key: job_id.to_string(),
-            reason: format!("cannot encode a snapshot chunk: {e}"),
-        })?;
-        Ok(SnapshotChunk {
-            job_id: job_id.to_string(),
-            key: chunk_key(job_id, first),
-            value: seal_as(CHUNK_VERSION, &body),
-            replace: self.replace,
-        })
-    }
-
-    /// What the job's chunks hold once this one is written and flushed: `(through, chunks)`.
-    pub fn after(&self, through: u64, chunks: u32) -> (u64, u32) {
-        let last = self.events.iter().map(|e| e.seq).max().unwrap_or(0);
-        if self.replace {
-            (last, 1)
-        } else {
-            (through.max(last), chunks.saturating_add(1))
-        }
-    }
-}
-
-/// An encoded snapshot chunk (see [`ChunkPlan::encode`] and [`Store::write_chunks`]).
-#[derive(Debug, Clone)]
-pub struct SnapshotChunk {
-    job_id: String,
-    key: Vec<u8>,
-    value: Vec<u8>,
-    replace: bool,
-}
-
-fn decode_chunk(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
-    let body = unseal_as(CHUNK_VERSION, v, false)?;
-    postcard::from_bytes(body).map_err(|e| e.to_string())
-}
-
 /// A stored snapshot: the job's log sequences, or (version 5) its compact events.
 #[derive(Debug, PartialEq)]
 enum Snapshot {
@@ -583,6 +488,65 @@ fn decode_snapshot_events(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
     postcard::from_bytes(body).map_err(|e| e.to_string())
 }
 
+/// The base number a base pointer value holds.
+fn base_number(v: &[u8]) -> Result<u64, String> {
+    let body = unseal(v, false)?;
+    let b: [u8; 8] = body.try_into().map_err(|_| "base pointer is not 8 bytes".to_string())?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// Reads the snapshot parts (the base the pointer names, then every increment) into `events`, leaving out the
+/// events of deleted jobs their tombstones cover, and notes events past the marker in `beyond`, each job's
+/// highest sequence in [`Restored::snapshot_through`] and the parts' bytes in the store's counters. A value
+/// that cannot be read is returned with its key, printable, and the reason.
+fn read_parts(
+    t: &Trees,
+    marker: u64,
+    events: &mut HashMap<String, Vec<CompactEvent>>,
+    beyond: &mut HashSet<u64>,
+    out: &mut Restored,
+) -> Result<(u64, u64, u64), (String, String)> {
+    let shown = |k: &[u8]| format!("{k:02x?}");
+    let sled_err = |e: sled::Error| ("tree jobs".to_string(), e.to_string());
+    let mut tombs: HashMap<String, u64> = HashMap::new();
+    for kv in t.jobs.scan_prefix([snaps::TOMB_PREFIX]) {
+        let (k, v) = kv.map_err(sled_err)?;
+        let id = std::str::from_utf8(&k[1..]).map_err(|_| (shown(&k), "job id is not UTF-8".to_string()))?;
+        let (_, max_seq) = unseal(&v, false).and_then(snaps::parse_tomb).map_err(|r| (shown(&k), r))?;
+        tombs.insert(id.to_string(), max_seq);
+    }
+    let base = match t.jobs.get(BASE_KEY).map_err(sled_err)? {
+        Some(v) => Some(base_number(&v).map_err(|r| ("base pointer".to_string(), r))?),
+        None => None,
+    };
+    let mut bytes = (0u64, 0u64, 0u64);
+    let base_parts = base.map(|b| t.jobs.scan_prefix(snaps::base_prefix(b)));
+    let incs = t.jobs.scan_prefix([snaps::INC_PREFIX]);
+    for (is_base, kv) in base_parts.into_iter().flatten().map(|kv| (true, kv)).chain(incs.map(|kv| (false, kv))) {
+        let (k, v) = kv.map_err(sled_err)?;
+        if is_base {
+            bytes.1 += v.len() as u64;
+        } else {
+            bytes.0 += v.len() as u64;
+            bytes.2 += 1;
+        }
+        for (job_id, mut evs) in snaps::decode_part(&v).map_err(|r| (shown(&k), r))? {
+            if let Some(dead) = tombs.get(&job_id) {
+                evs.retain(|e| e.seq > *dead);
+                if evs.is_empty() {
+                    continue;
+                }
+            }
+            beyond.extend(evs.iter().filter(|e| e.seq > marker).map(|e| e.seq));
+            let last = evs.iter().map(|e| e.seq).max().unwrap_or(0);
+            let through = out.snapshot_through.entry(job_id.clone()).or_default();
+            *through = (*through).max(last);
+            events.entry(job_id).or_default().extend(evs);
+        }
+    }
+    Ok(bytes)
+}
+
 /// What one tree holds (see [`Store::tree_stats`]).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TreeStats {
@@ -603,6 +567,9 @@ pub struct Store {
     inner: Arc<RwLock<Option<Trees>>>,
     /// The next summary number (see the module doc): above every stored one.
     next_summary: Arc<std::sync::atomic::AtomicU64>,
+    /// Snapshot parts (see [`snaps`]): the next number, and the stored bytes of the increments since the base
+    /// and of the base (set by restore, kept by the writes; they decide when a checkpoint writes a new base).
+    snap: Arc<SnapCounters>,
     /// Tests: this many more durable appends are written and flushed, then reported as failed (what a write cut
     /// short by a full disk can leave: sled kept some of it, the caller was told it failed).
     #[cfg(test)]
@@ -654,18 +621,29 @@ struct Trees {
     stream: sled::Tree,
 }
 
+/// See [`Store::snap`].
+#[derive(Debug, Default)]
+struct SnapCounters {
+    next: std::sync::atomic::AtomicU64,
+    inc_bytes: std::sync::atomic::AtomicU64,
+    inc_count: std::sync::atomic::AtomicU64,
+    base_bytes: std::sync::atomic::AtomicU64,
+}
+
 impl Trees {
-    /// Adds to `batch` the removal of every snapshot of `job_id`: its chunks (but `keep`) and a snapshot written
-    /// before chunks.
-    fn remove_snapshots(&self, batch: &mut sled::Batch, job_id: &str, keep: Option<&[u8]>) -> Result<(), StoreError> {
-        batch.remove(job_key(job_id));
-        for k in self.jobs.scan_prefix(chunk_prefix(job_id)).keys() {
-            let k = k?;
-            if Some(&*k) != keep {
-                batch.remove(k);
-            }
+    /// One above every number a snapshot part or the base pointer uses (1 without any).
+    fn next_snapshot_number(&self) -> Result<u64, StoreError> {
+        let mut last = 0;
+        if let Some((k, _)) = self.jobs.scan_prefix([snaps::INC_PREFIX]).next_back().transpose()? {
+            last = last.max(snaps::key_number(&k, 1).unwrap_or(0));
         }
-        Ok(())
+        if let Some((k, _)) = self.jobs.scan_prefix([snaps::BASE_PREFIX]).next_back().transpose()? {
+            last = last.max(snaps::key_number(&k, 1).unwrap_or(0));
+        }
+        if let Some(v) = self.jobs.get(BASE_KEY)? {
+            last = last.max(base_number(&v).map_err(|r| corrupt("jobs", BASE_KEY, r))?);
+        }
+        Ok(last + 1)
     }
 
     fn dead(&self) -> MutexGuard<'_, log::DeadTable> {
@@ -868,11 +846,14 @@ impl Store {
         create_private_dir(path)?;
         let trees = Trees::open(path, &options)?;
         let next_summary = trees.next_summary()?;
+        let snap = SnapCounters::default();
+        snap.next.store(trees.next_snapshot_number()?, std::sync::atomic::Ordering::Release);
         Ok(Store {
             path: Arc::new(path.to_path_buf()),
             options: Arc::new(options),
             inner: Arc::new(RwLock::new(Some(trees))),
             next_summary: Arc::new(next_summary.into()),
+            snap: Arc::new(snap),
             #[cfg(test)]
             fail_after_write: Arc::default(),
             #[cfg(test)]
@@ -904,6 +885,7 @@ impl Store {
         let trees = Trees::open(&self.path, &self.options)?;
         // Numbers handed out for writes that failed may be stored (sled can keep a failed write): never reused.
         self.next_summary.fetch_max(trees.next_summary()?, std::sync::atomic::Ordering::AcqRel);
+        self.snap.next.fetch_max(trees.next_snapshot_number()?, std::sync::atomic::Ordering::AcqRel);
         *g = Some(trees);
         Ok(())
     }
@@ -975,34 +957,16 @@ impl Store {
             }
         }
         if out.rebuilt.is_none() {
-            for kv in t.jobs.scan_prefix([CHUNK_PREFIX]) {
-                let (k, v) = kv?;
-                let decoded = parse_chunk_key(&k).and_then(|(id, first)| {
-                    let evs = decode_chunk(&v)?;
-                    match evs.iter().map(|e| e.seq).min() {
-                        Some(min) if min == first => Ok((id, evs)),
-                        _ => Err(format!(
-                            "chunk keyed at sequence {first} holds {} events from {:?}",
-                            evs.len(),
-                            evs.iter().map(|e| e.seq).min()
-                        )),
-                    }
-                });
-                let (job_id, evs) = match decoded {
-                    Ok(x) => x,
-                    Err(reason) => {
-                        let shown = String::from_utf8_lossy(&k).into_owned();
-                        tracing::warn!(key = %shown, reason = %reason, "snapshot chunk unusable; rebuilding every job from the log");
-                        out.rebuilt = Some(format!("snapshot chunk {shown:?}: {reason}"));
-                        break;
-                    }
-                };
-                let last = evs.iter().map(|e| e.seq).max().unwrap_or(0);
-                beyond.extend(evs.iter().filter(|e| e.seq > marker).map(|e| e.seq));
-                let mark = out.chunks.entry(job_id.to_string()).or_insert((0, 0));
-                *mark = (mark.0.max(last), mark.1 + 1);
-                events.entry(job_id.to_string()).or_default().extend(evs);
-                out.snapshots += 1;
+            match read_parts(&t, marker, &mut events, &mut beyond, &mut out) {
+                Ok((inc, base, count)) => {
+                    self.snap.inc_bytes.store(inc, std::sync::atomic::Ordering::Release);
+                    self.snap.inc_count.store(count, std::sync::atomic::Ordering::Release);
+                    self.snap.base_bytes.store(base, std::sync::atomic::Ordering::Release);
+                }
+                Err((what, reason)) => {
+                    tracing::warn!(part = %what, reason = %reason, "snapshot part unusable; rebuilding every job from the log");
+                    out.rebuilt = Some(format!("snapshot part {what}: {reason}"));
+                }
             }
         }
         if out.rebuilt.is_none() && !listed.is_empty() {
@@ -1010,23 +974,22 @@ impl Store {
             let jobs: Vec<(&str, &[u64])> = listed.iter().map(|(id, seqs)| (id.as_str(), seqs.as_slice())).collect();
             let read = self.jobs_events_map(&jobs, |seq, ev| CompactEvent::from_pb(&ev, seq))?;
             for ((job_id, _), evs) in listed.into_iter().zip(read) {
-                // A job may have chunks too (written since): its events are the union.
+                // A job may be in snapshot parts too (written since): its events are the union.
                 events.entry(job_id).or_default().extend(evs);
             }
         }
+        out.snapshots = events.len();
         let snapshots_done = started.elapsed();
         let from = if out.rebuilt.is_some() {
             events.clear();
             beyond.clear();
-            out.chunks.clear();
+            out.snapshot_through.clear();
             out.snapshots = 0;
             1
         } else {
             marker.saturating_add(1)
         };
-        // Jobs the tail brought that no snapshot holds: a folded job's own events (its summary lists them) are
-        // among them, and leave again below.
-        let mut tail_only: HashSet<String> = HashSet::new();
+        // The tail may bring a folded job's own events (its summary lists them): they leave again below.
         let dead = t.dead();
         let mut tail = log::Events::from(&t.files, &dead, from)?;
         while let Some((seq, body)) = tail.next_event()? {
@@ -1036,9 +999,6 @@ impl Store {
             }
             let ev = decode_log_body(seq, &body)?;
             if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
-                if !events.contains_key(&ev.job_id) {
-                    tail_only.insert(ev.job_id.clone());
-                }
                 out.dirty.insert(ev.job_id.clone());
                 events.entry(ev.job_id).or_default().push(ce);
             }
@@ -1065,17 +1025,19 @@ impl Store {
             };
             let hot = match (&seqs, events.get(job_id)) {
                 (_, None) => false,
-                // A summary from before folded events stayed in the log: any snapshot or log entry is newer.
-                (None, Some(_)) => true,
-                // A snapshot, or a log entry the summary does not list (a late event).
-                (Some(seqs), Some(evs)) => {
-                    !tail_only.contains(job_id) || evs.iter().any(|e| seqs.binary_search(&e.seq).is_err())
+                // A summary from before folded events stayed in the log: its events are in the job's archive.
+                (None, Some(evs)) => {
+                    let archived: HashSet<u64> = self.archive_of(job_id)?.iter().map(|(s, _)| *s).collect();
+                    evs.iter().any(|e| !archived.contains(&e.seq))
                 }
+                // An event the summary does not list (a late one), in a snapshot or the log's tail. Snapshot
+                // parts keep a folded job's events until the next base; those the summary lists are its own.
+                (Some(seqs), Some(evs)) => evs.iter().any(|e| seqs.binary_search(&e.seq).is_err()),
             };
-            if !hot && tail_only.remove(job_id) {
-                // The tail held only the folded job's own events.
-                events.remove(job_id);
+            if !hot && events.remove(job_id).is_some() {
+                // The snapshots and the tail held only the folded job's own events.
                 out.dirty.remove(job_id);
+                out.snapshot_through.remove(job_id);
             }
             let usable = if hot {
                 out.unfolded += 1;
@@ -1134,10 +1096,10 @@ impl Store {
                 }
             }
         }
-        // With a pack lost, every job the log holds that has neither a snapshot nor a usable summary was in it
-        // (a job with only log-tail events may be an unfolded one whose summary it was): read the summaries'
-        // job ids once more, and rebuild those jobs from the whole log.
-        let mut unknown: Option<(HashSet<String>, HashSet<String>)> = None;
+        // With a pack lost, any job the log holds without a usable summary may have been in it (snapshot parts
+        // may hold some of a folded job's events, the tail an unfolded one's): read the summaries' job ids once
+        // more, and rebuild every other job from the whole log (the union with what it has: the same events).
+        let mut unknown: Option<HashSet<String>> = None;
         if !lost_packs.is_empty() {
             out.lost_packs = lost_packs;
             let mut summarized: HashSet<String> = HashSet::new();
@@ -1152,15 +1114,12 @@ impl Store {
                     summarized.extend(pack.entries().filter_map(|e| e.ok()).map(|(_, id, _)| id.to_string()));
                 }
             }
-            let held: HashSet<String> = events.keys().filter(|id| !tail_only.contains(*id)).cloned().collect();
-            unknown = Some((summarized, held));
+            unknown = Some(summarized);
         }
         if !damaged.is_empty() || unknown.is_some() {
             // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs (and
             // the archives of older collectors' folds), and each comes back hot.
-            let lost = |id: &str| {
-                unknown.as_ref().is_some_and(|(summarized, held)| !summarized.contains(id) && !held.contains(id))
-            };
+            let lost = |id: &str| unknown.as_ref().is_some_and(|summarized| !summarized.contains(id));
             let mut rebuilt: HashSet<String> = HashSet::new();
             let dead = t.dead();
             let mut all = log::Events::from(&t.files, &dead, 1)?;
@@ -1474,7 +1433,7 @@ impl Store {
         let t = self.t()?;
         let mut snaps = sled::Batch::default();
         for j in jobs {
-            t.remove_snapshots(&mut snaps, &j.job_id, None)?;
+            snaps.remove(job_key(&j.job_id));
         }
         snaps.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()));
         t.jobs.apply_batch(snaps)?;
@@ -1687,46 +1646,105 @@ impl Store {
     /// newer than the marker, which is harmless: restore skips the log entries a snapshot already holds.
     /// (The committer's checkpointer writes its chunks under its own locks and finishes the same way.)
     ///
-    /// Each job's snapshot is written whole (one chunk replacing its others): for tools and tests. The committer
-    /// adds to its jobs' chunks instead (see [`ChunkPlan`]).
+    /// Each job's events are written whole, as an increment: for tools and tests (the committer writes only
+    /// what its jobs gained, and bases: see [`snaps`]).
     pub fn checkpoint<'a>(
         &self,
         jobs: impl Iterator<Item = (&'a str, &'a JobRecord)>,
         through_seq: u64,
     ) -> Result<usize, StoreError> {
-        let mut chunk = Vec::with_capacity(SNAPSHOT_CHUNK);
+        let mut w = snaps::PartWriter::default();
         let mut n = 0;
         for (job_id, rec) in jobs {
-            if let Some(plan) = ChunkPlan::of(&rec.events, 0, 0) {
-                chunk.push(plan.encode(job_id)?);
-            }
+            w.add(job_id, &rec.events).map_err(|r| corrupt("jobs", job_id.as_bytes(), r))?;
             n += 1;
-            if chunk.len() == SNAPSHOT_CHUNK {
-                self.write_chunks(std::mem::take(&mut chunk))?;
-            }
         }
-        self.write_chunks(chunk)?;
+        self.write_increment(w.finish().map_err(|r| corrupt("jobs", b"", r))?)?;
         self.finish_checkpoint(through_seq)?;
         Ok(n)
     }
 
-    /// Writes snapshot chunks (from [`ChunkPlan::encode`]) in one batch (a chunk that replaces removes the job's
-    /// other chunks and older snapshot in it), then yields so that a waiting group commit can take sled's lock.
-    /// Keep batches small ([`SNAPSHOT_CHUNK`]).
-    pub fn write_chunks(&self, chunks: Vec<SnapshotChunk>) -> Result<(), StoreError> {
+    /// The snapshot counter as it stands (see [`snaps`]): retention's tombstones carry it.
+    fn snapshot_counter(&self) -> u64 {
+        self.snap.next.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Writes a checkpoint's increment (parts from [`snaps::PartWriter`]), each part under a new number, one
+    /// value per sled batch (a yield between, so that a waiting group commit can take sled's lock).
+    pub fn write_increment(&self, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
         let t = self.t()?;
-        if chunks.is_empty() {
-            return Ok(());
+        for part in parts {
+            let no = self.snap.next.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            let len = part.len() as u64;
+            t.jobs.insert(snaps::inc_key(no), part)?;
+            self.snap.inc_bytes.fetch_add(len, std::sync::atomic::Ordering::AcqRel);
+            self.snap.inc_count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            std::thread::yield_now();
         }
+        Ok(())
+    }
+
+    /// Whether the next checkpoint should write a base: the increments since the last one hold more than it
+    /// and more than `min_bytes`, or there are more than `max_count` of them.
+    pub fn wants_base(&self, min_bytes: u64, max_count: u64) -> bool {
+        use std::sync::atomic::Ordering::Acquire;
+        let inc = self.snap.inc_bytes.load(Acquire);
+        (inc > min_bytes && inc > self.snap.base_bytes.load(Acquire)) || self.snap.inc_count.load(Acquire) > max_count
+    }
+
+    /// Starts a base: its number. Call it under the lock that retention's deletes hold (the applier's
+    /// `store_writes`), before reading the first job: a tombstone numbered up to it belongs to a job deleted
+    /// before, which the base cannot hold, and [`Store::switch_base`] removes it.
+    pub fn begin_base(&self) -> u64 {
+        self.snap.next.fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// Writes parts of base `base`, numbered from `first`; invisible to restore until [`Store::switch_base`].
+    pub fn write_base_parts(&self, base: u64, first: u64, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
+        let t = self.t()?;
+        for (no, part) in (first..).zip(parts) {
+            t.jobs.insert(snaps::base_key(base, no), part)?;
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// Ends a checkpoint that wrote base `base` (every hot job's events as of `through_seq` or later): flushes
+    /// its parts, then in one batch points restore at it, removes every increment, older base, snapshot from
+    /// before parts and tombstone it supersedes, and moves the marker; flushes.
+    pub fn switch_base(&self, base: u64, through_seq: u64) -> Result<(), StoreError> {
+        let t = self.t()?;
+        t.db.flush()?;
         let mut batch = sled::Batch::default();
-        for c in chunks {
-            if c.replace {
-                t.remove_snapshots(&mut batch, &c.job_id, Some(&c.key))?;
+        let mut base_bytes = 0u64;
+        for kv in t.jobs.scan_prefix([snaps::BASE_PREFIX]) {
+            let (k, v) = kv?;
+            if snaps::key_number(&k, 1) == Some(base) {
+                base_bytes += v.len() as u64;
+            } else {
+                batch.remove(k);
             }
-            batch.insert(c.key, c.value);
         }
+        for k in t.jobs.scan_prefix([snaps::INC_PREFIX]).keys() {
+            batch.remove(k?);
+        }
+        for k in t.jobs.scan_prefix([JOB_PREFIX]).keys() {
+            batch.remove(k?);
+        }
+        for kv in t.jobs.scan_prefix([snaps::TOMB_PREFIX]) {
+            let (k, v) = kv?;
+            // An unreadable tombstone goes too: restore would refuse it, and its job is gone from the base.
+            if unseal(&v, false).and_then(snaps::parse_tomb).map_or(true, |(no, _)| no <= base) {
+                batch.remove(k);
+            }
+        }
+        batch.insert(BASE_KEY, seal(&base.to_be_bytes()));
+        batch.insert(CHECKPOINT_KEY, seal(&through_seq.to_be_bytes()));
         t.jobs.apply_batch(batch)?;
-        std::thread::yield_now();
+        t.db.flush()?;
+        self.snap.inc_bytes.store(0, std::sync::atomic::Ordering::Release);
+        self.snap.inc_count.store(0, std::sync::atomic::Ordering::Release);
+        self.snap.base_bytes.store(base_bytes, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -1834,7 +1852,8 @@ impl Store {
     pub fn delete_jobs(&self, jobs: &[ExpiredJob]) -> Result<(), StoreError> {
         use sled::transaction::Transactional;
         let t = self.t()?;
-        let mut snaps = sled::Batch::default();
+        let mut job_batch = sled::Batch::default();
+        let last_logged = t.files.last_seq();
         let mut archives = sled::Batch::default();
         let mut summaries = sled::Batch::default();
         let mut seqs = Vec::new();
@@ -1853,7 +1872,9 @@ impl Store {
                     }
                 }
             }
-            t.remove_snapshots(&mut snaps, job_id, None)?;
+            job_batch.remove(job_key(job_id));
+            // Its events in snapshot parts written before now are not restored (see [`snaps`]).
+            job_batch.insert(snaps::tomb_key(job_id), seal(&snaps::tomb_body(self.snapshot_counter(), last_logged)));
             archives.remove(job_id.as_bytes());
         }
         let wanted: Vec<(&str, u64)> =
@@ -1881,7 +1902,7 @@ impl Store {
         // job from just its log tail).
         let applied = (&t.blocks, &t.jobs, &t.archive, &t.summaries).transaction(|(l, j, a, s)| {
             l.apply_batch(&log)?;
-            j.apply_batch(&snaps)?;
+            j.apply_batch(&job_batch)?;
             a.apply_batch(&archives)?;
             s.apply_batch(&summaries)?;
             Ok(())
@@ -2236,6 +2257,7 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
 mod files;
 mod log;
 mod packs;
+pub mod snaps;
 
 /// The directory of the log's files, under the store's.
 const LOG_DIR: &str = "log";

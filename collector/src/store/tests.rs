@@ -179,136 +179,258 @@ fn jobs_keys(store: &Store, prefix: &[u8]) -> Vec<Vec<u8>> {
     t.jobs.scan_prefix(prefix).keys().map(|k| k.expect("key").to_vec()).collect()
 }
 
-/// Writes each job's next chunk as the committer does, then the marker; returns the marks after.
-fn add_chunks(
+/// A checkpoint as the committer writes one: the jobs' events past their marks as an increment, then the
+/// marker; the marks advance.
+fn increment(
     store: &Store,
     mem: &BTreeMap<String, JobRecord>,
-    marks: &mut HashMap<String, (u64, u32)>,
+    marks: &mut HashMap<String, u64>,
     jobs: &[&str],
     through: u64,
 ) {
-    let mut chunks = Vec::new();
+    let mut w = snaps::PartWriter::default();
     let mut after = Vec::new();
     for id in jobs {
-        let (t, n) = marks.get(*id).copied().unwrap_or_default();
-        if let Some(plan) = ChunkPlan::of(&mem[*id].events, t, n) {
-            chunks.push(plan.encode(id).expect("encode"));
-            after.push((id.to_string(), plan.after(t, n)));
+        let m = marks.get(*id).copied().unwrap_or(0);
+        let evs: Vec<CompactEvent> = mem[*id].events.iter().filter(|e| e.seq > m).cloned().collect();
+        w.add(id, &evs).expect("add");
+        if let Some(last) = evs.iter().map(|e| e.seq).max() {
+            after.push((id.to_string(), last));
         }
     }
-    store.write_chunks(chunks).expect("chunks");
+    store.write_increment(w.finish().expect("finish")).expect("increment");
     store.finish_checkpoint(through).expect("marker");
     marks.extend(after);
 }
 
+/// A checkpoint that writes a base of every job in `mem`.
+fn base(store: &Store, mem: &BTreeMap<String, JobRecord>, marks: &mut HashMap<String, u64>, through: u64) {
+    let no = store.begin_base();
+    let mut w = snaps::PartWriter::default();
+    for (id, rec) in mem {
+        w.add(id, &rec.events).expect("add");
+    }
+    store.write_base_parts(no, 0, w.finish().expect("finish")).expect("parts");
+    store.switch_base(no, through).expect("switch");
+    marks.clear();
+    marks.extend(mem.iter().map(|(id, r)| (id.clone(), r.events.iter().map(|e| e.seq).max().unwrap_or(0))));
+}
+
 #[test]
-fn snapshot_chunks_add_new_events_merge_past_the_limit_and_keep_jobs_apart() {
+fn increments_add_only_new_events_and_a_base_supersedes_them() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let mut mem = BTreeMap::new();
     let mut seq = 0;
-    let mut marks: HashMap<String, (u64, u32)> = HashMap::new();
+    let mut marks: HashMap<String, u64> = HashMap::new();
     // "a" and "ab": one job id a prefix of another.
     write(&store, &mut mem, &mut seq, &[ev("a", "a0", 1_000_000, submitted()), ev("ab", "x0", 1_000_000, submitted())]);
-    add_chunks(&store, &mem, &mut marks, &["a", "ab"], seq);
-    assert_eq!(marks["a"], (1, 1));
-    // Each checkpoint adds one chunk with only the new events; a late event (earlier time, higher sequence)
-    // is new too.
-    for i in 1..MAX_CHUNKS as i64 {
+    increment(&store, &mem, &mut marks, &["a", "ab"], seq);
+    for i in 1..10i64 {
+        // A late event (earlier time, higher sequence) is new too.
         let at = if i == 5 { 999_000 } else { 1_000_000 + i * 1000 };
-        write(
-            &store,
-            &mut mem,
-            &mut seq,
-            &[ev("a", &format!("a{i}"), at, Kind::Checkpoint(pb::Checkpoint { step: i as u64, ..Default::default() }))],
-        );
-        let plan = ChunkPlan::of(&mem["a"].events, marks["a"].0, marks["a"].1).expect("new events");
-        assert!(!plan.replace);
-        assert_eq!(plan.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![seq], "only the new event");
-        add_chunks(&store, &mem, &mut marks, &["a"], seq);
+        let k = Kind::Checkpoint(pb::Checkpoint { step: i as u64, ..Default::default() });
+        write(&store, &mut mem, &mut seq, &[ev("a", &format!("a{i}"), at, k)]);
+        increment(&store, &mem, &mut marks, &["a"], seq);
     }
-    assert_eq!(marks["a"], (seq, MAX_CHUNKS));
-    assert_eq!(jobs_keys(&store, &chunk_prefix("a")).len(), MAX_CHUNKS as usize);
+    assert_eq!(jobs_keys(&store, &[snaps::INC_PREFIX]).len(), 10, "one increment per checkpoint");
     let r = store.restore().expect("restore");
     assert!(r.rebuilt.is_none());
     assert_eq!(r.jobs, mem);
-    assert_eq!(r.replayed, 0, "nothing after the marker");
-    assert_eq!(r.chunks["a"], marks["a"], "restore finds what the marks say");
-    assert_eq!(r.chunks["ab"], (2, 1));
-    // One more: the job's chunks are merged into one holding every event.
-    write(&store, &mut mem, &mut seq, &[ev("a", "last", 1_100_000, Kind::FirstStep(pb::FirstStep { step: 1 }))]);
-    let plan = ChunkPlan::of(&mem["a"].events, marks["a"].0, marks["a"].1).expect("new events");
-    assert!(plan.replace);
-    assert_eq!(plan.events.len(), mem["a"].events.len());
-    add_chunks(&store, &mem, &mut marks, &["a"], seq);
-    assert_eq!(marks["a"], (seq, 1));
-    assert_eq!(jobs_keys(&store, &chunk_prefix("a")), vec![chunk_key("a", 1)]);
-    assert_eq!(jobs_keys(&store, &chunk_prefix("ab")).len(), 1, "the other job's chunk stays");
+    assert_eq!((r.snapshots, r.replayed), (2, 0), "nothing after the marker");
+    assert_eq!(r.snapshot_through, marks, "restore finds what the marks say");
+    assert!(!store.wants_base(1 << 20, 1024));
+    assert!(store.wants_base(0, 1024), "the increments hold more than the (empty) base");
+    assert!(store.wants_base(1 << 20, 9), "more increments than allowed");
+    // A base replaces every increment and snapshot from before parts.
+    let (key, v6) = encode_snapshot("ab", &mem["ab"]).expect("encode");
+    raw_put(&store, "jobs", &key, &v6);
+    write(&store, &mut mem, &mut seq, &[ev("ab", "x1", 1_100_000, Kind::FirstStep(pb::FirstStep { step: 1 }))]);
+    base(&store, &mem, &mut marks, seq);
+    assert!(jobs_keys(&store, &[snaps::INC_PREFIX]).is_empty());
+    assert!(jobs_keys(&store, &[JOB_PREFIX]).is_empty());
+    assert_eq!(jobs_keys(&store, &[snaps::BASE_PREFIX]).len(), 1);
+    assert!(!store.wants_base(0, 1024), "nothing since the base");
     let r = store.restore().expect("restore");
     assert_eq!(r.jobs, mem);
-    assert_eq!((r.chunks["a"], r.chunks["ab"]), ((seq, 1), (2, 1)));
-    // Nothing new: no chunk.
-    assert!(ChunkPlan::of(&mem["a"].events, seq, 1).is_none());
-    // A fold deletes every chunk of its job and no other's.
-    store.fold_delete(&[FoldWrite { job_id: "a".into(), ..Default::default() }], seq).expect("fold delete");
-    assert!(jobs_keys(&store, &chunk_prefix("a")).is_empty());
-    assert_eq!(jobs_keys(&store, &chunk_prefix("ab")).len(), 1);
+    assert_eq!(r.snapshot_through, marks);
+    // Increments after the base join it; a second base replaces the first.
+    write(&store, &mut mem, &mut seq, &[ev("c", "c0", 1_000_000, submitted())]);
+    increment(&store, &mem, &mut marks, &["c"], seq);
+    assert_eq!(store.restore().expect("restore").jobs, mem);
+    let first = jobs_keys(&store, &[snaps::BASE_PREFIX]);
+    base(&store, &mem, &mut marks, seq);
+    let second = jobs_keys(&store, &[snaps::BASE_PREFIX]);
+    assert_eq!(second.len(), 1);
+    assert_ne!(first, second);
+    // Reopened, the store numbers parts above every stored one.
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    assert!(store.begin_base() > snaps::key_number(&second[0], 1).expect("number"));
+    assert_eq!(store.restore().expect("restore").jobs, mem);
 }
 
 #[test]
-fn a_whole_chunk_replaces_an_older_snapshot_and_chunk_damage_rebuilds_from_the_log() {
+fn a_deleted_jobs_parts_stay_deleted_until_a_base_and_its_id_can_come_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let mut mem = BTreeMap::new();
+    let mut seq = 0;
+    let mut marks = HashMap::new();
+    write(&store, &mut mem, &mut seq, &[ev("a", "a0", 1_000_000, submitted()), ev("b", "b0", 1_000_000, submitted())]);
+    increment(&store, &mem, &mut marks, &["a", "b"], seq);
+    // Retention deletes "a": its events in the increment are not restored.
+    let rec = mem.remove("a").expect("a");
+    let seqs = rec.events.iter().map(|e| e.seq).collect();
+    store.delete_jobs(&[ExpiredJob { job_id: "a".into(), seqs, summaries: Vec::new() }]).expect("delete");
+    let r = store.restore().expect("restore");
+    assert_eq!(r.jobs, mem);
+    assert!(!r.snapshot_through.contains_key("a"));
+    // A new job under the same id keeps its own events.
+    write(&store, &mut mem, &mut seq, &[ev("a", "new", 2_000_000, submitted())]);
+    marks.remove("a");
+    increment(&store, &mem, &mut marks, &["a"], seq);
+    let r = store.restore().expect("restore");
+    assert_eq!(r.jobs, mem);
+    assert_eq!(r.jobs["a"].events.len(), 1);
+    // A base drops the tombstone (it holds only live jobs); one deleted after the base began keeps its own.
+    let no = store.begin_base();
+    let mut w = snaps::PartWriter::default();
+    for (id, r) in &mem {
+        w.add(id, &r.events).expect("add");
+    }
+    store.write_base_parts(no, 0, w.finish().expect("finish")).expect("parts");
+    let gone = mem.remove("b").expect("b");
+    let seqs = gone.events.iter().map(|e| e.seq).collect();
+    store.delete_jobs(&[ExpiredJob { job_id: "b".into(), seqs, summaries: Vec::new() }]).expect("delete");
+    store.switch_base(no, seq).expect("switch");
+    assert_eq!(jobs_keys(&store, &snaps::tomb_key("a")), Vec::<Vec<u8>>::new());
+    assert_eq!(jobs_keys(&store, &snaps::tomb_key("b")).len(), 1);
+    let r = store.restore().expect("restore");
+    assert_eq!(r.jobs, mem, "b, in the base but deleted after it began, stays deleted");
+}
+
+#[test]
+fn the_part_codec_round_trips_every_kind_and_extreme_values_and_detects_damage() {
+    let kinds = [
+        submitted(),
+        Kind::Queued(pb::Queued { reason: 2, raw_reason: "Resources".into(), ..Default::default() }),
+        Kind::NodeAssigned(pb::NodeAssigned { nodes: vec!["gpu-7".into()], ..Default::default() }),
+        Kind::Preparing(pb::Preparing::default()),
+        Kind::FirstStep(pb::FirstStep { step: 3 }),
+        Kind::Checkpoint(pb::Checkpoint { step: 1000, save_seconds: 2.5, ..Default::default() }),
+        Kind::Preempted(pb::Preempted { reason: "spot".into(), checkpoint_saved: true }),
+        Kind::Done(pb::Done { exit_code: Some(-9), ..Default::default() }),
+    ];
+    // Times and sequences out of order and at the extremes; hashes of every width.
+    let times = [i64::MAX, 1_000_000, i64::MIN, -5, 0, 1_796_000_000_000, 1, i64::MAX - 1];
+    let seqs = [7, 3, u64::MAX, 1, 1 << 40, 9, 8, 2];
+    let mut events = Vec::new();
+    for (i, k) in kinds.into_iter().enumerate() {
+        let mut ce = CompactEvent::from_pb(&ev("j", &format!("e{i}"), 0, k), seqs[i]).expect("kind");
+        ce.at_ms = times[i];
+        ce.id_hash = [0, 1, u64::MAX, 1 << 63, 12345, u64::MAX - 1, 77, 1 << 7][i];
+        ce.attempt = (i % 2 == 0).then_some(i as u32);
+        events.push(ce);
+    }
+    let mut w = snaps::PartWriter::default();
+    w.add("j\u{e9}", &events).expect("add");
+    w.add("empty", &[]).expect("nothing");
+    w.add("k", &events[..2]).expect("add");
+    let parts = w.finish().expect("finish");
+    assert_eq!(parts.len(), 1);
+    let mut want = events.clone();
+    want.sort_by_key(|e| e.seq);
+    let mut want_k = events[..2].to_vec();
+    want_k.sort_by_key(|e| e.seq);
+    assert_eq!(
+        snaps::decode_part(&parts[0]).expect("decode"),
+        vec![("j\u{e9}".to_string(), want.clone()), ("k".to_string(), want_k)]
+    );
+    // Every flipped bit and every truncation is detected.
+    for i in 0..parts[0].len() * 8 {
+        let mut bad = parts[0].clone();
+        bad[i / 8] ^= 1 << (i % 8);
+        assert!(snaps::decode_part(&bad).is_err(), "flip of bit {i} not detected");
+    }
+    for n in 0..parts[0].len() {
+        assert!(snaps::decode_part(&parts[0][..n]).is_err(), "truncation to {n} bytes not detected");
+    }
+    // Bodies the checksum vouches for but that lie are refused: a huge count, bytes after the events.
+    let mut body = Vec::new();
+    prost::encoding::encode_varint(u64::MAX, &mut body);
+    assert!(snaps::decode_events(&mut body.as_slice()).expect_err("count").contains("claimed"));
+    let mut raw = Vec::new();
+    prost::encoding::encode_varint(1, &mut raw);
+    raw.push(b'j');
+    let mut evs = Vec::new();
+    snaps::events_body(&want, &mut evs).expect("body");
+    evs.push(0);
+    prost::encoding::encode_varint(evs.len() as u64, &mut raw);
+    raw.extend_from_slice(&evs);
+    let mut sealed_body = Vec::new();
+    prost::encoding::encode_varint(raw.len() as u64, &mut sealed_body);
+    sealed_body.extend_from_slice(&zstd::bulk::compress(&raw, 3).expect("zstd"));
+    let lie = seal_as(snaps::PART_VERSION, &sealed_body);
+    assert!(snaps::decode_part(&lie).expect_err("trailing").contains("after the events"));
+    // About 15 bytes an event before compression (postcard of whole events: ~25).
+    let typical: Vec<CompactEvent> = (1..=20u64)
+        .map(|i| {
+            let k = Kind::Checkpoint(pb::Checkpoint { step: i * 100, ..Default::default() });
+            CompactEvent::from_pb(&ev("j", &format!("c{i}"), 1_796_000_000_000 + i as i64 * 60_000, k), 1000 + i * 3)
+                .expect("kind")
+        })
+        .collect();
+    let mut compact = Vec::new();
+    snaps::events_body(&typical, &mut compact).expect("body");
+    let whole = postcard::to_stdvec(&typical).expect("postcard").len();
+    assert!(
+        compact.len() <= 20 * 18 && compact.len() < whole,
+        "{} bytes (postcard {whole}) for 20 events",
+        compact.len()
+    );
+    // Parts are cut at about PART_RAW_BYTES.
+    let mut w = snaps::PartWriter::default();
+    for i in 0..(snaps::PART_RAW_BYTES / 300 + 10) {
+        w.add(&format!("job-{i}"), &typical).expect("add");
+    }
+    let parts = w.finish().expect("finish");
+    assert_eq!(parts.len(), 2);
+    let n: usize = parts.iter().map(|p| snaps::decode_part(p).expect("decode").len()).sum();
+    assert_eq!(n, snaps::PART_RAW_BYTES / 300 + 10);
+}
+
+#[test]
+fn parts_join_an_older_snapshot_and_a_damaged_part_rebuilds_every_job_from_the_log() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let (mut mem, mut seq) = three_jobs(&store);
-    // A store from before chunks: a version-6 snapshot of "a", no chunk.
-    for k in jobs_keys(&store, &chunk_prefix("a")) {
-        store.t().expect("open").jobs.remove(k).expect("remove");
-    }
+    // A store from before parts: a version-6 snapshot of "a", then "a" changes and an increment holds the rest.
     let (key, v6) = encode_snapshot("a", &mem["a"]).expect("encode");
     raw_put(&store, "jobs", &key, &v6);
-    let r = store.restore().expect("restore");
-    assert_eq!(r.jobs, mem);
-    assert!(!r.chunks.contains_key("a"), "no chunk to add to: the next one replaces the old snapshot");
-    // The job changes; its next chunk holds all its events and removes the old snapshot.
+    let mut marks: HashMap<String, u64> = HashMap::new();
+    marks.insert("a".into(), seq);
     write(&store, &mut mem, &mut seq, &[ev("a", "a3", 1_200_000, Kind::Done(pb::Done::default()))]);
-    let mut marks = r.chunks;
-    // (The checkpoint covers every dirty job: "c", from the log tail, too.)
-    assert_eq!(r.dirty, ["c".to_string()].into());
-    add_chunks(&store, &mem, &mut marks, &["a", "c"], seq);
-    assert!(jobs_keys(&store, &job_key("a")).is_empty(), "old snapshot replaced");
+    increment(&store, &mem, &mut marks, &["a", "c"], seq);
     let r = store.restore().expect("restore");
+    assert!(r.rebuilt.is_none());
     assert_eq!(r.jobs, mem);
-    assert_eq!(r.chunks["a"], (seq, 1));
-    // A chunk that fails its checksum: reported with its key, every job rebuilt from the log.
-    let k = chunk_key("a", 1);
-    let mut v = store.t().expect("open").jobs.get(&k).expect("get").expect("chunk").to_vec();
+    // A part that fails its checksum: reported with its key, every job rebuilt from the log.
+    let k = jobs_keys(&store, &[snaps::INC_PREFIX]).pop().expect("an increment");
+    let mut v = store.t().expect("open").jobs.get(&k).expect("get").expect("part").to_vec();
     let last = v.len() - 1;
     v[last] ^= 0x01;
     raw_put(&store, "jobs", &k, &v);
     let r = store.restore().expect("restore");
     let why = r.rebuilt.expect("rebuilt");
-    assert!(why.contains("checksum mismatch") && why.contains("chunk"), "{why}");
+    assert!(why.contains("checksum mismatch") && why.contains("snapshot part"), "{why}");
     assert_eq!(r.jobs, mem);
-    assert!(r.chunks.is_empty() && r.dirty.len() == mem.len(), "every job rewritten whole by the next checkpoint");
-    // A chunk whose key does not name its first event is damage too.
-    let plan = ChunkPlan::of(&mem["b"].events, 0, 0).expect("events");
-    let c = plan.encode("b").expect("encode");
-    raw_put(&store, "jobs", &chunk_key("b", 999), &c.value);
-    raw_put(
-        &store,
-        "jobs",
-        &k,
-        &ChunkPlan::of(&mem["a"].events, 0, 0).expect("events").encode("a").expect("encode").value,
-    );
+    assert!(r.snapshot_through.is_empty() && r.dirty.len() == mem.len(), "every job rewritten by the next checkpoint");
+    // A base pointer that cannot be read likewise.
+    raw_put(&store, "jobs", &k, &seal_as(snaps::PART_VERSION, &[0]));
+    raw_put(&store, "jobs", BASE_KEY, &seal(&[1, 2, 3]));
     let why = store.restore().expect("restore").rebuilt.expect("rebuilt");
-    assert!(why.contains("keyed at sequence 999"), "{why}");
-    // Versions other than 7 under a chunk key are refused.
-    raw_put(&store, "jobs", &chunk_key("b", 999), &seal_as(6, &[]));
-    let why = store.restore().expect("restore").rebuilt.expect("rebuilt");
-    assert!(why.contains("unknown version 6"), "{why}");
-    assert_eq!(parse_chunk_key(&chunk_key("a\u{e9}", 7)), Ok(("a\u{e9}", 7)));
-    assert!(parse_chunk_key(&[CHUNK_PREFIX, b'a', 0xFF, 1]).is_err());
-    assert!(parse_chunk_key(&[CHUNK_PREFIX, b'a', 0, 0, 0, 0, 0, 0, 0, 0, 1]).is_err(), "no separator");
+    assert!(why.contains("base pointer"), "{why}");
 }
 
 #[test]
@@ -560,6 +682,10 @@ mod model {
         Checkpoint,
         /// Checkpoint that crashes after writing some of the dirty jobs' snapshots (no marker).
         TornCheckpoint(u8),
+        /// A checkpoint that writes a base.
+        Base,
+        /// A base whose parts are written but never switched to (a crash).
+        TornBase,
         /// Delete a job (retention).
         Expire(u8),
         /// Drop the store (everything acknowledged was flushed) and restore.
@@ -614,6 +740,8 @@ mod model {
             4 => proptest::collection::vec((0u8..6, 1u8..4), 1..4).prop_map(Op::Append),
             2 => Just(Op::Checkpoint),
             1 => (0u8..6).prop_map(Op::TornCheckpoint),
+            1 => Just(Op::Base),
+            1 => Just(Op::TornBase),
             1 => (0u8..6).prop_map(Op::Expire),
             2 => Just(Op::Restart),
             1 => (1u8..9).prop_map(Op::TornAppend),
@@ -657,9 +785,9 @@ mod model {
             let mut last_seq = 0u64;
             // The highest sequence a checkpoint marker claims: new events must be numbered above it.
             let mut marker = 0u64;
-            // What each hot job's snapshot chunks hold, as the committer's marks say: `(through, chunks)`; a job
-            // not listed has none known (its next checkpoint replaces whatever is stored).
-            let mut marks: HashMap<String, (u64, u32)> = HashMap::new();
+            // What the snapshot parts hold of each hot job, as the committer's marks say (its highest sequence);
+            // a job not listed has nothing known stored (its next checkpoint writes all its events).
+            let mut marks: HashMap<String, u64> = HashMap::new();
             let mut n = 0u64;
             for op in ops {
                 let op = match op {
@@ -704,40 +832,39 @@ mod model {
                     Op::MaintainLog => {
                         store.maintain_log().expect("log upkeep");
                     }
-                    // As the committer does: each dirty job's new events as a chunk (or all of them, replacing its
-                    // chunks), in small groups, then the marker, then the marks.
+                    // As the committer does: each dirty job's events past its mark as an increment, then the
+                    // marker, then the marks.
                     Op::Checkpoint => {
-                        let mut after = Vec::new();
-                        let ids: Vec<&String> = dirty.iter().collect();
-                        for group in ids.chunks(2) {
-                            let mut chunks = Vec::new();
-                            for id in group {
-                                let Some(rec) = mem.get(*id) else { continue };
-                                let (through, n) = marks.get(*id).copied().unwrap_or_default();
-                                if let Some(plan) = ChunkPlan::of(&rec.events, through, n) {
-                                    chunks.push(plan.encode(id).expect("encode"));
-                                    after.push(((*id).clone(), plan.after(through, n)));
-                                }
-                            }
-                            store.write_chunks(chunks).expect("chunks");
-                        }
-                        store.finish_checkpoint(last_seq).expect("checkpoint");
-                        marks.extend(after);
+                        let ids: Vec<&str> = dirty.iter().filter(|id| mem.contains_key(*id)).map(|id| id.as_str()).collect();
+                        increment(&store, &mem, &mut marks, &ids, last_seq);
                         marker = last_seq;
                         dirty.clear();
                     }
-                    // A checkpoint cut short: some chunks written, no marker, no marks.
+                    // A checkpoint that writes a base of every hot job.
+                    Op::Base => {
+                        base(&store, &mem, &mut marks, last_seq);
+                        marker = last_seq;
+                        dirty.clear();
+                    }
+                    // A checkpoint cut short: some parts written, no marker, no marks.
                     Op::TornCheckpoint(k) => {
-                        let chunks: Vec<_> = dirty
-                            .iter()
-                            .take(usize::from(k))
-                            .filter_map(|id| {
-                                let (through, n) = marks.get(id).copied().unwrap_or_default();
-                                let plan = ChunkPlan::of(&mem.get(id)?.events, through, n)?;
-                                Some(plan.encode(id).expect("encode"))
-                            })
-                            .collect();
-                        store.write_chunks(chunks).expect("chunks");
+                        let mut w = snaps::PartWriter::default();
+                        for id in dirty.iter().take(usize::from(k)) {
+                            let Some(rec) = mem.get(id) else { continue };
+                            let m = marks.get(id).copied().unwrap_or(0);
+                            let evs: Vec<CompactEvent> = rec.events.iter().filter(|e| e.seq > m).cloned().collect();
+                            w.add(id, &evs).expect("add");
+                        }
+                        store.write_increment(w.finish().expect("finish")).expect("increment");
+                    }
+                    // A base cut short: its parts written, never switched to.
+                    Op::TornBase => {
+                        let no = store.begin_base();
+                        let mut w = snaps::PartWriter::default();
+                        for (id, rec) in &mem {
+                            w.add(id, &rec.events).expect("add");
+                        }
+                        store.write_base_parts(no, 0, w.finish().expect("finish")).expect("parts");
                     }
                     Op::TornFold(j) => {
                         let job = format!("j{j}");
@@ -776,8 +903,7 @@ mod model {
                             let mut fw = [fold_write(&job, rec, summaries.get(&job).map_or(&[], |v| v))];
                             store.fold_jobs(&mut fw, &[], last_seq).expect("fold");
                             summaries.insert(job.clone(), vec![fw[0].number]);
-                            // The fold deleted its chunks: the committer forgets its mark.
-                            marks.remove(&job);
+                            // Its parts stay (a fold deletes nothing of them), and so does its mark.
                             {
                                 // The late event that kept it hot (logged after the fold's copy).
                                 n += 1;
@@ -897,10 +1023,12 @@ mod model {
                             prop_assert_eq!(summaries.get(id), Some(numbers));
                         }
                         // Chunks belong to hot jobs only (a fold and retention delete them with the job's other snapshot).
-                        for id in r.chunks.keys() {
-                            prop_assert!(r.jobs.contains_key(id), "{}: chunks of a job not hot", id);
+                        for (id, through) in &r.snapshot_through {
+                            let rec = r.jobs.get(id);
+                            prop_assert!(rec.is_some(), "{}: parts of a job not hot", id);
+                            prop_assert!(rec.is_some_and(|r| r.events.iter().any(|e| e.seq == *through)), "{}: through {}", id, through);
                         }
-                        marks = r.chunks;
+                        marks = r.snapshot_through;
                         mem = r.jobs;
                         dirty = r.dirty;
                         last_seq = r.last_seq;
@@ -989,9 +1117,7 @@ fn legacy_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64) {
     t.archive.insert(job.as_bytes(), encode_archive(job, &events).expect("archive")).expect("archive");
     t.summaries.insert(job.as_bytes(), seal(job.as_bytes())).expect("summary");
     t.db.flush().expect("flush");
-    let mut snaps = sled::Batch::default();
-    t.remove_snapshots(&mut snaps, job, None).expect("snapshots");
-    t.jobs.apply_batch(snaps).expect("snapshot");
+    t.jobs.remove(job_key(job)).expect("snapshot");
     t.jobs.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes())).expect("max seq");
     let mut dead = t.dead();
     let mut kill = log::plan_kill(&t.files, &dead, &seqs).expect("plan");
