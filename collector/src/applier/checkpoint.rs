@@ -18,7 +18,7 @@ use std::time::Instant;
 const MARKS_PER_LOCK: usize = 1024;
 /// A checkpoint writes a base once the increments since the last one hold more bytes than it and than this
 /// (or there are [`BASE_AFTER_INCREMENTS`] of them).
-const BASE_MIN_BYTES: u64 = 8 << 20;
+const BASE_MIN_BYTES: u64 = 1 << 20;
 /// See [`BASE_MIN_BYTES`] (a few in unit tests, so that their sequences of checkpoints and restarts cross bases).
 const BASE_AFTER_INCREMENTS: u64 = if cfg!(test) { 3 } else { 256 };
 
@@ -41,6 +41,7 @@ impl Committer {
             busy: self.checkpoint_busy.clone(),
             took_ms: self.checkpoint_took_ms.clone(),
             store_writes: self.store_writes.clone(),
+            allow_base: true,
         })
     }
 }
@@ -55,8 +56,11 @@ pub(super) struct Checkpoint {
     busy: Arc<AtomicBool>,
     /// Set to how long the write took, milliseconds, when it is done (failed ones included).
     took_ms: Arc<AtomicU64>,
-    /// Excludes retention's deletes while a chunk is encoded and written.
+    /// Excludes retention's deletes while a group of jobs is copied and written, and while a base is begun and
+    /// switched to.
     store_writes: Arc<Mutex<()>>,
+    /// Whether it may write a base (not the last one at shutdown: an increment is quicker).
+    pub(super) allow_base: bool,
 }
 
 impl Checkpoint {
@@ -73,7 +77,7 @@ impl Checkpoint {
     pub(super) fn write(self, store: &Store) {
         let started = Instant::now();
         let n = self.dirty.len();
-        let base = store.wants_base(BASE_MIN_BYTES, BASE_AFTER_INCREMENTS);
+        let base = self.allow_base && store.wants_base(BASE_MIN_BYTES, BASE_AFTER_INCREMENTS);
         let result = if base { self.write_base(store) } else { self.write_increment(store) };
         self.took_ms.store(started.elapsed().as_millis() as u64, Ordering::Release);
         match result {
@@ -110,6 +114,7 @@ impl Checkpoint {
 
     /// The dirty jobs' events past their marks, as an increment.
     fn write_increment(&self, store: &Store) -> Result<(Marks, usize), StoreError> {
+        let generation = store.generation();
         let ids: Vec<&String> = self.dirty.iter().collect();
         let mut w = PartWriter::default();
         let mut marks = Vec::with_capacity(ids.len());
@@ -125,7 +130,7 @@ impl Checkpoint {
             store.write_increment(w.take_done())?;
         }
         store.write_increment(w.finish().map_err(|r| part_error("", r))?)?;
-        store.finish_checkpoint(self.through_seq)?;
+        store.finish_checkpoint_of(self.through_seq, generation)?;
         Ok((marks, events))
     }
 
@@ -137,6 +142,7 @@ impl Checkpoint {
             let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
             store.begin_base()
         };
+        let generation = store.generation();
         let ids: Vec<String> = self.index.read().jobs.keys().cloned().collect();
         let mut w = PartWriter::default();
         let mut marks = Vec::with_capacity(ids.len());
@@ -154,7 +160,8 @@ impl Checkpoint {
             part += n;
         }
         store.write_base_parts(base, part, w.finish().map_err(|r| part_error("", r))?)?;
-        store.switch_base(base, self.through_seq)?;
+        let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
+        store.switch_base(base, self.through_seq, generation)?;
         Ok((marks, events))
     }
 

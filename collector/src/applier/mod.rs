@@ -396,7 +396,8 @@ impl Committer {
                 tracing::error!("maintenance thread panicked");
             }
         }
-        if let Some(ck) = self.take_checkpoint() {
+        if let Some(mut ck) = self.take_checkpoint() {
+            ck.allow_base = false;
             ck.write(&self.store);
         }
         if let Some(sw) = &self.stream {

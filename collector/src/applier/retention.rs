@@ -37,7 +37,9 @@ impl Committer {
                     .collect()
             };
             if let Err(e) = self.store.delete_jobs(&removed) {
-                // Gone from memory, not from disk: a restart brings them back and the next pass deletes them.
+                // Gone from memory, not from disk: a restart brings them back (from the snapshot parts, which
+                // no base may replace until then) and the next pass deletes them.
+                self.store.hold_bases();
                 tracing::error!(error = %e, "retention: cannot delete expired jobs from the store");
                 self.health.storage_failed(e.cause());
                 return;

@@ -505,7 +505,7 @@ fn read_parts(
     events: &mut HashMap<String, Vec<CompactEvent>>,
     beyond: &mut HashSet<u64>,
     out: &mut Restored,
-) -> Result<(u64, u64, u64), (String, String)> {
+) -> Result<(u64, u64, u64, u64), (String, String)> {
     let shown = |k: &[u8]| format!("{k:02x?}");
     let sled_err = |e: sled::Error| ("tree jobs".to_string(), e.to_string());
     let mut tombs: HashMap<String, u64> = HashMap::new();
@@ -519,7 +519,7 @@ fn read_parts(
         Some(v) => Some(base_number(&v).map_err(|r| ("base pointer".to_string(), r))?),
         None => None,
     };
-    let mut bytes = (0u64, 0u64, 0u64);
+    let mut bytes = (0u64, 0u64, 0u64, tombs.values().copied().max().unwrap_or(0));
     let base_parts = base.map(|b| t.jobs.scan_prefix(snaps::base_prefix(b)));
     let incs = t.jobs.scan_prefix([snaps::INC_PREFIX]);
     for (is_base, kv) in base_parts.into_iter().flatten().map(|kv| (true, kv)).chain(incs.map(|kv| (false, kv))) {
@@ -628,6 +628,15 @@ struct SnapCounters {
     inc_bytes: std::sync::atomic::AtomicU64,
     inc_count: std::sync::atomic::AtomicU64,
     base_bytes: std::sync::atomic::AtomicU64,
+    /// Bumped by every reopen: a checkpoint whose parts went to the database before it must not move the
+    /// marker (they may be lost with its unflushed writes).
+    generation: std::sync::atomic::AtomicU64,
+    /// Set when retention failed to delete jobs it already dropped from memory: only the parts (and the log)
+    /// still bring them back at the next start, for the next pass to delete, so no base may replace them.
+    hold_bases: std::sync::atomic::AtomicBool,
+    /// Set when a restore rebuilt every job from the log (a part could not be read): the next checkpoint writes
+    /// a base, so that the next start does not rebuild again.
+    base_due: std::sync::atomic::AtomicBool,
 }
 
 impl Trees {
@@ -880,6 +889,7 @@ impl Store {
     /// still holds the old handles (sled's file lock) or while the cause persists; the caller retries later.
     pub fn reopen(&self) -> Result<(), StoreError> {
         let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        self.snap.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         // The old database must be gone before sled will open the directory again.
         drop(g.take());
         let trees = Trees::open(&self.path, &self.options)?;
@@ -958,7 +968,9 @@ impl Store {
         }
         if out.rebuilt.is_none() {
             match read_parts(&t, marker, &mut events, &mut beyond, &mut out) {
-                Ok((inc, base, count)) => {
+                Ok((inc, base, count, tomb_seq)) => {
+                    // Sequences must stay above a deleted job's: its tombstone hides parts' events up to it.
+                    out.last_seq = tomb_seq;
                     self.snap.inc_bytes.store(inc, std::sync::atomic::Ordering::Release);
                     self.snap.inc_count.store(count, std::sync::atomic::Ordering::Release);
                     self.snap.base_bytes.store(base, std::sync::atomic::Ordering::Release);
@@ -1147,7 +1159,11 @@ impl Store {
         // collide are both kept).
         out.jobs = events.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
         let last_logged = t.files.last_seq();
-        out.last_seq = last_logged.max(marker).max(self.max_folded_seq()?);
+        out.last_seq = last_logged.max(marker).max(self.max_folded_seq()?).max(out.last_seq);
+        if out.rebuilt.is_some() {
+            // The next checkpoint writes a base, so that the next start reads parts again.
+            self.snap.base_due.store(true, std::sync::atomic::Ordering::Release);
+        }
         tracing::debug!(
             snapshots_ms = snapshots_done.as_millis() as u64,
             log_tail_ms = (log_done - snapshots_done).as_millis() as u64,
@@ -1686,10 +1702,27 @@ impl Store {
 
     /// Whether the next checkpoint should write a base: the increments since the last one hold more than it
     /// and more than `min_bytes`, or there are more than `max_count` of them.
+    /// Never while bases are held (see [`Store::hold_bases`]); always after a restore that rebuilt every job.
     pub fn wants_base(&self, min_bytes: u64, max_count: u64) -> bool {
         use std::sync::atomic::Ordering::Acquire;
+        if self.snap.hold_bases.load(Acquire) {
+            return false;
+        }
         let inc = self.snap.inc_bytes.load(Acquire);
-        (inc > min_bytes && inc > self.snap.base_bytes.load(Acquire)) || self.snap.inc_count.load(Acquire) > max_count
+        self.snap.base_due.load(Acquire)
+            || (inc > min_bytes && inc > self.snap.base_bytes.load(Acquire))
+            || self.snap.inc_count.load(Acquire) > max_count
+    }
+
+    /// No more bases until the next start: retention could not delete jobs it dropped from memory, and the
+    /// snapshot parts that hold them must stay for the next start to bring them back (and delete them).
+    pub fn hold_bases(&self) {
+        self.snap.hold_bases.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Which opening of the database writes go to (see [`Store::finish_checkpoint_of`]).
+    pub fn generation(&self) -> u64 {
+        self.snap.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Starts a base: its number. Call it under the lock that retention's deletes hold (the applier's
@@ -1712,8 +1745,14 @@ impl Store {
     /// Ends a checkpoint that wrote base `base` (every hot job's events as of `through_seq` or later): flushes
     /// its parts, then in one batch points restore at it, removes every increment, older base, snapshot from
     /// before parts and tombstone it supersedes, and moves the marker; flushes.
-    pub fn switch_base(&self, base: u64, through_seq: u64) -> Result<(), StoreError> {
+    ///
+    /// Fails without writing if the store was reopened since `generation` (the parts may be lost), and must not
+    /// interleave with retention's deletes (its tombstones): call it under the applier's `store_writes`.
+    pub fn switch_base(&self, base: u64, through_seq: u64, generation: u64) -> Result<(), StoreError> {
         let t = self.t()?;
+        if self.generation() != generation {
+            return Err(StoreError::Closed);
+        }
         t.db.flush()?;
         let mut batch = sled::Batch::default();
         let mut base_bytes = 0u64;
@@ -1745,6 +1784,7 @@ impl Store {
         self.snap.inc_bytes.store(0, std::sync::atomic::Ordering::Release);
         self.snap.inc_count.store(0, std::sync::atomic::Ordering::Release);
         self.snap.base_bytes.store(base_bytes, std::sync::atomic::Ordering::Release);
+        self.snap.base_due.store(false, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -1753,7 +1793,17 @@ impl Store {
     /// depends on; the marker itself is made durable by the next group commit's flush (or shutdown), and until
     /// then a restore simply replays from the previous marker.
     pub fn finish_checkpoint(&self, through_seq: u64) -> Result<(), StoreError> {
+        self.finish_checkpoint_of(through_seq, self.generation())
+    }
+
+    /// [`Store::finish_checkpoint`] for snapshots written while the store was at `generation` (taken before the
+    /// first write): fails without writing if it was reopened since, as what was written before may be lost.
+    pub fn finish_checkpoint_of(&self, through_seq: u64, generation: u64) -> Result<(), StoreError> {
+        // Holding `t` keeps the database open: no reopen can happen between the check and the flush.
         let t = self.t()?;
+        if self.generation() != generation {
+            return Err(StoreError::Closed);
+        }
         t.db.flush()?;
         t.jobs.insert(CHECKPOINT_KEY, seal(&through_seq.to_be_bytes()))?;
         Ok(())

@@ -211,7 +211,7 @@ fn base(store: &Store, mem: &BTreeMap<String, JobRecord>, marks: &mut HashMap<St
         w.add(id, &rec.events).expect("add");
     }
     store.write_base_parts(no, 0, w.finish().expect("finish")).expect("parts");
-    store.switch_base(no, through).expect("switch");
+    store.switch_base(no, through, store.generation()).expect("switch");
     marks.clear();
     marks.extend(mem.iter().map(|(id, r)| (id.clone(), r.events.iter().map(|e| e.seq).max().unwrap_or(0))));
 }
@@ -303,11 +303,36 @@ fn a_deleted_jobs_parts_stay_deleted_until_a_base_and_its_id_can_come_back() {
     let gone = mem.remove("b").expect("b");
     let seqs = gone.events.iter().map(|e| e.seq).collect();
     store.delete_jobs(&[ExpiredJob { job_id: "b".into(), seqs, summaries: Vec::new() }]).expect("delete");
-    store.switch_base(no, seq).expect("switch");
+    store.switch_base(no, seq, store.generation()).expect("switch");
     assert_eq!(jobs_keys(&store, &snaps::tomb_key("a")), Vec::<Vec<u8>>::new());
     assert_eq!(jobs_keys(&store, &snaps::tomb_key("b")).len(), 1);
     let r = store.restore().expect("restore");
     assert_eq!(r.jobs, mem, "b, in the base but deleted after it began, stays deleted");
+    assert!(r.last_seq >= seq, "new sequences stay above the tombstone's");
+    // After a failed retention delete, no base may replace the parts that still hold the jobs.
+    increment(&store, &mem, &mut HashMap::new(), &["a"], seq);
+    assert!(store.wants_base(0, 0));
+    store.hold_bases();
+    assert!(!store.wants_base(0, 0));
+}
+
+#[test]
+fn a_checkpoint_does_not_move_the_marker_over_parts_written_before_a_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let (mem, seq) = three_jobs(&store);
+    let marker = store.checkpoint_seq().expect("marker");
+    let generation = store.generation();
+    let mut w = snaps::PartWriter::default();
+    w.add("c", &mem["c"].events).expect("add");
+    store.write_increment(w.finish().expect("finish")).expect("increment");
+    store.reopen().expect("reopen");
+    assert!(matches!(store.finish_checkpoint_of(seq, generation), Err(StoreError::Closed)));
+    let no = store.begin_base();
+    assert!(matches!(store.switch_base(no, seq, generation), Err(StoreError::Closed)));
+    assert_eq!(store.checkpoint_seq().expect("marker"), marker, "the marker stays");
+    store.finish_checkpoint_of(seq, store.generation()).expect("a checkpoint begun after the reopen");
+    assert_eq!(store.restore().expect("restore").jobs, mem);
 }
 
 #[test]
@@ -426,6 +451,7 @@ fn parts_join_an_older_snapshot_and_a_damaged_part_rebuilds_every_job_from_the_l
     assert!(why.contains("checksum mismatch") && why.contains("snapshot part"), "{why}");
     assert_eq!(r.jobs, mem);
     assert!(r.snapshot_through.is_empty() && r.dirty.len() == mem.len(), "every job rewritten by the next checkpoint");
+    assert!(store.wants_base(u64::MAX, u64::MAX), "the next checkpoint writes a base");
     // A base pointer that cannot be read likewise.
     raw_put(&store, "jobs", &k, &seal_as(snaps::PART_VERSION, &[0]));
     raw_put(&store, "jobs", BASE_KEY, &seal(&[1, 2, 3]));
