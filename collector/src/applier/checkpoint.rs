@@ -30,7 +30,8 @@ impl Committer {
     /// Cheap: the snapshots are encoded later, by the checkpointer, under short read locks.
     pub(super) fn take_checkpoint(&self) -> Option<Checkpoint> {
         let mut idx = self.index.write();
-        if idx.dirty.is_empty() {
+        // With no job changed, only to replace a base most of whose jobs left memory.
+        if idx.dirty.is_empty() && !self.store.base_stale(idx.jobs.len()) {
             return None;
         }
         Some(Checkpoint {
@@ -77,7 +78,9 @@ impl Checkpoint {
     pub(super) fn write(self, store: &Store) {
         let started = Instant::now();
         let n = self.dirty.len();
-        let base = self.allow_base && store.wants_base(BASE_MIN_BYTES, BASE_AFTER_INCREMENTS);
+        let base = self.allow_base
+            && (store.wants_base(BASE_MIN_BYTES, BASE_AFTER_INCREMENTS)
+                || store.base_stale(self.index.read().jobs.len()));
         let result = if base { self.write_base(store) } else { self.write_increment(store) };
         self.took_ms.store(started.elapsed().as_millis() as u64, Ordering::Release);
         match result {
@@ -161,7 +164,7 @@ impl Checkpoint {
         }
         store.write_base_parts(base, part, w.finish().map_err(|r| part_error("", r))?)?;
         let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
-        store.switch_base(base, self.through_seq, generation)?;
+        store.switch_base(base, self.through_seq, generation, marks.len() as u64)?;
         Ok((marks, events))
     }
 

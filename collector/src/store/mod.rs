@@ -495,6 +495,17 @@ fn base_number(v: &[u8]) -> Result<u64, String> {
     Ok(u64::from_be_bytes(b))
 }
 
+/// What [`read_parts`] found besides the events: the stored bytes and number of increments, the bytes and jobs
+/// of the base, the highest sequence a tombstone covers.
+#[derive(Debug, Default)]
+struct PartsRead {
+    inc_bytes: u64,
+    inc_count: u64,
+    base_bytes: u64,
+    base_jobs: u64,
+    tomb_seq: u64,
+}
+
 /// Reads the snapshot parts (the base the pointer names, then every increment) into `events`, leaving out the
 /// events of deleted jobs their tombstones cover, and notes events past the marker in `beyond`, each job's
 /// highest sequence in [`Restored::snapshot_through`] and the parts' bytes in the store's counters. A value
@@ -505,7 +516,7 @@ fn read_parts(
     events: &mut HashMap<String, Vec<CompactEvent>>,
     beyond: &mut HashSet<u64>,
     out: &mut Restored,
-) -> Result<(u64, u64, u64, u64), (String, String)> {
+) -> Result<PartsRead, (String, String)> {
     let shown = |k: &[u8]| format!("{k:02x?}");
     let sled_err = |e: sled::Error| ("tree jobs".to_string(), e.to_string());
     let mut tombs: HashMap<String, u64> = HashMap::new();
@@ -519,18 +530,21 @@ fn read_parts(
         Some(v) => Some(base_number(&v).map_err(|r| ("base pointer".to_string(), r))?),
         None => None,
     };
-    let mut bytes = (0u64, 0u64, 0u64, tombs.values().copied().max().unwrap_or(0));
+    let mut read = PartsRead { tomb_seq: tombs.values().copied().max().unwrap_or(0), ..PartsRead::default() };
     let base_parts = base.map(|b| t.jobs.scan_prefix(snaps::base_prefix(b)));
     let incs = t.jobs.scan_prefix([snaps::INC_PREFIX]);
     for (is_base, kv) in base_parts.into_iter().flatten().map(|kv| (true, kv)).chain(incs.map(|kv| (false, kv))) {
         let (k, v) = kv.map_err(sled_err)?;
         if is_base {
-            bytes.1 += v.len() as u64;
+            read.base_bytes += v.len() as u64;
         } else {
-            bytes.0 += v.len() as u64;
-            bytes.2 += 1;
+            read.inc_bytes += v.len() as u64;
+            read.inc_count += 1;
         }
         for (job_id, mut evs) in snaps::decode_part(&v).map_err(|r| (shown(&k), r))? {
+            if is_base {
+                read.base_jobs += 1;
+            }
             if let Some(dead) = tombs.get(&job_id) {
                 evs.retain(|e| e.seq > *dead);
                 if evs.is_empty() {
@@ -544,7 +558,7 @@ fn read_parts(
             events.entry(job_id).or_default().extend(evs);
         }
     }
-    Ok(bytes)
+    Ok(read)
 }
 
 /// What one tree holds (see [`Store::tree_stats`]).
@@ -628,6 +642,8 @@ struct SnapCounters {
     inc_bytes: std::sync::atomic::AtomicU64,
     inc_count: std::sync::atomic::AtomicU64,
     base_bytes: std::sync::atomic::AtomicU64,
+    /// Jobs the base holds (most of them may have folded since: see [`Store::base_stale`]).
+    base_jobs: std::sync::atomic::AtomicU64,
     /// Bumped by every reopen: a checkpoint whose parts went to the database before it must not move the
     /// marker (they may be lost with its unflushed writes).
     generation: std::sync::atomic::AtomicU64,
@@ -968,12 +984,14 @@ impl Store {
         }
         if out.rebuilt.is_none() {
             match read_parts(&t, marker, &mut events, &mut beyond, &mut out) {
-                Ok((inc, base, count, tomb_seq)) => {
+                Ok(read) => {
+                    use std::sync::atomic::Ordering::Release;
                     // Sequences must stay above a deleted job's: its tombstone hides parts' events up to it.
-                    out.last_seq = tomb_seq;
-                    self.snap.inc_bytes.store(inc, std::sync::atomic::Ordering::Release);
-                    self.snap.inc_count.store(count, std::sync::atomic::Ordering::Release);
-                    self.snap.base_bytes.store(base, std::sync::atomic::Ordering::Release);
+                    out.last_seq = read.tomb_seq;
+                    self.snap.inc_bytes.store(read.inc_bytes, Release);
+                    self.snap.inc_count.store(read.inc_count, Release);
+                    self.snap.base_bytes.store(read.base_bytes, Release);
+                    self.snap.base_jobs.store(read.base_jobs, Release);
                 }
                 Err((what, reason)) => {
                     tracing::warn!(part = %what, reason = %reason, "snapshot part unusable; rebuilding every job from the log");
@@ -1714,6 +1732,15 @@ impl Store {
             || self.snap.inc_count.load(Acquire) > max_count
     }
 
+    /// Whether most jobs of the base have left memory since (folded or deleted: a restart would decode their
+    /// events only to drop them), with `hot_jobs` in memory now: the next checkpoint should write a base, even
+    /// with no job changed. Never while bases are held.
+    pub fn base_stale(&self, hot_jobs: usize) -> bool {
+        use std::sync::atomic::Ordering::Acquire;
+        let base = self.snap.base_jobs.load(Acquire);
+        !self.snap.hold_bases.load(Acquire) && base > 1024 && (hot_jobs as u64).saturating_mul(2) < base
+    }
+
     /// No more bases until the next start: retention could not delete jobs it dropped from memory, and the
     /// snapshot parts that hold them must stay for the next start to bring them back (and delete them).
     pub fn hold_bases(&self) {
@@ -1748,7 +1775,7 @@ impl Store {
     ///
     /// Fails without writing if the store was reopened since `generation` (the parts may be lost), and must not
     /// interleave with retention's deletes (its tombstones): call it under the applier's `store_writes`.
-    pub fn switch_base(&self, base: u64, through_seq: u64, generation: u64) -> Result<(), StoreError> {
+    pub fn switch_base(&self, base: u64, through_seq: u64, generation: u64, jobs: u64) -> Result<(), StoreError> {
         let t = self.t()?;
         if self.generation() != generation {
             return Err(StoreError::Closed);
@@ -1785,6 +1812,7 @@ impl Store {
         self.snap.inc_count.store(0, std::sync::atomic::Ordering::Release);
         self.snap.base_bytes.store(base_bytes, std::sync::atomic::Ordering::Release);
         self.snap.base_due.store(false, std::sync::atomic::Ordering::Release);
+        self.snap.base_jobs.store(jobs, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -2179,7 +2207,7 @@ fn decode_stream_block(key: &[u8], v: &[u8]) -> Result<Vec<pb::StreamRecord>, St
     let raw_len = u32::from_le_bytes([body[13], body[14], body[15], body[16]]) as usize;
     let payload = &body[STREAM_HEADER..];
     let raw = match body[0] {
-        STREAM_ZSTD => zstd::bulk::decompress(payload, raw_len).map_err(|e| bad(e.to_string()))?,
+        STREAM_ZSTD => log::decompress(payload, raw_len).map_err(|e| bad(e.to_string()))?,
         _ => payload.to_vec(),
     };
     if raw.len() != raw_len {
@@ -2269,7 +2297,7 @@ fn decode_archive(job_id: &str, v: &[u8]) -> Result<Vec<(u64, pb::LifecycleEvent
     if raw_len > ARCHIVE_MAX_RAW {
         return Err(format!("archive claims {raw_len} bytes"));
     }
-    let raw = zstd::bulk::decompress(rest, raw_len as usize).map_err(|e| e.to_string())?;
+    let raw = log::decompress(rest, raw_len as usize).map_err(|e| e.to_string())?;
     let mut buf: &[u8] = &raw;
     let n = prost::encoding::decode_varint(&mut buf).map_err(|e| e.to_string())?;
     let mut out = Vec::with_capacity(n.min(1 << 20) as usize);

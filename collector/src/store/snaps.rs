@@ -183,7 +183,7 @@ pub(super) fn decode_part(v: &[u8]) -> Result<Vec<(String, Vec<CompactEvent>)>, 
     if raw_len > PART_MAX_RAW {
         return Err(format!("part claims {raw_len} raw bytes"));
     }
-    let raw = zstd::bulk::decompress(body, raw_len as usize).map_err(|e| e.to_string())?;
+    let raw = super::log::decompress(body, raw_len as usize).map_err(|e| e.to_string())?;
     if raw.len() as u64 != raw_len {
         return Err(format!("part holds {} raw bytes, claims {raw_len}", raw.len()));
     }

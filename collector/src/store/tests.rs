@@ -211,7 +211,7 @@ fn base(store: &Store, mem: &BTreeMap<String, JobRecord>, marks: &mut HashMap<St
         w.add(id, &rec.events).expect("add");
     }
     store.write_base_parts(no, 0, w.finish().expect("finish")).expect("parts");
-    store.switch_base(no, through, store.generation()).expect("switch");
+    store.switch_base(no, through, store.generation(), mem.len() as u64).expect("switch");
     marks.clear();
     marks.extend(mem.iter().map(|(id, r)| (id.clone(), r.events.iter().map(|e| e.seq).max().unwrap_or(0))));
 }
@@ -303,7 +303,7 @@ fn a_deleted_jobs_parts_stay_deleted_until_a_base_and_its_id_can_come_back() {
     let gone = mem.remove("b").expect("b");
     let seqs = gone.events.iter().map(|e| e.seq).collect();
     store.delete_jobs(&[ExpiredJob { job_id: "b".into(), seqs, summaries: Vec::new() }]).expect("delete");
-    store.switch_base(no, seq, store.generation()).expect("switch");
+    store.switch_base(no, seq, store.generation(), mem.len() as u64).expect("switch");
     assert_eq!(jobs_keys(&store, &snaps::tomb_key("a")), Vec::<Vec<u8>>::new());
     assert_eq!(jobs_keys(&store, &snaps::tomb_key("b")).len(), 1);
     let r = store.restore().expect("restore");
@@ -312,8 +312,12 @@ fn a_deleted_jobs_parts_stay_deleted_until_a_base_and_its_id_can_come_back() {
     // After a failed retention delete, no base may replace the parts that still hold the jobs.
     increment(&store, &mem, &mut HashMap::new(), &["a"], seq);
     assert!(store.wants_base(0, 0));
+    // A base most of whose jobs left memory is due again, even with nothing new (unless bases are held).
+    let no = store.begin_base();
+    store.switch_base(no, seq, store.generation(), 5000).expect("switch");
+    assert!(store.base_stale(2499) && !store.base_stale(2500));
     store.hold_bases();
-    assert!(!store.wants_base(0, 0));
+    assert!(!store.wants_base(0, 0) && !store.base_stale(0));
 }
 
 #[test]
@@ -329,7 +333,7 @@ fn a_checkpoint_does_not_move_the_marker_over_parts_written_before_a_reopen() {
     store.reopen().expect("reopen");
     assert!(matches!(store.finish_checkpoint_of(seq, generation), Err(StoreError::Closed)));
     let no = store.begin_base();
-    assert!(matches!(store.switch_base(no, seq, generation), Err(StoreError::Closed)));
+    assert!(matches!(store.switch_base(no, seq, generation, 3), Err(StoreError::Closed)));
     assert_eq!(store.checkpoint_seq().expect("marker"), marker, "the marker stays");
     store.finish_checkpoint_of(seq, store.generation()).expect("a checkpoint begun after the reopen");
     assert_eq!(store.restore().expect("restore").jobs, mem);
