@@ -43,6 +43,7 @@ impl Committer {
             took_ms: self.checkpoint_took_ms.clone(),
             store_writes: self.store_writes.clone(),
             allow_base: true,
+            done: false,
         })
     }
 }
@@ -62,20 +63,34 @@ pub(super) struct Checkpoint {
     store_writes: Arc<Mutex<()>>,
     /// Whether it may write a base (not the last one at shutdown: an increment is quicker).
     pub(super) allow_base: bool,
+    /// Set once written or handed back; a checkpoint dropped without either (the maintenance thread panicked
+    /// in it) hands its jobs back when dropped, so the next checkpoint, the last one at shutdown included,
+    /// cannot move the marker past events no snapshot holds.
+    done: bool,
+}
+
+impl Drop for Checkpoint {
+    fn drop(&mut self) {
+        if !self.done {
+            self.index.write().dirty.extend(std::mem::take(&mut self.dirty));
+            self.busy.store(false, Ordering::Release);
+        }
+    }
 }
 
 impl Checkpoint {
     /// Returns the jobs to the dirty set without writing anything: the next checkpoint covers them.
-    pub(super) fn give_back(self) {
-        self.index.write().dirty.extend(self.dirty);
+    pub(super) fn give_back(mut self) {
+        self.index.write().dirty.extend(std::mem::take(&mut self.dirty));
         self.busy.store(false, Ordering::Release);
+        self.done = true;
     }
 
     /// Writes an increment (or a base), flushes, writes the marker; once that succeeded, records in each job's
     /// mark what the store holds of it (unless the job left memory meanwhile: one back under the same id is a
     /// new incarnation, whose mark stays). On failure nothing moves the marker or a mark, and the jobs go back
     /// to the dirty set (parts written anyway are harmless: restore takes the union, by sequence).
-    pub(super) fn write(self, store: &Store) {
+    pub(super) fn write(mut self, store: &Store) {
         let started = Instant::now();
         let n = self.dirty.len();
         let base = self.allow_base
@@ -106,6 +121,7 @@ impl Checkpoint {
                     "checkpoint written"
                 );
                 self.busy.store(false, Ordering::Release);
+                self.done = true;
             }
             Err(e) => {
                 tracing::error!(error = %e, "checkpoint failed; its jobs wait for the next one");
@@ -188,5 +204,32 @@ fn part_error(job_id: &str, reason: String) -> StoreError {
         what: "jobs",
         key: job_id.to_string(),
         reason: format!("cannot encode a snapshot part: {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_dropped_unwritten_hands_its_jobs_back() {
+        let index = SharedIndex::new(crate::index::JobIndex::default());
+        let busy = Arc::new(AtomicBool::new(true));
+        let dirty: std::collections::HashSet<String> = ["a".to_string(), "b".to_string()].into();
+        let ck = Checkpoint {
+            dirty: dirty.clone(),
+            through_seq: 7,
+            index: index.clone(),
+            health: Arc::default(),
+            busy: busy.clone(),
+            took_ms: Arc::default(),
+            store_writes: Arc::default(),
+            allow_base: true,
+            done: false,
+        };
+        // What a panic in the middle of `write` leaves: the checkpoint dropped without being written.
+        drop(ck);
+        assert_eq!(index.read().dirty, dirty);
+        assert!(!busy.load(Ordering::Acquire));
     }
 }
