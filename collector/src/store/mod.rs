@@ -249,7 +249,7 @@ pub struct Restored {
     pub jobs: BTreeMap<String, JobRecord>,
     /// The highest sequence ever used (0 if empty): new events are numbered above it.
     pub last_seq: u64,
-    /// Snapshots read.
+    /// Jobs a snapshot (parts, or a per-job snapshot from before parts) holds events of.
     pub snapshots: usize,
     /// Log entries replayed after the last checkpoint.
     pub replayed: usize,
@@ -399,8 +399,8 @@ fn parse_summary(mut rest: &[u8]) -> Result<(Vec<u64>, &[u8]), String> {
     Ok((seqs, rest))
 }
 
-/// Snapshots per sled batch in a checkpoint: sled applies a batch under a database-wide lock, and a large one
-/// would stall the group commits running beside it.
+/// Jobs a checkpoint copies per index read lock (and, for an increment, per hold of the applier's
+/// `store_writes`): short holds beside the committer and retention.
 pub const SNAPSHOT_CHUNK: usize = 64;
 
 /// `[version] ++ crc32(body) LE ++ body`.
@@ -448,7 +448,7 @@ fn job_key(job_id: &str) -> Vec<u8> {
     key
 }
 
-/// Encodes one job snapshot as written before snapshot chunks (version 6: the log sequences of its events, as a
+/// Encodes one job snapshot as written before snapshot parts (version 6: the log sequences of its events, as a
 /// summary lists them): the tests stand for such stores with it.
 #[cfg(test)]
 fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
@@ -1675,13 +1675,10 @@ impl Store {
 
     /// Writes snapshots of the given jobs, then records that snapshots now cover the log through `through_seq`.
     ///
-    /// Snapshots go in small batches (sled applies a batch under a database-wide lock, and a large one would stall
-    /// the commits running beside it), then [`Store::finish_checkpoint`]. A crash part-way leaves some snapshots
-    /// newer than the marker, which is harmless: restore skips the log entries a snapshot already holds.
-    /// (The committer's checkpointer writes its chunks under its own locks and finishes the same way.)
-    ///
-    /// Each job's events are written whole, as an increment: for tools and tests (the committer writes only
-    /// what its jobs gained, and bases: see [`snaps`]).
+    /// Each job's events are written whole, as an increment (parts of up to [`snaps::PART_RAW_BYTES`]), then
+    /// [`Store::finish_checkpoint`]. A crash part-way leaves parts newer than the marker, which is harmless:
+    /// restore skips the log entries a snapshot already holds. For tools and tests: the committer writes only
+    /// what its jobs gained, and bases (see [`snaps`]).
     pub fn checkpoint<'a>(
         &self,
         jobs: impl Iterator<Item = (&'a str, &'a JobRecord)>,
