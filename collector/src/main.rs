@@ -479,7 +479,30 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     }
 }
 
+/// Runs the collector again in place (`exec`: same process id, arguments and environment) with
+/// `MIMALLOC_ALLOW_THP=0`, unless that variable is set (to any value: the operator's choice stands). mimalloc
+/// backs its arenas with transparent huge pages by default, and the kernel then zeroes a whole 2 MiB page at
+/// the first touch of any byte in it: a restart that builds a million small rows spent 46-70% of its CPU in
+/// that zeroing (`perf`), 8-13 s to ready at 1M jobs against ~4 s without (BENCHMARKS.md, session 19). The
+/// variable must be set before mimalloc initializes, which is before `main`; hence the `exec`. If it fails
+/// (the binary replaced on disk), the collector runs as it is.
+fn without_transparent_huge_pages() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    // Returns only on failure.
+    let _ = cmd.args(args).env("MIMALLOC_ALLOW_THP", "0").exec();
+}
+
 fn main() -> std::process::ExitCode {
+    without_transparent_huge_pages();
     let cli = Cli::parse();
     match real_main(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
