@@ -114,6 +114,7 @@ pub async fn run_with_clock(
     let cache_bytes = config.cache_bytes;
     let segment_bytes = config.log_segment_bytes;
     let hot_budget = usize::try_from(config.hot_budget_bytes).unwrap_or(usize::MAX);
+    let folded_budget = usize::try_from(config.folded_budget_bytes).unwrap_or(usize::MAX);
     let (store, restored, index, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let t0 = std::time::Instant::now();
         let store = Store::open_with(&path, StoreOptions { cache_bytes, segment_bytes })?;
@@ -130,7 +131,8 @@ pub async fn run_with_clock(
             .with_dirty(dirty)
             .with_snapshot_through(through)
             .with_stale_summaries(stale)
-            .with_hot_budget(hot_budget);
+            .with_hot_budget(hot_budget)
+            .with_folded_budget(folded_budget);
         // Decisions are counted from here on: the restored history was assessed silently.
         index.slo.start_counting();
         tracing::debug!(

@@ -222,6 +222,9 @@ pub struct StoreSection {
     /// Memory budget of hot jobs (waiting, running, ended and not yet folded), MiB, by the index's estimate.
     /// Over it, ended jobs are folded without waiting for `fold_after`. Default 256.
     pub hot_budget_mib: Option<usize>,
+    /// Memory budget of folded jobs' rows, MiB, by the index's estimate. Over it, the folded jobs that ended
+    /// longest ago are deleted, like retention (which deletes by age). Default 1024.
+    pub folded_budget_mib: Option<usize>,
     /// Size of a log segment file, KiB: the unit retention deletes or rewrites and compaction rewrites.
     /// Default 32768 (32 MiB).
     pub log_segment_kib: Option<usize>,
@@ -318,6 +321,8 @@ pub struct Config {
     pub cache_bytes: u64,
     /// Memory budget of hot jobs, bytes (over it, ended jobs fold without waiting for `fold_after`).
     pub hot_budget_bytes: u64,
+    /// Memory budget of folded rows, bytes (over it, the folded jobs that ended longest ago are deleted).
+    pub folded_budget_bytes: u64,
     /// Log segment size, bytes (`store.log_segment_kib`).
     pub log_segment_bytes: u64,
     /// gRPC listen address.
@@ -519,6 +524,7 @@ impl FileConfig {
             fold_interval: store.fold_interval,
             cache_bytes: store.cache_bytes,
             hot_budget_bytes: store.hot_budget_bytes,
+            folded_budget_bytes: store.folded_budget_bytes,
             log_segment_bytes: store.log_segment_bytes,
             grpc_listen: grpc.listen,
             max_message_bytes: grpc.max_message_bytes,
@@ -570,6 +576,7 @@ struct StoreSettings {
     fold_interval: Duration,
     cache_bytes: u64,
     hot_budget_bytes: u64,
+    folded_budget_bytes: u64,
     log_segment_bytes: u64,
 }
 
@@ -619,6 +626,8 @@ impl StoreSection {
         let cache_bytes = range(errs, "store.cache_mib", self.cache_mib, 64, 4, 1 << 20) as u64 * (1 << 20);
         let hot_budget_bytes =
             range(errs, "store.hot_budget_mib", self.hot_budget_mib, 256, 1, 1 << 20) as u64 * (1 << 20);
+        let folded_budget_bytes =
+            range(errs, "store.folded_budget_mib", self.folded_budget_mib, 1024, 1, 1 << 20) as u64 * (1 << 20);
         let log_segment_bytes =
             range(errs, "store.log_segment_kib", self.log_segment_kib, 32 << 10, 64, 1 << 20) as u64 * (1 << 10);
         StoreSettings {
@@ -631,6 +640,7 @@ impl StoreSection {
             fold_interval,
             cache_bytes,
             hot_budget_bytes,
+            folded_budget_bytes,
             log_segment_bytes,
         }
     }
@@ -1123,6 +1133,7 @@ mod tests {
             fold_interval: Some("1ms".into()),
             cache_mib: Some(1),
             hot_budget_mib: Some(0),
+            folded_budget_mib: Some(1 << 21),
             log_segment_kib: Some(2),
         };
         let mut errs = Vec::new();
@@ -1140,8 +1151,9 @@ mod tests {
         assert_eq!(errs[6], "store.fold_interval: \"1ms\" is shorter than 10ms");
         assert_eq!(errs[7], "store.cache_mib: 1 is outside 4..=1048576");
         assert_eq!(errs[8], "store.hot_budget_mib: 0 is outside 1..=1048576");
-        assert_eq!(errs[9], "store.log_segment_kib: 2 is outside 64..=1048576");
-        assert_eq!(errs.len(), 10, "{errs:#?}");
+        assert_eq!(errs[9], "store.folded_budget_mib: 2097152 is outside 1..=1048576");
+        assert_eq!(errs[10], "store.log_segment_kib: 2 is outside 64..=1048576");
+        assert_eq!(errs.len(), 11, "{errs:#?}");
         assert_eq!((v.checkpoint_interval, v.retention), (Duration::from_secs(2), None));
     }
 

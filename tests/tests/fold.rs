@@ -272,3 +272,62 @@ async fn over_the_hot_budget_ended_jobs_fold_without_waiting() {
     assert_eq!(code, 200);
     assert_eq!(running["jobs"].as_array().map(Vec::len), Some(400));
 }
+
+/// `store.folded_budget_mib`: once folded rows outgrow it, the real collector deletes the folded jobs that ended
+/// longest ago (and only those) until the rows are within it, counts them by reason, exports the budget and the
+/// end time the deletions reached, and the deleted jobs stay deleted after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_folded_budget_the_oldest_folded_jobs_are_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("folded.toml");
+    std::fs::write(
+        &cfg,
+        "[store]\ncheckpoint_interval = \"100ms\"\nfold_after = \"50ms\"\nfold_interval = \"50ms\"\nfolded_budget_mib = 1\n",
+    )
+    .expect("config");
+    let cfg = cfg.to_str().expect("utf8").to_string();
+    let db = dir.path().join("db");
+    let mut c = Collector::start(&db, &["--config", &cfg]);
+    assert_eq!(metric(&c, "startline_collector_memory_budget_bytes", "part=\"folded_jobs\""), Some(1048576.0));
+    // 12000 jobs, job i ending 10 s after job i - 1 (sent in that order): ~1.6 MiB of rows by the estimate.
+    const N: usize = 12000;
+    let job = |i: usize| format!("old/{i:05}");
+    let done_ms: Vec<i64> = (0..N).map(|i| ago(200_000 - 10 * i as i64) / 1000 * 1000).collect();
+    for chunk in (0..N).collect::<Vec<_>>().chunks(3000) {
+        let mut evs = Vec::new();
+        for &i in chunk {
+            let at = done_ms[i] - 3_600_000;
+            evs.push(event(&job(i), "s", at, submitted(pb::PoolKind::Dedicated, pb::PriorityClass::Normal, 8)));
+            evs.push(event(&job(i), "f", at + 60_000, Kind::FirstStep(pb::FirstStep { step: 1 })));
+            let done = pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() };
+            evs.push(event(&job(i), "d", done_ms[i], Kind::Done(done)));
+        }
+        send(&c, evs).await;
+    }
+    let deleted = |c: &Collector| metric(c, "startline_collector_jobs_deleted_total", "reason=\"memory_budget\"");
+    let hot = |c: &Collector| metric(c, "startline_collector_jobs", "residence=\"hot\"");
+    let folded_bytes = |c: &Collector| metric(c, "startline_collector_memory_bytes", "part=\"folded_jobs\"");
+    wait_until("every job folded and the rows within the budget", Duration::from_secs(60), || {
+        hot(&c) == Some(0.0)
+            && folded_bytes(&c).is_some_and(|b| b <= 1048576.0)
+            && deleted(&c).is_some_and(|d| d > 0.0)
+            && deleted(&c).unwrap_or(0.0) + folded_jobs(&c) as f64 == N as f64
+    });
+    let gone = deleted(&c).expect("counted") as usize;
+    assert!(gone < N / 2, "{gone} deleted: far more than the ~1/3 over the budget");
+    assert_eq!(metric(&c, "startline_collector_jobs_deleted_total", "reason=\"retention\""), Some(0.0));
+    // Exactly the earliest-ending ones: the last deleted and the first kept are neighbours.
+    let exists = |c: &Collector, i: usize| c.get(&format!("/api/v1/jobs/old%2F{i:05}")).0 == 200;
+    assert!(!exists(&c, 0) && !exists(&c, gone - 1), "the {gone} earliest-ending jobs are gone");
+    assert!(exists(&c, gone) && exists(&c, N - 1), "job {gone} onwards are kept");
+    let through = metric(&c, "startline_collector_history_deleted_through_seconds", "");
+    assert_eq!(through, Some(done_ms[gone - 1] as f64 / 1000.0), "the end time the deletions reached");
+    let (code, page) = c.get("/api/v1/jobs?state=done&limit=1");
+    assert_eq!(code, 200);
+    assert_eq!(page["jobs"][0]["job_id"], job(gone), "listings start at the first job kept");
+    // A restart: the deleted stay deleted.
+    c.signal_and_wait("TERM");
+    c = Collector::start(&db, &["--config", &cfg]);
+    assert_eq!(folded_jobs(&c), (N - gone) as u64);
+    assert!(!exists(&c, gone - 1) && exists(&c, gone));
+}

@@ -33,6 +33,9 @@ mod deadlines;
 pub mod fold;
 pub mod health;
 mod retention;
+
+/// How often the committer checks folded rows against their budget (`store.folded_budget_mib`).
+const TRIM_EVERY: Duration = Duration::from_millis(if cfg!(test) { 10 } else { 1000 });
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -256,6 +259,7 @@ impl Committer {
         let mut last_retention = Instant::now();
         let mut last_fold = Instant::now();
         let mut last_prune = Instant::now();
+        let mut last_trim = Instant::now();
         loop {
             // Wake at least every retention and fold interval, so expiry and folding run on an idle collector.
             let mut wait = self.settings.checkpoint_interval.saturating_sub(last_checkpoint.elapsed());
@@ -319,6 +323,10 @@ impl Committer {
                     self.expire(retention);
                     last_retention = Instant::now();
                 }
+            }
+            if last_trim.elapsed() >= TRIM_EVERY {
+                self.trim_folded();
+                last_trim = Instant::now();
             }
             if let Some(first) = first {
                 let mut group = vec![first];

@@ -1,13 +1,35 @@
-//! Retention: deletes jobs that ended more than `store.retention` ago, hot or folded, from the index (with
-//! their SLO contributions and metric footprints) and from the store (log entries, snapshot, summaries, and the archive of a job an older collector folded),
-//! in chunks so the write lock stays short.
+//! Retention: deletes jobs from the index (with their SLO contributions and metric footprints) and from the store
+//! (log entries, snapshot parts, summaries, and the archive of a job an older collector folded), in chunks so the
+//! write lock stays short, for two reasons:
+//! - age: jobs, hot or folded, that ended more than `store.retention` ago ([`Committer::expire`]);
+//! - memory: while folded rows are over their budget (`store.folded_budget_mib`), the folded jobs that ended
+//!   longest ago, until the rows are at 95% of it ([`Committer::trim_folded`]). Like Prometheus's size-based
+//!   retention beside its time-based one: whichever comes first. Each such deletion is counted, and the latest
+//!   end time it reached is kept (the index's history is complete only after it) and logged, with a warning when
+//!   it reaches into an SLO's window.
 
 use super::Committer;
+use crate::index::cold::ColdJobs;
+use crate::index::JobIndex;
 use crate::store::ExpiredJob;
+use std::ops::Bound;
 use std::time::Duration;
 
 /// Jobs deleted per index write lock and store transaction.
 const CHUNK: usize = 1000;
+
+/// Folded rows read per index read lock while choosing which to delete for the budget.
+const SCAN_CHUNK: usize = 65_536;
+
+/// Time buckets the budget's choice sorts rows into before it orders the rows of one bucket exactly.
+const BUCKETS: usize = 4096;
+
+/// Why a job is deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Expired,
+    OverBudget,
+}
 
 impl Committer {
     /// Deletes every job that ended before `now - retention`.
@@ -23,28 +45,162 @@ impl Committer {
         if expired.is_empty() {
             return;
         }
-        for chunk in expired.chunks(CHUNK) {
+        let n = self.delete(&expired, now, Why::Expired);
+        tracing::info!(jobs = n, "retention: expired jobs deleted");
+    }
+
+    /// Deletes the folded jobs that ended longest ago while folded rows are over their budget, down to 95% of it.
+    /// Returns how many were deleted.
+    pub(super) fn trim_folded(&self) -> usize {
+        let (bytes, budget) = {
+            let idx = self.index.read();
+            (idx.cold.bytes(), idx.folded_budget)
+        };
+        if bytes <= budget {
+            return 0;
+        }
+        let target = budget - budget / 20;
+        let victims = self.oldest_folded(bytes - target);
+        if victims.is_empty() {
+            return 0;
+        }
+        let now = self.settings.clock.now_ms();
+        let n = self.delete(&victims, now, Why::OverBudget);
+        let idx = self.index.read();
+        let through = idx.deleted.over_budget_through_ms;
+        let longest_slo = idx.slo.defs().iter().map(|d| d.window_ms).max().unwrap_or(0);
+        let fields = (n, bytes >> 20, budget >> 20, idx.cold.bytes() >> 20, crate::time::format_ms(through));
+        if through > now - longest_slo {
+            tracing::warn!(
+                jobs = fields.0,
+                folded_mib = fields.1,
+                budget_mib = fields.2,
+                now_mib = fields.3,
+                ended_through = %fields.4,
+                "folded jobs over store.folded_budget_mib: deleted the oldest, some inside an SLO's window (its \
+                 counts now leave them out; raise the budget to keep the whole window)"
+            );
+        } else {
+            tracing::info!(
+                jobs = fields.0,
+                folded_mib = fields.1,
+                budget_mib = fields.2,
+                now_mib = fields.3,
+                ended_through = %fields.4,
+                "folded jobs over store.folded_budget_mib: deleted the oldest"
+            );
+        }
+        n
+    }
+
+    /// The folded jobs that ended longest ago whose rows add up to at least `free` bytes (fewer if all of them do
+    /// not), read in chunks of rows per read lock: a first pass sums row bytes into [`BUCKETS`] buckets of end
+    /// time, a second takes every row of the buckets wholly needed and, of the last bucket, its rows in end
+    /// order until enough.
+    fn oldest_folded(&self, free: usize) -> Vec<String> {
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+        self.each_row_chunked(|_, row| {
+            lo = lo.min(row.done_at());
+            hi = hi.max(row.done_at());
+        });
+        if lo > hi {
+            return Vec::new();
+        }
+        let width = ((hi as i128 - lo as i128) / BUCKETS as i128 + 1).max(1);
+        let bucket = |at: i64| (((at as i128 - lo as i128) / width) as usize).min(BUCKETS - 1);
+        let mut sums = vec![0usize; BUCKETS];
+        self.each_row_chunked(|id, row| sums[bucket(row.done_at())] += ColdJobs::row_bytes(id, row));
+        let (mut whole, mut sum) = (0, 0);
+        while whole < BUCKETS && sum + sums[whole] < free {
+            sum += sums[whole];
+            whole += 1;
+        }
+        let mut out = Vec::new();
+        let mut last: Vec<(i64, String, usize)> = Vec::new();
+        self.each_row_chunked(|id, row| {
+            let b = bucket(row.done_at());
+            if b < whole {
+                out.push(id.to_string());
+            } else if b == whole {
+                last.push((row.done_at(), id.to_string(), ColdJobs::row_bytes(id, row)));
+            }
+        });
+        last.sort_unstable();
+        for (_, id, bytes) in last {
+            if sum >= free {
+                break;
+            }
+            sum += bytes;
+            out.push(id);
+        }
+        out
+    }
+
+    /// Every folded row, [`SCAN_CHUNK`] per read lock (rows folded or deleted meanwhile may or may not be seen).
+    fn each_row_chunked(&self, mut f: impl FnMut(&str, &crate::index::cold::Row)) {
+        let mut after: Option<Box<str>> = None;
+        loop {
+            let idx = self.index.read();
+            let lower = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+            let mut n = 0;
+            let mut next = None;
+            for (k, row) in idx.cold.rows.range::<str, _>((lower, Bound::Unbounded)).take(SCAN_CHUNK) {
+                f(k, row);
+                n += 1;
+                next = Some(k);
+            }
+            if n < SCAN_CHUNK {
+                return;
+            }
+            after = next.cloned();
+        }
+    }
+
+    /// Deletes jobs from the index and the store, [`CHUNK`] at a time; for the budget, only jobs still folded (a
+    /// late event may have brought one back). Stops at a store failure (the jobs of that chunk are gone from
+    /// memory, not from disk: a restart brings them back, and a later pass deletes them). Returns how many were
+    /// deleted.
+    fn delete(&self, ids: &[String], now: i64, why: Why) -> usize {
+        let mut n = 0;
+        for chunk in ids.chunks(CHUNK) {
             // No checkpoint chunk or fold may be between encoding and writing these jobs while they go.
             let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
             let removed: Vec<ExpiredJob> = {
                 let mut idx = self.index.write();
-                chunk
+                let removed: Vec<ExpiredJob> = chunk
                     .iter()
                     .filter_map(|id| {
+                        let ended = match why {
+                            Why::Expired => 0,
+                            Why::OverBudget => idx.folded(id)?.done_at(),
+                        };
                         let gone = idx.remove(id, now)?;
+                        count(&mut idx, why, ended);
                         Some(ExpiredJob { job_id: id.clone(), seqs: gone.seqs, summaries: gone.summaries })
                     })
-                    .collect()
+                    .collect();
+                removed
             };
             if let Err(e) = self.store.delete_jobs(&removed) {
                 // Gone from memory, not from disk: a restart brings them back (from the snapshot parts, which
                 // no base may replace until then) and the next pass deletes them.
                 self.store.hold_bases();
-                tracing::error!(error = %e, "retention: cannot delete expired jobs from the store");
+                tracing::error!(error = %e, "retention: cannot delete jobs from the store");
                 self.health.storage_failed(e.cause());
-                return;
+                return n;
             }
+            n += removed.len();
         }
-        tracing::info!(jobs = expired.len(), "retention: expired jobs deleted");
+        n
+    }
+}
+
+fn count(idx: &mut JobIndex, why: Why, ended: i64) {
+    match why {
+        Why::Expired => idx.deleted.expired += 1,
+        Why::OverBudget => {
+            idx.deleted.over_budget += 1;
+            idx.deleted.over_budget_through_ms = idx.deleted.over_budget_through_ms.max(ended);
+        }
     }
 }

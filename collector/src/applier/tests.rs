@@ -1,6 +1,7 @@
 //! The committer driven through its channel, with a store that can report a durable write as failed.
 
 use super::*;
+use crate::index::cold::ColdJobs;
 use crate::index::labels::LabelLimiter;
 use crate::index::JobIndex;
 use crate::slo::{SloDef, SloEngine};
@@ -567,4 +568,94 @@ fn with_a_fold_backlog_checkpoints_leave_folding_at_least_as_much_time_as_they_t
     let every = checkpoint_every(interval, true, took);
     assert_eq!(every, Duration::from_secs(28));
     assert!(every - took >= took, "folds get {:?} after a {took:?} checkpoint", every - took);
+}
+
+/// Over the folded rows' budget (`store.folded_budget_mib`), the committer deletes the folded jobs that ended
+/// longest ago, down to 95% of the budget. Waves of jobs, each wave ending after the one before (in shuffled
+/// order within it), against a model that is the list of jobs by end time: after every wave the rows kept are
+/// exactly the latest-ending ones, within the budget and not far under it; the counts, the store's summaries and
+/// (after a restart, which derives them from what is left) the SLO counts agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_folded_budget_the_jobs_that_ended_longest_ago_are_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = Store::open(dir.path()).expect("open");
+    let budget = 12_000;
+    let index = SharedIndex::new(
+        JobIndex::new(BTreeMap::new(), 0, SloEngine::new(SloDef::defaults()), LabelLimiter::new(&Default::default()))
+            .with_folded_budget(budget),
+    );
+    let health = Arc::new(Health::default());
+    let (tx, c) = start(&store, &index, &health, Some(Duration::ZERO));
+    let t0 = startline_proto::time::now_ms() - 6 * 3_600_000;
+    // The model: every job sent, with when it ended.
+    let mut ended: Vec<(i64, String)> = Vec::new();
+    for wave in 0..5i64 {
+        let mut evs = Vec::new();
+        for j in 0..50i64 {
+            let id = format!("w{wave}-{:02}", (j * 17) % 50);
+            let at = t0 + wave * 3_600_000 + j * 60_000;
+            let done = at + 30_000 + (j * 7919 % 50) * 100;
+            evs.push(ev(&id, &format!("{id}-s"), at, submitted()));
+            evs.push(ev(&id, &format!("{id}-f"), at + 5_000, Kind::FirstStep(pb::FirstStep { step: 1 })));
+            let d = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
+            evs.push(ev(&id, &format!("{id}-d"), done, d));
+            ended.push((done, id));
+        }
+        assert_eq!(send(&tx, &evs).await.expect("sent").accepted, 150);
+        ended.sort();
+        // Folded and trimmed: no hot job left, rows within the budget.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let settled = {
+                let idx = index.read();
+                idx.jobs.is_empty() && idx.cold.bytes() <= budget
+            };
+            if settled {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "wave {wave}: not folded and trimmed in time");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A trim may be under way (it chose, then deletes in chunks): wait for the counts to be still.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let idx = index.read();
+        let kept: Vec<String> = idx.cold.rows.keys().map(|k| k.to_string()).collect();
+        let n = kept.len();
+        let mut want: Vec<String> = ended[ended.len() - n..].iter().map(|(_, id)| id.clone()).collect();
+        want.sort();
+        assert_eq!(kept, want, "wave {wave}: the {n} latest-ending jobs are kept");
+        let deleted = ended.len() - n;
+        assert_eq!(idx.deleted.over_budget, deleted as u64, "wave {wave}");
+        assert_eq!(idx.deleted.expired, 0);
+        let bytes = idx.cold.bytes();
+        let sum: usize = idx.cold.rows.iter().map(|(k, r)| ColdJobs::row_bytes(k, r)).sum();
+        assert!(bytes >= sum, "wave {wave}: {bytes} counted for rows of {sum} bytes");
+        if deleted > 0 {
+            let newest_deleted = ended[ended.len() - n - 1].0;
+            assert_eq!(idx.deleted.over_budget_through_ms, newest_deleted, "wave {wave}");
+            let largest = idx.cold.rows.iter().map(|(k, r)| ColdJobs::row_bytes(k, r)).max().unwrap_or(0);
+            assert!(bytes + largest > budget - budget / 20, "wave {wave}: {bytes} bytes kept: deleted too many");
+        } else {
+            assert!(wave == 0, "wave {wave}: over the budget and nothing deleted");
+        }
+        drop(idx);
+        assert_summaries_known(&index, &store, &format!("wave {wave}"));
+    }
+    // A restart derives SLO counts from what is left: the same as the running index, which took each deleted job
+    // out of its counts.
+    drop(tx);
+    tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
+    let now = startline_proto::time::now_ms();
+    let counts = |index: &SharedIndex| -> Vec<crate::slo::window::Counts> {
+        let idx = index.read();
+        (0..idx.slo.defs().len()).map(|i| idx.slo.counts(i, now, idx.slo.defs()[i].window_ms)).collect()
+    };
+    let before = counts(&index);
+    assert!(before.iter().any(|c| c.good + c.bad > 0), "the SLOs count the jobs kept: {before:?}");
+    drop(store);
+    store = Store::open(dir.path()).expect("reopen");
+    let restored = restored_index(&store);
+    let keys = |i: &SharedIndex| i.read().cold.rows.keys().map(|k| k.to_string()).collect::<Vec<_>>();
+    assert_eq!(keys(&restored), keys(&index), "the deleted jobs stay deleted");
+    assert_eq!(counts(&restored), before);
 }

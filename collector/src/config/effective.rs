@@ -29,6 +29,7 @@ impl Config {
         f.store.fold_interval = dur(self.fold_interval);
         f.store.cache_mib = Some((self.cache_bytes >> 20) as usize);
         f.store.hot_budget_mib = Some((self.hot_budget_bytes >> 20) as usize);
+        f.store.folded_budget_mib = Some((self.folded_budget_bytes >> 20) as usize);
         f.store.log_segment_kib = Some((self.log_segment_bytes >> 10) as usize);
 
         let c = &self.grpc_connections;

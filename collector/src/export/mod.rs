@@ -1158,6 +1158,32 @@ fn observe_store(meter: &Meter, sources: &Sources) {
         .build();
     let s = sources.clone();
     let _ = meter
+        .u64_observable_counter("startline.collector.jobs.deleted")
+        .with_description(
+            "Jobs deleted since start, by reason: retention (ended longer ago than store.retention) or \
+             memory_budget (folded jobs that ended longest ago, while folded rows were over store.folded_budget_mib)",
+        )
+        .with_callback(move |o| {
+            let d = s.index.read().deleted;
+            o.observe(d.expired, &[KeyValue::new("reason", "retention")]);
+            o.observe(d.over_budget, &[KeyValue::new("reason", "memory_budget")]);
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
+        .f64_observable_gauge("startline.collector.history.deleted_through")
+        .with_unit("s")
+        .with_description(
+            "End time (Unix seconds) of the latest-ending job deleted for store.folded_budget_mib since start (0: \
+             none): jobs that ended before it may be missing from comparisons, listings and SLO counts",
+        )
+        .with_callback(move |o| {
+            let ms = s.index.read().deleted.over_budget_through_ms;
+            o.observe(ms as f64 / 1000.0, &[]);
+        })
+        .build();
+    let s = sources.clone();
+    let _ = meter
         .u64_observable_gauge("startline.collector.store.size")
         .with_unit("By")
         .with_description("Bytes the sled database occupies on disk")
@@ -1203,11 +1229,16 @@ fn observe_memory(meter: &Meter, sources: &Sources) {
         .with_unit("By")
         .with_description(
             "Memory budgets by part: hot_jobs (store.hot_budget_mib: over it, ended jobs fold at once), \
+             folded_jobs (store.folded_budget_mib: over it, the folded jobs that ended longest ago are deleted), \
              store_cache (store.cache_mib)",
         )
         .with_callback(move |o| {
-            let budget = s.index.read().hot_budget;
-            o.observe(budget as u64, &[KeyValue::new("part", "hot_jobs")]);
+            let (hot, folded) = {
+                let idx = s.index.read();
+                (idx.hot_budget, idx.folded_budget)
+            };
+            o.observe(hot as u64, &[KeyValue::new("part", "hot_jobs")]);
+            o.observe(folded as u64, &[KeyValue::new("part", "folded_jobs")]);
             o.observe(s.store.cache_bytes(), &[KeyValue::new("part", "store_cache")]);
         })
         .build();
@@ -1348,7 +1379,9 @@ mod tests {
                 "startline_collector_auth_refusals_total counter",
                 "startline_collector_commit_duration_seconds histogram",
                 "startline_collector_events_total counter",
+                "startline_collector_history_deleted_through_seconds gauge",
                 "startline_collector_jobs gauge",
+                "startline_collector_jobs_deleted_total counter",
                 "startline_collector_memory_budget_bytes gauge",
                 "startline_collector_memory_bytes gauge",
                 "startline_collector_metric_overflow_total counter",

@@ -768,6 +768,11 @@ impl ColdJobs {
         Some(row)
     }
 
+    /// Estimated bytes of one row (what removing it frees, node names aside: those stay).
+    pub fn row_bytes(job_id: &str, row: &Row) -> usize {
+        row_bytes(job_id, row)
+    }
+
     /// Estimated bytes of the rows.
     pub fn bytes(&self) -> usize {
         self.bytes

@@ -199,6 +199,23 @@ pub struct JobIndex {
     /// Memory budget of hot jobs, bytes by [`JobIndex::hot_bytes`] (`store.hot_budget_mib`; unbounded unless
     /// set): over it, the applier folds ended jobs without waiting for them to settle.
     pub hot_budget: usize,
+    /// Memory budget of folded rows, bytes by [`ColdJobs::bytes`] (`store.folded_budget_mib`; unbounded unless
+    /// set): over it, the applier deletes the folded jobs that ended longest ago.
+    pub folded_budget: usize,
+    /// Jobs deleted since start, by why (self-metrics).
+    pub deleted: Deleted,
+}
+
+/// Jobs the applier deleted since start (see `applier::retention`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Deleted {
+    /// Ended longer ago than `store.retention`.
+    pub expired: u64,
+    /// Folded jobs deleted to bring folded rows within [`JobIndex::folded_budget`].
+    pub over_budget: u64,
+    /// The latest end time (Unix ms) of a job deleted for the budget (0: none): the history the index holds is
+    /// complete only for jobs that ended after it.
+    pub over_budget_through_ms: i64,
 }
 
 impl Default for JobIndex {
@@ -236,6 +253,8 @@ impl JobIndex {
             gauges: JobGauges::default(),
             limiter,
             hot_budget: usize::MAX,
+            folded_budget: usize::MAX,
+            deleted: Deleted::default(),
         };
         let mut t = Timeline::default();
         for (id, row) in &idx.cold.rows {
@@ -341,6 +360,12 @@ impl JobIndex {
         self
     }
 
+    /// The index with a memory budget for folded rows (see [`JobIndex::folded_budget`]).
+    pub fn with_folded_budget(mut self, bytes: usize) -> Self {
+        self.folded_budget = bytes;
+        self
+    }
+
     /// Estimated bytes of the hot jobs (a fixed share per job for its timeline, derived state and map entry,
     /// plus its events); takes one pass over the hot jobs.
     pub fn hot_bytes(&self) -> usize {
@@ -368,6 +393,7 @@ impl JobIndex {
             hot_budget_bytes: self.hot_budget,
             folded_jobs: self.cold.len(),
             folded_bytes: self.cold.bytes(),
+            folded_budget_bytes: self.folded_budget,
             dictionary_entries: self.cold.dict.len(),
             slo_bytes: self.slo.memory_bytes(),
         }
@@ -503,6 +529,8 @@ pub struct MemoryUse {
     pub folded_jobs: usize,
     /// Estimated bytes of folded rows, their ids and wait segments.
     pub folded_bytes: usize,
+    /// Their budget ([`JobIndex::folded_budget`]).
+    pub folded_budget_bytes: usize,
     /// Distinct attribute sets of folded jobs.
     pub dictionary_entries: usize,
     /// Estimated bytes of the SLO windows (minute counts, exact times to first step) and deadline index.
