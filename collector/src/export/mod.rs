@@ -1212,13 +1212,15 @@ fn observe_memory(meter: &Meter, sources: &Sources) {
         .u64_observable_gauge("startline.collector.memory")
         .with_unit("By")
         .with_description(
-            "Estimated bytes by part: hot_jobs, folded_jobs (index), slo_windows (SLO counts, exact times to \
-             first step, deadlines), store_cache (sled's page cache budget, store.cache_mib)",
+            "Estimated bytes by part: hot_jobs, folded_jobs (index), dictionary (attribute sets folded rows \
+             share), slo_windows (SLO counts, exact times to first step, deadlines), store_cache (sled's page \
+             cache budget, store.cache_mib)",
         )
         .with_callback(move |o| {
             let m = s.index.read().memory();
             o.observe(m.hot_bytes as u64, &[KeyValue::new("part", "hot_jobs")]);
             o.observe(m.folded_bytes as u64, &[KeyValue::new("part", "folded_jobs")]);
+            o.observe(m.dictionary_bytes as u64, &[KeyValue::new("part", "dictionary")]);
             o.observe(m.slo_bytes as u64, &[KeyValue::new("part", "slo_windows")]);
             o.observe(s.store.cache_bytes(), &[KeyValue::new("part", "store_cache")]);
         })

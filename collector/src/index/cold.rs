@@ -308,6 +308,17 @@ pub struct Dictionary {
     ids: HashMap<Arc<JobAttrs>, u32>,
     /// Entries below this number are in the store.
     persisted: u32,
+    /// Estimated bytes of the entries (see [`attrs_bytes`]).
+    bytes: usize,
+}
+
+/// Estimated bytes of one dictionary entry: the attributes behind their `Arc`, their strings and labels, and the
+/// entry's share of the list and the map.
+fn attrs_bytes(a: &JobAttrs) -> usize {
+    const STRING: usize = 16;
+    let strings = [&a.provider, &a.pool, &a.gpu_class, &a.region, &a.team, &a.project, &a.chain_id, &a.chain_stage];
+    let labels: usize = a.labels.iter().map(|(k, v)| 48 + k.len() + v.len() + 2 * STRING).sum();
+    std::mem::size_of::<JobAttrs>() + 16 + 8 + 32 + strings.iter().map(|s| s.len()).sum::<usize>() + labels
 }
 
 impl Dictionary {
@@ -317,9 +328,15 @@ impl Dictionary {
             return *id;
         }
         let id = self.list.len() as u32;
+        self.bytes += attrs_bytes(a);
         self.list.push(a.clone());
         self.ids.insert(a.clone(), id);
         id
+    }
+
+    /// Estimated bytes of the entries.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
     /// The attributes of a number.
@@ -358,6 +375,7 @@ impl Dictionary {
             }
             let a: JobAttrs = postcard::from_bytes(&body).map_err(|e| format!("dictionary entry {id}: {e}"))?;
             let a = Arc::new(a);
+            d.bytes += attrs_bytes(&a);
             d.ids.insert(a.clone(), id);
             d.list.push(a);
         }
@@ -1028,6 +1046,28 @@ mod tests {
             }
             prop_assert_eq!(cold.bytes(), cold.nodes.names.iter().map(|n| 16 + n.len() + 3 * 16 + 8).sum::<usize>());
         }
+    }
+
+    /// The dictionary's estimate grows with each distinct attribute set, not with repeats, and a reload from
+    /// what it stored counts the same.
+    #[test]
+    fn the_dictionary_counts_each_distinct_attribute_set_once() {
+        let mut d = Dictionary::default();
+        assert_eq!(d.bytes(), 0);
+        let team = |t: &str| Arc::new(JobAttrs { team: t.into(), pool: "a100".into(), ..JobAttrs::unknown() });
+        d.intern(&team("vision"));
+        let one = d.bytes();
+        assert!(one >= std::mem::size_of::<JobAttrs>() + "vision".len() + "a100".len(), "{one}");
+        d.intern(&team("vision"));
+        assert_eq!(d.bytes(), one, "a repeat costs nothing");
+        d.intern(&team("speech"));
+        assert_eq!(d.bytes(), 2 * one, "a second set of the same sizes costs the same");
+        let mut labelled = JobAttrs { team: "speech".into(), ..JobAttrs::unknown() };
+        labelled.labels.insert("run".into(), "r-000017".into());
+        d.intern(&Arc::new(labelled));
+        assert!(d.bytes() > 3 * one - "a100".len(), "labels are counted: {}", d.bytes());
+        let reloaded = Dictionary::load(d.unpersisted()).expect("load");
+        assert_eq!((reloaded.len(), reloaded.bytes()), (3, d.bytes()));
     }
 
     /// A typical folded job (times in milliseconds minutes apart, three wait segments, one placement on one

@@ -395,6 +395,7 @@ impl JobIndex {
             folded_bytes: self.cold.bytes(),
             folded_budget_bytes: self.folded_budget,
             dictionary_entries: self.cold.dict.len(),
+            dictionary_bytes: self.cold.dict.bytes(),
             slo_bytes: self.slo.memory_bytes(),
         }
     }
@@ -533,6 +534,8 @@ pub struct MemoryUse {
     pub folded_budget_bytes: usize,
     /// Distinct attribute sets of folded jobs.
     pub dictionary_entries: usize,
+    /// Their estimated bytes.
+    pub dictionary_bytes: usize,
     /// Estimated bytes of the SLO windows (minute counts, exact times to first step) and deadline index.
     pub slo_bytes: usize,
 }
