@@ -720,6 +720,13 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
     })?;
     // Summaries no job needs: older ones of a job with two, and the stale ones of a job that restored folded.
     let mut superseded = cold.load(rows);
+    // Dictionary entries no folded job names (freed before a crash, or named only by stale summaries, whose jobs
+    // restore rebuilds from their events when they are needed).
+    if cold.dict.free_unreferenced() > 0 {
+        let freed = cold.dict.take_freed();
+        tracing::info!(entries = freed.len(), "deleting dictionary entries no folded job names");
+        store.delete_dictionary(&freed)?;
+    }
     for (job_id, numbers) in &restored.stale_summaries {
         if !restored.jobs.contains_key(job_id) {
             let current = cold.rows.get(job_id.as_str()).map(|r| r.summary());

@@ -2,8 +2,9 @@
 //! (log entries, snapshot parts, summaries, and the archive of a job an older collector folded), in chunks so the
 //! write lock stays short, for two reasons:
 //! - age: jobs, hot or folded, that ended more than `store.retention` ago ([`Committer::expire`]);
-//! - memory: while folded rows are over their budget (`store.folded_budget_mib`), the folded jobs that ended
-//!   longest ago, until the rows are at 95% of it ([`Committer::trim_folded`]). Like Prometheus's size-based
+//! - memory: while folded rows and the dictionary entries they name are over their budget
+//!   (`store.folded_budget_mib`), the folded jobs that ended longest ago, until they are at 95% of it (entries
+//!   no row names any more are freed with the last row, and deleted from the store after the jobs) ([`Committer::trim_folded`]). Like Prometheus's size-based
 //!   retention beside its time-based one: whichever comes first. Each such deletion is counted, and the latest
 //!   end time it reached is kept (the index's history is complete only after it) and logged, with a warning when
 //!   it reaches into an SLO's window.
@@ -54,7 +55,7 @@ impl Committer {
     pub(super) fn trim_folded(&self) -> usize {
         let (bytes, budget) = {
             let idx = self.index.read();
-            (idx.cold.bytes(), idx.folded_budget)
+            (idx.cold.bytes() + idx.cold.dict.bytes(), idx.folded_budget)
         };
         if bytes <= budget {
             return 0;
@@ -69,7 +70,8 @@ impl Committer {
         let idx = self.index.read();
         let through = idx.deleted.over_budget_through_ms;
         let longest_slo = idx.slo.defs().iter().map(|d| d.window_ms).max().unwrap_or(0);
-        let fields = (n, bytes >> 20, budget >> 20, idx.cold.bytes() >> 20, crate::time::format_ms(through));
+        let now_bytes = idx.cold.bytes() + idx.cold.dict.bytes();
+        let fields = (n, bytes >> 20, budget >> 20, now_bytes >> 20, crate::time::format_ms(through));
         if through > now - longest_slo {
             tracing::warn!(
                 jobs = fields.0,
@@ -93,13 +95,15 @@ impl Committer {
         n
     }
 
-    /// The folded jobs that ended longest ago whose rows add up to at least `free` bytes (fewer if all of them do
-    /// not), read in chunks of rows per read lock: a first pass sums row bytes into [`BUCKETS`] buckets of end
+    /// The folded jobs that ended longest ago whose rows (with the dictionary entries only they name) add up to
+    /// at least `free` bytes (fewer if all of them do not; entries that several victims alone share are not
+    /// counted, so a pass may free a little less than asked, and the next one the rest), read in chunks of rows
+    /// per read lock: a first pass sums row bytes into [`BUCKETS`] buckets of end
     /// time, a second takes every row of the buckets wholly needed and, of the last bucket, its rows in end
     /// order until enough.
     fn oldest_folded(&self, free: usize) -> Vec<String> {
         let (mut lo, mut hi) = (i64::MAX, i64::MIN);
-        self.each_row_chunked(|_, row| {
+        self.each_row_chunked(|_, _, row| {
             lo = lo.min(row.done_at());
             hi = hi.max(row.done_at());
         });
@@ -109,7 +113,7 @@ impl Committer {
         let width = ((hi as i128 - lo as i128) / BUCKETS as i128 + 1).max(1);
         let bucket = |at: i64| (((at as i128 - lo as i128) / width) as usize).min(BUCKETS - 1);
         let mut sums = vec![0usize; BUCKETS];
-        self.each_row_chunked(|id, row| sums[bucket(row.done_at())] += ColdJobs::row_bytes(id, row));
+        self.each_row_chunked(|cold, id, row| sums[bucket(row.done_at())] += cold.freeing_bytes(id, row));
         let (mut whole, mut sum) = (0, 0);
         while whole < BUCKETS && sum + sums[whole] < free {
             sum += sums[whole];
@@ -117,12 +121,12 @@ impl Committer {
         }
         let mut out = Vec::new();
         let mut last: Vec<(i64, String, usize)> = Vec::new();
-        self.each_row_chunked(|id, row| {
+        self.each_row_chunked(|cold, id, row| {
             let b = bucket(row.done_at());
             if b < whole {
                 out.push(id.to_string());
             } else if b == whole {
-                last.push((row.done_at(), id.to_string(), ColdJobs::row_bytes(id, row)));
+                last.push((row.done_at(), id.to_string(), cold.freeing_bytes(id, row)));
             }
         });
         last.sort_unstable();
@@ -137,7 +141,7 @@ impl Committer {
     }
 
     /// Every folded row, [`SCAN_CHUNK`] per read lock (rows folded or deleted meanwhile may or may not be seen).
-    fn each_row_chunked(&self, mut f: impl FnMut(&str, &crate::index::cold::Row)) {
+    fn each_row_chunked(&self, mut f: impl FnMut(&ColdJobs, &str, &crate::index::cold::Row)) {
         let mut after: Option<Box<str>> = None;
         loop {
             let idx = self.index.read();
@@ -145,7 +149,7 @@ impl Committer {
             let mut n = 0;
             let mut next = None;
             for (k, row) in idx.cold.rows.range::<str, _>((lower, Bound::Unbounded)).take(SCAN_CHUNK) {
-                f(k, row);
+                f(&idx.cold, k, row);
                 n += 1;
                 next = Some(k);
             }
@@ -190,6 +194,12 @@ impl Committer {
                 return n;
             }
             n += removed.len();
+            // Durable: the dictionary entries no row names any more go too (a failure keeps them for later).
+            let freed = self.index.write().cold.dict.take_freed();
+            if let Err(e) = self.store.delete_dictionary(&freed) {
+                tracing::warn!(error = %e, "retention: cannot delete freed dictionary entries; tried again later");
+                self.index.write().cold.dict.return_freed(freed);
+            }
         }
         n
     }

@@ -200,7 +200,18 @@ fn op() -> impl Strategy<Value = Op> {
 /// rest checkpoints.
 fn numbered(j: u8, e: u8, t0: i64) -> pb::LifecycleEvent {
     let kind = match e {
-        0 => submitted(),
+        // Attribute sets shared by some jobs (the pool) and some of a job's own (a label): dictionary entries
+        // are freed as folds, unfolds and restarts move rows.
+        0 => {
+            let mut s = submitted();
+            if let Kind::Submitted(sub) = &mut s {
+                sub.pool = format!("pool-{}", j % 3);
+                if j % 4 == 0 {
+                    sub.labels.insert("run".into(), format!("run-{j}"));
+                }
+            }
+            s
+        }
         9 => Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() }),
         _ => Kind::Checkpoint(pb::Checkpoint { step: u64::from(e), ..Default::default() }),
     };
@@ -253,6 +264,19 @@ fn restored_index(store: &Store) -> SharedIndex {
         .with_snapshot_through(restored.snapshot_through)
         .with_stale_summaries(restored.stale_summaries),
     )
+}
+
+/// Every folded job's attribute set (as text), asserting each row names a live dictionary entry.
+fn row_sets(index: &SharedIndex) -> BTreeMap<String, String> {
+    let idx = index.read();
+    idx.cold
+        .rows
+        .iter()
+        .map(|(k, r)| {
+            let a = idx.cold.dict.get(r.attrs).unwrap_or_else(|| panic!("{k} names freed entry {}", r.attrs));
+            (k.to_string(), format!("{a:?}"))
+        })
+        .collect()
 }
 
 /// With nothing running: every summary the store holds is one the index knows (a folded job's row, or a hot job's
@@ -344,15 +368,26 @@ proptest! {
                         let c = committer.take().expect("running");
                         tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
                         assert_summaries_known(&index, &store, &format!("step {step}: before the restart"));
+                        let sets_before = row_sets(&index);
                         drop(store);
                         store = Store::open(dir.path()).expect("reopen");
                         index = restored_index(&store);
                         assert_summaries_known(&index, &store, &format!("step {step}: after the restart"));
+                        // Jobs folded on both sides name the same attribute sets.
+                        let sets_after = row_sets(&index);
+                        for (job, set) in &sets_after {
+                            if let Some(before) = sets_before.get(job) {
+                                assert_eq!(before, set, "step {step}: {job}'s attributes after the restart");
+                            }
+                        }
+                        let stored = store.load_dictionary().expect("dictionary").len();
+                        assert_eq!(stored, index.read().cold.dict.live(), "step {step}: stored entries are the live ones");
                         let (t, c) = start(&store, &index, &health, fold);
                         (tx, committer) = (t, Some(c));
                     }
                 }
                 assert_same(&stored_events(&index, &store), &acked, &format!("step {step}: the index"));
+                row_sets(&index);
                 let mut in_log = BTreeSet::new();
                 let listed = store.log_after(0, usize::MAX).expect("log");
                 for (seq, job_id, _) in &listed {
@@ -570,11 +605,13 @@ fn with_a_fold_backlog_checkpoints_leave_folding_at_least_as_much_time_as_they_t
     assert!(every - took >= took, "folds get {:?} after a {took:?} checkpoint", every - took);
 }
 
-/// Over the folded rows' budget (`store.folded_budget_mib`), the committer deletes the folded jobs that ended
-/// longest ago, down to 95% of the budget. Waves of jobs, each wave ending after the one before (in shuffled
-/// order within it), against a model that is the list of jobs by end time: after every wave the rows kept are
-/// exactly the latest-ending ones, within the budget and not far under it; the counts, the store's summaries and
-/// (after a restart, which derives them from what is left) the SLO counts agree.
+/// Over the folded rows' budget (`store.folded_budget_mib`: rows and the dictionary entries they name), the
+/// committer deletes the folded jobs that ended longest ago, down to 95% of the budget. Waves of jobs, each wave
+/// ending after the one before (in shuffled order within it), every third job with an attribute set of its own (a
+/// label), against a model that is the list of jobs by end time: after every wave the rows kept are exactly the
+/// latest-ending ones, within the budget and not far under it, and the dictionary holds exactly the sets they
+/// name (in memory, and in the store after a restart); the counts, the store's summaries and (after a restart,
+/// which derives them from what is left) the SLO counts agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_folded_budget_the_jobs_that_ended_longest_ago_are_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -595,7 +632,11 @@ async fn over_the_folded_budget_the_jobs_that_ended_longest_ago_are_deleted() {
             let id = format!("w{wave}-{:02}", (j * 17) % 50);
             let at = t0 + wave * 3_600_000 + j * 60_000;
             let done = at + 30_000 + (j * 7919 % 50) * 100;
-            evs.push(ev(&id, &format!("{id}-s"), at, submitted()));
+            let mut s = submitted();
+            if let (Kind::Submitted(sub), 0) = (&mut s, j % 3) {
+                sub.labels.insert("run".into(), id.clone());
+            }
+            evs.push(ev(&id, &format!("{id}-s"), at, s));
             evs.push(ev(&id, &format!("{id}-f"), at + 5_000, Kind::FirstStep(pb::FirstStep { step: 1 })));
             let d = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
             evs.push(ev(&id, &format!("{id}-d"), done, d));
@@ -608,7 +649,7 @@ async fn over_the_folded_budget_the_jobs_that_ended_longest_ago_are_deleted() {
         loop {
             let settled = {
                 let idx = index.read();
-                idx.jobs.is_empty() && idx.cold.bytes() <= budget
+                idx.jobs.is_empty() && idx.cold.bytes() + idx.cold.dict.bytes() <= budget
             };
             if settled {
                 break;
@@ -627,13 +668,16 @@ async fn over_the_folded_budget_the_jobs_that_ended_longest_ago_are_deleted() {
         let deleted = ended.len() - n;
         assert_eq!(idx.deleted.over_budget, deleted as u64, "wave {wave}");
         assert_eq!(idx.deleted.expired, 0);
-        let bytes = idx.cold.bytes();
         let sum: usize = idx.cold.rows.iter().map(|(k, r)| ColdJobs::row_bytes(k, r)).sum();
-        assert!(bytes >= sum, "wave {wave}: {bytes} counted for rows of {sum} bytes");
+        assert!(idx.cold.bytes() >= sum, "wave {wave}: {} counted for rows of {sum} bytes", idx.cold.bytes());
+        let named: BTreeSet<u32> = idx.cold.rows.values().map(|r| r.attrs).collect();
+        assert_eq!(idx.cold.dict.live(), named.len(), "wave {wave}: the dictionary holds the sets rows name");
+        assert!(named.iter().all(|a| idx.cold.dict.get(*a).is_some()));
+        let bytes = idx.cold.bytes() + idx.cold.dict.bytes();
         if deleted > 0 {
             let newest_deleted = ended[ended.len() - n - 1].0;
             assert_eq!(idx.deleted.over_budget_through_ms, newest_deleted, "wave {wave}");
-            let largest = idx.cold.rows.iter().map(|(k, r)| ColdJobs::row_bytes(k, r)).max().unwrap_or(0);
+            let largest = idx.cold.rows.iter().map(|(k, r)| idx.cold.freeing_bytes(k, r)).max().unwrap_or(0);
             assert!(bytes + largest > budget - budget / 20, "wave {wave}: {bytes} bytes kept: deleted too many");
         } else {
             assert!(wave == 0, "wave {wave}: over the budget and nothing deleted");
@@ -657,5 +701,17 @@ async fn over_the_folded_budget_the_jobs_that_ended_longest_ago_are_deleted() {
     let restored = restored_index(&store);
     let keys = |i: &SharedIndex| i.read().cold.rows.keys().map(|k| k.to_string()).collect::<Vec<_>>();
     assert_eq!(keys(&restored), keys(&index), "the deleted jobs stay deleted");
+    let sets = |i: &SharedIndex| {
+        let idx = i.read();
+        let mut v: Vec<String> =
+            idx.cold.rows.values().map(|r| format!("{:?}", idx.cold.dict.get(r.attrs).expect("named"))).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    assert_eq!(sets(&restored), sets(&index));
+    let stored = store.load_dictionary().expect("dictionary").len();
+    assert_eq!(stored, restored.read().cold.dict.live(), "the store keeps only the entries rows name");
+    assert!(stored > 1 && stored < 100, "{stored} entries: shared ones and the kept jobs' own");
     assert_eq!(counts(&restored), before);
 }

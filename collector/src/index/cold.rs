@@ -299,17 +299,27 @@ struct Disk {
     waits: Vec<(Segment, i64)>,
 }
 
-/// Job attributes by number, shared by folded rows. Append-only: an attribute set keeps its number for the
-/// life of the store (numbers are persisted in summaries), so retention does not shrink it; it holds one entry
-/// per distinct attribute set, which fleets repeat (same pool, team, project).
+/// Job attributes by number, shared by folded rows: one entry per distinct attribute set, which fleets repeat
+/// (same pool, team, project); chain ids and per-job labels make one per chain or job. Numbers are persisted in
+/// summaries and never handed out twice. [`ColdJobs`] counts the rows that point to each entry: one no row points
+/// to any more is *freed* (dropped from memory; its number waits in [`Dictionary::take_freed`] for the store to
+/// delete it once the deletions that freed it are durable), so the dictionary never outgrows the rows. A summary
+/// that still names a freed number is a hot job's stale one: restore rebuilds such a job from its events.
 #[derive(Debug, Default)]
 pub struct Dictionary {
-    list: Vec<Arc<JobAttrs>>,
+    /// Entries by number; `None`: freed (or a gap in the store's numbers).
+    list: Vec<Option<Arc<JobAttrs>>>,
+    /// Rows pointing to each entry.
+    refs: Vec<u32>,
     ids: HashMap<Arc<JobAttrs>, u32>,
     /// Entries below this number are in the store.
     persisted: u32,
     /// Estimated bytes of the entries (see [`attrs_bytes`]).
     bytes: usize,
+    /// Live entries.
+    live: usize,
+    /// Stored entries freed since the last [`Dictionary::take_freed`].
+    freed: Vec<u32>,
 }
 
 /// Estimated bytes of one dictionary entry: the attributes behind their `Arc`, their strings and labels, and the
@@ -329,9 +339,70 @@ impl Dictionary {
         }
         let id = self.list.len() as u32;
         self.bytes += attrs_bytes(a);
-        self.list.push(a.clone());
+        self.live += 1;
+        self.list.push(Some(a.clone()));
+        self.refs.push(0);
         self.ids.insert(a.clone(), id);
         id
+    }
+
+    /// One more row points to entry `id`.
+    fn add_ref(&mut self, id: u32) {
+        if let Some(r) = self.refs.get_mut(id as usize) {
+            *r += 1;
+        }
+    }
+
+    /// One row fewer points to entry `id`; the last one gone frees it.
+    fn drop_ref(&mut self, id: u32) {
+        let Some(r) = self.refs.get_mut(id as usize) else { return };
+        *r = r.saturating_sub(1);
+        if *r == 0 {
+            self.free(id);
+        }
+    }
+
+    /// Drops entry `id` from memory (a stored one is listed for the store to delete).
+    fn free(&mut self, id: u32) {
+        let Some(a) = self.list.get_mut(id as usize).and_then(Option::take) else { return };
+        self.ids.remove(&a);
+        self.bytes -= attrs_bytes(&a);
+        self.live -= 1;
+        if id < self.persisted {
+            self.freed.push(id);
+        }
+    }
+
+    /// Frees every entry no row points to (after a restore loaded the rows: entries only stale summaries or
+    /// deleted jobs named). Returns how many.
+    pub fn free_unreferenced(&mut self) -> usize {
+        let unused: Vec<u32> = (0..self.list.len() as u32)
+            .filter(|&id| self.list[id as usize].is_some() && self.refs[id as usize] == 0)
+            .collect();
+        for &id in &unused {
+            self.free(id);
+        }
+        unused.len()
+    }
+
+    /// The stored entries freed since the last call, for the store to delete.
+    pub fn take_freed(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.freed)
+    }
+
+    /// Gives back numbers [`Dictionary::take_freed`] returned that the store could not delete (tried again later).
+    pub fn return_freed(&mut self, ids: Vec<u32>) {
+        self.freed.extend(ids);
+    }
+
+    /// Rows pointing to entry `id`.
+    pub fn refs(&self, id: u32) -> u32 {
+        self.refs.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// Estimated bytes of entry `id` (0 if freed).
+    pub fn entry_bytes(&self, id: u32) -> usize {
+        self.get(id).map_or(0, |a| attrs_bytes(a))
     }
 
     /// Estimated bytes of the entries.
@@ -339,25 +410,30 @@ impl Dictionary {
         self.bytes
     }
 
-    /// The attributes of a number.
+    /// The attributes of a number (`None`: never handed out, or freed).
     pub fn get(&self, id: u32) -> Option<&Arc<JobAttrs>> {
-        self.list.get(id as usize)
+        self.list.get(id as usize)?.as_ref()
     }
 
-    /// Entries.
+    /// Numbers handed out, freed ones included (the next entry's number).
     pub fn len(&self) -> usize {
         self.list.len()
     }
 
-    /// Whether empty.
+    /// Whether no number was handed out.
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
+    }
+
+    /// Entries in memory (not freed).
+    pub fn live(&self) -> usize {
+        self.live
     }
 
     /// Entries not yet stored: `(number, encoded)`.
     pub fn unpersisted(&self) -> Vec<(u32, Vec<u8>)> {
         (self.persisted..self.list.len() as u32)
-            .filter_map(|id| Some((id, encode_attrs(self.list.get(id as usize)?))))
+            .filter_map(|id| Some((id, encode_attrs(self.list.get(id as usize)?.as_ref()?))))
             .collect()
     }
 
@@ -366,18 +442,27 @@ impl Dictionary {
         self.persisted = self.persisted.max(upto);
     }
 
-    /// Loads stored entries (numbers must be dense from 0).
+    /// Loads stored entries, in ascending numbers (freed numbers are gaps). No row points to them yet: rows
+    /// loaded by [`ColdJobs::load`] count themselves, then [`Dictionary::free_unreferenced`] drops the rest.
     pub fn load(entries: Vec<(u32, Vec<u8>)>) -> Result<Dictionary, String> {
         let mut d = Dictionary::default();
-        for (i, (id, body)) in entries.into_iter().enumerate() {
-            if id as usize != i {
-                return Err(format!("dictionary entry {id} where {i} was expected"));
+        for (id, body) in entries {
+            if (id as usize) < d.list.len() {
+                return Err(format!("dictionary entry {id} after {}", d.list.len() - 1));
             }
             let a: JobAttrs = postcard::from_bytes(&body).map_err(|e| format!("dictionary entry {id}: {e}"))?;
             let a = Arc::new(a);
+            d.list.resize(id as usize, None);
+            d.refs.resize(id as usize, 0);
             d.bytes += attrs_bytes(&a);
-            d.ids.insert(a.clone(), id);
-            d.list.push(a);
+            d.live += 1;
+            if let Some(first) = d.ids.insert(a.clone(), id) {
+                // Two numbers of one set (freed, interned again, and the store stopped before it deleted the old
+                // number): rows keep whichever they name; new rows take the first.
+                d.ids.insert(a.clone(), first);
+            }
+            d.list.push(Some(a));
+            d.refs.push(0);
         }
         d.persisted = d.list.len() as u32;
         Ok(d)
@@ -743,8 +828,10 @@ impl ColdJobs {
 
     fn insert_row(&mut self, job_id: &str, row: Row) {
         self.bytes += row_bytes(job_id, &row);
+        self.dict.add_ref(row.attrs);
         if let Some(old) = self.rows.insert(job_id.into(), row) {
             self.bytes -= row_bytes(job_id, &old);
+            self.dict.drop_ref(old.attrs);
         }
     }
 
@@ -774,6 +861,7 @@ impl ColdJobs {
         }
         for (id, row) in &keep {
             self.bytes += row_bytes(id, row);
+            self.dict.add_ref(row.attrs);
         }
         self.rows = keep.into_iter().collect();
         superseded
@@ -783,12 +871,19 @@ impl ColdJobs {
     pub fn remove(&mut self, job_id: &str) -> Option<Row> {
         let row = self.rows.remove(job_id)?;
         self.bytes -= row_bytes(job_id, &row);
+        self.dict.drop_ref(row.attrs);
         Some(row)
     }
 
-    /// Estimated bytes of one row (what removing it frees, node names aside: those stay).
+    /// Estimated bytes of one row (node names aside: those stay).
     pub fn row_bytes(job_id: &str, row: &Row) -> usize {
         row_bytes(job_id, row)
+    }
+
+    /// Estimated bytes removing one row frees: the row, and its dictionary entry if no other row names it.
+    pub fn freeing_bytes(&self, job_id: &str, row: &Row) -> usize {
+        let entry = if self.dict.refs(row.attrs) == 1 { self.dict.entry_bytes(row.attrs) } else { 0 };
+        row_bytes(job_id, row) + entry
     }
 
     /// Estimated bytes of the rows.
@@ -1068,6 +1163,60 @@ mod tests {
         assert!(d.bytes() > 3 * one - "a100".len(), "labels are counted: {}", d.bytes());
         let reloaded = Dictionary::load(d.unpersisted()).expect("load");
         assert_eq!((reloaded.len(), reloaded.bytes()), (3, d.bytes()));
+    }
+
+    /// Rows count the entries they name: an entry is freed with the last row naming it (a replaced row's old
+    /// entry too), a stored one listed for the store to delete; a set interned again gets a new number; a
+    /// reload with gaps keeps the numbers, and frees what no loaded row names.
+    #[test]
+    fn dictionary_entries_are_freed_with_the_last_row_that_names_them() {
+        let set = |t: &str| Arc::new(JobAttrs { team: t.into(), ..JobAttrs::unknown() });
+        let mut d = Dictionary::default();
+        let (a, b, c) = (d.intern(&set("a")), d.intern(&set("b")), d.intern(&set("c")));
+        d.mark_persisted(3);
+        let one = d.bytes() / 3;
+        let mut cold = ColdJobs::with_dictionary(d);
+        let row = |attrs: u32, at: i64| {
+            let t = Timeline {
+                submitted_at: Some(at),
+                done_at: Some(at + 10),
+                state: JobState::Done,
+                attrs: Some(Arc::new(JobAttrs::unknown())),
+                ..Default::default()
+            };
+            Folded::of(&t, attrs).expect("done")
+        };
+        cold.insert("j1", row(a, 1));
+        cold.insert("j2", row(a, 2));
+        cold.insert("j3", row(b, 3));
+        assert_eq!((cold.dict.refs(a), cold.dict.refs(b), cold.dict.refs(c)), (2, 1, 0));
+        // c was never named: it stays until a restore's sweep.
+        cold.remove("j1");
+        assert_eq!(cold.dict.live(), 3);
+        cold.remove("j2");
+        assert_eq!((cold.dict.live(), cold.dict.get(a)), (2, None), "a freed with its last row");
+        assert_eq!(cold.dict.bytes(), 2 * one);
+        // A replaced row lets go of its old entry.
+        cold.insert("j3", row(c, 4));
+        assert_eq!((cold.dict.get(b), cold.dict.refs(c)), (None, 1));
+        assert_eq!(cold.dict.take_freed(), vec![a, b]);
+        assert!(cold.dict.take_freed().is_empty());
+        // Interned again: a new number, never a freed one.
+        let a2 = cold.dict.intern(&set("a"));
+        assert_eq!(a2, 3);
+        assert_eq!(cold.dict.unpersisted().len(), 1, "only the new entry is unstored");
+        // What the store would hold now: c and the new a; a reload keeps their numbers, and the sweep frees
+        // the one no loaded row names.
+        let stored: Vec<(u32, Vec<u8>)> =
+            [c, a2].iter().map(|&id| (id, encode_attrs(cold.dict.get(id).expect("live")))).collect();
+        let mut back = ColdJobs::with_dictionary(Dictionary::load(stored).expect("gaps load"));
+        assert_eq!((back.dict.len(), back.dict.live(), back.dict.get(a)), (4, 2, None));
+        assert_eq!(back.dict.get(a2).map(|x| x.team.as_str()), Some("a"));
+        let packed = back.pack(&row(c, 4));
+        back.load(vec![("j3".into(), packed)]);
+        assert_eq!(back.dict.free_unreferenced(), 1);
+        assert_eq!((back.dict.take_freed(), back.dict.live(), back.dict.bytes()), (vec![a2], 1, one));
+        assert!(Dictionary::load(vec![(2, encode_attrs(&set("x"))), (1, encode_attrs(&set("y")))]).is_err());
     }
 
     /// A typical folded job (times in milliseconds minutes apart, three wait segments, one placement on one

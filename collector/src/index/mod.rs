@@ -394,7 +394,7 @@ impl JobIndex {
             folded_jobs: self.cold.len(),
             folded_bytes: self.cold.bytes(),
             folded_budget_bytes: self.folded_budget,
-            dictionary_entries: self.cold.dict.len(),
+            dictionary_entries: self.cold.dict.live(),
             dictionary_bytes: self.cold.dict.bytes(),
             slo_bytes: self.slo.memory_bytes(),
         }
@@ -495,8 +495,9 @@ impl JobIndex {
             let summaries = self.stale_summaries.remove(job_id).unwrap_or_default();
             return Some(Removed { seqs: h.rec.events.iter().map(|e| e.seq).collect(), summaries });
         }
+        // The timeline before the row goes: removing the last row naming an attribute set frees its entry.
+        let t = self.cold.timeline(self.cold.rows.get(job_id)?);
         let row = self.cold.remove(job_id)?;
-        let t = self.cold.timeline(&row);
         self.slo.count_ended(job_id, &t, now, -1);
         Some(Removed { seqs: Vec::new(), summaries: vec![row.summary()] })
     }

@@ -53,7 +53,10 @@
 //!   LifecycleEvent without its job_id` (the key holds it). A job folded again after a late event keeps its
 //!   archive: its new summary lists the archived sequences too, read from the archive as they are not in the log.
 //! - tree `dictionary`: `u32` big-endian -> sealed entry: the job attribute sets summaries refer to by number
-//!   (the index's format). Append-only; written in the same transaction as the summaries that first use them.
+//!   (the index's format). Written in the same batch as the summaries that first use them (before them);
+//!   numbers are never reused; an entry no folded job names any more is deleted after the deletions that freed
+//!   it are durable (`delete_dictionary`), and one a crash kept is freed at the next restore. A summary naming a
+//!   deleted entry is a hot job's stale one: restore refuses it and rebuilds the job from its events.
 //!
 //! - tree `stream`: `[1u8] ++ first cursor` (u64 big-endian) -> sealed block of consecutive protobuf
 //!   `StreamRecord`s (one block per write: a group commit's event records, its change records, ...; zstd over
@@ -1204,6 +1207,22 @@ impl Store {
             out.push((u32::from_be_bytes(arr), body.to_vec()));
         }
         Ok(out)
+    }
+
+    /// Deletes dictionary entries no summary of a folded job names any more (see `index::cold::Dictionary`).
+    /// Not flushed: call it after the deletions that freed them are durable; an entry a crash keeps is freed
+    /// again at the next restore.
+    pub fn delete_dictionary(&self, ids: &[u32]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let t = self.t()?;
+        let mut batch = sled::Batch::default();
+        for id in ids {
+            batch.remove(&id.to_be_bytes());
+        }
+        t.dictionary.apply_batch(batch)?;
+        Ok(())
     }
 
     /// The highest sequence a fold removed from the log (0 if none).
