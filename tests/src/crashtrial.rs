@@ -206,7 +206,13 @@ fn plan_job(rng: &mut Rng, n: usize, now: i64) -> JobPlan {
     let ttfs = rng.range(60_000, 1_800_000) as i64;
     let prio = if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal };
     let pool_kind = if rng.chance(0.5) { pb::PoolKind::Managed } else { pb::PoolKind::Dedicated };
-    let mut evs = vec![(event(&id, "s", t0, crate::submitted(pool_kind, prio, 8)), Stage::Submitted)];
+    let mut submitted = crate::submitted(pool_kind, prio, 8);
+    // Some jobs have an attribute set of their own (a label): its dictionary entry goes with the job's row when
+    // retention deletes or a late event unfolds it, so kills land around those deletions too.
+    if let (Kind::Submitted(s), true) = (&mut submitted, rng.chance(0.3)) {
+        s.labels.insert("run".into(), format!("r{n}"));
+    }
+    let mut evs = vec![(event(&id, "s", t0, submitted), Stage::Submitted)];
     evs.push((
         event(
             &id,

@@ -5,9 +5,10 @@
 //! [`SharedIndex`] under short read locks and see hot and folded jobs alike as a [`JobRef`].
 //!
 //! # Memory model
-//! A hot job costs its events, its timeline and its derived state (about 2-3 KiB for a typical job). A folded
-//! job costs one packed [`cold::Row`] (56 bytes plus ~40-60 bytes of varints) and its id in a B-tree, ~150-200
-//! bytes in all; its attributes and node names are shared through tables, and its SLO contributions are recomputed from its row when needed (an ended
+//! A hot job costs its events (72 bytes each, counted by the room its vector holds), its timeline, its own copy
+//! of its attributes and its derived state: ~2.8 KB beside the events, ~4-5 KB for a typical job. A folded job
+//! costs one packed [`cold::Row`] (56 bytes plus ~40-60 bytes of varints) and its id in a B-tree, ~200-300 bytes
+//! in all (`collector/tests/memory.rs` checks both estimates against what the structures hold); its attributes and node names are shared through tables, and its SLO contributions are recomputed from its row when needed (an ended
 //! job's contributions do not change), not kept.
 
 pub mod chains;
@@ -367,25 +368,25 @@ impl JobIndex {
     }
 
     /// Estimated bytes of the hot jobs (a fixed share per job for its timeline, derived state and map entry,
-    /// plus its events); takes one pass over the hot jobs.
+    /// plus the room its events' vector holds); takes one pass over the hot jobs.
     pub fn hot_bytes(&self) -> usize {
-        self.hot_bytes_with(self.hot_events())
+        self.hot_bytes_with(self.hot_events().1)
     }
 
-    /// Events held by hot jobs.
-    fn hot_events(&self) -> usize {
-        self.jobs.values().map(|h| h.rec.events.len()).sum()
+    /// Events held by hot jobs, and the room their vectors hold.
+    fn hot_events(&self) -> (usize, usize) {
+        self.jobs.values().fold((0, 0), |(n, room), h| (n + h.rec.events.len(), room + h.rec.events.capacity()))
     }
 
-    /// [`JobIndex::hot_bytes`] given the hot jobs' events.
-    fn hot_bytes_with(&self, events: usize) -> usize {
-        self.jobs.len() * HOT_JOB_BYTES + events * std::mem::size_of::<CompactEvent>()
+    /// [`JobIndex::hot_bytes`] given the room of the hot jobs' event vectors.
+    fn hot_bytes_with(&self, event_room: usize) -> usize {
+        self.jobs.len() * HOT_JOB_BYTES + event_room * std::mem::size_of::<CompactEvent>()
     }
 
     /// What the index holds and its estimated size in memory, for self-metrics.
     pub fn memory(&self) -> MemoryUse {
-        let events = self.hot_events();
-        let hot_bytes = self.hot_bytes_with(events);
+        let (events, room) = self.hot_events();
+        let hot_bytes = self.hot_bytes_with(room);
         MemoryUse {
             hot_jobs: self.jobs.len(),
             hot_events: events,
@@ -425,6 +426,8 @@ impl JobIndex {
         let obs = self.gauges.update(job_id, hot.metrics.as_ref(), fp.as_ref(), &hot.rec.timeline, false);
         hot.metrics = fp;
         if hot.rec.timeline.state == crate::job::JobState::Done {
+            // An ended job rarely gets more events: give back the room the vector grew for (up to half of it).
+            hot.rec.events.shrink_to_fit();
             self.settling.insert(job_id.to_string(), now);
         } else {
             self.settling.remove(job_id);
@@ -513,8 +516,9 @@ pub struct Removed {
 }
 
 /// Fixed bytes of one hot job beside its events: the record, timeline, fold state, SLO contributions, metric
-/// footprint and map entry (an estimate; variable parts such as labels and attributes are shared or small).
-const HOT_JOB_BYTES: usize = 1024;
+/// footprint and map entry, with its own copy of its attributes (an estimate: `collector/tests/memory.rs` counts
+/// what a typical job of 20 events really holds, ~2.8 KB beside its events, and checks the estimate against it).
+const HOT_JOB_BYTES: usize = 2816;
 
 /// What the index holds, with estimated bytes (reported in self-metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
