@@ -133,6 +133,7 @@ pub async fn run_with_clock(
             .with_stale_summaries(stale)
             .with_hot_budget(hot_budget)
             .with_folded_budget(folded_budget);
+        index.deleted.over_budget_through_ms = store.history_deleted_through()?;
         // Decisions are counted from here on: the restored history was assessed silently.
         index.slo.start_counting();
         tracing::debug!(

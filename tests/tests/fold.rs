@@ -275,7 +275,7 @@ async fn over_the_hot_budget_ended_jobs_fold_without_waiting() {
 
 /// `store.folded_budget_mib`: once folded rows outgrow it, the real collector deletes the folded jobs that ended
 /// longest ago (and only those) until the rows are within it, counts them by reason, exports the budget and the
-/// end time the deletions reached, and the deleted jobs stay deleted after a restart.
+/// end time the deletions reached, and the deleted jobs stay deleted after a restart, which keeps that time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_the_folded_budget_the_oldest_folded_jobs_are_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -345,5 +345,7 @@ async fn over_the_folded_budget_the_oldest_folded_jobs_are_deleted() {
     c.signal_and_wait("TERM");
     c = Collector::start(&db, &["--config", &cfg]);
     assert_eq!(folded_jobs(&c), (N - gone) as u64);
+    let again = metric(&c, "startline_collector_history_deleted_through_seconds", "");
+    assert_eq!(again, through, "the end time the deletions reached is kept across the restart");
     assert!(!exists(&c, gone - 1) && exists(&c, gone));
 }

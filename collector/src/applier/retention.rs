@@ -169,7 +169,7 @@ impl Committer {
         for chunk in ids.chunks(CHUNK) {
             // No checkpoint chunk or fold may be between encoding and writing these jobs while they go.
             let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
-            let removed: Vec<ExpiredJob> = {
+            let (removed, through): (Vec<ExpiredJob>, Option<i64>) = {
                 let mut idx = self.index.write();
                 let removed: Vec<ExpiredJob> = chunk
                     .iter()
@@ -183,9 +183,10 @@ impl Committer {
                         Some(ExpiredJob { job_id: id.clone(), seqs: gone.seqs, summaries: gone.summaries })
                     })
                     .collect();
-                removed
+                let through = (why == Why::OverBudget).then_some(idx.deleted.over_budget_through_ms);
+                (removed, through)
             };
-            if let Err(e) = self.store.delete_jobs(&removed) {
+            if let Err(e) = self.store.delete_jobs_noting(&removed, through) {
                 // Gone from memory, not from disk: a restart brings them back (from the snapshot parts, which
                 // no base may replace until then) and the next pass deletes them.
                 self.store.hold_bases();

@@ -1174,8 +1174,8 @@ fn observe_store(meter: &Meter, sources: &Sources) {
         .f64_observable_gauge("startline.collector.history.deleted_through")
         .with_unit("s")
         .with_description(
-            "End time (Unix seconds) of the latest-ending job deleted for store.folded_budget_mib since start (0: \
-             none): jobs that ended before it may be missing from comparisons, listings and SLO counts",
+            "End time (Unix seconds) of the latest-ending job ever deleted for store.folded_budget_mib (0: none): \
+             jobs that ended before it may be missing from comparisons, listings and SLO counts",
         )
         .with_callback(move |o| {
             let ms = s.index.read().deleted.over_budget_through_ms;

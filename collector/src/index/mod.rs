@@ -203,7 +203,7 @@ pub struct JobIndex {
     /// Memory budget of folded rows, bytes by [`ColdJobs::bytes`] (`store.folded_budget_mib`; unbounded unless
     /// set): over it, the applier deletes the folded jobs that ended longest ago.
     pub folded_budget: usize,
-    /// Jobs deleted since start, by why (self-metrics).
+    /// Jobs deleted since start, by why, and how far the budget reached (self-metrics).
     pub deleted: Deleted,
 }
 
@@ -214,8 +214,8 @@ pub struct Deleted {
     pub expired: u64,
     /// Folded jobs deleted to bring folded rows within [`JobIndex::folded_budget`].
     pub over_budget: u64,
-    /// The latest end time (Unix ms) of a job deleted for the budget (0: none): the history the index holds is
-    /// complete only for jobs that ended after it.
+    /// The latest end time (Unix ms) of a job ever deleted for the budget (0: none; the store keeps it): the
+    /// history the index holds is complete only for jobs that ended after it.
     pub over_budget_through_ms: i64,
 }
 

@@ -30,6 +30,8 @@
 //!   sequences of the job's events (read from the log in one pass in sequence order); version 5
 //!   `postcard(Vec<CompactEvent>)`.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
+//! - tree `jobs`, key `[0u8] ++ "deleted_through"` -> sealed i64 big-endian: the latest end time (Unix ms) of
+//!   the jobs retention deleted for `store.folded_budget_mib`, written with their deletion.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
 //!   last ran (sequence numbers never go back, even when retention deletes the newest log entries; older
 //!   collectors' folds removed log entries too).
@@ -145,6 +147,8 @@ const SNAPSHOT_EVENTS_VERSION: u8 = 5;
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
+/// Key (tree `jobs`) of the latest end time of jobs deleted for the memory budget.
+const DELETED_THROUGH_KEY: &[u8] = b"\0deleted_through";
 /// Tree `jobs`: the number of the base the snapshot parts build on (see [`snaps`]).
 const BASE_KEY: &[u8] = b"\0snap_base";
 /// The sealed version of summaries that list their job's log sequences (see the module doc); version-2
@@ -1225,6 +1229,16 @@ impl Store {
         Ok(())
     }
 
+    /// The latest end time (Unix ms) of a job deleted for the memory budget, as last recorded (0 if none).
+    pub fn history_deleted_through(&self) -> Result<i64, StoreError> {
+        let t = self.t()?;
+        let Some(v) = t.jobs.get(DELETED_THROUGH_KEY)? else { return Ok(0) };
+        let bad = |r: String| corrupt("jobs", DELETED_THROUGH_KEY, r);
+        let body = unseal(&v, false).map_err(bad)?;
+        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
+        Ok(i64::from_be_bytes(arr))
+    }
+
     /// The highest sequence a fold removed from the log (0 if none).
     fn max_folded_seq(&self) -> Result<u64, StoreError> {
         let t = self.t()?;
@@ -1944,9 +1958,18 @@ impl Store {
 
     /// Deletes jobs with their logged events, snapshots, archives and summaries, atomically, and flushes.
     pub fn delete_jobs(&self, jobs: &[ExpiredJob]) -> Result<(), StoreError> {
+        self.delete_jobs_noting(jobs, None)
+    }
+
+    /// [`Store::delete_jobs`], recording in the same transaction `deleted_through`: the latest end time (Unix
+    /// ms) of jobs deleted for the memory budget (see [`Store::history_deleted_through`]).
+    pub fn delete_jobs_noting(&self, jobs: &[ExpiredJob], deleted_through: Option<i64>) -> Result<(), StoreError> {
         use sled::transaction::Transactional;
         let t = self.t()?;
         let mut job_batch = sled::Batch::default();
+        if let Some(ms) = deleted_through {
+            job_batch.insert(DELETED_THROUGH_KEY, seal(&ms.to_be_bytes()));
+        }
         let last_logged = t.files.last_seq();
         let mut archives = sled::Batch::default();
         let mut summaries = sled::Batch::default();

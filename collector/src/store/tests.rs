@@ -1337,3 +1337,23 @@ fn a_folded_jobs_events_stay_in_the_log_until_retention_and_restore_does_not_rep
         assert!(store.event(s).expect("read").is_some(), "seq {s} of b stays");
     }
 }
+
+/// The end time deletions for the memory budget reached is written with them, kept across a reopen, and left as
+/// it is by other deletions.
+#[test]
+fn the_history_deleted_through_is_stored_with_the_deletion() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let (mem, _) = three_jobs(&store);
+    assert_eq!(store.history_deleted_through().expect("read"), 0, "none yet");
+    let mut ids = mem.iter().map(|(id, rec)| (id.clone(), rec.events.iter().map(|e| e.seq).collect::<Vec<_>>()));
+    let (a, a_seqs) = ids.next().expect("a job");
+    store.delete_jobs_noting(&[expired(&a, a_seqs)], Some(1_796_000_000_123)).expect("delete");
+    let (b, b_seqs) = ids.next().expect("another job");
+    store.delete_jobs(&[expired(&b, b_seqs)]).expect("delete");
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.history_deleted_through().expect("read"), 1_796_000_000_123);
+    let r = store.restore().expect("restore");
+    assert_eq!(r.jobs.len(), mem.len() - 2, "both deletions stand");
+}
