@@ -44,7 +44,8 @@ fn text_of(dom: &str, id: &str) -> Option<String> {
     Some(dom[open_end..open_end + dom[open_end..].find('<')?].trim().to_string())
 }
 
-fn render(c: &Collector, view: &str, dir: &std::path::Path) -> String {
+/// The DOM of a dashboard view once Chromium rendered it (asserting that it finished and loaded its data).
+pub(crate) fn rendered_dom(c: &Collector, view: &str, dir: &std::path::Path) -> String {
     let url = format!("http://{}/#{view}", c.http);
     let out = chromium(&["--dump-dom", &url], &dir.join(format!("profile-dom-{}", view.replace('/', "_"))));
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -55,6 +56,13 @@ fn render(c: &Collector, view: &str, dir: &std::path::Path) -> String {
         &dom[..dom.len().min(2000)]
     );
     assert!(!dom.contains("data-failed="), "view {view} failed to load data: {}", &dom[..dom.len().min(3000)]);
+    dom
+}
+
+fn render(c: &Collector, view: &str, dir: &std::path::Path) -> String {
+    let url = format!("http://{}/#{view}", c.http);
+    let dom = rendered_dom(c, view, dir);
+    let name = view.split('/').next().unwrap_or(view);
     // Keep a screenshot as an artifact.
     let shots = workspace_root().join("test-artifacts");
     std::fs::create_dir_all(&shots).expect("artifacts dir");

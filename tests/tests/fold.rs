@@ -338,6 +338,20 @@ async fn over_the_folded_budget_the_oldest_folded_jobs_are_deleted() {
     assert!(exists(&c, gone) && exists(&c, N - 1), "job {gone} onwards are kept");
     let through = metric(&c, "startline_collector_history_deleted_through_seconds", "");
     assert_eq!(through, Some(done_ms[gone - 1] as f64 / 1000.0), "the end time the deletions reached");
+    // The overview and the comparison say so (the dashboard shows it above both).
+    let (_, overview) = c.get("/api/v1/overview");
+    let (_, compare) = c.get("/api/v1/compare?window=30d");
+    let when = overview["history_deleted_through"].as_str().map(str::to_string);
+    let parsed = when.as_deref().and_then(|w| humantime::parse_rfc3339(w).ok());
+    let want = std::time::UNIX_EPOCH + Duration::from_millis(done_ms[gone - 1] as u64);
+    assert_eq!(parsed, Some(want), "{when:?}");
+    assert_eq!(compare["history_deleted_through"].as_str(), when.as_deref());
+    for view in ["queue", "compare"] {
+        let dom = crate::dashboard::rendered_dom(&c, view, dir.path());
+        let note = dom.find("id=\"history-deleted\"").map(|at| &dom[at..dom.len().min(at + 300)]);
+        let when = when.as_deref().unwrap_or("?");
+        assert!(note.is_some_and(|n| n.contains(when)), "the {view} view shows the deletion: {note:?}");
+    }
     let (code, page) = c.get("/api/v1/jobs?state=done&limit=1");
     assert_eq!(code, 200);
     assert_eq!(page["jobs"][0]["job_id"], job(gone), "listings start at the first job kept");

@@ -79,7 +79,7 @@ pub async fn json(State(s): State<ApiState>, Params(q): Params) -> Result<Json<c
     })
     .await
     .map_err(ApiError::unavailable)?;
-    Ok(Json(report))
+    Ok(Json(compare::Report { history_deleted_through: super::overview::deleted_through(&s), ..report }))
 }
 
 /// The CDF overlay as SVG (a chart that says so when neither side has a started job).

@@ -80,6 +80,12 @@ impl Started {
 }
 
 /// The overview.
+/// The end time budget deletions reached, if any (see `index::Deleted`).
+pub(super) fn deleted_through(s: &ApiState) -> Option<String> {
+    let ms = s.index.read().deleted.over_budget_through_ms;
+    (ms > 0).then(|| format_ms(ms))
+}
+
 pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Overview>, ApiError> {
     let mut window_ms: i64 = 86_400_000;
     for (k, v) in &q {
@@ -185,6 +191,7 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
     Ok(Json(Overview {
         as_of: format_ms(now),
         bucket_seconds: step / 1000,
+        history_deleted_through: deleted_through(&s),
         jobs_by_state: states,
         oldest_wait: oldest,
         ttfs_by_pool: pools,

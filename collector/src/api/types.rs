@@ -868,6 +868,9 @@ impl Alert {
 pub struct Overview {
     pub as_of: String,
     pub bucket_seconds: i64,
+    /// When set (RFC 3339), jobs that ended before it were deleted to keep folded jobs within
+    /// `store.folded_budget_mib`: counts over earlier times leave them out.
+    pub history_deleted_through: Option<String>,
     pub jobs_by_state: BTreeMap<&'static str, u64>,
     /// Longest current wait per pool and priority, longest first.
     pub oldest_wait: Vec<OldestWait>,

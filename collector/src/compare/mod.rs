@@ -270,6 +270,9 @@ pub struct Report {
     pub window_seconds: i64,
     /// `all` first, then each group in order.
     pub groups: Vec<GroupReport>,
+    /// When set (RFC 3339), jobs that ended before it were deleted to keep folded jobs within
+    /// `store.folded_budget_mib`: a window reaching before it compares what is left.
+    pub history_deleted_through: Option<String>,
 }
 
 /// Seconds from milliseconds.
@@ -516,6 +519,7 @@ fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) ->
         by: q.by.map(|b| format!("{b:?}")),
         window_seconds: q.window_ms / 1000,
         groups: out,
+        history_deleted_through: None,
     }
 }
 
