@@ -114,7 +114,10 @@ pub async fn run_with_clock(
     let cache_bytes = config.cache_bytes;
     let segment_bytes = config.log_segment_bytes;
     let hot_budget = usize::try_from(config.hot_budget_bytes).unwrap_or(usize::MAX);
-    let folded_budget = usize::try_from(config.folded_budget_bytes).unwrap_or(usize::MAX);
+    let folded_budget = match config.folded_budget_bytes {
+        0 => usize::MAX,
+        b => usize::try_from(b).unwrap_or(usize::MAX),
+    };
     let (store, restored, index, alerts) = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
         let t0 = std::time::Instant::now();
         let store = Store::open_with(&path, StoreOptions { cache_bytes, segment_bytes })?;
@@ -701,11 +704,8 @@ async fn watch_reloads(
 
 /// Restores the store with its folded jobs decoded into rows: the dictionary first, then every summary.
 pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> {
-    let dict = Dictionary::load(store.load_dictionary()?).map_err(|reason| StoreError::Corrupt {
-        what: "dictionary",
-        key: String::new(),
-        reason,
-    })?;
+    let dict = Dictionary::load_with_next(store.load_dictionary()?, store.dictionary_next()?)
+        .map_err(|reason| StoreError::Corrupt { what: "dictionary", key: String::new(), reason })?;
     let mut cold = ColdJobs::with_dictionary(dict);
     // The store lists summaries in fold order: the rows are packed as they are read, collected, then sorted by
     // job id and loaded in one pass (full B-tree nodes; while the map is built, the collected rows are held too:

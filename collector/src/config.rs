@@ -223,7 +223,7 @@ pub struct StoreSection {
     /// Over it, ended jobs are folded without waiting for `fold_after`. Default 256.
     pub hot_budget_mib: Option<usize>,
     /// Memory budget of folded jobs' rows, MiB, by the index's estimate. Over it, the folded jobs that ended
-    /// longest ago are deleted, like retention (which deletes by age). Default 1024.
+    /// longest ago are deleted, like retention (which deletes by age). Default 1024; 0: no budget.
     pub folded_budget_mib: Option<usize>,
     /// Size of a log segment file, KiB: the unit retention deletes or rewrites and compaction rewrites.
     /// Default 32768 (32 MiB).
@@ -321,7 +321,7 @@ pub struct Config {
     pub cache_bytes: u64,
     /// Memory budget of hot jobs, bytes (over it, ended jobs fold without waiting for `fold_after`).
     pub hot_budget_bytes: u64,
-    /// Memory budget of folded rows, bytes (over it, the folded jobs that ended longest ago are deleted).
+    /// Memory budget of folded rows, bytes (over it, the folded jobs that ended longest ago are deleted; 0: none).
     pub folded_budget_bytes: u64,
     /// Log segment size, bytes (`store.log_segment_kib`).
     pub log_segment_bytes: u64,
@@ -627,7 +627,7 @@ impl StoreSection {
         let hot_budget_bytes =
             range(errs, "store.hot_budget_mib", self.hot_budget_mib, 256, 1, 1 << 20) as u64 * (1 << 20);
         let folded_budget_bytes =
-            range(errs, "store.folded_budget_mib", self.folded_budget_mib, 1024, 1, 1 << 20) as u64 * (1 << 20);
+            range(errs, "store.folded_budget_mib", self.folded_budget_mib, 1024, 0, 1 << 20) as u64 * (1 << 20);
         let log_segment_bytes =
             range(errs, "store.log_segment_kib", self.log_segment_kib, 32 << 10, 64, 1 << 20) as u64 * (1 << 10);
         StoreSettings {
@@ -1151,7 +1151,7 @@ mod tests {
         assert_eq!(errs[6], "store.fold_interval: \"1ms\" is shorter than 10ms");
         assert_eq!(errs[7], "store.cache_mib: 1 is outside 4..=1048576");
         assert_eq!(errs[8], "store.hot_budget_mib: 0 is outside 1..=1048576");
-        assert_eq!(errs[9], "store.folded_budget_mib: 2097152 is outside 1..=1048576");
+        assert_eq!(errs[9], "store.folded_budget_mib: 2097152 is outside 0..=1048576");
         assert_eq!(errs[10], "store.log_segment_kib: 2 is outside 64..=1048576");
         assert_eq!(errs.len(), 11, "{errs:#?}");
         assert_eq!((v.checkpoint_interval, v.retention), (Duration::from_secs(2), None));

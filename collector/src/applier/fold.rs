@@ -147,16 +147,21 @@ impl FoldPass {
 
     fn fold_chunk(&self, store: &Store, chunk: &[String]) -> Result<usize, StoreError> {
         let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
-        // Rows and sequences, under a short write lock (interning may add dictionary entries).
-        let (mut writes, dictionary, dict_len, max_seq) = {
+        // Rows and sequences, under a short write lock (interning may add dictionary entries). Each summary's
+        // entry is pinned until its row is made (or the fold gives up on the job): an unfold on the committer
+        // meanwhile must not free an entry a summary being written names.
+        let (mut writes, pins, dictionary, dict_len, max_seq) = {
             let mut idx = self.index.write();
             let idx = &mut *idx;
             let mut out = Vec::with_capacity(chunk.len());
+            let mut pins = Vec::with_capacity(chunk.len());
             for id in chunk {
                 let Some(h) = idx.jobs.get(id) else { continue };
                 let Some(attrs) = h.rec.timeline.attrs.clone() else { continue };
                 let n = idx.cold.dict.intern(&attrs);
                 let Some(row) = crate::index::cold::Folded::of(&h.rec.timeline, n) else { continue };
+                idx.cold.dict.pin(n);
+                pins.push(n);
                 out.push(FoldWrite {
                     job_id: id.clone(),
                     log_seqs: h.rec.events.iter().map(|e| e.seq).collect(),
@@ -165,22 +170,33 @@ impl FoldPass {
                     number: 0,
                 });
             }
-            (out, idx.cold.dict.unpersisted(), idx.cold.dict.len() as u32, idx.last_seq)
+            (out, pins, idx.cold.dict.unpersisted(), idx.cold.dict.len() as u32, idx.last_seq)
         };
         if writes.is_empty() {
             return Ok(0);
         }
+        let unpin = |pins: &[u32]| {
+            let mut idx = self.index.write();
+            for &n in pins {
+                idx.cold.dict.unpin(n);
+            }
+        };
         let t0 = Instant::now();
-        if let Err(e) = store.fold_write(&mut writes, &dictionary) {
+        // The next dictionary number first (no flush: sled keeps writes in order, so it is durable no later than
+        // the summaries after it): numbers are never handed out twice, even across restarts.
+        let written = store.note_dictionary_next(dict_len).and_then(|()| store.fold_write(&mut writes, &dictionary));
+        if let Err(e) = written {
             // sled may have kept the write: its summaries are the jobs' stale ones too, beside the older ones it
             // may not have deleted (deleting a summary that is not stored is no error).
             self.keep_stale(&writes, false);
+            unpin(&pins);
             return Err(e);
         }
         let t_write = t0.elapsed();
         if let Err(e) = store.fold_delete(&writes, max_seq) {
             // The summaries are stored (and replaced the older ones): the jobs stay hot with them as stale.
             self.keep_stale(&writes, true);
+            unpin(&pins);
             return Err(e);
         }
         tracing::debug!(
@@ -194,11 +210,14 @@ impl FoldPass {
         let mut idx = self.index.write();
         idx.cold.dict.mark_persisted(dict_len);
         let mut n = 0;
-        for w in writes {
+        for (w, pin) in writes.into_iter().zip(pins) {
             let unchanged = idx.jobs.get(&w.job_id).is_some_and(|h| h.rec.events.len() == w.log_seqs.len());
-            if unchanged && idx.fold(&w.job_id, w.number).is_some() {
+            if unchanged && idx.fold_as(&w.job_id, w.number, pin).is_some() {
                 n += 1;
-            } else if idx.jobs.contains_key(&w.job_id) {
+                continue;
+            }
+            idx.cold.dict.unpin(pin);
+            if idx.jobs.contains_key(&w.job_id) {
                 // Changed meanwhile: it stays hot, and the summary just written is its stale one.
                 idx.stale_summaries.insert(w.job_id, vec![w.number]);
             }

@@ -178,6 +178,7 @@ pub fn spawn(
             fold_busy: Arc::new(AtomicBool::new(false)),
             fold_more: Arc::new(AtomicBool::new(false)),
             fold_over_budget: Arc::new(AtomicBool::new(false)),
+            fixed_over_budget: AtomicBool::new(false),
             stopping: Arc::new(AtomicBool::new(false)),
             store_writes: Arc::new(Mutex::new(())),
             last_reopen: std::cell::Cell::new(None),
@@ -207,6 +208,9 @@ struct Committer {
     fold_more: Arc<AtomicBool>,
     /// Whether the last fold pass found hot jobs over their memory budget.
     fold_over_budget: Arc<AtomicBool>,
+    /// Whether the folded rows' fixed share (node names, dictionary slots) was found to fill their budget (logged
+    /// once).
+    fixed_over_budget: AtomicBool,
     /// Set at shutdown, so a running fold pass stops after its chunk.
     stopping: Arc<AtomicBool>,
     /// Held by the checkpointer while it encodes and writes a chunk, and by retention while it deletes.

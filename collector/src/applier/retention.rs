@@ -53,14 +53,26 @@ impl Committer {
     /// Deletes the folded jobs that ended longest ago while folded rows are over their budget, down to 95% of it.
     /// Returns how many were deleted.
     pub(super) fn trim_folded(&self) -> usize {
-        let (bytes, budget) = {
+        let (bytes, fixed, budget) = {
             let idx = self.index.read();
-            (idx.cold.bytes() + idx.cold.dict.bytes(), idx.folded_budget)
+            (idx.cold.bytes() + idx.cold.dict.bytes(), idx.cold.fixed_bytes(), idx.folded_budget)
         };
         if bytes <= budget {
             return 0;
         }
         let target = budget - budget / 20;
+        if fixed >= target {
+            // Node names and the dictionary's slots alone fill the budget: deleting rows cannot bring it down.
+            if !self.fixed_over_budget.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                tracing::error!(
+                    fixed_mib = fixed >> 20,
+                    budget_mib = budget >> 20,
+                    "node names and dictionary slots alone fill store.folded_budget_mib: nothing is deleted \
+                     for it; raise the budget"
+                );
+            }
+            return 0;
+        }
         let victims = self.oldest_folded(bytes - target);
         if victims.is_empty() {
             return 0;
@@ -111,7 +123,8 @@ impl Committer {
             return Vec::new();
         }
         let width = ((hi as i128 - lo as i128) / BUCKETS as i128 + 1).max(1);
-        let bucket = |at: i64| (((at as i128 - lo as i128) / width) as usize).min(BUCKETS - 1);
+        // (A row folded between the passes may end before `lo`: the first bucket.)
+        let bucket = |at: i64| (((at as i128 - lo as i128).max(0) / width) as usize).min(BUCKETS - 1);
         let mut sums = vec![0usize; BUCKETS];
         self.each_row_chunked(|cold, id, row| sums[bucket(row.done_at())] += cold.freeing_bytes(id, row));
         let (mut whole, mut sum) = (0, 0);
@@ -188,7 +201,9 @@ impl Committer {
             };
             if let Err(e) = self.store.delete_jobs_noting(&removed, through) {
                 // Gone from memory, not from disk: a restart brings them back (from the snapshot parts, which
-                // no base may replace until then) and the next pass deletes them.
+                // no base may replace until then) and the next pass deletes them. Their summaries still name the
+                // dictionary entries their rows freed: those stay in the store (a restart's sweep decides).
+                self.index.write().cold.dict.take_freed();
                 self.store.hold_bases();
                 tracing::error!(error = %e, "retention: cannot delete jobs from the store");
                 self.health.storage_failed(e.cause());

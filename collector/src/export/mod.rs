@@ -1240,7 +1240,10 @@ fn observe_memory(meter: &Meter, sources: &Sources) {
                 (idx.hot_budget, idx.folded_budget)
             };
             o.observe(hot as u64, &[KeyValue::new("part", "hot_jobs")]);
-            o.observe(folded as u64, &[KeyValue::new("part", "folded_jobs")]);
+            // (No series without a budget: `store.folded_budget_mib = 0`.)
+            if folded != usize::MAX {
+                o.observe(folded as u64, &[KeyValue::new("part", "folded_jobs")]);
+            }
             o.observe(s.store.cache_bytes(), &[KeyValue::new("part", "store_cache")]);
         })
         .build();

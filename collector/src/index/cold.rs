@@ -320,6 +320,9 @@ pub struct Dictionary {
     live: usize,
     /// Stored entries freed since the last [`Dictionary::take_freed`].
     freed: Vec<u32>,
+    /// Sets the store held under more than one number (see [`Dictionary::load_with_next`]), with the live
+    /// numbers: when the one `ids` maps to is freed, it maps to another.
+    dups: HashMap<Arc<JobAttrs>, Vec<u32>>,
 }
 
 /// Estimated bytes of one dictionary entry: the attributes behind their `Arc`, their strings and labels, and the
@@ -346,6 +349,18 @@ impl Dictionary {
         id
     }
 
+    /// Holds entry `id` for a row about to be made from it (a fold writes the summary naming it first): it
+    /// cannot be freed meanwhile. [`ColdJobs::insert_pinned`] hands the hold to the row; [`Dictionary::unpin`]
+    /// gives it back if no row is made.
+    pub fn pin(&mut self, id: u32) {
+        self.add_ref(id);
+    }
+
+    /// Gives back a [`Dictionary::pin`] (which may free the entry).
+    pub fn unpin(&mut self, id: u32) {
+        self.drop_ref(id);
+    }
+
     /// One more row points to entry `id`.
     fn add_ref(&mut self, id: u32) {
         if let Some(r) = self.refs.get_mut(id as usize) {
@@ -365,7 +380,24 @@ impl Dictionary {
     /// Drops entry `id` from memory (a stored one is listed for the store to delete).
     fn free(&mut self, id: u32) {
         let Some(a) = self.list.get_mut(id as usize).and_then(Option::take) else { return };
-        self.ids.remove(&a);
+        // (A set stored under two numbers maps to one of them: another live one takes its place.)
+        let other = match self.dups.get_mut(&a) {
+            Some(numbers) => {
+                numbers.retain(|n| *n != id);
+                numbers.first().copied()
+            }
+            None => None,
+        };
+        if self.ids.get(&a) == Some(&id) {
+            match other {
+                Some(n) => {
+                    self.ids.insert(a.clone(), n);
+                }
+                None => {
+                    self.ids.remove(&a);
+                }
+            }
+        }
         self.bytes -= attrs_bytes(&a);
         self.live -= 1;
         if id < self.persisted {
@@ -405,9 +437,20 @@ impl Dictionary {
         self.get(id).map_or(0, |a| attrs_bytes(a))
     }
 
-    /// Estimated bytes of the entries.
+    /// Estimated bytes of the entries, and of the slot every number handed out keeps (12 bytes, at the vectors'
+    /// room): numbers are never reused, so a freed entry's slot stays, a fixed cost no deletion gives back.
     pub fn bytes(&self) -> usize {
+        self.bytes + self.slot_bytes()
+    }
+
+    /// Estimated bytes of the live entries alone (without the slots).
+    pub fn entry_total(&self) -> usize {
         self.bytes
+    }
+
+    /// Bytes of the per-number slots (see [`Dictionary::bytes`]): memory no deletion gives back.
+    pub fn slot_bytes(&self) -> usize {
+        self.list.capacity() * std::mem::size_of::<Option<Arc<JobAttrs>>>() + self.refs.capacity() * 4
     }
 
     /// The attributes of a number (`None`: never handed out, or freed).
@@ -445,6 +488,13 @@ impl Dictionary {
     /// Loads stored entries, in ascending numbers (freed numbers are gaps). No row points to them yet: rows
     /// loaded by [`ColdJobs::load`] count themselves, then [`Dictionary::free_unreferenced`] drops the rest.
     pub fn load(entries: Vec<(u32, Vec<u8>)>) -> Result<Dictionary, String> {
+        Self::load_with_next(entries, 0)
+    }
+
+    /// [`Dictionary::load`], with the next number the store recorded (see [`Dictionary::len`]): numbers up to it
+    /// may be named by summaries although their entries were deleted, so new entries take numbers from it on,
+    /// never one a summary could name with another set.
+    pub fn load_with_next(entries: Vec<(u32, Vec<u8>)>, next: u32) -> Result<Dictionary, String> {
         let mut d = Dictionary::default();
         for (id, body) in entries {
             if (id as usize) < d.list.len() {
@@ -458,11 +508,16 @@ impl Dictionary {
             d.live += 1;
             if let Some(first) = d.ids.insert(a.clone(), id) {
                 // Two numbers of one set (freed, interned again, and the store stopped before it deleted the old
-                // number): rows keep whichever they name; new rows take the first.
+                // number): rows keep whichever they name; new rows take the first that lives.
                 d.ids.insert(a.clone(), first);
+                d.dups.entry(a.clone()).or_insert_with(|| vec![first]).push(id);
             }
             d.list.push(Some(a));
             d.refs.push(0);
+        }
+        if (next as usize) > d.list.len() {
+            d.list.resize(next as usize, None);
+            d.refs.resize(next as usize, 0);
         }
         d.persisted = d.list.len() as u32;
         Ok(d)
@@ -798,6 +853,8 @@ pub struct ColdJobs {
     nodes: NodeTable,
     /// Estimated bytes of the rows and the node names.
     bytes: usize,
+    /// The node names' share of `bytes` (append-only: no deletion gives it back).
+    node_bytes: usize,
 }
 
 /// Estimated bytes of one row in the map beside its id and packed bytes: the row, the key's box, the B-tree's
@@ -813,7 +870,7 @@ fn row_bytes(id: &str, row: &Row) -> usize {
 impl ColdJobs {
     /// No rows yet, over a loaded dictionary.
     pub fn with_dictionary(dict: Dictionary) -> ColdJobs {
-        ColdJobs { rows: BTreeMap::new(), dict, nodes: NodeTable::default(), bytes: 0 }
+        ColdJobs { rows: BTreeMap::new(), dict, nodes: NodeTable::default(), bytes: 0, node_bytes: 0 }
     }
 
     /// Adds (or replaces) a folded job.
@@ -824,12 +881,31 @@ impl ColdJobs {
 
     /// A folded job packed for [`ColdJobs::load`] (its node names added to the shared table).
     pub fn pack(&mut self, row: &Folded) -> Row {
-        pack(row, &mut self.nodes, &mut self.bytes)
+        let before = self.bytes;
+        let packed = pack(row, &mut self.nodes, &mut self.bytes);
+        self.node_bytes += self.bytes - before;
+        packed
+    }
+
+    /// Estimated bytes no deletion of rows gives back: the node names rows numbered and the dictionary's slots.
+    pub fn fixed_bytes(&self) -> usize {
+        self.node_bytes + self.dict.slot_bytes()
     }
 
     fn insert_row(&mut self, job_id: &str, row: Row) {
-        self.bytes += row_bytes(job_id, &row);
         self.dict.add_ref(row.attrs);
+        self.insert_held(job_id, row);
+    }
+
+    /// Adds (or replaces) a folded job whose attribute entry the caller pinned ([`Dictionary::pin`]): the row
+    /// takes over the pin.
+    pub fn insert_pinned(&mut self, job_id: &str, row: Folded) {
+        let row = self.pack(&row);
+        self.insert_held(job_id, row);
+    }
+
+    fn insert_held(&mut self, job_id: &str, row: Row) {
+        self.bytes += row_bytes(job_id, &row);
         if let Some(old) = self.rows.insert(job_id.into(), row) {
             self.bytes -= row_bytes(job_id, &old);
             self.dict.drop_ref(old.attrs);
@@ -1149,21 +1225,21 @@ mod tests {
     #[test]
     fn the_dictionary_counts_each_distinct_attribute_set_once() {
         let mut d = Dictionary::default();
-        assert_eq!(d.bytes(), 0);
+        assert_eq!(d.entry_total(), 0);
         let team = |t: &str| Arc::new(JobAttrs { team: t.into(), pool: "a100".into(), ..JobAttrs::unknown() });
         d.intern(&team("vision"));
-        let one = d.bytes();
+        let one = d.entry_total();
         assert!(one >= std::mem::size_of::<JobAttrs>() + "vision".len() + "a100".len(), "{one}");
         d.intern(&team("vision"));
-        assert_eq!(d.bytes(), one, "a repeat costs nothing");
+        assert_eq!(d.entry_total(), one, "a repeat costs nothing");
         d.intern(&team("speech"));
-        assert_eq!(d.bytes(), 2 * one, "a second set of the same sizes costs the same");
+        assert_eq!(d.entry_total(), 2 * one, "a second set of the same sizes costs the same");
         let mut labelled = JobAttrs { team: "speech".into(), ..JobAttrs::unknown() };
         labelled.labels.insert("run".into(), "r-000017".into());
         d.intern(&Arc::new(labelled));
-        assert!(d.bytes() > 3 * one - "a100".len(), "labels are counted: {}", d.bytes());
+        assert!(d.entry_total() > 3 * one - "a100".len(), "labels are counted: {}", d.entry_total());
         let reloaded = Dictionary::load(d.unpersisted()).expect("load");
-        assert_eq!((reloaded.len(), reloaded.bytes()), (3, d.bytes()));
+        assert_eq!((reloaded.len(), reloaded.entry_total()), (3, d.entry_total()));
     }
 
     /// Rows count the entries they name: an entry is freed with the last row naming it (a replaced row's old
@@ -1175,7 +1251,7 @@ mod tests {
         let mut d = Dictionary::default();
         let (a, b, c) = (d.intern(&set("a")), d.intern(&set("b")), d.intern(&set("c")));
         d.mark_persisted(3);
-        let one = d.bytes() / 3;
+        let one = d.entry_total() / 3;
         let mut cold = ColdJobs::with_dictionary(d);
         let row = |attrs: u32, at: i64| {
             let t = Timeline {
@@ -1196,7 +1272,7 @@ mod tests {
         assert_eq!(cold.dict.live(), 3);
         cold.remove("j2");
         assert_eq!((cold.dict.live(), cold.dict.get(a)), (2, None), "a freed with its last row");
-        assert_eq!(cold.dict.bytes(), 2 * one);
+        assert_eq!(cold.dict.entry_total(), 2 * one);
         // A replaced row lets go of its old entry.
         cold.insert("j3", row(c, 4));
         assert_eq!((cold.dict.get(b), cold.dict.refs(c)), (None, 1));
@@ -1216,8 +1292,57 @@ mod tests {
         let packed = back.pack(&row(c, 4));
         back.load(vec![("j3".into(), packed)]);
         assert_eq!(back.dict.free_unreferenced(), 1);
-        assert_eq!((back.dict.take_freed(), back.dict.live(), back.dict.bytes()), (vec![a2], 1, one));
+        assert_eq!((back.dict.take_freed(), back.dict.live(), back.dict.entry_total()), (vec![a2], 1, one));
         assert!(Dictionary::load(vec![(2, encode_attrs(&set("x"))), (1, encode_attrs(&set("y")))]).is_err());
+    }
+
+    /// A pin keeps an entry a summary being written names, whatever rows come and go; the row made from it takes
+    /// the pin over. Numbers continue from the store's recorded next one, past entries deleted at the top; a set
+    /// stored under two numbers stays interned while either lives.
+    #[test]
+    fn pinned_entries_stay_and_numbers_are_never_handed_out_twice() {
+        let set = |t: &str| Arc::new(JobAttrs { team: t.into(), ..JobAttrs::unknown() });
+        let row = |attrs: u32| {
+            let t = Timeline {
+                submitted_at: Some(1),
+                done_at: Some(2),
+                state: JobState::Done,
+                attrs: Some(Arc::new(JobAttrs::unknown())),
+                ..Default::default()
+            };
+            Folded::of(&t, attrs).expect("done")
+        };
+        let mut cold = ColdJobs::with_dictionary(Dictionary::default());
+        let a = cold.dict.intern(&set("a"));
+        cold.insert("j1", row(a));
+        // A fold interns and pins a for j2; meanwhile j1 unfolds (its row goes): a stays.
+        cold.dict.pin(a);
+        cold.remove("j1");
+        assert_eq!(cold.dict.get(a).map(|x| x.team.as_str()), Some("a"), "pinned");
+        cold.insert_pinned("j2", row(a));
+        assert_eq!(cold.dict.refs(a), 1, "the row took the pin over");
+        cold.remove("j2");
+        assert_eq!(cold.dict.get(a), None, "freed with its last row");
+        // A pin given back with no row made frees the entry too.
+        let b = cold.dict.intern(&set("b"));
+        cold.dict.pin(b);
+        cold.dict.unpin(b);
+        assert_eq!((cold.dict.get(b), cold.dict.live()), (None, 0));
+        // The store recorded next = 5 and kept only entry 1: new numbers start at 5.
+        let mut d = Dictionary::load_with_next(vec![(1, encode_attrs(&set("c")))], 5).expect("load");
+        assert_eq!((d.len(), d.live()), (5, 1));
+        assert_eq!(d.intern(&set("d")), 5);
+        assert_eq!(d.unpersisted().len(), 1);
+        // One set under two numbers (1 and 3): freeing the one interning maps to keeps the other reachable.
+        let mut two = ColdJobs::with_dictionary(
+            Dictionary::load(vec![(1, encode_attrs(&set("e"))), (3, encode_attrs(&set("e")))]).expect("load"),
+        );
+        let packed = (two.pack(&row(1)), two.pack(&row(3)));
+        two.load(vec![("x".into(), packed.0), ("y".into(), packed.1)]);
+        two.remove("x");
+        assert_eq!(two.dict.intern(&set("e")), 3, "the live number of the set, not a new one");
+        two.remove("y");
+        assert_eq!(two.dict.live(), 0);
     }
 
     /// A typical folded job (times in milliseconds minutes apart, three wait segments, one placement on one

@@ -426,8 +426,11 @@ impl JobIndex {
         let obs = self.gauges.update(job_id, hot.metrics.as_ref(), fp.as_ref(), &hot.rec.timeline, false);
         hot.metrics = fp;
         if hot.rec.timeline.state == crate::job::JobState::Done {
-            // An ended job rarely gets more events: give back the room the vector grew for (up to half of it).
-            hot.rec.events.shrink_to_fit();
+            // An ended job rarely gets more events: give back the room the vector grew for (up to half of it),
+            // once, when it ends (not at every late event, which would copy the vector each time).
+            if !self.settling.contains_key(job_id) {
+                hot.rec.events.shrink_to_fit();
+            }
             self.settling.insert(job_id.to_string(), now);
         } else {
             self.settling.remove(job_id);
@@ -475,15 +478,27 @@ impl JobIndex {
     /// summary the store holds for it (which replaced its stale ones). Its SLO contributions stay counted (they
     /// are final). Returns the row, or `None` if the job is not hot and ended.
     pub fn fold(&mut self, job_id: &str, summary: u64) -> Option<Folded> {
+        let attrs = self.jobs.get(job_id)?.rec.timeline.attrs.clone()?;
+        let id = self.cold.dict.intern(&attrs);
+        self.cold.dict.pin(id);
+        let row = self.fold_as(job_id, summary, id);
+        if row.is_none() {
+            self.cold.dict.unpin(id);
+        }
+        row
+    }
+
+    /// [`JobIndex::fold`] under attribute entry `attrs`, the one the summary names, which the caller pinned
+    /// ([`cold::Dictionary::pin`]) when it made the summary: the row takes the pin over. Returns `None` (the pin
+    /// stays the caller's) if the job is not hot and ended.
+    pub fn fold_as(&mut self, job_id: &str, summary: u64, attrs: u32) -> Option<Folded> {
         let hot = self.jobs.get(job_id)?;
-        let attrs = hot.rec.timeline.attrs.as_ref()?;
-        let id = self.cold.dict.intern(attrs);
-        let row = Folded::of(&hot.rec.timeline, id)?.with_summary(summary);
+        let row = Folded::of(&hot.rec.timeline, attrs)?.with_summary(summary);
         self.jobs.remove(job_id);
         self.dirty.remove(job_id);
         self.settling.remove(job_id);
         self.stale_summaries.remove(job_id);
-        self.cold.insert(job_id, row.clone());
+        self.cold.insert_pinned(job_id, row.clone());
         Some(row)
     }
 

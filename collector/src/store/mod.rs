@@ -56,7 +56,8 @@
 //!   archive: its new summary lists the archived sequences too, read from the archive as they are not in the log.
 //! - tree `dictionary`: `u32` big-endian -> sealed entry: the job attribute sets summaries refer to by number
 //!   (the index's format). Written in the same batch as the summaries that first use them (before them);
-//!   numbers are never reused; an entry no folded job names any more is deleted after the deletions that freed
+//!   numbers are never reused (`[0xFF] ++ "next"` -> sealed u32: the next number, written before each fold's
+//!   batch, so that a restore never hands out a number a summary may still name); an entry no folded job names any more is deleted after the deletions that freed
 //!   it are durable (`delete_dictionary`), and one a crash kept is freed at the next restore. A summary naming a
 //!   deleted entry is a hot job's stale one: restore refuses it and rebuilds the job from its events.
 //!
@@ -147,6 +148,8 @@ const SNAPSHOT_EVENTS_VERSION: u8 = 5;
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
+/// Key (tree `dictionary`; 5 bytes, where entries' keys are 4) of the next number the dictionary hands out.
+const DICTIONARY_NEXT_KEY: &[u8] = b"\xffnext";
 /// Key (tree `jobs`) of the latest end time of jobs deleted for the memory budget.
 const DELETED_THROUGH_KEY: &[u8] = b"\0deleted_through";
 /// Tree `jobs`: the number of the base the snapshot parts build on (see [`snaps`]).
@@ -1206,11 +1209,32 @@ impl Store {
         let mut out = Vec::new();
         for kv in t.dictionary.iter() {
             let (k, v) = kv?;
+            if k.as_ref() == DICTIONARY_NEXT_KEY {
+                continue;
+            }
             let arr: [u8; 4] = k.as_ref().try_into().map_err(|_| corrupt("dictionary", &k, "key is not 4 bytes"))?;
             let body = unseal(&v, false).map_err(|r| corrupt("dictionary", &k, r))?;
             out.push((u32::from_be_bytes(arr), body.to_vec()));
         }
         Ok(out)
+    }
+
+    /// Records `next`, the number the dictionary hands out next (not flushed: call it before the writes that use
+    /// numbers below it, which sled keeps in order). A restore never hands out a number below it again.
+    pub fn note_dictionary_next(&self, next: u32) -> Result<(), StoreError> {
+        let t = self.t()?;
+        t.dictionary.insert(DICTIONARY_NEXT_KEY, seal(&next.to_be_bytes()))?;
+        Ok(())
+    }
+
+    /// The next dictionary number last recorded (0 if none: older stores, where it is the highest entry + 1).
+    pub fn dictionary_next(&self) -> Result<u32, StoreError> {
+        let t = self.t()?;
+        let Some(v) = t.dictionary.get(DICTIONARY_NEXT_KEY)? else { return Ok(0) };
+        let bad = |r: String| corrupt("dictionary", DICTIONARY_NEXT_KEY, r);
+        let body = unseal(&v, false).map_err(bad)?;
+        let arr: [u8; 4] = body.try_into().map_err(|_| bad("not 4 bytes".to_string()))?;
+        Ok(u32::from_be_bytes(arr))
     }
 
     /// Deletes dictionary entries no summary of a folded job names any more (see `index::cold::Dictionary`).

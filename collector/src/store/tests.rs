@@ -1357,3 +1357,19 @@ fn the_history_deleted_through_is_stored_with_the_deletion() {
     let r = store.restore().expect("restore");
     assert_eq!(r.jobs.len(), mem.len() - 2, "both deletions stand");
 }
+
+/// The dictionary's next number is stored beside its entries (not read as one) and kept across a reopen.
+#[test]
+fn the_dictionary_next_number_is_kept_and_not_an_entry() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    assert_eq!(store.dictionary_next().expect("read"), 0);
+    let mut write = [FoldWrite { job_id: "j".into(), log_seqs: vec![1], summary: vec![1, 2, 3], ..Default::default() }];
+    store.note_dictionary_next(7).expect("note");
+    store.fold_write(&mut write, &[(6, vec![9, 9])]).expect("fold write");
+    store.delete_dictionary(&[6]).expect("delete");
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    assert_eq!(store.dictionary_next().expect("read"), 7);
+    assert!(store.load_dictionary().expect("entries").is_empty(), "the next number is no entry");
+}
