@@ -83,27 +83,17 @@ impl Committer {
         let through = idx.deleted.over_budget_through_ms;
         let longest_slo = idx.slo.defs().iter().map(|d| d.window_ms).max().unwrap_or(0);
         let now_bytes = idx.cold.bytes() + idx.cold.dict.bytes();
-        let fields = (n, bytes >> 20, budget >> 20, now_bytes >> 20, crate::time::format_ms(through));
-        if through > now - longest_slo {
-            tracing::warn!(
-                jobs = fields.0,
-                folded_mib = fields.1,
-                budget_mib = fields.2,
-                now_mib = fields.3,
-                ended_through = %fields.4,
-                "folded jobs over store.folded_budget_mib: deleted the oldest, some inside an SLO's window (its \
-                 counts now leave them out; raise the budget to keep the whole window)"
-            );
-        } else {
-            tracing::info!(
-                jobs = fields.0,
-                folded_mib = fields.1,
-                budget_mib = fields.2,
-                now_mib = fields.3,
-                ended_through = %fields.4,
-                "folded jobs over store.folded_budget_mib: deleted the oldest"
-            );
-        }
+        let inside_slo_window = through > now - longest_slo;
+        tracing::warn!(
+            jobs = n,
+            folded_mib = bytes >> 20,
+            budget_mib = budget >> 20,
+            now_mib = now_bytes >> 20,
+            ended_through = %crate::time::format_ms(through),
+            inside_slo_window,
+            "folded jobs over store.folded_budget_mib: deleted the oldest (inside an SLO's window, its counts now \
+             leave them out; raise the budget to keep the whole window)"
+        );
         n
     }
 

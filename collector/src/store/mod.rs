@@ -818,6 +818,19 @@ impl Trees {
     }
 }
 
+/// The sealed fixed-size value under `key` in `tree` (named `what` in errors), if there is one.
+fn sealed_array<const N: usize>(
+    tree: &sled::Tree,
+    what: &'static str,
+    key: &[u8],
+) -> Result<Option<[u8; N]>, StoreError> {
+    let Some(v) = tree.get(key)? else { return Ok(None) };
+    let bad = |r: String| corrupt(what, key, r);
+    let body = unseal(&v, false).map_err(bad)?;
+    let arr: [u8; N] = body.try_into().map_err(|_| bad(format!("not {N} bytes")))?;
+    Ok(Some(arr))
+}
+
 fn corrupt(what: &'static str, key: &[u8], reason: impl ToString) -> StoreError {
     StoreError::Corrupt { what, key: String::from_utf8_lossy(key).into_owned(), reason: reason.to_string() }
 }
@@ -1230,11 +1243,7 @@ impl Store {
     /// The next dictionary number last recorded (0 if none: older stores, where it is the highest entry + 1).
     pub fn dictionary_next(&self) -> Result<u32, StoreError> {
         let t = self.t()?;
-        let Some(v) = t.dictionary.get(DICTIONARY_NEXT_KEY)? else { return Ok(0) };
-        let bad = |r: String| corrupt("dictionary", DICTIONARY_NEXT_KEY, r);
-        let body = unseal(&v, false).map_err(bad)?;
-        let arr: [u8; 4] = body.try_into().map_err(|_| bad("not 4 bytes".to_string()))?;
-        Ok(u32::from_be_bytes(arr))
+        Ok(sealed_array(&t.dictionary, "dictionary", DICTIONARY_NEXT_KEY)?.map_or(0, u32::from_be_bytes))
     }
 
     /// Deletes dictionary entries no summary of a folded job names any more (see `index::cold::Dictionary`).
@@ -1256,21 +1265,13 @@ impl Store {
     /// The latest end time (Unix ms) of a job deleted for the memory budget, as last recorded (0 if none).
     pub fn history_deleted_through(&self) -> Result<i64, StoreError> {
         let t = self.t()?;
-        let Some(v) = t.jobs.get(DELETED_THROUGH_KEY)? else { return Ok(0) };
-        let bad = |r: String| corrupt("jobs", DELETED_THROUGH_KEY, r);
-        let body = unseal(&v, false).map_err(bad)?;
-        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
-        Ok(i64::from_be_bytes(arr))
+        Ok(sealed_array(&t.jobs, "jobs", DELETED_THROUGH_KEY)?.map_or(0, i64::from_be_bytes))
     }
 
     /// The highest sequence a fold removed from the log (0 if none).
     fn max_folded_seq(&self) -> Result<u64, StoreError> {
         let t = self.t()?;
-        let Some(v) = t.jobs.get(MAX_SEQ_KEY)? else { return Ok(0) };
-        let bad = |r: String| corrupt("jobs", MAX_SEQ_KEY, r);
-        let body = unseal(&v, false).map_err(bad)?;
-        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
-        Ok(u64::from_be_bytes(arr))
+        Ok(sealed_array(&t.jobs, "jobs", MAX_SEQ_KEY)?.map_or(0, u64::from_be_bytes))
     }
 
     /// Every event of a folded job its summary (number `summary`) lists, in sequence order, from the log (and,
@@ -1647,11 +1648,7 @@ impl Store {
     /// The cursor of the last event record whose change records were written (0: none).
     pub fn stream_changes_through(&self) -> Result<u64, StoreError> {
         let t = self.t()?;
-        let Some(v) = t.stream.get(STREAM_CHANGES_KEY)? else { return Ok(0) };
-        let bad = |r: String| corrupt("stream", STREAM_CHANGES_KEY, r);
-        let body = unseal(&v, false).map_err(bad)?;
-        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
-        Ok(u64::from_be_bytes(arr))
+        Ok(sealed_array(&t.stream, "stream", STREAM_CHANGES_KEY)?.map_or(0, u64::from_be_bytes))
     }
 
     /// The oldest and newest retained stream cursors, if any record is retained.
