@@ -4,10 +4,11 @@
 //! - age: jobs, hot or folded, that ended more than `store.retention` ago ([`Committer::expire`]);
 //! - memory: while folded rows and the dictionary entries they name are over their budget
 //!   (`store.folded_budget_mib`), the folded jobs that ended longest ago, until they are at 95% of it (entries
-//!   no row names any more are freed with the last row, and deleted from the store after the jobs) ([`Committer::trim_folded`]). Like Prometheus's size-based
-//!   retention beside its time-based one: whichever comes first. Each such deletion is counted, and the latest
-//!   end time it reached is kept (the index's history is complete only after it) and logged, with a warning when
-//!   it reaches into an SLO's window.
+//!   no row names any more are freed with the last row, and deleted from the store after the jobs;
+//!   [`Committer::trim_folded`]). Like Prometheus's size-based retention beside its time-based one: whichever
+//!   comes first. Each such deletion is counted, and the latest end time it reached is stored with it (the
+//!   index's history is complete only after it) and logged as a warning that says whether it reaches into an
+//!   SLO's window.
 
 use super::Committer;
 use crate::index::cold::ColdJobs;
