@@ -182,9 +182,11 @@ impl FoldPass {
             }
         };
         let t0 = Instant::now();
-        // The next dictionary number first (no flush: sled keeps writes in order, so it is durable no later than
-        // the summaries after it): numbers are never handed out twice, even across restarts.
-        let written = store.note_dictionary_next(dict_len).and_then(|()| store.fold_write(&mut writes, &dictionary));
+        // With new entries, the next dictionary number first (no flush: sled keeps writes in order, so it is durable
+        // no later than the summaries after it): numbers are never handed out twice, even across restarts. Without
+        // new entries every number these summaries name is pinned, so stored by an earlier fold that noted it.
+        let noted = if dictionary.is_empty() { Ok(()) } else { store.note_dictionary_next(dict_len) };
+        let written = noted.and_then(|()| store.fold_write(&mut writes, &dictionary));
         if let Err(e) = written {
             // sled may have kept the write: its summaries are the jobs' stale ones too, beside the older ones it
             // may not have deleted (deleting a summary that is not stored is no error).

@@ -200,8 +200,9 @@ pub struct JobIndex {
     /// Memory budget of hot jobs, bytes by [`JobIndex::hot_bytes`] (`store.hot_budget_mib`; unbounded unless
     /// set): over it, the applier folds ended jobs without waiting for them to settle.
     pub hot_budget: usize,
-    /// Memory budget of folded rows, bytes by [`ColdJobs::bytes`] (`store.folded_budget_mib`; unbounded unless
-    /// set): over it, the applier deletes the folded jobs that ended longest ago.
+    /// Memory budget of folded rows and the dictionary entries they name, bytes by [`ColdJobs::bytes`] plus
+    /// [`cold::Dictionary::bytes`] (`store.folded_budget_mib`; unbounded unless set): over it, the applier deletes
+    /// the folded jobs that ended longest ago.
     pub folded_budget: usize,
     /// Jobs deleted since start, by why, and how far the budget reached (self-metrics).
     pub deleted: Deleted,
