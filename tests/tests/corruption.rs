@@ -156,4 +156,29 @@ async fn damaged_store_files_are_refused_or_served_exactly_never_silently_wrong(
     );
     assert!(refused > 0 && exact + cut_logged > 0, "both outcomes occur: refused {refused}, served {exact}");
     assert!(wrong.is_empty(), "served silently wrong timelines:\n{}", wrong.join("\n"));
+
+    // Damage inside the newest append once a checkpoint covers it (a SIGTERM's final checkpoint): that write was
+    // acknowledged, so it must be refused, never cut as if torn (and the refused store keeps its bytes).
+    let covered = dir.path().join("covered");
+    copy_dir(&db, &covered);
+    let c = Collector::start(&covered, &[]);
+    assert!(c.signal_and_wait("TERM").success(), "a clean stop");
+    let seg = newest_segment(&covered);
+    let mut bytes = std::fs::read(&seg).expect("read");
+    let at = bytes.len() - 20;
+    bytes[at] ^= 0x04;
+    std::fs::write(&seg, &bytes).expect("write");
+    for attempt in 0..2 {
+        match Collector::try_start(&covered, &[]) {
+            Ok(c) => panic!("attempt {attempt}: served a store whose acknowledged newest append is damaged: {:?}", {
+                let served = snapshot_of(&c, &jobs);
+                served.iter().filter(|(k, v)| reference.get(*k) != Some(v)).count()
+            }),
+            Err((_, log)) => assert!(
+                log.contains("store at") && log.contains("damaged") && log.contains("acknowledged"),
+                "attempt {attempt}: the refusal names the store and the acknowledged write: {log}"
+            ),
+        }
+        assert!(std::fs::read(&seg).expect("read") == bytes, "attempt {attempt}: nothing was cut");
+    }
 }

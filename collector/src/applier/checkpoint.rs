@@ -138,14 +138,18 @@ impl Checkpoint {
         let mut w = PartWriter::default();
         let mut marks = Vec::with_capacity(ids.len());
         let mut events = 0;
+        let mut max_seq = 0;
         for group in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
             let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
             let copied = self.copy(group.iter().map(|id| id.as_str()), false);
             for (id, incarnation, evs) in copied {
                 w.add(id, &evs).map_err(|r| part_error(id, r))?;
                 events += evs.len();
-                marks.push((id.to_string(), incarnation, evs.iter().map(|e| e.seq).max().unwrap_or(0)));
+                let last = evs.iter().map(|e| e.seq).max().unwrap_or(0);
+                max_seq = max_seq.max(last);
+                marks.push((id.to_string(), incarnation, last));
             }
+            store.note_snapshot_seq(max_seq)?;
             store.write_increment(w.take_done())?;
         }
         store.write_increment(w.finish().map_err(|r| part_error("", r))?)?;
@@ -165,16 +169,19 @@ impl Checkpoint {
         let ids: Vec<String> = self.index.read().jobs.keys().cloned().collect();
         let mut w = PartWriter::default();
         let mut marks = Vec::with_capacity(ids.len());
-        let (mut events, mut part) = (0, 0u64);
+        let (mut events, mut part, mut max_seq) = (0, 0u64, 0);
         for group in ids.chunks(crate::store::SNAPSHOT_CHUNK) {
             let copied = self.copy(group.iter().map(|id| id.as_str()), true);
             for (id, incarnation, evs) in copied {
                 w.add(id, &evs).map_err(|r| part_error(id, r))?;
                 events += evs.len();
-                marks.push((id.to_string(), incarnation, evs.iter().map(|e| e.seq).max().unwrap_or(0)));
+                let last = evs.iter().map(|e| e.seq).max().unwrap_or(0);
+                max_seq = max_seq.max(last);
+                marks.push((id.to_string(), incarnation, last));
             }
             let done = w.take_done();
             let n = done.len() as u64;
+            store.note_snapshot_seq(max_seq)?;
             store.write_base_parts(base, part, done)?;
             part += n;
         }

@@ -70,6 +70,16 @@ impl Seg {
     }
 }
 
+/// The last sequence in `segs` (0 if they hold no block): read from the newest block's frame.
+fn last_seq_of(dir: &Path, segs: &[Seg]) -> Result<u64, StoreError> {
+    let Some((file, ix)) = segs.iter().rev().find_map(|g| g.blocks.last().map(|b| (&g.file, *b))) else {
+        return Ok(0);
+    };
+    let mut v = vec![0u8; ix.len as usize];
+    file.read_exact_at(&mut v, u64::from(ix.offset)).map_err(|e| file_err(dir, e))?;
+    Ok(log::decode_block(ix.first, &v)?.last())
+}
+
 /// The log's segments. Appends, truncation and retention's deletes and rewrites are serialised by the writer
 /// lock; readers take the state's read lock only to find a block, and read its frame after releasing it.
 pub(super) struct LogFiles {
@@ -170,10 +180,19 @@ fn bad_frame(first: u64, reason: impl ToString) -> StoreError {
     StoreError::Corrupt { what: "log", key: format!("block {first}"), reason: reason.to_string() }
 }
 
+/// Where [`scan`] stopped short of a segment's end.
+struct Damage {
+    why: String,
+    /// The first sequence of the append cut off, when a header of it could be read.
+    cut_first: Option<u64>,
+    /// The last sequence of the blocks kept (`None`: no block kept).
+    kept_last: Option<u64>,
+}
+
 /// Reads a segment's frames from the start: its blocks, the bytes they span, and whether the read stopped at a
 /// damaged or incomplete frame (the returned length is then the start of the append it belongs to: an append's
 /// frames are kept all or none).
-fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<String>), StoreError> {
+fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<Damage>), StoreError> {
     let mut bytes = Vec::new();
     File::open(path).and_then(|mut f| f.read_to_end(&mut bytes)).map_err(|e| file_err(path, e))?;
     let mut blocks: Vec<Ix> = Vec::new();
@@ -182,12 +201,16 @@ fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<String>), StoreError> {
     // Where the append being read started, and the blocks before it.
     let mut append_at = 0usize;
     let mut append_blocks = 0usize;
+    let mut append_prev_last: Option<u64> = None;
     while at < bytes.len() {
+        // The first sequence of the frame being read, once its header is read.
+        let mut header_first: Option<u64> = None;
         let why = match bytes.get(at..at + HEADER) {
             None => Some("an incomplete frame header".to_string()),
             Some(h) => match <&[u8; HEADER]>::try_from(h).ok().and_then(parse_header) {
                 None => Some("a frame header that fails its checksum".to_string()),
                 Some((len, first, more)) => {
+                    header_first = Some(first);
                     let body = at + HEADER;
                     match bytes.get(body..body + len as usize) {
                         None => Some("an incomplete frame".to_string()),
@@ -204,6 +227,7 @@ fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<String>), StoreError> {
                                 if !more {
                                     append_at = at;
                                     append_blocks = blocks.len();
+                                    append_prev_last = prev_last;
                                 }
                                 None
                             }
@@ -223,13 +247,17 @@ fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<String>), StoreError> {
                 }
                 _ => format!("{why} {TORN}"),
             };
+            let cut_first = blocks.get(append_blocks).map(|b| b.first).or(header_first);
             blocks.truncate(append_blocks);
-            return Ok((blocks, append_at as u64, Some(why)));
+            let damage = Damage { why, cut_first, kept_last: append_prev_last };
+            return Ok((blocks, append_at as u64, Some(damage)));
         }
     }
     if append_at < at {
+        let cut_first = blocks.get(append_blocks).map(|b| b.first);
         blocks.truncate(append_blocks);
-        return Ok((blocks, append_at as u64, Some(format!("an append whose last frame is missing {TORN}"))));
+        let why = format!("an append whose last frame is missing {TORN}");
+        return Ok((blocks, append_at as u64, Some(Damage { why, cut_first, kept_last: append_prev_last })));
     }
     Ok((blocks, at as u64, None))
 }
@@ -342,8 +370,10 @@ fn write_new(dir: &Path, path: &Path, bytes: &[u8]) -> Result<File, StoreError> 
 
 impl LogFiles {
     /// Opens (creating) the segments under `dir`: reads each older segment's index (or scans it), scans the
-    /// newest and cuts a torn tail from it.
-    pub fn open(dir: &Path, segment_max: u64) -> Result<(LogFiles, OpenStats), StoreError> {
+    /// newest and cuts a torn tail from it. `acknowledged` is the highest sequence the rest of the store knows to
+    /// have been acknowledged (its checkpoint marker): a damaged tail holding it was synced, so it is refused as
+    /// damage, never cut as a torn write.
+    pub fn open(dir: &Path, segment_max: u64, acknowledged: u64) -> Result<(LogFiles, OpenStats), StoreError> {
         if !dir.is_dir() {
             super::create_private_dir(dir)?;
             if let Some(parent) = dir.parent() {
@@ -379,7 +409,26 @@ impl LogFiles {
                 None => {
                     stats.scanned += 1;
                     let (blocks, end, damage) = scan(&path)?;
-                    if let Some(why) = damage {
+                    if let Some(Damage { why, cut_first, kept_last }) = damage {
+                        let why = if newest && why.ends_with(TORN) && acknowledged > 0 {
+                            // The first sequence cut: from the append's own header, else just past what is kept.
+                            let cut_first = match (cut_first, kept_last) {
+                                (Some(first), _) => first,
+                                (None, Some(last)) => last + 1,
+                                (None, None) => last_seq_of(dir, &segs)? + 1,
+                            };
+                            if acknowledged >= cut_first {
+                                format!(
+                                    "{why}; but the store's checkpoint covers sequence {acknowledged}, inside the \
+                                     write from sequence {cut_first}: that write was acknowledged, so this is \
+                                     damage, not a torn write"
+                                )
+                            } else {
+                                why
+                            }
+                        } else {
+                            why
+                        };
                         if !newest || !why.ends_with(TORN) {
                             return Err(StoreError::Corrupt {
                                 what: "log",
@@ -972,7 +1021,7 @@ mod tests {
         let mut model = Vec::new();
         let mut next = 1;
         {
-            let (files, _) = LogFiles::open(&path, 700).expect("open");
+            let (files, _) = LogFiles::open(&path, 700, 0).expect("open");
             for _ in 0..12 {
                 let (bs, evs) = blocks(next, 9);
                 next = evs.last().expect("events").0 + 5;
@@ -984,7 +1033,7 @@ mod tests {
         }
         let segments = std::fs::read_dir(&path).expect("dir").count();
         assert!(segments > 6, "small segments roll: {segments} files");
-        let (files, stats) = LogFiles::open(&path, 700).expect("reopen");
+        let (files, stats) = LogFiles::open(&path, 700, 0).expect("reopen");
         assert_eq!(stats.scanned, 1, "only the newest segment is scanned: {stats:?}");
         assert_eq!(all(&files), model);
         for (s, body) in &model {
@@ -1005,11 +1054,11 @@ mod tests {
         v[10] ^= 0xFF;
         std::fs::write(&idx, v).expect("write");
         drop(files);
-        let (files, stats) = LogFiles::open(&path, 700).expect("reopen");
+        let (files, stats) = LogFiles::open(&path, 700, 0).expect("reopen");
         assert_eq!(stats.scanned, 2, "{stats:?}");
         assert_eq!(all(&files), model);
         drop(files);
-        let (_, stats) = LogFiles::open(&path, 700).expect("reopen");
+        let (_, stats) = LogFiles::open(&path, 700, 0).expect("reopen");
         assert_eq!(stats.scanned, 1, "the index was written again: {stats:?}");
     }
 
@@ -1019,7 +1068,7 @@ mod tests {
         let path = dir.path().join("log");
         let (bs, mut model) = blocks(1, 20);
         {
-            let (files, _) = LogFiles::open(&path, 1 << 20).expect("open");
+            let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("open");
             files.append(&bs).expect("append");
         }
         let full = std::fs::read(newest_seg(&path)).expect("read");
@@ -1038,7 +1087,7 @@ mod tests {
             let mut torn = full.clone();
             torn.extend_from_slice(&frame[..cut]);
             std::fs::write(newest_seg(&path), &torn).expect("write");
-            let (files, stats) = LogFiles::open(&path, 1 << 20).expect("reopen cuts the tail");
+            let (files, stats) = LogFiles::open(&path, 1 << 20, 0).expect("reopen cuts the tail");
             assert_eq!(stats.torn_bytes, cut as u64);
             assert_eq!(all(&files), model, "cut at {cut}");
             assert_eq!(std::fs::metadata(newest_seg(&path)).expect("meta").len(), full.len() as u64);
@@ -1046,10 +1095,63 @@ mod tests {
         let mut zeros = full.clone();
         zeros.extend(std::iter::repeat_n(0u8, 300));
         std::fs::write(newest_seg(&path), &zeros).expect("write");
-        let (files, _) = LogFiles::open(&path, 1 << 20).expect("reopen");
+        let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("reopen");
         files.append(&more).expect("append after the cut");
         model.extend(more_events);
         assert_eq!(all(&files), model);
+    }
+
+    #[test]
+    fn a_damaged_tail_the_checkpoint_covers_is_refused_not_cut() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let (bs, model) = blocks(1, 20);
+        {
+            let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("open");
+            files.append(&bs).expect("append");
+        }
+        let kept_last = model.last().expect("events").0;
+        let full = std::fs::read(newest_seg(&path)).expect("read");
+        let (two, _) = blocks(100, 8);
+        let mut frame = Vec::new();
+        frames(&two, 0, &mut frame).expect("frames");
+        // (bytes of the further append on disk, the first sequence the open can know it held)
+        let body_flip = {
+            let mut f = frame.clone();
+            f[HEADER + 5] ^= 0x10;
+            f
+        };
+        let header_flip = {
+            let mut f = frame.clone();
+            f[2] ^= 0x01;
+            f
+        };
+        let cases = [
+            (body_flip, 100),
+            (frame[..frame.len() - 1].to_vec(), 100),
+            (frame[..HEADER - 1].to_vec(), kept_last + 1),
+            (header_flip, kept_last + 1),
+        ];
+        for (i, (tail, cut_first)) in cases.iter().enumerate() {
+            let mut damaged = full.clone();
+            damaged.extend_from_slice(tail);
+            for acknowledged in [0, cut_first - 1, *cut_first, cut_first + 10] {
+                std::fs::write(newest_seg(&path), &damaged).expect("write");
+                let opened = LogFiles::open(&path, 1 << 20, acknowledged);
+                let len = std::fs::metadata(newest_seg(&path)).expect("meta").len();
+                if acknowledged >= *cut_first {
+                    let err = opened.err().unwrap_or_else(|| panic!("case {i}: refused at {acknowledged}"));
+                    assert!(err.is_damage(), "case {i}: {err}");
+                    assert!(err.to_string().contains("acknowledged"), "case {i}: {err}");
+                    assert_eq!(len, damaged.len() as u64, "case {i}: a refused open cuts nothing");
+                } else {
+                    let (files, stats) = opened.unwrap_or_else(|e| panic!("case {i} at {acknowledged}: {e}"));
+                    assert_eq!(stats.torn_bytes, tail.len() as u64, "case {i}");
+                    assert_eq!(all(&files), model, "case {i}");
+                    assert_eq!(len, full.len() as u64, "case {i}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -1057,7 +1159,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
         {
-            let (files, _) = LogFiles::open(&path, 1 << 20).expect("open");
+            let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("open");
             files.append(&blocks(1, 20).0).expect("append");
             // A later append: the damage below is in an append that is not the newest.
             files.append(&blocks(100, 4).0).expect("append");
@@ -1067,19 +1169,19 @@ mod tests {
         let mut bad = good.clone();
         bad[HEADER + 6] ^= 0x40;
         std::fs::write(&seg, &bad).expect("write");
-        let err = LogFiles::open(&path, 1 << 20).err().expect("refused").to_string();
+        let err = LogFiles::open(&path, 1 << 20, 0).err().expect("refused").to_string();
         assert!(err.contains("not a torn write"), "{err}");
         std::fs::write(&seg, &good).expect("write");
         // An older segment: any damage is refused, even at its end.
         {
-            let (files, _) = LogFiles::open(&path, 1).expect("open");
+            let (files, _) = LogFiles::open(&path, 1, 0).expect("open");
             files.append(&blocks(200, 4).0).expect("append");
         }
         let mut cut = good.clone();
         cut.truncate(good.len() - 2);
         std::fs::write(&seg, &cut).expect("write");
         let _ = std::fs::remove_file(seg.with_extension("idx"));
-        let err = LogFiles::open(&path, 1).err().expect("refused").to_string();
+        let err = LogFiles::open(&path, 1, 0).err().expect("refused").to_string();
         assert!(err.contains("incomplete frame"), "{err}");
     }
 
@@ -1089,7 +1191,7 @@ mod tests {
         let path = dir.path().join("log");
         let (bs, model) = blocks(1, 20);
         {
-            let (files, _) = LogFiles::open(&path, 1 << 20).expect("open");
+            let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("open");
             files.append(&bs).expect("append");
         }
         let full = std::fs::read(newest_seg(&path)).expect("read");
@@ -1104,7 +1206,7 @@ mod tests {
         let mut torn = full.clone();
         torn.extend_from_slice(&frame);
         std::fs::write(newest_seg(&path), &torn).expect("write");
-        let (files, stats) = LogFiles::open(&path, 1 << 20).expect("a torn write, not damage");
+        let (files, stats) = LogFiles::open(&path, 1 << 20, 0).expect("a torn write, not damage");
         assert_eq!(stats.torn_bytes, frame.len() as u64);
         assert_eq!(all(&files), model);
         drop(files);
@@ -1115,7 +1217,7 @@ mod tests {
         damaged.extend_from_slice(&frame);
         damaged.extend_from_slice(&next);
         std::fs::write(newest_seg(&path), &damaged).expect("write");
-        assert!(LogFiles::open(&path, 1 << 20).is_err());
+        assert!(LogFiles::open(&path, 1 << 20, 0).is_err());
     }
 
     #[test]
@@ -1124,14 +1226,14 @@ mod tests {
         let path = dir.path().join("log");
         let (bs, mut model) = blocks(1, 8);
         {
-            let (files, _) = LogFiles::open(&path, 1).expect("open");
+            let (files, _) = LogFiles::open(&path, 1, 0).expect("open");
             files.append(&bs[..1]).expect("append");
             files.append(&bs[1..]).expect("append");
         }
         // A roll created the next segment, then its first append failed and was cut to nothing.
         let empty = seg_path(&path, 1_000);
         std::fs::write(&empty, b"").expect("create");
-        let (files, _) = LogFiles::open(&path, 1).expect("reopen");
+        let (files, _) = LogFiles::open(&path, 1, 0).expect("reopen");
         assert!(!empty.exists(), "the empty segment is removed");
         assert_eq!(all(&files), model);
         // Sequences of failed groups may be handed out again after a restart: below the removed segment's name.
@@ -1148,7 +1250,7 @@ mod tests {
     fn truncation_drops_the_newest_blocks_only() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
-        let (files, _) = LogFiles::open(&path, 400).expect("open");
+        let (files, _) = LogFiles::open(&path, 400, 0).expect("open");
         let (bs, model) = blocks(1, 40);
         for b in bs.chunks(2) {
             files.append(b).expect("append");
@@ -1165,7 +1267,7 @@ mod tests {
         assert_eq!(left[..], model[..left.len()]);
         assert_eq!(files.last_seq(), left.last().expect("some").0);
         drop(files);
-        let (files, _) = LogFiles::open(&path, 400).expect("reopen");
+        let (files, _) = LogFiles::open(&path, 400, 0).expect("reopen");
         assert_eq!(all(&files), left);
         files.append(&blocks(10_000, 4).0).expect("append after");
     }
@@ -1174,7 +1276,7 @@ mod tests {
     fn collection_deletes_dead_segments_rewrites_mostly_dead_ones_and_keeps_the_newest() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
-        let (files, _) = LogFiles::open(&path, 1).expect("open");
+        let (files, _) = LogFiles::open(&path, 1, 0).expect("open");
         let (bs, events) = blocks(1, 60);
         for b in bs.chunks(2) {
             files.append(b).expect("append");
@@ -1211,7 +1313,7 @@ mod tests {
         let visible: Vec<(u64, Vec<u8>)> = stored.iter().filter(|(s, _)| !kept_dead.contains(s)).cloned().collect();
         assert_eq!(visible, live);
         drop(files);
-        let (files, stats) = LogFiles::open(&path, 1).expect("reopen");
+        let (files, stats) = LogFiles::open(&path, 1, 0).expect("reopen");
         assert_eq!(stats.scanned, 1, "rewritten segments have their index: {stats:?}");
         assert_eq!(all(&files), stored);
         // The newest segment is never collected, even all dead.
@@ -1235,7 +1337,7 @@ mod tests {
     fn compaction_merges_small_blocks_keeps_marked_ones_and_reads_the_same() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
-        let (files, _) = LogFiles::open(&path, 600).expect("open");
+        let (files, _) = LogFiles::open(&path, 600, 0).expect("open");
         // Many small appends, as a quiet collector makes them.
         let mut model = Vec::new();
         let mut next = 1;
@@ -1277,7 +1379,7 @@ mod tests {
             assert_eq!(files.block_at(*s).expect("read").expect("block").get(*s), Some(body.as_slice()));
         }
         drop(files);
-        let (files, stats) = LogFiles::open(&path, 600).expect("reopen");
+        let (files, stats) = LogFiles::open(&path, 600, 0).expect("reopen");
         assert_eq!(stats.scanned, 1, "{stats:?}");
         assert_eq!(files.next_to_compact(), None, "compaction is remembered in the index");
         assert_eq!(all(&files), model);

@@ -30,6 +30,10 @@
 //!   sequences of the job's events (read from the log in one pass in sequence order); version 5
 //!   `postcard(Vec<CompactEvent>)`.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
+//! - tree `jobs`, key `[0u8] ++ "snapshot_seq"` -> sealed u64 big-endian: the highest sequence a snapshot part
+//!   may hold, written before the parts that hold it (parts may run past the marker). With the marker and
+//!   `max_seq` it tells an open which log sequences were acknowledged: damage at the log's end that holds one
+//!   is refused, never cut as a torn write (see [`files`]).
 //! - tree `jobs`, key `[0u8] ++ "deleted_through"` -> sealed i64 big-endian: the latest end time (Unix ms) of
 //!   the jobs retention deleted for `store.folded_budget_mib`, written with their deletion.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
@@ -148,6 +152,7 @@ const SNAPSHOT_EVENTS_VERSION: u8 = 5;
 const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
+const SNAPSHOT_SEQ_KEY: &[u8] = b"\0snapshot_seq";
 /// Key (tree `dictionary`; 5 bytes, where entries' keys are 4) of the next number the dictionary hands out.
 const DICTIONARY_NEXT_KEY: &[u8] = b"\xffnext";
 /// Key (tree `jobs`) of the latest end time of jobs deleted for the memory budget.
@@ -654,6 +659,8 @@ struct SnapCounters {
     base_bytes: std::sync::atomic::AtomicU64,
     /// Jobs the base holds (most of them may have folded since: see [`Store::base_stale`]).
     base_jobs: std::sync::atomic::AtomicU64,
+    /// The highest value stored under `SNAPSHOT_SEQ_KEY` by this process.
+    noted_seq: std::sync::atomic::AtomicU64,
     /// Bumped by every reopen: a checkpoint whose parts went to the database before it must not move the
     /// marker (they may be lost with its unflushed writes).
     generation: std::sync::atomic::AtomicU64,
@@ -782,7 +789,12 @@ impl Trees {
             let moved = log::migrate_legacy(&db, &legacy, &blocks)?;
             tracing::info!(events = moved, elapsed_ms = started.elapsed().as_millis() as u64, "log moved into blocks");
         }
-        let (files, opened) = files::LogFiles::open(&path.join(LOG_DIR), options.segment_bytes)?;
+        // The highest sequence sled knows was acknowledged (an unreadable value is reported by the restore, or
+        // is left out: the restore checks the snapshots against the log too).
+        let jobs = db.open_tree("jobs")?;
+        let stored_seq = |key: &[u8]| sealed_array(&jobs, "jobs", key).ok().flatten().map_or(0, u64::from_be_bytes);
+        let acknowledged = marker_in(&jobs).unwrap_or(0).max(stored_seq(MAX_SEQ_KEY)).max(stored_seq(SNAPSHOT_SEQ_KEY));
+        let (files, opened) = files::LogFiles::open(&path.join(LOG_DIR), options.segment_bytes, acknowledged)?;
         if opened.torn_bytes > 0 || opened.scanned > 1 {
             tracing::info!(?opened, "log files opened");
         }
@@ -806,7 +818,7 @@ impl Trees {
             collect_due,
             collect_pending: Arc::default(),
             packs: Arc::default(),
-            jobs: db.open_tree("jobs")?,
+            jobs,
             alerts: db.open_tree("alerts")?,
             archive: db.open_tree("archive")?,
             summaries: db.open_tree("summaries")?,
@@ -816,6 +828,16 @@ impl Trees {
             db,
         })
     }
+}
+
+/// The checkpoint marker in the `jobs` tree (0 if there is none).
+fn marker_in(jobs: &sled::Tree) -> Result<u64, StoreError> {
+    let Some(v) = jobs.get(CHECKPOINT_KEY)? else { return Ok(0) };
+    let bad = |r: String| corrupt("jobs", CHECKPOINT_KEY, r);
+    // Before checksums the marker was the bare 8 bytes.
+    let body: &[u8] = if v.len() == 8 { v.as_ref() } else { unseal(&v, false).map_err(bad)? };
+    let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
+    Ok(u64::from_be_bytes(arr))
 }
 
 /// The sealed fixed-size value under `key` in `tree` (named `what` in errors), if there is one.
@@ -1033,6 +1055,18 @@ impl Store {
         }
         out.snapshots = events.len();
         let snapshots_done = started.elapsed();
+        if let Some(&past) = beyond.iter().filter(|s| **s > t.files.last_seq()).max() {
+            // A checkpoint only snapshots events whose log write was acknowledged: the log lost one.
+            return Err(StoreError::Corrupt {
+                what: "log",
+                key: format!("sequence {past}"),
+                reason: format!(
+                    "a job snapshot holds this event but the log ends at sequence {}: acknowledged log writes are \
+                     missing",
+                    t.files.last_seq()
+                ),
+            });
+        }
         let from = if out.rebuilt.is_some() {
             events.clear();
             beyond.clear();
@@ -1535,13 +1569,7 @@ impl Store {
 
     /// The log sequence that the job snapshots cover.
     pub fn checkpoint_seq(&self) -> Result<u64, StoreError> {
-        let t = self.t()?;
-        let Some(v) = t.jobs.get(CHECKPOINT_KEY)? else { return Ok(0) };
-        let bad = |r: String| corrupt("jobs", CHECKPOINT_KEY, r);
-        // Before checksums the marker was the bare 8 bytes.
-        let body: &[u8] = if v.len() == 8 { v.as_ref() } else { unseal(&v, false).map_err(bad)? };
-        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
-        Ok(u64::from_be_bytes(arr))
+        marker_in(&self.t()?.jobs)
     }
 
     /// Appends encoded events at the given sequences to the log's files, all or none, and syncs them: when this
@@ -1740,10 +1768,13 @@ impl Store {
     ) -> Result<usize, StoreError> {
         let mut w = snaps::PartWriter::default();
         let mut n = 0;
+        let mut max_seq = 0;
         for (job_id, rec) in jobs {
             w.add(job_id, &rec.events).map_err(|r| corrupt("jobs", job_id.as_bytes(), r))?;
+            max_seq = rec.events.iter().map(|e| e.seq).fold(max_seq, u64::max);
             n += 1;
         }
+        self.note_snapshot_seq(max_seq)?;
         self.write_increment(w.finish().map_err(|r| corrupt("jobs", b"", r))?)?;
         self.finish_checkpoint(through_seq)?;
         Ok(n)
@@ -1752,6 +1783,19 @@ impl Store {
     /// The snapshot counter as it stands (see [`snaps`]): retention's tombstones carry it.
     fn snapshot_counter(&self) -> u64 {
         self.snap.next.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Records that snapshot parts written from now on may hold events up to sequence `seq` (every one of them
+    /// acknowledged): call it before writing them. sled keeps writes in order, so a part that survives a crash
+    /// has its record too. Writes only when `seq` is above what this process recorded.
+    pub fn note_snapshot_seq(&self, seq: u64) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::AcqRel;
+        if self.snap.noted_seq.fetch_max(seq, AcqRel) >= seq {
+            return Ok(());
+        }
+        let t = self.t()?;
+        t.jobs.insert(SNAPSHOT_SEQ_KEY, seal(&seq.to_be_bytes()))?;
+        Ok(())
     }
 
     /// Writes a checkpoint's increment (parts from [`snaps::PartWriter`]), each part under a new number, one

@@ -573,6 +573,45 @@ fn a_damaged_log_value_stops_the_restore_with_its_sequence_number() {
     assert!(err.contains(&format!("block {seq}")) && err.contains("checksum mismatch"), "{err}");
 }
 
+/// Damage inside the log's newest append looks like a torn write, but when a snapshot part holds its events
+/// they were acknowledged: the open refuses and cuts nothing. A store from before `snapshot_seq` (the record
+/// removed) cuts the tail at open, and the restore still refuses, at that start and every later one.
+#[test]
+fn damage_in_the_newest_append_a_snapshot_holds_is_refused_never_cut() {
+    for older_store in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).expect("open");
+        let (mem, _) = three_jobs(&store);
+        // Parts that hold every event, the marker behind them (as after a crash before a checkpoint's marker).
+        store.checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), 1).expect("checkpoint");
+        if older_store {
+            store.t().expect("open").jobs.remove(SNAPSHOT_SEQ_KEY).expect("remove");
+        }
+        store.flush().expect("flush");
+        drop(store);
+        let seg = std::fs::read_dir(dir.path().join(LOG_DIR))
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .find(|p| p.extension().is_some_and(|x| x == "seg"))
+            .expect("segment");
+        let mut bytes = std::fs::read(&seg).expect("read");
+        let n = bytes.len();
+        bytes[n - 2] ^= 0x55;
+        std::fs::write(&seg, &bytes).expect("write");
+        if older_store {
+            for start in 0..2 {
+                let store = Store::open(dir.path()).expect("an older store's open cuts the tail");
+                let err = store.restore().expect_err("the restore refuses");
+                assert!(err.is_damage() && err.to_string().contains("log ends at sequence"), "start {start}: {err}");
+            }
+        } else {
+            let err = Store::open(dir.path()).err().expect("refused");
+            assert!(err.is_damage() && err.to_string().contains("acknowledged"), "{err}");
+            assert!(std::fs::read(&seg).expect("read") == bytes, "a refused open cuts nothing");
+        }
+    }
+}
+
 #[test]
 fn a_log_of_one_value_per_event_moves_into_blocks_on_open_even_after_a_crash_part_way() {
     let dir = tempfile::tempdir().expect("tempdir");
