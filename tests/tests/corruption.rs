@@ -97,13 +97,16 @@ async fn damaged_store_files_are_refused_or_served_exactly_never_silently_wrong(
             .expect("a log segment")
     };
     let seg_name = newest_segment(&db).file_name().expect("name").to_owned();
-    let mut rng = Rng::new(8);
+    // STARTLINE_CORRUPTION_SEED and STARTLINE_CORRUPTION_ROUNDS widen the search by hand (rounds of 36 cases).
+    let env_u64 = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    let mut rng = Rng::new(env_u64("STARTLINE_CORRUPTION_SEED", 8));
+    let rounds = env_u64("STARTLINE_CORRUPTION_ROUNDS", 1) as u32;
     let (mut refused, mut exact, mut cut_logged, mut wrong) = (0, 0, 0, Vec::new());
     let last_part: Vec<&String> = jobs.iter().filter(|j| j.starts_with("dmg-14-")).collect();
-    for case in 0..36u32 {
+    for case in 0..36 * rounds {
         let copy = dir.path().join(format!("case{case}"));
         copy_dir(&db, &copy);
-        let in_log = case >= 24;
+        let in_log = case % 36 >= 24;
         let target = if in_log { copy.join("log").join(&seg_name) } else { copy.join("db") };
         let len = if in_log { std::fs::metadata(&target).expect("segment").len() } else { sled_len };
         let what = if !in_log && case % 3 == 2 {
@@ -134,6 +137,7 @@ async fn damaged_store_files_are_refused_or_served_exactly_never_silently_wrong(
             Ok(c) => {
                 let served = snapshot_of(&c, &jobs);
                 let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+                drop(c);
                 let differ: Vec<&String> = served.keys().filter(|k| reference.get(*k) != served.get(*k)).collect();
                 if served == reference {
                     exact += 1;
@@ -149,6 +153,7 @@ async fn damaged_store_files_are_refused_or_served_exactly_never_silently_wrong(
                 }
             }
         }
+        let _ = std::fs::remove_dir_all(&copy);
     }
     println!(
         "refused {refused}, served exactly {exact}, newest append cut (logged) {cut_logged}, served wrong {}",
