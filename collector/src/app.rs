@@ -721,6 +721,15 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
     })?;
     // Summaries no job needs: older ones of a job with two, and the stale ones of a job that restored folded.
     let mut superseded = cold.load(rows);
+    // A job with two summaries whose newer one was refused is rebuilt hot from that one's events (every event):
+    // an older summary read for it must not bring it back folded as well.
+    for job_id in restored.stale_summaries.keys() {
+        if restored.jobs.contains_key(job_id) {
+            if let Some(row) = cold.remove(job_id) {
+                superseded.push((job_id.clone(), row.summary()));
+            }
+        }
+    }
     // Dictionary entries no folded job names (freed before a crash, or named only by stale summaries, whose jobs
     // restore rebuilds from their events when they are needed).
     if cold.dict.free_unreferenced() > 0 {

@@ -715,3 +715,48 @@ async fn over_the_folded_budget_the_jobs_that_ended_longest_ago_are_deleted() {
     assert!(stored > 1 && stored < 100, "{stored} entries: shared ones and the kept jobs' own");
     assert_eq!(counts(&restored), before);
 }
+
+/// A job with two summaries (a failed fold's write that sled kept, then a later fold) whose newer one restore
+/// cannot use (it names a dictionary entry that is gone) is rebuilt hot from that summary's events; the older
+/// summary must not also bring it back folded (it would count twice), and goes.
+#[test]
+fn a_job_whose_newer_summary_is_refused_restores_hot_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let events = [
+        ev("x", "x1", 1_000_000, submitted()),
+        ev("x", "x2", 1_060_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+        ev("x", "x3", 1_200_000, Kind::Done(pb::Done::default())),
+    ];
+    let entries: Vec<(u64, Vec<u8>)> = events.iter().zip(1u64..).map(|(e, s)| (s, encode_log_value(e))).collect();
+    store.append_durable(&entries).expect("append");
+    let rec = crate::job::JobRecord::from_events(
+        events.iter().zip(1u64..).map(|(e, s)| CompactEvent::from_pb(e, s).expect("kind")).collect(),
+    );
+    let attrs = rec.timeline.attrs.clone().expect("attributes");
+    let mut dict = crate::index::cold::Dictionary::default();
+    let n = dict.intern(&attrs);
+    let fold = |attrs_no: u32| crate::store::FoldWrite {
+        job_id: "x".to_string(),
+        log_seqs: vec![1, 2, 3],
+        summary: crate::index::cold::Folded::of(&rec.timeline, attrs_no).expect("ended").encode(),
+        replaces: Vec::new(),
+        number: 0,
+    };
+    let mut older = [fold(n)];
+    store.fold_write(&mut older, &dict.unpersisted()).expect("older summary");
+    let mut newer = [fold(n + 7)];
+    store.fold_jobs(&mut newer, &[], 3).expect("newer summary, naming an entry never stored");
+    assert!(newer[0].number > older[0].number);
+    for start in 0..2 {
+        let index = restored_index(&store);
+        let idx = index.read();
+        let hot = idx.jobs.get("x").map(|h| h.rec.events.len());
+        assert_eq!(hot, Some(3), "start {start}: rebuilt hot from its events");
+        assert!(!idx.cold.rows.contains_key("x"), "start {start}: and not folded too");
+        drop(idx);
+        let stored = store.summary_numbers().expect("summaries");
+        assert_eq!(stored, vec![("x".to_string(), newer[0].number)], "start {start}: the older summary went");
+        assert_summaries_known(&index, &store, &format!("start {start}"));
+    }
+}

@@ -104,6 +104,16 @@ struct Writer {
     broken: bool,
 }
 
+/// What the rest of the store proves about the log, for [`LogFiles::open`] to tell a torn write from damage.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Acknowledged {
+    /// The highest sequence known to have been acknowledged (0: none).
+    pub through: u64,
+    /// Sequences up to this one may be missing from the log's end without damage: older collectors' folds
+    /// deleted the newest log entries (see the store's `log_gap` record).
+    pub gap_through: u64,
+}
+
 /// What one open found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct OpenStats {
@@ -183,6 +193,8 @@ fn bad_frame(first: u64, reason: impl ToString) -> StoreError {
 /// Where [`scan`] stopped short of a segment's end.
 struct Damage {
     why: String,
+    /// Nothing valid follows the append cut off: it may be a write a crash cut short.
+    torn: bool,
     /// The first sequence of the append cut off, when a header of it could be read.
     cut_first: Option<u64>,
     /// The last sequence of the blocks kept (`None`: no block kept).
@@ -241,15 +253,15 @@ fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<Damage>), StoreError> {
             // means an acknowledged block itself is damaged.
             // Pages of an unsynced write may reach the disk out of order: valid frames after the damage are still
             // a torn write when they are the rest of one append ending the file.
-            let why = match valid_frame_after(&bytes, at + 1) {
+            let (why, torn) = match valid_frame_after(&bytes, at + 1) {
                 Some(later) if !ends_one_append(&bytes, later) => {
-                    format!("{why}, followed by a valid frame at byte {later} (not a torn write)")
+                    (format!("{why}, followed by a valid frame at byte {later} (not a torn write)"), false)
                 }
-                _ => format!("{why} {TORN}"),
+                _ => (format!("{why} {TORN}"), true),
             };
             let cut_first = blocks.get(append_blocks).map(|b| b.first).or(header_first);
             blocks.truncate(append_blocks);
-            let damage = Damage { why, cut_first, kept_last: append_prev_last };
+            let damage = Damage { why, torn, cut_first, kept_last: append_prev_last };
             return Ok((blocks, append_at as u64, Some(damage)));
         }
     }
@@ -257,7 +269,11 @@ fn scan(path: &Path) -> Result<(Vec<Ix>, u64, Option<Damage>), StoreError> {
         let cut_first = blocks.get(append_blocks).map(|b| b.first);
         blocks.truncate(append_blocks);
         let why = format!("an append whose last frame is missing {TORN}");
-        return Ok((blocks, append_at as u64, Some(Damage { why, cut_first, kept_last: append_prev_last })));
+        return Ok((
+            blocks,
+            append_at as u64,
+            Some(Damage { why, torn: true, cut_first, kept_last: append_prev_last }),
+        ));
     }
     Ok((blocks, at as u64, None))
 }
@@ -370,10 +386,9 @@ fn write_new(dir: &Path, path: &Path, bytes: &[u8]) -> Result<File, StoreError> 
 
 impl LogFiles {
     /// Opens (creating) the segments under `dir`: reads each older segment's index (or scans it), scans the
-    /// newest and cuts a torn tail from it. `acknowledged` is the highest sequence the rest of the store knows to
-    /// have been acknowledged (its checkpoint marker): a damaged tail holding it was synced, so it is refused as
-    /// damage, never cut as a torn write.
-    pub fn open(dir: &Path, segment_max: u64, acknowledged: u64) -> Result<(LogFiles, OpenStats), StoreError> {
+    /// newest and cuts a torn tail from it, unless `acknowledged` shows that tail was acknowledged (then it is
+    /// damage, refused, and nothing is cut).
+    pub fn open(dir: &Path, segment_max: u64, acknowledged: Acknowledged) -> Result<(LogFiles, OpenStats), StoreError> {
         if !dir.is_dir() {
             super::create_private_dir(dir)?;
             if let Some(parent) = dir.parent() {
@@ -409,27 +424,31 @@ impl LogFiles {
                 None => {
                     stats.scanned += 1;
                     let (blocks, end, damage) = scan(&path)?;
-                    if let Some(Damage { why, cut_first, kept_last }) = damage {
-                        let why = if newest && why.ends_with(TORN) && acknowledged > 0 {
-                            // The first sequence cut: from the append's own header, else just past what is kept.
-                            let cut_first = match (cut_first, kept_last) {
-                                (Some(first), _) => first,
-                                (None, Some(last)) => last + 1,
-                                (None, None) => last_seq_of(dir, &segs)? + 1,
+                    if let Some(Damage { mut why, torn, cut_first, kept_last }) = damage {
+                        let mut cut = newest && torn;
+                        if cut && acknowledged.through > 0 {
+                            // Was the append cut off acknowledged? Its own header says where it starts; without
+                            // one, it started past every sequence kept and past any gap older collectors left.
+                            let covered = match cut_first {
+                                Some(first) => acknowledged.through >= first,
+                                None => {
+                                    let kept = match kept_last {
+                                        Some(last) => last,
+                                        None => last_seq_of(dir, &segs)?,
+                                    };
+                                    acknowledged.through > kept.max(acknowledged.gap_through)
+                                }
                             };
-                            if acknowledged >= cut_first {
-                                format!(
-                                    "{why}; but the store's checkpoint covers sequence {acknowledged}, inside the \
-                                     write from sequence {cut_first}: that write was acknowledged, so this is \
-                                     damage, not a torn write"
-                                )
-                            } else {
-                                why
+                            if covered {
+                                cut = false;
+                                why = format!(
+                                    "{why}; but the store records sequence {} as acknowledged, past the last intact \
+                                     one: that write was acknowledged, so this is damage, not a torn write",
+                                    acknowledged.through
+                                );
                             }
-                        } else {
-                            why
-                        };
-                        if !newest || !why.ends_with(TORN) {
+                        }
+                        if !cut {
                             return Err(StoreError::Corrupt {
                                 what: "log",
                                 key: format!("segment {} at byte {end}", path.display()),
@@ -1021,7 +1040,7 @@ mod tests {
         let mut model = Vec::new();
         let mut next = 1;
         {
-            let (files, _) = LogFiles::open(&path, 700, 0).expect("open");
+            let (files, _) = LogFiles::open(&path, 700, Acknowledged::default()).expect("open");
             for _ in 0..12 {
                 let (bs, evs) = blocks(next, 9);
                 next = evs.last().expect("events").0 + 5;
@@ -1033,7 +1052,7 @@ mod tests {
         }
         let segments = std::fs::read_dir(&path).expect("dir").count();
         assert!(segments > 6, "small segments roll: {segments} files");
-        let (files, stats) = LogFiles::open(&path, 700, 0).expect("reopen");
+        let (files, stats) = LogFiles::open(&path, 700, Acknowledged::default()).expect("reopen");
         assert_eq!(stats.scanned, 1, "only the newest segment is scanned: {stats:?}");
         assert_eq!(all(&files), model);
         for (s, body) in &model {
@@ -1054,11 +1073,11 @@ mod tests {
         v[10] ^= 0xFF;
         std::fs::write(&idx, v).expect("write");
         drop(files);
-        let (files, stats) = LogFiles::open(&path, 700, 0).expect("reopen");
+        let (files, stats) = LogFiles::open(&path, 700, Acknowledged::default()).expect("reopen");
         assert_eq!(stats.scanned, 2, "{stats:?}");
         assert_eq!(all(&files), model);
         drop(files);
-        let (_, stats) = LogFiles::open(&path, 700, 0).expect("reopen");
+        let (_, stats) = LogFiles::open(&path, 700, Acknowledged::default()).expect("reopen");
         assert_eq!(stats.scanned, 1, "the index was written again: {stats:?}");
     }
 
@@ -1068,7 +1087,7 @@ mod tests {
         let path = dir.path().join("log");
         let (bs, mut model) = blocks(1, 20);
         {
-            let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("open");
+            let (files, _) = LogFiles::open(&path, 1 << 20, Acknowledged::default()).expect("open");
             files.append(&bs).expect("append");
         }
         let full = std::fs::read(newest_seg(&path)).expect("read");
@@ -1087,7 +1106,7 @@ mod tests {
             let mut torn = full.clone();
             torn.extend_from_slice(&frame[..cut]);
             std::fs::write(newest_seg(&path), &torn).expect("write");
-            let (files, stats) = LogFiles::open(&path, 1 << 20, 0).expect("reopen cuts the tail");
+            let (files, stats) = LogFiles::open(&path, 1 << 20, Acknowledged::default()).expect("reopen cuts the tail");
             assert_eq!(stats.torn_bytes, cut as u64);
             assert_eq!(all(&files), model, "cut at {cut}");
             assert_eq!(std::fs::metadata(newest_seg(&path)).expect("meta").len(), full.len() as u64);
@@ -1095,19 +1114,19 @@ mod tests {
         let mut zeros = full.clone();
         zeros.extend(std::iter::repeat_n(0u8, 300));
         std::fs::write(newest_seg(&path), &zeros).expect("write");
-        let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("reopen");
+        let (files, _) = LogFiles::open(&path, 1 << 20, Acknowledged::default()).expect("reopen");
         files.append(&more).expect("append after the cut");
         model.extend(more_events);
         assert_eq!(all(&files), model);
     }
 
     #[test]
-    fn a_damaged_tail_the_checkpoint_covers_is_refused_not_cut() {
+    fn a_damaged_tail_the_store_knows_was_acknowledged_is_refused_not_cut() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
         let (bs, model) = blocks(1, 20);
         {
-            let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("open");
+            let (files, _) = LogFiles::open(&path, 1 << 20, Acknowledged::default()).expect("open");
             files.append(&bs).expect("append");
         }
         let kept_last = model.last().expect("events").0;
@@ -1115,41 +1134,57 @@ mod tests {
         let (two, _) = blocks(100, 8);
         let mut frame = Vec::new();
         frames(&two, 0, &mut frame).expect("frames");
-        // (bytes of the further append on disk, the first sequence the open can know it held)
-        let body_flip = {
+        let flipped = |i: usize| {
             let mut f = frame.clone();
-            f[HEADER + 5] ^= 0x10;
+            f[i] ^= 0x10;
             f
         };
-        let header_flip = {
-            let mut f = frame.clone();
-            f[2] ^= 0x01;
-            f
-        };
+        // (a further append as it is on disk, whether its first header is readable)
         let cases = [
-            (body_flip, 100),
-            (frame[..frame.len() - 1].to_vec(), 100),
-            (frame[..HEADER - 1].to_vec(), kept_last + 1),
-            (header_flip, kept_last + 1),
+            (flipped(HEADER + 5), true),
+            (frame[..frame.len() - 1].to_vec(), true),
+            (frame[..HEADER - 1].to_vec(), false),
+            (flipped(2), false),
         ];
-        for (i, (tail, cut_first)) in cases.iter().enumerate() {
+        for (i, (tail, readable)) in cases.iter().enumerate() {
             let mut damaged = full.clone();
             damaged.extend_from_slice(tail);
-            for acknowledged in [0, cut_first - 1, *cut_first, cut_first + 10] {
-                std::fs::write(newest_seg(&path), &damaged).expect("write");
-                let opened = LogFiles::open(&path, 1 << 20, acknowledged);
-                let len = std::fs::metadata(newest_seg(&path)).expect("meta").len();
-                if acknowledged >= *cut_first {
-                    let err = opened.err().unwrap_or_else(|| panic!("case {i}: refused at {acknowledged}"));
-                    assert!(err.is_damage(), "case {i}: {err}");
-                    assert!(err.to_string().contains("acknowledged"), "case {i}: {err}");
-                    assert_eq!(len, damaged.len() as u64, "case {i}: a refused open cuts nothing");
-                } else {
-                    let (files, stats) = opened.unwrap_or_else(|e| panic!("case {i} at {acknowledged}: {e}"));
-                    assert_eq!(stats.torn_bytes, tail.len() as u64, "case {i}");
-                    assert_eq!(all(&files), model, "case {i}");
-                    assert_eq!(len, full.len() as u64, "case {i}");
+            for gap in [0, kept_last + 30] {
+                // The lowest acknowledged sequence that proves the append was acknowledged: with its header, its
+                // first sequence (100); without, one past what is kept and past the gap older collectors left.
+                let refused_from = if *readable { 100 } else { kept_last.max(gap) + 1 };
+                for through in [0, refused_from - 1, refused_from, refused_from + 10] {
+                    std::fs::write(newest_seg(&path), &damaged).expect("write");
+                    let opened = LogFiles::open(&path, 1 << 20, Acknowledged { through, gap_through: gap });
+                    let len = std::fs::metadata(newest_seg(&path)).expect("meta").len();
+                    let what = format!("case {i}, gap {gap}, acknowledged through {through}");
+                    if through >= refused_from {
+                        let err = opened.err().unwrap_or_else(|| panic!("{what}: refused"));
+                        assert!(err.is_damage() && err.to_string().contains("acknowledged"), "{what}: {err}");
+                        assert_eq!(len, damaged.len() as u64, "{what}: a refused open cuts nothing");
+                    } else {
+                        let (files, stats) = opened.unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!(stats.torn_bytes, tail.len() as u64, "{what}");
+                        assert_eq!(all(&files), model, "{what}");
+                        assert_eq!(len, full.len() as u64, "{what}");
+                    }
                 }
+            }
+        }
+        // A segment whose only append lost its header (a roll, then a crash): what is kept ends in the segment
+        // before it.
+        std::fs::write(newest_seg(&path), &full).expect("write");
+        let rolled = seg_path(&path, 100);
+        for through in [kept_last, kept_last + 1] {
+            std::fs::write(&rolled, &frame[..HEADER - 1]).expect("write");
+            let opened = LogFiles::open(&path, 1 << 20, Acknowledged { through, gap_through: 0 });
+            if through > kept_last {
+                assert!(opened.is_err_and(|e| e.is_damage()), "refused at {through}");
+                assert!(rolled.exists(), "a refused open removes nothing");
+            } else {
+                let (files, _) = opened.expect("a torn first append of a segment is cut");
+                assert_eq!(all(&files), model);
+                assert!(!rolled.exists(), "the empty segment goes");
             }
         }
     }
@@ -1159,7 +1194,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
         {
-            let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("open");
+            let (files, _) = LogFiles::open(&path, 1 << 20, Acknowledged::default()).expect("open");
             files.append(&blocks(1, 20).0).expect("append");
             // A later append: the damage below is in an append that is not the newest.
             files.append(&blocks(100, 4).0).expect("append");
@@ -1169,19 +1204,19 @@ mod tests {
         let mut bad = good.clone();
         bad[HEADER + 6] ^= 0x40;
         std::fs::write(&seg, &bad).expect("write");
-        let err = LogFiles::open(&path, 1 << 20, 0).err().expect("refused").to_string();
+        let err = LogFiles::open(&path, 1 << 20, Acknowledged::default()).err().expect("refused").to_string();
         assert!(err.contains("not a torn write"), "{err}");
         std::fs::write(&seg, &good).expect("write");
         // An older segment: any damage is refused, even at its end.
         {
-            let (files, _) = LogFiles::open(&path, 1, 0).expect("open");
+            let (files, _) = LogFiles::open(&path, 1, Acknowledged::default()).expect("open");
             files.append(&blocks(200, 4).0).expect("append");
         }
         let mut cut = good.clone();
         cut.truncate(good.len() - 2);
         std::fs::write(&seg, &cut).expect("write");
         let _ = std::fs::remove_file(seg.with_extension("idx"));
-        let err = LogFiles::open(&path, 1, 0).err().expect("refused").to_string();
+        let err = LogFiles::open(&path, 1, Acknowledged::default()).err().expect("refused").to_string();
         assert!(err.contains("incomplete frame"), "{err}");
     }
 
@@ -1191,7 +1226,7 @@ mod tests {
         let path = dir.path().join("log");
         let (bs, model) = blocks(1, 20);
         {
-            let (files, _) = LogFiles::open(&path, 1 << 20, 0).expect("open");
+            let (files, _) = LogFiles::open(&path, 1 << 20, Acknowledged::default()).expect("open");
             files.append(&bs).expect("append");
         }
         let full = std::fs::read(newest_seg(&path)).expect("read");
@@ -1206,7 +1241,7 @@ mod tests {
         let mut torn = full.clone();
         torn.extend_from_slice(&frame);
         std::fs::write(newest_seg(&path), &torn).expect("write");
-        let (files, stats) = LogFiles::open(&path, 1 << 20, 0).expect("a torn write, not damage");
+        let (files, stats) = LogFiles::open(&path, 1 << 20, Acknowledged::default()).expect("a torn write, not damage");
         assert_eq!(stats.torn_bytes, frame.len() as u64);
         assert_eq!(all(&files), model);
         drop(files);
@@ -1217,7 +1252,7 @@ mod tests {
         damaged.extend_from_slice(&frame);
         damaged.extend_from_slice(&next);
         std::fs::write(newest_seg(&path), &damaged).expect("write");
-        assert!(LogFiles::open(&path, 1 << 20, 0).is_err());
+        assert!(LogFiles::open(&path, 1 << 20, Acknowledged::default()).is_err());
     }
 
     #[test]
@@ -1226,14 +1261,14 @@ mod tests {
         let path = dir.path().join("log");
         let (bs, mut model) = blocks(1, 8);
         {
-            let (files, _) = LogFiles::open(&path, 1, 0).expect("open");
+            let (files, _) = LogFiles::open(&path, 1, Acknowledged::default()).expect("open");
             files.append(&bs[..1]).expect("append");
             files.append(&bs[1..]).expect("append");
         }
         // A roll created the next segment, then its first append failed and was cut to nothing.
         let empty = seg_path(&path, 1_000);
         std::fs::write(&empty, b"").expect("create");
-        let (files, _) = LogFiles::open(&path, 1, 0).expect("reopen");
+        let (files, _) = LogFiles::open(&path, 1, Acknowledged::default()).expect("reopen");
         assert!(!empty.exists(), "the empty segment is removed");
         assert_eq!(all(&files), model);
         // Sequences of failed groups may be handed out again after a restart: below the removed segment's name.
@@ -1250,7 +1285,7 @@ mod tests {
     fn truncation_drops_the_newest_blocks_only() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
-        let (files, _) = LogFiles::open(&path, 400, 0).expect("open");
+        let (files, _) = LogFiles::open(&path, 400, Acknowledged::default()).expect("open");
         let (bs, model) = blocks(1, 40);
         for b in bs.chunks(2) {
             files.append(b).expect("append");
@@ -1267,7 +1302,7 @@ mod tests {
         assert_eq!(left[..], model[..left.len()]);
         assert_eq!(files.last_seq(), left.last().expect("some").0);
         drop(files);
-        let (files, _) = LogFiles::open(&path, 400, 0).expect("reopen");
+        let (files, _) = LogFiles::open(&path, 400, Acknowledged::default()).expect("reopen");
         assert_eq!(all(&files), left);
         files.append(&blocks(10_000, 4).0).expect("append after");
     }
@@ -1276,7 +1311,7 @@ mod tests {
     fn collection_deletes_dead_segments_rewrites_mostly_dead_ones_and_keeps_the_newest() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
-        let (files, _) = LogFiles::open(&path, 1, 0).expect("open");
+        let (files, _) = LogFiles::open(&path, 1, Acknowledged::default()).expect("open");
         let (bs, events) = blocks(1, 60);
         for b in bs.chunks(2) {
             files.append(b).expect("append");
@@ -1313,7 +1348,7 @@ mod tests {
         let visible: Vec<(u64, Vec<u8>)> = stored.iter().filter(|(s, _)| !kept_dead.contains(s)).cloned().collect();
         assert_eq!(visible, live);
         drop(files);
-        let (files, stats) = LogFiles::open(&path, 1, 0).expect("reopen");
+        let (files, stats) = LogFiles::open(&path, 1, Acknowledged::default()).expect("reopen");
         assert_eq!(stats.scanned, 1, "rewritten segments have their index: {stats:?}");
         assert_eq!(all(&files), stored);
         // The newest segment is never collected, even all dead.
@@ -1337,7 +1372,7 @@ mod tests {
     fn compaction_merges_small_blocks_keeps_marked_ones_and_reads_the_same() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("log");
-        let (files, _) = LogFiles::open(&path, 600, 0).expect("open");
+        let (files, _) = LogFiles::open(&path, 600, Acknowledged::default()).expect("open");
         // Many small appends, as a quiet collector makes them.
         let mut model = Vec::new();
         let mut next = 1;
@@ -1379,7 +1414,7 @@ mod tests {
             assert_eq!(files.block_at(*s).expect("read").expect("block").get(*s), Some(body.as_slice()));
         }
         drop(files);
-        let (files, stats) = LogFiles::open(&path, 600, 0).expect("reopen");
+        let (files, stats) = LogFiles::open(&path, 600, Acknowledged::default()).expect("reopen");
         assert_eq!(stats.scanned, 1, "{stats:?}");
         assert_eq!(files.next_to_compact(), None, "compaction is remembered in the index");
         assert_eq!(all(&files), model);

@@ -33,7 +33,10 @@
 //! - tree `jobs`, key `[0u8] ++ "snapshot_seq"` -> sealed u64 big-endian: the highest sequence a snapshot part
 //!   may hold, written before the parts that hold it (parts may run past the marker). With the marker and
 //!   `max_seq` it tells an open which log sequences were acknowledged: damage at the log's end that holds one
-//!   is refused, never cut as a torn write (see [`files`]).
+//!   is refused, never cut as a torn write (see [`files`]). The stream's `log_through` (below) proves the same.
+//! - tree `jobs`, key `[0u8] ++ "log_gap"` -> sealed u64 big-endian: written at an open that finds the log ending
+//!   below the sequences sled knows were acknowledged (older collectors' folds deleted the newest log entries):
+//!   sequences up to it may be missing from the log's end without damage.
 //! - tree `jobs`, key `[0u8] ++ "deleted_through"` -> sealed i64 big-endian: the latest end time (Unix ms) of
 //!   the jobs retention deleted for `store.folded_budget_mib`, written with their deletion.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
@@ -153,6 +156,7 @@ const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
 const SNAPSHOT_SEQ_KEY: &[u8] = b"\0snapshot_seq";
+const LOG_GAP_KEY: &[u8] = b"\0log_gap";
 /// Key (tree `dictionary`; 5 bytes, where entries' keys are 4) of the next number the dictionary hands out.
 const DICTIONARY_NEXT_KEY: &[u8] = b"\xffnext";
 /// Key (tree `jobs`) of the latest end time of jobs deleted for the memory budget.
@@ -789,12 +793,35 @@ impl Trees {
             let moved = log::migrate_legacy(&db, &legacy, &blocks)?;
             tracing::info!(events = moved, elapsed_ms = started.elapsed().as_millis() as u64, "log moved into blocks");
         }
-        // The highest sequence sled knows was acknowledged (an unreadable value is reported by the restore, or
-        // is left out: the restore checks the snapshots against the log too).
+        // What sled proves about the log: the highest sequence it knows was acknowledged (an unreadable record
+        // is left out: the restore reports it, and checks the snapshots against the log too). While the log is
+        // still moving out of sled its files are copies, and a torn copy is simply made again.
         let jobs = db.open_tree("jobs")?;
-        let stored_seq = |key: &[u8]| sealed_array(&jobs, "jobs", key).ok().flatten().map_or(0, u64::from_be_bytes);
-        let acknowledged = marker_in(&jobs).unwrap_or(0).max(stored_seq(MAX_SEQ_KEY)).max(stored_seq(SNAPSHOT_SEQ_KEY));
+        let stream = db.open_tree("stream")?;
+        let stored_seq = |tree: &sled::Tree, key: &[u8]| {
+            sealed_array(tree, "jobs", key).ok().flatten().map_or(0, u64::from_be_bytes)
+        };
+        let moving = blocks.range(log::all_blocks()).next().is_some();
+        let acknowledged = if moving {
+            files::Acknowledged::default()
+        } else {
+            files::Acknowledged {
+                through: [MAX_SEQ_KEY, SNAPSHOT_SEQ_KEY]
+                    .iter()
+                    .map(|k| stored_seq(&jobs, k))
+                    .chain([marker_in(&jobs).unwrap_or(0), stored_seq(&stream, STREAM_LOG_KEY)])
+                    .max()
+                    .unwrap_or(0),
+                gap_through: stored_seq(&jobs, LOG_GAP_KEY),
+            }
+        };
         let (files, opened) = files::LogFiles::open(&path.join(LOG_DIR), options.segment_bytes, acknowledged)?;
+        if !moving && files.last_seq() < acknowledged.through && acknowledged.gap_through < acknowledged.through {
+            // An older collector's folds deleted the newest log entries: recorded before the next append, so that
+            // a torn one can still be told from damage.
+            jobs.insert(LOG_GAP_KEY, seal(&acknowledged.through.to_be_bytes()))?;
+            db.flush()?;
+        }
         if opened.torn_bytes > 0 || opened.scanned > 1 {
             tracing::info!(?opened, "log files opened");
         }
@@ -819,12 +846,12 @@ impl Trees {
             collect_pending: Arc::default(),
             packs: Arc::default(),
             jobs,
+            stream,
             alerts: db.open_tree("alerts")?,
             archive: db.open_tree("archive")?,
             summaries: db.open_tree("summaries")?,
             dictionary: db.open_tree("dictionary")?,
             node_health: db.open_tree("node_health")?,
-            stream: db.open_tree("stream")?,
             db,
         })
     }
@@ -951,6 +978,8 @@ impl Store {
     pub fn reopen(&self) -> Result<(), StoreError> {
         let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
         self.snap.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        // Unflushed writes may be lost with the old database: the snapshot record is written again.
+        self.snap.noted_seq.store(0, std::sync::atomic::Ordering::Release);
         // The old database must be gone before sled will open the directory again.
         drop(g.take());
         let trees = Trees::open(&self.path, &self.options)?;
@@ -1055,8 +1084,10 @@ impl Store {
         }
         out.snapshots = events.len();
         let snapshots_done = started.elapsed();
-        if let Some(&past) = beyond.iter().filter(|s| **s > t.files.last_seq()).max() {
-            // A checkpoint only snapshots events whose log write was acknowledged: the log lost one.
+        // A checkpoint only snapshots events whose log write was acknowledged: one past the log's end (and past
+        // the newest entries older collectors deleted) means the log lost it.
+        let gap = sealed_array(&t.jobs, "jobs", LOG_GAP_KEY)?.map_or(0, u64::from_be_bytes);
+        if let Some(&past) = beyond.iter().filter(|s| **s > t.files.last_seq().max(gap)).max() {
             return Err(StoreError::Corrupt {
                 what: "log",
                 key: format!("sequence {past}"),
@@ -1790,11 +1821,12 @@ impl Store {
     /// has its record too. Writes only when `seq` is above what this process recorded.
     pub fn note_snapshot_seq(&self, seq: u64) -> Result<(), StoreError> {
         use std::sync::atomic::Ordering::AcqRel;
-        if self.snap.noted_seq.fetch_max(seq, AcqRel) >= seq {
+        if self.snap.noted_seq.load(std::sync::atomic::Ordering::Acquire) >= seq {
             return Ok(());
         }
         let t = self.t()?;
         t.jobs.insert(SNAPSHOT_SEQ_KEY, seal(&seq.to_be_bytes()))?;
+        self.snap.noted_seq.fetch_max(seq, AcqRel);
         Ok(())
     }
 

@@ -582,7 +582,8 @@ fn damage_in_the_newest_append_a_snapshot_holds_is_refused_never_cut() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).expect("open");
         let (mem, _) = three_jobs(&store);
-        // Parts that hold every event, the marker behind them (as after a crash before a checkpoint's marker).
+        // Parts that hold every event, the marker behind them (as after a crash before a checkpoint's marker:
+        // `three_jobs` checkpointed through 3, this moves the marker back to 1 by hand).
         store.checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), 1).expect("checkpoint");
         if older_store {
             store.t().expect("open").jobs.remove(SNAPSHOT_SEQ_KEY).expect("remove");
@@ -601,6 +602,7 @@ fn damage_in_the_newest_append_a_snapshot_holds_is_refused_never_cut() {
         if older_store {
             for start in 0..2 {
                 let store = Store::open(dir.path()).expect("an older store's open cuts the tail");
+                assert!(std::fs::read(&seg).expect("read").len() < bytes.len(), "start {start}: the tail was cut");
                 let err = store.restore().expect_err("the restore refuses");
                 assert!(err.is_damage() && err.to_string().contains("log ends at sequence"), "start {start}: {err}");
             }
@@ -633,9 +635,17 @@ fn a_log_of_one_value_per_event_moves_into_blocks_on_open_even_after_a_crash_par
         let moved: Vec<(u64, Vec<u8>)> =
             events[..300].iter().enumerate().map(|(i, e)| (i as u64 + 1, e.encode_to_vec())).collect();
         let refs: Vec<(u64, &[u8])> = moved.iter().map(|(s, b)| (*s, b.as_slice())).collect();
-        for (first, v) in log::encode_blocks(&refs).expect("blocks") {
-            t.blocks.insert(log::block_key(first), v).expect("insert");
+        let encoded = log::encode_blocks(&refs).expect("blocks");
+        for (first, v) in &encoded {
+            t.blocks.insert(log::block_key(*first), v.clone()).expect("insert");
         }
+        // ... and part-way through copying blocks into the log's files (a torn copy), with sled knowing every
+        // event was acknowledged (a fold's `max_seq`): a copy is made again, not refused as damage.
+        let mut copy = Vec::new();
+        files::frames(&encoded, 0, &mut copy).expect("frames");
+        std::fs::create_dir_all(dir.path().join(LOG_DIR)).expect("log dir");
+        std::fs::write(dir.path().join(LOG_DIR).join(format!("{:020}.seg", 1)), &copy[..copy.len() - 5]).expect("copy");
+        t.jobs.insert(MAX_SEQ_KEY, seal(&700u64.to_be_bytes())).expect("max seq");
         t.db.flush().expect("flush");
     }
     let store = Store::open(dir.path()).expect("reopen moves the log");
@@ -707,6 +717,49 @@ fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
     drop(store);
     let store = Store::open_with(dir.path(), small()).expect("reopen");
     assert_eq!(store.restore().expect("restore").jobs.keys().collect::<Vec<_>>(), vec!["z"]);
+}
+
+/// A store whose newest log entries an older collector's fold deleted ends its log below what sled knows was
+/// acknowledged: the open records that gap, so that a torn first append after it (even one whose header never
+/// reached the disk) is cut, not refused. Damage past the gap is still refused.
+#[test]
+fn a_gap_older_collectors_left_at_the_logs_end_is_recorded_and_a_torn_append_after_it_is_cut() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let last = {
+        let store = Store::open(dir.path()).expect("open");
+        let (_, seq) = three_jobs(&store);
+        raw_put(&store, "jobs", MAX_SEQ_KEY, &seal(&(seq + 6).to_be_bytes()));
+        seq
+    };
+    let seg = || {
+        std::fs::read_dir(dir.path().join(LOG_DIR))
+            .expect("dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+            .max()
+            .expect("segment")
+    };
+    let intact = std::fs::read(seg()).expect("read");
+    {
+        let store = Store::open(dir.path()).expect("an intact log with a gap opens");
+        let gap = sealed_array(&store.t().expect("open").jobs, "jobs", LOG_GAP_KEY).expect("read");
+        assert_eq!(gap.map(u64::from_be_bytes), Some(last + 6), "the gap is recorded");
+    }
+    // A crash in the first append after the gap, before its header was whole.
+    let bodies = [(last + 7, ev("d", "d1", 1_300_000, submitted()).encode_to_vec())];
+    let refs: Vec<(u64, &[u8])> = bodies.iter().map(|(s, b)| (*s, b.as_slice())).collect();
+    let mut frame = Vec::new();
+    files::frames(&log::encode_blocks(&refs).expect("encode"), 0, &mut frame).expect("frames");
+    std::fs::write(seg(), [&intact[..], &frame[..7]].concat()).expect("tear");
+    let store = Store::open(dir.path()).expect("a torn append after the gap is cut");
+    assert_eq!(std::fs::read(seg()).expect("read"), intact);
+    assert_eq!(store.restore().expect("restore").last_seq, last + 6);
+    // Sled knowing of a sequence past the gap: the same bytes are damage.
+    raw_put(&store, "jobs", MAX_SEQ_KEY, &seal(&(last + 7).to_be_bytes()));
+    drop(store);
+    std::fs::write(seg(), [&intact[..], &frame[..7]].concat()).expect("tear");
+    let err = Store::open(dir.path()).err().expect("refused");
+    assert!(err.is_damage() && err.to_string().contains("acknowledged"), "{err}");
 }
 
 #[test]
