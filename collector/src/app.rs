@@ -159,6 +159,7 @@ pub async fn run_with_clock(
         snapshots = restored.snapshots,
         replayed = restored.replayed,
         rebuilt_from_log = restored.rebuilt.as_deref().unwrap_or("no"),
+        from_shutdown_image = restored.from_image,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "store restored"
     );
@@ -707,20 +708,43 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
     let dict = Dictionary::load_with_next(store.load_dictionary()?, store.dictionary_next()?)
         .map_err(|reason| StoreError::Corrupt { what: "dictionary", key: String::new(), reason })?;
     let mut cold = ColdJobs::with_dictionary(dict);
-    // The store lists summaries in fold order: the rows are packed as they are read, collected, then sorted by
-    // job id and loaded in one pass (full B-tree nodes; while the map is built, the collected rows are held too:
-    // a transient peak of one 72-byte entry per folded job).
-    let mut rows = Vec::new();
-    let restored = store.restore_with(|job_id, summary, body| {
-        let row = Folded::decode(body)?.with_summary(summary);
-        if cold.dict.get(row.attrs).is_none() {
-            return Err(format!("attribute set {} is not in the dictionary", row.attrs));
+    // After a clean stop the rows come from the shutdown image, and no summary is read.
+    let imaged = store.take_shutdown_image(|r| ColdJobs::read_image(r)).and_then(|image| {
+        let rows = image.rows();
+        match cold.load_image(image) {
+            Ok(stale) => Some((rows, stale)),
+            Err(reason) => {
+                tracing::warn!(%reason, "shutdown image unusable; the summaries are read instead");
+                None
+            }
         }
-        rows.push((Box::<str>::from(job_id), cold.pack(&row)));
-        Ok(())
-    })?;
-    // Summaries no job needs: older ones of a job with two, and the stale ones of a job that restored folded.
-    let mut superseded = cold.load(rows);
+    });
+    let (restored, mut superseded) = match imaged {
+        Some((rows, stale)) => {
+            tracing::info!(folded = rows, "folded jobs restored from the shutdown image");
+            let mut restored = store.restore_known(&|id| cold.rows.contains_key(id), &stale)?;
+            restored.folded = rows;
+            (restored, Vec::new())
+        }
+        None => {
+            // The store lists summaries in fold order: the rows are packed as they are read, collected, then
+            // sorted by job id and loaded in one pass (full B-tree nodes; while the map is built, the collected
+            // rows are held too: a transient peak of one 72-byte entry per folded job).
+            let mut rows = Vec::new();
+            let restored = store.restore_with(|job_id, summary, body| {
+                let row = Folded::decode(body)?.with_summary(summary);
+                if cold.dict.get(row.attrs).is_none() {
+                    return Err(format!("attribute set {} is not in the dictionary", row.attrs));
+                }
+                rows.push((Box::<str>::from(job_id), cold.pack(&row)));
+                Ok(())
+            })?;
+            // Summaries no job needs: older ones of a job with two, and the stale ones of a job that restored
+            // folded.
+            let superseded = cold.load(rows);
+            (restored, superseded)
+        }
+    };
     // A job with two summaries whose newer one was refused is rebuilt hot from that one's events (every event):
     // an older summary read for it must not bring it back folded as well.
     for job_id in restored.stale_summaries.keys() {

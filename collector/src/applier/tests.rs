@@ -175,8 +175,9 @@ enum Op {
     Send(Vec<(u8, u8)>),
     /// The same, with the store reporting the write as failed after keeping it.
     SendFailing(Vec<(u8, u8)>),
-    /// Stop the committer (final checkpoint), reopen the store, restore, start again.
-    Restart,
+    /// Stop the committer (final checkpoint, shutdown image), reopen the store, restore (from the image, or with
+    /// it gone, from the summaries, as after a crash), start again.
+    Restart(bool),
     /// The next fold's store write (`FAIL_FOLD_WRITE`) or snapshot delete (`FAIL_FOLD_DELETE`) is kept and
     /// reported failed: its jobs stay hot, the summaries it wrote become their stale ones.
     FailNextFold(u32),
@@ -190,7 +191,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => events.clone().prop_map(Op::Send),
         2 => events.prop_map(Op::SendFailing),
-        1 => Just(Op::Restart),
+        1 => any::<bool>().prop_map(Op::Restart),
         1 => prop_oneof![Just(crate::store::FAIL_FOLD_WRITE), Just(crate::store::FAIL_FOLD_DELETE)].prop_map(Op::FailNextFold),
         1 => proptest::collection::vec((0u8..12, 0u8..10), 1..120).prop_map(Op::SendFailingStreamFlush),
     ]
@@ -250,7 +251,11 @@ fn stored_events(index: &SharedIndex, store: &Store) -> BTreeSet<(String, String
 
 /// What a start does: restore the store into an index.
 fn restored_index(store: &Store) -> SharedIndex {
-    let (restored, cold) = crate::app::restore_index(store).expect("restore");
+    index_of(crate::app::restore_index(store).expect("restore"))
+}
+
+/// The index a start builds from what the store restored.
+fn index_of((restored, cold): (crate::store::Restored, ColdJobs)) -> SharedIndex {
     SharedIndex::new(
         JobIndex::new_at(
             restored.jobs,
@@ -363,13 +368,17 @@ proptest! {
                     Op::FailNextFold(which) => {
                         store.fail_fold.store(which, std::sync::atomic::Ordering::Release);
                     }
-                    Op::Restart => {
+                    Op::Restart(image) => {
                         drop(tx);
                         let c = committer.take().expect("running");
                         tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
                         assert_summaries_known(&index, &store, &format!("step {step}: before the restart"));
                         let sets_before = row_sets(&index);
                         drop(store);
+                        if !image {
+                            // As after a crash: the summaries are read.
+                            std::fs::remove_file(dir.path().join("shutdown.img")).expect("a clean stop wrote the image");
+                        }
                         store = Store::open(dir.path()).expect("reopen");
                         index = restored_index(&store);
                         assert_summaries_known(&index, &store, &format!("step {step}: after the restart"));
@@ -759,4 +768,94 @@ fn a_job_whose_newer_summary_is_refused_restores_hot_only() {
         assert_eq!(stored, vec![("x".to_string(), newer[0].number)], "start {start}: the older summary went");
         assert_summaries_known(&index, &store, &format!("start {start}"));
     }
+}
+
+/// Every file under `from`, copied to `to`.
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read dir") {
+        let e = e.expect("entry");
+        if e.file_type().expect("type").is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).expect("copy");
+        }
+    }
+}
+
+/// What a restart gives, for comparing two: folded jobs (id, summary, timeline), hot jobs (id, events), stale
+/// summaries, live dictionary entries, the last sequence.
+type Restart = (Vec<(String, u64, String)>, Vec<(String, String)>, BTreeMap<String, Vec<u64>>, usize, u64);
+
+fn restart_of(index: &SharedIndex) -> Restart {
+    let idx = index.read();
+    let rows = idx.cold.rows.iter().map(|(k, r)| (k.to_string(), r.summary(), format!("{:?}", idx.cold.timeline(r))));
+    let hot = idx.jobs.iter().map(|(k, h)| (k.clone(), format!("{:?}", h.rec.events)));
+    let stale = idx.stale_summaries.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    (rows.collect(), hot.collect(), stale, idx.cold.dict.live(), idx.last_seq)
+}
+
+/// After a clean stop the shutdown image restores exactly what reading every summary restores: the same rows,
+/// hot jobs (an unfolded one with its stale summary among them), dictionary and sequence; and it is used once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shutdown_image_restores_what_the_summaries_do() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let t0 = startline_proto::time::now_ms() - 3_600_000;
+    let store = Store::open(dir.path()).expect("open");
+    let index = empty_index();
+    let health = Arc::new(Health::default());
+    let (tx, c) = start(&store, &index, &health, Some(Duration::ZERO));
+    // 40 jobs that end (and fold), 10 still running; then a late event unfolds one folded job.
+    let mut numbers: Vec<(u8, u8)> = (0..50u8).flat_map(|j| (0..10u8).map(move |e| (j, e))).collect();
+    numbers.retain(|&(j, e)| j < 40 || e != 9);
+    send(&tx, &distinct_events(&numbers, t0)).await.expect("ingest");
+    for _ in 0..200 {
+        if index.read().cold.rows.len() == 40 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(index.read().cold.rows.len(), 40, "the ended jobs folded");
+    let late = pb::LifecycleEvent { event_id: "m3-late".into(), ..numbered(3, 5, t0) };
+    send(&tx, &[late]).await.expect("late event");
+    drop(tx);
+    tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
+    let before = restart_of(&index);
+    assert_eq!(before.0.len(), 39);
+    assert!(before.2.contains_key("m3"), "the unfolded job's summary is stale");
+    drop(index);
+    drop(store);
+    assert!(dir.path().join("shutdown.img").exists(), "a clean stop writes the image");
+    let other = tempfile::tempdir().expect("tempdir");
+    copy_tree(dir.path(), other.path());
+    std::fs::remove_file(other.path().join("shutdown.img")).expect("remove");
+
+    // A damaged image is not used (the summaries are read).
+    let damaged = tempfile::tempdir().expect("tempdir");
+    copy_tree(dir.path(), damaged.path());
+    let img = damaged.path().join("shutdown.img");
+    let mut bytes = std::fs::read(&img).expect("read");
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x20;
+    std::fs::write(&img, bytes).expect("write");
+    let store3 = Store::open(damaged.path()).expect("open");
+    let (r, _) = crate::app::restore_index(&store3).expect("restore");
+    assert!(!r.from_image, "a damaged image is not used");
+    drop(store3);
+    assert_eq!(restart_of(&restored_index(&Store::open(damaged.path()).expect("open"))), before, "and agrees");
+
+    let store = Store::open(dir.path()).expect("open");
+    let restored = crate::app::restore_index(&store).expect("restore");
+    assert!(restored.0.from_image, "a clean stop's image is used");
+    let imaged = index_of(restored);
+    assert!(!dir.path().join("shutdown.img").exists(), "the image is used once");
+    let store2 = Store::open(other.path()).expect("open");
+    let read = restored_index(&store2);
+    assert_eq!(restart_of(&imaged), before, "from the image");
+    assert_eq!(restart_of(&read), before, "from the summaries");
+    // The image is gone: the next start reads the summaries, and agrees.
+    drop(imaged);
+    drop(store);
+    let store = Store::open(dir.path()).expect("open");
+    assert_eq!(restart_of(&restored_index(&store)), before, "a start without an image");
 }

@@ -124,7 +124,7 @@ pub struct OpenStats {
     pub torn_bytes: u64,
 }
 
-fn file_err(path: &Path, source: std::io::Error) -> StoreError {
+pub(super) fn file_err(path: &Path, source: std::io::Error) -> StoreError {
     StoreError::File { path: path.display().to_string(), source }
 }
 

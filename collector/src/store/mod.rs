@@ -157,6 +157,7 @@ const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
 const SNAPSHOT_SEQ_KEY: &[u8] = b"\0snapshot_seq";
 const LOG_GAP_KEY: &[u8] = b"\0log_gap";
+const IMAGE_KEY: &[u8] = b"\0shutdown_image";
 /// Key (tree `dictionary`; 5 bytes, where entries' keys are 4) of the next number the dictionary hands out.
 const DICTIONARY_NEXT_KEY: &[u8] = b"\xffnext";
 /// Key (tree `jobs`) of the latest end time of jobs deleted for the memory budget.
@@ -291,6 +292,16 @@ pub struct Restored {
     pub unfolded: usize,
     /// Summary packs that could not be read (by first summary number): their jobs were rebuilt from the log.
     pub lost_packs: Vec<u64>,
+    /// The folded jobs came from a shutdown image, not the summaries (see [`Store::restore_known`]).
+    pub from_image: bool,
+}
+
+/// Where a restore learns the folded jobs from.
+enum Summaries<'a> {
+    /// Every summary in the store, each handed to the callback.
+    Read(&'a mut dyn FnMut(&str, u64, &[u8]) -> Result<(), String>),
+    /// A shutdown image: which jobs were folded, and the hot ones' stale summaries.
+    Known { folded: &'a dyn Fn(&str) -> bool, stale: &'a HashMap<String, Vec<u64>> },
 }
 
 /// Options of the store.
@@ -603,6 +614,8 @@ pub struct Store {
     /// Snapshot parts (see [`snaps`]): the next number, and the stored bytes of the increments since the base
     /// and of the base (set by restore, kept by the writes; they decide when a checkpoint writes a new base).
     snap: Arc<SnapCounters>,
+    /// The shutdown image's record `(token, marker)` this open took away (see [`image`]), until a restore uses it.
+    image_record: Arc<Mutex<Option<(u64, u64)>>>,
     /// Tests: this many more durable appends are written and flushed, then reported as failed (what a write cut
     /// short by a full disk can leave: sled kept some of it, the caller was told it failed).
     #[cfg(test)]
@@ -945,12 +958,34 @@ impl Store {
         let next_summary = trees.next_summary()?;
         let snap = SnapCounters::default();
         snap.next.store(trees.next_snapshot_number()?, std::sync::atomic::Ordering::Release);
+        // A shutdown image is good for this opening only: its record goes before anything else can write.
+        let image_record = match trees.jobs.remove(IMAGE_KEY)? {
+            Some(v) => {
+                trees.db.flush()?;
+                match unseal(&v, false).ok().and_then(|b| <[u8; 16]>::try_from(b).ok()) {
+                    Some(b) => Some((
+                        u64::from_be_bytes(b[..8].try_into().unwrap_or_default()),
+                        u64::from_be_bytes(b[8..].try_into().unwrap_or_default()),
+                    )),
+                    None => {
+                        tracing::warn!("shutdown image record unreadable; the summaries are read instead");
+                        image::remove(path);
+                        None
+                    }
+                }
+            }
+            None => {
+                image::remove(path);
+                None
+            }
+        };
         Ok(Store {
             path: Arc::new(path.to_path_buf()),
             options: Arc::new(options),
             inner: Arc::new(RwLock::new(Some(trees))),
             next_summary: Arc::new(next_summary.into()),
             snap: Arc::new(snap),
+            image_record: Arc::new(Mutex::new(image_record)),
             #[cfg(test)]
             fail_after_write: Arc::default(),
             #[cfg(test)]
@@ -990,6 +1025,52 @@ impl Store {
         Ok(())
     }
 
+    /// Writes the shutdown image (see [`image`]): `body` writes what the index needs instead of the summaries.
+    /// Call it at a clean stop, after the last write to the store: any later write makes it wrong (the next
+    /// open discards it only if that open is not the next start).
+    pub fn write_shutdown_image(
+        &self,
+        body: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+    ) -> Result<(), StoreError> {
+        let marker = self.checkpoint_seq()?;
+        let token = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (u64::from(std::process::id()) << 32);
+        image::write(&self.path, token, marker, body)?;
+        let t = self.t()?;
+        let mut record = token.to_be_bytes().to_vec();
+        record.extend_from_slice(&marker.to_be_bytes());
+        t.jobs.insert(IMAGE_KEY, seal(&record))?;
+        t.db.flush()?;
+        Ok(())
+    }
+
+    /// The shutdown image this open found, read by `body` (which reads exactly what the writer's body wrote),
+    /// if there is one and it is this store's as it is now; `None` otherwise (a reason is logged when there was
+    /// an image it could not use). The file is removed either way: an image is used at most once.
+    pub fn take_shutdown_image<T>(&self, body: impl FnOnce(&mut dyn std::io::Read) -> Result<T, String>) -> Option<T> {
+        let record = self.image_record.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (token, marker) = record?;
+        let result = match self.checkpoint_seq() {
+            Ok(now) if now == marker => image::read(&self.path, token, marker, body),
+            Ok(now) => Err(format!("the checkpoint marker moved from {marker} to {now}")),
+            Err(e) => Err(e.to_string()),
+        };
+        image::remove(&self.path);
+        match result {
+            Ok(Some(v)) => Some(v),
+            Ok(None) => {
+                tracing::warn!("shutdown image missing; the summaries are read instead");
+                None
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "shutdown image unusable; the summaries are read instead");
+                None
+            }
+        }
+    }
+
     /// Reads every job snapshot, replays the log after the last checkpoint and collects the summaries of folded
     /// jobs into [`Restored::summaries`] (see the module doc).
     pub fn restore(&self) -> Result<Restored, StoreError> {
@@ -1012,6 +1093,23 @@ impl Store {
         &self,
         mut on_summary: impl FnMut(&str, u64, &[u8]) -> Result<(), String>,
     ) -> Result<Restored, StoreError> {
+        self.restore_from(Summaries::Read(&mut on_summary))
+    }
+
+    /// Like [`Store::restore_with`] when a shutdown image (see [`Store::take_shutdown_image`]) already holds the
+    /// folded jobs: no summary is read. `folded` says whether a job was folded at the stop; `stale` is the
+    /// stale summaries of the jobs that were hot (their events are read, as [`Store::restore_with`] does).
+    pub fn restore_known(
+        &self,
+        folded: &dyn Fn(&str) -> bool,
+        stale: &HashMap<String, Vec<u64>>,
+    ) -> Result<Restored, StoreError> {
+        let mut out = self.restore_from(Summaries::Known { folded, stale })?;
+        out.from_image = true;
+        Ok(out)
+    }
+
+    fn restore_from(&self, summaries: Summaries<'_>) -> Result<Restored, StoreError> {
         let t = self.t()?;
         let started = std::time::Instant::now();
         let mut out = Restored::default();
@@ -1127,138 +1225,164 @@ impl Store {
             out.dirty.extend(events.keys().cloned());
         }
         let log_done = started.elapsed();
-        // Folded jobs: a summary each, unless the job is hot again (then its folded events join the rest).
-        let mut damaged: HashSet<String> = HashSet::new();
         // Time spent in `on_summary` (building the index's rows), reported apart from reading the summaries.
         let mut in_callback = std::time::Duration::ZERO;
-        let mut one = |job_id: &str, no: u64, stored: Result<(Option<Vec<u64>>, &[u8]), String>| {
-            let (seqs, body) = match stored {
-                Ok(x) => x,
-                Err(reason) => {
-                    tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from the log");
-                    damaged.insert(job_id.to_string());
-                    out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
-                    return Ok(());
-                }
-            };
-            let hot = match (&seqs, events.get(job_id)) {
-                (_, None) => false,
-                // A summary from before folded events stayed in the log: its events are in the job's archive.
-                (None, Some(evs)) => {
-                    let archived: HashSet<u64> = self.archive_of(job_id)?.iter().map(|(s, _)| *s).collect();
-                    evs.iter().any(|e| !archived.contains(&e.seq))
-                }
-                // An event the summary does not list (a late one), in a snapshot or the log's tail. Snapshot
-                // parts keep a folded job's events until the next base; those the summary lists are its own.
-                (Some(seqs), Some(evs)) => evs.iter().any(|e| seqs.binary_search(&e.seq).is_err()),
-            };
-            if !hot && events.remove(job_id).is_some() {
-                // The snapshots and the tail held only the folded job's own events.
-                out.dirty.remove(job_id);
-                out.snapshot_through.remove(job_id);
-            }
-            let usable = if hot {
-                out.unfolded += 1;
-                Err(String::new())
-            } else {
-                let t0 = std::time::Instant::now();
-                let r = on_summary(job_id, no, body);
-                in_callback += t0.elapsed();
-                r
-            };
-            match usable {
-                Ok(()) => out.folded += 1,
-                Err(reason) => {
-                    if !reason.is_empty() {
-                        tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its events");
+        match summaries {
+            Summaries::Known { folded, stale } => {
+                // The shutdown image says which jobs were folded: what snapshot parts still hold of them is their
+                // own (folded) events. A hot job's stale summaries are the image's too; their events join it.
+                events.retain(|id, _| {
+                    let hot = !folded(id);
+                    if !hot {
+                        out.dirty.remove(id);
+                        out.snapshot_through.remove(id);
                     }
-                    out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
-                    let folded = match &seqs {
-                        Some(seqs) => self.jobs_events(&[(job_id, seqs)])?.pop().unwrap_or_default(),
-                        None => self.archive_of(job_id)?,
-                    };
-                    let evs = events.entry(job_id.to_string()).or_default();
-                    evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
-                    out.dirty.insert(job_id.to_string());
+                    hot
+                });
+                for (job_id, numbers) in stale {
+                    if let Some(evs) = events.get_mut(job_id) {
+                        for &no in numbers {
+                            let folded = self.read_folded(job_id, no, false)?;
+                            evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                        }
+                        out.unfolded += 1;
+                    }
+                    out.stale_summaries.insert(job_id.clone(), numbers.clone());
                 }
             }
-            Ok::<(), StoreError>(())
-        };
-        // Single summaries (older collectors' keyed by job id, then numbered ones), then packs.
-        for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
-            let (k, v) = kv?;
-            let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-            one(job_id, no, decode_summary(&v))?;
-        }
-        // Packs that cannot be read: which jobs they held is unknown until the log is read (below).
-        let mut lost_packs: Vec<u64> = Vec::new();
-        for kv in t.summaries.range(packs::all_packs()) {
-            let (k, v) = kv?;
-            let first = packs::pack_first(&k)?;
-            let pack = match packs::Pack::decode(first, &v) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
-                    lost_packs.push(first);
-                    continue;
+            Summaries::Read(on_summary) => {
+            // Folded jobs: a summary each, unless the job is hot again (then its folded events join the rest).
+            let mut damaged: HashSet<String> = HashSet::new();
+            let mut one = |job_id: &str, no: u64, stored: Result<(Option<Vec<u64>>, &[u8]), String>| {
+                let (seqs, body) = match stored {
+                    Ok(x) => x,
+                    Err(reason) => {
+                        tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from the log");
+                        damaged.insert(job_id.to_string());
+                        out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
+                        return Ok(());
+                    }
+                };
+                let hot = match (&seqs, events.get(job_id)) {
+                    (_, None) => false,
+                    // A summary from before folded events stayed in the log: its events are in the job's archive.
+                    (None, Some(evs)) => {
+                        let archived: HashSet<u64> = self.archive_of(job_id)?.iter().map(|(s, _)| *s).collect();
+                        evs.iter().any(|e| !archived.contains(&e.seq))
+                    }
+                    // An event the summary does not list (a late one), in a snapshot or the log's tail. Snapshot
+                    // parts keep a folded job's events until the next base; those the summary lists are its own.
+                    (Some(seqs), Some(evs)) => evs.iter().any(|e| seqs.binary_search(&e.seq).is_err()),
+                };
+                if !hot && events.remove(job_id).is_some() {
+                    // The snapshots and the tail held only the folded job's own events.
+                    out.dirty.remove(job_id);
+                    out.snapshot_through.remove(job_id);
                 }
+                let usable = if hot {
+                    out.unfolded += 1;
+                    Err(String::new())
+                } else {
+                    let t0 = std::time::Instant::now();
+                    let r = on_summary(job_id, no, body);
+                    in_callback += t0.elapsed();
+                    r
+                };
+                match usable {
+                    Ok(()) => out.folded += 1,
+                    Err(reason) => {
+                        if !reason.is_empty() {
+                            tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its events");
+                        }
+                        out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
+                        let folded = match &seqs {
+                            Some(seqs) => self.jobs_events(&[(job_id, seqs)])?.pop().unwrap_or_default(),
+                            None => self.archive_of(job_id)?,
+                        };
+                        let evs = events.entry(job_id.to_string()).or_default();
+                        evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                        out.dirty.insert(job_id.to_string());
+                    }
+                }
+                Ok::<(), StoreError>(())
             };
-            for entry in pack.entries() {
-                match entry {
-                    Ok((no, job_id, summary)) => one(job_id, no, parse_summary(summary).map(|(s, b)| (Some(s), b)))?,
+            // Single summaries (older collectors' keyed by job id, then numbered ones), then packs.
+            for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
+                let (k, v) = kv?;
+                let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
+                one(job_id, no, decode_summary(&v))?;
+            }
+            // Packs that cannot be read: which jobs they held is unknown until the log is read (below).
+            let mut lost_packs: Vec<u64> = Vec::new();
+            for kv in t.summaries.range(packs::all_packs()) {
+                let (k, v) = kv?;
+                let first = packs::pack_first(&k)?;
+                let pack = match packs::Pack::decode(first, &v) {
+                    Ok(p) => p,
                     Err(e) => {
                         tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
                         lost_packs.push(first);
-                        break;
+                        continue;
+                    }
+                };
+                for entry in pack.entries() {
+                    match entry {
+                        Ok((no, job_id, summary)) => one(job_id, no, parse_summary(summary).map(|(s, b)| (Some(s), b)))?,
+                        Err(e) => {
+                            tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
+                            lost_packs.push(first);
+                            break;
+                        }
                     }
                 }
             }
-        }
-        // With a pack lost, any job the log holds without a usable summary may have been in it (snapshot parts
-        // may hold some of a folded job's events, the tail an unfolded one's): read the summaries' job ids once
-        // more, and rebuild every other job from the whole log (the union with what it has: the same events).
-        let mut unknown: Option<HashSet<String>> = None;
-        if !lost_packs.is_empty() {
-            out.lost_packs = lost_packs;
-            let mut summarized: HashSet<String> = HashSet::new();
-            for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
-                let (k, _) = kv?;
-                let (job_id, _) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-                summarized.insert(job_id.to_string());
-            }
-            for kv in t.summaries.range(packs::all_packs()) {
-                let (k, v) = kv?;
-                if let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) {
-                    summarized.extend(pack.entries().filter_map(|e| e.ok()).map(|(_, id, _)| id.to_string()));
+            // With a pack lost, any job the log holds without a usable summary may have been in it (snapshot parts
+            // may hold some of a folded job's events, the tail an unfolded one's): read the summaries' job ids once
+            // more, and rebuild every other job from the whole log (the union with what it has: the same events).
+            let mut unknown: Option<HashSet<String>> = None;
+            if !lost_packs.is_empty() {
+                out.lost_packs = lost_packs;
+                let mut summarized: HashSet<String> = HashSet::new();
+                for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
+                    let (k, _) = kv?;
+                    let (job_id, _) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
+                    summarized.insert(job_id.to_string());
                 }
-            }
-            unknown = Some(summarized);
-        }
-        if !damaged.is_empty() || unknown.is_some() {
-            // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs (and
-            // the archives of older collectors' folds), and each comes back hot.
-            let lost = |id: &str| unknown.as_ref().is_some_and(|summarized| !summarized.contains(id));
-            let mut rebuilt: HashSet<String> = HashSet::new();
-            let dead = t.dead();
-            let mut all = log::Events::from(&t.files, &dead, 1)?;
-            while let Some((seq, body)) = all.next_event()? {
-                let ev = decode_log_body(seq, &body)?;
-                if damaged.contains(&ev.job_id) || lost(&ev.job_id) {
-                    if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
-                        rebuilt.insert(ev.job_id.clone());
-                        events.entry(ev.job_id).or_default().push(ce);
+                for kv in t.summaries.range(packs::all_packs()) {
+                    let (k, v) = kv?;
+                    if let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) {
+                        summarized.extend(pack.entries().filter_map(|e| e.ok()).map(|(_, id, _)| id.to_string()));
                     }
                 }
+                unknown = Some(summarized);
             }
-            drop(all);
-            drop(dead);
-            for job_id in damaged {
-                let archived = self.archive_of(&job_id)?;
-                let evs = events.entry(job_id.clone()).or_default();
-                evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
-                out.dirty.insert(job_id);
+            if !damaged.is_empty() || unknown.is_some() {
+                // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs (and
+                // the archives of older collectors' folds), and each comes back hot.
+                let lost = |id: &str| unknown.as_ref().is_some_and(|summarized| !summarized.contains(id));
+                let mut rebuilt: HashSet<String> = HashSet::new();
+                let dead = t.dead();
+                let mut all = log::Events::from(&t.files, &dead, 1)?;
+                while let Some((seq, body)) = all.next_event()? {
+                    let ev = decode_log_body(seq, &body)?;
+                    if damaged.contains(&ev.job_id) || lost(&ev.job_id) {
+                        if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
+                            rebuilt.insert(ev.job_id.clone());
+                            events.entry(ev.job_id).or_default().push(ce);
+                        }
+                    }
+                }
+                drop(all);
+                drop(dead);
+                for job_id in damaged {
+                    let archived = self.archive_of(&job_id)?;
+                    let evs = events.entry(job_id.clone()).or_default();
+                    evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                    out.dirty.insert(job_id);
+                }
+                out.dirty.extend(rebuilt);
             }
-            out.dirty.extend(rebuilt);
+            }
         }
         let summaries_done = started.elapsed();
         // One derivation per job (records dedupe by sequence number, never by id hash: two events whose ids
@@ -2469,6 +2593,7 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
 }
 
 mod files;
+mod image;
 mod log;
 mod packs;
 pub mod snaps;
