@@ -296,10 +296,13 @@ pub struct Restored {
     pub from_image: bool,
 }
 
+/// What a restore hands each summary to: `(job id, summary number, body)`; an `Err` sets the summary aside.
+type OnSummary<'a> = dyn FnMut(&str, u64, &[u8]) -> Result<(), String> + 'a;
+
 /// Where a restore learns the folded jobs from.
 enum Summaries<'a> {
     /// Every summary in the store, each handed to the callback.
-    Read(&'a mut dyn FnMut(&str, u64, &[u8]) -> Result<(), String>),
+    Read(&'a mut OnSummary<'a>),
     /// A shutdown image: which jobs were folded, and the hot ones' stale summaries.
     Known { folded: &'a dyn Fn(&str) -> bool, stale: &'a HashMap<String, Vec<u64>> },
 }
@@ -1033,10 +1036,9 @@ impl Store {
         body: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
     ) -> Result<(), StoreError> {
         let marker = self.checkpoint_seq()?;
-        let token = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ (u64::from(std::process::id()) << 32);
+        let token =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+                ^ (u64::from(std::process::id()) << 32);
         image::write(&self.path, token, marker, body)?;
         let t = self.t()?;
         let mut record = token.to_be_bytes().to_vec();
@@ -1251,137 +1253,139 @@ impl Store {
                 }
             }
             Summaries::Read(on_summary) => {
-            // Folded jobs: a summary each, unless the job is hot again (then its folded events join the rest).
-            let mut damaged: HashSet<String> = HashSet::new();
-            let mut one = |job_id: &str, no: u64, stored: Result<(Option<Vec<u64>>, &[u8]), String>| {
-                let (seqs, body) = match stored {
-                    Ok(x) => x,
-                    Err(reason) => {
-                        tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from the log");
-                        damaged.insert(job_id.to_string());
-                        out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
-                        return Ok(());
-                    }
-                };
-                let hot = match (&seqs, events.get(job_id)) {
-                    (_, None) => false,
-                    // A summary from before folded events stayed in the log: its events are in the job's archive.
-                    (None, Some(evs)) => {
-                        let archived: HashSet<u64> = self.archive_of(job_id)?.iter().map(|(s, _)| *s).collect();
-                        evs.iter().any(|e| !archived.contains(&e.seq))
-                    }
-                    // An event the summary does not list (a late one), in a snapshot or the log's tail. Snapshot
-                    // parts keep a folded job's events until the next base; those the summary lists are its own.
-                    (Some(seqs), Some(evs)) => evs.iter().any(|e| seqs.binary_search(&e.seq).is_err()),
-                };
-                if !hot && events.remove(job_id).is_some() {
-                    // The snapshots and the tail held only the folded job's own events.
-                    out.dirty.remove(job_id);
-                    out.snapshot_through.remove(job_id);
-                }
-                let usable = if hot {
-                    out.unfolded += 1;
-                    Err(String::new())
-                } else {
-                    let t0 = std::time::Instant::now();
-                    let r = on_summary(job_id, no, body);
-                    in_callback += t0.elapsed();
-                    r
-                };
-                match usable {
-                    Ok(()) => out.folded += 1,
-                    Err(reason) => {
-                        if !reason.is_empty() {
-                            tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its events");
+                // Folded jobs: a summary each, unless the job is hot again (then its folded events join the rest).
+                let mut damaged: HashSet<String> = HashSet::new();
+                let mut one = |job_id: &str, no: u64, stored: Result<(Option<Vec<u64>>, &[u8]), String>| {
+                    let (seqs, body) = match stored {
+                        Ok(x) => x,
+                        Err(reason) => {
+                            tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from the log");
+                            damaged.insert(job_id.to_string());
+                            out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
+                            return Ok(());
                         }
-                        out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
-                        let folded = match &seqs {
-                            Some(seqs) => self.jobs_events(&[(job_id, seqs)])?.pop().unwrap_or_default(),
-                            None => self.archive_of(job_id)?,
-                        };
-                        let evs = events.entry(job_id.to_string()).or_default();
-                        evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
-                        out.dirty.insert(job_id.to_string());
+                    };
+                    let hot = match (&seqs, events.get(job_id)) {
+                        (_, None) => false,
+                        // A summary from before folded events stayed in the log: its events are in the job's archive.
+                        (None, Some(evs)) => {
+                            let archived: HashSet<u64> = self.archive_of(job_id)?.iter().map(|(s, _)| *s).collect();
+                            evs.iter().any(|e| !archived.contains(&e.seq))
+                        }
+                        // An event the summary does not list (a late one), in a snapshot or the log's tail. Snapshot
+                        // parts keep a folded job's events until the next base; those the summary lists are its own.
+                        (Some(seqs), Some(evs)) => evs.iter().any(|e| seqs.binary_search(&e.seq).is_err()),
+                    };
+                    if !hot && events.remove(job_id).is_some() {
+                        // The snapshots and the tail held only the folded job's own events.
+                        out.dirty.remove(job_id);
+                        out.snapshot_through.remove(job_id);
                     }
-                }
-                Ok::<(), StoreError>(())
-            };
-            // Single summaries (older collectors' keyed by job id, then numbered ones), then packs.
-            for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
-                let (k, v) = kv?;
-                let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-                one(job_id, no, decode_summary(&v))?;
-            }
-            // Packs that cannot be read: which jobs they held is unknown until the log is read (below).
-            let mut lost_packs: Vec<u64> = Vec::new();
-            for kv in t.summaries.range(packs::all_packs()) {
-                let (k, v) = kv?;
-                let first = packs::pack_first(&k)?;
-                let pack = match packs::Pack::decode(first, &v) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
-                        lost_packs.push(first);
-                        continue;
+                    let usable = if hot {
+                        out.unfolded += 1;
+                        Err(String::new())
+                    } else {
+                        let t0 = std::time::Instant::now();
+                        let r = on_summary(job_id, no, body);
+                        in_callback += t0.elapsed();
+                        r
+                    };
+                    match usable {
+                        Ok(()) => out.folded += 1,
+                        Err(reason) => {
+                            if !reason.is_empty() {
+                                tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its events");
+                            }
+                            out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
+                            let folded = match &seqs {
+                                Some(seqs) => self.jobs_events(&[(job_id, seqs)])?.pop().unwrap_or_default(),
+                                None => self.archive_of(job_id)?,
+                            };
+                            let evs = events.entry(job_id.to_string()).or_default();
+                            evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                            out.dirty.insert(job_id.to_string());
+                        }
                     }
+                    Ok::<(), StoreError>(())
                 };
-                for entry in pack.entries() {
-                    match entry {
-                        Ok((no, job_id, summary)) => one(job_id, no, parse_summary(summary).map(|(s, b)| (Some(s), b)))?,
+                // Single summaries (older collectors' keyed by job id, then numbered ones), then packs.
+                for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
+                    let (k, v) = kv?;
+                    let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
+                    one(job_id, no, decode_summary(&v))?;
+                }
+                // Packs that cannot be read: which jobs they held is unknown until the log is read (below).
+                let mut lost_packs: Vec<u64> = Vec::new();
+                for kv in t.summaries.range(packs::all_packs()) {
+                    let (k, v) = kv?;
+                    let first = packs::pack_first(&k)?;
+                    let pack = match packs::Pack::decode(first, &v) {
+                        Ok(p) => p,
                         Err(e) => {
                             tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
                             lost_packs.push(first);
-                            break;
+                            continue;
+                        }
+                    };
+                    for entry in pack.entries() {
+                        match entry {
+                            Ok((no, job_id, summary)) => {
+                                one(job_id, no, parse_summary(summary).map(|(s, b)| (Some(s), b)))?
+                            }
+                            Err(e) => {
+                                tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
+                                lost_packs.push(first);
+                                break;
+                            }
                         }
                     }
                 }
-            }
-            // With a pack lost, any job the log holds without a usable summary may have been in it (snapshot parts
-            // may hold some of a folded job's events, the tail an unfolded one's): read the summaries' job ids once
-            // more, and rebuild every other job from the whole log (the union with what it has: the same events).
-            let mut unknown: Option<HashSet<String>> = None;
-            if !lost_packs.is_empty() {
-                out.lost_packs = lost_packs;
-                let mut summarized: HashSet<String> = HashSet::new();
-                for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
-                    let (k, _) = kv?;
-                    let (job_id, _) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-                    summarized.insert(job_id.to_string());
-                }
-                for kv in t.summaries.range(packs::all_packs()) {
-                    let (k, v) = kv?;
-                    if let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) {
-                        summarized.extend(pack.entries().filter_map(|e| e.ok()).map(|(_, id, _)| id.to_string()));
+                // With a pack lost, any job the log holds without a usable summary may have been in it (snapshot parts
+                // may hold some of a folded job's events, the tail an unfolded one's): read the summaries' job ids once
+                // more, and rebuild every other job from the whole log (the union with what it has: the same events).
+                let mut unknown: Option<HashSet<String>> = None;
+                if !lost_packs.is_empty() {
+                    out.lost_packs = lost_packs;
+                    let mut summarized: HashSet<String> = HashSet::new();
+                    for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
+                        let (k, _) = kv?;
+                        let (job_id, _) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
+                        summarized.insert(job_id.to_string());
                     }
-                }
-                unknown = Some(summarized);
-            }
-            if !damaged.is_empty() || unknown.is_some() {
-                // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs (and
-                // the archives of older collectors' folds), and each comes back hot.
-                let lost = |id: &str| unknown.as_ref().is_some_and(|summarized| !summarized.contains(id));
-                let mut rebuilt: HashSet<String> = HashSet::new();
-                let dead = t.dead();
-                let mut all = log::Events::from(&t.files, &dead, 1)?;
-                while let Some((seq, body)) = all.next_event()? {
-                    let ev = decode_log_body(seq, &body)?;
-                    if damaged.contains(&ev.job_id) || lost(&ev.job_id) {
-                        if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
-                            rebuilt.insert(ev.job_id.clone());
-                            events.entry(ev.job_id).or_default().push(ce);
+                    for kv in t.summaries.range(packs::all_packs()) {
+                        let (k, v) = kv?;
+                        if let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) {
+                            summarized.extend(pack.entries().filter_map(|e| e.ok()).map(|(_, id, _)| id.to_string()));
                         }
                     }
+                    unknown = Some(summarized);
                 }
-                drop(all);
-                drop(dead);
-                for job_id in damaged {
-                    let archived = self.archive_of(&job_id)?;
-                    let evs = events.entry(job_id.clone()).or_default();
-                    evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
-                    out.dirty.insert(job_id);
+                if !damaged.is_empty() || unknown.is_some() {
+                    // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs (and
+                    // the archives of older collectors' folds), and each comes back hot.
+                    let lost = |id: &str| unknown.as_ref().is_some_and(|summarized| !summarized.contains(id));
+                    let mut rebuilt: HashSet<String> = HashSet::new();
+                    let dead = t.dead();
+                    let mut all = log::Events::from(&t.files, &dead, 1)?;
+                    while let Some((seq, body)) = all.next_event()? {
+                        let ev = decode_log_body(seq, &body)?;
+                        if damaged.contains(&ev.job_id) || lost(&ev.job_id) {
+                            if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
+                                rebuilt.insert(ev.job_id.clone());
+                                events.entry(ev.job_id).or_default().push(ce);
+                            }
+                        }
+                    }
+                    drop(all);
+                    drop(dead);
+                    for job_id in damaged {
+                        let archived = self.archive_of(&job_id)?;
+                        let evs = events.entry(job_id.clone()).or_default();
+                        evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                        out.dirty.insert(job_id);
+                    }
+                    out.dirty.extend(rebuilt);
                 }
-                out.dirty.extend(rebuilt);
-            }
             }
         }
         let summaries_done = started.elapsed();
