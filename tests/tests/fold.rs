@@ -167,9 +167,17 @@ async fn folded_jobs_answer_exactly_as_jobs_kept_in_memory() {
     assert_eq!(folded_jobs(&plain), 0);
     assert_same(&plain, &folding, "after folding");
 
-    // A restart restores folded jobs from their summaries.
+    // A restart after a clean stop restores folded jobs from the shutdown image the stop wrote.
     folding.signal_and_wait("TERM");
+    assert!(fold_db.join("shutdown.img").exists(), "the stop wrote a shutdown image");
     folding = Collector::start(&fold_db, &["--config", &fold_cfg]);
+    let from_image = |c: &Collector, yes: bool| {
+        let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+        let line = log.lines().rfind(|l| l.contains("store restored")).unwrap_or_default().to_string();
+        assert!(line.contains(&format!("from_shutdown_image={yes}")), "restored from the image: {yes}: {line}");
+    };
+    from_image(&folding, true);
+    assert!(!fold_db.join("shutdown.img").exists(), "an image is used once");
     assert_eq!(folded_jobs(&folding), ended);
     assert_same(&plain, &folding, "after a restart");
 
@@ -195,9 +203,11 @@ async fn folded_jobs_answer_exactly_as_jobs_kept_in_memory() {
     wait_until("the unfolded jobs fold again", Duration::from_secs(30), || folded_jobs(&folding) == ended);
     assert_same(&plain, &folding, "after folding again");
 
-    // And once more across a restart.
+    // And once more across a restart, this one from the summaries (the image gone, as after a crash).
     folding.signal_and_wait("TERM");
+    std::fs::remove_file(fold_db.join("shutdown.img")).expect("the stop wrote a shutdown image");
     folding = Collector::start(&fold_db, &["--config", &fold_cfg]);
+    from_image(&folding, false);
     assert_same(&plain, &folding, "after a second restart");
     // Duplicates of folded jobs' events are answered as duplicates, not stored again.
     let mut up = Publisher::new(UplinkSettings::new(folding.endpoint())).expect("publisher");
