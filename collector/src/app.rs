@@ -705,14 +705,25 @@ async fn watch_reloads(
 
 /// Restores the store with its folded jobs decoded into rows: the dictionary first, then every summary.
 pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> {
-    let dict = Dictionary::load_with_next(store.load_dictionary()?, store.dictionary_next()?)
-        .map_err(|reason| StoreError::Corrupt { what: "dictionary", key: String::new(), reason })?;
-    let mut cold = ColdJobs::with_dictionary(dict);
-    // After a clean stop the rows come from the shutdown image, and no summary is read.
+    let dictionary = || {
+        Dictionary::load_with_next(store.load_dictionary()?, store.dictionary_next()?)
+            .map_err(|reason| StoreError::Corrupt { what: "dictionary", key: String::new(), reason })
+    };
+    let mut cold = ColdJobs::with_dictionary(dictionary()?);
+    // After a clean stop the rows come from the shutdown image, and no summary is read; if the image or what it
+    // needs from the store cannot be used, everything is read as after a crash.
     let imaged = store.take_shutdown_image(|r| ColdJobs::read_image(r)).and_then(|image| {
         let rows = image.rows();
-        match cold.load_image(image) {
-            Ok(stale) => Some((rows, stale)),
+        let stale = cold
+            .load_image(image)
+            .map_err(|reason| reason.to_string())
+            .and_then(|stale| store.restore_known(&|id| cold.rows.contains_key(id), &stale).map_err(|e| e.to_string()));
+        match stale {
+            Ok(mut restored) => {
+                tracing::info!(folded = rows, "folded jobs restored from the shutdown image");
+                restored.folded = rows;
+                Some(restored)
+            }
             Err(reason) => {
                 tracing::warn!(%reason, "shutdown image unusable; the summaries are read instead");
                 None
@@ -720,13 +731,12 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
         }
     });
     let (restored, mut superseded) = match imaged {
-        Some((rows, stale)) => {
-            tracing::info!(folded = rows, "folded jobs restored from the shutdown image");
-            let mut restored = store.restore_known(&|id| cold.rows.contains_key(id), &stale)?;
-            restored.folded = rows;
-            (restored, Vec::new())
-        }
+        Some(restored) => (restored, Vec::new()),
         None => {
+            if cold.bytes() > 0 {
+                // An image was loaded, then could not be used.
+                cold = ColdJobs::with_dictionary(dictionary()?);
+            }
             // The store lists summaries in fold order: the rows are packed as they are read, collected, then
             // sorted by job id and loaded in one pass (full B-tree nodes; while the map is built, the collected
             // rows are held too: a transient peak of one 72-byte entry per folded job).

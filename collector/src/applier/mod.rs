@@ -182,6 +182,7 @@ pub fn spawn(
             stopping: Arc::new(AtomicBool::new(false)),
             store_writes: Arc::new(Mutex::new(())),
             last_reopen: std::cell::Cell::new(None),
+            write_failed: std::cell::Cell::new(false),
             used_seq: std::cell::Cell::new(0),
         }
         .run(rx)
@@ -217,6 +218,9 @@ struct Committer {
     store_writes: Arc<Mutex<()>>,
     /// When the store was last reopened after a failure (reopens are at most once per [`REOPEN_BACKOFF`]).
     last_reopen: std::cell::Cell<Option<Instant>>,
+    /// A write failed since start: the store may hold what memory does not (blocks of failed groups), which only
+    /// a start that reads the summaries and the log sorts out, so the stop writes no shutdown image.
+    write_failed: std::cell::Cell<bool>,
     /// The last log sequence any write used, acknowledged or not. A failed group commit's sequences are never
     /// handed out again: sled may have kept some of its blocks, and a later block starting inside that range
     /// would leave a stale block in front of acknowledged events (blocks must never overlap).
@@ -425,8 +429,16 @@ impl Committer {
     }
 
     /// Writes the shutdown image (the folded rows, for the next start to read instead of every summary: see
-    /// `store::image`). Nothing writes to the store after it.
+    /// `store::image`). Nothing the image covers (summaries, snapshots, the log) is written after it. None after a
+    /// failed write, or when retention could not delete jobs it dropped from memory (the next start must find
+    /// them in the summaries to delete them again).
     fn write_shutdown_image(&self) {
+        if self.write_failed.get() || self.store.bases_held() {
+            tracing::info!(
+                "no shutdown image (a store write failed while running): the next start reads the summaries"
+            );
+            return;
+        }
         let started = Instant::now();
         let idx = self.index.read();
         let rows = idx.cold.rows.len();
@@ -453,6 +465,7 @@ impl Committer {
     /// group then finds out whether the cause is gone. The in-memory index is unaffected: it holds only
     /// acknowledged events, and those are synced in the log.
     fn recover_store(&self) {
+        self.write_failed.set(true);
         if self.last_reopen.get().is_some_and(|t| t.elapsed() < REOPEN_BACKOFF) {
             return;
         }

@@ -375,12 +375,16 @@ proptest! {
                         assert_summaries_known(&index, &store, &format!("step {step}: before the restart"));
                         let sets_before = row_sets(&index);
                         drop(store);
-                        if !image {
+                        // A stop after a failed write writes no image.
+                        let written = dir.path().join("shutdown.img").exists();
+                        if !image && written {
                             // As after a crash: the summaries are read.
-                            std::fs::remove_file(dir.path().join("shutdown.img")).expect("a clean stop wrote the image");
+                            std::fs::remove_file(dir.path().join("shutdown.img")).expect("remove the image");
                         }
                         store = Store::open(dir.path()).expect("reopen");
-                        index = restored_index(&store);
+                        let restored = crate::app::restore_index(&store).expect("restore");
+                        assert_eq!(restored.0.from_image, image && written, "step {step}: restored from the image");
+                        index = index_of(restored);
                         assert_summaries_known(&index, &store, &format!("step {step}: after the restart"));
                         // Jobs folded on both sides name the same attribute sets.
                         let sets_after = row_sets(&index);
@@ -858,4 +862,50 @@ async fn the_shutdown_image_restores_what_the_summaries_do() {
     drop(store);
     let store = Store::open(dir.path()).expect("open");
     assert_eq!(restart_of(&restored_index(&store)), before, "a start without an image");
+
+    // A clean stop whose image needs a summary pack damaged after it (the unfolded job's stale summary): the
+    // start reads everything as after a crash (the damaged packs' jobs rebuilt from the log), never refuses.
+    let index = restored_index(&store);
+    let (tx, c) = start(&store, &index, &health, None);
+    drop(tx);
+    tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
+    assert!(store.damage_summary_packs().expect("damage") > 0);
+    drop(store);
+    assert!(dir.path().join("shutdown.img").exists());
+    let store = Store::open(dir.path()).expect("open");
+    let (restored, cold) = crate::app::restore_index(&store).expect("a damaged pack is no reason to refuse");
+    assert!(!restored.from_image && !restored.lost_packs.is_empty());
+    let mut ids: Vec<String> = restored.jobs.keys().cloned().chain(cold.rows.keys().map(|k| k.to_string())).collect();
+    ids.sort();
+    let mut want: Vec<String> =
+        before.0.iter().map(|r| r.0.clone()).chain(before.1.iter().map(|h| h.0.clone())).collect();
+    want.sort();
+    assert_eq!(ids, want, "every job, hot or rebuilt");
+}
+
+/// A stop after a store write failed, or after retention could not delete jobs it dropped from memory, writes no
+/// shutdown image: the next start must read the summaries (and the log) to find what memory no longer knew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_shutdown_image_after_a_failed_write_or_a_failed_retention_delete() {
+    for failure in ["write", "retention"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t0 = startline_proto::time::now_ms() - 3_600_000;
+        let store = Store::open(dir.path()).expect("open");
+        let index = empty_index();
+        let health = Arc::new(Health::default());
+        let (tx, c) = start(&store, &index, &health, Some(Duration::ZERO));
+        let numbers: Vec<(u8, u8)> = (0..5u8).flat_map(|j| (0..10u8).map(move |e| (j, e))).collect();
+        send(&tx, &distinct_events(&numbers, t0)).await.expect("ingest");
+        match failure {
+            "write" => {
+                store.fail_after_write.store(1, std::sync::atomic::Ordering::Release);
+                let more = [pb::LifecycleEvent { event_id: "m0-late".into(), ..numbered(0, 5, t0) }];
+                assert!(send(&tx, &more).await.is_err(), "the write is reported failed");
+            }
+            _ => store.hold_bases(),
+        }
+        drop(tx);
+        tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
+        assert!(!dir.path().join("shutdown.img").exists(), "{failure}: no image");
+    }
 }

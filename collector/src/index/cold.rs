@@ -1193,8 +1193,9 @@ impl ChunkReader<'_> {
 
     fn bytes(&mut self) -> Result<&[u8], String> {
         let n = self.len()?;
-        let b = self.chunk.get(self.at..self.at + n).ok_or("bytes cut short")?;
-        self.at += n;
+        let end = self.at.checked_add(n).ok_or("a length past memory")?;
+        let b = self.chunk.get(self.at..end).ok_or("bytes cut short")?;
+        self.at = end;
         Ok(b)
     }
 
@@ -1257,7 +1258,6 @@ impl ColdJobs {
             image.nodes.push(Arc::from(c.text()?));
         }
         let n = c.len()?;
-        image.rows.reserve_exact(n.min(1 << 26));
         for _ in 0..n {
             let id: Box<str> = Box::from(c.text()?);
             let attrs = u32::try_from(c.u()?).map_err(|_| "an attribute number past 32 bits".to_string())?;
@@ -1277,7 +1277,9 @@ impl ColdJobs {
             for _ in 0..k {
                 numbers.push(c.u()?);
             }
-            image.stale.insert(id, numbers);
+            if image.stale.insert(id, numbers).is_some() {
+                return Err("a job's stale summaries twice".to_string());
+            }
         }
         c.finish()?;
         Ok(image)
@@ -1289,12 +1291,13 @@ impl ColdJobs {
         if let Some((id, row)) = image.rows.iter().find(|(_, r)| self.dict.get(r.attrs).is_none()) {
             return Err(format!("job {id:?} names attribute set {}, which the dictionary does not hold", row.attrs));
         }
+        let distinct: std::collections::HashSet<&Arc<str>> = image.nodes.iter().collect();
+        if distinct.len() != image.nodes.len() || !self.nodes.names.is_empty() || !self.rows.is_empty() {
+            return Err("a node name twice, or rows already loaded".to_string());
+        }
         let mut bytes = 0;
         for name in &image.nodes {
             self.nodes.id(name, &mut bytes);
-        }
-        if self.nodes.names.len() != image.nodes.len() {
-            return Err("a node name twice".to_string());
         }
         self.node_bytes += bytes;
         self.bytes += bytes;

@@ -1246,8 +1246,9 @@ impl Store {
                         for &no in numbers {
                             let folded = self.read_folded(job_id, no, false)?;
                             evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                            out.unfolded += 1;
                         }
-                        out.unfolded += 1;
+                        out.dirty.insert(job_id.clone());
                     }
                     out.stale_summaries.insert(job_id.clone(), numbers.clone());
                 }
@@ -1675,6 +1676,23 @@ impl Store {
         Ok(())
     }
 
+    /// Tests: flips a byte in the middle of every summary pack (each then fails its checksum).
+    #[cfg(test)]
+    pub(crate) fn damage_summary_packs(&self) -> Result<usize, StoreError> {
+        let t = self.t()?;
+        let mut n = 0;
+        for kv in t.summaries.range(packs::all_packs()) {
+            let (k, v) = kv?;
+            let mut v = v.to_vec();
+            let at = v.len() / 2;
+            v[at] ^= 0x40;
+            t.summaries.insert(k, v)?;
+            n += 1;
+        }
+        t.db.flush()?;
+        Ok(n)
+    }
+
     /// Every readable stored summary, `(job_id, number)`, in the store's order.
     #[cfg(test)]
     pub(crate) fn summary_numbers(&self) -> Result<Vec<(String, u64)>, StoreError> {
@@ -2000,6 +2018,11 @@ impl Store {
     /// snapshot parts that hold them must stay for the next start to bring them back (and delete them).
     pub fn hold_bases(&self) {
         self.snap.hold_bases.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether [`Store::hold_bases`] was called since the open.
+    pub fn bases_held(&self) -> bool {
+        self.snap.hold_bases.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Which opening of the database writes go to (see [`Store::finish_checkpoint_of`]).
