@@ -550,6 +550,20 @@ fn snapshots_list_log_sequences_and_those_holding_events_are_still_read() {
     assert!(err.contains("\"a\"") && err.contains(&format!("seq {}", seq + 1000)), "{err}");
 }
 
+/// Flips a byte near the end of the (only) log segment under store `dir`: the segment and its damaged bytes.
+fn damage_log_end(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>) {
+    let seg = std::fs::read_dir(dir.join(LOG_DIR))
+        .expect("dir")
+        .map(|e| e.expect("entry").path())
+        .find(|p| p.extension().is_some_and(|x| x == "seg"))
+        .expect("segment");
+    let mut bytes = std::fs::read(&seg).expect("read");
+    let n = bytes.len();
+    bytes[n - 2] ^= 0x55;
+    std::fs::write(&seg, &bytes).expect("write");
+    (seg, bytes)
+}
+
 #[test]
 fn a_damaged_log_value_stops_the_restore_with_its_sequence_number() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -560,15 +574,7 @@ fn a_damaged_log_value_stops_the_restore_with_its_sequence_number() {
     let t = store.t().expect("open");
     let block = t.files.block_at(seq).expect("read").expect("block");
     assert_eq!(block.first, seq);
-    let seg = std::fs::read_dir(dir.path().join(LOG_DIR))
-        .expect("dir")
-        .map(|e| e.expect("entry").path())
-        .find(|p| p.extension().is_some_and(|x| x == "seg"))
-        .expect("segment");
-    let mut bytes = std::fs::read(&seg).expect("read");
-    let n = bytes.len();
-    bytes[n - 2] ^= 0x55;
-    std::fs::write(&seg, &bytes).expect("write");
+    damage_log_end(dir.path());
     let err = store.restore().expect_err("must refuse").to_string();
     assert!(err.contains(&format!("block {seq}")) && err.contains("checksum mismatch"), "{err}");
 }
@@ -590,15 +596,7 @@ fn damage_in_the_newest_append_a_snapshot_holds_is_refused_never_cut() {
         }
         store.flush().expect("flush");
         drop(store);
-        let seg = std::fs::read_dir(dir.path().join(LOG_DIR))
-            .expect("dir")
-            .map(|e| e.expect("entry").path())
-            .find(|p| p.extension().is_some_and(|x| x == "seg"))
-            .expect("segment");
-        let mut bytes = std::fs::read(&seg).expect("read");
-        let n = bytes.len();
-        bytes[n - 2] ^= 0x55;
-        std::fs::write(&seg, &bytes).expect("write");
+        let (seg, bytes) = damage_log_end(dir.path());
         if older_store {
             for start in 0..2 {
                 let store = Store::open(dir.path()).expect("an older store's open cuts the tail");
