@@ -714,11 +714,10 @@ pub fn restore_index(store: &Store) -> Result<(Restored, ColdJobs), StoreError> 
     // needs from the store cannot be used, everything is read as after a crash.
     let imaged = store.take_shutdown_image(|r| ColdJobs::read_image(r)).and_then(|image| {
         let rows = image.rows();
-        let stale = cold
+        let result = cold
             .load_image(image)
-            .map_err(|reason| reason.to_string())
             .and_then(|stale| store.restore_known(&|id| cold.rows.contains_key(id), &stale).map_err(|e| e.to_string()));
-        match stale {
+        match result {
             Ok(mut restored) => {
                 tracing::info!(folded = rows, "folded jobs restored from the shutdown image");
                 restored.folded = rows;

@@ -774,6 +774,17 @@ fn a_job_whose_newer_summary_is_refused_restores_hot_only() {
     }
 }
 
+/// A new store under `dir` with a committer on an empty index that folds ended jobs at once.
+fn folding_committer(
+    dir: &std::path::Path,
+) -> (Store, SharedIndex, Arc<Health>, mpsc::Sender<CommitRequest>, std::thread::JoinHandle<()>) {
+    let store = Store::open(dir).expect("open");
+    let index = empty_index();
+    let health = Arc::new(Health::default());
+    let (tx, c) = start(&store, &index, &health, Some(Duration::ZERO));
+    (store, index, health, tx, c)
+}
+
 /// Every file under `from`, copied to `to`.
 fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).expect("mkdir");
@@ -805,10 +816,7 @@ fn restart_of(index: &SharedIndex) -> Restart {
 async fn the_shutdown_image_restores_what_the_summaries_do() {
     let dir = tempfile::tempdir().expect("tempdir");
     let t0 = startline_proto::time::now_ms() - 3_600_000;
-    let store = Store::open(dir.path()).expect("open");
-    let index = empty_index();
-    let health = Arc::new(Health::default());
-    let (tx, c) = start(&store, &index, &health, Some(Duration::ZERO));
+    let (store, index, health, tx, c) = folding_committer(dir.path());
     // 40 jobs that end (and fold), 10 still running; then a late event unfolds one folded job.
     let mut numbers: Vec<(u8, u8)> = (0..50u8).flat_map(|j| (0..10u8).map(move |e| (j, e))).collect();
     numbers.retain(|&(j, e)| j < 40 || e != 9);
@@ -890,10 +898,7 @@ async fn no_shutdown_image_after_a_failed_write_or_a_failed_retention_delete() {
     for failure in ["write", "retention"] {
         let dir = tempfile::tempdir().expect("tempdir");
         let t0 = startline_proto::time::now_ms() - 3_600_000;
-        let store = Store::open(dir.path()).expect("open");
-        let index = empty_index();
-        let health = Arc::new(Health::default());
-        let (tx, c) = start(&store, &index, &health, Some(Duration::ZERO));
+        let (store, _index, _health, tx, c) = folding_committer(dir.path());
         let numbers: Vec<(u8, u8)> = (0..5u8).flat_map(|j| (0..10u8).map(move |e| (j, e))).collect();
         send(&tx, &distinct_events(&numbers, t0)).await.expect("ingest");
         match failure {

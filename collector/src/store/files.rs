@@ -114,6 +114,24 @@ pub struct Acknowledged {
     pub gap_through: u64,
 }
 
+impl Acknowledged {
+    /// Whether an append cut off at the newest segment's end was acknowledged. Its own header says where it
+    /// started (`cut_first`); without one, it started past every sequence `kept` and past the gap.
+    fn covers(
+        &self,
+        cut_first: Option<u64>,
+        kept: impl FnOnce() -> Result<u64, StoreError>,
+    ) -> Result<bool, StoreError> {
+        if self.through == 0 {
+            return Ok(false);
+        }
+        Ok(match cut_first {
+            Some(first) => self.through >= first,
+            None => self.through > kept()?.max(self.gap_through),
+        })
+    }
+}
+
 /// What one open found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct OpenStats {
@@ -424,35 +442,25 @@ impl LogFiles {
                 None => {
                     stats.scanned += 1;
                     let (blocks, end, damage) = scan(&path)?;
-                    if let Some(Damage { mut why, torn, cut_first, kept_last }) = damage {
-                        let mut cut = newest && torn;
-                        if cut && acknowledged.through > 0 {
-                            // Was the append cut off acknowledged? Its own header says where it starts; without
-                            // one, it started past every sequence kept and past any gap older collectors left.
-                            let covered = match cut_first {
-                                Some(first) => acknowledged.through >= first,
-                                None => {
-                                    let kept = match kept_last {
-                                        Some(last) => last,
-                                        None => last_seq_of(dir, &segs)?,
-                                    };
-                                    acknowledged.through > kept.max(acknowledged.gap_through)
-                                }
-                            };
-                            if covered {
-                                cut = false;
-                                why = format!(
+                    if let Some(Damage { why, torn, cut_first, kept_last }) = damage {
+                        let covered = newest
+                            && torn
+                            && acknowledged
+                                .covers(cut_first, || kept_last.map_or_else(|| last_seq_of(dir, &segs), Ok))?;
+                        if !newest || !torn || covered {
+                            let reason = if covered {
+                                format!(
                                     "{why}; but the store records sequence {} as acknowledged, past the last intact \
                                      one: that write was acknowledged, so this is damage, not a torn write",
                                     acknowledged.through
-                                );
-                            }
-                        }
-                        if !cut {
+                                )
+                            } else {
+                                why
+                            };
                             return Err(StoreError::Corrupt {
                                 what: "log",
                                 key: format!("segment {} at byte {end}", path.display()),
-                                reason: why,
+                                reason,
                             });
                         }
                         tracing::warn!(
