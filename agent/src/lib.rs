@@ -18,7 +18,12 @@
 //!   the environment.
 //! - [`provider`]: provider adapters (Slurm, SageMaker, Vertex AI, Azure ML, Kubernetes/Kueue), each a pure
 //!   `parse + diff -> events` core and a polling or watching shell.
+//! - [`rfc3339`]: the one RFC 3339 parser (offsets honoured, fractions truncated to the millisecond) and
+//!   formatter (UTC, milliseconds) every adapter, `emit` and `tail` use.
 //! - [`rng`]: the seeded random generator the simulator and backoff use.
+//! - [`tail`]: `startline-agent tail`, which follows the collector's stream out and prints each record.
+//! - [`gameday`]: `startline-agent gameday`, failure rehearsals against a collector.
+//! - [`gpu`]: GPU health from `nvidia-smi`, reported by the node agent.
 
 pub mod access;
 pub mod auth;
@@ -28,6 +33,7 @@ pub mod gpu;
 pub mod metrics;
 pub mod node;
 pub mod provider;
+pub mod rfc3339;
 pub mod rng;
 pub mod simulate;
 pub mod spool;

@@ -4,12 +4,13 @@
 //!
 //! JSON: one event object or `{"events": [...]}`. Fields: `kind` (submitted, queued, node_assigned, preparing,
 //! first_step, checkpoint, preempted, requeued, restarted, node_lost, done), `job_id`, optional `event_id`
-//! (default: derived from the event's content, see below), optional `occurred_at` (RFC 3339 or Unix seconds;
-//! default: stamped on arrival), `attempt`, and the kind's fields (`step`, `uri`, `save_seconds`,
-//! `phase`, `reason`, `raw_reason`, `message`, `nodes`, `gpu_ids`, `checkpoint_saved`, `resume_step`, `node`,
-//! `outcome`, `exit_code`, and for `submitted`: `pool_kind`, `provider`, `pool`, `priority`, `gpu_class`,
-//! `gpu_count`, `node_count`, `region`, `team`, `project`, `chain_id`, `chain_stage`, `labels`). Errors are
-//! 4xx JSON naming the field; a full spool answers 503.
+//! (default: derived from the event's content, see below), optional `occurred_at` (RFC 3339 with its offset,
+//! `Z` or `+hh:mm`/`-hh:mm`, read by [`crate::rfc3339`]; or Unix seconds; default: stamped on arrival),
+//! `attempt`, and the kind's fields (`step`, `uri`, `save_seconds`, `phase`, `reason`, `raw_reason`, `message`,
+//! `nodes`, `gpu_ids`, `checkpoint_saved`, `resume_step`, `node`, `outcome`, `exit_code`, and for `submitted`:
+//! `pool_kind`, `provider`, `pool`, `priority`, `gpu_class`, `gpu_count`, `node_count`, `region`, `team`,
+//! `project`, `chain_id`, `chain_stage`, `labels`). Errors are 4xx JSON naming the field; a full spool answers
+//! 503.
 //!
 //! `GET /metrics` serves the agent's own metrics ([`crate::metrics`]) behind the same Host and Origin checks;
 //! `GET /v1/spool` the spool's depth as JSON; `GET /healthz` is unchecked.
@@ -292,19 +293,17 @@ fn named<T: Label + Into<i32>>(v: &Value, k: &str) -> Result<i32, FieldErr> {
     })
 }
 
-/// Parses `occurred_at`: RFC 3339 text or Unix seconds (may be fractional); `None` when the client sent none.
+/// Parses `occurred_at`: RFC 3339 text with an offset ([`crate::rfc3339::parse_ms`]: a time without one is
+/// refused, not guessed to be UTC) or Unix seconds (may be fractional); `None` when the client sent none.
 fn time(v: &Value) -> Result<Option<i64>, FieldErr> {
     match v.get("occurred_at") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => {
             n.as_f64().map(|s| Some((s * 1000.0) as i64)).ok_or_else(|| ferr("occurred_at", "is not a number"))
         }
-        Some(Value::String(t)) => humantime::parse_rfc3339_weak(t)
-            .ok()
-            .and_then(|st| st.duration_since(std::time::UNIX_EPOCH).ok())
-            .and_then(|d| i64::try_from(d.as_millis()).ok())
-            .map(Some)
-            .ok_or_else(|| ferr("occurred_at", "must be RFC 3339, e.g. 2026-01-02T03:04:05Z, or Unix seconds")),
+        Some(Value::String(t)) => crate::rfc3339::parse_ms(t).map(Some).ok_or_else(|| {
+            ferr("occurred_at", "must be RFC 3339 with an offset, e.g. 2026-01-02T03:04:05Z or +02:00, or Unix seconds")
+        }),
         Some(_) => Err(ferr("occurred_at", "must be RFC 3339 text or Unix seconds")),
     }
 }
@@ -648,8 +647,7 @@ pub fn emit_body(
         body.insert("labels".into(), Value::Object(labels));
     }
     if body.get("occurred_at").is_none_or(Value::is_null) {
-        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(now_ms).unwrap_or(0));
-        body.insert("occurred_at".into(), Value::from(humantime::format_rfc3339_millis(at).to_string()));
+        body.insert("occurred_at".into(), Value::from(crate::rfc3339::format_ms(now_ms.max(0))));
     }
     if let Some(id) = event_id {
         body.insert("event_id".into(), Value::from(id));
@@ -804,6 +802,19 @@ mod tests {
         ] {
             assert_eq!(event_from_json(&body, "s", now).expect_err("invalid").0, field, "{body}");
         }
+    }
+
+    #[test]
+    fn occurred_at_text_keeps_its_offset_and_needs_one() {
+        let at = |t: &str| {
+            event_from_json(&json!({"kind": "first_step", "job_id": "j", "step": 1, "occurred_at": t}), "s", 0)
+                .map(|ev| startline_proto::time::timestamp_to_ms(ev.occurred_at.as_ref().expect("t")))
+        };
+        // 2026-01-01T10:00:00Z (`date -u -d 2026-01-01T10:00:00Z +%s%3N`).
+        assert_eq!(at("2026-01-01T12:00:00+02:00").ok(), Some(1_767_261_600_000), "+02:00 is 10:00 UTC");
+        assert_eq!(at("2026-01-01T05:00:00.250-05:00").ok(), Some(1_767_261_600_250), "-05:00 is 10:00 UTC");
+        // A local time without its zone is refused rather than read as UTC (Python's naive isoformat()).
+        assert_eq!(at("2026-01-01T12:00:00").expect_err("no offset").0, "occurred_at");
     }
 
     /// One JSON body of every kind the endpoint accepts, none with `occurred_at`.

@@ -49,26 +49,9 @@ pub enum TailError {
     },
 }
 
+/// A record's time as RFC 3339 with milliseconds, UTC ([`crate::rfc3339::format_ms`]); empty when unset.
 fn ts(t: &Option<Timestamp>) -> String {
-    t.as_ref().map(startline_proto::time::timestamp_to_ms).map(format_ms).unwrap_or_default()
-}
-
-/// RFC 3339 with milliseconds, UTC.
-fn format_ms(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, ms.rem_euclid(1000))
+    t.as_ref().map(startline_proto::time::timestamp_to_ms).map(crate::rfc3339::format_ms).unwrap_or_default()
 }
 
 fn event_kind(e: &pb::LifecycleEvent) -> (&'static str, serde_json::Value) {
@@ -307,9 +290,11 @@ mod tests {
 
     #[test]
     fn times_are_rfc3339_utc() {
-        assert_eq!(format_ms(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(format_ms(1_767_225_600_123), "2026-01-01T00:00:00.123Z");
-        assert_eq!(format_ms(951_827_696_007), "2000-02-29T12:34:56.007Z");
+        let at = |ms: i64| ts(&Some(startline_proto::time::ms_to_timestamp(ms)));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(1_767_225_600_123), "2026-01-01T00:00:00.123Z");
+        assert_eq!(at(951_827_696_007), "2000-02-29T12:34:56.007Z");
+        assert_eq!(ts(&None), "");
     }
 
     #[test]

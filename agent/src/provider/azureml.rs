@@ -24,6 +24,7 @@ use super::gpus::{GpuTable, Known};
 use super::retry::{with_retries, Attempt, RetryPolicy};
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
+use crate::rfc3339::json_ms;
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use std::collections::{BTreeMap, HashMap};
@@ -69,12 +70,6 @@ pub struct RunTimes {
     pub error: String,
 }
 
-fn rfc3339_ms(v: &Value) -> Option<i64> {
-    let s = v.as_str()?;
-    let t = humantime::parse_rfc3339_weak(s.trim_end_matches('Z').split('+').next()?).ok()?;
-    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
-}
-
 /// Parses a job resource (one element of the list's `value`, or a single GET).
 pub fn parse_job(v: &Value) -> Option<AzureJob> {
     let p = &v["properties"];
@@ -83,8 +78,8 @@ pub fn parse_job(v: &Value) -> Option<AzureJob> {
         display_name: p["displayName"].as_str().unwrap_or("").to_string(),
         status: p["status"].as_str().unwrap_or("").to_string(),
         job_type: p["jobType"].as_str().unwrap_or("").to_string(),
-        created_ms: rfc3339_ms(&v["systemData"]["createdAt"])?,
-        modified_ms: rfc3339_ms(&v["systemData"]["lastModifiedAt"]),
+        created_ms: json_ms(&v["systemData"]["createdAt"])?,
+        modified_ms: json_ms(&v["systemData"]["lastModifiedAt"]),
         compute: p["computeId"].as_str().and_then(|c| c.rsplit('/').next()).unwrap_or("").to_string(),
         instance_type: p["resources"]["instanceType"].as_str().unwrap_or("").to_string(),
         instance_count: p["resources"]["instanceCount"]
@@ -102,8 +97,8 @@ pub fn parse_job(v: &Value) -> Option<AzureJob> {
 /// Parses a run-history run.
 pub fn parse_run(v: &Value) -> RunTimes {
     RunTimes {
-        start_ms: rfc3339_ms(&v["startTimeUtc"]),
-        end_ms: rfc3339_ms(&v["endTimeUtc"]),
+        start_ms: json_ms(&v["startTimeUtc"]),
+        end_ms: json_ms(&v["endTimeUtc"]),
         error: v["error"]["error"]["message"].as_str().or(v["error"]["message"].as_str()).unwrap_or("").to_string(),
     }
 }
@@ -486,7 +481,7 @@ impl Client {
             let page = v["value"].as_array().cloned().unwrap_or_default();
             let mut any_recent = false;
             for j in page {
-                if rfc3339_ms(&j["systemData"]["createdAt"]).is_some_and(|c| c >= since_ms) {
+                if json_ms(&j["systemData"]["createdAt"]).is_some_and(|c| c >= since_ms) {
                     any_recent = true;
                     out.push(j);
                 }

@@ -46,6 +46,7 @@
 pub mod watch;
 
 use super::JobMemory;
+use crate::rfc3339::json_ms;
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use std::collections::{BTreeMap, HashMap};
@@ -172,13 +173,6 @@ pub struct PullEvent {
     pub message: String,
 }
 
-/// RFC 3339 (with or without fractional seconds) to Unix ms.
-pub fn rfc3339_ms(v: &Value) -> Option<i64> {
-    let s = v.as_str()?;
-    let t = humantime::parse_rfc3339_weak(s.trim_end_matches('Z').split('+').next()?).ok()?;
-    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
-}
-
 fn string_map(v: &Value) -> BTreeMap<String, String> {
     v.as_object()
         .map(|o| o.iter().filter_map(|(k, x)| Some((k.clone(), x.as_str()?.to_string()))).collect())
@@ -195,7 +189,7 @@ fn conditions(v: &Value) -> HashMap<String, Condition> {
                 status: c["status"].as_str() == Some("True"),
                 reason: c["reason"].as_str().unwrap_or("").to_string(),
                 message: c["message"].as_str().unwrap_or("").to_string(),
-                at_ms: rfc3339_ms(&c["lastTransitionTime"]).unwrap_or(0),
+                at_ms: json_ms(&c["lastTransitionTime"]).unwrap_or(0),
             },
         );
     }
@@ -270,7 +264,7 @@ pub fn parse_workload(v: &Value) -> Option<Workload> {
         job_name: owner.and_then(|o| o["name"].as_str()).unwrap_or(&name).to_string(),
         owner_kind: owner.and_then(|o| o["kind"].as_str()).unwrap_or("").to_string(),
         name,
-        created_ms: rfc3339_ms(&md["creationTimestamp"])?,
+        created_ms: json_ms(&md["creationTimestamp"])?,
         queue_name: v["spec"]["queueName"].as_str().unwrap_or("").to_string(),
         priority_class,
         pod_sets,
@@ -285,7 +279,7 @@ pub fn parse_workload(v: &Value) -> Option<Workload> {
                 name: c["name"].as_str().unwrap_or("").to_string(),
                 state: c["state"].as_str().unwrap_or("").to_string(),
                 message: c["message"].as_str().unwrap_or("").to_string(),
-                at_ms: rfc3339_ms(&c["lastTransitionTime"]).unwrap_or(0),
+                at_ms: json_ms(&c["lastTransitionTime"]).unwrap_or(0),
             })
             .collect(),
         labels,
@@ -302,13 +296,13 @@ pub fn parse_pod(v: &Value) -> Option<Pod> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|c| rfc3339_ms(&c["state"]["terminated"]["finishedAt"]))
+        .filter_map(|c| json_ms(&c["state"]["terminated"]["finishedAt"]))
         .max();
     Some(Pod {
         namespace: md["namespace"].as_str().unwrap_or("default").to_string(),
         name: md["name"].as_str()?.to_string(),
         job_name,
-        created_ms: rfc3339_ms(&md["creationTimestamp"])?,
+        created_ms: json_ms(&md["creationTimestamp"])?,
         node: v["spec"]["nodeName"].as_str().unwrap_or("").to_string(),
         phase: v["status"]["phase"].as_str().unwrap_or("").to_string(),
         scheduled: conds.get("PodScheduled").cloned(),
@@ -330,9 +324,9 @@ pub fn parse_pull_event(v: &Value) -> Option<PullEvent> {
     Some(PullEvent {
         namespace: o["namespace"].as_str().or(v["metadata"]["namespace"].as_str()).unwrap_or("default").to_string(),
         pod: o["name"].as_str()?.to_string(),
-        at_ms: rfc3339_ms(&v["firstTimestamp"])
-            .or_else(|| rfc3339_ms(&v["eventTime"]))
-            .or_else(|| rfc3339_ms(&v["metadata"]["creationTimestamp"]))?,
+        at_ms: json_ms(&v["firstTimestamp"])
+            .or_else(|| json_ms(&v["eventTime"]))
+            .or_else(|| json_ms(&v["metadata"]["creationTimestamp"]))?,
         message: v["message"].as_str().unwrap_or("").to_string(),
     })
 }

@@ -95,11 +95,11 @@ pub fn authorization(
     )
 }
 
-/// `YYYYMMDDTHHMMSSZ` for Unix milliseconds.
+/// `YYYYMMDDTHHMMSSZ` for Unix milliseconds (RFC 3339's fields without separators or the fraction).
 pub fn amz_date(ms: i64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
-    let s = humantime::format_rfc3339_seconds(t).to_string(); // 2026-01-02T03:04:05Z
-    s.replace(['-', ':'], "")
+    let s = crate::rfc3339::format_ms(ms.max(0)); // 2026-01-02T03:04:05.678Z
+    let seconds = s.split('.').next().unwrap_or_default(); // 2026-01-02T03:04:05
+    format!("{}Z", seconds.replace(['-', ':'], ""))
 }
 
 #[cfg(test)]

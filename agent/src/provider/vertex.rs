@@ -22,6 +22,7 @@ use super::gpus::{GpuTable, Known};
 use super::retry::{with_retries, Attempt, RetryPolicy};
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
+use crate::rfc3339::json_ms;
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 
@@ -58,12 +59,6 @@ pub struct CustomJob {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
-fn rfc3339_ms(v: &Value) -> Option<i64> {
-    let s = v.as_str()?;
-    let t = humantime::parse_rfc3339_weak(s).ok()?;
-    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
-}
-
 /// int64 fields arrive as strings in Google's JSON. Counts beyond `u32` saturate (never wrap).
 fn count(v: &Value) -> u32 {
     let n: u64 = v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())).unwrap_or(0);
@@ -78,10 +73,10 @@ pub fn parse_custom_job(v: &Value) -> Option<CustomJob> {
         name: v["name"].as_str()?.to_string(),
         display_name: v["displayName"].as_str().unwrap_or("").to_string(),
         state: v["state"].as_str().unwrap_or("").to_string(),
-        created_ms: rfc3339_ms(&v["createTime"])?,
-        start_ms: rfc3339_ms(&v["startTime"]),
-        end_ms: rfc3339_ms(&v["endTime"]),
-        update_ms: rfc3339_ms(&v["updateTime"]),
+        created_ms: json_ms(&v["createTime"])?,
+        start_ms: json_ms(&v["startTime"]),
+        end_ms: json_ms(&v["endTime"]),
+        update_ms: json_ms(&v["updateTime"]),
         error: v["error"]["message"].as_str().unwrap_or("").to_string(),
         machine_type: first["machineSpec"]["machineType"].as_str().unwrap_or("").to_string(),
         accelerator: first["machineSpec"]["acceleratorType"].as_str().unwrap_or("").to_string(),
@@ -275,9 +270,7 @@ impl Client {
     pub async fn list(&self, since_ms: i64) -> Result<Vec<Value>, PollError> {
         let token = self.token().await?;
         let url = format!("{}/v1/projects/{}/locations/{}/customJobs", self.base, self.project, self.location);
-        let since = humantime::format_rfc3339_millis(
-            std::time::UNIX_EPOCH + std::time::Duration::from_millis(since_ms.max(0) as u64),
-        );
+        let since = crate::rfc3339::format_ms(since_ms.max(0));
         let filter = format!("update_time>\"{since}\"");
         let mut jobs = Vec::new();
         let mut page: Option<String> = None;
@@ -471,6 +464,24 @@ mod tests {
             j.update_ms.expect("updateTime"),
             "updateTime, not the poll"
         );
+    }
+
+    /// Google's JSON writes `Z`, but an RFC 3339 offset is honoured (it used to make the job unparseable).
+    #[test]
+    fn offset_times_are_dated_in_utc() {
+        // `date -u -d 2026-11-30T02:00:00Z +%s%3N` and `date -u -d 2026-11-30T03:00:00Z +%s%3N`.
+        const TWO_UTC: i64 = 1_796_004_000_000;
+        const THREE_UTC: i64 = 1_796_007_600_000;
+        let mut v: Value = serde_json::from_str(include_str!("fixtures/vertex-customjob-failed.json")).expect("json");
+        v["createTime"] = "2026-11-30T04:00:00+02:00".into();
+        v["endTime"] = "2026-11-29T22:00:00.000000000-05:00".into();
+        let j = parse_custom_job(&v).expect("job");
+        assert_eq!((j.created_ms, j.end_ms), (TWO_UTC, Some(THREE_UTC)));
+        let (e, _) = diff(&Mapping::default(), &j, &JobMemory::default(), THREE_UTC + 60_000);
+        assert_eq!(kinds(&e), ["submitted", "done:Failed"]);
+        let times: Vec<i64> =
+            e.iter().map(|ev| startline_proto::time::timestamp_to_ms(ev.occurred_at.as_ref().expect("t"))).collect();
+        assert_eq!(times, [TWO_UTC, THREE_UTC]);
     }
 
     #[test]

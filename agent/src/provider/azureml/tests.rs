@@ -114,6 +114,25 @@ fn a_job_followed_through_every_status_in_azures_order() {
     );
 }
 
+/// ARM writes `+00:00` and seven fractional digits; any other offset is honoured too (it used to be cut off,
+/// so `+02:00` was read two hours late and `-05:00` did not parse, losing the job).
+#[test]
+fn offset_times_in_the_resource_and_the_run_history_are_dated_in_utc() {
+    let mut v = job_json();
+    v["systemData"]["createdAt"] = "2026-11-30T10:00:00.1234567+02:00".into();
+    v["systemData"]["lastModifiedAt"] = "2026-11-30T05:30:57.350-05:00".into();
+    let j = parse_job(&v).expect("a -05:00 or +02:00 time parses");
+    assert_eq!(j.created_ms, CREATED, "10:00:00.1234567+02:00 is 08:00:00.123 UTC");
+    assert_eq!(j.modified_ms, Some(1_796_034_657_350), "05:30:57.350-05:00 is 10:30:57.350 UTC");
+    // `date -u -d 2026-11-30T08:41:15.250Z +%s%3N` and `date -u -d 2026-11-30T10:30:57.350Z +%s%3N`.
+    let r = parse_run(&serde_json::json!({"status": "Completed", "startTimeUtc": "2026-11-30T03:41:15.250-05:00",
+        "endTimeUtc": "2026-11-30T12:30:57.3504321+02:00"}));
+    assert_eq!((r.start_ms, r.end_ms), (Some(1_796_028_075_250), Some(1_796_034_657_350)));
+    let (evs, _) = diff(&mapping(), &j, VM, Some(&r), &JobMemory::default(), CREATED + 9_100_000);
+    assert_eq!(kinds(&evs), ["submitted", "first_step", "done:Succeeded"]);
+    assert_eq!(evs.iter().map(at).collect::<Vec<_>>(), [CREATED, 1_796_028_075_250, 1_796_034_657_350]);
+}
+
 #[test]
 fn first_sight_dates_a_wait_at_submit_and_a_run_without_history_at_the_poll() {
     let m = mapping();

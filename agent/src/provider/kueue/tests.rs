@@ -41,7 +41,7 @@ fn mapping() -> Mapping {
 }
 
 fn ms(s: &str) -> i64 {
-    rfc3339_ms(&Value::from(s)).expect("time")
+    crate::rfc3339::parse_ms(s).expect("time")
 }
 
 fn kinds(evs: &[pb::LifecycleEvent]) -> Vec<String> {
@@ -255,6 +255,24 @@ fn a_kueue_job_goes_through_quota_provisioning_capacity_pull_eviction_and_finish
     // Memory lost: the same objects give the same ids (the eviction's state: its preemption, requeue and wait).
     let (again_evs, _) = replay(&m, &states[7..8].iter().map(|(o, n)| (o.clone(), *n)).collect::<Vec<_>>());
     assert!(again_evs.iter().all(|e| ids.contains(e.event_id.as_str())), "deterministic ids");
+}
+
+/// Kubernetes writes `Z`, but an RFC 3339 offset is honoured: a wait that began at 12:00+02:00 began at 10:00 UTC
+/// (it used to be read as 12:00 UTC, two hours late, and a `-05:00` time did not parse at all).
+#[test]
+fn offset_times_in_a_workload_are_dated_in_utc() {
+    // `date -u -d 2024-01-01T09:00:00Z +%s%3N` and `date -u -d 2024-01-01T10:00:00Z +%s%3N`.
+    const NINE_UTC: i64 = 1_704_099_600_000;
+    const TEN_UTC: i64 = 1_704_103_200_000;
+    let mut v = fixture("workload-pending-quota.json");
+    v["metadata"]["creationTimestamp"] = "2024-01-01T04:00:00-05:00".into();
+    v["status"]["conditions"][0]["lastTransitionTime"] = "2024-01-01T12:00:00+02:00".into();
+    let w = parse_workload(&v).expect("workload");
+    assert_eq!(w.created_ms, NINE_UTC, "04:00-05:00 is 09:00 UTC");
+    assert_eq!(w.conditions.get("QuotaReserved").expect("condition").at_ms, TEN_UTC, "12:00+02:00 is 10:00 UTC");
+    let (evs, _) = replay(&mapping(), &[(JobObjects { workload: Some(&w), ..Default::default() }, TEN_UTC + 60_000)]);
+    assert_eq!(kinds(&evs), ["submitted", "queued:Quota:Pending"]);
+    assert_eq!((at(&evs[0]), at(&evs[1])), (NINE_UTC, TEN_UTC));
 }
 
 #[test]
