@@ -83,11 +83,30 @@ pub struct Bound {
     pub http: SocketAddr,
 }
 
+/// What the process does once its store is writable again after writes halted (see `applier::halt`), with the
+/// addresses the listeners are bound to and the halt's cause: run again in place or exit. It does not return.
+pub type OnWritable = Box<dyn FnOnce(Bound, &'static str) + Send>;
+
 /// Runs the collector until `shutdown` is cancelled. `on_ready` is called once both listeners are bound and the
-/// store is restored.
-pub async fn run(config: Config, shutdown: CancellationToken, on_ready: impl FnOnce(Bound)) -> Result<(), AppError> {
-    run_with_clock(config, Clock::system(), shutdown, on_ready).await
+/// store is restored; `on_writable` after store writes halted, once the store is writable again.
+pub async fn run(
+    config: Config,
+    shutdown: CancellationToken,
+    on_ready: impl FnOnce(Bound),
+    on_writable: OnWritable,
+) -> Result<(), AppError> {
+    run_with_clock(config, Clock::system(), shutdown, on_ready, on_writable).await
 }
+
+/// The longest a stop may take before the process exits anyway (a store call that never returns, a task that
+/// never ends): the gRPC drain, the forced close's grace, and [`STOP_GRACE`] for the final checkpoint and the
+/// rest. Everything acknowledged is in the log's synced files whatever the stop leaves undone.
+pub fn stop_deadline(config: &Config) -> Duration {
+    config.grpc_connections.drain_timeout + FORCED_CLOSE_GRACE + STOP_GRACE
+}
+
+/// See [`stop_deadline`].
+const STOP_GRACE: Duration = Duration::from_secs(30);
 
 /// [`run`] with a given clock (tests pause tokio's time and advance it).
 pub async fn run_with_clock(
@@ -95,6 +114,7 @@ pub async fn run_with_clock(
     clock: Clock,
     shutdown: CancellationToken,
     on_ready: impl FnOnce(Bound),
+    on_writable: OnWritable,
 ) -> Result<(), AppError> {
     let path = config.store_path.clone();
     let shown = path.display().to_string();
@@ -169,7 +189,7 @@ pub async fn run_with_clock(
         board.insert(a);
     }
     let wake = Arc::new(Notify::new());
-    let health = Arc::new(crate::health::Health::default());
+    let health = Arc::new(crate::health::Health::watching(store.write_halt()));
     let ready = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(IngestStats::default());
     // Identities and TLS: loaded before any port is bound, so a bad key or CA file stops the start.
@@ -281,6 +301,7 @@ pub async fn run_with_clock(
             limits: config.limits.clone(),
             max_message_bytes: config.max_message_bytes,
             auth: auth.clone(),
+            halt: store.write_halt(),
         },
         stats.clone(),
         shutdown.clone(),
@@ -445,6 +466,15 @@ pub async fn run_with_clock(
         },
     };
     alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
+
+    // After a store write fails, writes halt; once the store is writable again the process restarts.
+    let _watch = applier::halt::spawn(
+        store.clone(),
+        applier::halt::Watch::default(),
+        shutdown.clone(),
+        Box::new(move |cause| on_writable(bound, cause)),
+    )
+    .map_err(|e| AppError::Runtime(format!("cannot start the store's halt watch: {e}")))?;
 
     ready.store(true, Ordering::Relaxed);
     tracing::info!(grpc = %bound.grpc, http = %bound.http, "collector ready");

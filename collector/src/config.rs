@@ -3,6 +3,7 @@
 //! reporting every problem at once before any port is bound.
 
 pub use crate::alert::config::{AlertConfig, AlertsSection};
+pub use crate::applier::halt::AfterWriteFailure;
 pub use crate::auth::config::{AuthConfig, AuthSection, TlsSection};
 pub use crate::auth::tls::TlsFiles;
 pub use crate::ingest::WhenFull;
@@ -228,6 +229,10 @@ pub struct StoreSection {
     /// Size of a log segment file, KiB: the unit retention deletes or rewrites and compaction rewrites.
     /// Default 32768 (32 MiB).
     pub log_segment_kib: Option<usize>,
+    /// After a store write fails (a full disk, too many open files, an I/O error) writes halt and ingest is
+    /// refused; once the store is writable again the collector `"restart"`s in place (default: same process id,
+    /// arguments and addresses) or `"exit"`s with code 75 for its supervisor to restart it.
+    pub after_write_failure: Option<String>,
 }
 
 /// `[grpc]`
@@ -325,6 +330,8 @@ pub struct Config {
     pub folded_budget_bytes: u64,
     /// Log segment size, bytes (`store.log_segment_kib`).
     pub log_segment_bytes: u64,
+    /// What the process does once the store is writable again after a write failure halted writes.
+    pub after_write_failure: AfterWriteFailure,
     /// gRPC listen address.
     pub grpc_listen: SocketAddr,
     /// Largest gRPC message, bytes.
@@ -526,6 +533,7 @@ impl FileConfig {
             hot_budget_bytes: store.hot_budget_bytes,
             folded_budget_bytes: store.folded_budget_bytes,
             log_segment_bytes: store.log_segment_bytes,
+            after_write_failure: store.after_write_failure,
             grpc_listen: grpc.listen,
             max_message_bytes: grpc.max_message_bytes,
             max_batch_events: grpc.max_batch_events,
@@ -578,6 +586,7 @@ struct StoreSettings {
     hot_budget_bytes: u64,
     folded_budget_bytes: u64,
     log_segment_bytes: u64,
+    after_write_failure: AfterWriteFailure,
 }
 
 impl StoreSection {
@@ -630,6 +639,14 @@ impl StoreSection {
             range(errs, "store.folded_budget_mib", self.folded_budget_mib, 1024, 0, 1 << 20) as u64 * (1 << 20);
         let log_segment_bytes =
             range(errs, "store.log_segment_kib", self.log_segment_kib, 32 << 10, 64, 1 << 20) as u64 * (1 << 10);
+        let after_write_failure = match self.after_write_failure.as_deref() {
+            None | Some("restart") => AfterWriteFailure::Restart,
+            Some("exit") => AfterWriteFailure::Exit,
+            Some(other) => {
+                errs.push(format!("store.after_write_failure: {other:?} is not \"restart\" or \"exit\""));
+                AfterWriteFailure::Restart
+            }
+        };
         StoreSettings {
             path,
             checkpoint_interval,
@@ -642,6 +659,7 @@ impl StoreSection {
             hot_budget_bytes,
             folded_budget_bytes,
             log_segment_bytes,
+            after_write_failure,
         }
     }
 }
@@ -1135,6 +1153,7 @@ mod tests {
             hot_budget_mib: Some(0),
             folded_budget_mib: Some(1 << 21),
             log_segment_kib: Some(2),
+            after_write_failure: Some("reopen".into()),
         };
         let mut errs = Vec::new();
         let v = s.validate(&mut errs);
@@ -1153,7 +1172,8 @@ mod tests {
         assert_eq!(errs[8], "store.hot_budget_mib: 0 is outside 1..=1048576");
         assert_eq!(errs[9], "store.folded_budget_mib: 2097152 is outside 0..=1048576");
         assert_eq!(errs[10], "store.log_segment_kib: 2 is outside 64..=1048576");
-        assert_eq!(errs.len(), 11, "{errs:#?}");
+        assert_eq!(errs[11], "store.after_write_failure: \"reopen\" is not \"restart\" or \"exit\"");
+        assert_eq!(errs.len(), 12, "{errs:#?}");
         assert_eq!((v.checkpoint_interval, v.retention), (Duration::from_secs(2), None));
     }
 

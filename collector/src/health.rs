@@ -1,10 +1,36 @@
 //! The collector's health as /healthz, /readyz and self-metrics report it: whether storage writes are failing
-//! (and why, in words safe to show a client), and whether the committer thread is still alive. Written by the
-//! applier (committer and checkpointer), read by the API and the exporter. Also the ingest counters
+//! (and why, in words safe to show a client), whether they are halted for the life of the process
+//! ([`WriteHalt`]), and whether the committer thread is still alive. Written by the applier (committer and
+//! checkpointer) and the store, read by the ingest edge, the API and the exporter. Also the ingest counters
 //! ([`IngestStats`]), written by the edge and the applier and read by the exporter.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Store writes halted for the rest of this process's life: set once, by the first store write that fails with
+/// an I/O error (a full disk, too many open files, a failing device), never cleared.
+///
+/// After such a failure sled may wait for ever on an I/O buffer whose write failed (in a flush, in a later write,
+/// in the drop of the database), so nothing may touch the database again: every later write is refused at once,
+/// ingest answers `UNAVAILABLE`, reads keep being served from memory and from what is on disk, and once the
+/// store's file system is writable again the process is restarted (see `applier::halt`). Everything acknowledged
+/// before is in the log's synced files, so the restart loses nothing.
+#[derive(Debug, Default)]
+pub struct WriteHalt {
+    cause: OnceLock<&'static str>,
+}
+
+impl WriteHalt {
+    /// Halts writes with `cause` (words safe to show a client); true if this call halted them (the first).
+    pub fn halt(&self, cause: &'static str) -> bool {
+        self.cause.set(cause).is_ok()
+    }
+
+    /// The cause, once halted.
+    pub fn cause(&self) -> Option<&'static str> {
+        self.cause.get().copied()
+    }
+}
 
 /// Shared health state. Cheap to read.
 #[derive(Debug, Default)]
@@ -15,13 +41,23 @@ pub struct Health {
     storage_cause: Mutex<Option<&'static str>>,
     /// Set for good if the committer thread panicked.
     committer_dead: AtomicBool,
-    /// Storage write failures so far (group commits, checkpoints, retention, reopen attempts).
+    /// Storage write failures so far (group commits, checkpoints, folds, retention, the stream).
     storage_errors: AtomicU64,
-    /// Times the store was reopened after a failure.
-    reopens: AtomicU64,
+    /// The store's write halt (shared with the store, which sets it).
+    halt: Arc<WriteHalt>,
 }
 
 impl Health {
+    /// Health that reports the store's write halt (see [`WriteHalt`]).
+    pub fn watching(halt: Arc<WriteHalt>) -> Health {
+        Health { halt, ..Health::default() }
+    }
+
+    /// The cause, once store writes are halted.
+    pub fn halted(&self) -> Option<&'static str> {
+        self.halt.cause()
+    }
+
     /// Records a failed storage write and its cause.
     pub fn storage_failed(&self, cause: &'static str) {
         if let Ok(mut c) = self.storage_cause.lock() {
@@ -43,11 +79,6 @@ impl Health {
         }
     }
 
-    /// Records that the store was reopened.
-    pub fn reopened(&self) {
-        self.reopens.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Records that the committer thread died: the collector cannot acknowledge anything until restarted.
     pub fn committer_died(&self) {
         self.committer_dead.store(true, Ordering::Relaxed);
@@ -55,13 +86,21 @@ impl Health {
 
     /// Whether the collector can acknowledge events now.
     pub fn is_healthy(&self) -> bool {
-        !self.storage_failing.load(Ordering::Relaxed) && !self.committer_dead.load(Ordering::Relaxed)
+        !self.storage_failing.load(Ordering::Relaxed)
+            && !self.committer_dead.load(Ordering::Relaxed)
+            && self.halt.cause().is_none()
     }
 
     /// Why not, in words safe to show a client; `None` when healthy.
     pub fn problem(&self) -> Option<String> {
         if self.committer_dead.load(Ordering::Relaxed) {
             return Some("committer stopped; restart the collector".to_string());
+        }
+        if let Some(cause) = self.halt.cause() {
+            return Some(format!(
+                "storage writes failed: {cause}; ingest is refused until the collector restarts, which it does by \
+                 itself once the store's file system is writable again"
+            ));
         }
         if self.storage_failing.load(Ordering::Relaxed) {
             let cause = self.storage_cause.lock().ok().and_then(|c| *c).unwrap_or("storage error");
@@ -73,11 +112,6 @@ impl Health {
     /// Storage write failures so far.
     pub fn storage_errors(&self) -> u64 {
         self.storage_errors.load(Ordering::Relaxed)
-    }
-
-    /// Times the store was reopened after a failure.
-    pub fn reopens(&self) -> u64 {
-        self.reopens.load(Ordering::Relaxed)
     }
 }
 
@@ -99,6 +133,20 @@ mod tests {
         h.committer_died();
         h.storage_ok();
         assert!(!h.is_healthy(), "a dead committer is not cured by a write");
+    }
+
+    #[test]
+    fn a_write_halt_is_for_good_and_keeps_its_first_cause() {
+        let halt = Arc::new(WriteHalt::default());
+        let h = Health::watching(halt.clone());
+        assert!(h.is_healthy());
+        assert!(halt.halt("no space left on device"));
+        assert!(!halt.halt("I/O error"), "only the first halt counts");
+        assert_eq!(h.halted(), Some("no space left on device"));
+        h.storage_ok();
+        assert!(!h.is_healthy(), "a halt is not cured by anything but a restart");
+        let problem = h.problem().unwrap_or_default();
+        assert!(problem.contains("no space left on device") && problem.contains("restarts"), "{problem}");
     }
 }
 

@@ -6,9 +6,13 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use startline_collector::alert::client::{build_http_client, read_pem_certs, read_secret_file, ClientTlsFiles, Secret};
-use startline_collector::config::{FileConfig, Overrides};
+use startline_collector::app::Bound;
+use startline_collector::config::{AfterWriteFailure, FileConfig, Overrides};
+use std::ffi::OsString;
 use std::io::Write;
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 // Events are allocated on the gRPC workers and freed on the committer thread; mimalloc handles that
@@ -567,26 +571,122 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     let notify = sd_notify::Notifier::from_env();
     let stopping = notify.clone();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start runtime")?;
-    rt.block_on(async move {
+    let stop_deadline = startline_collector::app::stop_deadline(&config);
+    let after = config.after_write_failure;
+    let asked = (config.grpc_listen, config.http_listen);
+    let on_writable: startline_collector::app::OnWritable =
+        Box::new(move |bound, cause| restart_after_halt(after, asked, bound, cause));
+    let result = rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let signals = shutdown.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
             stopping.send("STOPPING=1");
+            exit_if_not_stopped_within(stop_deadline);
             signals.cancel();
         });
-        startline_collector::app::run(config, shutdown, |b| {
-            notify.send(&format!("READY=1\nSTATUS=grpc={} http={}", b.grpc, b.http));
-            // One machine-readable line on stdout: tests and scripts read the bound ports from it.
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "startline-collector ready grpc={} http={}", b.grpc, b.http);
-            let _ = writeln!(out, "  API:       http://{}/api/v1/jobs", b.http);
-            let _ = writeln!(out, "  Ingest:    grpc://{} (startline.v1.IngestService)", b.grpc);
-            let _ = out.flush();
-        })
+        startline_collector::app::run(
+            config,
+            shutdown,
+            |b| {
+                notify.send(&format!("READY=1\nSTATUS=grpc={} http={}", b.grpc, b.http));
+                // One machine-readable line on stdout: tests and scripts read the bound ports from it.
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "startline-collector ready grpc={} http={}", b.grpc, b.http);
+                let _ = writeln!(out, "  API:       http://{}/api/v1/jobs", b.http);
+                let _ = writeln!(out, "  Ingest:    grpc://{} (startline.v1.IngestService)", b.grpc);
+                let _ = out.flush();
+            },
+            on_writable,
+        )
         .await
-    })?;
+    });
+    // Blocking tasks still in a store call (after a store failure) are not waited for: the process ends.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    result?;
     Ok(())
+}
+
+/// Exit code when a stop does not finish within [`startline_collector::app::stop_deadline`].
+const EXIT_STOP_TIMEOUT: i32 = 1;
+
+/// A stop must end the process within `deadline`, whatever it waits for (a store call that never returns after
+/// an I/O failure): past it the process exits with [`EXIT_STOP_TIMEOUT`]. Nothing acknowledged is lost: it is in
+/// the log's synced files.
+fn exit_if_not_stopped_within(deadline: Duration) {
+    let spawned = std::thread::Builder::new().name("startline-stop-deadline".into()).spawn(move || {
+        std::thread::sleep(deadline);
+        eprintln!("startline-collector: the stop did not finish within {deadline:?}; exiting");
+        std::process::exit(EXIT_STOP_TIMEOUT);
+    });
+    if let Err(e) = spawned {
+        eprintln!("startline-collector: cannot start the stop deadline's thread: {e}");
+    }
+}
+
+/// Once the store is writable again after store writes halted (see `startline_collector::applier::halt`): runs
+/// the collector again in place (`store.after_write_failure = "restart"`), or exits with
+/// [`EXIT_RESTART`](startline_collector::applier::halt::EXIT_RESTART) for the supervisor, also when the
+/// `exec` fails.
+fn restart_after_halt(after: AfterWriteFailure, asked: (SocketAddr, SocketAddr), bound: Bound, cause: &str) {
+    use startline_collector::applier::halt::EXIT_RESTART;
+    if after == AfterWriteFailure::Restart {
+        let e = exec_again(asked, bound);
+        eprintln!("startline-collector: cannot run again in place after {cause} ({e}); exiting for a restart");
+    } else {
+        eprintln!("startline-collector: store writable again after {cause}; exiting for a restart");
+    }
+    std::process::exit(EXIT_RESTART);
+}
+
+/// Runs this binary again in place: same process id, arguments and environment; returns only on failure. Every
+/// thread of this process ends and every file and socket it opened closes (they are all close-on-exec), sled's
+/// lock with them. A listener asked for port 0 keeps the port it got (its address goes in the environment
+/// variable that overrides the configuration, and its flag is left out), so clients find the collector where
+/// it was.
+fn exec_again(asked: (SocketAddr, SocketAddr), bound: Bound) -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    // The running binary even if a package upgrade replaced the file.
+    let exe = match Path::new("/proc/self/exe") {
+        p if p.exists() => p.to_path_buf(),
+        _ => match std::env::current_exe() {
+            Ok(p) => p,
+            Err(e) => return e,
+        },
+    };
+    let mut args = std::env::args_os();
+    let mut cmd = std::process::Command::new(exe);
+    if let Some(arg0) = args.next() {
+        cmd.arg0(arg0);
+    }
+    let mut rest: Vec<OsString> = args.collect();
+    for (asked, bound, flag, var) in [
+        (asked.0, bound.grpc, "--grpc-listen", "STARTLINE_GRPC_LISTEN"),
+        (asked.1, bound.http, "--http-listen", "STARTLINE_HTTP_LISTEN"),
+    ] {
+        if asked.port() == 0 {
+            rest = without_flag(rest, flag);
+            cmd.env(var, bound.to_string());
+        }
+    }
+    cmd.args(rest).exec()
+}
+
+/// `args` without `flag VALUE` and `flag=VALUE`.
+fn without_flag(args: Vec<OsString>, flag: &str) -> Vec<OsString> {
+    let with_value = format!("{flag}=");
+    let mut out = Vec::with_capacity(args.len());
+    let mut args = args.into_iter();
+    while let Some(a) = args.next() {
+        match a.to_str() {
+            Some(s) if s == flag => {
+                args.next();
+            }
+            Some(s) if s.starts_with(&with_value) => {}
+            _ => out.push(a),
+        }
+    }
+    out
 }
 
 async fn wait_for_signal() {
@@ -710,5 +810,24 @@ mod sd_notify {
             // The best-effort sender only logs this.
             Notifier::to(Some(dir.path().join("absent.sock").into_os_string())).send("READY=1");
         }
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use super::*;
+
+    #[test]
+    fn a_listen_flag_is_left_out_in_both_forms_and_nothing_else_is() {
+        let args: Vec<OsString> =
+            ["--data-dir", "/d", "--grpc-listen", "127.0.0.1:0", "--http-listen=127.0.0.1:0", "--log", "info"]
+                .iter()
+                .map(OsString::from)
+                .collect();
+        let grpc_gone = without_flag(args, "--grpc-listen");
+        let both_gone = without_flag(grpc_gone.clone(), "--http-listen");
+        let s = |v: &[OsString]| v.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert_eq!(s(&grpc_gone), "--data-dir /d --http-listen=127.0.0.1:0 --log info");
+        assert_eq!(s(&both_gone), "--data-dir /d --log info");
     }
 }

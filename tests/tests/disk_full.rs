@@ -1,8 +1,10 @@
 //! A full disk, for real: the collector's store on a small tmpfs mounted by the test (the test runs as root, as
-//! CI does). A filler file takes the free space; while writes fail, clients get `UNAVAILABLE` naming the cause,
-//! nothing unacknowledged is acknowledged, `/healthz` and `/metrics` say why, and the process stays up. When the
-//! filler is deleted, ingest resumes by itself (no restart). Three fill/free cycles, then kill -9 and restart:
-//! every acknowledged event is there.
+//! CI does). A filler file takes the free space; the first failed write halts store writes: clients get
+//! `UNAVAILABLE` naming the cause at once, nothing unacknowledged is acknowledged, `/healthz` and `/metrics` say
+//! why, reads are served, and the process stays up. When the filler is deleted, the collector restarts itself in
+//! place (same process id, same ports) and ingest resumes. Three fill/free cycles, then kill -9 and restart:
+//! every acknowledged event is there. Also: a stop while halted ends within the drain deadline, and with
+//! `store.after_write_failure = "exit"` the process exits with code 75 once space returns.
 
 use startline_proto::pb::{self, ingest_service_client::IngestServiceClient, lifecycle_event::Kind};
 use startline_tests::{ago, event, http_get, http_get_text, submitted, Collector};
@@ -80,7 +82,8 @@ async fn a_full_disk_refuses_with_the_cause_and_ingest_resumes_by_itself_when_sp
     let _fs = Tmpfs::mount(&mnt, "24m");
     // The store is the mount point itself, so the collector's log (next to it, `mnt.log`) stays off the tmpfs.
     let db = mnt.clone();
-    let c = Collector::start(&db, &[]);
+    let mut c = Collector::start(&db, &[]);
+    let pid = c.child.id();
     let mut client = IngestServiceClient::connect(c.endpoint()).await.expect("connect");
     let mut acked: BTreeSet<(String, String)> = BTreeSet::new();
     let mut seq = 0u64;
@@ -126,19 +129,25 @@ async fn a_full_disk_refuses_with_the_cause_and_ingest_resumes_by_itself_when_sp
             metrics.lines().any(|l| l.starts_with("startline_collector_store_healthy") && l.ends_with(" 0")),
             "{metrics}"
         );
+        assert!(
+            metrics.lines().any(|l| l.starts_with("startline_collector_store_writes_halted") && l.ends_with(" 1")),
+            "{metrics}"
+        );
         assert!(metrics.contains("startline_collector_store_write_errors_total"), "write errors counted");
         let (code, _) = http_get(c.http, "/api/v1/slos");
         assert_eq!(code, 200, "reads keep working while writes fail");
-        // Still failing while the disk is full: nothing is acknowledged.
+        // Still failing while the disk is full: nothing is acknowledged, and the answer comes at once.
         seq += 1;
+        let asked = Instant::now();
         let err = client
             .publish_batch(pb::PublishRequest { batch_seq: seq, events: batch(cycle * 1000 + 900, 50) })
             .await
             .expect_err("still full");
+        assert!(asked.elapsed() < Duration::from_secs(2), "refused at once, not at a deadline: {:?}", asked.elapsed());
         assert_eq!(err.code(), tonic::Code::Unavailable);
-        assert!(err.message().contains("no space left on device"), "the cause survives a reopen: {}", err.message());
+        assert!(err.message().contains("no space left on device"), "the cause stays: {}", err.message());
 
-        // Space returns: ingest resumes by itself.
+        // Space returns: the collector restarts itself in place and ingest resumes.
         std::fs::remove_file(&filler).expect("remove filler");
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut resumed = false;
@@ -164,14 +173,13 @@ async fn a_full_disk_refuses_with_the_cause_and_ingest_resumes_by_itself_when_sp
         }
         let (code, health) = http_get(c.http, "/healthz");
         assert_eq!(code, 200, "cycle {cycle}: {health}");
+        assert!(c.child.try_wait().expect("wait").is_none(), "cycle {cycle}: the process is still running");
+        assert_eq!(c.child.id(), pid);
     }
-    let (_, metrics) = http_get_text(c.http, "/metrics");
-    let reopens = metrics
-        .lines()
-        .find(|l| l.starts_with("startline_collector_store_reopens_total"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok());
-    assert!(reopens.is_some_and(|n| n >= 3.0), "one reopen per recovery at least: {reopens:?}");
+    let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+    let restarts = log.matches("the store is writable again; restarting to resume ingest").count();
+    assert_eq!(restarts, 3, "one restart in place per cycle");
+    assert_eq!(log.matches("collector ready").count(), 4, "the first start and three in place");
     // Nothing acknowledged is missing, before and after a crash.
     check_all(&c, &acked, "before restart");
     assert!(!c.signal_and_wait("KILL").success());
@@ -237,4 +245,75 @@ fn check_all(c: &Collector, acked: &BTreeSet<(String, String)>, when: &str) {
         &missing[..missing.len().min(12)],
         tail.join("\n")
     );
+}
+
+/// A collector whose store is on a fresh 24 MiB tmpfs under `tmp`, with `config` as its configuration file, after
+/// 500 acknowledged events; then the disk is filled until a batch is refused `UNAVAILABLE`. Returns the mount, the
+/// collector and the filler.
+async fn halted_collector(tmp: &Path, config: &str) -> (Tmpfs, Collector, PathBuf) {
+    let mnt = tmp.join("mnt");
+    let fs = Tmpfs::mount(&mnt, "24m");
+    let conf = tmp.join("collector.toml");
+    std::fs::write(&conf, config).expect("config");
+    let conf = conf.to_string_lossy().into_owned();
+    let c = Collector::start(&mnt, &["--config", &conf]);
+    let mut client = IngestServiceClient::connect(c.endpoint()).await.expect("connect");
+    let ack = client
+        .publish_batch(pb::PublishRequest { batch_seq: 1, events: batch(1, 500) })
+        .await
+        .expect("with space left")
+        .into_inner();
+    assert_eq!(ack.accepted, 500);
+    let filler = fill(&mnt);
+    let mut refused = false;
+    for r in 0..2000u32 {
+        let sent = client.publish_batch(pb::PublishRequest { batch_seq: u64::from(r) + 2, events: batch(r + 2, 200) });
+        if let Err(status) = sent.await {
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "writes never failed on a full disk");
+    let (code, _) = http_get(c.http, "/healthz");
+    assert_eq!(code, 503);
+    (fs, c, filler)
+}
+
+/// A stop while store writes are halted (some threads may be stuck in a store call for ever) ends the process
+/// within the drain deadline, and nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_writes_are_halted_ends_within_the_drain_deadline() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_fs, c, filler) = halted_collector(tmp.path(), "[grpc]\ndrain_timeout = \"2s\"\n").await;
+    let db = tmp.path().join("mnt");
+    let stopping = Instant::now();
+    let status = c.signal_and_wait("TERM");
+    let took = stopping.elapsed();
+    assert!(took < Duration::from_secs(10), "a stop while halted took {took:?}");
+    assert!(status.success(), "a stop is a clean exit even while halted: {status}");
+    std::fs::remove_file(&filler).expect("remove filler");
+    let c = Collector::start(&db, &[]);
+    let (code, body) = c.get("/api/v1/jobs/full-1-0");
+    assert_eq!(code, 200, "{body}");
+}
+
+/// With `store.after_write_failure = "exit"`, the halted process exits with code 75 once space returns (for
+/// systemd's `Restart=on-failure` or Kubernetes to restart it), and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_exit_configured_the_halted_collector_exits_75_once_space_returns() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_fs, mut c, filler) = halted_collector(tmp.path(), "[store]\nafter_write_failure = \"exit\"\n").await;
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(c.child.try_wait().expect("wait").is_none(), "no exit while the disk is full");
+    std::fs::remove_file(&filler).expect("remove filler");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = c.child.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "no exit within 30 s of space returning");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(75), "{status}");
 }

@@ -268,6 +268,7 @@ impl AlertLoop {
                 if !expired.is_empty() {
                     if let Err(e) = self.store.delete_alerts(&expired) {
                         tracing::error!(error = %e, "cannot forget expired alerts");
+                        self.store.halt_after(&e);
                     }
                 }
             }
@@ -275,9 +276,12 @@ impl AlertLoop {
                 // Stored before delivery, so a crash in between cannot page twice. Inline: alert changes are
                 // rare and a small sled write plus flush takes about a millisecond; keeping it on this task also
                 // keeps paused-clock tests exact.
-                let saved = record::encode_all(&changed)
-                    .map_err(|e| e.to_string())
-                    .and_then(|values| self.store.save_alerts(&values).map_err(|e| e.to_string()));
+                let saved = record::encode_all(&changed).map_err(|e| e.to_string()).and_then(|values| {
+                    self.store.save_alerts(&values).map_err(|e| {
+                        self.store.halt_after(&e);
+                        e.to_string()
+                    })
+                });
                 if let Err(e) = saved {
                     tracing::error!(error = %e, "cannot save alert state");
                 }

@@ -125,7 +125,7 @@ impl Checkpoint {
             }
             Err(e) => {
                 tracing::error!(error = %e, "checkpoint failed; its jobs wait for the next one");
-                self.health.storage_failed(e.cause());
+                super::write_failed(store, &self.health, &e);
                 self.give_back();
             }
         }
@@ -133,7 +133,6 @@ impl Checkpoint {
 
     /// The dirty jobs' events past their marks, as an increment.
     fn write_increment(&self, store: &Store) -> Result<(Marks, usize), StoreError> {
-        let generation = store.generation();
         let ids: Vec<&String> = self.dirty.iter().collect();
         let mut w = PartWriter::default();
         let mut marks = Vec::with_capacity(ids.len());
@@ -153,7 +152,7 @@ impl Checkpoint {
             store.write_increment(w.take_done())?;
         }
         store.write_increment(w.finish().map_err(|r| part_error("", r))?)?;
-        store.finish_checkpoint_of(self.through_seq, generation)?;
+        store.finish_checkpoint(self.through_seq)?;
         Ok((marks, events))
     }
 
@@ -165,7 +164,6 @@ impl Checkpoint {
             let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
             store.begin_base()
         };
-        let generation = store.generation();
         let ids: Vec<String> = self.index.read().jobs.keys().cloned().collect();
         let mut w = PartWriter::default();
         let mut marks = Vec::with_capacity(ids.len());
@@ -187,7 +185,7 @@ impl Checkpoint {
         }
         store.write_base_parts(base, part, w.finish().map_err(|r| part_error("", r))?)?;
         let _writes = self.store_writes.lock().unwrap_or_else(|p| p.into_inner());
-        store.switch_base(base, self.through_seq, generation, marks.len() as u64)?;
+        store.switch_base(base, self.through_seq, marks.len() as u64)?;
         Ok((marks, events))
     }
 

@@ -92,6 +92,13 @@ impl Committer {
         // Every log line of a group commit (a storage error, a refused event) carries its span in JSON logs.
         let events: usize = group.iter().map(|r| r.events.len()).sum();
         let _span = tracing::info_span!("commit", batches = group.len(), events).entered();
+        if let Some(cause) = self.store.halted() {
+            // Writes are halted (see `super::halt`): answered at once, without a read or a write.
+            for req in group {
+                let _ = req.reply.send(Err(CommitError { cause }));
+            }
+            return;
+        }
         let started = Instant::now();
         let mut results = vec![CommitResult::default(); group.len()];
         // Per request, per event: is it new?
@@ -101,7 +108,7 @@ impl Committer {
             Ok(a) => a,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the events of a folded job");
-                failed = Some(self.cause_of(&e));
+                failed = Some(e.cause());
                 HashMap::new()
             }
         };
@@ -117,7 +124,7 @@ impl Committer {
                             Ok(d) => d,
                             Err(e) => {
                                 tracing::error!(error = %e, "duplicate check failed");
-                                failed = Some(self.cause_of(&e));
+                                failed = Some(e.cause());
                                 false
                             }
                         };
@@ -180,7 +187,8 @@ impl Committer {
             // Synced before anything else: the ack waits for this alone.
             if let Err(e) = self.store.append_durable(&entries) {
                 tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
-                failed = Some(self.cause_of(&e));
+                self.write_failed(&e);
+                failed = Some(e.cause());
             }
         }
         // The stream's cursors for the durable events (its records are written after the acks went out and
@@ -190,10 +198,8 @@ impl Committer {
             _ => None,
         };
         if let Some(cause) = failed {
+            // A failed read (the duplicate check) leaves writes going; a failed append halted them.
             self.health.storage_failed(cause);
-            // Recovered before the answers go out: a client that retries at once finds the failed group's
-            // leftovers gone (when the reopen succeeded).
-            self.recover_store();
             for req in group {
                 let _ = req.reply.send(Err(CommitError { cause }));
             }

@@ -18,7 +18,7 @@ impl Committer {
         let now = self.settings.clock.now_ms();
         let mut records = Vec::new();
         // Cursors for waiting alert changes first, then the change records built below (none while the stream
-        // is broken: the jobs are named for the reopen's repair, which resyncs them).
+        // is broken: the jobs are named for a repair, and nothing more is written to the stream in this process).
         let staged = self.stream.as_ref().and_then(|sw| sw.stage(0));
         {
             let mut idx = self.index.write();

@@ -82,7 +82,7 @@ impl FoldPass {
                 Ok(n) => folded += n,
                 Err(e) => {
                     tracing::error!(error = %e, "fold failed; the jobs stay in memory and are tried again later");
-                    self.health.storage_failed(e.cause());
+                    super::write_failed(store, &self.health, &e);
                     break;
                 }
             }

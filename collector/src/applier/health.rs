@@ -27,7 +27,10 @@ impl HealthWriter {
             .filter(|(node, r)| self.book.record(node, *r))
             .map(|(node, r)| (node, r.at_ms, postcard::to_stdvec(&r).unwrap_or_default()))
             .collect();
-        self.store.save_health(&kept, now - KEEP_MS)?;
+        if let Err(e) = self.store.save_health(&kept, now - KEEP_MS) {
+            self.store.halt_after(&e);
+            return Err(e);
+        }
         Ok(kept.len() as u32)
     }
 

@@ -23,14 +23,17 @@
 //!   hands its jobs back to the dirty set, so no marker ever covers a snapshot that was not written;
 //! - checkpoints and folds run one after the other on the maintenance thread, and retention's deletes exclude
 //!   both (`store_writes`), so a snapshot encoded before a job expired or folded is never written back after;
-//! - a failed storage write answers every batch of the group with an error naming the cause, marks the
-//!   collector unhealthy, and the next group tries again (reopening the store if sled has given up), so ingest
-//!   resumes by itself when space returns.
+//! - a failed storage write answers every batch of the group with an error naming the cause and halts every
+//!   later write (`crate::health::WriteHalt`): sled may block for ever on an I/O that failed, so nothing touches
+//!   it again; later groups are answered at once with the same cause, and [`halt`] restarts the process once the
+//!   store's file system is writable again. Everything acknowledged is in the log's synced files.
+//! - [`halt`]: the watch that restarts the process after a halt.
 
 mod checkpoint;
 mod commit;
 mod deadlines;
 pub mod fold;
+pub mod halt;
 pub mod health;
 mod retention;
 
@@ -181,7 +184,6 @@ pub fn spawn(
             fixed_over_budget: AtomicBool::new(false),
             stopping: Arc::new(AtomicBool::new(false)),
             store_writes: Arc::new(Mutex::new(())),
-            last_reopen: std::cell::Cell::new(None),
             write_failed: std::cell::Cell::new(false),
             used_seq: std::cell::Cell::new(0),
         }
@@ -216,8 +218,6 @@ struct Committer {
     stopping: Arc<AtomicBool>,
     /// Held by the checkpointer while it encodes and writes a chunk, and by retention while it deletes.
     store_writes: Arc<Mutex<()>>,
-    /// When the store was last reopened after a failure (reopens are at most once per [`REOPEN_BACKOFF`]).
-    last_reopen: std::cell::Cell<Option<Instant>>,
     /// A write failed since start: the store may hold what memory does not (blocks of failed groups), which only
     /// a start that reads the summaries and the log sorts out, so the stop writes no shutdown image.
     write_failed: std::cell::Cell<bool>,
@@ -226,13 +226,6 @@ struct Committer {
     /// would leave a stale block in front of acknowledged events (blocks must never overlap).
     used_seq: std::cell::Cell<u64>,
 }
-
-/// The least time between two reopens of a failing store (none in unit tests, which inject many failures).
-const REOPEN_BACKOFF: Duration = Duration::from_millis(if cfg!(test) { 0 } else { 500 });
-/// The store is not reopened while its file system has less room than this: sled reopened on a full disk can
-/// tear its log on the next write that hits `ENOSPC` in a way no later reopen accepts ("Read corrupted data";
-/// without this guard `tests/tests/disk_full.rs` failed 1 run in 3, with it 0 in 5).
-const REOPEN_MIN_FREE: u64 = 4 << 20;
 
 impl Committer {
     fn run(self, mut rx: mpsc::Receiver<CommitRequest>) {
@@ -282,11 +275,6 @@ impl Committer {
                 };
                 wait = wait.min(fold_wait);
             }
-            // A broken stream is retried at least every reopen backoff (its failure's wake-up may have come while
-            // a reopen was not yet allowed).
-            if self.stream.as_ref().is_some_and(|s| s.broken()) {
-                wait = wait.min(REOPEN_BACKOFF.max(Duration::from_millis(50)));
-            }
             let first = match rx.try_recv() {
                 Ok(r) => Some(r),
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
@@ -315,18 +303,17 @@ impl Committer {
                     }
                 }
             };
-            if let Some(sw) = &self.stream {
-                // A failed stream write or flush: reopen and repair (rate-limited like any store failure).
-                if sw.broken() {
-                    self.recover_store();
-                }
+            // After a failed write nothing touches the store again (see `halt`): groups are answered with the
+            // cause, and the store's upkeep (stream, retention, checkpoints, folds) stops.
+            let halted = self.store.halted().is_some();
+            if let Some(sw) = self.stream.as_ref().filter(|s| !s.broken()) {
                 sw.trim(&self.store, self.settings.clock.now_ms());
             }
             if last_prune.elapsed() >= deadlines::PRUNE_EVERY {
                 self.prune_slo_windows();
                 last_prune = Instant::now();
             }
-            if let Some(retention) = self.settings.retention {
+            if let Some(retention) = self.settings.retention.filter(|_| !halted) {
                 if last_retention.elapsed() >= self.settings.retention_interval {
                     self.expire(retention);
                     last_retention = Instant::now();
@@ -366,7 +353,8 @@ impl Committer {
                 self.fold_more.load(Ordering::Acquire),
                 Duration::from_millis(self.checkpoint_took_ms.load(Ordering::Acquire)),
             );
-            if last_checkpoint.elapsed() >= checkpoint_every && !self.checkpoint_busy.load(Ordering::Acquire) {
+            if !halted && last_checkpoint.elapsed() >= checkpoint_every && !self.checkpoint_busy.load(Ordering::Acquire)
+            {
                 if let Some(ck) = self.take_checkpoint() {
                     self.checkpoint_busy.store(true, Ordering::Release);
                     match task_tx.try_send(Task::Checkpoint(ck)) {
@@ -377,7 +365,7 @@ impl Committer {
                 }
                 last_checkpoint = Instant::now();
             }
-            if let Some(after) = self.settings.fold_after {
+            if let Some(after) = self.settings.fold_after.filter(|_| !halted) {
                 let due = last_fold.elapsed() >= self.settings.fold_interval || self.fold_more.load(Ordering::Acquire);
                 if due && !self.fold_busy.load(Ordering::Acquire) {
                     self.fold_busy.store(true, Ordering::Release);
@@ -403,6 +391,23 @@ impl Committer {
         }
         // A reload waiting for an SLO swap is told it will not happen.
         drop(self.settings.deadlines.take_slos());
+        if let Some(cause) = self.store.halted() {
+            // Nothing more can be written, and the maintenance and stream threads may be waiting in sled for ever:
+            // they are not waited for. Everything acknowledged is in the log's synced files.
+            self.stopping.store(true, Ordering::Release);
+            drop(task_tx);
+            if let Some(h) = maintenance {
+                if !join_within(h, HALTED_JOIN_WAIT) {
+                    tracing::warn!("maintenance thread still in a store call after writes halted; left behind");
+                }
+            }
+            if let Some(sw) = &self.stream {
+                sw.finish();
+                sw.stream.hub.close();
+            }
+            tracing::warn!(cause, "committer stopped without a final checkpoint: store writes are halted");
+            return;
+        }
         // Final checkpoint: after the tasks in progress (a fold pass stops after its chunk; a failed checkpoint
         // hands its jobs back), then flush.
         self.stopping.store(true, Ordering::Release);
@@ -452,57 +457,37 @@ impl Committer {
         }
     }
 
-    /// The cause to report for a store error: while the store is closed for a reopen, the failure that closed it.
-    fn cause_of(&self, e: &StoreError) -> &'static str {
-        match e {
-            StoreError::Closed => self.health.last_cause().unwrap_or(e.cause()),
-            _ => e.cause(),
-        }
-    }
-
-    /// After a failed write (a group's log append, or a stream write or flush): sled refuses every later write
-    /// once it has seen an I/O error, so the store is reopened (at most once per [`REOPEN_BACKOFF`]); the next
-    /// group then finds out whether the cause is gone. The in-memory index is unaffected: it holds only
-    /// acknowledged events, and those are synced in the log.
-    fn recover_store(&self) {
+    /// A store write failed with `e`: see [`write_failed`]; the stop writes no shutdown image.
+    fn write_failed(&self, e: &StoreError) {
         self.write_failed.set(true);
-        if self.last_reopen.get().is_some_and(|t| t.elapsed() < REOPEN_BACKOFF) {
-            return;
-        }
-        self.last_reopen.set(Some(Instant::now()));
-        match fs2::available_space(self.store.path()) {
-            Ok(free) if free < REOPEN_MIN_FREE => {
-                tracing::debug!(free, "store not reopened: its file system is still (nearly) full");
-                return;
-            }
-            _ => {}
-        }
-        if let Some(sw) = &self.stream {
-            sw.before_reopen();
-        }
-        match self.store.reopen() {
-            Ok(()) => {
-                self.health.reopened();
-                tracing::warn!("store reopened after a write failure");
-                // What sled kept of failed group commits goes: nothing past the last acknowledged sequence was
-                // acknowledged. If this fails too, the next failed group reopens and tries again; the
-                // sequences stay used either way.
-                let acked = self.index.read().last_seq;
-                match self.store.drop_log_after(acked) {
-                    Ok(0) => {}
-                    Ok(n) => {
-                        tracing::warn!(blocks = n, after_seq = acked, "dropped log blocks of failed group commits")
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cannot drop the log blocks of failed group commits yet"),
-                }
-                // The stream's records written since the last flush may be lost: repaired from the log.
-                if let Some(sw) = &self.stream {
-                    sw.after_reopen(&self.store, &self.index, self.settings.clock.now_ms());
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "store reopen failed; trying again with a later batch"),
-        }
+        write_failed(&self.store, &self.health, e);
     }
+}
+
+/// How long a stop waits for a thread that may be in a store call once store writes are halted.
+pub(crate) const HALTED_JOIN_WAIT: Duration = Duration::from_secs(2);
+
+/// Joins `h` if it ends within `wait` (true); otherwise leaves it running (false): after writes halted, a thread
+/// may wait in sled for ever, and the process restarts or exits without it.
+pub(crate) fn join_within(h: std::thread::JoinHandle<()>, wait: Duration) -> bool {
+    let until = Instant::now() + wait;
+    while !h.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if !h.is_finished() {
+        return false;
+    }
+    if h.join().is_err() {
+        tracing::error!("a store thread panicked");
+    }
+    true
+}
+
+/// A store write failed with `e`: health counts it and reports its cause, and an I/O failure halts every later
+/// write (see `crate::health::WriteHalt`; [`halt`] restarts the process once the store is writable again).
+pub(crate) fn write_failed(store: &Store, health: &Health, e: &StoreError) {
+    health.storage_failed(e.cause());
+    store.halt_after(e);
 }
 
 /// Work for the maintenance thread.

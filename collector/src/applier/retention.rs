@@ -197,7 +197,7 @@ impl Committer {
                 self.index.write().cold.dict.take_freed();
                 self.store.hold_bases();
                 tracing::error!(error = %e, "retention: cannot delete jobs from the store");
-                self.health.storage_failed(e.cause());
+                self.write_failed(&e);
                 return n;
             }
             n += removed.len();

@@ -11,14 +11,14 @@ use crate::job::EventKind;
 use crate::store::{Store, StoreError};
 use crate::stream::{self, JobView, Rec, Stream, Subject};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Records trimmed per store call.
 const TRIM_CHUNK: usize = 10_000;
 /// Most log entries the repair adds (a crash leaves out at most the records of the flushes in flight; a store
-/// failure, those written until the store is reopened).
+/// failure, those of the groups acknowledged until writes halted).
 const REPAIR_MAX: u64 = 1_000_000;
 /// How often the stream is trimmed.
 const TRIM_EVERY: Duration = Duration::from_secs(60);
@@ -53,32 +53,10 @@ impl StreamWriter {
         Ok(w)
     }
 
-    /// Whether a stream write or flush failed since the store was last (re)opened.
+    /// Whether a stream write or flush failed, or store writes are halted: nothing more is written (the next
+    /// start's repair adds the event records from the log).
     pub(super) fn broken(&self) -> bool {
         self.flusher.failed()
-    }
-
-    /// The committer is about to reopen the store: records handed over so far are never published (they were
-    /// written to the store being closed; the repair after the reopen rewrites what it lost), and live
-    /// subscribers are ended so that they resume from what the store holds.
-    pub(super) fn before_reopen(&self) {
-        self.flusher.new_epoch(&self.stream);
-    }
-
-    /// The store was reopened: the stream is repaired from the log and written to again.
-    pub(super) fn after_reopen(&self, store: &Store, index: &SharedIndex, now_ms: i64) {
-        match self.repair(store, index, now_ms) {
-            Ok(()) => {
-                self.flusher.clear_failed();
-                tracing::warn!("stream: repaired after the store was reopened");
-            }
-            Err(e) => {
-                // Still broken: nothing is written (so no marker moves past the events the repair must cover)
-                // until the next reopen's repair succeeds.
-                tracing::error!(error = %e, "stream: repair after the reopen failed; retried at the next reopen");
-                self.flusher.set_failed();
-            }
-        }
     }
 
     /// Makes the store's stream whole with its log and index: cursors continue after the newest record (never
@@ -190,7 +168,7 @@ impl StreamWriter {
     /// Reserves the cursors of a group's records, in the order they are written: the alert changes waiting in the
     /// outbox (taken from it), then one event record per fresh event (`events`, whose log append is durable);
     /// the group's job changes take theirs after ([`StreamWriter::change`]). `None` while the stream is broken
-    /// (the reopen's repair adds the event records; alert changes keep waiting).
+    /// (the next start's repair adds the event records; alert changes keep waiting).
     pub(super) fn stage(&self, events: usize) -> Option<Staged> {
         if self.broken() {
             return None;
@@ -260,7 +238,7 @@ impl StreamWriter {
         }
     }
 
-    /// At shutdown: waits for the flusher's last flush (and publication).
+    /// At shutdown: waits for the flusher's last flush (and publication), unless store writes are halted.
     pub(super) fn finish(&self) {
         self.flusher.finish();
     }
@@ -297,11 +275,10 @@ pub(super) struct Staged {
 /// flushes, then marks those records durable (the catch-up reads of `export::stream` stop there) and publishes
 /// them to live subscribers, in cursor order. The commit path never waits for sled.
 ///
-/// A failed write or flush publishes nothing and marks the stream failed; the committer then reopens the store.
-/// Before the reopen it starts a new epoch: records handed over earlier are never written (the store they were
-/// meant for is being closed; the repair after the reopen adds what is missing). A write cycle (epoch check,
-/// write, flush, publication) holds the cycle lock, as do a new epoch and the repair's publication, so no
-/// record of an old epoch reaches the reopened store and publications keep cursor order.
+/// A failed write or flush publishes nothing, ends live subscribers (they resume from what the store holds),
+/// marks the stream failed and halts store writes (see `crate::health::WriteHalt`): nothing handed over later is
+/// written, and the next start's repair adds what is missing from the log. A write cycle (write, flush,
+/// publication) holds the cycle lock, as does the repair's publication, so publications keep cursor order.
 struct Flusher {
     tx: Mutex<Option<std::sync::mpsc::Sender<Handed>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -313,9 +290,8 @@ struct Flusher {
 
 #[derive(Default)]
 struct FlushShared {
-    /// Held for a write cycle, a new epoch and the repair's publication.
+    /// Held for a write cycle and the repair's publication.
     cycle: Mutex<()>,
-    epoch: AtomicU64,
     failed: AtomicBool,
 }
 
@@ -328,7 +304,6 @@ struct Marks {
 
 /// One group's records, handed to the flusher.
 struct Handed {
-    epoch: u64,
     recs: Vec<Rec>,
     marks: Marks,
     at_ms: i64,
@@ -357,23 +332,12 @@ impl Flusher {
     }
 
     fn failed(&self) -> bool {
-        self.shared.failed.load(Ordering::Acquire)
+        self.shared.failed.load(Ordering::Acquire) || self.store.halted().is_some()
     }
 
-    fn clear_failed(&self) {
-        self.shared.failed.store(false, Ordering::Release);
-    }
-
-    /// Records handed over so far are never written; live subscribers end (they resume from the store).
-    fn new_epoch(&self, stream: &Stream) {
-        let _cycle = self.shared.lock();
-        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
-        stream.hub.close();
-    }
-
-    /// Hands a group's records (and the markers they move) to the thread, in the current epoch.
+    /// Hands a group's records (and the markers they move) to the thread.
     fn hand(&self, recs: Vec<Rec>, marks: Marks, at_ms: i64) {
-        let h = Handed { epoch: self.shared.epoch.load(Ordering::Acquire), recs, marks, at_ms };
+        let h = Handed { recs, marks, at_ms };
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let h = match tx.as_ref() {
             Some(tx) => match tx.send(h) {
@@ -385,10 +349,6 @@ impl Flusher {
         drop(tx);
         // No thread (it could not start, or is gone): the cycle runs here, on the commit path.
         self.shared.cycle(&self.store, &self.stream, vec![h]);
-    }
-
-    fn set_failed(&self) {
-        self.shared.failed.store(true, Ordering::Release);
     }
 
     /// After a repair the caller flushed: everything through `durable` is durable; the repair's records go to
@@ -404,10 +364,18 @@ impl Flusher {
         }
     }
 
-    /// Waits for the thread's last cycle.
+    /// Waits for the thread's last cycle; after store writes halted, for at most `HALTED_JOIN_WAIT` (it may be
+    /// waiting in sled for an I/O that failed, for ever: then it is left behind, and the process restarts
+    /// without it).
     fn finish(&self) {
         drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(h) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if self.store.halted().is_some() {
+                if !super::join_within(h, super::HALTED_JOIN_WAIT) {
+                    tracing::warn!("stream flush thread still in a store call after writes halted; left behind");
+                }
+                return;
+            }
             if h.join().is_err() {
                 tracing::error!("stream flush thread panicked");
             }
@@ -420,18 +388,17 @@ impl FlushShared {
         self.cycle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes the handed records of the current epoch as one batch, flushes, publishes.
+    /// Writes the handed records as one batch, flushes, publishes.
     fn cycle(&self, store: &Store, stream: &Stream, handed: Vec<Handed>) {
         let _cycle = self.lock();
-        if self.failed.load(Ordering::Acquire) {
-            // Dropped: the committer's repair makes the store whole.
+        if self.failed.load(Ordering::Acquire) || store.halted().is_some() {
+            // Dropped: the next start's repair makes the store whole.
             return;
         }
-        let epoch = self.epoch.load(Ordering::Acquire);
         let mut marks = Marks::default();
         let mut at_ms = 0;
         let mut recs = Vec::new();
-        for h in handed.into_iter().filter(|h| h.epoch == epoch) {
+        for h in handed {
             marks.log_through = h.marks.log_through.or(marks.log_through);
             marks.changes_through = h.marks.changes_through.or(marks.changes_through);
             at_ms = at_ms.max(h.at_ms);
@@ -447,10 +414,11 @@ impl FlushShared {
         match written.and_then(|()| store.flush()) {
             Ok(()) => publish(stream, recs),
             Err(e) => {
-                tracing::error!(error = %e, "stream: write or flush failed; the store is reopened and the stream repaired");
+                tracing::error!(error = %e, "stream: write or flush failed; the next start repairs the stream");
                 self.failed.store(true, Ordering::Release);
+                store.halt_after(&e);
                 stream.hub.close();
-                // The committer reopens the store without waiting for the next batch.
+                // The committer learns of the halt without waiting for the next batch.
                 stream.wake.notify_one();
             }
         }
@@ -645,10 +613,10 @@ mod tests {
     }
 
     /// Records handed to the flusher are written and published only after a flush: in order, with the durable
-    /// mark moved to the last. A failed flush publishes nothing, ends live subscribers and marks the stream
-    /// broken; records handed before the committer's new epoch (its reopen) are never written.
+    /// mark moved to the last. A failed flush publishes nothing, ends live subscribers, marks the stream broken
+    /// and halts store writes; nothing handed after it is written, and `finish` does not wait on the flush thread.
     #[tokio::test]
-    async fn the_flusher_publishes_only_what_a_flush_made_durable_and_nothing_of_an_older_epoch() {
+    async fn the_flusher_publishes_only_what_a_flush_made_durable_and_nothing_after_a_failure() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("db")).expect("open");
         let index = index_with(BTreeMap::new(), 0);
@@ -666,32 +634,29 @@ mod tests {
         assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![1, 2, 3]);
         assert_eq!(stream.durable.load(Ordering::Acquire), 3);
         assert_eq!(cursors(), vec![1, 2, 3]);
-        // A failed flush: nothing published, the subscriber ended, the writer broken.
+        // A failed flush: nothing published, the subscriber ended, the writer broken, store writes halted.
         store.fail_flush.store(1, Ordering::Release);
         hand(4, 2);
         let end = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("ended");
         assert!(matches!(end, Err(crate::stream::Ended::Closed)), "{end:?}");
         assert!(w.broken());
+        assert_eq!(store.halted(), Some("I/O error"));
         assert_eq!(stream.durable.load(Ordering::Acquire), 3);
-        // Handed while broken, or in the old epoch: never written.
+        assert!(w.stage(1).is_none(), "nothing is staged after a failure");
+        // Handed after the failure: never written.
         hand(6, 1);
-        w.before_reopen();
-        w.flusher.clear_failed();
-        let mut live = stream.hub.subscribe(100);
-        hand(7, 1);
-        let got = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("published").expect("live");
-        assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![7], "6 was of the old epoch");
         w.finish();
-        assert_eq!(cursors(), vec![1, 2, 3, 4, 5, 7], "4-5 written (their flush failed), 6 never");
+        assert_eq!(cursors(), vec![1, 2, 3, 4, 5], "4-5 written (their flush failed), 6 never");
     }
 
-    /// A store failure lost a group's stream write (its log append was synced and acknowledged): after the reopen
-    /// the writer adds the group's event records from the log and a resync for its job, flushed, published live
-    /// and marked durable, with cursors after every one handed out before.
+    /// A store failure lost a group's stream write (its log append was synced and acknowledged) and halted
+    /// writes: the next start's writer adds the group's event records from the log and a resync for its job,
+    /// flushed, published live and marked durable, with cursors after every one handed out before.
     #[tokio::test]
-    async fn after_a_reopen_the_writer_adds_the_event_records_a_failure_lost() {
+    async fn after_a_halt_the_next_start_adds_the_event_records_the_failure_lost() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("db")).expect("open");
+        let path = dir.path().join("db");
+        let store = Store::open(&path).expect("open");
         let log = submitted_then_first_step();
         let stream = Stream::new(Default::default());
         let index = index_with(BTreeMap::new(), 0);
@@ -706,35 +671,35 @@ mod tests {
         assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![1]);
         assert_eq!(store.stream_log_through().expect("marker"), Some(1));
         assert_eq!(store.stream_changes_through().expect("marker"), 1);
-        // Group 2 reached the log; its stream write was lost with the failure.
+        // Group 2 reached the log; then a failure halted writes before its stream records.
         store.append_durable(&log[1..]).expect("g2 log");
+        store.halt_after(&StoreError::Sled(sled::Error::Io(std::io::Error::from_raw_os_error(28))));
+        assert!(w.broken());
+        w.finish();
+        drop(w);
+        drop(store);
+        // The next start.
+        let store = Store::open(&path).expect("reopen");
         let index = index_with(BTreeMap::from([("j1".to_string(), record())]), 2);
-        w.before_reopen();
-        store.reopen().expect("reopen");
-        let mut live2 = stream.hub.subscribe(100);
-        w.after_reopen(&store, &index, T0 + 60_000);
+        let stream = Stream::new(Default::default());
+        let w = StreamWriter::open(&store, &index, stream.clone(), T0 + 60_000).expect("open");
         assert!(!w.broken());
         let recs = store.stream_read(1, 10).expect("read");
         assert_eq!(recs.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![2, 3]);
         assert!(matches!(&recs[0].record, Some(pb::stream_record::Record::Event(a)) if a.seq == 2));
         assert!(matches!(&recs[1].record, Some(pb::stream_record::Record::Change(c)) if c.resync));
         assert_eq!(stream.durable.load(std::sync::atomic::Ordering::Acquire), 3);
-        // The subscriber from before the reopen was ended (it resumes from the store); one from after it gets the
-        // repaired records live.
-        let end = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("ended");
-        assert!(matches!(end, Err(crate::stream::Ended::Closed)), "{end:?}");
-        let got = tokio::time::timeout(Duration::from_secs(10), live2.recv()).await.expect("published").expect("live");
-        assert_eq!(got.iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![2, 3]);
         w.finish();
     }
 
     /// After a failed flush sled may keep records nobody was sent, and after a failed group commit the log may keep
-    /// blocks nobody acknowledged: the repair adds event records only up to the index's last sequence, counts the
-    /// kept records durable, and ends live subscribers so that they read them from the store (none skipped).
+    /// blocks nobody acknowledged: the next start's repair adds event records only up to the index's last
+    /// sequence and counts the kept records durable.
     #[tokio::test]
-    async fn a_repair_stops_at_the_last_acknowledged_sequence_and_sends_kept_records_through_the_store() {
+    async fn a_repair_stops_at_the_last_acknowledged_sequence_and_counts_kept_records_durable() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("db")).expect("open");
+        let path = dir.path().join("db");
+        let store = Store::open(&path).expect("open");
         let ev = |id: &str| pb::LifecycleEvent {
             job_id: "j1".into(),
             event_id: id.into(),
@@ -760,11 +725,13 @@ mod tests {
         store
             .stream_put(&[(2, stream::change_record(2, T0, &subject, Default::default()).bytes.to_vec())], None, T0)
             .expect("kept");
+        w.finish();
+        drop(w);
+        drop(store);
+        let store = Store::open(&path).expect("reopen");
         let index = index_with(BTreeMap::from([("j1".to_string(), record())]), 2);
-        w.before_reopen();
-        store.reopen().expect("reopen");
-        let mut live = stream.hub.subscribe(100);
-        w.after_reopen(&store, &index, T0 + 60_000);
+        let stream = Stream::new(Default::default());
+        let w = StreamWriter::open(&store, &index, stream.clone(), T0 + 60_000).expect("open");
         let recs = store.stream_read(0, 10).expect("read");
         let event_seqs: Vec<u64> = recs
             .iter()
@@ -773,12 +740,10 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(event_seqs, vec![1, 2], "seq 3 was never acknowledged");
+        assert_eq!(event_seqs, vec![1, 2], "seq 3 is past the index's last sequence");
         assert_eq!(store.stream_log_through().expect("marker"), Some(2));
         let last = recs.last().map_or(0, |r| r.cursor);
         assert_eq!(stream.durable.load(Ordering::Acquire), last);
-        let end = tokio::time::timeout(Duration::from_secs(10), live.recv()).await.expect("ended");
-        assert!(matches!(end, Err(crate::stream::Ended::Closed)), "kept record 2 was never sent: {end:?}");
         w.finish();
     }
 

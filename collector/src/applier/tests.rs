@@ -105,24 +105,27 @@ fn empty_index() -> SharedIndex {
     ))
 }
 
-/// A group commit sled kept although it reported failure (a write cut short by a full disk), then a reopen, then
-/// more groups: every acknowledged event reads back as itself, before and after a restart, and what the failed
-/// group left is gone. (Before the fix the next groups reused the failed group's sequences, and a block it left
-/// stood in front of acknowledged events: `tests/tests/disk_full.rs` lost up to 100 of them in about 1 run in 3.)
+/// A group commit the store kept although it reported failure (a write cut short by a full disk) halts writes:
+/// later groups are answered at once with the cause, without touching the store, and the committer stops without
+/// waiting on it. The next start serves every acknowledged event; what the failed group kept is stored, so its
+/// retry is answered as duplicates, never stored twice. Three rounds, each on the store the last one left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_group_commits_sequences_are_never_reused_and_its_leftovers_go_at_the_reopen() {
+async fn a_failed_group_commit_halts_writes_and_the_next_start_serves_every_acknowledged_event() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(dir.path()).expect("open");
     let t0 = startline_proto::time::now_ms() - 3_600_000;
-    let index = empty_index();
-    let (tx, rx) = mpsc::channel(16);
-    let settings = settings(None);
-    let health = Arc::new(Health::default());
-    let committer = spawn(store.clone(), index.clone(), rx, settings, Arc::default(), health.clone()).expect("spawn");
-
     let mut acked = BTreeSet::new();
-    // Three rounds: each has a good group, a failed one (several blocks of it kept by sled), then good ones.
     for round in 0..3 {
+        let store = Store::open(dir.path()).expect("open");
+        let index = restored_index(&store);
+        let health = Arc::new(Health::watching(store.write_halt()));
+        let (tx, committer) = start(&store, &index, &health, None);
+        assert_same(&stored_by_index(&index, &store), &acked, &format!("round {round}: after the start"));
+        if round > 0 {
+            // The last round's failed group was kept: its retry is all duplicates.
+            let b = batch(&format!("b{}", round - 1), 300, t0);
+            let again = send(&tx, &b[..50]).await.expect("retry");
+            assert_eq!((again.accepted, again.duplicates), (0, 50), "round {round}");
+        }
         let a = batch(&format!("a{round}"), 300, t0);
         assert_eq!(send(&tx, &a).await.expect("a").accepted, 300);
         acked.extend(ids(&a));
@@ -130,31 +133,22 @@ async fn a_failed_group_commits_sequences_are_never_reused_and_its_leftovers_go_
         let b = batch(&format!("b{round}"), 300, t0);
         let err = send(&tx, &b).await.expect_err("reported failed");
         assert_eq!(err.cause, "no space left on device");
-        // The client retries part of it, then goes on.
-        let c = &b[..50];
-        assert_eq!(send(&tx, c).await.expect("c").accepted, 50, "nothing of the failed group counts as stored");
-        acked.extend(ids(c));
-        let d = batch(&format!("d{round}"), 300, t0);
-        assert_eq!(send(&tx, &d).await.expect("d").accepted, 300);
-        acked.extend(ids(&d));
-        assert_same(&stored_by_index(&index, &store), &acked, &format!("round {round}: before a restart"));
-        // The log holds the acknowledged events and nothing else: the failed group's blocks went at the reopen.
-        let mut in_log = BTreeSet::new();
-        for (seq, job_id, _) in store.log_after(0, usize::MAX).expect("log") {
-            let ev = store.job_event(&job_id, seq).expect("read").expect("listed");
-            in_log.insert((job_id, ev.event_id));
-        }
-        assert_same(&in_log, &acked, &format!("round {round}: the log"));
-        // The duplicate check reads stored events by sequence too: a resend is a duplicate, all of it.
-        let again = send(&tx, &d).await.expect("resend");
-        assert_eq!((again.accepted, again.duplicates), (0, 300), "round {round}");
+        acked.extend(ids(&b));
+        assert_eq!(health.halted(), Some("no space left on device"));
+        assert!(!health.is_healthy());
+        // Halted: refused at once, nothing written.
+        let log_before = store.log_after(0, usize::MAX).expect("log").len();
+        let c = batch(&format!("c{round}"), 50, t0);
+        let err = send(&tx, &c).await.expect_err("halted");
+        assert_eq!(err.cause, "no space left on device");
+        assert_eq!(store.log_after(0, usize::MAX).expect("log").len(), log_before, "nothing more in the log");
+        drop(tx);
+        let stopped = std::time::Instant::now();
+        tokio::task::spawn_blocking(move || committer.join()).await.expect("join").expect("committer exits cleanly");
+        assert!(stopped.elapsed() < Duration::from_secs(10), "the stop does not wait on the halted store");
+        assert!(!dir.path().join("shutdown.img").exists(), "no shutdown image after a halt");
     }
-    assert_eq!(health.reopens(), 3, "one reopen per failure");
-    drop(tx);
-    tokio::task::spawn_blocking(move || committer.join()).await.expect("join").expect("committer exits cleanly");
-
-    // After a restart: exactly the acknowledged events (the failed groups' leftovers were dropped at the reopens).
-    drop(store);
+    // The last start: exactly the acknowledged events and the failed groups' kept ones, each once.
     let store = Store::open(dir.path()).expect("reopen");
     let restored = store.restore().expect("restore");
     let mut got = BTreeSet::new();
@@ -162,10 +156,10 @@ async fn a_failed_group_commits_sequences_are_never_reused_and_its_leftovers_go_
         for e in &rec.events {
             let ev = store.job_event(job_id, e.seq).expect("read").expect("stored");
             assert_eq!(crate::job::event_id_hash(&ev.event_id), e.id_hash);
-            got.insert((job_id.clone(), ev.event_id));
+            assert!(got.insert((job_id.clone(), ev.event_id)), "an event stored twice");
         }
     }
-    assert_same(&got, &acked, "after a restart");
+    assert_same(&got, &acked, "after the last start");
 }
 
 /// One step of [`acknowledged_events_survive_failed_commits_folds_and_restarts`].
@@ -173,16 +167,16 @@ async fn a_failed_group_commits_sequences_are_never_reused_and_its_leftovers_go_
 enum Op {
     /// A batch of `(job, event)` numbers (repeats of stored events are duplicates).
     Send(Vec<(u8, u8)>),
-    /// The same, with the store reporting the write as failed after keeping it.
+    /// The same, with the store reporting the write as failed after keeping it: writes halt.
     SendFailing(Vec<(u8, u8)>),
     /// Stop the committer (final checkpoint, shutdown image), reopen the store, restore (from the image, or with
     /// it gone, from the summaries, as after a crash), start again.
     Restart(bool),
     /// The next fold's store write (`FAIL_FOLD_WRITE`) or snapshot delete (`FAIL_FOLD_DELETE`) is kept and
-    /// reported failed: its jobs stay hot, the summaries it wrote become their stale ones.
+    /// reported failed: writes halt; its jobs stay hot, and the summaries it wrote become their stale ones.
     FailNextFold(u32),
-    /// A batch whose stream records' flush (on the flush thread, after the ack) reports failure: the committer
-    /// reopens the store and repairs the stream from the log.
+    /// A batch whose stream records' flush (on the flush thread, after the ack) reports failure: writes halt,
+    /// and the next start repairs the stream from the log.
     SendFailingStreamFlush(Vec<(u8, u8)>),
 }
 
@@ -300,147 +294,205 @@ fn assert_summaries_known(index: &SharedIndex, store: &Store, what: &str) {
     }
 }
 
+/// A running committer in [`acknowledged_events_survive_failed_commits_folds_and_restarts`].
+struct Running {
+    store: Store,
+    index: SharedIndex,
+    health: Arc<Health>,
+    tx: mpsc::Sender<CommitRequest>,
+    committer: std::thread::JoinHandle<()>,
+}
+
+/// The model of that test: events acknowledged, and events of batches answered with an error (a failed write may
+/// have kept them: after the next start they are stored or not, each once).
+#[derive(Default)]
+struct Model {
+    acked: BTreeSet<(String, String)>,
+    maybe: BTreeSet<(String, String)>,
+}
+
+/// Starts a committer on the store in `dir` after restoring it, with health watching its write halt.
+fn start_on(store: Store, index: SharedIndex) -> Running {
+    let health = Arc::new(Health::watching(store.write_halt()));
+    let (tx, committer) = start(&store, &index, &health, Some(Duration::ZERO));
+    Running { store, index, health, tx, committer }
+}
+
+/// Stops the committer (a halted one must not wait on the store), opens the store again and restores it (from the
+/// shutdown image when `image` and one was written, else from the summaries, as after a crash), checks what the
+/// start finds against the model, and starts again: everything stored now counts as acknowledged (a failed
+/// write's kept events included).
+async fn restart(dir: &std::path::Path, r: Running, image: bool, model: &mut Model, what: &str) -> Running {
+    let Running { store, index, health, tx, committer } = r;
+    drop(tx);
+    let halted = health.halted().is_some();
+    let stopping = std::time::Instant::now();
+    tokio::task::spawn_blocking(move || committer.join()).await.expect("join").expect("clean exit");
+    assert!(stopping.elapsed() < Duration::from_secs(10), "{what}: the stop took {:?}", stopping.elapsed());
+    assert_summaries_known(&index, &store, &format!("{what}: before the restart"));
+    let sets_before = row_sets(&index);
+    drop(store);
+    let written = dir.join("shutdown.img").exists();
+    assert!(!(halted && written), "{what}: a stop after a halt writes no image");
+    if !image && written {
+        // As after a crash: the summaries are read.
+        std::fs::remove_file(dir.join("shutdown.img")).expect("remove the image");
+    }
+    let store = Store::open(dir).expect("reopen");
+    let restored = crate::app::restore_index(&store).expect("restore");
+    assert_eq!(restored.0.from_image, image && written, "{what}: restored from the image");
+    let index = index_of(restored);
+    assert_summaries_known(&index, &store, &format!("{what}: after the restart"));
+    // Jobs folded on both sides name the same attribute sets.
+    for (job, set) in &row_sets(&index) {
+        if let Some(before) = sets_before.get(job) {
+            assert_eq!(before, set, "{what}: {job}'s attributes after the restart");
+        }
+    }
+    let stored_entries = store.load_dictionary().expect("dictionary").len();
+    assert_eq!(stored_entries, index.read().cold.dict.live(), "{what}: stored entries are the live ones");
+    let stored = stored_events(&index, &store);
+    let missing: Vec<_> = model.acked.difference(&stored).collect();
+    assert!(missing.is_empty(), "{what}: acknowledged events lost: {missing:?}");
+    let allowed: BTreeSet<_> = model.acked.union(&model.maybe).cloned().collect();
+    let extra: Vec<_> = stored.difference(&allowed).collect();
+    assert!(extra.is_empty(), "{what}: events stored that nobody sent: {extra:?}");
+    model.acked = stored;
+    model.maybe.clear();
+    start_on(store, index)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
-    /// Random sequences of batches (new events, duplicates, late events of folded jobs), group commits the store
-    /// reports failed after keeping them (then a reopen), and restarts, against a model that is just the set of
-    /// acknowledged events: after every step the index reads back exactly those from the store, the log holds
-    /// nothing else, and each answer counts new events and duplicates as the model does.
+    /// Random sequences of batches (new events, duplicates, late events of folded jobs), store writes reported
+    /// failed after keeping them (group commits, folds, stream flushes: each halts writes, and the test restarts
+    /// as the process would), and restarts, against a model of acknowledged events and of events a failed batch
+    /// may have left: after every step the index reads back exactly the acknowledged ones from the store and the
+    /// log holds nothing else; while halted every batch is refused at once with the cause; after every restart
+    /// nothing acknowledged is missing and nothing unsent appears; each answer counts new events and duplicates
+    /// as the model does.
     #[test]
     fn acknowledged_events_survive_failed_commits_folds_and_restarts(ops in proptest::collection::vec(op(), 1..24)) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         rt.block_on(async move {
             let dir = tempfile::tempdir().expect("tempdir");
             let t0 = startline_proto::time::now_ms() - 3_600_000;
-            let mut store = Store::open(dir.path()).expect("open");
-            let mut index = empty_index();
-            let health = Arc::new(Health::default());
-            let fold = Some(Duration::ZERO);
-            let (mut tx, c) = start(&store, &index, &health, fold);
-            let mut committer = Some(c);
-            let mut acked: BTreeSet<(String, String)> = BTreeSet::new();
+            let store = Store::open(dir.path()).expect("open");
+            let mut r = start_on(store, empty_index());
+            let mut model = Model::default();
+            // A batch's answer against the model; a refusal must come from halted writes.
+            let answered = |got: Result<CommitResult, CommitError>, evs: &[pb::LifecycleEvent], r: &Running, model: &mut Model, step: usize| {
+                match got {
+                    Ok(got) => {
+                        let new = ids(evs).difference(&model.acked).count() as u32;
+                        assert_eq!((got.accepted, got.duplicates), (new, evs.len() as u32 - new), "step {step}");
+                        model.acked.extend(ids(evs));
+                    }
+                    Err(e) => {
+                        let cause = r.store.halted().unwrap_or_else(|| panic!("step {step}: refused ({e}) but not halted"));
+                        assert_eq!(e.cause, cause, "step {step}");
+                        model.maybe.extend(ids(evs).difference(&model.acked).cloned().collect::<Vec<_>>());
+                    }
+                }
+            };
             for (step, op) in ops.into_iter().enumerate() {
                 match op {
                     Op::Send(evs) | Op::SendFailing(evs) | Op::SendFailingStreamFlush(evs) if evs.is_empty() => {}
                     Op::SendFailingStreamFlush(numbers) => {
                         let evs = distinct_events(&numbers, t0);
-                        let new = ids(&evs).difference(&acked).count() as u32;
                         // An empty batch's answer: the committer is past its start (whose stream repair flushes too).
-                        send(&tx, &[]).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
-                        let reopens = health.reopens();
-                        store.fail_flush.store(1, std::sync::atomic::Ordering::Release);
+                        // A failed fold may have halted writes meanwhile: then the batch is refused.
+                        if let Err(e) = send(&r.tx, &[]).await {
+                            assert_eq!(Some(e.cause), r.store.halted(), "step {step}: refused but not halted");
+                        }
+                        r.store.fail_flush.store(1, std::sync::atomic::Ordering::Release);
                         // Acknowledged: the ack waits for the log's sync, not for the stream's flush.
-                        let got = send(&tx, &evs).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
-                        assert_eq!((got.accepted, got.duplicates), (new, evs.len() as u32 - new), "step {step}");
-                        acked.extend(ids(&evs));
-                        let armed = || store.fail_flush.load(std::sync::atomic::Ordering::Acquire) > 0;
-                        if got.accepted == 0 && store.fail_flush.compare_exchange(1, 0, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire).is_ok() {
+                        let got = send(&r.tx, &evs).await;
+                        let nothing_new = got.as_ref().is_ok_and(|g| g.accepted == 0);
+                        answered(got, &evs, &r, &mut model, step);
+                        let armed = || r.store.fail_flush.load(std::sync::atomic::Ordering::Acquire) > 0;
+                        if nothing_new && r.store.fail_flush.compare_exchange(1, 0, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Acquire).is_ok() {
                             // Nothing was written, so nothing flushed: the failure never happened.
-                        } else {
-                            // The flush failed (now or soon): the committer reopens the store.
+                        } else if r.store.halted().is_none() {
+                            // The flush fails (now or soon) and halts writes.
                             let deadline = std::time::Instant::now() + Duration::from_secs(20);
-                            while armed() || health.reopens() == reopens {
-                                assert!(std::time::Instant::now() < deadline, "step {step}: no reopen after the failed flush");
+                            while armed() || r.store.halted().is_none() {
+                                assert!(std::time::Instant::now() < deadline, "step {step}: no halt after the failed flush");
                                 tokio::time::sleep(Duration::from_millis(5)).await;
                             }
                         }
                     }
                     Op::Send(numbers) => {
                         let evs = distinct_events(&numbers, t0);
-                        let new = ids(&evs).difference(&acked).count() as u32;
-                        let got = send(&tx, &evs).await.unwrap_or_else(|e| panic!("step {step}: {e}"));
-                        assert_eq!((got.accepted, got.duplicates), (new, evs.len() as u32 - new), "step {step}");
-                        acked.extend(ids(&evs));
+                        let got = send(&r.tx, &evs).await;
+                        answered(got, &evs, &r, &mut model, step);
                     }
                     Op::SendFailing(numbers) => {
                         let evs = distinct_events(&numbers, t0);
-                        store.fail_after_write.store(1, std::sync::atomic::Ordering::Release);
-                        match send(&tx, &evs).await {
-                            Err(e) => assert_eq!(e.cause, "no space left on device"),
+                        r.store.fail_after_write.store(1, std::sync::atomic::Ordering::Release);
+                        let got = send(&r.tx, &evs).await;
+                        if let Ok(g) = &got {
                             // Every event was a duplicate: nothing to write, nothing failed.
-                            Ok(r) => {
-                                assert_eq!(r.accepted, 0, "step {step}: a write was made and reported failed");
-                                store.fail_after_write.store(0, std::sync::atomic::Ordering::Release);
-                            }
+                            assert_eq!(g.accepted, 0, "step {step}: a write was made and reported failed");
+                            r.store.fail_after_write.store(0, std::sync::atomic::Ordering::Release);
                         }
+                        answered(got, &evs, &r, &mut model, step);
                     }
                     Op::FailNextFold(which) => {
-                        store.fail_fold.store(which, std::sync::atomic::Ordering::Release);
+                        r.store.fail_fold.store(which, std::sync::atomic::Ordering::Release);
                     }
                     Op::Restart(image) => {
-                        drop(tx);
-                        let c = committer.take().expect("running");
-                        tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
-                        assert_summaries_known(&index, &store, &format!("step {step}: before the restart"));
-                        let sets_before = row_sets(&index);
-                        drop(store);
-                        // A stop after a failed write writes no image.
-                        let written = dir.path().join("shutdown.img").exists();
-                        if !image && written {
-                            // As after a crash: the summaries are read.
-                            std::fs::remove_file(dir.path().join("shutdown.img")).expect("remove the image");
-                        }
-                        store = Store::open(dir.path()).expect("reopen");
-                        let restored = crate::app::restore_index(&store).expect("restore");
-                        assert_eq!(restored.0.from_image, image && written, "step {step}: restored from the image");
-                        index = index_of(restored);
-                        assert_summaries_known(&index, &store, &format!("step {step}: after the restart"));
-                        // Jobs folded on both sides name the same attribute sets.
-                        let sets_after = row_sets(&index);
-                        for (job, set) in &sets_after {
-                            if let Some(before) = sets_before.get(job) {
-                                assert_eq!(before, set, "step {step}: {job}'s attributes after the restart");
-                            }
-                        }
-                        let stored = store.load_dictionary().expect("dictionary").len();
-                        assert_eq!(stored, index.read().cold.dict.live(), "step {step}: stored entries are the live ones");
-                        let (t, c) = start(&store, &index, &health, fold);
-                        (tx, committer) = (t, Some(c));
+                        r = restart(dir.path(), r, image, &mut model, &format!("step {step}")).await;
                     }
                 }
-                assert_same(&stored_events(&index, &store), &acked, &format!("step {step}: the index"));
-                row_sets(&index);
+                if r.store.halted().is_some() {
+                    // Refused at once while halted, without a write.
+                    let probe = [numbered(11, 9, t0)];
+                    let err = send(&r.tx, &probe).await.expect_err("halted");
+                    assert_eq!(Some(err.cause), r.store.halted(), "step {step}");
+                    model.maybe.extend(ids(&probe).difference(&model.acked).cloned().collect::<Vec<_>>());
+                    // What the process does once the store is writable: start again.
+                    r = restart(dir.path(), r, true, &mut model, &format!("step {step}: after the halt")).await;
+                }
+                assert_same(&stored_events(&r.index, &r.store), &model.acked, &format!("step {step}: the index"));
+                row_sets(&r.index);
                 let mut in_log = BTreeSet::new();
-                let listed = store.log_after(0, usize::MAX).expect("log");
+                let listed = r.store.log_after(0, usize::MAX).expect("log");
                 for (seq, job_id, _) in &listed {
-                    let Some(ev) = store.job_event(job_id, *seq).expect("read") else {
+                    let Some(ev) = r.store.job_event(job_id, *seq).expect("read") else {
                         panic!("step {step}: the log lists seq {seq} of {job_id}, a read by sequence does not find it");
                     };
                     in_log.insert((job_id.clone(), ev.event_id));
                 }
-                assert_same(&in_log, &acked, &format!("step {step}: the log"));
+                assert_same(&in_log, &model.acked, &format!("step {step}: the log"));
                 // The stream's event records: one per acknowledged event, cursors increasing (always); every
-                // acknowledged event there once its flush or, after a failed one, the reopen's repair is done.
+                // acknowledged event there once its flush is done (unless writes halted meanwhile: the next start's
+                // repair adds them).
                 let deadline = std::time::Instant::now() + Duration::from_secs(20);
                 loop {
                     let mut in_stream = BTreeSet::new();
                     let mut last = 0;
-                    let Ok(recs) = store.stream_read(0, usize::MAX) else {
-                        // Closed for the reopen at this moment.
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                        continue;
-                    };
-                    for r in recs {
-                        assert!(r.cursor > last, "step {step}: cursor {} after {last}", r.cursor);
-                        last = r.cursor;
-                        if let Some(pb::stream_record::Record::Event(a)) = r.record {
+                    for rec in r.store.stream_read(0, usize::MAX).expect("stream") {
+                        assert!(rec.cursor > last, "step {step}: cursor {} after {last}", rec.cursor);
+                        last = rec.cursor;
+                        if let Some(pb::stream_record::Record::Event(a)) = rec.record {
                             let ev = a.event.expect("event");
                             let fresh = in_stream.insert((ev.job_id, ev.event_id));
                             assert!(fresh, "step {step}: an event twice in the stream");
                         }
                     }
-                    if in_stream == acked || std::time::Instant::now() > deadline {
-                        assert_same(&in_stream, &acked, &format!("step {step}: the stream"));
+                    if in_stream == model.acked || r.store.halted().is_some() {
                         break;
+                    }
+                    if std::time::Instant::now() > deadline {
+                        assert_same(&in_stream, &model.acked, &format!("step {step}: the stream"));
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
-            drop(tx);
-            if let Some(c) = committer {
-                tokio::task::spawn_blocking(move || c.join()).await.expect("join").expect("clean exit");
-            }
+            drop(r.tx);
+            tokio::task::spawn_blocking(move || r.committer.join()).await.expect("join").expect("clean exit");
         });
     }
 }

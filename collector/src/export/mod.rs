@@ -1136,7 +1136,7 @@ fn observe_auth(meter: &Meter, sources: &Sources) {
         .build();
 }
 
-/// Storage health, write errors, reopens and size on disk.
+/// Storage health, write errors, the write halt and size on disk.
 fn observe_store(meter: &Meter, sources: &Sources) {
     let s = sources.clone();
     let _ = meter
@@ -1152,9 +1152,12 @@ fn observe_store(meter: &Meter, sources: &Sources) {
         .build();
     let s = sources.clone();
     let _ = meter
-        .u64_observable_counter("startline.collector.store.reopens")
-        .with_description("Times the store was reopened to recover from a write failure")
-        .with_callback(move |o| o.observe(s.health.reopens(), &[]))
+        .u64_observable_gauge("startline.collector.store.writes_halted")
+        .with_description(
+            "1 once a store write failed with an I/O error: writes halt and ingest is refused until the collector \
+             restarts, which it does once the store is writable again (store.after_write_failure)",
+        )
+        .with_callback(move |o| o.observe(u64::from(s.health.halted().is_some()), &[]))
         .build();
     let s = sources.clone();
     let _ = meter
@@ -1392,9 +1395,9 @@ mod tests {
                 "startline_collector_metric_overflow_total counter",
                 "startline_collector_refusals_total counter",
                 "startline_collector_store_healthy gauge",
-                "startline_collector_store_reopens_total counter",
                 "startline_collector_store_size_bytes gauge",
                 "startline_collector_store_write_errors_total counter",
+                "startline_collector_store_writes_halted gauge",
                 "startline_jobs_ended_before_start_total counter",
                 "startline_jobs_finished_total counter",
                 "startline_jobs_lost_work_gpu_seconds_total counter",

@@ -44,6 +44,8 @@ pub struct EdgeSettings {
     pub max_message_bytes: usize,
     /// Identities: per-event job-id and source restrictions, rate limits.
     pub auth: Arc<Auth>,
+    /// The store's write halt: once set, batches are answered `UNAVAILABLE` with its cause before they queue.
+    pub halt: Arc<crate::health::WriteHalt>,
 }
 
 /// The committer's sender, shared by every copy of the service until [`Intake::close`] takes it away.
@@ -111,7 +113,10 @@ impl Pending {
                     }
                     Ok(ack)
                 }
-                Ok(Err(e)) => Err(Status::unavailable(format!("{e}; batch not stored, retry later"))),
+                Ok(Err(e)) => Err(Status::unavailable(format!(
+                    "{e}; batch not acknowledged, retry later (events of it a failed write kept are answered as \
+                     duplicates)"
+                ))),
                 Err(_) => Err(shutting_down()),
             },
         }
@@ -152,6 +157,13 @@ impl Ingest {
                 &anonymous
             }
         };
+        // Store writes halted: nothing can be acknowledged until the restart (see `applier::halt`).
+        if let Some(cause) = self.settings.halt.cause() {
+            return Err(Status::unavailable(format!(
+                "storage unavailable: {cause}; batch not acknowledged, retry later (the collector restarts once \
+                 its store is writable)"
+            )));
+        }
         // A batch over the identity's rate is refused whole, before any of it is stored.
         self.settings.auth.take_events(identity, req.events.len() as u64).map_err(|d| status_of(&d))?;
         let now = startline_proto::time::now_ms();
@@ -387,6 +399,7 @@ mod tests {
             limits: startline_proto::Limits::default(),
             max_message_bytes: 1 << 20,
             auth: Arc::new(Auth::open()),
+            halt: Arc::default(),
         };
         let ingest =
             Ingest::new(tx, settings, Arc::new(IngestStats::default()), CancellationToken::new(), TaskTracker::new());
@@ -419,6 +432,18 @@ mod tests {
         assert_eq!(err.code(), tonic::Code::ResourceExhausted);
         assert_eq!(ingest.stats.refused_full.load(std::sync::atomic::Ordering::Relaxed), 1);
         pending.abort();
+    }
+
+    /// Once store writes are halted, a batch is answered `UNAVAILABLE` with the cause at once, without
+    /// queueing for a committer that may be stuck behind the failed store.
+    #[tokio::test]
+    async fn a_halted_store_refuses_batches_at_once_with_the_cause() {
+        let (ingest, mut rx) = svc(4, WhenFull::Wait);
+        assert!(ingest.settings.halt.halt("no space left on device"));
+        let err = ingest.publish_batch(batch(1)).await.expect_err("halted");
+        assert_eq!(err.code(), tonic::Code::Unavailable);
+        assert!(err.message().contains("no space left on device"), "{}", err.message());
+        assert!(rx.try_recv().is_err(), "nothing queued for the committer");
     }
 
     #[tokio::test]

@@ -132,12 +132,13 @@
 //!
 //! sled calls block; callers run them on the applier thread or in `spawn_blocking`.
 
+use crate::health::WriteHalt;
 use crate::job::{CompactEvent, JobRecord};
 use prost::Message;
 use startline_proto::pb;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// One stored node health reading: `(node, body)`, or why it cannot be read.
 pub type StoredReading = Result<(String, Vec<u8>), String>;
@@ -204,9 +205,12 @@ pub enum StoreError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The store is closed for a reopen after a failure.
-    #[error("store closed after a failure; reopening")]
+    /// The log's files refuse appends after one failed (the next open repairs them).
+    #[error("log closed after a failed append")]
     Closed,
+    /// Writes are halted after a write failed (see [`WriteHalt`]): nothing is written until a restart.
+    #[error("store writes halted after a write failure ({0}); the collector restarts once the store is writable")]
+    Halted(&'static str),
     /// The data directory could not be created or secured.
     #[error("data directory {path}: {source}")]
     Dir {
@@ -229,6 +233,18 @@ impl StoreError {
         matches!(self, StoreError::Corrupt { .. } | StoreError::Sled(sled::Error::Corruption { .. }))
     }
 
+    /// Whether this failure of a write halts every later one (see [`WriteHalt`]): any error of sled or of the
+    /// file system (after one, sled may block for ever on the I/O that failed). Not damage found in a value, and
+    /// not a write refused because writes were already halted.
+    pub fn halts_writes(&self) -> bool {
+        match self {
+            StoreError::Sled(sled::Error::Corruption { .. }) | StoreError::Corrupt { .. } | StoreError::Halted(_) => {
+                false
+            }
+            StoreError::Sled(_) | StoreError::File { .. } | StoreError::Dir { .. } | StoreError::Closed => true,
+        }
+    }
+
     /// A short cause for clients and health checks, without internal detail: "no space left on device",
     /// "I/O error", "corrupt store".
     pub fn cause(&self) -> &'static str {
@@ -237,10 +253,12 @@ impl StoreError {
             StoreError::Dir { source, .. } | StoreError::File { source, .. } => Some(source),
             _ => None,
         };
-        match io {
-            Some(e) => io_cause(e),
-            None if matches!(self, StoreError::Closed) => "store reopening after an I/O error",
-            None => "corrupt store",
+        match (io, self) {
+            (Some(e), _) => io_cause(e),
+            (None, StoreError::Halted(cause)) => cause,
+            (None, StoreError::Closed) => "log closed after an I/O error",
+            (None, StoreError::Sled(sled::Error::Corruption { .. }) | StoreError::Corrupt { .. }) => "corrupt store",
+            (None, _) => "storage error",
         }
     }
 }
@@ -250,6 +268,8 @@ impl StoreError {
 fn io_cause(e: &std::io::Error) -> &'static str {
     const ENOSPC: i32 = 28;
     const EDQUOT: i32 = 122;
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
     let inner = e.get_ref().and_then(|i| i.downcast_ref::<std::io::Error>());
     let code = e.raw_os_error().or_else(|| inner.and_then(|i| i.raw_os_error()));
     let text = e.to_string();
@@ -257,6 +277,8 @@ fn io_cause(e: &std::io::Error) -> &'static str {
         "no space left on device"
     } else if code == Some(EDQUOT) || e.kind() == std::io::ErrorKind::QuotaExceeded || text.contains("quota") {
         "disk quota exceeded"
+    } else if code == Some(EMFILE) || code == Some(ENFILE) || text.contains("Too many open files") {
+        "too many open files"
     } else {
         "I/O error"
     }
@@ -610,8 +632,10 @@ pub struct TreeStats {
 pub struct Store {
     path: Arc<PathBuf>,
     options: Arc<StoreOptions>,
-    /// The open database; `None` between a failed reopen and the next attempt.
-    inner: Arc<RwLock<Option<Trees>>>,
+    /// The open database.
+    inner: Trees,
+    /// Set by the first write that fails: no write reaches the database after it (see [`WriteHalt`]).
+    halt: Arc<WriteHalt>,
     /// The next summary number (see the module doc): above every stored one.
     next_summary: Arc<std::sync::atomic::AtomicU64>,
     /// Snapshot parts (see [`snaps`]): the next number, and the stored bytes of the increments since the base
@@ -681,9 +705,6 @@ struct SnapCounters {
     base_jobs: std::sync::atomic::AtomicU64,
     /// The highest value stored under `SNAPSHOT_SEQ_KEY` by this process.
     noted_seq: std::sync::atomic::AtomicU64,
-    /// Bumped by every reopen: a checkpoint whose parts went to the database before it must not move the
-    /// marker (they may be lost with its unflushed writes).
-    generation: std::sync::atomic::AtomicU64,
     /// Set when retention failed to delete jobs it already dropped from memory: only the parts (and the log)
     /// still bring them back at the next start, for the next pass to delete, so no base may replace them.
     hold_bases: std::sync::atomic::AtomicBool,
@@ -985,7 +1006,8 @@ impl Store {
         Ok(Store {
             path: Arc::new(path.to_path_buf()),
             options: Arc::new(options),
-            inner: Arc::new(RwLock::new(Some(trees))),
+            inner: trees,
+            halt: Arc::default(),
             next_summary: Arc::new(next_summary.into()),
             snap: Arc::new(snap),
             image_record: Arc::new(Mutex::new(image_record)),
@@ -1003,29 +1025,41 @@ impl Store {
         &self.path
     }
 
-    /// The open trees (cheap clones of sled handles), or an error while the store is closed for a reopen.
+    /// The open trees (cheap clones of sled handles), for reading.
     fn t(&self) -> Result<Trees, StoreError> {
-        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        g.clone().ok_or(StoreError::Closed)
+        Ok(self.inner.clone())
     }
 
-    /// Closes and reopens the database. After an I/O error (a full disk) sled refuses every later write until
-    /// it is reopened; reopening makes the store usable again once the cause is gone. Everything flushed
-    /// before is still there (only unacknowledged, unflushed writes may be lost). Fails while another thread
-    /// still holds the old handles (sled's file lock) or while the cause persists; the caller retries later.
-    pub fn reopen(&self) -> Result<(), StoreError> {
-        let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        self.snap.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        // Unflushed writes may be lost with the old database: the snapshot record is written again.
-        self.snap.noted_seq.store(0, std::sync::atomic::Ordering::Release);
-        // The old database must be gone before sled will open the directory again.
-        drop(g.take());
-        let trees = Trees::open(&self.path, &self.options)?;
-        // Numbers handed out for writes that failed may be stored (sled can keep a failed write): never reused.
-        self.next_summary.fetch_max(trees.next_summary()?, std::sync::atomic::Ordering::AcqRel);
-        self.snap.next.fetch_max(trees.next_snapshot_number()?, std::sync::atomic::Ordering::AcqRel);
-        *g = Some(trees);
-        Ok(())
+    /// The open trees, for writing: refused once writes are halted (see [`WriteHalt`]), before sled is touched.
+    fn w(&self) -> Result<Trees, StoreError> {
+        match self.halt.cause() {
+            Some(cause) => Err(StoreError::Halted(cause)),
+            None => Ok(self.inner.clone()),
+        }
+    }
+
+    /// The store's write halt, for health to report.
+    pub fn write_halt(&self) -> Arc<WriteHalt> {
+        self.halt.clone()
+    }
+
+    /// The cause, once writes are halted.
+    pub fn halted(&self) -> Option<&'static str> {
+        self.halt.cause()
+    }
+
+    /// After a write failed with `e`: halts every later write if `e` is of a kind that must (see
+    /// [`StoreError::halts_writes`]); true if this call halted them (the first).
+    pub fn halt_after(&self, e: &StoreError) -> bool {
+        let first = e.halts_writes() && self.halt.halt(e.cause());
+        if first {
+            tracing::error!(
+                error = %e,
+                cause = e.cause(),
+                "store writes halted: ingest is refused until the collector restarts, once the store is writable"
+            );
+        }
+        first
     }
 
     /// Writes the shutdown image (see [`image`]): `body` writes what the index needs instead of the summaries.
@@ -1040,7 +1074,7 @@ impl Store {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
                 ^ (u64::from(std::process::id()) << 32);
         image::write(&self.path, token, marker, body)?;
-        let t = self.t()?;
+        let t = self.w()?;
         let mut record = token.to_be_bytes().to_vec();
         record.extend_from_slice(&marker.to_be_bytes());
         t.jobs.insert(IMAGE_KEY, seal(&record))?;
@@ -1429,7 +1463,7 @@ impl Store {
     /// Records `next`, the number the dictionary hands out next (not flushed: call it before the writes that use
     /// numbers below it, which sled keeps in order). A restore never hands out a number below it again.
     pub fn note_dictionary_next(&self, next: u32) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         t.dictionary.insert(DICTIONARY_NEXT_KEY, seal(&next.to_be_bytes()))?;
         Ok(())
     }
@@ -1447,7 +1481,7 @@ impl Store {
         if ids.is_empty() {
             return Ok(());
         }
-        let t = self.t()?;
+        let t = self.w()?;
         let mut batch = sled::Batch::default();
         for id in ids {
             batch.remove(&id.to_be_bytes());
@@ -1634,7 +1668,7 @@ impl Store {
         for (j, no) in jobs.iter_mut().zip(first..) {
             j.number = no;
         }
-        let t = self.t()?;
+        let t = self.w()?;
         let mut dict = sled::Batch::default();
         for (id, body) in dictionary {
             dict.insert(&id.to_be_bytes(), seal(body));
@@ -1679,7 +1713,7 @@ impl Store {
     /// Tests: flips a byte in the middle of every summary pack (each then fails its checksum).
     #[cfg(test)]
     pub(crate) fn damage_summary_packs(&self) -> Result<usize, StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let mut n = 0;
         for kv in t.summaries.range(packs::all_packs()) {
             let (k, v) = kv?;
@@ -1720,7 +1754,7 @@ impl Store {
         if summaries.is_empty() {
             return Ok(());
         }
-        let t = self.t()?;
+        let t = self.w()?;
         let mut batch = sled::Batch::default();
         let wanted: Vec<(&str, u64)> = summaries.iter().map(|(id, no)| (id.as_str(), *no)).collect();
         let lock = t.packs_lock();
@@ -1733,7 +1767,7 @@ impl Store {
 
     /// The second step of [`Store::fold_jobs`]: the folded jobs' snapshots go, `max_seq` is recorded, flushed.
     pub fn fold_delete(&self, jobs: &[FoldWrite], max_seq: u64) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let mut snaps = sled::Batch::default();
         for j in jobs {
             snaps.remove(job_key(&j.job_id));
@@ -1753,7 +1787,7 @@ impl Store {
     /// returns `Ok`, the events survive a crash of the process and of the machine. sled is not flushed: nothing
     /// it holds is needed to read the log.
     pub fn append_durable(&self, entries: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let mut bodies = Vec::with_capacity(entries.len());
         for (seq, value) in entries {
             let body = unseal(value, true).map_err(|r| corrupt_log(&seq.to_be_bytes(), r))?;
@@ -1781,7 +1815,7 @@ impl Store {
         changes_through: Option<u64>,
         at_ms: i64,
     ) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let mut batch = stream_batch(records, at_ms)?;
         batch.insert(STREAM_LOG_KEY, seal(&log_through.to_be_bytes()));
         if let Some(c) = changes_through {
@@ -1795,7 +1829,7 @@ impl Store {
     /// commit and a reopen, the blocks past the last acknowledged sequence are writes sled kept although the
     /// commit failed (no batch of them was acknowledged): they go, so the store holds what memory holds.
     pub fn drop_log_after(&self, seq: u64) -> Result<usize, StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         t.files.truncate_after(seq)
     }
 
@@ -1813,7 +1847,7 @@ impl Store {
 
     /// Records that the stream holds event records through log sequence `seq` (no flush).
     pub fn set_stream_log_through(&self, seq: u64) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         t.stream.insert(STREAM_LOG_KEY, seal(&seq.to_be_bytes()))?;
         Ok(())
     }
@@ -1841,7 +1875,7 @@ impl Store {
         changes_through: Option<u64>,
         at_ms: i64,
     ) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let mut batch = stream_batch(records, at_ms)?;
         if let Some(c) = changes_through {
             batch.insert(STREAM_CHANGES_KEY, seal(&c.to_be_bytes()));
@@ -1903,7 +1937,7 @@ impl Store {
     /// Deletes stream blocks whose records were all recorded before `before_ms`, oldest first, at most `limit`
     /// records' worth, never the newest block. Returns how many records went.
     pub fn stream_trim(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let Some(last_key) = t.stream.range(stream_key(0)..).next_back().transpose()?.map(|(k, _)| k) else {
             return Ok(0);
         };
@@ -1970,7 +2004,7 @@ impl Store {
         if self.snap.noted_seq.load(std::sync::atomic::Ordering::Acquire) >= seq {
             return Ok(());
         }
-        let t = self.t()?;
+        let t = self.w()?;
         t.jobs.insert(SNAPSHOT_SEQ_KEY, seal(&seq.to_be_bytes()))?;
         self.snap.noted_seq.fetch_max(seq, AcqRel);
         Ok(())
@@ -1979,7 +2013,7 @@ impl Store {
     /// Writes a checkpoint's increment (parts from [`snaps::PartWriter`]), each part under a new number, one
     /// value per sled batch (a yield between, so that a waiting group commit can take sled's lock).
     pub fn write_increment(&self, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         for part in parts {
             let no = self.snap.next.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             let len = part.len() as u64;
@@ -2025,11 +2059,6 @@ impl Store {
         self.snap.hold_bases.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Which opening of the database writes go to (see [`Store::finish_checkpoint_of`]).
-    pub fn generation(&self) -> u64 {
-        self.snap.generation.load(std::sync::atomic::Ordering::Acquire)
-    }
-
     /// Starts a base: its number. Call it under the lock that retention's deletes hold (the applier's
     /// `store_writes`), before reading the first job: a tombstone numbered up to it belongs to a job deleted
     /// before, which the base cannot hold, and [`Store::switch_base`] removes it.
@@ -2039,7 +2068,7 @@ impl Store {
 
     /// Writes parts of base `base`, numbered from `first`; invisible to restore until [`Store::switch_base`].
     pub fn write_base_parts(&self, base: u64, first: u64, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         for (no, part) in (first..).zip(parts) {
             t.jobs.insert(snaps::base_key(base, no), part)?;
             std::thread::yield_now();
@@ -2051,13 +2080,9 @@ impl Store {
     /// its parts, then in one batch points restore at it, removes every increment, older base, snapshot from
     /// before parts and tombstone it supersedes, and moves the marker; flushes.
     ///
-    /// Fails without writing if the store was reopened since `generation` (the parts may be lost), and must not
-    /// interleave with retention's deletes (its tombstones): call it under the applier's `store_writes`.
-    pub fn switch_base(&self, base: u64, through_seq: u64, generation: u64, jobs: u64) -> Result<(), StoreError> {
-        let t = self.t()?;
-        if self.generation() != generation {
-            return Err(StoreError::Closed);
-        }
+    /// Must not interleave with retention's deletes (its tombstones): call it under the applier's `store_writes`.
+    pub fn switch_base(&self, base: u64, through_seq: u64, jobs: u64) -> Result<(), StoreError> {
+        let t = self.w()?;
         t.db.flush()?;
         let mut batch = sled::Batch::default();
         let mut base_bytes = 0u64;
@@ -2099,17 +2124,7 @@ impl Store {
     /// depends on; the marker itself is made durable by the next group commit's flush (or shutdown), and until
     /// then a restore simply replays from the previous marker.
     pub fn finish_checkpoint(&self, through_seq: u64) -> Result<(), StoreError> {
-        self.finish_checkpoint_of(through_seq, self.generation())
-    }
-
-    /// [`Store::finish_checkpoint`] for snapshots written while the store was at `generation` (taken before the
-    /// first write): fails without writing if it was reopened since, as what was written before may be lost.
-    pub fn finish_checkpoint_of(&self, through_seq: u64, generation: u64) -> Result<(), StoreError> {
-        // Holding `t` keeps the database open: no reopen can happen between the check and the flush.
-        let t = self.t()?;
-        if self.generation() != generation {
-            return Err(StoreError::Closed);
-        }
+        let t = self.w()?;
         t.db.flush()?;
         t.jobs.insert(CHECKPOINT_KEY, seal(&through_seq.to_be_bytes()))?;
         Ok(())
@@ -2118,7 +2133,7 @@ impl Store {
     /// Saves alert records (by key) and flushes, so a restart neither loses a firing alert nor re-pages a
     /// resolved one. Each value is `(key, body)`, the body encoded by the alert module; the store seals it.
     pub fn save_alerts(&self, alerts: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let mut batch = sled::Batch::default();
         for (key, body) in alerts {
             batch.insert(key.as_bytes(), seal(body));
@@ -2131,7 +2146,7 @@ impl Store {
     /// Stores node health readings (`node ++ 0 ++ at_ms big-endian` -> sealed body) and flushes: an
     /// acknowledged reading survives a crash. Readings older than `keep_from_ms` are deleted in the same batch.
     pub fn save_health(&self, readings: &[(String, i64, Vec<u8>)], keep_from_ms: i64) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let mut batch = sled::Batch::default();
         for (node, at, body) in readings {
             let mut k = node.as_bytes().to_vec();
@@ -2172,7 +2187,7 @@ impl Store {
 
     /// Forgets alert records.
     pub fn delete_alerts(&self, keys: &[String]) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let mut batch = sled::Batch::default();
         for k in keys {
             batch.remove(k.as_bytes());
@@ -2213,7 +2228,7 @@ impl Store {
     /// ms) of jobs deleted for the memory budget (see [`Store::history_deleted_through`]).
     pub fn delete_jobs_noting(&self, jobs: &[ExpiredJob], deleted_through: Option<i64>) -> Result<(), StoreError> {
         use sled::transaction::Transactional;
-        let t = self.t()?;
+        let t = self.w()?;
         let mut job_batch = sled::Batch::default();
         if let Some(ms) = deleted_through {
             job_batch.insert(DELETED_THROUGH_KEY, seal(&ms.to_be_bytes()));
@@ -2292,7 +2307,7 @@ impl Store {
     /// compacts the oldest segment not yet compacted (see [`files::LogFiles::compact`]). Returns the segment
     /// compacted with its bytes before and after.
     pub fn maintain_log(&self) -> Result<Option<(u64, u64, u64)>, StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         let _rewrites = t.log_rewrites();
         let pending = std::mem::take(&mut *t.collect_pending.lock().unwrap_or_else(|p| p.into_inner()));
         let names: Vec<u64> = if t.collect_due.swap(false, std::sync::atomic::Ordering::AcqRel) {
@@ -2346,7 +2361,7 @@ impl Store {
 
     /// Flushes everything written so far.
     pub fn flush(&self) -> Result<(), StoreError> {
-        let t = self.t()?;
+        let t = self.w()?;
         #[cfg(test)]
         {
             use std::sync::atomic::Ordering;

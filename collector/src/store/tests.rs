@@ -211,7 +211,7 @@ fn base(store: &Store, mem: &BTreeMap<String, JobRecord>, marks: &mut HashMap<St
         w.add(id, &rec.events).expect("add");
     }
     store.write_base_parts(no, 0, w.finish().expect("finish")).expect("parts");
-    store.switch_base(no, through, store.generation(), mem.len() as u64).expect("switch");
+    store.switch_base(no, through, mem.len() as u64).expect("switch");
     marks.clear();
     marks.extend(mem.iter().map(|(id, r)| (id.clone(), r.events.iter().map(|e| e.seq).max().unwrap_or(0))));
 }
@@ -303,7 +303,7 @@ fn a_deleted_jobs_parts_stay_deleted_until_a_base_and_its_id_can_come_back() {
     let gone = mem.remove("b").expect("b");
     let seqs = gone.events.iter().map(|e| e.seq).collect();
     store.delete_jobs(&[ExpiredJob { job_id: "b".into(), seqs, summaries: Vec::new() }]).expect("delete");
-    store.switch_base(no, seq, store.generation(), mem.len() as u64).expect("switch");
+    store.switch_base(no, seq, mem.len() as u64).expect("switch");
     assert_eq!(jobs_keys(&store, &snaps::tomb_key("a")), Vec::<Vec<u8>>::new());
     assert_eq!(jobs_keys(&store, &snaps::tomb_key("b")).len(), 1);
     let r = store.restore().expect("restore");
@@ -314,28 +314,48 @@ fn a_deleted_jobs_parts_stay_deleted_until_a_base_and_its_id_can_come_back() {
     assert!(store.wants_base(0, 0));
     // A base most of whose jobs left memory is due again, even with nothing new (unless bases are held).
     let no = store.begin_base();
-    store.switch_base(no, seq, store.generation(), 5000).expect("switch");
+    store.switch_base(no, seq, 5000).expect("switch");
     assert!(store.base_stale(2499) && !store.base_stale(2500));
     store.hold_bases();
     assert!(!store.wants_base(0, 0) && !store.base_stale(0));
 }
 
+/// After a write fails with an I/O error, writes are halted: every later write (the checkpoint's marker, a
+/// base's switch, a group's log append, the stream, retention) is refused before sled is touched, with the first
+/// failure's cause; reads go on; what was written before is restored by the next open.
 #[test]
-fn a_checkpoint_does_not_move_the_marker_over_parts_written_before_a_reopen() {
+fn after_a_failed_write_every_later_write_is_refused_before_sled_and_reads_go_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let (mem, seq) = three_jobs(&store);
     let marker = store.checkpoint_seq().expect("marker");
-    let generation = store.generation();
     let mut w = snaps::PartWriter::default();
     w.add("c", &mem["c"].events).expect("add");
     store.write_increment(w.finish().expect("finish")).expect("increment");
-    store.reopen().expect("reopen");
-    assert!(matches!(store.finish_checkpoint_of(seq, generation), Err(StoreError::Closed)));
+    let corrupt = StoreError::Corrupt { what: "jobs", key: "x".into(), reason: "bad".into() };
+    assert!(!store.halt_after(&corrupt), "damage in a value read does not halt writes");
+    let enospc = StoreError::Sled(sled::Error::Io(std::io::Error::from_raw_os_error(28)));
+    assert!(store.halt_after(&enospc), "the first I/O failure halts");
+    let emfile = StoreError::Sled(sled::Error::Io(std::io::Error::from_raw_os_error(24)));
+    assert_eq!(emfile.cause(), "too many open files");
+    assert!(!store.halt_after(&emfile), "only the first halts; its cause stays");
+    assert_eq!(store.halted(), Some("no space left on device"));
+    let halted = |r: Result<(), StoreError>, what: &str| match r {
+        Err(StoreError::Halted(cause)) => assert_eq!(cause, "no space left on device", "{what}"),
+        other => panic!("{what}: {other:?}"),
+    };
+    halted(store.finish_checkpoint(seq), "marker");
     let no = store.begin_base();
-    assert!(matches!(store.switch_base(no, seq, generation, 3), Err(StoreError::Closed)));
-    assert_eq!(store.checkpoint_seq().expect("marker"), marker, "the marker stays");
-    store.finish_checkpoint_of(seq, store.generation()).expect("a checkpoint begun after the reopen");
+    halted(store.switch_base(no, seq, 3), "base switch");
+    halted(store.append_durable(&[(seq + 1, encode_log_value(&pb::LifecycleEvent::default()))]), "log append");
+    halted(store.stream_put::<Vec<u8>>(&[], Some(1), 0), "stream");
+    halted(store.flush(), "flush");
+    halted(store.save_alerts(&[]), "alerts");
+    assert_eq!(store.checkpoint_seq().expect("marker"), marker, "the marker stays; reads go on");
+    assert!(store.log_after(0, usize::MAX).expect("the log reads").len() >= 3);
+    drop(store);
+    let store = Store::open(dir.path()).expect("a new open is not halted");
+    assert_eq!(store.halted(), None);
     assert_eq!(store.restore().expect("restore").jobs, mem);
 }
 
