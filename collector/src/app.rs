@@ -192,6 +192,7 @@ pub async fn run_with_clock(
     let health = Arc::new(crate::health::Health::watching(store.write_halt()));
     let ready = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(IngestStats::default());
+    let http_stats = Arc::new(api::serve::HttpStats::default());
     // Identities and TLS: loaded before any port is bound, so a bad key or CA file stops the start.
     let exposed = !config.grpc_listen.ip().is_loopback() || !config.http_listen.ip().is_loopback();
     let insecure = exposed && !config.auth.enabled();
@@ -227,6 +228,7 @@ pub async fn run_with_clock(
                 auth: auth.clone(),
                 index: index.clone(),
                 stats: stats.clone(),
+                http: http_stats.clone(),
                 board: board.clone(),
                 store: store.clone(),
                 health: health.clone(),
@@ -248,6 +250,18 @@ pub async fn run_with_clock(
         grpc: grpc_listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
         http: http_listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
     };
+    // Both listeners' connections share one descriptor budget under the open-file limit (`conn_limit`).
+    let budget = Arc::new(crate::conn_limit::DescriptorBudget::of_process());
+    let caps = config.http_connections.max_connections + config.grpc_connections.max_connections;
+    if caps > budget.limit() {
+        tracing::info!(
+            descriptor_budget = budget.limit(),
+            http_max_connections = config.http_connections.max_connections,
+            grpc_max_connections = config.grpc_connections.max_connections,
+            "the open-file limit caps connections below http.max_connections + grpc.max_connections: over the \
+             budget, connections are refused (reason descriptor_budget)"
+        );
+    }
 
     // Accepted events for OTLP logs: subscribed before the committer starts, so nothing accepted is missed.
     let feed = crate::feed::Feed::new();
@@ -359,7 +373,12 @@ pub async fn run_with_clock(
             .with_keepalive(Some(Duration::from_secs(60)))
             .with_keepalive_interval(Some(Duration::from_secs(10)))
             .with_keepalive_retries(Some(3)),
-        ConnectionLimits { max_connections: conns.max_connections, handshake_timeout: conns.handshake_timeout },
+        ConnectionLimits {
+            max_connections: conns.max_connections,
+            max_connections_per_ip: conns.max_connections_per_ip,
+            handshake_timeout: conns.handshake_timeout,
+        },
+        budget.clone(),
         close_connections.clone(),
         stats.clone(),
         tls.clone(),
@@ -420,14 +439,24 @@ pub async fn run_with_clock(
         chain_slos: Arc::new(config.chain_slos.clone()),
     };
     let http_stop_wait = http_stop.clone();
-    // Header-read and idle timeouts; at shutdown, connections still open after the drain deadline are closed.
-    let http = tokio::spawn(api::serve::serve(
-        http_listener,
-        api::router(api_state),
-        api::serve::Timeouts::default(),
-        tls.clone(),
-        async move { http_stop_wait.cancelled().await },
-    ));
+    // Connection caps, header-read, body-read, request and idle timeouts; at shutdown, connections still open
+    // after the drain deadline are closed.
+    let h = config.http_connections;
+    let http_limits = api::serve::Limits {
+        timeouts: api::serve::Timeouts {
+            header_read: h.header_read_timeout,
+            body_read: h.body_read_timeout,
+            request: h.request_timeout,
+            idle: h.idle_timeout,
+            drain: api::serve::DRAIN_DEADLINE,
+        },
+        caps: crate::conn_limit::ConnLimiter::new(h.max_connections, h.max_connections_per_ip, budget),
+        stats: http_stats,
+    };
+    let http =
+        tokio::spawn(api::serve::serve(http_listener, api::router(api_state), http_limits, tls.clone(), async move {
+            http_stop_wait.cancelled().await
+        }));
 
     // Alerting: notifiers and the alert loop, stopped after the committer (so late commits still wake it).
     let alert_stop = CancellationToken::new();

@@ -250,8 +250,16 @@ pub struct GrpcSection {
     pub max_concurrent_streams: Option<u32>,
     /// Batches one stream may have waiting for their ack. Default 32.
     pub max_inflight_batches: Option<usize>,
-    /// Most gRPC connections open at once; more are closed as they are accepted. Default 4096.
+    /// Most gRPC connections open at once; more are closed as they are accepted. Default 4096, sized for a
+    /// fleet of agents (one connection each) under the packaged unit's `LimitNOFILE=65536`; whatever it is, gRPC
+    /// and HTTP connections together never take more than the open-file limit less 128 descriptors (the
+    /// descriptor budget, `crate::conn_limit`), which keeps the store's descriptors free.
     pub max_connections: Option<usize>,
+    /// Most gRPC connections open at once from one client address (an IPv4 address, an IPv6 /64); more are closed
+    /// as they are accepted. Default 256 (or `max_connections` if lower): one host cannot take the budget alone
+    /// (a 1024 open-file limit leaves 896 connections), yet a host running many agents has room. Agents behind
+    /// one NAT or proxy share its address: raise it for them.
+    pub max_connections_per_ip: Option<usize>,
     /// Time a new connection has to send the HTTP/2 preface and first frame, e.g. `"10s"`. Default 10s.
     pub handshake_timeout: Option<String>,
     /// HTTP/2 keepalive: how often an idle connection is pinged. Default 30s.
@@ -268,6 +276,8 @@ pub struct GrpcSection {
 pub struct GrpcConnections {
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most connections open at once from one client address.
+    pub max_connections_per_ip: usize,
     /// Deadline for the HTTP/2 handshake of a new connection.
     pub handshake_timeout: Duration,
     /// HTTP/2 ping interval.
@@ -286,6 +296,43 @@ pub struct HttpSection {
     pub listen: Option<String>,
     /// Most jobs one page of `GET /api/v1/jobs` returns. Default 1000.
     pub max_page_size: Option<usize>,
+    /// Most HTTP connections open at once; more are closed as they are accepted. Default 256: dashboards,
+    /// Prometheus and API clients need a few each, and 256 leaves most of a 1024 open-file limit to gRPC and the
+    /// store (HTTP and gRPC connections together never take more than the limit less 128 descriptors).
+    pub max_connections: Option<usize>,
+    /// Most HTTP connections open at once from one client address (an IPv4 address, an IPv6 /64). Default 64 (or
+    /// `max_connections` if lower): a browser opens 6 per site, so one address cannot hold every connection.
+    /// Behind a reverse proxy every client shares the proxy's address: raise it to `max_connections` there.
+    pub max_connections_per_ip: Option<usize>,
+    /// Time a request's head (request line and headers) has, from its first byte; a new connection's first head
+    /// has it from the accept (TLS handshake included). Default 10s.
+    pub header_read_timeout: Option<String>,
+    /// Time a request's body has, from the end of its head; a late one is answered 408 and the connection closed.
+    /// Default 10s (the API's bodies are a login form or nothing).
+    pub body_read_timeout: Option<String>,
+    /// Time a whole request has, from its first byte to its answer: 408 while its body is still arriving, 503 if
+    /// the answer is not ready; the answer then has 2s more to be written. Default 30s.
+    pub request_timeout: Option<String>,
+    /// Time a keep-alive connection may wait for its next request before it is closed. Default 60s (Prometheus
+    /// scrapes every 60s by default, and a scrape starts a new request before the connection's 60s are up).
+    pub idle_timeout: Option<String>,
+}
+
+/// Validated limits and timeouts of HTTP connections.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpConnections {
+    /// Most connections open at once.
+    pub max_connections: usize,
+    /// Most connections open at once from one client address.
+    pub max_connections_per_ip: usize,
+    /// For a request's head.
+    pub header_read_timeout: Duration,
+    /// For a request's body.
+    pub body_read_timeout: Duration,
+    /// For a whole request.
+    pub request_timeout: Duration,
+    /// For a keep-alive connection's next request.
+    pub idle_timeout: Duration,
 }
 
 /// `[ingest]`
@@ -348,6 +395,8 @@ pub struct Config {
     pub http_listen: SocketAddr,
     /// Page size cap for job listings.
     pub max_page_size: usize,
+    /// HTTP connection limits and timeouts.
+    pub http_connections: HttpConnections,
     /// Ingest queue capacity, in batches.
     pub queue_capacity: usize,
     /// Full-queue policy.
@@ -542,6 +591,7 @@ impl FileConfig {
             grpc_connections: grpc.connections,
             http_listen: http.listen,
             max_page_size: http.max_page_size,
+            http_connections: http.connections,
             queue_capacity: ingest.queue_capacity,
             when_full: ingest.when_full,
             group_commit_max_events: ingest.group_commit_max_events,
@@ -683,8 +733,10 @@ impl GrpcSection {
             range(errs, "grpc.max_concurrent_streams", self.max_concurrent_streams.map(|v| v as usize), 100, 1, 65_536)
                 as u32;
         let max_inflight_batches = range(errs, "grpc.max_inflight_batches", self.max_inflight_batches, 32, 1, 4096);
+        let max_connections = range(errs, "grpc.max_connections", self.max_connections, 4096, 1, 1 << 20);
         let connections = GrpcConnections {
-            max_connections: range(errs, "grpc.max_connections", self.max_connections, 4096, 1, 1 << 20),
+            max_connections,
+            max_connections_per_ip: per_ip_cap(errs, "grpc", self.max_connections_per_ip, 256, max_connections),
             handshake_timeout: duration(
                 errs,
                 "grpc.handshake_timeout",
@@ -732,15 +784,74 @@ impl GrpcSection {
 struct HttpSettings {
     listen: SocketAddr,
     max_page_size: usize,
+    connections: HttpConnections,
 }
 
 impl HttpSection {
     fn validate(&self, errs: &mut Vec<String>) -> HttpSettings {
+        use crate::api::serve;
+        let max_connections =
+            range(errs, "http.max_connections", self.max_connections, serve::MAX_CONNECTIONS, 1, 1 << 20);
+        let timeout = |errs: &mut Vec<String>, name: &str, v: &Option<String>, default: Duration, min: Duration| {
+            let d = duration(errs, name, v, default, min);
+            if d > Duration::from_secs(3600) {
+                errs.push(format!("{name}: at most 1h (a connection must not be held longer)"));
+            }
+            d
+        };
+        let (ms, s) = (Duration::from_millis(100), Duration::from_secs(1));
+        let connections = HttpConnections {
+            max_connections,
+            max_connections_per_ip: per_ip_cap(
+                errs,
+                "http",
+                self.max_connections_per_ip,
+                serve::MAX_CONNECTIONS_PER_IP,
+                max_connections,
+            ),
+            header_read_timeout: timeout(
+                errs,
+                "http.header_read_timeout",
+                &self.header_read_timeout,
+                serve::HEADER_READ_TIMEOUT,
+                ms,
+            ),
+            body_read_timeout: timeout(
+                errs,
+                "http.body_read_timeout",
+                &self.body_read_timeout,
+                serve::BODY_READ_TIMEOUT,
+                ms,
+            ),
+            request_timeout: timeout(errs, "http.request_timeout", &self.request_timeout, serve::REQUEST_TIMEOUT, s),
+            idle_timeout: timeout(errs, "http.idle_timeout", &self.idle_timeout, serve::IDLE_TIMEOUT, s),
+        };
         HttpSettings {
             listen: socket_addr(errs, "http.listen", &self.listen, "127.0.0.1:8080"),
             max_page_size: range(errs, "http.max_page_size", self.max_page_size, 1000, 1, 100_000),
+            connections,
         }
     }
+}
+
+/// A listener's `max_connections_per_ip`: `default`, or `max_connections` if that is lower, when unset; a value
+/// over `max_connections` is reported (it could never be reached).
+fn per_ip_cap(
+    errs: &mut Vec<String>,
+    section: &str,
+    v: Option<usize>,
+    default: usize,
+    max_connections: usize,
+) -> usize {
+    if v.is_none() {
+        return default.min(max_connections).max(1);
+    }
+    let name = format!("{section}.max_connections_per_ip");
+    let n = range(errs, &name, v, default, 1, 1 << 20);
+    if n > max_connections {
+        errs.push(format!("{name}: {n} is more than {section}.max_connections = {max_connections}"));
+    }
+    n
 }
 
 /// The validated `[ingest]` fields.
@@ -1023,6 +1134,7 @@ mod tests {
         assert_eq!(c.max_message_bytes, 4 << 20);
         assert_eq!(c.grpc_connections.max_connections, 4096);
         assert_eq!(c.grpc_connections.drain_timeout, Duration::from_secs(10));
+        assert_eq!(c.grpc_connections.max_connections_per_ip, 256);
         let f = FileConfig::parse(
             r#"
             [grpc]
@@ -1046,6 +1158,51 @@ mod tests {
         ] {
             assert!(errs.iter().any(|e| e.starts_with(needle)), "{needle} missing from {errs:?}");
         }
+    }
+
+    #[test]
+    fn connection_caps_and_http_timeouts_have_safe_defaults_and_are_validated() {
+        let c = FileConfig::default().validate().expect("defaults are valid");
+        let h = c.http_connections;
+        assert_eq!((h.max_connections, h.max_connections_per_ip), (256, 64));
+        assert_eq!(
+            (h.header_read_timeout, h.body_read_timeout, h.request_timeout, h.idle_timeout),
+            (Duration::from_secs(10), Duration::from_secs(10), Duration::from_secs(30), Duration::from_secs(60))
+        );
+        // Defaults leave room under a 1024 open-file limit: HTTP's cap plus one address's gRPC connections.
+        assert!(h.max_connections + c.grpc_connections.max_connections_per_ip < 1024 - 128);
+        // An unset per-address cap follows a lower listener cap.
+        let low = FileConfig::parse("[http]\nmax_connections = 10\n[grpc]\nmax_connections = 20\n").expect("parses");
+        let low = low.validate().expect("valid");
+        assert_eq!(low.http_connections.max_connections_per_ip, 10);
+        assert_eq!(low.grpc_connections.max_connections_per_ip, 20);
+        let f = FileConfig::parse(
+            r#"
+            [http]
+            max_connections = 0
+            max_connections_per_ip = 0
+            header_read_timeout = "1ms"
+            body_read_timeout = "soon"
+            request_timeout = "2h"
+            idle_timeout = "0s"
+            [grpc]
+            max_connections = 10
+            max_connections_per_ip = 11
+            "#,
+        )
+        .expect("parses");
+        let errs = f.validate().expect_err("invalid").0;
+        for expected in [
+            "grpc.max_connections_per_ip: 11 is more than grpc.max_connections = 10",
+            "http.max_connections: 0 is outside 1..=1048576",
+            "http.max_connections_per_ip: 0 is outside 1..=1048576",
+            "http.header_read_timeout: \"1ms\" is shorter than 100ms",
+            "http.request_timeout: at most 1h (a connection must not be held longer)",
+            "http.idle_timeout: \"0s\" is shorter than 1s",
+        ] {
+            assert!(errs.iter().any(|e| e == expected), "{expected} missing from {errs:?}");
+        }
+        assert!(errs.iter().any(|e| e.starts_with("http.body_read_timeout: \"soon\" is not a duration")), "{errs:?}");
     }
 
     #[test]
@@ -1186,6 +1343,7 @@ mod tests {
             max_concurrent_streams: Some(0),
             max_inflight_batches: Some(5000),
             max_connections: Some(0),
+            max_connections_per_ip: None,
             handshake_timeout: Some("1ms".into()),
             keepalive_interval: Some("often".into()),
             keepalive_timeout: Some("0s".into()),
@@ -1219,7 +1377,7 @@ mod tests {
 
     #[test]
     fn http_section_reports_each_bad_field() {
-        let s = HttpSection { listen: Some("8080".into()), max_page_size: Some(0) };
+        let s = HttpSection { listen: Some("8080".into()), max_page_size: Some(0), ..Default::default() };
         let mut errs = Vec::new();
         s.validate(&mut errs);
         assert_eq!(

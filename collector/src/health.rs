@@ -167,6 +167,10 @@ pub struct IngestStats {
     pub refused_full: AtomicU64,
     /// gRPC connections closed at accept because `grpc.max_connections` were open.
     pub connections_refused: AtomicU64,
+    /// gRPC connections closed at accept because `grpc.max_connections_per_ip` were open from their address.
+    pub connections_refused_per_ip: AtomicU64,
+    /// gRPC connections closed at accept because connections held the whole descriptor budget.
+    pub connections_refused_descriptors: AtomicU64,
     /// gRPC connections closed because their HTTP/2 handshake did not arrive within `grpc.handshake_timeout`.
     pub connections_timed_out: AtomicU64,
     /// gRPC connections whose TLS handshake failed (no certificate where one is required, a bad certificate,

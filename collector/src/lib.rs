@@ -11,6 +11,7 @@
 //! - [`applier`]: the committer thread (group commit, acks) and the maintenance thread (checkpoints, folds),
 //!   and retention.
 //! - [`ingest`]: the gRPC edge (validation, policy when full), handing batches to the applier.
+//! - [`conn_limit`]: connection caps of both listeners (per listener, per client address, one descriptor budget).
 //! - [`slo`]: start objectives: selectors, rolling windows of counts and exact times to first step, the deadline index.
 //! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
 //! - [`feed`]: accepted events and ended jobs, handed by the committer to subscribers (bounded, never blocking).
@@ -31,6 +32,7 @@ pub mod applier;
 pub mod auth;
 pub mod compare;
 pub mod config;
+pub mod conn_limit;
 pub mod export;
 pub mod feed;
 pub mod health;

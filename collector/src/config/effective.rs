@@ -40,6 +40,7 @@ impl Config {
         f.grpc.max_concurrent_streams = Some(self.max_concurrent_streams);
         f.grpc.max_inflight_batches = Some(self.max_inflight_batches);
         f.grpc.max_connections = Some(c.max_connections);
+        f.grpc.max_connections_per_ip = Some(c.max_connections_per_ip);
         f.grpc.handshake_timeout = dur(c.handshake_timeout);
         f.grpc.keepalive_interval = dur(c.keepalive_interval);
         f.grpc.keepalive_timeout = dur(c.keepalive_timeout);
@@ -47,6 +48,13 @@ impl Config {
 
         f.http.listen = Some(self.http_listen.to_string());
         f.http.max_page_size = Some(self.max_page_size);
+        let h = &self.http_connections;
+        f.http.max_connections = Some(h.max_connections);
+        f.http.max_connections_per_ip = Some(h.max_connections_per_ip);
+        f.http.header_read_timeout = dur(h.header_read_timeout);
+        f.http.body_read_timeout = dur(h.body_read_timeout);
+        f.http.request_timeout = dur(h.request_timeout);
+        f.http.idle_timeout = dur(h.idle_timeout);
 
         f.ingest.queue_capacity = Some(self.queue_capacity);
         f.ingest.when_full = Some(match self.when_full {
@@ -289,6 +297,24 @@ mod tests {
         ] {
             assert!(out.contains(expected), "{expected} missing from:\n{out}");
         }
+    }
+
+    #[test]
+    fn connection_limits_and_timeouts_are_printed() {
+        let out = effective("");
+        let http = out.split("[http]").nth(1).and_then(|t| t.split("\n[").next()).expect("[http] printed");
+        for expected in [
+            "max_connections = 256",
+            "max_connections_per_ip = 64",
+            "header_read_timeout = \"10s\"",
+            "body_read_timeout = \"10s\"",
+            "request_timeout = \"30s\"",
+            "idle_timeout = \"1m\"",
+        ] {
+            assert!(http.contains(expected), "{expected} missing from [http]:\n{http}");
+        }
+        let grpc = out.split("[grpc]").nth(1).and_then(|t| t.split("\n[").next()).expect("[grpc] printed");
+        assert!(grpc.contains("max_connections_per_ip = 256"), "{grpc}");
     }
 
     #[test]

@@ -244,6 +244,8 @@ pub struct Sources {
     pub index: SharedIndex,
     /// Ingest counters.
     pub stats: Arc<IngestStats>,
+    /// HTTP listener counters: open connections, refusals, timeouts.
+    pub http: Arc<crate::api::serve::HttpStats>,
     /// Alerts.
     pub board: AlertBoard,
     /// The store (size on disk).
@@ -336,6 +338,7 @@ impl Telemetry {
             observe_nodes(&meter, &sources);
             observe_chain_slos(&meter, &sources);
             observe_ingest(&meter, &sources);
+            observe_http(&meter, &sources);
             observe_auth(&meter, &sources);
             observe_store(&meter, &sources);
             observe_memory(&meter, &sources);
@@ -1095,18 +1098,62 @@ fn observe_ingest(meter: &Meter, sources: &Sources) {
         meter,
         sources,
         ("startline.collector.refusals", "{refusal}", "reason"),
-        "Batches and connections refused at the edge, by reason (queue_full with when_full = reject, \
-         connection_limit over grpc.max_connections, handshake_timeout past grpc.handshake_timeout, tls_handshake \
-         for failed TLS handshakes)",
+        "Batches and gRPC connections refused at the edge, by reason (queue_full with when_full = reject, \
+         connection_limit over grpc.max_connections, connection_limit_per_ip over grpc.max_connections_per_ip, \
+         descriptor_budget when connections hold the open-file limit less the reserve, handshake_timeout past \
+         grpc.handshake_timeout, tls_handshake for failed TLS handshakes)",
         |st| {
             [
                 ("queue_full", &st.refused_full),
                 ("connection_limit", &st.connections_refused),
+                ("connection_limit_per_ip", &st.connections_refused_per_ip),
+                ("descriptor_budget", &st.connections_refused_descriptors),
                 ("handshake_timeout", &st.connections_timed_out),
                 ("tls_handshake", &st.tls_handshake_failures),
             ]
         },
     );
+}
+
+/// The HTTP listener: connections open, refused at accept by reason, and timeouts by reason.
+fn observe_http(meter: &Meter, sources: &Sources) {
+    let h = sources.http.clone();
+    let _ = meter
+        .u64_observable_gauge("startline.collector.http.connections")
+        .with_unit("{connection}")
+        .with_description("HTTP connections open (at most http.max_connections)")
+        .with_callback(move |o| o.observe(h.open.load(Ordering::Relaxed), &[]))
+        .build();
+    let h = sources.http.clone();
+    let _ = meter
+        .u64_observable_counter("startline.collector.http.refusals")
+        .with_unit("{connection}")
+        .with_description(
+            "HTTP connections closed as they were accepted, by reason (connection_limit over http.max_connections, \
+             connection_limit_per_ip over http.max_connections_per_ip, descriptor_budget when connections hold the \
+             open-file limit less the reserve)",
+        )
+        .with_callback(move |o| {
+            for (reason, c) in h.refusals() {
+                o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("reason", reason)]);
+            }
+        })
+        .build();
+    let h = sources.http.clone();
+    let _ = meter
+        .u64_observable_counter("startline.collector.http.timeouts")
+        .with_unit("{timeout}")
+        .with_description(
+            "HTTP connections closed and requests cut short by a timeout, by reason (header_read, body_read: \
+             answered 408, request: answered 408 or 503 or the answer not written, idle: keep-alive connections \
+             closed after http.idle_timeout)",
+        )
+        .with_callback(move |o| {
+            for (reason, c) in h.timeouts() {
+                o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("reason", reason)]);
+            }
+        })
+        .build();
 }
 
 /// Authentication refusals by reason, and whether the collector runs exposed without authentication.
@@ -1337,6 +1384,7 @@ mod tests {
             chain_slos: Default::default(),
             index,
             stats: Arc::new(IngestStats::default()),
+            http: Arc::default(),
             board,
             store: Store::open(dir.path()).expect("store"),
             health: Arc::new(crate::health::Health::default()),
@@ -1388,6 +1436,9 @@ mod tests {
                 "startline_collector_commit_duration_seconds histogram",
                 "startline_collector_events_total counter",
                 "startline_collector_history_deleted_through_seconds gauge",
+                "startline_collector_http_connections gauge",
+                "startline_collector_http_refusals_total counter",
+                "startline_collector_http_timeouts_total counter",
                 "startline_collector_jobs gauge",
                 "startline_collector_jobs_deleted_total counter",
                 "startline_collector_memory_budget_bytes gauge",
@@ -1464,6 +1515,7 @@ mod tests {
             chain_slos: Default::default(),
             index,
             stats: Arc::new(IngestStats::default()),
+            http: Arc::default(),
             board: AlertBoard::default(),
             store: Store::open(dir.path()).expect("store"),
             health: Arc::new(crate::health::Health::default()),

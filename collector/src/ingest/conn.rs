@@ -1,12 +1,15 @@
-//! gRPC connections as the ingest server accepts them: a cap on how many are open at once, a deadline for the
-//! HTTP/2 handshake, and one switch that closes every open connection at the end of the shutdown drain.
+//! gRPC connections as the ingest server accepts them: caps on how many are open at once (in all, from one
+//! client address, and within the descriptor budget both listeners share), a deadline for the HTTP/2 handshake,
+//! and one switch that closes every open connection at the end of the shutdown drain.
 //!
 //! [`accept`] reads tonic's `TcpIncoming` (which sets `TCP_NODELAY` and TCP keepalive) in its own task, runs the
 //! TLS handshake when `[tls]` is configured (each in its own task, under the handshake deadline; the verified client
 //! certificate's names go into [`Peer`], which tonic puts in every request's extensions). Each accepted socket
-//! takes a permit of a semaphore of `grpc.max_connections`; with none left the socket is closed at once, before
-//! a byte is read (the client sees the connection reset and retries with backoff). Each [`GuardedConn`] holds its
-//! permit until it is dropped and fails its reads and writes:
+//! takes a [`ConnPermit`]: at most `grpc.max_connections` in all and `grpc.max_connections_per_ip` from one
+//! client address, within the descriptor budget ([`crate::conn_limit`]). Without one the socket is closed at
+//! once, before a byte is read (the client sees the connection reset and retries with backoff), and the refusal
+//! is counted by reason. Each [`GuardedConn`] holds its permit until it is dropped and fails its reads and
+//! writes:
 //! - when the peer has not sent the HTTP/2 preface and its first frame within `grpc.handshake_timeout` (after
 //!   the handshake, hyper's HTTP/2 keepalive pings find silent and half-open peers);
 //! - once the collector's close switch is thrown (shutdown, after the drain deadline), whatever the connection
@@ -16,6 +19,7 @@
 use super::IngestStats;
 use crate::auth::tls::{peer_names, Listener, TlsState};
 use crate::auth::Peer;
+use crate::conn_limit::{ConnLimiter, ConnPermit, DescriptorBudget, Refusal};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -26,7 +30,6 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
@@ -43,6 +46,8 @@ const FRAME_HEADER_LEN: usize = 9;
 pub struct ConnectionLimits {
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most connections open at once from one client address (IPv4 address, IPv6 /64).
+    pub max_connections_per_ip: usize,
     /// Time a new connection has to send the HTTP/2 preface and its first frame.
     pub handshake_timeout: Duration,
 }
@@ -53,10 +58,12 @@ pub type Incoming = ReceiverStream<io::Result<GuardedConn>>;
 
 /// Starts accepting on `inner`. With `tls`, each connection's TLS handshake runs in its own task under the
 /// handshake deadline and the connection is handed over once it completes, with the verified client
-/// certificate's names. The accept task ends when tonic drops the stream (at shutdown).
+/// certificate's names. Connections count against `budget`, shared with the HTTP listener. The accept task ends
+/// when tonic drops the stream (at shutdown).
 pub fn accept(
     inner: TcpIncoming,
     limits: ConnectionLimits,
+    budget: Arc<DescriptorBudget>,
     close: CancellationToken,
     stats: Arc<IngestStats>,
     tls: Option<Arc<TlsState>>,
@@ -64,7 +71,7 @@ pub fn accept(
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut inner = inner;
-        let permits = Arc::new(Semaphore::new(limits.max_connections));
+        let caps = ConnLimiter::new(limits.max_connections, limits.max_connections_per_ip, budget);
         loop {
             let next = tokio::select! {
                 _ = tx.closed() => break,
@@ -80,21 +87,15 @@ pub fn accept(
                 }
                 Some(Ok(stream)) => stream,
             };
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                let n = stats.connections_refused.fetch_add(1, Ordering::Relaxed) + 1;
-                // The first refusal and then one in a thousand: a flood must not flood the log too.
-                if n % 1000 == 1 {
-                    tracing::warn!(
-                        max_connections = limits.max_connections,
-                        refused_so_far = n,
-                        peer = ?stream.peer_addr().ok(),
-                        "grpc connection refused: grpc.max_connections are open"
-                    );
-                }
-                drop(stream);
-                continue;
-            };
             let remote = stream.peer_addr().ok();
+            let permit = match caps.try_acquire(remote.map(|a| a.ip())) {
+                Ok(permit) => permit,
+                Err(refusal) => {
+                    refused(&caps, &stats, refusal, remote);
+                    drop(stream);
+                    continue;
+                }
+            };
             match &tls {
                 None => {
                     let peer = Peer { remote, cert_names: Arc::from(Vec::new()), tls: false };
@@ -130,6 +131,32 @@ pub fn accept(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// Counts a connection refused at accept, and logs the first refusal of each reason and then one in a thousand
+/// (a flood must not flood the log too).
+fn refused(caps: &ConnLimiter, stats: &IngestStats, refusal: Refusal, peer: Option<std::net::SocketAddr>) {
+    let counter = match refusal {
+        Refusal::Listener => &stats.connections_refused,
+        Refusal::Address => &stats.connections_refused_per_ip,
+        Refusal::Descriptors => &stats.connections_refused_descriptors,
+    };
+    let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
+    if n % 1000 == 1 {
+        let why = match refusal {
+            Refusal::Listener => "grpc.max_connections are open",
+            Refusal::Address => "grpc.max_connections_per_ip are open from this address",
+            Refusal::Descriptors => "connections hold every descriptor of the budget under the open-file limit",
+        };
+        tracing::warn!(
+            max_connections = caps.max(),
+            max_connections_per_ip = caps.per_address(),
+            descriptor_budget = caps.budget().limit(),
+            refused_so_far = n,
+            ?peer,
+            "grpc connection refused: {why}"
+        );
+    }
 }
 
 /// A connection's byte stream: plain TCP or TLS over it.
@@ -217,7 +244,7 @@ impl Handshake {
 pub struct GuardedConn {
     stream: Io,
     peer: Peer,
-    _permit: OwnedSemaphorePermit,
+    _permit: ConnPermit,
     closed: Pin<Box<WaitForCancellationFutureOwned>>,
     handshake: Option<Handshake>,
     handshake_timeout: Duration,
@@ -228,7 +255,7 @@ impl GuardedConn {
     fn new(
         stream: Io,
         peer: Peer,
-        permit: OwnedSemaphorePermit,
+        permit: ConnPermit,
         limits: &ConnectionLimits,
         close: &CancellationToken,
         stats: Arc<IngestStats>,
