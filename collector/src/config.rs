@@ -313,8 +313,9 @@ pub struct HttpSection {
     /// Time a whole request has, from its first byte to its answer: 408 while its body is still arriving, 503 if
     /// the answer is not ready; the answer then has 2s more to be written. Default 30s.
     pub request_timeout: Option<String>,
-    /// Time a keep-alive connection may wait for its next request before it is closed. Default 60s (Prometheus
-    /// scrapes every 60s by default, and a scrape starts a new request before the connection's 60s are up).
+    /// Time a keep-alive connection may wait for its next request before it is closed. Default 60s: longer than
+    /// the dashboard's 15s refresh and 15-30s Prometheus scrapes, so they reuse their connections (and TLS
+    /// sessions); idle connections count against the caps.
     pub idle_timeout: Option<String>,
 }
 
