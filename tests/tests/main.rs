@@ -14,6 +14,7 @@ mod cardinality;
 mod chain_slo;
 mod chains;
 mod compare;
+mod connection_flood;
 mod container;
 mod corruption;
 mod crash_trials;
