@@ -144,13 +144,14 @@ impl ConnLimiter {
     pub fn try_acquire(self: &Arc<Self>, peer: Option<IpAddr>) -> Result<ConnPermit, Refusal> {
         let key = peer.map(address_key);
         let mut open = self.state();
+        // A full listener is named first: with both caps reached, the listener's is the one to raise.
+        if open.total >= self.max {
+            return Err(Refusal::Listener);
+        }
         if let Some(k) = key {
             if open.by_address.get(&k).copied().unwrap_or(0) >= self.per_address {
                 return Err(Refusal::Address);
             }
-        }
-        if open.total >= self.max {
-            return Err(Refusal::Listener);
         }
         if !self.budget.try_take() {
             return Err(Refusal::Descriptors);
