@@ -22,8 +22,8 @@
 //!
 //! hyper's own header-read timer is off: it starts as soon as a response is written, so it closed idle
 //! keep-alive connections after the header-read timeout instead of the idle timeout. Each connection's
-//! [`ConnState`] knows instead whether a request is in progress, a head is arriving or the connection is idle,
-//! and its [`ConnIo`] fails reads and writes past the deadline of that phase.
+//! `ConnState` knows instead whether a request is in progress, a head is arriving or the connection is idle,
+//! and its `ConnIo` fails reads and writes past the deadline of that phase.
 
 use crate::api::ApiError;
 use crate::auth::tls::{peer_names, Listener, TlsState};
@@ -363,7 +363,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 
 /// Where one connection is: idle, receiving a head, or serving requests; the deadline of each phase.
 #[derive(Debug)]
-pub struct ConnState {
+struct ConnState {
     timeouts: Timeouts,
     stats: Arc<HttpStats>,
     phase: Mutex<Phase>,
