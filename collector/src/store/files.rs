@@ -100,7 +100,7 @@ struct State {
 
 #[derive(Default)]
 struct Writer {
-    /// An append failed: every later one is refused until the store is reopened (and the tail scanned again).
+    /// An append failed: every later one is refused until the next open (which scans the tail again).
     broken: bool,
 }
 
@@ -523,7 +523,7 @@ impl LogFiles {
 
     /// Appends sealed blocks `(first seq, value)` (ascending, above every stored block) and syncs: on `Ok` they
     /// survive a crash of the process and of the machine. On an error nothing of them is counted on (a partial
-    /// write is cut off, now or at the next open) and every later append fails until the store is reopened.
+    /// write is cut off, now or at the next open) and every later append fails until the next open.
     pub fn append(&self, blocks: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
         if blocks.is_empty() {
             return Ok(());
@@ -688,46 +688,6 @@ impl LogFiles {
         (s.segs.iter().map(|g| g.blocks.len() as u64).sum(), s.segs.iter().map(|g| g.end).sum())
     }
 
-    /// Removes every block starting after `seq` (only the newest blocks: those of failed group commits) and
-    /// syncs; returns how many went.
-    pub fn truncate_after(&self, seq: u64) -> Result<usize, StoreError> {
-        let _w = self.writer();
-        let mut s = self.state_mut();
-        let mut gone = 0;
-        while let Some(g) = s.segs.last_mut() {
-            let keep = g.blocks.partition_point(|b| b.first <= seq);
-            if keep == g.blocks.len() && keep > 0 {
-                break;
-            }
-            gone += g.blocks.len() - keep;
-            let path = seg_path(&self.dir, g.name);
-            if keep == 0 {
-                std::fs::remove_file(&path).map_err(|e| file_err(&path, e))?;
-                let _ = std::fs::remove_file(idx_path(&self.dir, g.name));
-                s.segs.pop();
-                sync_dir(&self.dir)?;
-                continue;
-            }
-            let end = g.blocks.get(keep).map_or(g.end, |b| u64::from(b.offset) - HEADER as u64);
-            g.file.set_len(end).map_err(|e| file_err(&path, e))?;
-            // The last frame kept may have said more of its append follow: no longer.
-            if let Some(b) = g.blocks.get(keep - 1) {
-                let at = u64::from(b.offset) - HEADER as u64;
-                g.file.write_all_at(&header(b.len, b.first, false), at).map_err(|e| file_err(&path, e))?;
-            }
-            g.file.sync_all().map_err(|e| file_err(&path, e))?;
-            let _ = std::fs::remove_file(idx_path(&self.dir, g.name));
-            g.blocks.truncate(keep);
-            g.end = end;
-            break;
-        }
-        drop(s);
-        if gone > 0 {
-            self.reset_last()?;
-        }
-        Ok(gone)
-    }
-
     /// Every segment other than the newest, by name.
     pub fn sealed(&self) -> Vec<u64> {
         let s = self.state();
@@ -756,7 +716,7 @@ impl LogFiles {
     /// with only its live events if at least half are dead. Returns, once that is durable, the first sequences
     /// of the blocks that no longer exist as they were (their dead records are to go) and whether the segment
     /// was deleted; `None` when it stays as it is. A failure after the segment was replaced (syncing the
-    /// directory) refuses appends until the store is reopened: the dead records must stay until it is known
+    /// directory) refuses appends until the next open: the dead records must stay until it is known
     /// which file a crash would keep.
     pub fn collect_segment(
         &self,
@@ -1287,32 +1247,6 @@ mod tests {
         for (s, body) in &model {
             assert_eq!(files.block_at(*s).expect("read").expect("block").get(*s), Some(body.as_slice()));
         }
-    }
-
-    #[test]
-    fn truncation_drops_the_newest_blocks_only() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("log");
-        let (files, _) = LogFiles::open(&path, 400, Acknowledged::default()).expect("open");
-        let (bs, model) = blocks(1, 40);
-        for b in bs.chunks(2) {
-            files.append(b).expect("append");
-        }
-        // The first of a two-block append: the cut goes through the append, and the kept frame must no longer say
-        // more of its append follow (else the next open would cut it as torn).
-        let keep_through = model[17].0;
-        let gone = files.truncate_after(keep_through).expect("truncate");
-        assert!(gone > 0);
-        let left: Vec<(u64, Vec<u8>)> = all(&files);
-        // Whole blocks go: the block holding `keep_through` stays.
-        assert!(left.iter().any(|(s, _)| *s == keep_through));
-        assert!(left.len() < model.len());
-        assert_eq!(left[..], model[..left.len()]);
-        assert_eq!(files.last_seq(), left.last().expect("some").0);
-        drop(files);
-        let (files, _) = LogFiles::open(&path, 400, Acknowledged::default()).expect("reopen");
-        assert_eq!(all(&files), left);
-        files.append(&blocks(10_000, 4).0).expect("append after");
     }
 
     #[test]

@@ -8,8 +8,7 @@
 //! `[0u8] ++ "shutdown_image"`: sealed `token u64 ++ marker u64`, big-endian), flushed. Every open of the store
 //! takes the record away (removed and flushed before anything else can write), so an image is used at most once,
 //! and never after any other opening of the store (a tool's) or a start without a clean stop before it (a
-//! crash): those starts read the summaries. (An in-process reopen after a write failure does not look at the
-//! record: none exists while the collector runs, and a stop after a failed write writes no image.)
+//! crash): those starts read the summaries. (A stop after a failed write writes no image: writes are halted.)
 //!
 //! # Format
 //! `"SLRI" ++ version u8 (1) ++ token u64 LE ++ marker u64 LE ++ body ++ crc32(everything before) u32 LE`. The

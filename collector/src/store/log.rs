@@ -10,7 +10,7 @@
 //! sled, `[0u8] ++ first seq` big-endian, in stores written before the log's files). Blocks never overlap.
 //!
 //! Sequences are never reused, not even those of a failed group commit (a failed append is cut from the file;
-//! one the file kept although the commit failed is dropped after the reopen), so a lookup by sequence always
+//! one the file kept although the commit failed stays, and is read back by the next start), so a lookup by sequence always
 //! lands on the block that holds it.
 //!
 //! Events leave the log when their job is deleted by retention (a folded job's summary lists its sequences; old

@@ -1825,14 +1825,6 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes every log block after sequence `seq` and flushes; returns how many went. After a failed group
-    /// commit and a reopen, the blocks past the last acknowledged sequence are writes sled kept although the
-    /// commit failed (no batch of them was acknowledged): they go, so the store holds what memory holds.
-    pub fn drop_log_after(&self, seq: u64) -> Result<usize, StoreError> {
-        let t = self.w()?;
-        t.files.truncate_after(seq)
-    }
-
     /// The last log sequence whose event record the stream holds (written with the event records, after the log
     /// entries: sled may persist the log batch and not the stream's if the process dies between the two, and
     /// the stream's writer then adds the missing event records at start). `None` before the stream's first write.
