@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .type_attribute(".startline.v1.WaitReason", SERDE)
         .type_attribute(".startline.v1.PreparingPhase", SERDE)
         .type_attribute(".startline.v1.Outcome", SERDE)
+        .type_attribute(".startline.v1.StepOrigin", SERDE)
         .compile_fds(fds)?;
     Ok(())
 }

@@ -6,11 +6,13 @@
 //! first_step, checkpoint, preempted, requeued, restarted, node_lost, done), `job_id`, optional `event_id`
 //! (default: derived from the event's content, see below), optional `occurred_at` (RFC 3339 with its offset,
 //! `Z` or `+hh:mm`/`-hh:mm`, read by [`crate::rfc3339`]; or Unix seconds; default: stamped on arrival),
-//! `attempt`, and the kind's fields (`step`, `uri`, `save_seconds`, `phase`, `reason`, `raw_reason`, `message`,
+//! `attempt`, and the kind's fields (`step`, `origin`, `uri`, `save_seconds`, `phase`, `reason`, `raw_reason`, `message`,
 //! `nodes`, `gpu_ids`, `checkpoint_saved`, `resume_step`, `node`, `outcome`, `exit_code`, and for `submitted`:
 //! `pool_kind`, `provider`, `pool`, `priority`, `gpu_class`, `gpu_count`, `node_count`, `region`, `team`,
-//! `project`, `chain_id`, `chain_stage`, `labels`). Errors are 4xx JSON naming the field; a full spool answers
-//! 503.
+//! `project`, `chain_id`, `chain_stage`, `labels`). A `first_step`'s `origin` (`training_process`,
+//! `container_start`, `scheduler_start`) defaults to `training_process`: what posts here is the training process
+//! or a script beside it; a container entry point reporting its own start says `container_start`. Errors are 4xx
+//! JSON naming the field; a full spool answers 503.
 //!
 //! `GET /metrics` serves the agent's own metrics ([`crate::metrics`]) behind the same Host and Origin checks;
 //! `GET /v1/spool` the spool's depth as JSON; `GET /healthz` is unchecked.
@@ -44,7 +46,9 @@
 //!    integers and enums (by their protocol number) in decimal, booleans as `true`/`false`, `save_seconds` as
 //!    the 16 lowercase hex digits of its IEEE 754 bits (`-0` as `0`), an absent `exit_code` as empty; a
 //!    repeated field (`nodes`, `gpu_ids`) as its count in decimal, then each item; `labels` as its count, then
-//!    each key and value, ordered by the keys' bytes.
+//!    each key and value, ordered by the keys' bytes. A `first_step`'s `origin` is written (after `step`) only
+//!    when it is not `training_process`, the endpoint's default, so first steps keep the ids agents gave them
+//!    before the field existed.
 //!
 //! The id is `c-` and the hash's 16 lowercase hex digits.
 
@@ -356,7 +360,14 @@ pub fn event_from_json(v: &Value, default_source: &str, now_ms: i64) -> Result<p
             phase: named::<pb::PreparingPhase>(v, "phase")?,
             message: s(v, "message")?,
         }),
-        "first_step" => Kind::FirstStep(pb::FirstStep { step: u(v, "step")? }),
+        "first_step" => Kind::FirstStep(pb::FirstStep {
+            step: u(v, "step")?,
+            // What posts here is the training process (or a script beside it) unless it says otherwise.
+            origin: match named::<pb::StepOrigin>(v, "origin")? {
+                0 => pb::StepOrigin::TrainingProcess as i32,
+                o => o,
+            },
+        }),
         "checkpoint" => Kind::Checkpoint(pb::Checkpoint {
             step: u(v, "step")?,
             uri: s(v, "uri")?,
@@ -487,6 +498,10 @@ pub fn canonical_content(ev: &pb::LifecycleEvent, stamp: Stamp) -> Vec<u8> {
         Some(Kind::FirstStep(x)) => {
             c.text("first_step");
             c.num(x.step);
+            // Only when not the endpoint's default: first steps keep the ids they had before the field existed.
+            if x.origin != pb::StepOrigin::TrainingProcess as i32 {
+                c.num(x.origin);
+            }
         }
         Some(Kind::Checkpoint(x)) => {
             c.text("checkpoint");
@@ -900,6 +915,22 @@ mod tests {
             h.write_field(f.as_bytes());
         }
         assert_eq!(ev.event_id, format!("c-{:016x}", h.finish()));
+        // A first step's origin defaults to the training process and is then left out of the id (above); any
+        // other origin is written after the step, as its protocol number.
+        assert_eq!(
+            ev.kind,
+            Some(Kind::FirstStep(pb::FirstStep { step: 7, origin: pb::StepOrigin::TrainingProcess as i32 }))
+        );
+        let body = json!({"kind": "first_step", "job_id": "j", "step": 7, "origin": "container_start"});
+        let ev = event_from_json(&body, "s", now).expect("valid");
+        assert_eq!(ev.kind, Some(Kind::FirstStep(pb::FirstStep { step: 7, origin: 2 })));
+        let mut h = startline_proto::hash::Fnv1a64::default();
+        for f in ["startline.content-id.v1", "j", "s", "", "", "first_step", "7", "2"] {
+            h.write_field(f.as_bytes());
+        }
+        assert_eq!(ev.event_id, format!("c-{:016x}", h.finish()));
+        let bad = json!({"kind": "first_step", "job_id": "j", "step": 7, "origin": "guess"});
+        assert_eq!(event_from_json(&bad, "s", now).expect_err("refused").0, "origin");
     }
 
     // Computed independently from the module docs' specification (a Python script over the same fields).

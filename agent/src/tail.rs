@@ -73,7 +73,10 @@ fn event_kind(e: &pb::LifecycleEvent) -> (&'static str, serde_json::Value) {
         Some(Kind::Preparing(p)) => {
             ("preparing", json!({"phase": label(pb::PreparingPhase::try_from(p.phase).ok().map(Label::label))}))
         }
-        Some(Kind::FirstStep(f)) => ("first_step", json!({"step": f.step})),
+        Some(Kind::FirstStep(f)) => (
+            "first_step",
+            json!({"step": f.step, "origin": label(pb::StepOrigin::try_from(f.origin).ok().map(Label::label))}),
+        ),
         Some(Kind::Checkpoint(c)) => ("checkpoint", json!({"step": c.step})),
         Some(Kind::Preempted(_)) => ("preempted", json!({})),
         Some(Kind::Requeued(_)) => ("requeued", json!({})),
@@ -125,7 +128,10 @@ pub fn to_json(r: &pb::StreamRecord) -> serde_json::Value {
                        "previous_segment": c.previous_segment, "segment": c.segment, "outcome": c.outcome,
                        "resync": c.resync,
                        "slo_decisions": c.slo_decisions.iter().map(|d| json!({"slo": d.slo, "verdict": d.verdict,
-                           "time_to_first_step_seconds": d.time_to_first_step_seconds})).collect::<Vec<_>>()}),
+                           "time_to_first_step_seconds": d.time_to_first_step_seconds,
+                           "first_step_origin": pb::StepOrigin::try_from(d.first_step_origin)
+                               .map_or("unspecified", startline_proto::labels::Label::label)}))
+                           .collect::<Vec<_>>()}),
             );
         }
         Some(Record::Alert(a)) => {
@@ -310,6 +316,7 @@ mod tests {
                     slo: "urgent-start".into(),
                     verdict: "good".into(),
                     time_to_first_step_seconds: Some(42.0),
+                    first_step_origin: pb::StepOrigin::ContainerStart as i32,
                 }],
                 ..Default::default()
             })),
@@ -320,6 +327,7 @@ mod tests {
         let j = to_json(&r);
         assert_eq!(j["type"], "change");
         assert_eq!(j["change"]["slo_decisions"][0]["time_to_first_step_seconds"], 42.0);
+        assert_eq!(j["change"]["slo_decisions"][0]["first_step_origin"], "container_start");
         assert_eq!(j["cursor"], 12);
     }
 }

@@ -64,7 +64,7 @@ fn job(i: usize, n_events: usize, t0: i64, all_done: bool) -> Vec<pb::LifecycleE
             601_000,
             Kind::Preparing(pb::Preparing { phase: pb::PreparingPhase::ImagePull as i32, ..Default::default() }),
         ),
-        ev("f", 900_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+        ev("f", 900_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
     ];
     for c in 0..n_events.saturating_sub(6) {
         let step = (c as u64 + 1) * 1000;

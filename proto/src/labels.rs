@@ -1,7 +1,7 @@
 //! Short lowercase names for the protocol's closed enums. These names appear in the JSON API, in config
 //! selectors and as metric attribute values; the set of each is closed, so label cardinality stays bounded.
 
-use crate::pb::{Outcome, PoolKind, PreparingPhase, PriorityClass, WaitReason};
+use crate::pb::{Outcome, PoolKind, PreparingPhase, PriorityClass, StepOrigin, WaitReason};
 
 macro_rules! named_enum {
     ($ty:ty, $( $variant:ident => $name:literal ),+ $(,)?) => {
@@ -44,6 +44,9 @@ named_enum!(PreparingPhase,
 named_enum!(Outcome,
     Unspecified => "unspecified", Succeeded => "succeeded", Failed => "failed", Cancelled => "cancelled",
     TimedOut => "timed_out", Preempted => "preempted");
+named_enum!(StepOrigin,
+    Unspecified => "unspecified", TrainingProcess => "training_process", ContainerStart => "container_start",
+    SchedulerStart => "scheduler_start");
 
 #[cfg(test)]
 mod tests {
@@ -63,5 +66,6 @@ mod tests {
         round_trip::<WaitReason>();
         round_trip::<PreparingPhase>();
         round_trip::<Outcome>();
+        round_trip::<StepOrigin>();
     }
 }

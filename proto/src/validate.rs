@@ -232,7 +232,13 @@ pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> 
             known_enum::<pb::PreparingPhase>("preparing.phase", p.phase)?;
             optional_str("preparing.message", &p.message, 1024)?;
         }
-        Kind::FirstStep(_) | Kind::Requeued(_) | Kind::Restarted(_) => {}
+        Kind::FirstStep(f) => {
+            // Unspecified is allowed: older agents do not send it.
+            if pb::StepOrigin::try_from(f.origin).is_err() {
+                return Err(err("first_step.origin", format!("has unknown value {}", f.origin)));
+            }
+        }
+        Kind::Requeued(_) | Kind::Restarted(_) => {}
         Kind::Checkpoint(c) => {
             optional_str("checkpoint.uri", &c.uri, 1024)?;
             if !c.save_seconds.is_finite() || c.save_seconds < 0.0 {
@@ -295,6 +301,14 @@ mod tests {
     }
 
     #[test]
+    fn first_step_origin_may_be_unset_or_any_known_value() {
+        for origin in 0..=3 {
+            let ev = pb::LifecycleEvent { kind: Some(Kind::FirstStep(pb::FirstStep { step: 1, origin })), ..good() };
+            assert_eq!(field_of(&ev), None, "origin {origin}");
+        }
+    }
+
+    #[test]
     fn each_bad_field_is_named() {
         let long = "x".repeat(300);
         let cases: Vec<(pb::LifecycleEvent, &str)> = vec![
@@ -344,6 +358,10 @@ mod tests {
                     ..good()
                 },
                 "preparing.phase",
+            ),
+            (
+                pb::LifecycleEvent { kind: Some(Kind::FirstStep(pb::FirstStep { step: 1, origin: 99 })), ..good() },
+                "first_step.origin",
             ),
             (
                 pb::LifecycleEvent {

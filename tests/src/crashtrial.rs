@@ -232,7 +232,10 @@ fn plan_job(rng: &mut Rng, n: usize, now: i64) -> JobPlan {
         ),
         Stage::Preparing,
     ));
-    evs.push((event(&id, "f", t0 + ttfs, Kind::FirstStep(pb::FirstStep { step: 1 })), Stage::Running));
+    evs.push((
+        event(&id, "f", t0 + ttfs, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
+        Stage::Running,
+    ));
     let ckpts = rng.range(0, 6);
     for k in 1..=ckpts {
         evs.push((

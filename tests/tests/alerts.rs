@@ -104,9 +104,14 @@ async fn urgent_breach_pages_through_a_real_alertmanager_and_resolves_when_the_j
     assert_eq!(slo["status"]["breached_waiting"], 1);
 
     // The job starts: resolved, through Alertmanager.
-    up.send(vec![event(job, "f", startline_proto::time::now_ms(), Kind::FirstStep(pb::FirstStep { step: 1 }))])
-        .await
-        .expect("send");
+    up.send(vec![event(
+        job,
+        "f",
+        startline_proto::time::now_ms(),
+        Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+    )])
+    .await
+    .expect("send");
     up.flush().await.expect("flush");
     let h = hook.clone();
     let resolved = tokio::task::spawn_blocking(move || {

@@ -31,7 +31,7 @@ fn stage(chain: &str, name: &str, at: i64, done: Option<i64>) -> Vec<pb::Lifecyc
     let job = format!("{chain}/{name}");
     let mut evs = vec![
         event(&job, "s", at, sub(chain, name)),
-        event(&job, "f", at + MIN, Kind::FirstStep(pb::FirstStep { step: 1 })),
+        event(&job, "f", at + MIN, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
     ];
     if let Some(d) = done {
         evs.push(event(

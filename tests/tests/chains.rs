@@ -35,7 +35,7 @@ fn member(
 ) -> Vec<pb::LifecycleEvent> {
     vec![
         event(job, "s", t0 + sub * MIN, submitted(chain, stage)),
-        event(job, "f", t0 + first * MIN, Kind::FirstStep(pb::FirstStep { step: 1 })),
+        event(job, "f", t0 + first * MIN, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
         event(job, "d", t0 + done * MIN, Kind::Done(pb::Done { outcome: outcome as i32, ..Default::default() })),
     ]
 }

@@ -94,7 +94,7 @@ async fn comparison_matches_independent_statistics_and_the_cli_agrees() {
             x.gpu_class = j.gpu.into();
         }
         evs.push(event(&j.id, "s", sub, s));
-        evs.push(event(&j.id, "f", sub + j.ttfs_ms, Kind::FirstStep(pb::FirstStep { step: 1 })));
+        evs.push(event(&j.id, "f", sub + j.ttfs_ms, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })));
     }
     up.send(evs).await.expect("send");
     up.flush().await.expect("flush");

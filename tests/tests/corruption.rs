@@ -60,7 +60,12 @@ async fn damaged_store_files_are_refused_or_served_exactly_never_silently_wrong(
         for j in 0..10 {
             let job = format!("dmg-{part}-{j}");
             events.push(event(&job, "s", base, submitted(pb::PoolKind::Managed, pb::PriorityClass::Urgent, 8)));
-            events.push(event(&job, "f", base + 60_000, Kind::FirstStep(pb::FirstStep { step: 1 })));
+            events.push(event(
+                &job,
+                "f",
+                base + 60_000,
+                Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+            ));
             for k in 1..8 {
                 events.push(event(
                     &job,

@@ -294,10 +294,10 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
         let done = || Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
         let evs = vec![
             ev("sf7/train", "s", t, sub("train")),
-            ev("sf7/train", "f", t + 600_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+            ev("sf7/train", "f", t + 600_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
             ev("sf7/train", "d", t + 3_600_000, done()),
             ev("sf7/eval", "s", t + 4_200_000, sub("evaluate")),
-            ev("sf7/eval", "f", t + 4_500_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+            ev("sf7/eval", "f", t + 4_500_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
             ev("sf7/eval", "d", t + 5_400_000, done()),
         ];
         let mut up =

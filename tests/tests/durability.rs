@@ -184,7 +184,7 @@ fn lifecycle(prefix: &str, jobs: usize) -> Vec<pb::LifecycleEvent> {
             base + 1000,
             Kind::Queued(pb::Queued { reason: pb::WaitReason::Capacity as i32, ..Default::default() }),
         ));
-        out.push(event(&job, "f", base + 60_000, Kind::FirstStep(pb::FirstStep { step: 1 })));
+        out.push(event(&job, "f", base + 60_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })));
     }
     out
 }

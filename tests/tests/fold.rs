@@ -57,12 +57,17 @@ fn fleet() -> Vec<pb::LifecycleEvent> {
             ));
             continue; // ended before starting
         }
-        out.push(event(&job, "f", at(5 + (i as i64 % 5) * 4), Kind::FirstStep(pb::FirstStep { step: 1 })));
+        out.push(event(
+            &job,
+            "f",
+            at(5 + (i as i64 % 5) * 4),
+            Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+        ));
         out.push(event(&job, "c", at(40), Kind::Checkpoint(pb::Checkpoint { step: 100, ..Default::default() })));
         if i % 4 == 1 {
             out.push(event(&job, "p", at(55), Kind::Preempted(Default::default())));
             out.push(event(&job, "r", at(70), Kind::Requeued(pb::Requeued { resume_step: 100 })));
-            out.push(event(&job, "f2", at(90), Kind::FirstStep(pb::FirstStep { step: 101 })));
+            out.push(event(&job, "f2", at(90), Kind::FirstStep(pb::FirstStep { step: 101, ..Default::default() })));
         }
         if i % 5 == 4 {
             continue; // still running
@@ -246,7 +251,7 @@ async fn over_the_hot_budget_ended_jobs_fold_without_waiting() {
         let mut out = Vec::new();
         for i in range {
             out.push(event(&job(i), "s", ago(7200), submitted(pb::PoolKind::Dedicated, pb::PriorityClass::Normal, 8)));
-            out.push(event(&job(i), "f", ago(7000), Kind::FirstStep(pb::FirstStep { step: 1 })));
+            out.push(event(&job(i), "f", ago(7000), Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })));
             if end {
                 let done = pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() };
                 out.push(event(&job(i), "d", ago(3600), Kind::Done(done)));
@@ -313,7 +318,12 @@ async fn over_the_folded_budget_the_oldest_folded_jobs_are_deleted() {
                 sub.labels.insert("run".into(), format!("run-{i}"));
             }
             evs.push(event(&job(i), "s", at, s));
-            evs.push(event(&job(i), "f", at + 60_000, Kind::FirstStep(pb::FirstStep { step: 1 })));
+            evs.push(event(
+                &job(i),
+                "f",
+                at + 60_000,
+                Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+            ));
             let done = pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() };
             evs.push(event(&job(i), "d", done_ms[i], Kind::Done(done)));
         }

@@ -31,7 +31,7 @@ fn job_events(job: &str) -> Vec<pb::LifecycleEvent> {
             ago(290),
             Kind::Preparing(pb::Preparing { phase: pb::PreparingPhase::ImagePull as i32, message: String::new() }),
         ),
-        event(job, "e5", ago(200), Kind::FirstStep(pb::FirstStep { step: 1 })),
+        event(job, "e5", ago(200), Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
     ]
 }
 
@@ -152,7 +152,12 @@ async fn http_api_filters_paginates_and_answers_errors_as_json() {
         let prio = if i % 5 == 0 { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal };
         evs.push(event(&format!("job-{i:02}"), "s", base + i * 1000, submitted(kind, prio, 1)));
         if i % 3 == 0 {
-            evs.push(event(&format!("job-{i:02}"), "f", ago(10), Kind::FirstStep(pb::FirstStep { step: 1 })));
+            evs.push(event(
+                &format!("job-{i:02}"),
+                "f",
+                ago(10),
+                Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+            ));
         }
     }
     up.send(evs).await.expect("send");

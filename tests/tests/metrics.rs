@@ -39,7 +39,12 @@ async fn metrics_pass_promtool_and_match_the_api() {
             ago(3600) + 1000,
             Kind::Queued(pb::Queued { reason: pb::WaitReason::Capacity as i32, ..Default::default() }),
         ));
-        evs.push(event(&j, "f", ago(3600) + ttfs * 1000, Kind::FirstStep(pb::FirstStep { step: 1 })));
+        evs.push(event(
+            &j,
+            "f",
+            ago(3600) + ttfs * 1000,
+            Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+        ));
     }
     evs.push(event("wait/0", "s", ago(1200), submitted(pb::PoolKind::Dedicated, pb::PriorityClass::Normal, 8)));
     evs.push(event(

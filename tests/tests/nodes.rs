@@ -14,7 +14,7 @@ fn job(t: i64, id: &str, node: &str, ok: bool) -> Vec<pb::LifecycleEvent> {
     let mut evs = vec![
         event(id, "s", t, startline_tests::submitted(pb::PoolKind::Dedicated, pb::PriorityClass::Normal, 8)),
         event(id, "a", t + MIN, Kind::NodeAssigned(pb::NodeAssigned { nodes: vec![node.into()], gpu_ids: vec![] })),
-        event(id, "f", t + 3 * MIN, Kind::FirstStep(pb::FirstStep { step: 1 })),
+        event(id, "f", t + 3 * MIN, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
     ];
     if !ok {
         evs.push(event(

@@ -116,7 +116,12 @@ fn every_route_answers_as_its_openapi_document_says() {
         let done = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
         let evs = vec![
             startline_tests::event("fix/train", "s", t, sub("train")),
-            startline_tests::event("fix/train", "f", t + 60_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+            startline_tests::event(
+                "fix/train",
+                "f",
+                t + 60_000,
+                Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+            ),
             startline_tests::event("fix/train", "d", t + 600_000, done),
             startline_tests::event("fix/eval", "s", t + 900_000, sub("evaluate")),
         ];

@@ -76,7 +76,7 @@ async fn metrics_are_pushed_over_otlp_grpc() {
     for i in 0..3 {
         let j = format!("otlp/{i}");
         evs.push(event(&j, "s", ago(100), submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 1)));
-        evs.push(event(&j, "f", ago(50), Kind::FirstStep(pb::FirstStep { step: 1 })));
+        evs.push(event(&j, "f", ago(50), Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })));
     }
     up.send(evs).await.expect("send");
     up.flush().await.expect("flush");

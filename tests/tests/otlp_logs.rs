@@ -141,7 +141,7 @@ async fn accepted_events_and_job_summaries_are_pushed_as_otlp_logs() {
     up.flush().await.expect("flush");
     let second = vec![
         a_queued,
-        event("logs/a", "a-f", ago(300), Kind::FirstStep(pb::FirstStep { step: 1 })),
+        event("logs/a", "a-f", ago(300), Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
         event(
             "logs/a",
             "a-d",

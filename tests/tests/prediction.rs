@@ -60,7 +60,7 @@ async fn waiting_urgent_jobs_are_warned_before_their_deadline_from_history_or_th
         let t = now - 86_400_000 + i * 10 * MIN;
         let id = format!("slow/old-{i}");
         evs.push(event(&id, "s", t, sub("slow")));
-        evs.push(event(&id, "f", t + 30 * MIN, Kind::FirstStep(pb::FirstStep { step: 1 })));
+        evs.push(event(&id, "f", t + 30 * MIN, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })));
     }
     // Waiting now, a minute in: one in "slow" (no estimate), two in "fast" with the scheduler's estimates.
     evs.push(event("slow/now", "s", now - MIN, sub("slow")));
@@ -106,9 +106,14 @@ async fn waiting_urgent_jobs_are_warned_before_their_deadline_from_history_or_th
 
     // The job starts in time: the warning resolves and no page follows.
     let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");
-    up.send(vec![event("slow/now", "f", startline_tests::ago(0), Kind::FirstStep(pb::FirstStep { step: 1 }))])
-        .await
-        .expect("send");
+    up.send(vec![event(
+        "slow/now",
+        "f",
+        startline_tests::ago(0),
+        Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+    )])
+    .await
+    .expect("send");
     up.flush().await.expect("flush");
     wait_until("the warning resolves", Duration::from_secs(20), || predicted(&c, "slow/now").is_none());
     let (_, all) = c.get("/api/v1/alerts?state=all");

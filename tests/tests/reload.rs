@@ -107,7 +107,7 @@ async fn slos_and_alert_settings_reload_without_a_restart() {
     };
     let urgent = || submitted(pb::PoolKind::Dedicated, pb::PriorityClass::Urgent, 8);
     let normal = || submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 8);
-    let step = || Kind::FirstStep(pb::FirstStep { step: 1 });
+    let step = || Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() });
     // A: urgent, waiting 5 minutes. B: urgent, started after 2 minutes. C: normal, started after 20 minutes.
     up.send(vec![
         event("r/a", "s", now - 5 * MIN, urgent()),

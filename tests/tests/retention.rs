@@ -25,7 +25,7 @@ async fn ended_jobs_past_retention_are_deleted_and_stay_deleted() {
     up.send(vec![
         // Ended three days ago: expires.
         event("old", "s", ago(4 * day), submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 8)),
-        event("old", "f", ago(4 * day - 60), Kind::FirstStep(pb::FirstStep { step: 1 })),
+        event("old", "f", ago(4 * day - 60), Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
         event("old", "d", ago(3 * day), done(pb::Outcome::Succeeded)),
         // Ended an hour ago: stays.
         event("recent", "s", ago(2 * 3600), submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 8)),

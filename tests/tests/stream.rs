@@ -26,7 +26,7 @@ fn job_events(job: &str, base: i64, urgent: bool) -> Vec<pb::LifecycleEvent> {
             base + 5_000,
             Kind::Queued(pb::Queued { reason: pb::WaitReason::Capacity as i32, ..Default::default() }),
         ),
-        event(job, "f", base + 120_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+        event(job, "f", base + 120_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
         event(job, "c", base + 200_000, Kind::Checkpoint(pb::Checkpoint { step: 50, ..Default::default() })),
         event(
             job,

@@ -162,7 +162,7 @@ fn preparing(phase: pb::PreparingPhase) -> Kind {
 }
 
 fn first_step(step: u64) -> Kind {
-    Kind::FirstStep(pb::FirstStep { step })
+    Kind::FirstStep(pb::FirstStep { step, origin: pb::StepOrigin::TrainingProcess as i32 })
 }
 
 fn checkpoint(step: u64) -> Kind {

@@ -225,7 +225,7 @@ pub fn diff(
         // Without the run history, a job first seen running is dated at this poll (dating it at submit would claim
         // no wait at all); one first seen completed, at its end (that poll).
         let at = start.or(if j.status == "Completed" { end } else { None }).unwrap_or(now_ms).max(j.created_ms);
-        emit(&mut mem, "first_step", at, Kind::FirstStep(pb::FirstStep { step: 0 }));
+        emit(&mut mem, "first_step", at, super::container_start());
     }
     let outcome = match j.status.as_str() {
         "Completed" => Some(pb::Outcome::Succeeded),

@@ -693,7 +693,7 @@ pub fn diff(
             }
         };
         if let Some(at) = ready_at {
-            emit(&mut mem, &format!("first_step:{epoch}"), at.max(created), Kind::FirstStep(pb::FirstStep { step: 0 }));
+            emit(&mut mem, &format!("first_step:{epoch}"), at.max(created), super::container_start());
         }
     }
 

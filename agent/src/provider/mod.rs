@@ -33,6 +33,15 @@ pub fn free_text(s: &str, max_bytes: usize) -> String {
     out
 }
 
+/// The `first_step` an adapter sends when it sees the training container start (SageMaker's `Training`, Vertex
+/// AI's `startTime`, Azure ML's `Running`, a Kueue workload's pods ready): step 0, origin `container_start`. It is
+/// the adapter's nearest signal, not the training loop's first step; a first step the training process reports
+/// for the same run supersedes it at the collector, which then counts the time between as preparing.
+pub fn container_start() -> startline_proto::pb::lifecycle_event::Kind {
+    use startline_proto::pb;
+    pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 0, origin: pb::StepOrigin::ContainerStart as i32 })
+}
+
 /// A failed poll: its kind (the `kind` label of `startline_agent_poll_errors_total`) and what is logged.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]

@@ -226,7 +226,7 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
                 };
                 Kind::Preparing(pb::Preparing { phase: phase as i32, message: t.message.clone() })
             }
-            "Training" => Kind::FirstStep(pb::FirstStep { step: 0 }),
+            "Training" => super::container_start(),
             "Interrupted" => {
                 Kind::Preempted(pb::Preempted { reason: "spot-interruption".into(), checkpoint_saved: false })
             }

@@ -568,7 +568,12 @@ pub fn diff(m: &Mapping, j: &SlurmJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb:
                 }),
             );
         } else if m.first_step_on_start {
-            emit(&mut mem, format!("first_step:{attempt}"), at, Kind::FirstStep(pb::FirstStep { step: 0 }));
+            emit(
+                &mut mem,
+                format!("first_step:{attempt}"),
+                at,
+                Kind::FirstStep(pb::FirstStep { step: 0, origin: pb::StepOrigin::SchedulerStart as i32 }),
+            );
         }
     }
     if j.exit_code.is_some_and(|c| c != 0) {

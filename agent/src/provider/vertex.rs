@@ -179,7 +179,7 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
         _ => {}
     }
     if let Some(s) = j.start_ms {
-        emit(&mut mem, "first_step", s, Kind::FirstStep(pb::FirstStep { step: 0 }));
+        emit(&mut mem, "first_step", s, super::container_start());
     }
     let outcome = match j.state.as_str() {
         "JOB_STATE_SUCCEEDED" => Some(pb::Outcome::Succeeded),

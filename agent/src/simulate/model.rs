@@ -298,7 +298,10 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
     let mut attempt = 1u32;
     loop {
         b.attempt = Some(attempt);
-        b.push(t as i64, Kind::FirstStep(pb::FirstStep { step: step + 1 }));
+        b.push(
+            t as i64,
+            Kind::FirstStep(pb::FirstStep { step: step + 1, origin: pb::StepOrigin::TrainingProcess as i32 }),
+        );
         // Spot capacity on managed endpoints is reclaimed far more often than dedicated nodes fail; normal
         // dedicated work is sometimes preempted for urgent jobs; the failing node loses a third of its runs.
         let interrupt_p = if on_failing {

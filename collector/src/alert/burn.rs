@@ -117,7 +117,7 @@ mod tests {
                     id_hash: 1,
                     seq: 0,
                     attempt: None,
-                    kind: EventKind::FirstStep { step: 1 },
+                    kind: EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
                 });
             }
             let rec = JobRecord::from_events(evs);

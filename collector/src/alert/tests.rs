@@ -162,7 +162,7 @@ async fn pages_at_the_crossing_and_resolves_when_the_job_starts() {
             id_hash: 7,
             seq: 2,
             attempt: None,
-            kind: EventKind::FirstStep { step: 1 },
+            kind: EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
         };
         idx.insert("slurm/a/1", ev, T0 + 12 * MIN);
     }
@@ -266,7 +266,7 @@ async fn a_backlog_being_replayed_is_applied_before_its_deadlines_are_judged() {
         id_hash: 99,
         seq: 50,
         attempt: None,
-        kind: EventKind::FirstStep { step: 1 },
+        kind: EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
     };
     batch(&h, "spool/a", fs);
     // The source goes quiet (its spool is drained): B, still waiting, pages; A never does.

@@ -81,7 +81,7 @@ fn preparing(phase: pb::PreparingPhase) -> Kind {
 }
 
 fn first_step(step: u64) -> Kind {
-    Kind::FirstStep(pb::FirstStep { step })
+    Kind::FirstStep(pb::FirstStep { step, ..Default::default() })
 }
 
 fn done(outcome: pb::Outcome, exit_code: Option<i32>) -> Kind {

@@ -494,7 +494,12 @@ mod tests {
         };
         JobRecord::from_events(vec![
             ev("s", T0, 1, EventKind::Submitted(Arc::new(attrs))),
-            ev("f", T0 + 60_000, 2, EventKind::FirstStep { step: 1 }),
+            ev(
+                "f",
+                T0 + 60_000,
+                2,
+                EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+            ),
         ])
     }
 
@@ -514,7 +519,7 @@ mod tests {
                 2,
                 crate::store::encode_log_value(&ev(
                     "f",
-                    pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 1 }),
+                    pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
                 )),
             ),
         ]

@@ -702,7 +702,12 @@ async fn over_the_folded_budget_the_jobs_that_ended_longest_ago_are_deleted() {
                 sub.labels.insert("run".into(), id.clone());
             }
             evs.push(ev(&id, &format!("{id}-s"), at, s));
-            evs.push(ev(&id, &format!("{id}-f"), at + 5_000, Kind::FirstStep(pb::FirstStep { step: 1 })));
+            evs.push(ev(
+                &id,
+                &format!("{id}-f"),
+                at + 5_000,
+                Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
+            ));
             let d = Kind::Done(pb::Done { outcome: pb::Outcome::Succeeded as i32, ..Default::default() });
             evs.push(ev(&id, &format!("{id}-d"), done, d));
             ended.push((done, id));
@@ -790,7 +795,7 @@ fn a_job_whose_newer_summary_is_refused_restores_hot_only() {
     let store = Store::open(dir.path()).expect("open");
     let events = [
         ev("x", "x1", 1_000_000, submitted()),
-        ev("x", "x2", 1_060_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+        ev("x", "x2", 1_060_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
         ev("x", "x3", 1_200_000, Kind::Done(pb::Done::default())),
     ];
     let entries: Vec<(u64, Vec<u8>)> = events.iter().zip(1u64..).map(|(e, s)| (s, encode_log_value(e))).collect();

@@ -522,7 +522,11 @@ fn cost_columns_price_each_side_per_use_or_at_the_amortised_rate() {
         let rec = JobRecord::from_events(vec![
             ev(1, t0, EventKind::Submitted(Arc::new(a))),
             ev(2, t0 + H, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
-            ev(3, t0 + H + prep, EventKind::FirstStep { step: 1 }),
+            ev(
+                3,
+                t0 + H + prep,
+                EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+            ),
             ev(4, t0 + H + prep + train, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
         ]);
         HotJob { rec, ..HotJob::default() }

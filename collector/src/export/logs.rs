@@ -556,7 +556,7 @@ mod tests {
                 EventKind::Queued { reason: pb::WaitReason::Quota, raw_reason: "QOSMax".into(), estimated_start: None },
             ),
             ce(2, t0 + 90_000, EventKind::NodeAssigned { nodes: [std::sync::Arc::from("n1")].into() }),
-            ce(3, t0 + 100_000, EventKind::FirstStep { step: 1 }),
+            ce(3, t0 + 100_000, EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified }),
             ce(4, t0 + 400_000, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
         ]);
         let r = summary_record("j", &rec.timeline, t0 + 500_000);

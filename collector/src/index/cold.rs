@@ -53,7 +53,8 @@ pub struct Folded {
     exit_code: i32,
     /// `pb::Outcome` as i32.
     outcome: i32,
-    /// Bit 0: has exit code; bit 1: has max step; bit 2: has outcome.
+    /// Bit 0: has exit code; bit 1: has max step; bit 2: has outcome; bits 3-4: the first step's origin
+    /// (`pb::StepOrigin` as i32; 0, unspecified, in summaries written before origins existed).
     flags: u8,
     /// The initial wait by segment, in segment order.
     waits: Box<[(Segment, i64)]>,
@@ -66,6 +67,16 @@ pub struct Folded {
 
 fn opt(v: i64) -> Option<i64> {
     (v != NONE).then_some(v)
+}
+
+/// The flag bits (3-4) that keep a first step's origin.
+fn origin_bits(origin: Option<pb::StepOrigin>) -> u8 {
+    ((origin.unwrap_or_default() as i32 & 3) as u8) << 3
+}
+
+/// The first step's origin from a row's flags, for a job that started (`first_step_at`).
+fn origin_of(flags: u8, first_step_at: Option<i64>) -> Option<pb::StepOrigin> {
+    first_step_at.map(|_| pb::StepOrigin::try_from(i32::from((flags >> 3) & 3)).unwrap_or_default())
 }
 
 impl Folded {
@@ -126,6 +137,7 @@ impl Folded {
         if t.outcome.is_some() {
             flags |= 4;
         }
+        flags |= origin_bits(t.first_step_origin);
         Some(Folded {
             attrs,
             submitted_at: t.submitted_at?,
@@ -175,6 +187,7 @@ impl Folded {
         t.node_assigned_at = opt(self.node_assigned_at);
         t.preparing_at = opt(self.preparing_at);
         t.first_step_at = opt(self.first_step_at);
+        t.first_step_origin = origin_of(self.flags, t.first_step_at);
         t.last_checkpoint = opt(self.checkpoint_at).map(|at| (at, self.checkpoint_step));
         t.done_at = Some(self.done_at);
         t.outcome = (self.flags & 4 != 0).then(|| pb::Outcome::try_from(self.outcome).unwrap_or_default());
@@ -1037,6 +1050,7 @@ impl ColdJobs {
         t.node_assigned_at = opt(s.node_assigned_at);
         t.preparing_at = opt(s.preparing_at);
         t.first_step_at = opt(row.first_step_at);
+        t.first_step_origin = origin_of(s.flags, t.first_step_at);
         t.last_checkpoint = opt(s.checkpoint_at).map(|at| (at, s.checkpoint_step));
         t.done_at = Some(row.done_at);
         t.outcome = (s.flags & 4 != 0).then(|| pb::Outcome::try_from(s.outcome).unwrap_or_default());
@@ -1360,7 +1374,7 @@ mod tests {
             small in prop::array::uniform5(prop_oneof![0u32..4, any::<u32>()]),
             exit_code in any::<i32>(),
             outcome in -1i32..7,
-            flags in 0u8..8,
+            flags in 0u8..32,
             waits in prop::collection::btree_map(segment(), any::<i64>(), 0..5),
             placements in prop::collection::vec(placement(), 0..4),
             summary in any::<u64>(),
@@ -1573,6 +1587,46 @@ mod tests {
 
     /// A typical folded job (times in milliseconds minutes apart, three wait segments, one placement on one
     /// node) packs into a few dozen bytes: the size the memory model counts on.
+    /// A folded job keeps its first step's origin (in flag bits 3-4, through the summary and the packed row); a
+    /// summary written before origins existed (those bits 0) reads back as unspecified, and a job that never
+    /// started has none.
+    #[test]
+    fn a_folded_job_keeps_its_first_steps_origin() {
+        let attrs = Arc::new(JobAttrs::unknown());
+        let mut dict = Dictionary::default();
+        let n = dict.intern(&attrs);
+        let mut cold = ColdJobs::with_dictionary(dict);
+        for origin in [pb::StepOrigin::ContainerStart, pb::StepOrigin::TrainingProcess, pb::StepOrigin::SchedulerStart]
+        {
+            let t = Timeline {
+                state: JobState::Done,
+                attrs: Some(attrs.clone()),
+                submitted_at: Some(1_000),
+                first_step_at: Some(5_000),
+                first_step_origin: Some(origin),
+                done_at: Some(9_000),
+                ..Timeline::default()
+            };
+            let f = Folded::of(&t, n).expect("done");
+            let back = Folded::decode(&f.encode()).expect("decode");
+            assert_eq!(back, f);
+            cold.insert("j", back.clone());
+            assert_eq!(cold.timeline(&cold.rows["j"]).first_step_origin, Some(origin));
+            let old = Folded { flags: back.flags & 0b111, ..back };
+            cold.insert("j", old);
+            assert_eq!(cold.timeline(&cold.rows["j"]).first_step_origin, Some(pb::StepOrigin::Unspecified));
+        }
+        let never = Timeline {
+            state: JobState::Done,
+            attrs: Some(attrs.clone()),
+            submitted_at: Some(1_000),
+            done_at: Some(9_000),
+            ..Timeline::default()
+        };
+        cold.insert("k", Folded::of(&never, n).expect("done"));
+        assert_eq!(cold.timeline(&cold.rows["k"]).first_step_origin, None);
+    }
+
     #[test]
     fn a_typical_row_packs_small() {
         let t0 = 1_780_000_000_000;

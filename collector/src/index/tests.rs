@@ -39,7 +39,7 @@ fn scans_fill_a_folded_jobs_placements_only_when_asked() {
     let events = vec![
         ev(1, 0, EventKind::Submitted(Arc::new(attrs))),
         ev(2, 5, EventKind::NodeAssigned { nodes: vec![Arc::from("n1"), Arc::from("n2")].into() }),
-        ev(3, 6, EventKind::FirstStep { step: 1 }),
+        ev(3, 6, EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified }),
         ev(4, 60, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
     ];
     let mut idx = JobIndex::default();
@@ -69,7 +69,7 @@ fn unordered_scan_visits_every_job_once_at_any_chunk_size() {
         let ev = minute_event;
         JobRecord::from_events(vec![
             ev(n * 10 + 1, 0, EventKind::Submitted(Arc::new(JobAttrs::unknown()))),
-            ev(n * 10 + 2, 6, EventKind::FirstStep { step: 1 }),
+            ev(n * 10 + 2, 6, EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified }),
             ev(n * 10 + 3, 60, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
         ])
     };
@@ -146,10 +146,19 @@ mod fold_model {
         Arc::new(a)
     }
 
-    /// The events of job `j`: a plausible lifecycle with random times, some of them optional.
+    /// The events of job `j`: a plausible lifecycle with random times, some of them optional (a container start
+    /// before the first step, which is superseded when the first step's origin is stronger).
     fn job_events(j: u8) -> impl Strategy<Value = Vec<CompactEvent>> {
-        (any::<bool>(), 0i64..40, prop::option::of(0i64..40), prop::option::of(0i64..80), 0u8..4, any::<bool>())
-            .prop_map(move |(urgent, q, fs, done, outcome, preempt)| {
+        (
+            any::<bool>(),
+            0i64..40,
+            prop::option::of(0i64..40),
+            prop::option::of(0i64..80),
+            0u8..4,
+            any::<bool>(),
+            (prop::option::of(0i64..5), 0i32..4),
+        )
+            .prop_map(move |(urgent, q, fs, done, outcome, preempt, (container, origin))| {
                 let id = |n: u32| event_id_hash(&format!("j{j}-{n}"));
                 let at = |m: i64| T0 + i64::from(j) * MIN + m * MIN;
                 let mut v = vec![
@@ -173,12 +182,24 @@ mod fold_model {
                     },
                 ];
                 if let Some(f) = fs {
+                    if let Some(c) = container {
+                        v.push(CompactEvent {
+                            at_ms: at(q + f - c),
+                            id_hash: id(5),
+                            seq: 0,
+                            attempt: None,
+                            kind: EventKind::FirstStep { step: 0, origin: pb::StepOrigin::ContainerStart },
+                        });
+                    }
                     v.push(CompactEvent {
                         at_ms: at(q + f),
                         id_hash: id(2),
                         seq: 0,
                         attempt: None,
-                        kind: EventKind::FirstStep { step: 1 },
+                        kind: EventKind::FirstStep {
+                            step: 1,
+                            origin: pb::StepOrigin::try_from(origin).unwrap_or_default(),
+                        },
                     });
                     if preempt {
                         v.push(CompactEvent {
@@ -475,7 +496,13 @@ mod fold_model {
                 attempt: None,
                 kind: EventKind::NodeAssigned { nodes: [Arc::from("gpu-1"), Arc::from("gpu-2")].into() },
             },
-            CompactEvent { at_ms: T0 + MIN, id_hash: 2, seq: 2, attempt: None, kind: EventKind::FirstStep { step: 5 } },
+            CompactEvent {
+                at_ms: T0 + MIN,
+                id_hash: 2,
+                seq: 2,
+                attempt: None,
+                kind: EventKind::FirstStep { step: 5, origin: startline_proto::pb::StepOrigin::Unspecified },
+            },
             CompactEvent {
                 at_ms: T0 + 2 * MIN,
                 id_hash: 3,

@@ -61,7 +61,13 @@ impl JobAttrs {
 }
 
 /// What happened, reduced to what the timeline uses.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Stored in snapshot parts with postcard, which writes a variant as its index and its fields in order: a first
+/// step from an unspecified origin is written as before origins existed (variant 4, its step), one with an origin
+/// as variant 11, `FirstStepFrom` (see [`Stored`]), so parts written by older collectors read back unchanged and
+/// their first steps as unspecified.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "Stored")]
 pub enum EventKind {
     /// The job was accepted, with its attributes (shared with the timeline, not copied).
     Submitted(Arc<JobAttrs>),
@@ -72,8 +78,9 @@ pub enum EventKind {
     NodeAssigned { nodes: Arc<[Arc<str>]> },
     /// A preparation phase started.
     Preparing { phase: pb::PreparingPhase },
-    /// The first training step of a run completed.
-    FirstStep { step: u64 },
+    /// The first training step of a run completed, as observed from `origin` (the training process, a container
+    /// or scheduler start, or unspecified by an older source); see [`super::timeline`] for how origins combine.
+    FirstStep { step: u64, origin: pb::StepOrigin },
     /// A checkpoint holding `step` was written, taking `save_ms` (from `save_seconds`, 0 when not reported).
     Checkpoint { step: u64, save_ms: u32 },
     /// The job was preempted; `checkpoint_saved` says whether it saved first.
@@ -104,6 +111,21 @@ impl EventKind {
             EventKind::Restarted { .. } => 9,
             EventKind::Done { .. } => 10,
         }
+    }
+
+    /// Whether this kind ends a run, or marks a job that is not running (`queued`, `preempted`, `node_lost`,
+    /// `requeued`, `restarted`, `done`): a first step after it belongs to another run, so it cannot supersede a
+    /// first step before it.
+    pub fn ends_run(&self) -> bool {
+        matches!(
+            self,
+            EventKind::Queued { .. }
+                | EventKind::Preempted { .. }
+                | EventKind::NodeLost { .. }
+                | EventKind::Requeued { .. }
+                | EventKind::Restarted { .. }
+                | EventKind::Done { .. }
+        )
     }
 
     /// The kind's name as in the protocol's oneof, e.g. `first_step`.
@@ -173,7 +195,7 @@ impl CompactEvent {
                 EventKind::NodeAssigned { nodes: n.nodes.iter().map(|s| Arc::from(s.as_str())).collect() }
             }
             Kind::Preparing(p) => EventKind::Preparing { phase: p.phase() },
-            Kind::FirstStep(f) => EventKind::FirstStep { step: f.step },
+            Kind::FirstStep(f) => EventKind::FirstStep { step: f.step, origin: f.origin() },
             Kind::Checkpoint(c) => EventKind::Checkpoint {
                 step: c.step,
                 // Validated finite and not negative; saturates at ~49 days.
@@ -192,5 +214,97 @@ impl CompactEvent {
             attempt: ev.attempt,
             kind,
         })
+    }
+}
+
+/// How strongly a first step's origin says training began: a first step is superseded by a later one of a higher
+/// strength in the same run. The training process is the truth; an unspecified origin (older sources) is read as
+/// a first step, as it always was, but yields to the training process; a container or scheduler start yields to
+/// both.
+pub fn origin_strength(origin: pb::StepOrigin) -> u8 {
+    match origin {
+        pb::StepOrigin::TrainingProcess => 2,
+        pb::StepOrigin::Unspecified => 1,
+        pb::StepOrigin::ContainerStart | pb::StepOrigin::SchedulerStart => 0,
+    }
+}
+
+/// [`EventKind`] as postcard stores it (see there): the variants before origins existed, in their order, then
+/// first steps with an origin.
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "EventKind")]
+enum Stored {
+    Submitted(Arc<JobAttrs>),
+    Queued { reason: pb::WaitReason, raw_reason: Arc<str>, estimated_start: Option<i64> },
+    NodeAssigned { nodes: Arc<[Arc<str>]> },
+    Preparing { phase: pb::PreparingPhase },
+    FirstStep { step: u64 },
+    Checkpoint { step: u64, save_ms: u32 },
+    Preempted { checkpoint_saved: bool },
+    Requeued { resume_step: u64 },
+    Restarted { resume_step: u64 },
+    NodeLost { node: Arc<str> },
+    Done { outcome: pb::Outcome, exit_code: Option<i32> },
+    FirstStepFrom { step: u64, origin: pb::StepOrigin },
+}
+
+/// [`Stored`] by reference, for writing without cloning.
+#[derive(Serialize)]
+#[serde(rename = "EventKind")]
+enum StoredRef<'a> {
+    Submitted(&'a Arc<JobAttrs>),
+    Queued { reason: &'a pb::WaitReason, raw_reason: &'a Arc<str>, estimated_start: &'a Option<i64> },
+    NodeAssigned { nodes: &'a Arc<[Arc<str>]> },
+    Preparing { phase: &'a pb::PreparingPhase },
+    FirstStep { step: &'a u64 },
+    Checkpoint { step: &'a u64, save_ms: &'a u32 },
+    Preempted { checkpoint_saved: &'a bool },
+    Requeued { resume_step: &'a u64 },
+    Restarted { resume_step: &'a u64 },
+    NodeLost { node: &'a Arc<str> },
+    Done { outcome: &'a pb::Outcome, exit_code: &'a Option<i32> },
+    FirstStepFrom { step: &'a u64, origin: &'a pb::StepOrigin },
+}
+
+impl From<Stored> for EventKind {
+    fn from(s: Stored) -> EventKind {
+        match s {
+            Stored::Submitted(a) => EventKind::Submitted(a),
+            Stored::Queued { reason, raw_reason, estimated_start } => {
+                EventKind::Queued { reason, raw_reason, estimated_start }
+            }
+            Stored::NodeAssigned { nodes } => EventKind::NodeAssigned { nodes },
+            Stored::Preparing { phase } => EventKind::Preparing { phase },
+            Stored::FirstStep { step } => EventKind::FirstStep { step, origin: pb::StepOrigin::Unspecified },
+            Stored::Checkpoint { step, save_ms } => EventKind::Checkpoint { step, save_ms },
+            Stored::Preempted { checkpoint_saved } => EventKind::Preempted { checkpoint_saved },
+            Stored::Requeued { resume_step } => EventKind::Requeued { resume_step },
+            Stored::Restarted { resume_step } => EventKind::Restarted { resume_step },
+            Stored::NodeLost { node } => EventKind::NodeLost { node },
+            Stored::Done { outcome, exit_code } => EventKind::Done { outcome, exit_code },
+            Stored::FirstStepFrom { step, origin } => EventKind::FirstStep { step, origin },
+        }
+    }
+}
+
+impl Serialize for EventKind {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+        let r = match self {
+            EventKind::Submitted(a) => StoredRef::Submitted(a),
+            EventKind::Queued { reason, raw_reason, estimated_start } => {
+                StoredRef::Queued { reason, raw_reason, estimated_start }
+            }
+            EventKind::NodeAssigned { nodes } => StoredRef::NodeAssigned { nodes },
+            EventKind::Preparing { phase } => StoredRef::Preparing { phase },
+            EventKind::FirstStep { step, origin: pb::StepOrigin::Unspecified } => StoredRef::FirstStep { step },
+            EventKind::FirstStep { step, origin } => StoredRef::FirstStepFrom { step, origin },
+            EventKind::Checkpoint { step, save_ms } => StoredRef::Checkpoint { step, save_ms },
+            EventKind::Preempted { checkpoint_saved } => StoredRef::Preempted { checkpoint_saved },
+            EventKind::Requeued { resume_step } => StoredRef::Requeued { resume_step },
+            EventKind::Restarted { resume_step } => StoredRef::Restarted { resume_step },
+            EventKind::NodeLost { node } => StoredRef::NodeLost { node },
+            EventKind::Done { outcome, exit_code } => StoredRef::Done { outcome, exit_code },
+        };
+        r.serialize(ser)
     }
 }

@@ -5,13 +5,17 @@
 //! - the fold that derived the timeline is kept, so an event that sorts after every other one (the common case:
 //!   sources report in time order) is applied to the timeline directly. For long records the fold's state is also
 //!   kept every [`MARK_EVERY`] events, so a late event refolds only from the last mark before it. Only a
-//!   `submitted` that becomes the job's first refolds everything (it changes every event's effective time);
+//!   `submitted` that becomes the job's first refolds everything (it changes every event's effective time),
+//!   and a first step that supersedes an earlier one (see [`super::timeline`]) refolds from the one it
+//!   supersedes: the fold keeps the earliest first step since the last run-ending event that a stronger one could
+//!   supersede, so that costs no scan;
 //! - records with more than [`INDEX_MIN`] events keep an id-hash index for the duplicate check. Most jobs have
 //!   a few dozen events and keep no index, and no marks.
 //!
 //! Both are caches: not serialized, not compared, rebuilt when missing. The timeline they produce is always the
 //! one [`Timeline::derive`] gives over the record's events.
 
+use super::event::origin_strength;
 use super::{CompactEvent, EventKind, Timeline, TimelineFold};
 
 use serde::{Deserialize, Serialize};
@@ -160,6 +164,14 @@ impl JobRecord {
     pub fn insert_unchecked(&mut self, ev: CompactEvent) {
         let key = ev.sort_key();
         let is_submitted = matches!(ev.kind, EventKind::Submitted(_));
+        // Whether an earlier first step's decision (superseded or not) may change, as the strength a first step
+        // must have to be superseded by this event: a first step supersedes weaker ones before it; an event that
+        // ends a run, put between a first step and a stronger one, un-supersedes it.
+        let supersedes = match &ev.kind {
+            EventKind::FirstStep { origin, .. } => Some(origin_strength(*origin)),
+            k if k.ends_run() => Some(u8::MAX),
+            _ => None,
+        };
         let pos = if self.events.last().is_none_or(|e| e.sort_key() <= key) {
             self.events.len()
         } else {
@@ -181,13 +193,31 @@ impl JobRecord {
             // A new first `submitted` changes when every event counts from.
             Fold::Folded { fold, .. } if is_submitted && key < fold.submitted_key() => self.refold_from(0),
             Fold::Folded { fold, marks } if pos + 1 == self.events.len() => {
+                // Last: only a first step can change what came before (an event that ends a run after all the
+                // others separates nothing).
+                let weak = match &self.events[pos].kind {
+                    EventKind::FirstStep { origin, .. } => fold.weak_first_step_since(origin_strength(*origin)),
+                    _ => None,
+                };
+                if let Some(weak) = weak {
+                    let from = self.events.partition_point(|e| e.at_ms < weak);
+                    self.refold_from(from);
+                    return;
+                }
                 if pos % MARK_EVERY == 0 && pos > 0 && marks.last().is_none_or(|m| m.at < pos) {
                     marks.push(Mark { at: pos, fold: fold.clone(), timeline: self.timeline.clone() });
                 }
-                fold.apply(&mut self.timeline, &self.events[pos]);
+                fold.apply(&mut self.timeline, &self.events[pos], &[]);
                 fold.finish(&mut self.timeline);
             }
-            Fold::Folded { .. } => self.refold_from(pos),
+            Fold::Folded { marks, .. } => {
+                // The refold from `pos` starts at the last mark at or before it and re-decides every first step
+                // from there; one before the mark that this event may re-decide is the mark's weak first step.
+                let mark = marks.iter().rev().find(|m| m.at <= pos);
+                let weak = mark.zip(supersedes).and_then(|(m, s)| m.fold.weak_first_step_since(s));
+                let from = weak.map_or(pos, |w| self.events.partition_point(|e| e.at_ms < w).min(pos));
+                self.refold_from(from)
+            }
             Fold::Stale | Fold::Unsubmitted => self.refold_from(0),
         }
     }
@@ -224,7 +254,7 @@ impl JobRecord {
             if i % MARK_EVERY == 0 && i > from {
                 marks.push(Mark { at: i, fold: fold.clone(), timeline: t.clone() });
             }
-            fold.apply(&mut t, ev);
+            fold.apply(&mut t, ev, &self.events[i + 1..]);
         }
         fold.finish(&mut t);
         self.timeline = t;

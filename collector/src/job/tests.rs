@@ -54,7 +54,7 @@ fn splits_the_wait_before_the_first_step_into_segments() {
         e("na", T0 + 60 * S, EventKind::NodeAssigned { nodes: [Arc::from("n1")].into() }),
         e("p1", T0 + 70 * S, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
         e("p2", T0 + 100 * S, EventKind::Preparing { phase: pb::PreparingPhase::DataStaging }),
-        e("fs", T0 + 130 * S, EventKind::FirstStep { step: 1 }),
+        e("fs", T0 + 130 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
         e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 500, save_ms: 0 }),
         e("done", T0 + 2000 * S, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
     ]);
@@ -81,12 +81,12 @@ fn splits_the_wait_before_the_first_step_into_segments() {
 fn preemption_without_checkpoint_loses_work_since_last_checkpoint() {
     let r = record(vec![
         sub(T0),
-        e("fs", T0 + 100 * S, EventKind::FirstStep { step: 1 }),
+        e("fs", T0 + 100 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
         e("ck", T0 + 1000 * S, EventKind::Checkpoint { step: 900, save_ms: 0 }),
         e("pre", T0 + 1600 * S, EventKind::Preempted { checkpoint_saved: false }),
         e("rq", T0 + 1601 * S, EventKind::Requeued { resume_step: 900 }),
         queued("q2", T0 + 1602 * S, pb::WaitReason::Capacity),
-        e("fs2", T0 + 2000 * S, EventKind::FirstStep { step: 901 }),
+        e("fs2", T0 + 2000 * S, EventKind::FirstStep { step: 901, origin: pb::StepOrigin::Unspecified }),
     ]);
     let t = &r.timeline;
     assert_eq!(t.state, JobState::Running);
@@ -104,7 +104,7 @@ fn a_restart_from_an_older_checkpoint_loses_the_training_since_that_one() {
     // t=400 s resumes from step 1000: 300 s of training and 1000 steps are lost, not the 100 s since the last.
     let base = vec![
         sub(T0),
-        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
         e("c1", T0 + 100 * S, EventKind::Checkpoint { step: 1000, save_ms: 0 }),
         e("c2", T0 + 300 * S, EventKind::Checkpoint { step: 2000, save_ms: 0 }),
     ];
@@ -128,7 +128,7 @@ fn a_restart_from_an_older_checkpoint_loses_the_training_since_that_one() {
 fn preemption_with_checkpoint_saved_loses_nothing_and_resume_from_scratch_loses_steps() {
     let saved = record(vec![
         sub(T0),
-        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
         e("pre", T0 + 500 * S, EventKind::Preempted { checkpoint_saved: true }),
     ]);
     assert_eq!(saved.timeline.lost_work_ms, 0);
@@ -137,7 +137,7 @@ fn preemption_with_checkpoint_saved_loses_nothing_and_resume_from_scratch_loses_
 
     let lost = record(vec![
         sub(T0),
-        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
         e("ck", T0 + 100 * S, EventKind::Checkpoint { step: 4000, save_ms: 0 }),
         e("nl", T0 + 500 * S, EventKind::NodeLost { node: Arc::from("n1") }),
         e("rs", T0 + 510 * S, EventKind::Restarted { resume_step: 0 }),
@@ -151,7 +151,7 @@ fn preemption_with_checkpoint_saved_loses_nothing_and_resume_from_scratch_loses_
 fn events_before_submitted_are_kept_and_applied_when_it_arrives() {
     let mut r = record(vec![
         queued("q", T0 + 5 * S, pb::WaitReason::Quota),
-        e("fs", T0 + 60 * S, EventKind::FirstStep { step: 1 }),
+        e("fs", T0 + 60 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
     ]);
     assert_eq!(r.timeline.state, JobState::Unsubmitted);
     assert_eq!(r.timeline.time_to_first_step_ms(), None);
@@ -168,7 +168,7 @@ fn done_absorbs_later_events() {
         e("d", T0 + 100 * S, EventKind::Done { outcome: pb::Outcome::Cancelled, exit_code: None }),
     ]);
     let before = r.timeline.clone();
-    r.insert(e("fs", T0 + 200 * S, EventKind::FirstStep { step: 1 }));
+    r.insert(e("fs", T0 + 200 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }));
     r.insert(queued("q", T0 + 300 * S, pb::WaitReason::Capacity));
     assert_eq!(r.timeline.state, JobState::Done);
     assert_eq!(r.timeline.first_step_at, None);
@@ -183,7 +183,7 @@ fn events_stamped_before_submit_count_from_submit() {
     let r = record(vec![
         sub(T0),
         queued("q", T0 - 3 * S, pb::WaitReason::Priority),
-        e("fs", T0 + 9 * S, EventKind::FirstStep { step: 1 }),
+        e("fs", T0 + 9 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
     ]);
     assert_eq!(r.timeline.first_queued_at, Some(T0));
     assert_eq!(r.timeline.initial_wait_ms.get(&Segment::Queued(pb::WaitReason::Priority)), Some(&(9 * S)));
@@ -196,7 +196,7 @@ fn checkpoints_in_the_same_millisecond_keep_the_highest_step() {
     for (a, b) in [("c1", "c2"), ("c2", "c1"), ("x", "y"), ("y", "x")] {
         let r = record(vec![
             sub(T0),
-            e("fs", T0 + S, EventKind::FirstStep { step: 1 }),
+            e("fs", T0 + S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
             e(a, T0 + 5 * S, EventKind::Checkpoint { step: 200, save_ms: 0 }),
             e(b, T0 + 5 * S, EventKind::Checkpoint { step: 300, save_ms: 0 }),
         ]);
@@ -237,18 +237,190 @@ fn a_record_with_events_set_directly_refolds_on_the_next_insert() {
     // As after deserializing: the events are there, the caches are not.
     let full = record(vec![
         sub(T0),
-        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("fs", T0 + 10 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
         e("pre", T0 + 500 * S, EventKind::Preempted { checkpoint_saved: false }),
     ]);
     let mut r = JobRecord::default();
     r.events.clone_from(&full.events);
     assert_eq!(r.seq_of_hash(event_id_hash("fs")), Some(0));
-    r.insert(e("fs2", T0 + 600 * S, EventKind::FirstStep { step: 2 }));
+    r.insert(e("fs2", T0 + 600 * S, EventKind::FirstStep { step: 2, origin: pb::StepOrigin::Unspecified }));
     assert_eq!(r.timeline, Timeline::derive(&r.events));
     assert_eq!((r.timeline.state, r.timeline.runs), (JobState::Running, 2));
     // Equality ignores the caches.
     let again = JobRecord::from_events(r.events.clone());
     assert_eq!(again, r);
+}
+
+// ---- first-step origins ----
+
+fn fs(id: &str, at: i64, step: u64, origin: pb::StepOrigin) -> CompactEvent {
+    e(id, at, EventKind::FirstStep { step, origin })
+}
+
+/// Every insertion order of `events` (all permutations: keep them few) gives the timeline of the canonical
+/// derive, checked after each insert; returns that timeline.
+fn same_in_every_order(events: &[CompactEvent]) -> Timeline {
+    fn permute(prefix: &mut Vec<CompactEvent>, rest: &mut Vec<CompactEvent>, each: &mut dyn FnMut(&[CompactEvent])) {
+        if rest.is_empty() {
+            each(prefix);
+            return;
+        }
+        for i in 0..rest.len() {
+            let ev = rest.remove(i);
+            prefix.push(ev);
+            permute(prefix, rest, each);
+            let ev = prefix.pop().expect("pushed");
+            rest.insert(i, ev);
+        }
+    }
+    let want = JobRecord::from_events(events.to_vec()).timeline;
+    permute(&mut Vec::new(), &mut events.to_vec(), &mut |order| {
+        let mut r = JobRecord::default();
+        for ev in order {
+            r.insert(ev.clone());
+            assert_eq!(r.timeline, Timeline::derive(&r.events), "incremental after {:?}", ev.kind.name());
+        }
+        assert_eq!(r.timeline, want, "order {:?}", order.iter().map(|e| e.at_ms - T0).collect::<Vec<_>>());
+    });
+    want
+}
+
+/// The managed-endpoint case: the adapter sees the container start, the training process reports its first step
+/// five minutes later. Figures by hand: submitted at 0, capacity wait 0..120 s, provisioning 120..200 s,
+/// container start at 200 s, first step at 500 s.
+#[test]
+fn a_container_start_followed_by_the_training_process_first_step_is_preparing_until_it() {
+    let events = vec![
+        sub(T0),
+        queued("q", T0, pb::WaitReason::Capacity),
+        e("p", T0 + 120 * S, EventKind::Preparing { phase: pb::PreparingPhase::Provisioning }),
+        fs("container", T0 + 200 * S, 0, pb::StepOrigin::ContainerStart),
+        fs("trainer", T0 + 500 * S, 1, pb::StepOrigin::TrainingProcess),
+    ];
+    let t = same_in_every_order(&events);
+    assert_eq!(t.state, JobState::Running);
+    assert_eq!(t.first_step_at, Some(T0 + 500 * S));
+    assert_eq!(t.time_to_first_step_ms(), Some(500 * S));
+    assert_eq!(t.first_step_origin, Some(pb::StepOrigin::TrainingProcess));
+    assert_eq!(t.runs, 1, "one run: the container start is not a second first step");
+    assert_eq!(t.preparing_at, Some(T0 + 120 * S));
+    let w: Vec<(String, i64)> = t.initial_wait_ms.iter().map(|(s, v)| (s.label(), *v)).collect();
+    assert_eq!(
+        w,
+        vec![
+            ("unreported".to_string(), 0),
+            ("queued:capacity".to_string(), 120 * S),
+            ("preparing:provisioning".to_string(), 80 * S),
+            ("preparing:environment".to_string(), 300 * S),
+        ]
+    );
+
+    // Before the training process reports, the container start is the first step, marked as such; between the
+    // two the job is running by the container start.
+    let early = JobRecord::from_events(events[..4].to_vec()).timeline;
+    assert_eq!(early.state, JobState::Running);
+    assert_eq!(early.time_to_first_step_ms(), Some(200 * S));
+    assert_eq!(early.first_step_origin, Some(pb::StepOrigin::ContainerStart));
+
+    // Without the container start: the same first step, the environment phase left out.
+    let direct =
+        JobRecord::from_events(vec![events[0].clone(), events[1].clone(), events[2].clone(), events[4].clone()]);
+    assert_eq!(direct.timeline.first_step_at, t.first_step_at);
+    assert_eq!(
+        direct.timeline.initial_wait_ms.get(&Segment::Preparing(pb::PreparingPhase::Provisioning)),
+        Some(&(380 * S))
+    );
+}
+
+#[test]
+fn first_step_origins_combine_by_strength_within_a_run() {
+    use pb::StepOrigin::*;
+    // (origins of the first steps at 100 s, 200 s and 300 s; expected first step time (s) and origin)
+    let table: &[(&[pb::StepOrigin], i64, pb::StepOrigin)] = &[
+        (&[ContainerStart], 100, ContainerStart),
+        (&[SchedulerStart], 100, SchedulerStart),
+        (&[Unspecified], 100, Unspecified),
+        (&[TrainingProcess], 100, TrainingProcess),
+        // A stronger origin later in the run supersedes.
+        (&[ContainerStart, TrainingProcess], 200, TrainingProcess),
+        (&[SchedulerStart, TrainingProcess], 200, TrainingProcess),
+        (&[Unspecified, TrainingProcess], 200, TrainingProcess),
+        (&[ContainerStart, Unspecified], 200, Unspecified),
+        (&[ContainerStart, Unspecified, TrainingProcess], 300, TrainingProcess),
+        // An equal or weaker origin later changes nothing: the earlier one started the run.
+        (&[ContainerStart, SchedulerStart], 100, ContainerStart),
+        (&[Unspecified, Unspecified], 100, Unspecified),
+        (&[TrainingProcess, ContainerStart], 100, TrainingProcess),
+        (&[TrainingProcess, Unspecified, ContainerStart], 100, TrainingProcess),
+        (&[Unspecified, ContainerStart], 100, Unspecified),
+        // A training-process step stamped before the container start (skewed clocks): it stands.
+        (&[TrainingProcess, ContainerStart, TrainingProcess], 100, TrainingProcess),
+    ];
+    for &(origins, first_s, origin) in table {
+        let mut events = vec![sub(T0)];
+        for (i, o) in origins.iter().enumerate() {
+            events.push(fs(&format!("f{i}"), T0 + (i as i64 + 1) * 100 * S, i as u64, *o));
+        }
+        let t = same_in_every_order(&events);
+        assert_eq!(t.first_step_at, Some(T0 + first_s * S), "{origins:?}");
+        assert_eq!(t.first_step_origin, Some(origin), "{origins:?}");
+        assert_eq!(t.runs, 1, "{origins:?}");
+        let environment = t.initial_wait_ms.get(&Segment::Preparing(pb::PreparingPhase::Environment)).copied();
+        let superseded = first_s > 100;
+        assert_eq!(environment, superseded.then_some((first_s - 100) * S), "{origins:?}");
+    }
+}
+
+/// A run boundary between a container start and a training-process step keeps them in different runs: a spot
+/// interruption before the trainer's first step leaves the first run started by the container.
+#[test]
+fn a_run_boundary_keeps_a_container_start_from_being_superseded() {
+    let events = vec![
+        sub(T0),
+        fs("c1", T0 + 100 * S, 0, pb::StepOrigin::ContainerStart),
+        e("x", T0 + 400 * S, EventKind::Preempted { checkpoint_saved: false }),
+        e("rq", T0 + 410 * S, EventKind::Requeued { resume_step: 0 }),
+        fs("c2", T0 + 600 * S, 0, pb::StepOrigin::ContainerStart),
+        fs("t2", T0 + 900 * S, 1, pb::StepOrigin::TrainingProcess),
+    ];
+    let t = same_in_every_order(&events);
+    assert_eq!(t.first_step_at, Some(T0 + 100 * S));
+    assert_eq!(t.first_step_origin, Some(pb::StepOrigin::ContainerStart));
+    assert_eq!(t.runs, 2);
+    assert_eq!(t.lost_work_ms, 300 * S, "run 1, by the container start, until the interruption");
+    // The requeue wait lasts from the interruption to the trainer's step of run 2 (the second container start is
+    // preparing inside it).
+    assert_eq!(t.requeue_wait_ms, 500 * S);
+    assert_eq!(t.placements.len(), 0);
+    assert_eq!(t.state, JobState::Running);
+}
+
+/// Snapshot parts written before origins existed hold `FirstStep { step }` as postcard variant 4: they read back
+/// as unspecified, and an unspecified first step is still written that way; other origins round-trip.
+#[test]
+fn first_steps_are_stored_compatibly_with_parts_written_before_origins() {
+    #[derive(serde::Serialize)]
+    enum Old {
+        _Submitted,
+        _Queued,
+        _NodeAssigned,
+        _Preparing,
+        FirstStep { step: u64 },
+    }
+    let old = postcard::to_stdvec(&(Some(3u32), Old::FirstStep { step: 77 })).expect("encode");
+    let (attempt, kind): (Option<u32>, EventKind) = postcard::from_bytes(&old).expect("decode");
+    assert_eq!((attempt, &kind), (Some(3), &EventKind::FirstStep { step: 77, origin: pb::StepOrigin::Unspecified }));
+    assert_eq!(postcard::to_stdvec(&(Some(3u32), &kind)).expect("encode"), old);
+    for origin in [pb::StepOrigin::TrainingProcess, pb::StepOrigin::ContainerStart, pb::StepOrigin::SchedulerStart] {
+        let k = EventKind::FirstStep { step: 5, origin };
+        let bytes = postcard::to_stdvec(&k).expect("encode");
+        assert_eq!(bytes[0], 11, "written as the variant after every older one");
+        assert_eq!(postcard::from_bytes::<EventKind>(&bytes).expect("decode"), k);
+    }
+    // Every other kind is written as before (its variant index and fields).
+    let done = EventKind::Done { outcome: pb::Outcome::Failed, exit_code: Some(2) };
+    assert_eq!(postcard::to_stdvec(&done).expect("encode")[0], 10);
+    assert_eq!(postcard::from_bytes::<EventKind>(&postcard::to_stdvec(&done).expect("encode")).expect("decode"), done);
 }
 
 // ---- properties ----
@@ -264,7 +436,10 @@ fn arb_kind() -> impl Strategy<Value = EventKind> {
         (1i32..=5).prop_map(|p| EventKind::Preparing {
             phase: pb::PreparingPhase::try_from(p).unwrap_or(pb::PreparingPhase::Other)
         }),
-        (0u64..10).prop_map(|step| EventKind::FirstStep { step }),
+        (0u64..10, 0i32..4).prop_map(|(step, o)| EventKind::FirstStep {
+            step,
+            origin: pb::StepOrigin::try_from(o).unwrap_or_default()
+        }),
         (0u64..10_000, 0u32..600_000).prop_map(|(step, save_ms)| EventKind::Checkpoint { step, save_ms }),
         any::<bool>().prop_map(|checkpoint_saved| EventKind::Preempted { checkpoint_saved }),
         (0u64..5000).prop_map(|resume_step| EventKind::Requeued { resume_step }),
@@ -412,6 +587,56 @@ proptest! {
         prop_assert_eq!(&r.timeline, &JobRecord::from_events(events).timeline);
     }
 
+    /// The managed-endpoint case under any arrival order: waits before the container start, the container start
+    /// at `c`, the training process's first step `d` later, checkpoints after it, all delivered in a random order
+    /// (the trainer's step before or after the container start, repeats included). The timeline is the same as
+    /// the canonical one at every step, and its figures are the hand-computable ones: the first step is the
+    /// trainer's, one run, the time between the two is `preparing:environment`.
+    #[test]
+    fn a_trainer_first_step_supersedes_the_container_start_in_any_arrival_order(
+        before in proptest::collection::vec((0i64..600, 0usize..3), 0..6),
+        c in 600i64..1200,
+        d in 0i64..900,
+        checkpoints in proptest::collection::vec(1i64..3600, 0..6),
+        order in proptest::collection::vec(any::<prop::sample::Index>(), 0..30),
+        trainer_first in any::<bool>(),
+    ) {
+        let mut events = vec![sub(T0)];
+        for (i, (off, k)) in before.iter().enumerate() {
+            let kind = match k {
+                0 => EventKind::Queued { reason: pb::WaitReason::Capacity, raw_reason: "".into(), estimated_start: None },
+                1 => EventKind::NodeAssigned { nodes: [Arc::from("n1")].into() },
+                _ => EventKind::Preparing { phase: pb::PreparingPhase::ImagePull },
+            };
+            events.push(e(&format!("b{i}"), T0 + off * S, kind));
+        }
+        let container = fs("container", T0 + c * S, 0, pb::StepOrigin::ContainerStart);
+        let trainer = fs("trainer", T0 + (c + d) * S, 1, pb::StepOrigin::TrainingProcess);
+        for (i, off) in checkpoints.iter().enumerate() {
+            events.push(e(&format!("ck{i}"), T0 + (c + d + off) * S, EventKind::Checkpoint { step: 100 * (i as u64 + 1), save_ms: 0 }));
+        }
+        let with_seq = with_seqs(events.iter().cloned().chain([container.clone(), trainer.clone()]).collect());
+        let canonical = JobRecord::from_events(with_seq.clone()).timeline;
+        // Delivery: random picks (repeats), then the two first steps in the chosen order, then everything.
+        let mut delivered: Vec<CompactEvent> = order.iter().map(|ix| with_seq[ix.index(with_seq.len())].clone()).collect();
+        let (cs, tp) = (with_seq[with_seq.len() - 2].clone(), with_seq[with_seq.len() - 1].clone());
+        if trainer_first { delivered.extend([tp, cs]) } else { delivered.extend([cs, tp]) }
+        delivered.extend(with_seq.iter().rev().cloned());
+        let r = insert_checking_every_step(&delivered)?;
+        prop_assert_eq!(&r.timeline, &canonical);
+        let t = &canonical;
+        prop_assert_eq!(t.first_step_at, Some(T0 + (c + d) * S));
+        prop_assert_eq!(t.time_to_first_step_ms(), Some((c + d) * S));
+        prop_assert_eq!(t.first_step_origin, Some(pb::StepOrigin::TrainingProcess));
+        prop_assert_eq!(t.runs, 1);
+        prop_assert_eq!(t.state, JobState::Running);
+        // The container start opened preparing:environment, unless a tie at the same millisecond sorted the
+        // trainer's step first (then the container start came while running and there is no such segment).
+        let env = t.initial_wait_ms.get(&Segment::Preparing(pb::PreparingPhase::Environment)).copied();
+        prop_assert!(env == Some(d * S) || (d == 0 && env.is_none()), "{:?}", env);
+        prop_assert_eq!(t.initial_wait_ms.values().sum::<i64>(), (c + d) * S);
+    }
+
     #[test]
     fn initial_wait_segments_add_up(events in arb_events()) {
         let t = JobRecord::from_events(events).timeline;
@@ -499,10 +724,10 @@ fn goodput_splits_a_job_by_hand_computed_figures() {
         queued("q", T0, pb::WaitReason::Capacity),
         e("n", T0 + 100 * S, EventKind::NodeAssigned { nodes: [Arc::from("n1")].into() }),
         e("p", T0 + 110 * S, EventKind::Preparing { phase: pb::PreparingPhase::ImagePull }),
-        e("f1", T0 + 130 * S, EventKind::FirstStep { step: 1 }),
+        e("f1", T0 + 130 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
         ck("c1", T0 + 530 * S, 500, 30),
         e("x", T0 + 830 * S, EventKind::Preempted { checkpoint_saved: false }),
-        e("f2", T0 + 1030 * S, EventKind::FirstStep { step: 500 }),
+        e("f2", T0 + 1030 * S, EventKind::FirstStep { step: 500, origin: pb::StepOrigin::Unspecified }),
         ck("c2", T0 + 1130 * S, 600, 10),
         e("d", T0 + 1330 * S, EventKind::Done { outcome: pb::Outcome::Failed, exit_code: Some(1) }),
     ]);
@@ -529,7 +754,7 @@ fn goodput_splits_a_job_by_hand_computed_figures() {
     // Waiting again after a node loss: the open requeue wait counts up to now; the run before it is productive.
     let again = record(vec![
         sub(T0),
-        e("f", T0 + 10 * S, EventKind::FirstStep { step: 1 }),
+        e("f", T0 + 10 * S, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::Unspecified }),
         e("l", T0 + 70 * S, EventKind::NodeLost { node: Arc::from("n1") }),
     ]);
     let a = account(&again.timeline, T0 + 100 * S).expect("submitted");
@@ -537,8 +762,33 @@ fn goodput_splits_a_job_by_hand_computed_figures() {
     assert_eq!(a.by_category().iter().sum::<i64>(), a.total);
 }
 
+/// Whether the first step at `sorted[i]` (of `origin`) is superseded, the plain way: some later first step has a
+/// stronger origin (training process > unspecified > container or scheduler start) and no queued, preempted,
+/// node_lost, requeued, restarted or done lies between them.
+fn oracle_superseded(sorted: &[&CompactEvent], i: usize, origin: pb::StepOrigin) -> bool {
+    let rank = |o: pb::StepOrigin| match o {
+        pb::StepOrigin::TrainingProcess => 3,
+        pb::StepOrigin::Unspecified => 2,
+        _ => 1,
+    };
+    for later in &sorted[i + 1..] {
+        match later.kind {
+            EventKind::FirstStep { origin: o, .. } if rank(o) > rank(origin) => return true,
+            EventKind::Queued { .. }
+            | EventKind::Preempted { .. }
+            | EventKind::NodeLost { .. }
+            | EventKind::Requeued { .. }
+            | EventKind::Restarted { .. }
+            | EventKind::Done { .. } => return false,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Run time the plain way: walk the events in canonical order (times clamped to the submit) and add up the
-/// intervals between a run's first step and whatever stopped it, up to `end`.
+/// intervals between a run's first step (one no later first step supersedes) and whatever stopped it, up to
+/// `end`.
 fn oracle_run_ms(events: &[CompactEvent], now: i64) -> Option<(i64, i64)> {
     let mut sorted: Vec<&CompactEvent> = events.iter().collect();
     sorted.sort_by_key(|e| e.sort_key());
@@ -546,11 +796,13 @@ fn oracle_run_ms(events: &[CompactEvent], now: i64) -> Option<(i64, i64)> {
     let mut run = 0;
     let mut since: Option<i64> = None;
     let mut last = submitted;
-    for ev in sorted {
+    for (i, ev) in sorted.iter().enumerate() {
         let at = ev.at_ms.max(submitted);
         last = last.max(at);
         match ev.kind {
-            EventKind::FirstStep { .. } if since.is_none() => since = Some(at),
+            EventKind::FirstStep { origin, .. } if since.is_none() && !oracle_superseded(&sorted, i, origin) => {
+                since = Some(at)
+            }
             EventKind::Queued { .. }
             | EventKind::Preempted { .. }
             | EventKind::NodeLost { .. }

@@ -10,14 +10,25 @@
 //!   later of the run's start and its last checkpoint is lost unless a checkpoint was saved right before the
 //!   preemption. The wait until the next first step counts as requeue wait.
 //! - `done` is terminal: events stamped after it do not change the timeline.
+//! - A first step carries its origin: the training process, a container start (managed adapters, Kueue), a
+//!   scheduler start (Slurm), or unspecified (sources before origins). A first step is *superseded* when a later
+//!   one of a stronger origin ([`super::event::origin_strength`]: training process > unspecified > container or
+//!   scheduler start) follows it in the same run, i.e. with no event that ends a run
+//!   ([`EventKind::ends_run`]) between them in canonical order. A superseded first step is a phase boundary: the
+//!   job is `preparing:environment` from it until the first step that supersedes it, and it never starts a run.
+//!   So a job whose training process reported its first step gets that as its first step (and time to first
+//!   step) whatever order the adapter's container start and the training process's step arrived in, and a job
+//!   with only a container start keeps it as its first step, marked by `first_step_origin`.
 //! - Each `node_assigned` with node names opens a *placement* (further assignments before it ends add nodes to
 //!   it); the placement ends with the run: `preempted`, `node_lost`, `requeued`, `restarted` (which opens a new
 //!   placement on the same nodes), `queued` again, or `done` (by outcome). Per-node statistics read these.
 
+use super::event::origin_strength;
 use super::{CompactEvent, EventKind, JobAttrs};
 use serde::{Deserialize, Serialize};
 use startline_proto::pb;
 use std::collections::BTreeMap;
+use std::num::NonZeroI64;
 use std::sync::Arc;
 
 /// Where a job is now.
@@ -300,6 +311,10 @@ pub struct Timeline {
     pub preparing_at: Option<i64>,
     /// When the first training step of the first run completed.
     pub first_step_at: Option<i64>,
+    /// What `first_step_at` was observed from (set with it): the training process, or the container or scheduler
+    /// start when nothing stronger reported that run's first step.
+    #[serde(default)]
+    pub first_step_origin: Option<pb::StepOrigin>,
     /// The last checkpoint: (time, step).
     pub last_checkpoint: Option<(i64, u64)>,
     /// When it ended.
@@ -362,8 +377,8 @@ impl Timeline {
             // Nothing is derived until the job's `submitted` arrives; the events are kept.
             return Timeline::default();
         };
-        for ev in events {
-            fold.apply(&mut t, ev);
+        for (i, ev) in events.iter().enumerate() {
+            fold.apply(&mut t, ev, &events[i + 1..]);
         }
         fold.finish(&mut t);
         t
@@ -404,6 +419,11 @@ pub struct TimelineFold {
     raw_reason: Option<Arc<str>>,
     /// The estimated start of the last `queued`, likewise.
     estimate: Option<i64>,
+    /// Since the last event that ends a run: when the earliest first step whose origin is not the training
+    /// process happened (its `at_ms`; 0 kept as -1, as this is only a bound to refold from). A first step of a
+    /// stronger origin added after it may supersede it (see [`TimelineFold::weak_first_step_since`]). Eight bytes:
+    /// the fold is kept inline in every record.
+    weak_at: Option<NonZeroI64>,
 }
 
 impl TimelineFold {
@@ -431,6 +451,7 @@ impl TimelineFold {
             max_attempt: 1,
             raw_reason: None,
             estimate: None,
+            weak_at: None,
         };
         Some((fold, t))
     }
@@ -441,8 +462,25 @@ impl TimelineFold {
         self.submitted_key
     }
 
+    /// A time at or before the earliest first step folded since the last event that ends a run whose origin is
+    /// not the training process, if a first step of `strength` ([`origin_strength`]) added after every folded
+    /// event may supersede it: the fold must then start again from there. `None`: such a first step changes
+    /// nothing folded. (Conservative: an unspecified first step after an unspecified one refolds for nothing.)
+    pub fn weak_first_step_since(&self, strength: u8) -> Option<i64> {
+        self.weak_at.filter(|_| strength > 0).map(NonZeroI64::get)
+    }
+
     /// Applies the next event in canonical order to `t` (call [`TimelineFold::finish`] before reading `t`).
-    pub fn apply(&mut self, t: &mut Timeline, ev: &CompactEvent) {
+    /// `later`: the events after it in canonical order (as far as known), which say whether a first step is
+    /// superseded (see the module docs).
+    pub fn apply(&mut self, t: &mut Timeline, ev: &CompactEvent, later: &[CompactEvent]) {
+        match ev.kind {
+            ref k if k.ends_run() => self.weak_at = None,
+            EventKind::FirstStep { origin, .. } if origin != pb::StepOrigin::TrainingProcess => {
+                self.weak_at = self.weak_at.or(NonZeroI64::new(ev.at_ms).or(NonZeroI64::new(-1)));
+            }
+            _ => {}
+        }
         let at = ev.at_ms.max(self.submitted_at);
         if let Some(a) = ev.attempt {
             self.max_attempt = self.max_attempt.max(a);
@@ -483,14 +521,24 @@ impl TimelineFold {
                     switch(t, wait, Segment::Preparing(*phase), at);
                 }
             }
-            EventKind::FirstStep { step } => {
+            EventKind::FirstStep { origin, .. } if superseded(*origin, later) => {
+                // A container or scheduler start the training process's own first step follows: preparing.
+                t.preparing_at.get_or_insert(at);
+                if wait.is_some() {
+                    switch(t, wait, Segment::Preparing(pb::PreparingPhase::Environment), at);
+                }
+            }
+            EventKind::FirstStep { step, origin } => {
                 t.max_step = Some(t.max_step.map_or(*step, |m| m.max(*step)));
                 if run_start.is_none() {
                     close(t, wait, at);
                     if let Some(s) = requeue_wait_start.take() {
                         t.requeue_wait_ms += at - s;
                     }
-                    t.first_step_at.get_or_insert(at);
+                    if t.first_step_at.is_none() {
+                        t.first_step_at = Some(at);
+                        t.first_step_origin = Some(*origin);
+                    }
                     t.runs += 1;
                     if let Some(p) = t.placements.last_mut().filter(|p| p.end == PlacementEnd::Open) {
                         p.first_step_at.get_or_insert(at);
@@ -587,6 +635,23 @@ impl TimelineFold {
             _ => (None, None),
         };
     }
+}
+
+/// Whether a first step of `origin` is superseded by one of `later` (the events after it in canonical order): a
+/// first step of a stronger origin comes before any event that ends a run.
+fn superseded(origin: pb::StepOrigin, later: &[CompactEvent]) -> bool {
+    if origin == pb::StepOrigin::TrainingProcess {
+        return false;
+    }
+    let s = origin_strength(origin);
+    for e in later {
+        match &e.kind {
+            EventKind::FirstStep { origin, .. } if origin_strength(*origin) > s => return true,
+            k if k.ends_run() => return false,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Work lost at `at`: since the later of the run's start and its last checkpoint.

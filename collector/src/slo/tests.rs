@@ -68,9 +68,19 @@ fn standing_rules() {
     assert_eq!(a(&waiting, T0 + 9 * MIN), Some((Standing::Pending { deadline_ms: T0 + 10 * MIN }, false)));
     assert_eq!(a(&waiting, T0 + 10 * MIN), Some((Standing::Bad { at_ms: T0 + 10 * MIN }, true)));
     // Started in time; started late (bad, decided at the deadline).
-    let fast = rec(vec![ev("j", 1, T0 + 10 * MIN, EventKind::FirstStep { step: 1 })]);
+    let fast = rec(vec![ev(
+        "j",
+        1,
+        T0 + 10 * MIN,
+        EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+    )]);
     assert_eq!(a(&fast, T0 + 60 * MIN), Some((Standing::Good { at_ms: T0 + 10 * MIN }, false)));
-    let slow = rec(vec![ev("j", 1, T0 + 25 * MIN, EventKind::FirstStep { step: 1 })]);
+    let slow = rec(vec![ev(
+        "j",
+        1,
+        T0 + 25 * MIN,
+        EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+    )]);
     assert_eq!(a(&slow, T0 + 60 * MIN), Some((Standing::Bad { at_ms: T0 + 10 * MIN }, false)));
     // Failed to start: bad at the failure. Cancelled before the deadline: excluded; after it: bad at the deadline.
     let done = |at, outcome| rec(vec![ev("j", 1, at, EventKind::Done { outcome, exit_code: None })]);
@@ -108,7 +118,12 @@ fn late_first_step_moves_a_breach_to_good_without_double_counting() {
     assert_eq!(e.counts(0, T0 + 11 * MIN, 3_600_000), Counts { good: 0, bad: 1 });
     // The first step, stamped 9 minutes after submit, arrives late.
     let tr = jobs.get_mut("j").expect("job");
-    tr.rec.insert(ev("j", 1, T0 + 9 * MIN, EventKind::FirstStep { step: 1 }));
+    tr.rec.insert(ev(
+        "j",
+        1,
+        T0 + 9 * MIN,
+        EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+    ));
     e.on_job("j", &tr.rec.timeline, &mut tr.slo, T0 + 12 * MIN);
     assert_eq!(e.counts(0, T0 + 12 * MIN, 3_600_000), Counts { good: 1, bad: 0 });
     assert_eq!(e.take_changes(), vec![PageChange { slo: 0, job_id: "j".into(), firing: false }]);
@@ -126,14 +141,30 @@ fn decisions_are_counted_once_and_a_restatement_apart() {
         Tracked::of(JobRecord::from_events(v))
     };
     // Restored history: one good job, assessed before counting starts.
-    jobs.insert("old".to_string(), job("old", vec![ev("old", 1, T0 + MIN, EventKind::FirstStep { step: 1 })]));
+    jobs.insert(
+        "old".to_string(),
+        job(
+            "old",
+            vec![ev(
+                "old",
+                1,
+                T0 + MIN,
+                EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+            )],
+        ),
+    );
     rebuild(&mut e, &mut jobs, T0 + 2 * MIN);
     assert_eq!(e.decisions(0), Decisions::default(), "history is not counted");
     e.start_counting();
     // A job that starts in time: good once, however often it is re-assessed.
     let mut a = job("a", vec![]);
     e.on_job("a", &a.rec.timeline, &mut a.slo, T0 + 2 * MIN);
-    a.rec.insert(ev("a", 1, T0 + 3 * MIN, EventKind::FirstStep { step: 1 }));
+    a.rec.insert(ev(
+        "a",
+        1,
+        T0 + 3 * MIN,
+        EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+    ));
     for now in [T0 + 3 * MIN, T0 + 4 * MIN] {
         e.on_job("a", &a.rec.timeline, &mut a.slo, now);
     }
@@ -142,7 +173,12 @@ fn decisions_are_counted_once_and_a_restatement_apart() {
     e.on_job("b", &b.rec.timeline, &mut b.slo, T0 + 2 * MIN);
     e.on_job("b", &b.rec.timeline, &mut b.slo, T0 + 10 * MIN);
     assert_eq!(e.decisions(0), Decisions { good: 1, bad: 1, restated_good: 0, restated_bad: 0 });
-    b.rec.insert(ev("b", 1, T0 + 9 * MIN, EventKind::FirstStep { step: 1 }));
+    b.rec.insert(ev(
+        "b",
+        1,
+        T0 + 9 * MIN,
+        EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+    ));
     e.on_job("b", &b.rec.timeline, &mut b.slo, T0 + 12 * MIN);
     assert_eq!(e.decisions(0), Decisions { good: 1, bad: 1, restated_good: 1, restated_bad: 0 });
     // The window gauges show the corrected figures (plus the restored job).
@@ -153,7 +189,12 @@ fn decisions_are_counted_once_and_a_restatement_apart() {
     let mut contribs = std::collections::HashMap::new();
     e.begin_group();
     e.on_job("c", &c.rec.timeline, &mut c.slo, T0 + 30 * MIN);
-    c.rec.insert(ev("c", 1, T0 + 5 * MIN, EventKind::FirstStep { step: 1 }));
+    c.rec.insert(ev(
+        "c",
+        1,
+        T0 + 5 * MIN,
+        EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+    ));
     e.on_job("c", &c.rec.timeline, &mut c.slo, T0 + 30 * MIN);
     contribs.insert("c".to_string(), c.slo.clone());
     e.end_group(|id| contribs.get(id).cloned());
@@ -167,8 +208,12 @@ fn decisions_are_counted_once_and_a_restatement_apart() {
 #[test]
 fn late_submitted_places_the_job_by_its_own_times() {
     let mut e = SloEngine::new(vec![urgent_slo()]);
-    let mut rec =
-        JobRecord::from_events(vec![ev("j", 1, T0 - 2 * 86_400_000 + 5 * MIN, EventKind::FirstStep { step: 1 })]);
+    let mut rec = JobRecord::from_events(vec![ev(
+        "j",
+        1,
+        T0 - 2 * 86_400_000 + 5 * MIN,
+        EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+    )]);
     let mut slo = Vec::new();
     e.on_job("j", &rec.timeline, &mut slo, T0);
     assert_eq!(e.counts(0, T0, 28 * 86_400_000).total(), 0, "not covered until submitted arrives");
@@ -209,7 +254,7 @@ proptest! {
             events.push((id.clone(), ev(&id, 0, sub, EventKind::Submitted(attrs(pb::PriorityClass::Urgent)))));
             let fs_at = fs.map(|d| sub + d * MIN).filter(|t| *t <= now);
             let done_at = done.map(|(d, o)| (sub + d * MIN, [pb::Outcome::Failed, pb::Outcome::Cancelled, pb::Outcome::Succeeded][o as usize])).filter(|(t, _)| *t <= now);
-            if let Some(f) = fs_at { events.push((id.clone(), ev(&id, 1, f, EventKind::FirstStep { step: 1 }))); }
+            if let Some(f) = fs_at { events.push((id.clone(), ev(&id, 1, f, EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified }))); }
             if let Some((d, o)) = done_at { events.push((id.clone(), ev(&id, 2, d, EventKind::Done { outcome: o, exit_code: None }))); }
             // What the timeline will hold: done absorbs a later first step, and a first step after done is ignored.
             let eff_fs = match (fs_at, done_at) { (Some(f), Some((d, _))) if f > d => None, (f, _) => f };
@@ -275,7 +320,7 @@ fn percentiles_are_the_exact_order_statistics() {
         let start = sub + ttfs;
         let rec = JobRecord::from_events(vec![
             ev(&id, 0, sub, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
-            ev(&id, 1, start, EventKind::FirstStep { step: 1 }),
+            ev(&id, 1, start, EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified }),
         ]);
         e.on_job(&id, &rec.timeline, &mut Vec::new(), start + 1);
         values.push(ttfs as f64 / 1000.0);
@@ -302,7 +347,7 @@ fn percentiles_of_waits_of_90_and_400_days_are_not_capped() {
         let ttfs = days * DAY + 12_345;
         let rec = JobRecord::from_events(vec![
             ev(&id, 0, start - ttfs, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
-            ev(&id, 1, start, EventKind::FirstStep { step: 1 }),
+            ev(&id, 1, start, EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified }),
         ]);
         e.on_job(&id, &rec.timeline, &mut Vec::new(), start + 1);
         exact.push(ttfs as f64 / 1000.0);
@@ -319,7 +364,12 @@ fn percentiles_of_waits_of_90_and_400_days_are_not_capped() {
         let ttfs = 90 * DAY;
         let rec = JobRecord::from_events(vec![
             ev("ninety", 0, start - ttfs, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
-            ev("ninety", 1, start, EventKind::FirstStep { step: 1 }),
+            ev(
+                "ninety",
+                1,
+                start,
+                EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+            ),
         ]);
         e.on_job("ninety", &rec.timeline, &mut Vec::new(), start + 1);
         (e.status(0, T0 + DAY, 28 * DAY).and_then(|s| s.ttfs_seconds).expect("percentiles"), 90.0 * 86_400.0)
@@ -379,7 +429,12 @@ fn history_counts_each_window_like_an_independent_count_of_decisions() {
         let id = format!("h{n}");
         let rec = JobRecord::from_events(vec![
             ev(&id, 0, sub, EventKind::Submitted(attrs(pb::PriorityClass::Urgent))),
-            ev(&id, 1, sub + wait, EventKind::FirstStep { step: 1 }),
+            ev(
+                &id,
+                1,
+                sub + wait,
+                EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified },
+            ),
         ]);
         e.on_job(&id, &rec.timeline, &mut Vec::new(), sub + wait + 1);
         let good = wait <= def.threshold_ms;

@@ -55,7 +55,7 @@ fn reopen_restores_identical_state_from_snapshots_and_log_tail() {
             &mut seq,
             &[
                 ev("a", "a1", 1_000_000, submitted()),
-                ev("a", "a2", 1_060_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+                ev("a", "a2", 1_060_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
                 ev("b", "b1", 1_000_000, submitted()),
             ],
         );
@@ -79,7 +79,7 @@ fn reopen_restores_identical_state_from_snapshots_and_log_tail() {
                         queue_position: None,
                     }),
                 ),
-                ev("c", "c1", 1_200_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+                ev("c", "c1", 1_200_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
             ],
         );
     }
@@ -131,7 +131,7 @@ fn three_jobs(store: &Store) -> (BTreeMap<String, JobRecord>, u64) {
         &mut seq,
         &[
             ev("a", "a1", 1_000_000, submitted()),
-            ev("a", "a2", 1_060_000, Kind::FirstStep(pb::FirstStep { step: 1 })),
+            ev("a", "a2", 1_060_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() })),
             ev("b", "b1", 1_000_000, submitted()),
         ],
     );
@@ -245,7 +245,12 @@ fn increments_add_only_new_events_and_a_base_supersedes_them() {
     // A base replaces every increment and snapshot from before parts.
     let (key, v6) = encode_snapshot("ab", &mem["ab"]).expect("encode");
     raw_put(&store, "jobs", &key, &v6);
-    write(&store, &mut mem, &mut seq, &[ev("ab", "x1", 1_100_000, Kind::FirstStep(pb::FirstStep { step: 1 }))]);
+    write(
+        &store,
+        &mut mem,
+        &mut seq,
+        &[ev("ab", "x1", 1_100_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }))],
+    );
     base(&store, &mem, &mut marks, seq);
     assert!(jobs_keys(&store, &[snaps::INC_PREFIX]).is_empty());
     assert!(jobs_keys(&store, &[JOB_PREFIX]).is_empty());
@@ -366,7 +371,7 @@ fn the_part_codec_round_trips_every_kind_and_extreme_values_and_detects_damage()
         Kind::Queued(pb::Queued { reason: 2, raw_reason: "Resources".into(), ..Default::default() }),
         Kind::NodeAssigned(pb::NodeAssigned { nodes: vec!["gpu-7".into()], ..Default::default() }),
         Kind::Preparing(pb::Preparing::default()),
-        Kind::FirstStep(pb::FirstStep { step: 3 }),
+        Kind::FirstStep(pb::FirstStep { step: 3, ..Default::default() }),
         Kind::Checkpoint(pb::Checkpoint { step: 1000, save_seconds: 2.5, ..Default::default() }),
         Kind::Preempted(pb::Preempted { reason: "spot".into(), checkpoint_saved: true }),
         Kind::Done(pb::Done { exit_code: Some(-9), ..Default::default() }),

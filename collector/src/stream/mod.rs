@@ -15,7 +15,7 @@
 //! readable by a catch-up ([`Stream::durable`]), only once durable, in cursor order, so a record a subscriber
 //! has seen is never lost by a crash and a reconnect after cursor `c` (reading the store's `stream` tree, then
 //! live) yields exactly the records after `c`. A crash (or a store failure) can lose records nobody was sent
-//! yet: at start (or after the reopen) the event records of log entries past the stream's log marker are
+//! yet: at the next start the event records of log entries past the stream's log marker are
 //! added from the log, and a *resync* change (the job's state now) is written for every job whose event
 //! records lack their changes.
 
@@ -262,6 +262,8 @@ pub struct JobView {
     pub outcome: Option<pb::Outcome>,
     /// Decided start SLOs: (SLO index, good, time to first step ms).
     pub decided: Vec<(u16, bool, Option<i64>)>,
+    /// What the first step was observed from, once the job started.
+    pub first_step_origin: Option<pb::StepOrigin>,
 }
 
 impl JobView {
@@ -279,6 +281,7 @@ impl JobView {
                     _ => None,
                 })
                 .collect(),
+            first_step_origin: t.first_step_at.and(t.first_step_origin),
         }
     }
 }
@@ -301,6 +304,7 @@ pub fn change(
             slo: slo_name(*slo),
             verdict: if *good { "good" } else { "bad" }.to_string(),
             time_to_first_step_seconds: ttfs.map(|ms| ms as f64 / 1000.0),
+            first_step_origin: ttfs.and(after.first_step_origin).unwrap_or_default() as i32,
         })
         .collect();
     if before.state == after.state

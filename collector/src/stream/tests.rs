@@ -81,7 +81,7 @@ fn job_changes_report_state_segment_outcome_and_each_slo_decision_once() {
                 estimated_start: None,
             },
         ),
-        ev("fs", T0 + 300_000, EventKind::FirstStep { step: 1 }),
+        ev("fs", T0 + 300_000, EventKind::FirstStep { step: 1, origin: startline_proto::pb::StepOrigin::Unspecified }),
         ev("ck", T0 + 400_000, EventKind::Checkpoint { step: 100, save_ms: 0 }),
         ev("done", T0 + 900_000, EventKind::Done { outcome: pb::Outcome::Succeeded, exit_code: Some(0) }),
     ];

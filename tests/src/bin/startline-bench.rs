@@ -775,7 +775,7 @@ fn busy_event(shape: Busy, phase: &str, i: usize, t0: i64, rng: &mut u64) -> pb:
         0 => startline_tests::submitted(pb::PoolKind::Dedicated, pb::PriorityClass::Normal, 8),
         1 => Kind::Queued(pb::Queued { reason: pb::WaitReason::Capacity as i32, ..Default::default() }),
         2 => Kind::NodeAssigned(Default::default()),
-        3 => Kind::FirstStep(pb::FirstStep { step: 1 }),
+        3 => Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
         _ => Kind::Checkpoint(pb::Checkpoint { step: at_step as u64, ..Default::default() }),
     };
     startline_tests::event(&job, &format!("e{k}"), at, kind)

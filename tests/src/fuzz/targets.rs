@@ -99,7 +99,7 @@ pub fn protocol_events(job: &str, base_ms: i64) -> Vec<pb::LifecycleEvent> {
             gpu_ids: vec!["0".into(), "1".into()],
         }),
         Kind::Preparing(pb::Preparing { phase: pb::PreparingPhase::ImagePull as i32, message: "pulling".into() }),
-        Kind::FirstStep(pb::FirstStep { step: 1 }),
+        Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }),
         Kind::Checkpoint(pb::Checkpoint { step: 1000, uri: "s3://ckpt/1000".into(), save_seconds: 12.5 }),
         Kind::Preempted(pb::Preempted { reason: "spot-interruption".into(), checkpoint_saved: true }),
         Kind::Requeued(pb::Requeued { resume_step: 1000 }),
@@ -214,7 +214,7 @@ fn mutate_event(rng: &mut Rng, ev: &mut pb::LifecycleEvent) {
         }
         _ => {
             let Some(kind) = ev.kind.as_mut() else {
-                ev.kind = Some(Kind::FirstStep(pb::FirstStep { step: big(rng) }));
+                ev.kind = Some(Kind::FirstStep(pb::FirstStep { step: big(rng), ..Default::default() }));
                 return;
             };
             match kind {
