@@ -15,7 +15,7 @@
 //! readable by a catch-up ([`Stream::durable`]), only once durable, in cursor order, so a record a subscriber
 //! has seen is never lost by a crash and a reconnect after cursor `c` (reading the store's `stream` tree, then
 //! live) yields exactly the records after `c`. A crash (or a store failure) can lose records nobody was sent
-//! yet: at the next start the event records of log entries past the stream's log marker are
+//! yet: at start (or after the reopen) the event records of log entries past the stream's log marker are
 //! added from the log, and a *resync* change (the job's state now) is written for every job whose event
 //! records lack their changes.
 
