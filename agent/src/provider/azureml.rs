@@ -159,13 +159,13 @@ pub fn diff(
     let urgent = j.tags.get("startline-priority").is_some_and(|p| p == "urgent")
         || m.urgent_prefixes.iter().any(|p| j.display_name.starts_with(p.as_str()));
     let (gpu_count, gpu_class, _) = gpus(m, j, vm_size);
-    let mut labels: HashMap<String, String> = j
-        .tags
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "startline-priority" | "team" | "project"))
-        .take(12)
-        .map(|(k, v)| (k.chars().take(64).collect(), super::free_text(v, 256)))
-        .collect();
+    // Azure's tag keys may hold capitals (its own `_aml_system_ComputeTargetStatus`) and any character: mapped
+    // onto valid label keys, or dropped and counted, so no tag can get the job's `submitted` refused.
+    let tags = j.tags.iter().filter(|(k, _)| !matches!(k.as_str(), "startline-priority" | "team" | "project"));
+    let (mut labels, dropped) = super::provider_labels(tags.map(|(k, v)| (k.as_str(), v.as_str())), 13);
+    if dropped > 0 {
+        labels.insert(super::TAGS_DROPPED_LABEL.into(), dropped.to_string());
+    }
     if !j.experiment.is_empty() {
         labels.insert("experiment".into(), super::free_text(&j.experiment, 256));
     }
@@ -185,8 +185,8 @@ pub fn diff(
             gpu_count,
             node_count: j.instance_count,
             region: m.region.clone(),
-            team: j.tags.get("team").cloned().unwrap_or_default(),
-            project: j.tags.get("project").cloned().unwrap_or_default(),
+            team: j.tags.get("team").map(|t| super::attribute(t, 64)).unwrap_or_default(),
+            project: j.tags.get("project").map(|p| super::attribute(p, 128)).unwrap_or_default(),
             labels,
             ..Default::default()
         }),

@@ -33,6 +33,56 @@ pub fn free_text(s: &str, max_bytes: usize) -> String {
     out
 }
 
+/// A provider attribute (a team or project from a tag) made acceptable as an id-like attribute: control
+/// characters become spaces, invisible format characters and line or paragraph separators are left out, and the
+/// text is cut to `max_bytes` at a character boundary.
+pub fn attribute(s: &str, max_bytes: usize) -> String {
+    let visible: String = s
+        .chars()
+        .filter(|c| !startline_proto::validate::is_format_char(*c) && !matches!(c, '\u{2028}' | '\u{2029}'))
+        .collect();
+    free_text(visible.trim(), max_bytes)
+}
+
+/// A provider's tag or label key as a Startline label key (1-64 bytes of `[a-z0-9_.-]`, the collector's rule):
+/// ASCII letters are lowercased, any other character outside the set becomes `_`, and the key is cut to 64
+/// bytes. None for a key with no letter or digit left (nothing recognisable to show).
+pub fn label_key(k: &str) -> Option<String> {
+    let mut out = String::with_capacity(k.len().min(64));
+    for c in k.chars() {
+        if out.len() == 64 {
+            break;
+        }
+        let c = c.to_ascii_lowercase();
+        out.push(if c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-') { c } else { '_' });
+    }
+    out.bytes().any(|b| b.is_ascii_alphanumeric()).then_some(out)
+}
+
+/// Provider tags or labels as Startline labels, at most `room` of them: keys through [`label_key`], values
+/// through [`free_text`] (256 bytes), in the tags' order; a tag whose key maps to nothing, to a key already
+/// taken (`Team` after `team`), or beyond `room` is dropped. Returns the labels and how many tags were dropped.
+/// An adapter never loses a job to the collector's label rules: every key it sends is valid.
+pub fn provider_labels<'a>(
+    tags: impl IntoIterator<Item = (&'a str, &'a str)>,
+    room: usize,
+) -> (std::collections::HashMap<String, String>, usize) {
+    let mut labels = std::collections::HashMap::new();
+    let mut dropped = 0;
+    for (k, v) in tags {
+        match label_key(k) {
+            Some(key) if labels.len() < room && !labels.contains_key(&key) => {
+                labels.insert(key, free_text(v, 256));
+            }
+            _ => dropped += 1,
+        }
+    }
+    (labels, dropped)
+}
+
+/// The label that counts provider tags left out of a job's labels ([`provider_labels`]).
+pub const TAGS_DROPPED_LABEL: &str = "tags_dropped";
+
 /// The `first_step` an adapter sends when it sees the training container start (SageMaker's `Training`, Vertex
 /// AI's `startTime`, Azure ML's `Running`, a Kueue workload's pods ready): step 0, origin `container_start`. It is
 /// the adapter's nearest signal, not the training loop's first step; a first step the training process reports
@@ -291,5 +341,49 @@ mod poll_error_tests {
         assert_eq!(PollError::http("sagemaker", 400, aws).kind, PollErrorKind::HttpStatus);
         assert_eq!(PollError::http("vertex", 503, "unavailable").kind, PollErrorKind::HttpStatus);
         assert!(PollError::http("vertex", 503, &"x".repeat(2000)).message.len() < 600, "the body is cut");
+    }
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::{attribute, label_key, provider_labels};
+
+    fn valid_key(k: &str) -> bool {
+        !k.is_empty()
+            && k.len() <= 64
+            && k.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'.' | b'-'))
+    }
+
+    #[test]
+    fn provider_keys_become_valid_label_keys_or_are_dropped_with_a_count() {
+        assert_eq!(label_key("_aml_system_ComputeTargetStatus").as_deref(), Some("_aml_system_computetargetstatus"));
+        assert_eq!(label_key("Cost Center/ID").as_deref(), Some("cost_center_id"));
+        assert_eq!(label_key("mlflow.source.git.repoURL").as_deref(), Some("mlflow.source.git.repourl"));
+        assert_eq!(label_key("équipe").as_deref(), Some("_quipe"));
+        assert_eq!(label_key("日本"), None, "nothing recognisable left");
+        assert_eq!(label_key(""), None);
+        assert_eq!(label_key(&"K".repeat(300)).map(|k| k.len()), Some(64));
+        let tags = [("Team", "a"), ("team", "b"), ("日本", "c"), ("x", "d\ne"), ("y", "1"), ("z", "2")];
+        let (labels, dropped) = provider_labels(tags.iter().map(|(k, v)| (*k, *v)), 3);
+        assert_eq!(labels.len(), 3);
+        assert_eq!(labels.get("team").map(String::as_str), Some("a"), "the first of two keys that map alike");
+        assert_eq!(labels.get("x").map(String::as_str), Some("d e"));
+        assert_eq!(dropped, 3, "a collision, an unmappable key and one over the room");
+        assert!(labels.keys().all(|k| valid_key(k)));
+        assert_eq!(attribute("  nlp\u{200B}-team\n", 64), "nlp-team");
+        assert_eq!(attribute(&"é".repeat(100), 64).len(), 64);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_mapped_key_passes_the_collectors_rule(tags in proptest::collection::btree_map(".{0,80}", ".{0,300}", 0..40)) {
+            let (labels, dropped) = provider_labels(tags.iter().map(|(k, v)| (k.as_str(), v.as_str())), 13);
+            proptest::prop_assert!(labels.len() <= 13);
+            proptest::prop_assert_eq!(labels.len() + dropped, tags.len());
+            for (k, v) in &labels {
+                proptest::prop_assert!(valid_key(k), "{:?}", k);
+                proptest::prop_assert!(v.len() <= 256 && !v.chars().any(char::is_control));
+            }
+        }
     }
 }

@@ -127,13 +127,13 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
     let first_sight = mem.emitted.is_empty();
     let urgent = j.labels.get("startline-priority").is_some_and(|p| p == "urgent")
         || m.urgent_prefixes.iter().any(|p| j.display_name.starts_with(p.as_str()));
-    let mut labels: std::collections::HashMap<String, String> = j
-        .labels
-        .iter()
-        .filter(|(k, _)| k.as_str() != "startline-priority")
-        .take(14)
-        .map(|(k, v)| (k.clone(), v.chars().take(256).collect()))
-        .collect();
+    // Google Cloud label keys may hold international characters: mapped onto the collector's rule or dropped
+    // and counted, so no label can get the job's `submitted` refused.
+    let tags = j.labels.iter().filter(|(k, _)| k.as_str() != "startline-priority");
+    let (mut labels, dropped) = super::provider_labels(tags.map(|(k, v)| (k.as_str(), v.as_str())), 14);
+    if dropped > 0 {
+        labels.insert(super::TAGS_DROPPED_LABEL.into(), dropped.to_string());
+    }
     labels.insert("strategy".into(), j.strategy.to_ascii_lowercase());
     emit(
         &mut mem,
@@ -151,7 +151,7 @@ pub fn diff(m: &Mapping, j: &CustomJob, mem: &JobMemory, now_ms: i64) -> (Vec<pb
             gpu_count: j.gpus,
             node_count: j.replicas.max(1),
             region: location.clone(),
-            team: j.labels.get("team").cloned().unwrap_or_default(),
+            team: j.labels.get("team").map(|t| super::attribute(t, 64)).unwrap_or_default(),
             labels,
             ..Default::default()
         }),

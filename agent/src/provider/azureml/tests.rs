@@ -187,3 +187,52 @@ fn form_bodies_are_url_encoded() {
         "a+b=x%2Fy%3Dz%26&scope=https%3A%2F%2Fmanagement.azure.com%2F.default"
     );
 }
+
+/// A fixture of `tests/fixtures/azureml/` (shapes from Azure's REST API specs and the azure-ai-ml SDK's test
+/// configurations; see the README there).
+fn shared_fixture(name: &str) -> Value {
+    let text = match name {
+        "job-command-system-tags.json" => {
+            include_str!("../../../../tests/fixtures/azureml/job-command-system-tags.json")
+        }
+        "job-pipeline.json" => include_str!("../../../../tests/fixtures/azureml/job-pipeline.json"),
+        other => panic!("no fixture {other}"),
+    };
+    serde_json::from_str(text).expect("json")
+}
+
+fn valid(e: &pb::LifecycleEvent) -> Result<(), startline_proto::validate::FieldError> {
+    startline_proto::validate::validate_event(e, i64::MAX / 4, &Default::default())
+}
+
+/// Azure puts its own tags on jobs (`_aml_system_ComputeTargetStatus`, capitals and all) and users may use any
+/// key: the job's `submitted` used to carry them as label keys and the collector refused it, so the job never
+/// appeared. Keys are mapped onto the collector's rule or dropped with a count.
+#[test]
+fn tags_with_capitals_or_any_character_never_cost_the_job_its_submitted() {
+    let j = parse_job(&shared_fixture("job-command-system-tags.json")).expect("job");
+    let (evs, _) = diff(&mapping(), &j, "", None, &JobMemory::default(), j.created_ms + 60_000);
+    assert_eq!(kinds(&evs), ["submitted", "first_step", "done:Succeeded"]);
+    for e in &evs {
+        valid(e).unwrap_or_else(|err| panic!("{err:?}: {e:?}"));
+    }
+    let Some(Kind::Submitted(s)) = &evs[0].kind else { panic!("submitted") };
+    assert!(s.labels.get("_aml_system_computetargetstatus").is_some_and(|v| v.contains("AllocationState")));
+    assert_eq!(s.labels.get("experiment").map(String::as_str), Some("Default"));
+
+    // Many tags, odd keys, a team with an invisible character: still one valid submitted, the surplus counted.
+    let mut v = shared_fixture("job-command-system-tags.json");
+    for i in 0..20 {
+        v["properties"]["tags"][format!("Tag {i}")] = "x".into();
+    }
+    v["properties"]["tags"]["日本"] = "y".into();
+    v["properties"]["tags"]["team"] = "nlp\u{200B}".into();
+    let j = parse_job(&v).expect("job");
+    let (evs, _) = diff(&mapping(), &j, "", None, &JobMemory::default(), j.created_ms + 60_000);
+    valid(&evs[0]).expect("valid submitted");
+    let Some(Kind::Submitted(s)) = &evs[0].kind else { panic!("submitted") };
+    assert_eq!(s.team, "nlp");
+    assert!(s.labels.len() <= 16);
+    // 22 tags besides team: 13 kept, 9 dropped (the unmappable key among them).
+    assert_eq!(s.labels.get(super::super::TAGS_DROPPED_LABEL).map(String::as_str), Some("9"));
+}
