@@ -394,6 +394,17 @@ fn compare_table(v: &serde_json::Value) -> String {
         }
         let mean = |s: &serde_json::Value| f(&s["ttfs_seconds"]["mean"]["value"]);
         out += &row("ttfs mean", mean(l), mean(r));
+        for (key, name) in [
+            ("training_process", "first step: training process"),
+            ("container_start", "first step: container start"),
+            ("scheduler_start", "first step: scheduler start"),
+            ("unspecified", "first step: unspecified"),
+        ] {
+            let n = |s: &serde_json::Value| s["first_step_sources"][key].as_u64().unwrap_or(0);
+            if n(l) + n(r) > 0 {
+                out += &row(name, n(l).to_string(), n(r).to_string());
+            }
+        }
         for (i, s) in l["slo"].as_array().into_iter().flatten().enumerate() {
             let rc = &r["slo"][i];
             let c =
@@ -407,6 +418,10 @@ fn compare_table(v: &serde_json::Value) -> String {
             if d["significant"].as_bool() == Some(true) { "significant at 0.05" } else { "not significant" },
             d["faster"].as_str().unwrap_or("neither")
         );
+        if d["first_step_sources_differ"].as_bool() == Some(true) {
+            out += "warning: the sides' first steps come from different sources (container or scheduler starts \
+                    are earlier than the training process's first step): their times measure different things\n";
+        }
     }
     out
 }

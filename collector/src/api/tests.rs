@@ -80,8 +80,8 @@ fn preparing(phase: pb::PreparingPhase) -> Kind {
     Kind::Preparing(pb::Preparing { phase: phase as i32, message: "pulling".into() })
 }
 
-fn first_step(step: u64) -> Kind {
-    Kind::FirstStep(pb::FirstStep { step, ..Default::default() })
+fn first_step(step: u64, origin: pb::StepOrigin) -> Kind {
+    Kind::FirstStep(pb::FirstStep { step, origin: origin as i32 })
 }
 
 fn done(outcome: pb::Outcome, exit_code: Option<i32>) -> Kind {
@@ -106,7 +106,8 @@ fn events() -> Vec<pb::LifecycleEvent> {
             (t, queued(WaitReason::Capacity, "Resources")),
             (t + 10 * MIN, assigned()),
             (t + 11 * MIN, preparing(PreparingPhase::ImagePull)),
-            (t + 15 * MIN, first_step(0)),
+            // Reported by the training process (its node agent).
+            (t + 15 * MIN, first_step(0, pb::StepOrigin::TrainingProcess)),
             (t + HOUR, Kind::Checkpoint(pb::Checkpoint { step: 500, uri: "s3://ck/500".into(), save_seconds: 12.5 })),
             (t + 3 * HOUR, done(Outcome::Succeeded, Some(0))),
         ],
@@ -125,7 +126,8 @@ fn events() -> Vec<pb::LifecycleEvent> {
             (t, sub),
             (t + MIN, queued(WaitReason::Provisioning, "Starting")),
             (t + 20 * MIN, preparing(PreparingPhase::DataStaging)),
-            (t + 45 * MIN, first_step(1)),
+            // The adapter saw the container start; nothing in the container reported the first step.
+            (t + 45 * MIN, first_step(1, pb::StepOrigin::ContainerStart)),
             (t + 2 * HOUR, Kind::Preempted(pb::Preempted { reason: "spot".into(), checkpoint_saved: false })),
             (t + 2 * HOUR + MIN, Kind::Requeued(pb::Requeued { resume_step: 0 })),
             (t + 3 * HOUR, Kind::Restarted(pb::Restarted { resume_step: 0 })),
@@ -144,7 +146,8 @@ fn events() -> Vec<pb::LifecycleEvent> {
             (t, submitted(Dedicated, "slurm", "gpu-urgent", Normal, "h100", "site-a")),
             (t, queued(WaitReason::Priority, "Priority")),
             (t + 80 * MIN, assigned()),
-            (t + 90 * MIN, first_step(0)),
+            // From an agent older than first-step origins.
+            (t + 90 * MIN, first_step(0, pb::StepOrigin::Unspecified)),
         ],
     );
     // Managed, urgent, running after a short wait.
@@ -154,7 +157,7 @@ fn events() -> Vec<pb::LifecycleEvent> {
         vec![
             (t, submitted(Managed, "vertex", "a3-highgpu-8g", Urgent, "h100", "europe-west4")),
             (t + MIN, queued(WaitReason::Capacity, "STOCKOUT")),
-            (t + 30 * MIN, first_step(0)),
+            (t + 30 * MIN, first_step(0, pb::StepOrigin::TrainingProcess)),
         ],
     );
     // Still queued (its wait counts up to the wall clock).
@@ -434,7 +437,18 @@ async fn slos_and_alerts() {
     assert_eq!(v["name"], "urgent-start");
     assert!(v["status"]["time_to_first_step_seconds"].is_object());
     check(&f, "slo_urgent_7d.json", "/api/v1/slos/urgent-start?window=7d", StatusCode::OK).await;
-    check(&f, "slo_normal_1h.json", "/api/v1/slos/normal-start?window=1h", StatusCode::OK).await;
+    // Normal jobs that started: sagemaker/123/train-2 (its container start) and slurm/cluster-b/7 (an older
+    // agent's); over the last hour only the latter, started at 11:30.
+    let sources = |v: &serde_json::Value| {
+        let s = &v["first_step_sources"];
+        [&s["training_process"], &s["container_start"], &s["scheduler_start"], &s["unspecified"]]
+            .map(|n| n.as_u64().expect("count"))
+    };
+    let all = check(&f, "slos.json", "/api/v1/slos", StatusCode::OK).await;
+    assert_eq!(sources(&all["slos"][0]["status"]), [2, 0, 0, 0], "urgent: slurm/cluster-a/100 and vertex, trainers");
+    assert_eq!(sources(&all["slos"][1]["status"]), [0, 1, 0, 1]);
+    let v = check(&f, "slo_normal_1h.json", "/api/v1/slos/normal-start?window=1h", StatusCode::OK).await;
+    assert_eq!(sources(&v["status"]), [0, 0, 0, 1]);
     check_error(&f, "err_slo_unknown.json", "/api/v1/slos/nope", StatusCode::NOT_FOUND).await;
     check_error(&f, "err_slo_window.json", "/api/v1/slos/urgent-start?window=soon", StatusCode::BAD_REQUEST).await;
     check_error(&f, "err_slo_window_long.json", "/api/v1/slos/urgent-start?window=300d", StatusCode::BAD_REQUEST).await;
@@ -481,7 +495,15 @@ async fn overview_and_compare() {
     check(&f, "overview_6h.json", "/api/v1/overview?window=6h", StatusCode::OK).await;
     check_error(&f, "err_overview_window.json", "/api/v1/overview?window=1m", StatusCode::BAD_REQUEST).await;
     check_error(&f, "err_overview_param.json", "/api/v1/overview?by=pool", StatusCode::BAD_REQUEST).await;
-    check(&f, "compare.json", "/api/v1/compare", StatusCode::OK).await;
+    let v = check(&f, "compare.json", "/api/v1/compare", StatusCode::OK).await;
+    // Managed: sagemaker's container start, vertex's trainer; dedicated: slurm/cluster-a/100's trainer,
+    // slurm/cluster-b/7 unspecified (slurm/cluster-a/200 still waits). Different sources: flagged.
+    let all = &v["groups"][0];
+    let l = &all["left"]["first_step_sources"];
+    let r = &all["right"]["first_step_sources"];
+    assert_eq!((l["training_process"].as_u64(), l["container_start"].as_u64()), (Some(1), Some(1)));
+    assert_eq!((r["training_process"].as_u64(), r["unspecified"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(all["difference"]["first_step_sources_differ"], true);
     check(
         &f,
         "compare_by_gpu.json",
@@ -632,7 +654,7 @@ fn many_jobs() -> Vec<pb::LifecycleEvent> {
         }
         let mut kinds = vec![(t, sub), (t, queued(WaitReason::Capacity, "Resources"))];
         if t + wait < NOW {
-            kinds.push((t + wait, first_step(0)));
+            kinds.push((t + wait, first_step(0, pb::StepOrigin::try_from((i % 4) as i32).unwrap_or_default())));
             let end = t + wait + (i % 11) * 20 * MIN;
             if end < NOW {
                 kinds.push((end, done([Outcome::Succeeded, Outcome::Failed][(i % 2) as usize], Some(0))));

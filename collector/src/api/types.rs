@@ -50,6 +50,10 @@ pub struct Job {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events: Option<Vec<Event>>,
     pub first_step_at: Option<String>,
+    /// What `first_step_at` was observed from: `training_process`, or `container_start` / `scheduler_start`
+    /// when only an adapter reported the job's start (no first step of its training process in that run), or
+    /// `unspecified` (sources older than first-step origins); `null` before the first step.
+    pub first_step_origin: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu_class: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -94,6 +98,7 @@ impl Job {
             done_at: opt_time(t.done_at),
             events: None,
             first_step_at: opt_time(t.first_step_at),
+            first_step_origin: t.first_step_at.and(t.first_step_origin).map(|o| o.label()),
             gpu_class: a.map(|a| a.gpu_class.clone()),
             gpu_count: a.map(|a| a.gpu_count),
             job_id: job_id.to_string(),
@@ -290,7 +295,9 @@ impl Event {
             Some(Kind::Preparing(p)) => {
                 ("preparing", Some(EventDetail::Preparing { message: p.message.clone(), phase: p.phase().label() }))
             }
-            Some(Kind::FirstStep(f)) => ("first_step", Some(EventDetail::Step { step: f.step })),
+            Some(Kind::FirstStep(f)) => {
+                ("first_step", Some(EventDetail::FirstStep { origin: f.origin().label(), step: f.step }))
+            }
             Some(Kind::Checkpoint(c)) => (
                 "checkpoint",
                 Some(EventDetail::Checkpoint { save_seconds: c.save_seconds, step: c.step, uri: c.uri.clone() }),
@@ -359,8 +366,9 @@ pub enum EventDetail {
     NodeAssigned { gpu_ids: Vec<String>, nodes: Vec<String> },
     /// `preparing`.
     Preparing { message: String, phase: &'static str },
-    /// `first_step`.
-    Step { step: u64 },
+    /// `first_step`: `origin` is where it was observed (`training_process`, `container_start`,
+    /// `scheduler_start`, `unspecified`).
+    FirstStep { origin: &'static str, step: u64 },
     /// `checkpoint`.
     Checkpoint { save_seconds: f64, step: u64, uri: String },
     /// `preempted`.
@@ -462,6 +470,8 @@ pub struct SloStatus {
     pub burn_rates: Vec<BurnRate>,
     pub compliance: f64,
     pub error_budget_remaining: f64,
+    /// The jobs `time_to_first_step_seconds` covers (started in the window), by where their first step came from.
+    pub first_step_sources: crate::compare::FirstStepSources,
     pub good: u64,
     pub objective: f64,
     pub pending: u64,
@@ -482,6 +492,13 @@ impl SloStatus {
                 .collect(),
             compliance: s.compliance,
             error_budget_remaining: s.error_budget_remaining,
+            first_step_sources: {
+                let mut f = crate::compare::FirstStepSources::default();
+                for (i, n) in s.first_steps_by_origin.iter().enumerate() {
+                    f.add(pb::StepOrigin::try_from(i as i32).unwrap_or_default(), *n);
+                }
+                f
+            },
             good: s.good,
             objective: s.objective,
             pending: s.pending,

@@ -5,6 +5,11 @@
 //!
 //! Time to first step statistics cover jobs that started; jobs still waiting or that ended without starting
 //! are counted beside them (a distribution of started jobs alone flatters a pool that fails to start jobs).
+//!
+//! Each side also counts its started jobs by where their first step came from (the training process, a
+//! container or scheduler start, or unspecified by older sources), and each group says whether the two sides'
+//! sets of sources differ: a managed side measured to its containers' start against a dedicated side measured to
+//! the training loop's first step looks faster by the data loading, compilation and rendezvous it leaves out.
 
 pub mod cost;
 pub mod stats;
@@ -15,6 +20,7 @@ use crate::job::{JobAttrs, Segment};
 use crate::slo::{SloDef, Standing};
 use serde::Serialize;
 use startline_proto::labels::Label;
+use startline_proto::pb;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// An attribute jobs can be selected or grouped by.
@@ -106,6 +112,7 @@ pub struct Query {
 
 #[derive(Default)]
 struct Side {
+    sources: FirstStepSources,
     jobs: u64,
     waiting: u64,
     ended_before_start: u64,
@@ -134,6 +141,49 @@ pub struct CostSummary {
     pub per_job: Option<MeanEstimate>,
     /// Total cost / useful (productive) GPU-hours, with a delta-method 95% interval for a ratio of sums.
     pub per_useful_gpu_hour: Estimate,
+}
+
+/// Started jobs by where their first step (the one their time to first step is measured to) came from.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq, schemars::JsonSchema)]
+pub struct FirstStepSources {
+    /// Reported by the training process (node agent, `emit`, a training-loop library): the real first step.
+    pub training_process: u64,
+    /// The training container's start, as a managed endpoint's adapter (or Kueue's pods ready) saw it, with no
+    /// first step from the training process in the same run: before data loading, compilation and rendezvous.
+    pub container_start: u64,
+    /// The scheduler's start of the job (Slurm), with no first step from the training process in the same run.
+    pub scheduler_start: u64,
+    /// Not said (sources older than first-step origins).
+    pub unspecified: u64,
+}
+
+impl FirstStepSources {
+    /// Counts one first step of `origin`.
+    pub fn add(&mut self, origin: pb::StepOrigin, n: u64) {
+        let slot = match origin {
+            pb::StepOrigin::TrainingProcess => &mut self.training_process,
+            pb::StepOrigin::ContainerStart => &mut self.container_start,
+            pb::StepOrigin::SchedulerStart => &mut self.scheduler_start,
+            pb::StepOrigin::Unspecified => &mut self.unspecified,
+        };
+        *slot = slot.saturating_add(n);
+    }
+
+    /// The sources with at least one first step, as a bit set (by `pb::StepOrigin` number).
+    fn present(&self) -> u8 {
+        [self.unspecified, self.training_process, self.container_start, self.scheduler_start]
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .fold(0, |acc, (i, _)| acc | 1 << i)
+    }
+
+    /// Whether two sets of started jobs measure their first steps from different sources: both have started
+    /// jobs, and a source counts on one side and not on the other.
+    pub fn differ(&self, other: &FirstStepSources) -> bool {
+        let (a, b) = (self.present(), other.present());
+        a != 0 && b != 0 && a != b
+    }
 }
 
 /// A percentile and its 95% confidence interval, seconds.
@@ -217,6 +267,8 @@ pub struct SideReport {
     pub ended_before_start: u64,
     /// Time to first step of the started jobs.
     pub ttfs_seconds: TtfsSummary,
+    /// The started jobs by where their first step came from.
+    pub first_step_sources: FirstStepSources,
     /// Compliance under each SLO covering these jobs.
     pub slo: Vec<SloCompliance>,
     /// Initial waiting by segment.
@@ -242,6 +294,10 @@ pub struct Difference {
     pub faster: Option<&'static str>,
     /// Right median over left median (`null` without a positive left median or when not representable).
     pub p50_ratio_right_over_left: Option<f64>,
+    /// The sides' first steps come from different sources (see [`FirstStepSources::differ`]; e.g. container
+    /// starts on one side, the training process on the other): their times to first step measure different
+    /// things, and the side measured to an earlier point looks faster.
+    pub first_step_sources_differ: bool,
 }
 
 /// The comparison of one group (`all`, or one value of the grouping attribute).
@@ -304,6 +360,7 @@ impl Side {
             (Some(ttfs), _) => {
                 let s = secs(ttfs);
                 self.ttfs.push(s);
+                self.sources.add(t.first_step_origin.unwrap_or_default(), 1);
                 let hour = (t.submitted_at.unwrap_or(0).rem_euclid(86_400_000) / 3_600_000) as usize;
                 if let Some(h) = self.by_hour.get_mut(hour) {
                     h.push(s);
@@ -399,6 +456,7 @@ impl Side {
                 mean: stats::mean_ci(v).map(|(m, lo, hi)| MeanEstimate { value: m, ci95: [lo, hi] }),
                 max: v.last().copied(),
             },
+            first_step_sources: self.sources,
             slo,
             wait_split,
             by_hour,
@@ -489,6 +547,7 @@ fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) ->
         let priced = q.cost.is_some();
         let left = l.summarize(slos, priced);
         let right = r.summarize(slos, priced);
+        let sources_differ = left.first_step_sources.differ(&right.first_step_sources);
         let mw = stats::mann_whitney(&l.ttfs, &r.ttfs);
         let significant = mw.is_some_and(|m| m.p_value < 0.05);
         let faster = match (mw, significant) {
@@ -510,6 +569,7 @@ fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) ->
                 significant,
                 faster,
                 p50_ratio_right_over_left: p50_ratio,
+                first_step_sources_differ: sources_differ,
             },
         });
     }

@@ -439,6 +439,7 @@ fn job() -> impl Strategy<Value = HotJob> {
                     slo: i,
                     standing: if good { Standing::Good { at_ms: 0 } } else { Standing::Bad { at_ms: 0 } },
                     ttfs: None,
+                    first_step_origin: pb::StepOrigin::Unspecified,
                     breached_waiting: false,
                 })
                 .collect();
@@ -560,4 +561,70 @@ fn cost_columns_price_each_side_per_use_or_at_the_amortised_rate() {
     assert!((left.per_job.as_ref().expect("mean").value - 44.0).abs() < 1e-9);
     let right = all.right.cost.as_ref().expect("priced");
     assert!((right.total - 20.0).abs() < 1e-9 && (right.per_useful_gpu_hour.value.expect("r") - 2.0).abs() < 1e-9);
+}
+
+/// Each side counts its started jobs by where their first step came from; a managed side measured to its
+/// containers' start against a dedicated side measured to the training process is flagged. Figures by hand.
+#[test]
+fn sides_count_first_steps_by_source_and_flag_a_difference() {
+    use crate::job::{CompactEvent, EventKind, JobRecord};
+    use pb::StepOrigin::*;
+    const M: i64 = 60_000;
+    let t0 = NOW - 3_600_000;
+    // A job submitted at t0 with first steps `(minutes after submit, origin)`.
+    let job = |kind: pb::PoolKind, first_steps: &[(i64, pb::StepOrigin)]| {
+        let ev = |n: u64, at: i64, kind: EventKind| CompactEvent { at_ms: at, id_hash: n, seq: n, attempt: None, kind };
+        let mut events = vec![ev(1, t0, EventKind::Submitted(attrs(kind, "h100")))];
+        for (i, (m, origin)) in first_steps.iter().enumerate() {
+            events.push(ev(2 + i as u64, t0 + m * M, EventKind::FirstStep { step: i as u64, origin: *origin }));
+        }
+        HotJob { rec: JobRecord::from_events(events), ..HotJob::default() }
+    };
+    let report = |jobs: &[HotJob]| {
+        let mut c = Collector::new(Query {
+            left: Selector::parse("pool_kind=managed").expect("left"),
+            right: Selector::parse("pool_kind=dedicated").expect("right"),
+            by: None,
+            window_ms: 86_400_000,
+            now_ms: NOW,
+            cost: None,
+        });
+        for j in jobs {
+            c.add(j.view());
+        }
+        c.finish(&[]).groups.remove(0)
+    };
+    let managed_a = job(pb::PoolKind::Managed, &[(10, ContainerStart), (15, TrainingProcess)]);
+    let managed_b = job(pb::PoolKind::Managed, &[(5, ContainerStart)]);
+    let dedicated = [
+        job(pb::PoolKind::Dedicated, &[(20, TrainingProcess)]),
+        job(pb::PoolKind::Dedicated, &[(30, TrainingProcess)]),
+    ];
+    let all = report(&[managed_a.clone(), managed_b, dedicated[0].clone(), dedicated[1].clone()]);
+    let s = |tp, cs, ss, un| FirstStepSources {
+        training_process: tp,
+        container_start: cs,
+        scheduler_start: ss,
+        unspecified: un,
+    };
+    assert_eq!(all.left.first_step_sources, s(1, 1, 0, 0));
+    assert_eq!(all.right.first_step_sources, s(2, 0, 0, 0));
+    assert!(all.difference.first_step_sources_differ);
+    // The managed job with the trainer's step is measured to it (15 min), not to its container (10 min).
+    assert_eq!((all.left.started, all.left.ttfs_seconds.max), (2, Some(900.0)));
+    // Both sides measured by the training process: comparable.
+    let fair = report(&[managed_a, dedicated[0].clone()]);
+    assert_eq!(fair.left.first_step_sources, s(1, 0, 0, 0));
+    assert!(!fair.difference.first_step_sources_differ);
+    // A side without started jobs differs from nothing.
+    let one_sided = report(&[job(pb::PoolKind::Managed, &[]), dedicated[0].clone()]);
+    assert_eq!(one_sided.left.first_step_sources, s(0, 0, 0, 0));
+    assert!(!one_sided.difference.first_step_sources_differ);
+    // Unspecified (older agents) on both sides against unspecified: comparable; against scheduler starts: not.
+    let old = report(&[
+        job(pb::PoolKind::Managed, &[(5, Unspecified)]),
+        job(pb::PoolKind::Dedicated, &[(5, SchedulerStart)]),
+    ]);
+    assert_eq!((old.left.first_step_sources, old.right.first_step_sources), (s(0, 0, 0, 1), s(0, 0, 1, 0)));
+    assert!(old.difference.first_step_sources_differ);
 }

@@ -70,6 +70,8 @@ pub struct Contribution {
     pub standing: Standing,
     /// (started at, time to first step) when the job started.
     pub ttfs: Option<(i64, i64)>,
+    /// Where that first step came from (unspecified while the job has not started).
+    pub first_step_origin: pb::StepOrigin,
     /// Whether the job is past its deadline and still waiting for its first step (a per-job page condition).
     pub breached_waiting: bool,
 }
@@ -96,7 +98,8 @@ pub fn assess(slo: u16, def: &SloDef, t: &Timeline, now_ms: i64) -> Option<Contr
         (None, None) if now_ms >= deadline => (Standing::Bad { at_ms: deadline }, true),
         (None, None) => (Standing::Pending { deadline_ms: deadline }, false),
     };
-    Some(Contribution { slo, standing, ttfs, breached_waiting })
+    let first_step_origin = t.first_step_origin.filter(|_| ttfs.is_some()).unwrap_or_default();
+    Some(Contribution { slo, standing, ttfs, first_step_origin, breached_waiting })
 }
 
 /// A change in a per-job page condition, for the alert loop.
@@ -174,6 +177,9 @@ pub struct SloStatus {
     pub pending: u64,
     /// Time-to-first-step percentiles of jobs that started in the window, seconds: p50, p90, p95, p99, max.
     pub ttfs_seconds: Option<Percentiles>,
+    /// Those jobs by where their first step came from, indexed by `pb::StepOrigin` number (unspecified,
+    /// training process, container start, scheduler start).
+    pub first_steps_by_origin: [u64; window::ORIGINS],
 }
 
 /// One point of [`SloEngine::history`].
@@ -396,6 +402,7 @@ impl SloEngine {
         }
         if let Some((started, ttfs)) = c.ttfs {
             w.ttfs(started, ttfs, sign > 0);
+            w.origin(started, c.first_step_origin as usize, sign > 0);
         }
     }
 
@@ -444,6 +451,7 @@ impl SloEngine {
             breached_waiting: self.breached_waiting[i],
             pending,
             ttfs_seconds: percentiles(&w.ttfs_between(now_ms - window_ms, end)),
+            first_steps_by_origin: w.origins_between(now_ms - window_ms, end),
         })
     }
 

@@ -98,6 +98,31 @@ fn standing_rules() {
     assert_eq!(a(&normal, T0), None);
 }
 
+/// An urgent job (10-minute threshold) whose container starts 8 minutes after submit: good by the container start.
+/// The training process's first step, 13 minutes after submit, arrives later: it supersedes the container start,
+/// so the job turns bad (decided at the deadline) and its time to first step and source move with it.
+#[test]
+fn a_trainer_first_step_after_the_container_start_restates_the_decision_and_its_source() {
+    let mut e = SloEngine::new(vec![urgent_slo()]);
+    let mut jobs = BTreeMap::new();
+    let sub = ev("j", 0, T0, EventKind::Submitted(attrs(pb::PriorityClass::Urgent)));
+    let container = ev("j", 1, T0 + 8 * MIN, EventKind::FirstStep { step: 0, origin: pb::StepOrigin::ContainerStart });
+    jobs.insert("j".to_string(), Tracked::of(JobRecord::from_events(vec![sub, container])));
+    rebuild(&mut e, &mut jobs, T0 + 9 * MIN);
+    let status = |e: &SloEngine, now| e.status(0, now, 3_600_000).expect("status");
+    let s = status(&e, T0 + 9 * MIN);
+    assert_eq!((s.good, s.bad), (1, 0));
+    assert_eq!(s.first_steps_by_origin, [0, 0, 1, 0], "one container start");
+    assert_eq!(s.ttfs_seconds.map(|p| p.max), Some(480.0));
+    let tr = jobs.get_mut("j").expect("job");
+    tr.rec.insert(ev("j", 2, T0 + 13 * MIN, EventKind::FirstStep { step: 1, origin: pb::StepOrigin::TrainingProcess }));
+    e.on_job("j", &tr.rec.timeline, &mut tr.slo, T0 + 14 * MIN);
+    let s = status(&e, T0 + 14 * MIN);
+    assert_eq!((s.good, s.bad), (0, 1), "13 minutes is past the threshold");
+    assert_eq!(s.first_steps_by_origin, [0, 1, 0, 0], "the trainer's, not also the container's");
+    assert_eq!(s.ttfs_seconds.map(|p| (p.count, p.max)), Some((1, 780.0)));
+}
+
 #[test]
 fn late_first_step_moves_a_breach_to_good_without_double_counting() {
     let mut e = SloEngine::new(vec![urgent_slo()]);

@@ -31,12 +31,18 @@ impl Counts {
     }
 }
 
+/// Where first steps came from, in the order of `pb::StepOrigin`'s numbers: unspecified, training process,
+/// container start, scheduler start.
+pub const ORIGINS: usize = 4;
+
 /// The window state of one SLO.
 #[derive(Debug, Default)]
 pub struct WindowState {
     counts: BTreeMap<i64, Counts>,
     /// Hour bucket -> the times to first step (ms) of the jobs that started in it.
     hists: BTreeMap<i64, Hour>,
+    /// Hour bucket -> the jobs that started in it, by where their first step came from (see [`ORIGINS`]).
+    origins: BTreeMap<i64, [u64; ORIGINS]>,
 }
 
 fn bucket(ms: i64, width: i64) -> i64 {
@@ -65,6 +71,38 @@ impl WindowState {
         if hour.runs.is_empty() {
             self.hists.remove(&key);
         }
+    }
+
+    /// Adds or removes one started job's first-step origin (`origin`: its `pb::StepOrigin` number, below
+    /// [`ORIGINS`]) in the hour it started, as [`WindowState::ttfs`] adds its time (removing from a pruned hour
+    /// changes nothing).
+    pub fn origin(&mut self, started_ms: i64, origin: usize, add: bool) {
+        let key = bucket(started_ms, HIST_BUCKET_MS);
+        if origin >= ORIGINS {
+            return;
+        }
+        if add {
+            self.origins.entry(key).or_default()[origin] += 1;
+        } else if let Some(h) = self.origins.get_mut(&key) {
+            h[origin] = h[origin].saturating_sub(1);
+            if h.iter().all(|n| *n == 0) {
+                self.origins.remove(&key);
+            }
+        }
+    }
+
+    /// The jobs that started in `[from_ms, to_ms)` (hour-aligned, as [`WindowState::ttfs_between`]) by where
+    /// their first step came from.
+    pub fn origins_between(&self, from_ms: i64, to_ms: i64) -> [u64; ORIGINS] {
+        let mut out = [0; ORIGINS];
+        if to_ms > from_ms {
+            for h in self.origins.range(bucket(from_ms, HIST_BUCKET_MS)..to_ms).map(|(_, h)| h) {
+                for (o, n) in out.iter_mut().zip(h) {
+                    *o += n;
+                }
+            }
+        }
+        out
     }
 
     /// Counts decided in `[from_ms, to_ms)` (minute-aligned: buckets whose start is in the range).
@@ -100,7 +138,7 @@ impl WindowState {
     pub fn memory_bytes(&self) -> usize {
         const ENTRY: usize = 64;
         let runs: usize = self.hists.values().flat_map(|h| &h.runs).map(|r| 24 + r.capacity() * 8).sum();
-        (self.counts.len() + self.hists.len()) * ENTRY + runs
+        (self.counts.len() + self.hists.len()) * ENTRY + self.origins.len() * (ENTRY + 8 * ORIGINS) + runs
     }
 
     /// Running totals of the minute counts from `from_ms` on, for answering many windows at once.
@@ -123,6 +161,7 @@ impl WindowState {
         self.counts = self.counts.split_off(&c);
         let h = bucket(hists_from_ms, HIST_BUCKET_MS);
         self.hists = self.hists.split_off(&h);
+        self.origins = self.origins.split_off(&h);
     }
 
     /// Minute buckets held (for memory accounting and tests).
@@ -259,6 +298,29 @@ impl Running {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// First-step origins count by start hour, as times to first step do: added, removed (a removal from an
+    /// hour never added, or already pruned, changes nothing), read over hour-aligned ranges, pruned with them.
+    #[test]
+    fn origins_count_by_start_hour() {
+        let h = HIST_BUCKET_MS;
+        let mut w = WindowState::default();
+        w.origin(h + 5, 2, true);
+        w.origin(h + 10, 1, true);
+        w.origin(3 * h, 1, true);
+        w.origin(3 * h, 9, true);
+        assert_eq!(w.origins_between(0, 4 * h), [0, 2, 1, 0]);
+        assert_eq!(w.origins_between(2 * h, 4 * h), [0, 1, 0, 0]);
+        assert_eq!(w.origins_between(h + 30, h + 40), [0, 1, 1, 0], "hour-aligned: the whole start hour");
+        assert_eq!(w.origins_between(4 * h, 2 * h), [0; ORIGINS]);
+        w.origin(h, 2, false);
+        w.origin(7 * h, 2, false);
+        assert_eq!(w.origins_between(0, 4 * h), [0, 2, 0, 0]);
+        w.prune_before(0, 2 * h);
+        assert_eq!(w.origins_between(0, 4 * h), [0, 1, 0, 0]);
+        w.origin(3 * h, 1, false);
+        assert!(w.origins.is_empty(), "an hour with no job left is dropped");
+    }
 
     /// The nearest-rank percentile by sorting everything: the oracle.
     fn sorted_quantile(values: &[u64], q: f64) -> Option<u64> {
