@@ -218,6 +218,22 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
         Some(all["right"]["ttfs_seconds"]["p50"]["value"].to_string())
     );
     assert_eq!(attr_of(&dom, "cmp-verdict", "data-significant"), Some(all["difference"]["significant"].to_string()));
+    // Where first steps came from, each count as the API gives it (rows only for sources either side has). The
+    // simulated Vertex AI jobs report only their containers' start, the SageMaker and dedicated ones the training
+    // loop's first step: the sides differ, and the page says so.
+    for key in ["training_process", "container_start", "scheduler_start", "unspecified"] {
+        let (l, r) = (&all["left"]["first_step_sources"][key], &all["right"]["first_step_sources"][key]);
+        let shown = (text_of(&dom, &format!("cmp-left-{key}")), text_of(&dom, &format!("cmp-right-{key}")));
+        if l.as_u64().unwrap_or(0) + r.as_u64().unwrap_or(0) > 0 {
+            assert_eq!(shown, (Some(l.to_string()), Some(r.to_string())), "{key}");
+        } else {
+            assert_eq!(shown, (None, None), "{key}");
+        }
+    }
+    assert!(all["left"]["first_step_sources"]["container_start"].as_u64() > Some(0), "{}", all["left"]);
+    assert_eq!(all["right"]["first_step_sources"]["container_start"], 0);
+    assert_eq!(all["difference"]["first_step_sources_differ"], true);
+    assert!(dom.contains("id=\"cmp-sources-warning\""), "the page warns that the sides measure different things");
     // Cost per useful GPU-hour (priced by the config above); open jobs' cost grows with the clock between the
     // render and the API call, by far less than 0.1%.
     for (id, side) in [("cmp-left-cost", "left"), ("cmp-right-cost", "right")] {

@@ -466,6 +466,53 @@ mod tests {
         }
     }
 
+    /// The first step a collector counts for a simulated job: the training process's first one, else the first
+    /// container start (the simulated runs report one or both per run, the trainer after the container).
+    fn first_step(evs: &[pb::LifecycleEvent]) -> Option<&pb::LifecycleEvent> {
+        let is = |e: &&pb::LifecycleEvent, o: Option<pb::StepOrigin>| match &e.kind {
+            Some(pb::lifecycle_event::Kind::FirstStep(f)) => o.is_none_or(|o| f.origin == o as i32),
+            _ => false,
+        };
+        evs.iter().find(|e| is(e, Some(pb::StepOrigin::TrainingProcess))).or_else(|| evs.iter().find(|e| is(e, None)))
+    }
+
+    /// Each managed run reports its container start; SageMaker's training loop then its own first step, after
+    /// it, in the same run; Vertex AI's never does; dedicated runs report only the training loop's.
+    #[test]
+    fn first_steps_come_from_the_container_and_the_training_loop_as_the_pool_reports_them() {
+        use pb::lifecycle_event::Kind;
+        let pools = model::default_pools();
+        let (mut superseded, mut container_only) = (0, 0);
+        for i in 0..2000 {
+            let evs = job_events(3, i, 1_767_268_800_000, &pools);
+            let Some(Kind::Submitted(s)) = &evs[0].kind else { panic!("submitted first") };
+            let origins: Vec<(i32, i64)> = evs
+                .iter()
+                .filter_map(|e| match &e.kind {
+                    Some(Kind::FirstStep(f)) => Some((f.origin, timestamp_to_ms(e.occurred_at.as_ref()?))),
+                    _ => None,
+                })
+                .collect();
+            let (cs, tp) = (pb::StepOrigin::ContainerStart as i32, pb::StepOrigin::TrainingProcess as i32);
+            match (s.pool_kind == pb::PoolKind::Managed as i32, s.provider.as_str()) {
+                (false, _) => assert!(origins.iter().all(|(o, _)| *o == tp), "{origins:?}"),
+                (true, "vertex") => {
+                    assert!(origins.iter().all(|(o, _)| *o == cs), "{origins:?}");
+                    container_only += usize::from(!origins.is_empty());
+                }
+                (true, _) => {
+                    // Pairs (a job that failed at its start has a container start alone at the end).
+                    for pair in origins.chunks(2).filter(|p| p.len() == 2) {
+                        assert_eq!((pair[0].0, pair[1].0), (cs, tp), "{origins:?}");
+                        assert!(pair[0].1 <= pair[1].1, "{origins:?}");
+                        superseded += 1;
+                    }
+                }
+            }
+        }
+        assert!(superseded > 100 && container_only > 100, "{superseded} {container_only}");
+    }
+
     #[test]
     fn managed_and_dedicated_waits_differ_and_have_heavy_tails() {
         let pools = model::default_pools();
@@ -473,7 +520,7 @@ mod tests {
         let (mut managed, mut dedicated) = (Vec::new(), Vec::new());
         for i in 0..4000 {
             let evs = job_events(11, i, t0, &pools);
-            let first = evs.iter().find(|e| matches!(e.kind, Some(pb::lifecycle_event::Kind::FirstStep(_))));
+            let first = first_step(&evs);
             let (Some(pb::lifecycle_event::Kind::Submitted(s)), Some(f)) = (&evs[0].kind, first) else {
                 continue;
             };
@@ -503,7 +550,7 @@ mod tests {
             p.crunches = vec![crunch];
         }
         let ttfs = |evs: &[pb::LifecycleEvent], sub: i64| {
-            let first = evs.iter().find(|e| matches!(e.kind, Some(Kind::FirstStep(_))))?;
+            let first = first_step(evs)?;
             Some(timestamp_to_ms(first.occurred_at.as_ref()?) - sub)
         };
         let (mut urgent, mut late, mut crunched) = (0, 0, Vec::new());

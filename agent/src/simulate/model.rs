@@ -19,6 +19,12 @@
 //! climb ([`failing_node_ecc`]) and loses or fails far more of its jobs than its pool: the suspect node of the
 //! demo. Some jobs are cancelled or fail before they start; runs write checkpoints every 15-20 minutes and end
 //! succeeded, failed or timed out.
+//!
+//! First steps: the managed adapter reports each run's container start (a `first_step` of origin
+//! `container_start`, where the environment phase begins); the SageMaker jobs' training loop reports its own first
+//! step (origin `training_process`), which supersedes it, the Vertex AI jobs' does not ([`trainer_reports`]), so
+//! their first steps are container starts and the managed-vs-dedicated comparison flags the difference. On
+//! dedicated pools the node agent reports the training loop's first step.
 
 use crate::rng::Rng;
 use startline_proto::pb::{self, lifecycle_event::Kind};
@@ -298,10 +304,14 @@ pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb
     let mut attempt = 1u32;
     loop {
         b.attempt = Some(attempt);
-        b.push(
-            t as i64,
-            Kind::FirstStep(pb::FirstStep { step: step + 1, origin: pb::StepOrigin::TrainingProcess as i32 }),
-        );
+        if trainer_reports(pool) {
+            let adapter = std::mem::replace(&mut b.source, "sim/training-process");
+            b.push(
+                t as i64,
+                Kind::FirstStep(pb::FirstStep { step: step + 1, origin: pb::StepOrigin::TrainingProcess as i32 }),
+            );
+            b.source = adapter;
+        }
         // Spot capacity on managed endpoints is reclaimed far more often than dedicated nodes fail; normal
         // dedicated work is sometimes preempted for urgent jobs; the failing node loses a third of its runs.
         let interrupt_p = if on_failing {
@@ -422,8 +432,20 @@ fn prepare(b: &mut Builder, r: &mut Rng, mut t: f64, managed: bool, urgent: bool
         phase(b, t, pb::PreparingPhase::DataStaging);
         t += if urgent { r.lognormal(0.5 * MIN, 0.5) } else { r.lognormal(1.0 * MIN, 0.8) };
     }
-    phase(b, t, pb::PreparingPhase::Environment);
+    if managed {
+        // The adapter sees the container start; the environment phase inside it is the training loop's to report.
+        b.push(t as i64, Kind::FirstStep(pb::FirstStep { step: 0, origin: pb::StepOrigin::ContainerStart as i32 }));
+    } else {
+        phase(b, t, pb::PreparingPhase::Environment);
+    }
     t + if urgent { r.lognormal(0.5 * MIN, 0.4) } else { r.lognormal(0.75 * MIN, 0.5) }
+}
+
+/// Whether a pool's jobs report their own first step from the training loop: every dedicated job (its node
+/// agent), and managed ones except on Vertex AI, whose simulated jobs run no reporting library (the adapter's
+/// container start is all that is known of their start).
+pub fn trainer_reports(pool: &Pool) -> bool {
+    pool.kind == pb::PoolKind::Dedicated || pool.provider != "vertex"
 }
 
 struct Builder {
