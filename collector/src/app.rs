@@ -337,24 +337,30 @@ pub async fn run_with_clock(
         .map_err(|e| AppError::Reflection(e.to_string()))?;
     // Message size and batch cap are enforced before decoding (see ingest::codec).
     let ingest_server = Guarded::new(IngestServer::new(ingest), auth.clone(), Some(Scope::Ingest));
+    // Health reports and subscriptions are counted before decoding too (readings, filter values).
     let node_health_server = Guarded::new(
-        startline_proto::pb::node_health_service_server::NodeHealthServiceServer::new(
+        crate::ingest::node_health::NodeHealthServer::new(
             crate::ingest::node_health::NodeHealthIngest {
                 writer: health_writer.clone(),
                 clock,
                 max_future_skew_ms: config.limits.max_future_skew_ms,
+                auth: auth.clone(),
             },
+            config.max_message_bytes,
         ),
         auth.clone(),
         Some(Scope::Ingest),
     );
     let stream_server = Guarded::new(
-        startline_proto::pb::stream_service_server::StreamServiceServer::new(crate::export::stream::StreamService {
-            store: store.clone(),
-            stream: stream.clone(),
-            shutdown: shutdown.clone(),
-            clock,
-        }),
+        crate::ingest::subscribe::SubscribeServer::new(
+            crate::export::stream::StreamService {
+                store: store.clone(),
+                stream: stream.clone(),
+                shutdown: shutdown.clone(),
+                clock,
+            },
+            config.max_message_bytes,
+        ),
         auth.clone(),
         Some(Scope::Read),
     );

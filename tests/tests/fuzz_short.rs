@@ -1,5 +1,6 @@
 //! The fuzz harness's short budget (issue 8, item 6): every target (protobuf ingest decoding and validation, the
-//! collector's HTTP API, the node agent's JSON endpoint, the Slurm, SageMaker and Vertex AI parsers) runs
+//! collector's HTTP API, the node agent's JSON endpoint, the Slurm, SageMaker and Vertex AI parsers, the
+//! credential parsers, `NodeHealthService.Report` and `StreamService.Subscribe` requests) runs
 //! 15,000 generated and mutated inputs with no panic, no hang, no broken property and bounded memory, and
 //! reaches both accepted and rejected outcomes, so the mutations get past each parser's first check. The long
 //! run is `startline-fuzz` in release (RELIABILITY.md, "Fuzzing"). The budget is checked as CPU time (under 60 s),

@@ -221,6 +221,114 @@ async fn garbage_mid_stream_ends_the_stream_with_invalid_argument_after_the_dura
     assert_eq!(ids, ["before"]);
 }
 
+const REPORT: &str = "/startline.v1.NodeHealthService/Report";
+const SUBSCRIBE: &str = "/startline.v1.StreamService/Subscribe";
+
+/// The collector's peak resident memory so far, KiB (`VmHWM`).
+fn peak_kib(c: &Collector) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", c.child.id())).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+/// One raw `Report` on a new connection.
+async fn report_raw(c: &Collector, payload: Vec<u8>) -> Result<pb::ReportHealthResponse, Status> {
+    let mut grpc = raw_client(c).await;
+    grpc.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
+    let resp = grpc.unary(tonic::Request::new(payload), PathAndQuery::from_static(REPORT), RawCodec).await?;
+    Ok(pb::ReportHealthResponse::decode(resp.into_inner().as_slice()).expect("answer decodes"))
+}
+
+/// One raw `Subscribe`: the status the call ends with before its first record (`Ok` if a record came).
+async fn subscribe_raw(c: &Collector, payload: Vec<u8>) -> Result<(), Status> {
+    let mut grpc = raw_client(c).await;
+    grpc.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
+    let path = PathAndQuery::from_static(SUBSCRIBE);
+    let mut records = grpc.server_streaming(tonic::Request::new(payload), path, RawCodec).await?.into_inner();
+    tokio::time::timeout(Duration::from_secs(10), records.message()).await.expect("answered in time").map(|_| ())
+}
+
+/// `NodeHealthService.Report` is counted before it is decoded: two million empty readings in 4 MB are refused
+/// naming `reports` without the collector's memory growing by what decoding them takes (hundreds of MB), and so
+/// are too many GPUs in one reading and too many XID errors of one GPU; undecodable bytes are `INVALID_ARGUMENT`
+/// without decoder detail (not `INTERNAL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_are_counted_before_decoding_and_undecodable_ones_are_invalid_argument() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    let before = peak_kib(&c);
+    let started = Instant::now();
+    let err = report_raw(&c, [0x0au8, 0x00].repeat(2_000_000)).await.expect_err("over the reading cap");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("reports: more than 1000"), "{}", err.message());
+    assert!(started.elapsed() < Duration::from_secs(10), "answered after {:?}", started.elapsed());
+    let grew = peak_kib(&c).saturating_sub(before);
+    assert!(grew < 48 * 1024, "the refused request grew the collector's peak by {grew} KiB");
+
+    // One reading with 65 empty GPUs; one GPU with 65 XID errors (packed).
+    let gpus = {
+        let inner = [0x22u8, 0x00].repeat(65);
+        let mut w = vec![0x0a];
+        prost::encoding::encode_varint(inner.len() as u64, &mut w);
+        w.extend(inner);
+        w
+    };
+    let err = report_raw(&c, gpus).await.expect_err("over the GPU cap");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("reports[0].gpus: more than 64"), "{}", err.message());
+    let gpu = pb::GpuHealth { xid_errors: vec![79; 65], ..Default::default() };
+    let many_xids = pb::ReportHealthRequest {
+        reports: vec![pb::NodeHealth { node: "n".into(), gpus: vec![gpu], ..Default::default() }],
+    };
+    let err = report_raw(&c, many_xids.encode_to_vec()).await.expect_err("over the XID cap");
+    assert!(err.message().starts_with("reports[0].gpus[0].xid_errors: more than 64"), "{}", err.message());
+
+    for payload in [GARBAGE.to_vec(), vec![0x0a, 0x05, 0x0a], vec![0x0a]] {
+        let err = report_raw(&c, payload.clone()).await.expect_err("undecodable");
+        assert_eq!(err.code(), Code::InvalidArgument, "{payload:?}: {err:?}");
+        assert_eq!(err.message(), "message: not a valid startline.v1.ReportHealthRequest");
+        assert_no_internal_detail(&err);
+    }
+    // A good reading is still taken.
+    let now = startline_proto::time::ms_to_timestamp(startline_proto::time::now_ms());
+    let ok = pb::ReportHealthRequest {
+        reports: vec![pb::NodeHealth { node: "gpu-1".into(), observed_at: Some(now), ..Default::default() }],
+    };
+    assert_eq!(report_raw(&c, ok.encode_to_vec()).await.expect("stored").accepted, 1);
+}
+
+/// `StreamService.Subscribe` is counted before it is decoded too (64 values per filter list), and undecodable
+/// bytes are `INVALID_ARGUMENT` without decoder detail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_are_counted_before_decoding_and_undecodable_ones_are_invalid_argument() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = Collector::start(&dir.path().join("db"), &[]);
+    let before = peak_kib(&c);
+    let err = subscribe_raw(&c, [0x1au8, 0x00].repeat(2_000_000)).await.expect_err("over the filter cap");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("pools: more than 64 values"), "{}", err.message());
+    let grew = peak_kib(&c).saturating_sub(before);
+    assert!(grew < 24 * 1024, "the refused request grew the collector's peak by {grew} KiB");
+    // 65 priorities in one packed run.
+    let mut packed = vec![0x22, 65];
+    packed.extend([1u8; 65]);
+    let err = subscribe_raw(&c, packed).await.expect_err("over the filter cap");
+    assert!(err.message().starts_with("priorities: more than 64 values"), "{}", err.message());
+    for payload in [GARBAGE.to_vec(), vec![0x1a, 0x05, 0x0a], vec![0x0a]] {
+        let err = subscribe_raw(&c, payload.clone()).await.expect_err("undecodable");
+        assert_eq!(err.code(), Code::InvalidArgument, "{payload:?}: {err:?}");
+        assert_eq!(err.message(), "message: not a valid startline.v1.SubscribeRequest");
+        assert_no_internal_detail(&err);
+    }
+    // A good subscription still gets its records (a progress-free one from the oldest: the first event).
+    still_serves(&c, "subscribed").await;
+    let req = pb::SubscribeRequest { from_oldest: true, ..Default::default() };
+    subscribe_raw(&c, req.encode_to_vec()).await.expect("a record");
+}
+
 /// The HTTP/2 client preface and an empty SETTINGS frame: a handshake, then silence.
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const EMPTY_SETTINGS: [u8; 9] = [0, 0, 0, 0x4, 0, 0, 0, 0, 0];

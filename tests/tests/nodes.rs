@@ -157,3 +157,82 @@ async fn a_node_that_loses_jobs_and_a_node_with_climbing_ecc_errors_are_flagged(
     assert!(err.message().starts_with("reports[1].node:"), "{}", err.message());
     assert_eq!(c.get("/api/v1/nodes/gpu-8").0, 404, "the good reading of a refused batch is not kept");
 }
+
+/// A token restricted to one cluster cannot mark another cluster's node suspect: health readings are held to the
+/// identity's `node_prefixes` and `sources` (the whole request refused with `PERMISSION_DENIED` naming the reading's
+/// field, nothing stored), and events naming a node outside its prefixes are rejected one by one naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readings_and_event_nodes_are_held_to_the_identitys_node_prefixes_and_sources() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = "stl_node_scope_test_token_a";
+    let reader = "stl_node_scope_test_token_r";
+    let hash = |t: &str| startline_collector::auth::TokenHash::of(t).to_config();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[auth.identity]]\nname = \"cluster-a\"\ntoken_hashes = [\"{}\"]\nscopes = [\"ingest\"]\n\
+             job_id_prefixes = [\"a/\"]\nsources = [\"agent-a\"]\nnode_prefixes = [\"a-\"]\n\
+             [[auth.identity]]\nname = \"reader\"\ntoken_hashes = [\"{}\"]\nscopes = [\"read\"]\n",
+            hash(token),
+            hash(reader)
+        ),
+    )
+    .expect("config");
+    let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf8")]);
+    let authed = |m: &mut tonic::metadata::MetadataMap| {
+        m.insert("authorization", format!("Bearer {token}").parse().expect("metadata"));
+    };
+    let now = startline_proto::time::ms_to_timestamp(startline_proto::time::now_ms());
+    let reading = |node: &str, source: &str| pb::NodeHealth {
+        node: node.into(),
+        observed_at: Some(now),
+        source: source.into(),
+        gpus: vec![pb::GpuHealth { ecc_corrected: Some(50_000), ..Default::default() }],
+    };
+    let mut client =
+        pb::node_health_service_client::NodeHealthServiceClient::connect(c.endpoint()).await.expect("connect");
+    let report = |reports: Vec<pb::NodeHealth>| {
+        let mut r = tonic::Request::new(pb::ReportHealthRequest { reports });
+        authed(r.metadata_mut());
+        r
+    };
+    // Another cluster's node, or a source the identity may not use: refused whole, naming the reading's field.
+    for (reports, field) in [
+        (vec![reading("a-gpu-1", "agent-a"), reading("b-gpu-1", "agent-a")], "reports[1].node"),
+        (vec![reading("a-gpu-1", "agent-b")], "reports[0].source"),
+        (vec![reading("a-gpu-1", "")], "reports[0].source"),
+    ] {
+        let err = client.report(report(reports)).await.expect_err("not permitted");
+        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+        assert!(err.message().starts_with(&format!("{field}:")), "{}", err.message());
+        assert!(err.message().contains("cluster-a"), "{}", err.message());
+    }
+    let bearer = format!("Bearer {reader}");
+    let nodes = |path: &str| {
+        let (status, _, body) = startline_tests::http_request(c.http, "GET", path, &[("authorization", &bearer)], "");
+        (status, body)
+    };
+    assert_eq!(nodes("/api/v1/nodes/b-gpu-1").0, 404, "nothing of a refused request is stored");
+    assert_eq!(nodes("/api/v1/nodes/a-gpu-1").0, 404, "nothing of a refused request is stored");
+    // Its own node and source: stored.
+    let ok = client.report(report(vec![reading("a-gpu-1", "agent-a")])).await.expect("permitted").into_inner();
+    assert_eq!(ok.accepted, 1);
+    assert_eq!(nodes("/api/v1/nodes/a-gpu-1").0, 200);
+
+    // Events: a job of its own placed on another cluster's node is rejected naming the node field.
+    let t = startline_proto::time::now_ms() - 3_600_000;
+    let mut evs = job(t, "a/1", "b-gpu-2", false);
+    evs.extend(job(t, "a/2", "a-gpu-2", true));
+    for e in &mut evs {
+        e.source = "agent-a".into();
+    }
+    let mut r = tonic::Request::new(pb::PublishRequest { batch_seq: 1, events: evs });
+    authed(r.metadata_mut());
+    let mut ingest =
+        pb::ingest_service_client::IngestServiceClient::connect(c.endpoint()).await.expect("connect ingest");
+    let ack = ingest.publish_batch(r).await.expect("acked").into_inner();
+    let refused: Vec<(u32, &str)> = ack.rejections.iter().map(|r| (r.index, r.field.as_str())).collect();
+    assert_eq!(refused, vec![(1, "node_assigned.nodes[0]"), (3, "node_lost.node")], "{ack:?}");
+    assert_eq!(ack.accepted, 3 + 4, "{ack:?}");
+}

@@ -12,6 +12,7 @@
 //! scopes = ["ingest"]         # ingest, read, admin (admin implies read)
 //! job_id_prefixes = ["slurm/cluster-a/"]
 //! sources = ["slurm-adapter/cluster-a"]
+//! node_prefixes = ["a-gpu-"]  # node names its health readings and events may name
 //! rate_per_second = 2000      # events (gRPC) or requests (HTTP) per second
 //! burst = 20000
 //! events_per_day = 50000000  # a daily quota (UTC days; counted in memory)
@@ -61,9 +62,12 @@ pub struct IdentitySection {
     /// Job-id prefixes its events must have.
     #[serde(default)]
     pub job_id_prefixes: Vec<String>,
-    /// Sources its events must carry.
+    /// Sources its events and health readings must carry.
     #[serde(default)]
     pub sources: Vec<String>,
+    /// Prefixes of the node names its health readings and events may name.
+    #[serde(default)]
+    pub node_prefixes: Vec<String>,
     /// Rate limit, per second.
     pub rate_per_second: Option<f64>,
     /// Burst (default: one second's worth, at least 1).
@@ -190,6 +194,14 @@ impl AuthSection {
                     ));
                 }
             }
+            for p in &s.node_prefixes {
+                if p.is_empty() {
+                    errs.push(format!(
+                        "{}: an empty prefix permits every node; leave the list empty instead",
+                        at("node_prefixes")
+                    ));
+                }
+            }
             if s.events_per_day == Some(0) {
                 errs.push(format!(
                     "{}: 0 refuses every event; remove the identity's ingest scope instead",
@@ -221,6 +233,7 @@ impl AuthSection {
                     scopes,
                     job_id_prefixes: s.job_id_prefixes.clone(),
                     sources: s.sources.clone(),
+                    node_prefixes: s.node_prefixes.clone(),
                     rate,
                     events_per_day: s.events_per_day,
                 },

@@ -4,8 +4,9 @@
 //! collector module but [`crate::settings`].
 //!
 //! - An [`Identity`] has a name (config-listed, so it is safe as a metric label), [`Scopes`] (`ingest`, `read`,
-//!   `admin`; `admin` implies `read`), optional job-id prefixes and source names its events must match, and an
-//!   optional rate limit in events (ingest) or requests (HTTP) per second.
+//!   `admin`; `admin` implies `read`), optional job-id prefixes and source names its events must match, node-name
+//!   prefixes its health readings and its events' node fields must match, and an optional rate limit in events
+//!   (ingest) or requests (HTTP) per second.
 //! - A client proves an identity with `Authorization: Bearer <token>` (the [`Keyring`] holds the token's SHA-256,
 //!   never the token) or with a client certificate whose DNS or URI subject-alternative name is listed for the
 //!   identity (mTLS, verified against `tls.client_ca_file` by [`tls`]).
@@ -95,8 +96,10 @@ pub struct Identity {
     pub scopes: Scopes,
     /// Job ids its events must start with (empty: any).
     pub job_id_prefixes: Vec<String>,
-    /// Source names its events must carry exactly (empty: any).
+    /// Source names its events and health readings must carry exactly (empty: any).
     pub sources: Vec<String>,
+    /// Node names its health readings and its events' node fields must start with (empty: any).
+    pub node_prefixes: Vec<String>,
     /// Events (ingest) or requests (HTTP) per second, with a burst.
     pub rate: Option<RateSpec>,
     /// Most events per UTC day (ingest only).
@@ -111,6 +114,7 @@ impl Identity {
             scopes: Scopes::ALL,
             job_id_prefixes: Vec::new(),
             sources: Vec::new(),
+            node_prefixes: Vec::new(),
             rate: None,
             events_per_day: None,
         }
@@ -121,10 +125,21 @@ impl Identity {
         if !self.job_id_prefixes.is_empty() && !self.job_id_prefixes.iter().any(|p| job_id.starts_with(p.as_str())) {
             return Err("job_id");
         }
-        if !self.sources.is_empty() && !self.sources.iter().any(|s| s == source) {
+        if !self.permits_source(source) {
             return Err("source");
         }
         Ok(())
+    }
+
+    /// Whether this identity may send an event or a health reading with `source` (one of its `sources`, if any).
+    pub fn permits_source(&self, source: &str) -> bool {
+        self.sources.is_empty() || self.sources.iter().any(|s| s == source)
+    }
+
+    /// Whether this identity may report on `node`: in a health reading, or named by an event (`node_assigned.nodes`,
+    /// `node_lost.node`). Node names must start with one of its `node_prefixes`, if it has any.
+    pub fn permits_node(&self, node: &str) -> bool {
+        self.node_prefixes.is_empty() || self.node_prefixes.iter().any(|p| node.starts_with(p.as_str()))
     }
 }
 

@@ -131,6 +131,7 @@ fn events_outside_prefixes_or_sources_are_not_permitted() {
         scopes: Scopes::default().with(Scope::Ingest),
         job_id_prefixes: vec!["slurm/cluster-a/".into()],
         sources: vec!["slurm-adapter/cluster-a".into()],
+        node_prefixes: vec![],
         rate: None,
         events_per_day: None,
     };
@@ -243,4 +244,21 @@ fn a_daily_quota_refuses_whole_batches_until_the_next_utc_day() {
     assert!(a.take_events_at(&id, 100, t0, 20_001 * day).is_ok());
     assert!(a.take_events_at(&id, 1, t0, 20_001 * day + 5).is_err());
     assert_eq!(a.stats.quota.load(Ordering::Relaxed), 2);
+}
+
+/// `node_prefixes` reaches the identity; an empty prefix (which would permit every node) is a config error.
+#[test]
+fn node_prefixes_are_read_and_an_empty_one_is_refused() {
+    let mut s = ident("a", "tok-a", &["ingest"]);
+    s.node_prefixes = vec!["a-gpu-".into()];
+    let auth = auth_of(&section(vec![s.clone()]));
+    let id = auth.authorize(bearer_creds("Bearer tok-a"), Scope::Ingest).expect("a");
+    assert!(id.permits_node("a-gpu-7") && !id.permits_node("b-gpu-7"));
+    s.node_prefixes.push(String::new());
+    let mut errs = Vec::new();
+    section(vec![s]).validate(&mut errs, false);
+    assert_eq!(
+        errs,
+        vec!["auth.identity[0].node_prefixes: an empty prefix permits every node; leave the list empty instead"]
+    );
 }

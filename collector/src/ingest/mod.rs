@@ -5,13 +5,15 @@
 //!
 //! In front of the edge: [`conn`] caps and times out connections and closes them all at the end of the
 //! shutdown drain and runs TLS handshakes; [`guard`] proves each request's identity and scope; [`codec`] refuses a
-//! batch over the event cap before decoding it.
+//! batch over the event cap (and a health report or a subscription over its caps) before decoding it;
+//! [`subscribe`] serves the stream out's `Subscribe` with that codec.
 
 pub mod codec;
 pub mod conn;
 pub mod guard;
 pub mod node_health;
 pub mod service;
+pub mod subscribe;
 
 pub use crate::health::IngestStats;
 

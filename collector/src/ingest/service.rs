@@ -179,6 +179,13 @@ impl Ingest {
                         IngestStats::add(&self.settings.auth.stats.not_permitted, 1);
                         Err(field_error(field, &format!("not permitted for identity {:?}", identity.name)))
                     }
+                })
+                .and_then(|c| match super::node_health::event_node_refused(identity, &ev) {
+                    None => Ok(c),
+                    Some(field) => {
+                        IngestStats::add(&self.settings.auth.stats.not_permitted, 1);
+                        Err(field_error(&field, &format!("node not permitted for identity {:?}", identity.name)))
+                    }
                 });
             match checked {
                 Ok(compact) => {
