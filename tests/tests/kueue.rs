@@ -75,6 +75,8 @@ struct Store {
     requests: Vec<(Res, &'static str, String)>,
     /// The other job's position in its ClusterQueue, as the visibility API answers it (the sample job is next).
     position: u64,
+    /// Further objects read by path (LocalQueues, ResourceFlavors): GET answers them, 404 otherwise.
+    paths: BTreeMap<String, Value>,
 }
 
 #[derive(Clone, Default)]
@@ -140,6 +142,9 @@ async fn handle(
         )
             .into_response()
     };
+    if let Some(v) = api.0.lock().expect("lock").paths.get(&path).cloned() {
+        return json(200, v);
+    }
     if path == "/apis/kueue.x-k8s.io/v1beta1/namespaces/team-a/localqueues/team-a-queue" {
         return json(
             200,
@@ -309,12 +314,19 @@ fn has(c: &Collector, kind: &str, n: usize) -> bool {
 
 #[test]
 fn workload_fixtures_validate_against_kueues_crd() {
-    let crd = workspace_root().join("tests/fixtures/kueue/kueue.x-k8s.io_workloads.yaml");
+    // Kueue's CRDs for Workloads, LocalQueues and ResourceFlavors (each from Kueue's repository, see their headers).
+    let crds: Vec<std::ffi::OsString> = ["workloads", "localqueues", "resourceflavors"]
+        .iter()
+        .flat_map(|c| {
+            let p = workspace_root().join(format!("tests/fixtures/kueue/kueue.x-k8s.io_{c}.yaml"));
+            [std::ffi::OsString::from("--crd"), p.into_os_string()]
+        })
+        .collect();
     let run = |yaml: &str| -> Vec<Value> {
         let mut child = Command::new("python3")
             .arg(workspace_root().join("tests/python/validate_k8s.py"))
-            .args(["--k8s", "1.30.0", "--crd"])
-            .arg(&crd)
+            .args(["--k8s", "1.30.0"])
+            .args(&crds)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -334,9 +346,13 @@ fn workload_fixtures_validate_against_kueues_crd() {
             let results = run(&std::fs::read_to_string(&p).expect("read"));
             assert_eq!(results.len(), 1, "{}", p.display());
             assert!(results[0]["errors"].as_array().expect("errors").is_empty(), "{}: {}", p.display(), results[0]);
-            if p.file_name().is_some_and(|f| f.to_string_lossy().starts_with("workload-")) {
+            let file = p.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_default();
+            if file.starts_with("workload-") {
                 assert_eq!(results[0]["version"], "crd kueue.x-k8s.io/v1beta1", "{}: checked by the CRD", p.display());
                 n += 1;
+            }
+            if file.starts_with("localqueue-") || file.starts_with("resourceflavor-") {
+                assert_eq!(results[0]["version"], "crd kueue.x-k8s.io/v1beta2", "{}: checked by the CRD", p.display());
             }
         }
     }
@@ -566,4 +582,100 @@ fn a_kueue_job_is_followed_through_list_watch_a_restart_and_a_relist_exactly_onc
     );
     assert!(transitions.is_some_and(|n| n >= 1.0), "{text}");
     drop(second);
+}
+
+fn ms_value(v: &Value) -> Option<i64> {
+    v.as_str()
+        .and_then(|s| humantime::parse_rfc3339(s).ok())
+        .map(|t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64))
+}
+
+/// A GPU job as Kueue's provisioning example writes it (no GPU model in its pod template): the class comes with
+/// the flavor Kueue admits it to, after `submitted` went out. The update reaches the collector's job, and an SLO
+/// selecting that class covers the job. The pool is the LocalQueue's ClusterQueue before admission (read from the
+/// LocalQueue object), and the admission's ClusterQueue once admitted when the LocalQueue could not be read.
+#[test]
+fn attributes_learned_at_admission_reach_the_collectors_job_and_slo_selectors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("collector.toml");
+    std::fs::write(
+        &cfg,
+        "[[slo]]\nname = \"t4-start\"\nthreshold = \"10h\"\nobjective = 95\nwindow = \"2d\"\nselector = { gpu_class = [\"t4\"] }\n",
+    )
+    .expect("config");
+    let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf8")]);
+    // Three hours back: the whole history, up to the finish (20:00 -> 21:10), lies in the past.
+    let shift =
+        (startline_proto::time::now_ms() - 3 * 3_600_000 - ms_of("2024-05-03T20:00:00Z").expect("t0")) / 1000 * 1000;
+    let f = |name: &str| shifted(fixture(name), shift);
+    let api = Api::default();
+    let addr = start_api(&api);
+    {
+        // Kueue's LocalQueue and the GPU flavor, where the adapter reads them (v1beta1 paths, its default).
+        let mut s = api.0.lock().expect("lock");
+        let mut lq = fixture("localqueue-user-queue.json");
+        lq["apiVersion"] = "kueue.x-k8s.io/v1beta1".into();
+        s.paths.insert("/apis/kueue.x-k8s.io/v1beta1/namespaces/default/localqueues/user-queue".into(), lq);
+        let mut flavor = fixture("resourceflavor-gpu.json");
+        flavor["apiVersion"] = "kueue.x-k8s.io/v1beta1".into();
+        s.paths.insert("/apis/kueue.x-k8s.io/v1beta1/resourceflavors/tas-gpu-default".into(), flavor);
+    }
+    // Job A on the readable LocalQueue; job B on one that cannot be read (404).
+    let job_b = |mut w: Value| {
+        w["metadata"]["name"] = "job-sample-job-b-1d2e3".into();
+        w["metadata"]["ownerReferences"][0]["name"] = "sample-job-b".into();
+        w["spec"]["queueName"] = "unreadable-queue".into();
+        w
+    };
+    api.set(Res::Workloads, f("workload-gpu-pending.json"));
+    api.set(Res::Workloads, job_b(f("workload-gpu-pending.json")));
+    let spool = dir.path().join("spool");
+    let _adapter = adapter(&c.endpoint(), addr, &spool, free_port());
+    let a = "/api/v1/jobs/k8s/c1/default/sample-job-8c7d2";
+    let b = "/api/v1/jobs/k8s/c1/default/sample-job-b";
+    wait_until("both jobs queued", Duration::from_secs(60), || {
+        c.get(a).1["state"] == "queued" && c.get(b).1["state"] == "queued"
+    });
+    let (_, ja) = c.get(a);
+    assert_eq!((ja["pool"].as_str(), ja["gpu_class"].as_str()), (Some("cluster-queue"), Some("")), "before admission");
+    assert_eq!(c.get(b).1["pool"], "unreadable-queue", "only the LocalQueue's name is known");
+    assert_eq!(c.get("/api/v1/slos/t4-start").1["status"]["pending"], 0, "no class yet: not covered");
+
+    // Admitted to the GPU flavor.
+    api.set(Res::Workloads, f("workload-gpu-admitted.json"));
+    api.set(Res::Workloads, job_b(f("workload-gpu-admitted.json")));
+    wait_until("the class from the admitted flavor", Duration::from_secs(60), || {
+        c.get(a).1["gpu_class"] == "t4" && c.get(b).1["gpu_class"] == "t4"
+    });
+    let (_, jb) = c.get(b);
+    assert_eq!(jb["pool"], "cluster-queue", "the admission's ClusterQueue");
+    assert_eq!(
+        ms_value(&c.get(a).1["timeline"]["milestones"]["submitted"]),
+        Some(ms_of("2024-05-03T20:00:00Z").expect("t") + shift),
+        "the submit time is the Workload's creation still"
+    );
+    let slo = c.get("/api/v1/slos/t4-start").1;
+    assert_eq!(slo["status"]["pending"], 2, "the SLO selecting the class covers both jobs: {slo}");
+    let listed = c.get("/api/v1/jobs?gpu_class=t4").1;
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(2), "{listed}");
+
+    // Running and finished: decided good under the class's SLO.
+    api.set(Res::Workloads, f("workload-gpu-finished.json"));
+    wait_until("done", Duration::from_secs(60), || c.get(a).1["state"] == "done");
+    let (_, ja) = c.get(a);
+    assert_eq!((ja["gpu_class"].as_str(), ja["pool"].as_str()), (Some("t4"), Some("cluster-queue")));
+    let submitted: Vec<Value> =
+        adapter_events_of(&c, a).into_iter().filter(|(k, _)| k == "submitted").map(|(_, e)| e).collect();
+    assert_eq!(submitted.len(), 2, "the submit and one update: {submitted:?}");
+}
+
+fn adapter_events_of(c: &Collector, job: &str) -> Vec<(String, Value)> {
+    c.get(job).1["events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e["source"] == "kueue-adapter/c1")
+        .map(|e| (e["kind"].as_str().unwrap_or("").to_string(), e))
+        .collect()
 }

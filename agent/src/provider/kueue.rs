@@ -121,7 +121,7 @@ pub struct Workload {
     pub conditions: HashMap<String, Condition>,
     /// `status.admission.clusterQueue`.
     pub cluster_queue: String,
-    /// Flavors assigned (any resource of any pod set), in order.
+    /// Flavors assigned (any resource of any pod set): those of GPU resources first, then the others, each once.
     pub flavors: Vec<String>,
     /// `status.admissionChecks`.
     pub admission_checks: Vec<AdmissionCheck>,
@@ -251,11 +251,16 @@ pub fn parse_workload(v: &Value) -> Option<Workload> {
         .or(first_template["spec"]["priorityClassName"].as_str())
         .unwrap_or("")
         .to_string();
-    let mut flavors = Vec::new();
-    for a in v["status"]["admission"]["podSetAssignments"].as_array().into_iter().flatten() {
-        for f in a["flavors"].as_object().into_iter().flat_map(|o| o.values()).filter_map(Value::as_str) {
-            if !flavors.iter().any(|x| x == f) {
-                flavors.push(f.to_string());
+    // The GPU's flavor names the GPU class; `cpu` and `memory` usually sit in a plain default flavor (and sort
+    // first), so GPU resources' flavors come first.
+    let mut flavors: Vec<String> = Vec::new();
+    for gpu_first in [true, false] {
+        for a in v["status"]["admission"]["podSetAssignments"].as_array().into_iter().flatten() {
+            for (resource, f) in a["flavors"].as_object().into_iter().flatten() {
+                let Some(f) = f.as_str() else { continue };
+                if GPU_RESOURCES.contains(&resource.as_str()) == gpu_first && !flavors.iter().any(|x| x == f) {
+                    flavors.push(f.to_string());
+                }
             }
         }
     }
@@ -363,6 +368,16 @@ pub fn gpu_class(labels: &BTreeMap<String, String>) -> String {
     String::new()
 }
 
+/// The GPU class a ResourceFlavor's name spells (`h100`, `a100-80gb`, `nvidia-tesla-t4`, `spot-l4`): a
+/// `-`/`_`/`.`-separated word of the name that is a known class. Empty when none is (`default-flavor`).
+pub fn gpu_class_named(name: &str) -> String {
+    let name = name.to_ascii_lowercase();
+    name.split(|c: char| !c.is_ascii_alphanumeric())
+        .find_map(|word| GPU_CLASSES.iter().find(|c| **c == word))
+        .map(|c| (*c).to_string())
+        .unwrap_or_default()
+}
+
 /// How Kubernetes objects map onto Startline's attributes.
 #[derive(Debug, Clone, Default)]
 pub struct Mapping {
@@ -385,10 +400,96 @@ pub struct Mapping {
 pub struct Lookups {
     /// The ClusterQueue of the Workload's LocalQueue, read from the LocalQueue object.
     pub cluster_queue: Option<String>,
-    /// Node labels of the first assigned flavor (`spec.nodeLabels` of the ResourceFlavor).
+    /// Node labels of the first assigned flavor, a GPU resource's if any (`spec.nodeLabels` of the
+    /// ResourceFlavor).
     pub flavor_labels: BTreeMap<String, String>,
     /// The Workload's position in its ClusterQueue (visibility API), when known.
     pub position: Option<u64>,
+}
+
+/// The pool: the ClusterQueue, from `--queue` (operator's word), else the admission, else the LocalQueue
+/// object's `spec.clusterQueue`; `plain` for a job without a Workload. None while only the LocalQueue's name is
+/// known.
+fn resolved_pool(m: &Mapping, namespace: &str, wl: Option<&Workload>, look: &Lookups) -> Option<String> {
+    let Some(w) = wl else { return Some("plain".to_string()) };
+    m.queues
+        .get(&format!("{namespace}/{}", w.queue_name))
+        .or_else(|| m.queues.get(&w.queue_name))
+        .cloned()
+        .or_else(|| Some(w.cluster_queue.clone()).filter(|c| !c.is_empty()))
+        .or_else(|| look.cluster_queue.clone().filter(|c| !c.is_empty()))
+}
+
+/// The GPU class as known now: the node labels of the admitted GPU flavor, else its name, else the pod sets'
+/// nodeSelectors, else the pods' (Kueue adds the flavor's node labels to them at admission). Empty before
+/// admission unless the job names its GPU itself.
+fn gpu_class_now(wl: Option<&Workload>, pod_sets: &[PodSet], pods: &[&Pod], look: &Lookups) -> String {
+    let mut class = gpu_class(&look.flavor_labels);
+    if class.is_empty() {
+        class = wl.and_then(|w| w.flavors.first()).map(|f| gpu_class_named(f)).unwrap_or_default();
+    }
+    if class.is_empty() {
+        class = pod_sets.iter().map(|p| gpu_class(&p.node_selector)).find(|c| !c.is_empty()).unwrap_or_default();
+    }
+    if class.is_empty() {
+        class = pods.iter().map(|p| gpu_class(&p.node_selector)).find(|c| !c.is_empty()).unwrap_or_default();
+    }
+    class
+}
+
+/// What [`JobMemory::attributes`] holds for the attributes a `submitted` carried.
+fn attributes_key(pool: &str, class: &str) -> String {
+    format!("{pool}\u{1f}{class}")
+}
+
+/// The job's `submitted` with `pool` and `class`.
+fn submitted_kind(
+    m: &Mapping,
+    namespace: &str,
+    wl: Option<&Workload>,
+    objs: &JobObjects,
+    pod_sets: &[PodSet],
+    pool: &str,
+    class: &str,
+) -> Kind {
+    let gpu_count: u32 = pod_sets.iter().map(|p| p.gpus_per_pod.saturating_mul(p.count)).sum();
+    let node_count: u32 = pod_sets.iter().map(|p| p.count).sum::<u32>().max(1);
+    let labels_src = wl.map(|w| w.labels.clone()).or_else(|| objs.pods.first().map(|p| p.labels.clone()));
+    let labels_src = labels_src.unwrap_or_default();
+    let priority = wl
+        .map(|w| w.priority_class.clone())
+        .filter(|p| !p.is_empty())
+        .or_else(|| objs.pods.first().map(|p| p.priority_class.clone()))
+        .unwrap_or_default();
+    let urgent = !priority.is_empty() && m.urgent_priority_classes.contains(&priority);
+    let team = m.team_label.as_ref().and_then(|l| labels_src.get(l).cloned()).unwrap_or_else(|| namespace.to_string());
+    let mut labels: HashMap<String, String> = HashMap::new();
+    labels.insert("namespace".into(), namespace.to_string());
+    if let Some(w) = wl {
+        if !w.owner_kind.is_empty() {
+            labels.insert("kind".into(), w.owner_kind.clone());
+        }
+        if !w.queue_name.is_empty() {
+            labels.insert("local_queue".into(), super::free_text(&w.queue_name, 256));
+        }
+        labels.insert("workload".into(), super::free_text(&w.name, 256));
+    }
+    if !priority.is_empty() {
+        labels.insert("priority_class".into(), super::free_text(&priority, 256));
+    }
+    Kind::Submitted(pb::Submitted {
+        pool_kind: pb::PoolKind::Dedicated as i32,
+        provider: "kueue".into(),
+        pool: super::attribute(pool, 128),
+        priority: if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal } as i32,
+        gpu_class: super::attribute(class, 64),
+        gpu_count,
+        node_count,
+        region: m.region.clone(),
+        team: super::attribute(&team, 64),
+        labels,
+        ..Default::default()
+    })
 }
 
 /// A Queued for a quota wait: Kueue's reason and raw message, and the queue position when known.
@@ -504,65 +605,31 @@ pub fn diff(
             .collect(),
     };
     let expected_pods: u32 = pod_sets.iter().map(|p| p.count).sum::<u32>().max(1);
+    let pool = resolved_pool(m, namespace, wl, look);
+    let class = gpu_class_now(wl, &pod_sets, &objs.pods, look);
+    let submitted = |pool: &str, class: &str| submitted_kind(m, namespace, wl, objs, &pod_sets, pool, class);
     if !mem.emitted.contains("submitted") {
-        let gpu_count: u32 = pod_sets.iter().map(|p| p.gpus_per_pod.saturating_mul(p.count)).sum();
-        let mut class = gpu_class(&look.flavor_labels);
-        if class.is_empty() {
-            class = pod_sets.iter().map(|p| gpu_class(&p.node_selector)).find(|c| !c.is_empty()).unwrap_or_default();
-        }
-        let labels_src = wl.map(|w| w.labels.clone()).or_else(|| objs.pods.first().map(|p| p.labels.clone()));
-        let labels_src = labels_src.unwrap_or_default();
-        let priority = wl
-            .map(|w| w.priority_class.clone())
-            .filter(|p| !p.is_empty())
-            .or_else(|| objs.pods.first().map(|p| p.priority_class.clone()))
-            .unwrap_or_default();
-        let urgent = !priority.is_empty() && m.urgent_priority_classes.contains(&priority);
-        let pool = match wl {
-            Some(w) => m
-                .queues
-                .get(&format!("{namespace}/{}", w.queue_name))
-                .or_else(|| m.queues.get(&w.queue_name))
-                .cloned()
-                .or_else(|| Some(w.cluster_queue.clone()).filter(|c| !c.is_empty()))
-                .or_else(|| look.cluster_queue.clone())
-                .unwrap_or_else(|| w.queue_name.clone()),
-            None => "plain".to_string(),
-        };
-        let team =
-            m.team_label.as_ref().and_then(|l| labels_src.get(l).cloned()).unwrap_or_else(|| namespace.to_string());
-        let mut labels: HashMap<String, String> = HashMap::new();
-        labels.insert("namespace".into(), namespace.to_string());
-        if let Some(w) = wl {
-            if !w.owner_kind.is_empty() {
-                labels.insert("kind".into(), w.owner_kind.clone());
+        // The LocalQueue's name when its ClusterQueue is not known yet (an update follows once it is).
+        let pool = pool.clone().or_else(|| wl.map(|w| w.queue_name.clone())).unwrap_or_default();
+        emit(&mut mem, "submitted", created, submitted(&pool, &class));
+        mem.attributes = Some(attributes_key(&pool, &class));
+    } else {
+        // Attributes learned after the submit: Kueue picks the flavor (and so the GPU class) at admission, and
+        // the admission names the ClusterQueue. A `submitted` with the job's attributes as now known updates
+        // them at the collector; what was sent is never replaced by something less known.
+        let (sent_pool, sent_class) = mem.attributes.as_deref().and_then(|a| a.split_once('\u{1f}')).unzip();
+        let pool_now = pool.or_else(|| sent_pool.map(str::to_string));
+        let class_now = if class.is_empty() { sent_class.unwrap_or("").to_string() } else { class };
+        if let Some(pool_now) = pool_now {
+            let key = attributes_key(&pool_now, &class_now);
+            if mem.attributes.as_deref() != Some(key.as_str()) {
+                let admitted = wl.and_then(|w| w.conditions.get("QuotaReserved")).filter(|c| c.status);
+                // Dated when Kueue admitted the Workload (else now), after the submit so it sorts as an update.
+                let at = admitted.map_or(now_ms, |q| q.at_ms).max(created + 1);
+                emit(&mut mem, &format!("attributes:{at}"), at, submitted(&pool_now, &class_now));
+                mem.attributes = Some(key);
             }
-            if !w.queue_name.is_empty() {
-                labels.insert("local_queue".into(), super::free_text(&w.queue_name, 256));
-            }
-            labels.insert("workload".into(), super::free_text(&w.name, 256));
         }
-        if !priority.is_empty() {
-            labels.insert("priority_class".into(), super::free_text(&priority, 256));
-        }
-        emit(
-            &mut mem,
-            "submitted",
-            created,
-            Kind::Submitted(pb::Submitted {
-                pool_kind: pb::PoolKind::Dedicated as i32,
-                provider: "kueue".into(),
-                pool: super::free_text(&pool, 256),
-                priority: if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal } as i32,
-                gpu_class: class,
-                gpu_count,
-                node_count: expected_pods,
-                region: m.region.clone(),
-                team: super::free_text(&team, 256),
-                labels,
-                ..Default::default()
-            }),
-        );
     }
 
     let cond = |t: &str| wl.and_then(|w| w.conditions.get(t));

@@ -243,6 +243,10 @@ pub struct JobMemory {
     /// The queue position last reported (Kueue).
     #[serde(default)]
     pub queue_position: Option<u64>,
+    /// The attributes the last `submitted` carried that can be learned after the submit (Kueue: the pool and
+    /// the GPU class, `\u{1f}`-separated): a `submitted` is sent again when they become better known.
+    #[serde(default)]
+    pub attributes: Option<String>,
 }
 
 /// Persisted job memories, in a sled tree of the spool's database.

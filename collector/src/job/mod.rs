@@ -11,6 +11,7 @@ pub mod goodput;
 pub mod nodes;
 mod record;
 mod timeline;
+mod update;
 
 pub use event::{CompactEvent, EventKind, JobAttrs};
 pub use record::{InsertOutcome, JobRecord};
@@ -26,3 +27,5 @@ pub fn event_id_hash(event_id: &str) -> u64 {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod update_tests;

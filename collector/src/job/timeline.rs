@@ -2,7 +2,8 @@
 //!
 //! Rules (also in the README):
 //! - The first `submitted` (by time, then id) gives the attributes and the start of the wait. Events stamped
-//!   before it (clock skew between sources) count as happening at submit time.
+//!   before it (clock skew between sources) count as happening at submit time. A later `submitted` updates the
+//!   attributes with each one it sets (`super::update`), unless it comes after `done`.
 //! - The wait before the first step is split into segments: `unreported` (submitted, no reason yet),
 //!   `queued:<reason>`, `assigned` (nodes assigned, no phase reported), `preparing:<phase>`. Their durations add
 //!   up to the time to first step, or to the time until the job ended if it never started.
@@ -299,7 +300,7 @@ impl<'de> Deserialize<'de> for SegmentTotals {
 pub struct Timeline {
     /// Where the job is now.
     pub state: JobState,
-    /// Attributes from the first `submitted`.
+    /// Attributes from the first `submitted`, as later ones updated them.
     pub attrs: Option<Arc<JobAttrs>>,
     /// When it was submitted.
     pub submitted_at: Option<i64>,
@@ -494,7 +495,14 @@ impl TimelineFold {
         let last_ckpt_at = &mut self.last_ckpt_at;
         let requeue_wait_start = &mut self.requeue_wait_start;
         match &ev.kind {
-            EventKind::Submitted(_) => {}
+            EventKind::Submitted(later) => {
+                // A later `submitted` updates the attributes (`super::update`); the first is where they began.
+                if let Some(cur) = t.attrs.as_ref().filter(|a| !Arc::ptr_eq(a, later)) {
+                    if let Some(updated) = cur.updated_by(later) {
+                        t.attrs = Some(if updated == **later { Arc::clone(later) } else { Arc::new(updated) });
+                    }
+                }
+            }
             EventKind::Queued { reason, raw_reason, estimated_start } => {
                 t.first_queued_at.get_or_insert(at);
                 if run_start.is_some() {

@@ -16,6 +16,18 @@ fn fixture(name: &str) -> Value {
         "pod-unschedulable.json" => include_str!("../../../../tests/fixtures/kueue/pod-unschedulable.json"),
         "pod-container-creating.json" => include_str!("../../../../tests/fixtures/kueue/pod-container-creating.json"),
         "event-pulling.json" => include_str!("../../../../tests/fixtures/kueue/event-pulling.json"),
+        "workload-gpu-pending.json" => include_str!("../../../../tests/fixtures/kueue/workload-gpu-pending.json"),
+        "workload-gpu-admitted.json" => include_str!("../../../../tests/fixtures/kueue/workload-gpu-admitted.json"),
+        "workload-gpu-finished.json" => include_str!("../../../../tests/fixtures/kueue/workload-gpu-finished.json"),
+        "workload-gpu-deleted.json" => include_str!("../../../../tests/fixtures/kueue/workload-gpu-deleted.json"),
+        "workload-podsready-timeout-backoff.json" => {
+            include_str!("../../../../tests/fixtures/kueue/workload-podsready-timeout-backoff.json")
+        }
+        "workload-podsready-timeout-backoff-finished.json" => {
+            include_str!("../../../../tests/fixtures/kueue/workload-podsready-timeout-backoff-finished.json")
+        }
+        "resourceflavor-gpu.json" => include_str!("../../../../tests/fixtures/kueue/resourceflavor-gpu.json"),
+        "localqueue-user-queue.json" => include_str!("../../../../tests/fixtures/kueue/localqueue-user-queue.json"),
         other => panic!("no fixture {other}"),
     };
     serde_json::from_str(text).expect("json")
@@ -196,6 +208,7 @@ fn a_kueue_job_goes_through_quota_provisioning_capacity_pull_eviction_and_finish
         [
             "submitted",
             "queued:Quota:Pending",
+            "submitted",
             "preparing:Provisioning",
             "queued:Capacity:Unschedulable",
             "node_assigned",
@@ -212,14 +225,15 @@ fn a_kueue_job_goes_through_quota_provisioning_capacity_pull_eviction_and_finish
     let times: Vec<i64> = evs.iter().map(at).collect();
     assert_eq!(times[0], ms("2024-03-21T13:40:00Z"), "submitted at creation");
     assert_eq!(times[1], ms("2024-03-21T13:43:00Z"), "quota wait at the condition's transition");
-    assert_eq!(times[2], ms("2024-03-21T13:50:00Z"));
-    assert_eq!(times[3], ms("2024-03-21T13:55:02Z"));
-    assert_eq!(times[4], ms("2024-03-21T13:58:04Z"), "assigned when the last of the two pods is bound");
-    assert_eq!(times[5], ms("2024-03-21T13:58:02Z"));
-    assert_eq!(times[6], ms("2024-03-21T14:10:00Z"));
-    assert_eq!(times[9], ms("2024-03-21T14:21:00Z"), "the second attempt's binding");
-    assert_eq!(times[10], ms("2024-03-21T14:23:00Z"), "PodsReady");
-    assert_eq!(times[11], ms("2024-03-21T15:30:00Z"));
+    assert_eq!(times[2], ms("2024-03-21T13:50:00Z"), "the admission's ClusterQueue, learned at quota reservation");
+    assert_eq!(times[3], ms("2024-03-21T13:50:00Z"));
+    assert_eq!(times[4], ms("2024-03-21T13:55:02Z"));
+    assert_eq!(times[5], ms("2024-03-21T13:58:04Z"), "assigned when the last of the two pods is bound");
+    assert_eq!(times[6], ms("2024-03-21T13:58:02Z"));
+    assert_eq!(times[7], ms("2024-03-21T14:10:00Z"));
+    assert_eq!(times[10], ms("2024-03-21T14:21:00Z"), "the second attempt's binding");
+    assert_eq!(times[11], ms("2024-03-21T14:23:00Z"), "PodsReady");
+    assert_eq!(times[12], ms("2024-03-21T15:30:00Z"));
     match evs[0].kind.as_ref() {
         Some(Kind::Submitted(s)) => {
             assert_eq!((s.gpu_count, s.node_count, s.gpu_class.as_str()), (8, 2, "h100"));
@@ -237,13 +251,17 @@ fn a_kueue_job_goes_through_quota_provisioning_capacity_pull_eviction_and_finish
         }
         other => panic!("{other:?}"),
     }
-    match evs[3].kind.as_ref() {
+    match evs[2].kind.as_ref() {
+        Some(Kind::Submitted(s)) => assert_eq!((s.pool.as_str(), s.gpu_class.as_str()), ("cluster-queue", "h100")),
+        other => panic!("{other:?}"),
+    }
+    match evs[4].kind.as_ref() {
         Some(Kind::Queued(q)) => {
             assert!(q.message.starts_with("0/4 nodes are available: 4 Insufficient nvidia.com/gpu"))
         }
         other => panic!("{other:?}"),
     }
-    match evs[6].kind.as_ref() {
+    match evs[7].kind.as_ref() {
         Some(Kind::Preempted(p)) => {
             assert_eq!(p.reason, "Preempted: Preempted to accommodate a higher priority Workload")
         }
@@ -419,4 +437,144 @@ fn position_moves_worth_reporting() {
     assert!(position_moved(Some(12), 9), "into the first ten");
     assert!(position_moved(Some(3), 2));
     assert!(position_moved(Some(2), 7), "backwards too (a higher-priority Workload arrived)");
+}
+
+/// The GPU job of Kueue's provisioning example: its pod template names no GPU model; Kueue picks the flavor (and
+/// so the class) at admission, and the flavor's node labels say which GPU it is.
+fn gpu_flavor_labels() -> BTreeMap<String, String> {
+    string_map(&fixture("resourceflavor-gpu.json")["spec"]["nodeLabels"])
+}
+
+fn submitted_of(e: &pb::LifecycleEvent) -> &pb::Submitted {
+    match e.kind.as_ref() {
+        Some(Kind::Submitted(s)) => s,
+        other => panic!("not submitted: {other:?}"),
+    }
+}
+
+/// Submitted goes out when the Workload is created, before admission picks the flavor, so the GPU class (and,
+/// while the LocalQueue could not be read, the ClusterQueue) was missing from every job. The admission brings
+/// them: a `submitted` with the job's attributes as now known, dated at the quota reservation, updates the job.
+#[test]
+fn the_gpu_class_and_cluster_queue_learned_at_admission_reach_the_job() {
+    let m = mapping();
+    let pending = workload("workload-gpu-pending.json");
+    let admitted = workload("workload-gpu-admitted.json");
+    assert_eq!(admitted.flavors.first().map(String::as_str), Some("tas-gpu-default"), "the GPU's flavor first");
+    let id = |w: &Workload| (w.namespace.clone(), w.job_name.clone());
+    let (ns, job) = id(&pending);
+    let now = ms("2024-05-03T20:10:00Z");
+    // Pending, the LocalQueue not readable (yet): the LocalQueue's name and no class.
+    let objs = JobObjects { workload: Some(&pending), ..Default::default() };
+    let (evs, mem) = diff(&m, &ns, &job, &objs, &Lookups::default(), &JobMemory::default(), now);
+    assert_eq!(kinds(&evs), ["submitted", "queued:Quota:Pending"]);
+    let s = submitted_of(&evs[0]);
+    assert_eq!((s.pool.as_str(), s.gpu_class.as_str(), s.gpu_count, s.node_count), ("user-queue", "", 3, 3));
+    // Admitted to the GPU flavor: one update with the ClusterQueue and the class from the flavor's node labels.
+    let look = Lookups { flavor_labels: gpu_flavor_labels(), ..Default::default() };
+    let objs = JobObjects { workload: Some(&admitted), ..Default::default() };
+    let (evs, mem) = diff(&m, &ns, &job, &objs, &look, &mem, now);
+    assert_eq!(kinds(&evs), ["submitted"]);
+    let s = submitted_of(&evs[0]);
+    assert_eq!((s.pool.as_str(), s.gpu_class.as_str(), s.gpu_count), ("cluster-queue", "t4", 3));
+    assert_eq!(at(&evs[0]), ms("2024-05-03T20:01:59Z"), "dated at the quota reservation");
+    assert_eq!(evs[0].job_id, "k8s/gke-eu/default/sample-job-8c7d2");
+    assert!(evs[0].event_id.ends_with(&format!(":attributes:{}", ms("2024-05-03T20:01:59Z"))));
+    startline_proto::validate::validate_event(&evs[0], i64::MAX / 4, &Default::default()).expect("valid");
+    // Seen again (a relist, a restart with the memory): nothing more.
+    assert!(diff(&m, &ns, &job, &objs, &look, &mem, now + 60_000).0.is_empty());
+    // The flavor not readable either: the class from the pods, which Kueue gave the flavor's node labels.
+    let mut pod = pod("pod-container-creating.json", "sample-job-8c7d2-0-abcde");
+    pod.node_selector = gpu_flavor_labels();
+    let (_, mem1) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&pending), ..Default::default() },
+        &Lookups::default(),
+        &JobMemory::default(),
+        now,
+    );
+    let objs = JobObjects { workload: Some(&admitted), pods: vec![&pod], ..Default::default() };
+    let (evs, _) = diff(&m, &ns, &job, &objs, &Lookups::default(), &mem1, now);
+    assert_eq!(submitted_of(&evs[0]).gpu_class, "t4");
+    // A flavor named for its GPU says the class by its name alone.
+    let mut h100 = admitted.clone();
+    h100.flavors = vec!["h100-80gb".into(), "default-flavor".into()];
+    let (evs, _) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&h100), ..Default::default() },
+        &Lookups::default(),
+        &mem1,
+        now,
+    );
+    assert_eq!(submitted_of(&evs[0]).gpu_class, "h100");
+    // Evicted (the admission gone), nothing better known: the attributes sent stand, no update.
+    let mut evicted = pending.clone();
+    evicted.conditions.get_mut("QuotaReserved").expect("quota").at_ms = ms("2024-05-03T20:40:00Z");
+    let (evs, _) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&evicted), ..Default::default() },
+        &Lookups::default(),
+        &mem,
+        now,
+    );
+    assert!(!kinds(&evs).contains(&"submitted".to_string()), "{:?}", kinds(&evs));
+}
+
+#[test]
+fn a_flavor_name_spells_a_gpu_class_only_as_a_word() {
+    assert_eq!(gpu_class_named("h100"), "h100");
+    assert_eq!(gpu_class_named("spot-A100-80gb"), "a100");
+    assert_eq!(gpu_class_named("nvidia-tesla-t4"), "t4");
+    assert_eq!(gpu_class_named("default-flavor"), "");
+    assert_eq!(gpu_class_named("pool4"), "", "not a word of its own");
+    assert_eq!(gpu_class_named("tas-gpu-default"), "");
+}
+
+/// The pool is the ClusterQueue the quota is shared in: before admission the LocalQueue object's
+/// `spec.clusterQueue` (Kueue's documented LocalQueue), once admitted `status.admission.clusterQueue`.
+#[test]
+fn the_pool_is_the_local_queues_cluster_queue_before_admission_and_the_admissions_after() {
+    let m = mapping();
+    let lq = fixture("localqueue-user-queue.json");
+    let cq = lq["spec"]["clusterQueue"].as_str().map(str::to_string);
+    let pending = workload("workload-gpu-pending.json");
+    let (ns, job) = (pending.namespace.clone(), pending.job_name.clone());
+    let now = ms("2024-05-03T20:10:00Z");
+    let look = Lookups { cluster_queue: cq.clone(), ..Default::default() };
+    let (evs, mem) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&pending), ..Default::default() },
+        &look,
+        &JobMemory::default(),
+        now,
+    );
+    assert_eq!(submitted_of(&evs[0]).pool, "cluster-queue", "from the LocalQueue object");
+    // Admitted to another ClusterQueue than the LocalQueue pointed at when it was read: the admission's wins.
+    let mut admitted = workload("workload-gpu-admitted.json");
+    admitted.cluster_queue = "gpu-cluster-queue".into();
+    let look = Lookups { cluster_queue: cq, flavor_labels: gpu_flavor_labels(), ..Default::default() };
+    let (evs, _) =
+        diff(&m, &ns, &job, &JobObjects { workload: Some(&admitted), ..Default::default() }, &look, &mem, now);
+    let s = submitted_of(&evs[0]);
+    assert_eq!((s.pool.as_str(), s.gpu_class.as_str()), ("gpu-cluster-queue", "t4"));
+    // First seen admitted: one submitted with everything, no update.
+    let (evs, _) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&admitted), ..Default::default() },
+        &look,
+        &JobMemory::default(),
+        now,
+    );
+    assert_eq!(kinds(&evs).iter().filter(|k| *k == "submitted").count(), 1);
+    assert_eq!(submitted_of(&evs[0]).pool, "gpu-cluster-queue");
 }

@@ -387,14 +387,15 @@ impl Caches {
     }
 }
 
-/// Reads LocalQueues, ResourceFlavors and the visibility API, with caches (a LocalQueue's ClusterQueue and a
-/// flavor's node labels are read once per process).
+/// Reads LocalQueues, ResourceFlavors and the visibility API, with caches: a LocalQueue's ClusterQueue and a
+/// flavor's node labels, once read, for the process's life; a failed read (not found yet, not allowed, the API
+/// server away) is tried again after [`LOOKUP_RETRY`], so one failure does not settle a job's pool or class.
 pub struct Lookup {
     client: kube::Client,
     api_version: String,
     visibility: bool,
-    queues: HashMap<(String, String), Option<String>>,
-    flavors: HashMap<String, std::collections::BTreeMap<String, String>>,
+    queues: HashMap<(String, String), Cached<String>>,
+    flavors: HashMap<String, Cached<std::collections::BTreeMap<String, String>>>,
     visibility_warned: bool,
     /// The last pending-workloads listing of each ClusterQueue, and when it was read.
     positions: HashMap<String, (tokio::time::Instant, Value)>,
@@ -402,6 +403,26 @@ pub struct Lookup {
 
 /// How long one ClusterQueue's pending-workloads listing answers position questions.
 pub const POSITIONS_FRESH: Duration = Duration::from_secs(2);
+
+/// How long a failed LocalQueue or ResourceFlavor read stands before it is tried again.
+pub const LOOKUP_RETRY: Duration = Duration::from_secs(30);
+
+/// A lookup's answer: read, or failed at an instant (tried again after [`LOOKUP_RETRY`]).
+enum Cached<T> {
+    Read(T),
+    Failed(tokio::time::Instant),
+}
+
+impl<T: Clone> Cached<T> {
+    /// The answer to use without asking again: `Some(Some(v))` read, `Some(None)` failed recently, `None` ask.
+    fn usable(&self) -> Option<Option<T>> {
+        match self {
+            Cached::Read(v) => Some(Some(v.clone())),
+            Cached::Failed(at) if at.elapsed() < LOOKUP_RETRY => Some(None),
+            Cached::Failed(_) => None,
+        }
+    }
+}
 
 impl Lookup {
     /// Lookups through `client`.
@@ -428,35 +449,42 @@ impl Lookup {
             return None;
         }
         let k = (namespace.to_string(), lq.to_string());
-        if let Some(v) = self.queues.get(&k) {
-            return v.clone();
+        if let Some(v) = self.queues.get(&k).and_then(Cached::usable) {
+            return v;
         }
         let path = format!("/apis/kueue.x-k8s.io/{}/namespaces/{namespace}/localqueues/{lq}", self.api_version);
         let cq = match self.get(&path).await {
-            Ok(v) => v["spec"]["clusterQueue"].as_str().map(str::to_string),
+            Ok(v) => v["spec"]["clusterQueue"].as_str().filter(|c| !c.is_empty()).map(str::to_string),
             Err(e) => {
                 tracing::debug!(error = %e, "localqueue not readable");
                 None
             }
         };
-        self.queues.insert(k, cq.clone());
+        let entry = match &cq {
+            Some(c) => Cached::Read(c.clone()),
+            None => Cached::Failed(tokio::time::Instant::now()),
+        };
+        self.queues.insert(k, entry);
         cq
     }
 
     /// A ResourceFlavor's `spec.nodeLabels`.
     pub async fn flavor_labels(&mut self, flavor: &str) -> std::collections::BTreeMap<String, String> {
-        if let Some(v) = self.flavors.get(flavor) {
-            return v.clone();
+        if let Some(v) = self.flavors.get(flavor).and_then(Cached::usable) {
+            return v.unwrap_or_default();
         }
         let path = format!("/apis/kueue.x-k8s.io/{}/resourceflavors/{flavor}", self.api_version);
-        let labels = match self.get(&path).await {
-            Ok(v) => super::string_map(&v["spec"]["nodeLabels"]),
+        let (labels, entry) = match self.get(&path).await {
+            Ok(v) => {
+                let labels = super::string_map(&v["spec"]["nodeLabels"]);
+                (labels.clone(), Cached::Read(labels))
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "resourceflavor not readable");
-                Default::default()
+                (Default::default(), Cached::Failed(tokio::time::Instant::now()))
             }
         };
-        self.flavors.insert(flavor.to_string(), labels.clone());
+        self.flavors.insert(flavor.to_string(), entry);
         labels
     }
 
@@ -543,13 +571,15 @@ pub async fn diff_jobs(
             pods.iter().filter_map(|p| caches.pulls.get(&format!("{ns}/{}", p.name))).collect();
         let mut look = Lookups::default();
         if let Some(w) = workload {
-            if !mem.emitted.contains("submitted") {
-                if w.cluster_queue.is_empty() && !m.queues.contains_key(&w.queue_name) {
-                    look.cluster_queue = lookup.cluster_queue(ns, &w.queue_name).await;
-                }
-                if let Some(f) = w.flavors.first() {
-                    look.flavor_labels = lookup.flavor_labels(f).await;
-                }
+            // Read (from the caches, mostly) at every diff: a pool or class learned after the submit is sent as an
+            // update of the job's attributes.
+            let flagged =
+                m.queues.contains_key(&w.queue_name) || m.queues.contains_key(&format!("{ns}/{}", w.queue_name));
+            if w.cluster_queue.is_empty() && !flagged {
+                look.cluster_queue = lookup.cluster_queue(ns, &w.queue_name).await;
+            }
+            if let Some(f) = w.flavors.first() {
+                look.flavor_labels = lookup.flavor_labels(f).await;
             }
         }
         // A Workload waiting for quota: its place in the ClusterQueue (one visibility call per queue, cached).
