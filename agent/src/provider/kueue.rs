@@ -127,6 +127,12 @@ pub struct Workload {
     pub admission_checks: Vec<AdmissionCheck>,
     /// Metadata labels merged over the first pod set's template labels.
     pub labels: BTreeMap<String, String>,
+    /// `metadata.deletionTimestamp`: when the Workload's deletion was asked for (Unix ms).
+    pub deleted_ms: Option<i64>,
+    /// `status.requeueState.requeueAt`: the end of a requeue backoff (after a PodsReady timeout), Unix ms.
+    pub requeue_at_ms: Option<i64>,
+    /// `status.requeueState.count`: backoff requeues so far.
+    pub requeue_count: Option<u64>,
 }
 
 /// A pod as the adapter sees it.
@@ -288,6 +294,9 @@ pub fn parse_workload(v: &Value) -> Option<Workload> {
             })
             .collect(),
         labels,
+        deleted_ms: json_ms(&md["deletionTimestamp"]),
+        requeue_at_ms: json_ms(&v["status"]["requeueState"]["requeueAt"]),
+        requeue_count: v["status"]["requeueState"]["count"].as_u64(),
     })
 }
 
@@ -653,10 +662,49 @@ pub fn diff(
         }
     }
 
-    // Quota waits.
-    if let Some(q) = cond("QuotaReserved").filter(|c| !c.status && cond("Finished").is_none_or(|f| !f.status)) {
+    // A requeue backoff: evicted for the PodsReady timeout, the Workload is held back until
+    // `status.requeueState.requeueAt` (`Requeued=False` with the eviction's reason), then requeued
+    // (`Requeued=True/BackoffFinished`). Its `QuotaReserved=False` says the eviction's message, but the wait is
+    // Kueue's backoff, not quota: recovery from the eviction, until the requeue.
+    let finished = cond("Finished").is_some_and(|f| f.status);
+    let backoff = cond("Evicted").filter(|e| {
+        e.status
+            && e.reason == "PodsReadyTimeout"
+            && cond("Requeued").is_none_or(|r| !r.status)
+            && cond("QuotaReserved").is_none_or(|q| !q.status)
+            && !finished
+    });
+    if let Some(e) = backoff {
+        // After the eviction (the preemption sorts first), when Kueue marked the Workload not requeued.
+        let stopped = cond("Requeued").map_or(0, |r| r.at_ms);
+        let at = stopped.max(e.at_ms + 1).max(created);
+        let until = wl.and_then(|w| w.requeue_at_ms);
+        let mut message = format!("requeue backoff after the eviction ({})", e.message);
+        if let Some(u) = until {
+            message.push_str(&format!("; requeued at {}", crate::rfc3339::format_ms(u)));
+        }
+        if let Some(n) = wl.and_then(|w| w.requeue_count) {
+            message.push_str(&format!(" (backoff requeue {n})"));
+        }
+        emit(
+            &mut mem,
+            &format!("backoff:{at}"),
+            at,
+            Kind::Queued(pb::Queued {
+                reason: pb::WaitReason::PreemptionRecovery as i32,
+                raw_reason: "PodsReadyTimeout".into(),
+                message: super::free_text(&message, 1024),
+                estimated_start: None,
+                queue_position: None,
+            }),
+        );
+    }
+
+    // Quota waits (none during a backoff; after a requeue, from the requeue on).
+    let requeued_at = cond("Requeued").filter(|r| r.status).map_or(0, |r| r.at_ms);
+    if let Some(q) = cond("QuotaReserved").filter(|c| !c.status && !finished && backoff.is_none()) {
         let reason = if q.reason.is_empty() { "Pending" } else { q.reason.as_str() };
-        let at = q.at_ms.max(created);
+        let at = q.at_ms.max(created).max(requeued_at);
         let key = format!("queued:{at}:{reason}");
         if !mem.emitted.contains(&key) {
             // A new reason without a new transition time (same False status) began now, not at the old time.
@@ -667,7 +715,7 @@ pub fn diff(
             };
             emit(&mut mem, &key, at, quota_queued(reason, &q.message, look.position));
             mem.reason = reason.to_string();
-            mem.reason_at_ms = q.at_ms.max(created);
+            mem.reason_at_ms = q.at_ms.max(created).max(requeued_at);
             mem.reasons_seen += 1;
             mem.queue_position = look.position;
         } else if let Some(p) = look.position.filter(|p| position_moved(mem.queue_position, *p)) {

@@ -578,3 +578,53 @@ fn the_pool_is_the_local_queues_cluster_queue_before_admission_and_the_admission
     assert_eq!(kinds(&evs).iter().filter(|k| *k == "submitted").count(), 1);
     assert_eq!(submitted_of(&evs[0]).pool, "gpu-cluster-queue");
 }
+
+/// After an eviction for the PodsReady timeout Kueue holds the Workload back (`requeueState.requeueAt`) before
+/// requeueing it; its `QuotaReserved=False` carries the eviction's message. That backoff used to be reported as
+/// a quota wait; it is recovery from the eviction, until the requeue, and the quota wait begins at the requeue.
+#[test]
+fn a_requeue_backoff_after_a_pods_ready_timeout_is_not_a_quota_wait() {
+    let m = mapping();
+    let admitted = workload("workload-gpu-admitted.json");
+    let backoff = workload("workload-podsready-timeout-backoff.json");
+    let after = workload("workload-podsready-timeout-backoff-finished.json");
+    assert_eq!((backoff.requeue_at_ms, backoff.requeue_count), (Some(ms("2024-05-03T20:33:00Z")), Some(1)));
+    let (ns, job) = (admitted.namespace.clone(), admitted.job_name.clone());
+    let now = ms("2024-05-03T20:40:00Z");
+    let mut mem = JobMemory::default();
+    let mut all = Vec::new();
+    for w in [&admitted, &backoff, &backoff, &after, &after] {
+        let (evs, next) = diff(
+            &m,
+            &ns,
+            &job,
+            &JobObjects { workload: Some(w), ..Default::default() },
+            &Lookups::default(),
+            &mem,
+            now,
+        );
+        all.extend(evs);
+        mem = next;
+    }
+    assert_eq!(
+        kinds(&all),
+        ["submitted", "preempted", "queued:PreemptionRecovery:PodsReadyTimeout", "requeued", "queued:Quota:Pending"]
+    );
+    let times: Vec<i64> = all.iter().map(at).collect();
+    assert_eq!(times[1], ms("2024-05-03T20:31:59Z"), "evicted");
+    assert_eq!(times[2], ms("2024-05-03T20:32:00Z"), "the backoff, from when Kueue stopped the job");
+    assert_eq!(times[3], ms("2024-05-03T20:33:00Z"), "requeued when the backoff finished");
+    assert_eq!(times[4], ms("2024-05-03T20:33:00Z"), "the quota wait begins at the requeue, not at the eviction");
+    let Some(Kind::Queued(q)) = &all[2].kind else { panic!("queued") };
+    assert!(q.message.contains("Exceeded the PodsReady timeout"), "{}", q.message);
+    assert!(
+        q.message.contains("requeued at 2024-05-03T20:33:00") && q.message.ends_with("(backoff requeue 1)"),
+        "{}",
+        q.message
+    );
+    let Some(Kind::Preempted(p)) = &all[1].kind else { panic!("preempted") };
+    assert!(p.reason.starts_with("PodsReadyTimeout: "), "{}", p.reason);
+    for e in &all {
+        startline_proto::validate::validate_event(e, i64::MAX / 4, &Default::default()).expect("valid");
+    }
+}
