@@ -822,7 +822,16 @@ pub fn diff(
         let what = if f.message.is_empty() { f.reason.clone() } else { format!("{}: {}", f.reason, f.message) };
         Some((outcome, f.at_ms, what))
     } else if objs.workload_deleted {
-        Some((pb::Outcome::Cancelled, now_ms, "workload deleted before it finished".to_string()))
+        // Dated when the deletion was asked for (the object a DELETED watch event carries, also one replayed after
+        // an adapter restart, says so); when seen only if the object is gone without its last state.
+        match wl.and_then(|w| w.deleted_ms) {
+            Some(at) => Some((pb::Outcome::Cancelled, at, "workload deleted before it finished".to_string())),
+            None => Some((
+                pb::Outcome::Cancelled,
+                now_ms,
+                "workload deleted before it finished (time unknown: dated when seen)".to_string(),
+            )),
+        }
     } else if wl.is_none()
         && !objs.pods.is_empty()
         && objs.pods.iter().all(|p| matches!(p.phase.as_str(), "Succeeded" | "Failed"))

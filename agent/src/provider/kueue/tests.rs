@@ -628,3 +628,44 @@ fn a_requeue_backoff_after_a_pods_ready_timeout_is_not_a_quota_wait() {
         startline_proto::validate::validate_event(e, i64::MAX / 4, &Default::default()).expect("valid");
     }
 }
+
+/// A Workload deleted while the adapter was down comes back as the DELETED watch event's object (replayed from
+/// the persisted resourceVersion): its `deletionTimestamp` dates the end, not the moment the adapter saw it.
+#[test]
+fn a_deleted_workload_is_dated_by_its_deletion_timestamp() {
+    let m = mapping();
+    let running = workload("workload-gpu-finished.json");
+    let mut running = running.clone();
+    running.conditions.remove("Finished");
+    let deleted = workload("workload-gpu-deleted.json");
+    assert_eq!(deleted.deleted_ms, Some(ms("2024-05-03T20:30:00Z")));
+    let (ns, job) = (deleted.namespace.clone(), deleted.job_name.clone());
+    let seen = ms("2024-05-03T23:00:00Z");
+    let (_, mem) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&running), ..Default::default() },
+        &Lookups::default(),
+        &JobMemory::default(),
+        seen,
+    );
+    let objs = JobObjects { workload: Some(&deleted), workload_deleted: true, ..Default::default() };
+    let (evs, mem) = diff(&m, &ns, &job, &objs, &Lookups::default(), &mem, seen);
+    assert_eq!(kinds(&evs), ["done:Cancelled"]);
+    assert_eq!(at(&evs[0]), ms("2024-05-03T20:30:00Z"), "the deletion, not the adapter's restart");
+    assert!(mem.done);
+    // Finished before it was deleted: the Finished condition dates it (and says how it ended).
+    let finished = workload("workload-gpu-finished.json");
+    let (evs, _) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&finished), workload_deleted: true, ..Default::default() },
+        &Lookups::default(),
+        &JobMemory::default(),
+        seen,
+    );
+    let done = evs.iter().find(|e| matches!(e.kind, Some(Kind::Done(_)))).expect("done");
+    assert_eq!(at(done), ms("2024-05-03T21:10:00Z"));
+}

@@ -282,12 +282,16 @@ impl Caches {
                                 self.workloads.insert(key(v), w);
                             }
                         }
-                        // Gone while the watch was away: deleted.
+                        // Gone while the watch was away: deleted. Its last state is kept for one diff (it may
+                        // say Finished, or when the deletion was asked for).
                         for (k, w) in old {
-                            if !self.workloads.contains_key(&k) {
+                            if k.starts_with("@deleted/") {
+                                self.workloads.insert(k, w);
+                            } else if !self.workloads.contains_key(&k) {
                                 let job = (w.namespace.clone(), w.job_name.clone());
                                 self.deleted.insert(job.clone());
                                 touched.insert(job);
+                                self.workloads.insert(format!("@deleted/{k}"), w);
                             }
                         }
                     }
