@@ -8,8 +8,9 @@
 //! `NotStarted` (nothing yet), `Starting` -> preparing:other, `Provisioning` -> preparing:provisioning (serverless
 //! or on-demand compute being created), `Preparing` -> preparing:image_pull (the environment image is built or
 //! pulled), `Queued` -> queued:capacity (waiting for compute-cluster nodes, raw `Queued`), `Running` ->
-//! first_step (the job's processes started: Azure's nearest signal), `Finalizing`, `CancelRequested`, `Paused`,
-//! `NotResponding` (no wait state), and the terminal ones -> done: `Completed` -> succeeded, `Failed` -> failed,
+//! first_step (the job's processes started: Azure's nearest signal), `Finalizing`, `CancelRequested`,
+//! `NotResponding` (no wait state), `Paused` (not a start: before the job ran, queued:dependency_or_hold with raw
+//! `Paused`; after, nothing), and the terminal ones -> done: `Completed` -> succeeded, `Failed` -> failed,
 //! `Canceled` -> cancelled.
 //!
 //! Times: the ARM job resource carries `systemData.createdAt` (the submit time) but no start or end time and no
@@ -203,6 +204,18 @@ pub fn diff(
             emit(&mut mem, "provisioning", seen_at, preparing(pb::PreparingPhase::Provisioning, "Provisioning"))
         }
         "Preparing" => emit(&mut mem, "preparing", seen_at, preparing(pb::PreparingPhase::ImagePull, "Preparing")),
+        "Paused" if !mem.emitted.contains("first_step") => emit(
+            &mut mem,
+            "paused",
+            seen_at,
+            Kind::Queued(pb::Queued {
+                reason: pb::WaitReason::DependencyOrHold as i32,
+                raw_reason: "Paused".into(),
+                message: format!("paused before it ran ({})", note(false)),
+                estimated_start: None,
+                queue_position: None,
+            }),
+        ),
         "Queued" => emit(
             &mut mem,
             "queued",
@@ -219,8 +232,10 @@ pub fn diff(
     }
     let start = run.and_then(|r| r.start_ms);
     let end = run.and_then(|r| r.end_ms);
-    let started = matches!(j.status.as_str(), "Running" | "Finalizing" | "NotResponding" | "Paused" | "Completed")
-        || start.is_some();
+    // `Paused` is not a start: a job paused before it ran has not run (the run history's start says when one
+    // did).
+    let started =
+        matches!(j.status.as_str(), "Running" | "Finalizing" | "NotResponding" | "Completed") || start.is_some();
     if started {
         // Without the run history, a job first seen running is dated at this poll (dating it at submit would claim
         // no wait at all); one first seen completed, at its end (that poll).

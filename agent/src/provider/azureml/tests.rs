@@ -236,3 +236,28 @@ fn tags_with_capitals_or_any_character_never_cost_the_job_its_submitted() {
     // 22 tags besides team: 13 kept, 9 dropped (the unmappable key among them).
     assert_eq!(s.labels.get(super::super::TAGS_DROPPED_LABEL).map(String::as_str), Some("9"));
 }
+
+/// `Paused` (Azure's JobStatus: the job is paused) is not a start: a job paused before it ran used to get its
+/// first step at that poll, ending its wait early. It is a hold until it runs.
+#[test]
+fn paused_is_not_the_first_step() {
+    let m = mapping();
+    let mut mem = JobMemory::default();
+    let mut all = Vec::new();
+    for (status, now) in [("Queued", CREATED + 60_000), ("Paused", CREATED + 120_000), ("Paused", CREATED + 180_000)] {
+        let (evs, next) = diff(&m, &with_status(status), VM, None, &mem, now);
+        all.extend(evs);
+        mem = next;
+    }
+    assert_eq!(kinds(&all), ["submitted", "queued:Queued", "queued:Paused"]);
+    let Some(Kind::Queued(q)) = &all[2].kind else { panic!("queued") };
+    assert_eq!(q.reason(), pb::WaitReason::DependencyOrHold);
+    // Resumed and running: the first step, at the run history's start.
+    let run = parse_run(&run_json());
+    let (evs, _) = diff(&m, &with_status("Running"), VM, Some(&run), &mem, CREATED + 9_000_000);
+    assert_eq!(kinds(&evs), ["first_step"]);
+    assert_eq!(at(&evs[0]), 1_796_028_075_250);
+    // First seen paused, never started: no first step either.
+    let (evs, _) = diff(&m, &with_status("Paused"), VM, None, &JobMemory::default(), CREATED + 60_000);
+    assert_eq!(kinds(&evs), ["submitted", "queued:Paused"]);
+}
