@@ -436,7 +436,7 @@ pub async fn run_with_clock(
         board: board.clone(),
         telemetry: Some(telemetry.clone()),
         auth: auth.clone(),
-        sessions: Arc::default(),
+        sessions: Arc::new(crate::api::auth::Sessions::new(config.login.clone())),
         reload: reload.clone(),
         cost: Arc::new(config.cost.clone()),
         final_stages: Arc::new(config.final_stages.clone()),

@@ -317,6 +317,20 @@ pub struct HttpSection {
     /// the dashboard's 15s refresh and 15-30s Prometheus scrapes, so they reuse their connections (and TLS
     /// sessions); idle connections count against the caps.
     pub idle_timeout: Option<String>,
+    /// Failed dashboard logins per minute from one client address (an IPv4 address, an IPv6 /64), also the
+    /// burst; past it `POST /login` answers 429 with `Retry-After`. Default 10; 0: no limit.
+    pub login_failures_per_minute: Option<usize>,
+    /// Dashboard logins per minute that prove one identity (successful or not), also the burst; past it 429.
+    /// Default 30; 0: no limit.
+    pub logins_per_identity_per_minute: Option<usize>,
+    /// Dashboard sessions one identity holds at most; its next login ends its own oldest session (never another
+    /// identity's). Default 20.
+    pub max_sessions_per_identity: Option<usize>,
+    /// Origins (`scheme://host[:port]`) besides the collector's own (the request's `Host`) whose browsers may
+    /// send state-changing requests (`POST /login`, `/logout`, the admin reload), e.g. a reverse proxy's public
+    /// URL when it rewrites `Host`. Default empty.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
 }
 
 /// Validated limits and timeouts of HTTP connections.
@@ -398,6 +412,8 @@ pub struct Config {
     pub max_page_size: usize,
     /// HTTP connection limits and timeouts.
     pub http_connections: HttpConnections,
+    /// Dashboard login throttles, session caps and accepted origins.
+    pub login: crate::api::auth::LoginSettings,
     /// Ingest queue capacity, in batches.
     pub queue_capacity: usize,
     /// Full-queue policy.
@@ -593,6 +609,7 @@ impl FileConfig {
             http_listen: http.listen,
             max_page_size: http.max_page_size,
             http_connections: http.connections,
+            login: http.login,
             queue_capacity: ingest.queue_capacity,
             when_full: ingest.when_full,
             group_commit_max_events: ingest.group_commit_max_events,
@@ -786,6 +803,7 @@ struct HttpSettings {
     listen: SocketAddr,
     max_page_size: usize,
     connections: HttpConnections,
+    login: crate::api::auth::LoginSettings,
 }
 
 impl HttpSection {
@@ -827,10 +845,48 @@ impl HttpSection {
             request_timeout: timeout(errs, "http.request_timeout", &self.request_timeout, serve::REQUEST_TIMEOUT, s),
             idle_timeout: timeout(errs, "http.idle_timeout", &self.idle_timeout, serve::IDLE_TIMEOUT, s),
         };
+        use crate::api::auth as login;
+        let per_minute = |errs: &mut Vec<String>, name: &str, v: Option<usize>, default: u32| {
+            range(errs, name, v, default as usize, 0, 1_000_000) as u32
+        };
+        for (i, o) in self.allowed_origins.iter().enumerate() {
+            let ok = o.trim_end_matches('/').split_once("://").is_some_and(|(scheme, rest)| {
+                matches!(scheme, "http" | "https") && !rest.is_empty() && !rest.contains(['/', ' ', '?', '#', '@'])
+            });
+            if !ok {
+                errs.push(format!(
+                    "http.allowed_origins[{i}]: {o:?} is not an origin like \"https://startline.example.com\" (scheme, \
+                     host and port only)"
+                ));
+            }
+        }
         HttpSettings {
             listen: socket_addr(errs, "http.listen", &self.listen, "127.0.0.1:8080"),
             max_page_size: range(errs, "http.max_page_size", self.max_page_size, 1000, 1, 100_000),
             connections,
+            login: login::LoginSettings {
+                failures_per_minute: per_minute(
+                    errs,
+                    "http.login_failures_per_minute",
+                    self.login_failures_per_minute,
+                    login::LOGIN_FAILURES_PER_MINUTE,
+                ),
+                logins_per_identity_per_minute: per_minute(
+                    errs,
+                    "http.logins_per_identity_per_minute",
+                    self.logins_per_identity_per_minute,
+                    login::LOGINS_PER_IDENTITY_PER_MINUTE,
+                ),
+                max_sessions_per_identity: range(
+                    errs,
+                    "http.max_sessions_per_identity",
+                    self.max_sessions_per_identity,
+                    login::MAX_SESSIONS_PER_IDENTITY,
+                    1,
+                    login::MAX_SESSIONS,
+                ),
+                allowed_origins: self.allowed_origins.iter().map(|o| o.trim_end_matches('/').to_string()).collect(),
+            },
         }
     }
 }
@@ -1204,6 +1260,29 @@ mod tests {
             assert!(errs.iter().any(|e| e == expected), "{expected} missing from {errs:?}");
         }
         assert!(errs.iter().any(|e| e.starts_with("http.body_read_timeout: \"soon\" is not a duration")), "{errs:?}");
+    }
+
+    #[test]
+    fn login_throttles_session_caps_and_origins_have_defaults_and_are_validated() {
+        let c = FileConfig::default().validate().expect("defaults are valid");
+        assert_eq!(c.login, crate::api::auth::LoginSettings::default());
+        assert_eq!((c.login.failures_per_minute, c.login.logins_per_identity_per_minute), (10, 30));
+        assert_eq!(c.login.max_sessions_per_identity, 20);
+        let f = FileConfig::parse(
+            "[http]\nlogin_failures_per_minute = 0\nallowed_origins = [\"https://startline.example.com/\"]\n",
+        )
+        .expect("parses");
+        let c = f.validate().expect("valid");
+        assert_eq!(c.login.failures_per_minute, 0);
+        assert_eq!(c.login.allowed_origins, ["https://startline.example.com"]);
+        let f = FileConfig::parse(
+            "[http]\nmax_sessions_per_identity = 0\nallowed_origins = [\"startline.example.com\", \"https://a/b\"]\n",
+        )
+        .expect("parses");
+        let errs = f.validate().expect_err("invalid").0;
+        for expected in ["http.max_sessions_per_identity: 0", "http.allowed_origins[0]", "http.allowed_origins[1]"] {
+            assert!(errs.iter().any(|e| e.starts_with(expected)), "{expected} missing from {errs:?}");
+        }
     }
 
     #[test]

@@ -101,7 +101,7 @@ fn parse_open_file_limit(limits: &str) -> Option<u64> {
 }
 
 /// The address a per-address cap counts: an IPv4 address, or the /64 of an IPv6 one.
-fn address_key(ip: IpAddr) -> IpAddr {
+pub fn address_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => IpAddr::V4(v4),
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

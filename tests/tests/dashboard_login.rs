@@ -1,7 +1,8 @@
 //! The dashboard behind authentication in a real headless Chromium (Debian `chromium`): without a session the
 //! browser lands on the login page and sees no data; after submitting a `read` token through the login form it
 //! renders the queue view with the API's numbers. The session lives in an HttpOnly cookie in the browser
-//! profile; the token never appears in a URL.
+//! profile; the token never appears in a URL. A login form submitted from a page of another origin (a local
+//! file: `Origin: null`) is refused; one from an origin listed in `http.allowed_origins` works.
 
 use startline_tests::{binary, Collector};
 use std::process::Command;
@@ -34,11 +35,18 @@ fn chromium_sees_the_login_page_then_logs_in_with_a_read_token_and_sees_data() {
     let reader = startline_collector::auth::generate_token().expect("token");
     let writer = startline_collector::auth::generate_token().expect("token");
     let h = |t: &str| startline_collector::auth::TokenHash::of(t).to_config();
+    // The page that submits the login form, served from another origin the config lists.
+    let page = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let served = page.clone();
+    let form_site = startline_tests::serve_http(move |_| {
+        (200, "text/html; charset=utf-8", served.lock().map(|p| p.clone()).unwrap_or_default())
+    });
     let cfg = d.join("c.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[[auth.identity]]\nname = \"ui\"\ntoken_hashes = [\"{}\"]\nscopes = [\"read\"]\n\
+            "[http]\nallowed_origins = [\"http://{form_site}\"]\n\
+             [[auth.identity]]\nname = \"ui\"\ntoken_hashes = [\"{}\"]\nscopes = [\"read\"]\n\
              [[auth.identity]]\nname = \"sim\"\ntoken_hashes = [\"{}\"]\nscopes = [\"ingest\"]\n",
             h(&reader),
             h(&writer)
@@ -60,17 +68,21 @@ fn chromium_sees_the_login_page_then_logs_in_with_a_read_token_and_sees_data() {
     assert!(dom.contains("id=\"login\"") && dom.contains("name=\"token\""), "{}", &dom[..dom.len().min(2000)]);
     assert!(!dom.contains("data-ready="), "data shown without a session");
 
-    // Log in through the form (a local page submits it, as a person would).
+    // A login form submitted from a page of another origin (a local file) is refused: no session.
+    let submit = format!(
+        "<!doctype html><form method=\"post\" action=\"{base}/login\"><input name=\"token\" value=\"{reader}\">\
+         </form><script>document.forms[0].submit()</script>"
+    );
     let form = d.join("login.html");
-    std::fs::write(
-        &form,
-        format!(
-            "<!doctype html><form method=\"post\" action=\"{base}/login\"><input name=\"token\" value=\"{reader}\">\
-             </form><script>document.forms[0].submit()</script>"
-        ),
-    )
-    .expect("form");
-    chromium(&["--dump-dom", &format!("file://{}", form.display())], &profile);
+    std::fs::write(&form, &submit).expect("form");
+    let refused = chromium(&["--dump-dom", &format!("file://{}", form.display())], &profile);
+    assert!(refused.contains("cross-origin request refused"), "{}", &refused[..refused.len().min(2000)]);
+    let dom = chromium(&["--dump-dom", &format!("{base}/#queue")], &profile);
+    assert!(dom.contains("id=\"login\""), "a cross-origin login opened a session");
+
+    // Log in through the form from the listed origin (its page submits it, as a person would).
+    *page.lock().expect("page") = submit;
+    chromium(&["--dump-dom", &format!("http://{form_site}/")], &profile);
 
     // The session cookie is in the profile: the dashboard renders with data.
     let dom = chromium(&["--dump-dom", &format!("{base}/#queue")], &profile);

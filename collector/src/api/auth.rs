@@ -11,53 +11,201 @@
 //!   random 256-bit id in an `HttpOnly; SameSite=Strict` cookie (`Secure` over TLS), mapped in memory to the
 //!   token's hash, valid for [`SESSION_TTL`]. The cookie never holds the token; a token removed by a reload ends
 //!   its sessions at their next request; sessions end with the process.
+//! - Logins are throttled ([`LoginSettings`], token buckets): failed logins per client address (an IPv4 address,
+//!   an IPv6 /64), and logins that prove an identity (successful or not) per identity; past either, 429 with
+//!   `Retry-After` and `{"error": ...}`, before the token is even looked at. Each identity holds at most
+//!   `max_sessions_per_identity` sessions: its next login ends its own oldest one, never another identity's;
+//!   past [`MAX_SESSIONS`] in all a login is refused (503) rather than evicting anyone.
+//! - Every request that can change state (any method but GET, HEAD and OPTIONS: `/login`, `/logout`, the admin
+//!   reload) is refused with 403 JSON when a browser says it comes from another origin ([`same_origin`]): an
+//!   `Origin` that is neither this collector's (the request's `Host`) nor listed in `http.allowed_origins`, or
+//!   `Sec-Fetch-Site: cross-site`/`same-site` without an `Origin`. Clients that send neither (curl, scripts) pass.
 //! - Identities with a rate limit spend one unit per request.
 
 use super::{ApiError, ApiState};
+use crate::auth::limit::{Bucket, RateSpec};
 use crate::auth::{Credentials, Denied, Peer, Scope, TokenHash};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long a dashboard session lasts.
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
-/// Most sessions kept; the oldest goes first.
-const MAX_SESSIONS: usize = 10_000;
+/// Most sessions kept in all; past it a login is refused (no session of another identity is evicted).
+pub const MAX_SESSIONS: usize = 10_000;
 /// The session cookie's name.
 pub const COOKIE: &str = "startline_session";
+/// Default `http.login_failures_per_minute`.
+pub const LOGIN_FAILURES_PER_MINUTE: u32 = 10;
+/// Default `http.logins_per_identity_per_minute`.
+pub const LOGINS_PER_IDENTITY_PER_MINUTE: u32 = 30;
+/// Default `http.max_sessions_per_identity`.
+pub const MAX_SESSIONS_PER_IDENTITY: usize = 20;
+/// Throttle buckets kept per kind; past it, buckets that have refilled are dropped first.
+const MAX_BUCKETS: usize = 65_536;
 
-/// Dashboard sessions: id -> the token hash that opened it and when it ends.
+/// Login throttling, session caps and the origins state-changing requests may come from (`[http]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoginSettings {
+    /// Failed logins per minute from one client address (the burst too); 0: no limit.
+    pub failures_per_minute: u32,
+    /// Logins per minute that prove one identity, successful or not (the burst too); 0: no limit.
+    pub logins_per_identity_per_minute: u32,
+    /// Sessions one identity holds at most; its next login ends its own oldest.
+    pub max_sessions_per_identity: usize,
+    /// Origins (`scheme://host[:port]`) besides the collector's own that may send state-changing requests.
+    pub allowed_origins: Vec<String>,
+}
+
+impl Default for LoginSettings {
+    fn default() -> Self {
+        LoginSettings {
+            failures_per_minute: LOGIN_FAILURES_PER_MINUTE,
+            logins_per_identity_per_minute: LOGINS_PER_IDENTITY_PER_MINUTE,
+            max_sessions_per_identity: MAX_SESSIONS_PER_IDENTITY,
+            allowed_origins: Vec::new(),
+        }
+    }
+}
+
+/// One dashboard session.
+#[derive(Debug, Clone)]
+struct Session {
+    hash: TokenHash,
+    identity: String,
+    end: Instant,
+}
+
+/// Sessions and the login throttles' buckets.
 #[derive(Debug, Default)]
-pub struct Sessions(Mutex<HashMap<String, (TokenHash, Instant)>>);
+struct SessionState {
+    by_id: HashMap<String, Session>,
+    by_address: HashMap<IpAddr, Bucket>,
+    by_identity: HashMap<String, Bucket>,
+}
+
+/// Dashboard sessions (id -> the token hash that opened it, its identity and when it ends) and the login
+/// throttles, under [`LoginSettings`].
+#[derive(Debug, Default)]
+pub struct Sessions {
+    settings: LoginSettings,
+    state: Mutex<SessionState>,
+}
+
+/// Why a login was not let through.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoginRefused {
+    /// Too many failed logins from this client address; retry after this many milliseconds.
+    Address(u64),
+    /// Too many logins of this identity; retry after this many milliseconds.
+    Identity(u64),
+    /// [`MAX_SESSIONS`] sessions are open.
+    Full,
+}
+
+fn per_minute(n: u32) -> Option<RateSpec> {
+    (n > 0).then(|| RateSpec { per_second: f64::from(n) / 60.0, burst: f64::from(n) })
+}
+
+/// Whether a bucket (absent: full) has one unit now; `Err` is the wait, milliseconds.
+fn has_room(bucket: Option<&Bucket>, spec: RateSpec, now: Instant) -> Result<(), u64> {
+    match bucket {
+        Some(b) => b.clone().take(spec, 1, now),
+        None => Ok(()),
+    }
+}
+
+/// Takes one unit from `key`'s bucket, keeping the map bounded (refilled buckets are the same as none).
+fn spend<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Bucket>, key: K, spec: RateSpec, now: Instant) {
+    if map.len() >= MAX_BUCKETS && !map.contains_key(&key) {
+        map.retain(|_, b| b.clone().take(spec, spec.burst.ceil() as u64, now).is_err());
+        if map.len() >= MAX_BUCKETS {
+            // Every bucket is in use: the oldest state goes (a flood from this many addresses is not held back
+            // by a per-address throttle anyway).
+            map.clear();
+        }
+    }
+    let _ = map.entry(key).or_insert_with(|| Bucket::full(spec, now)).take(spec, 1, now);
+}
 
 impl Sessions {
-    fn open(&self, hash: TokenHash) -> Option<String> {
-        let id = crate::auth::generate_token().ok()?;
-        let now = Instant::now();
-        let mut m = self.0.lock().ok()?;
-        m.retain(|_, (_, end)| *end > now);
-        if m.len() >= MAX_SESSIONS {
-            if let Some(oldest) = m.iter().min_by_key(|(_, (_, end))| *end).map(|(k, _)| k.clone()) {
-                m.remove(&oldest);
+    /// Sessions under these settings.
+    pub fn new(settings: LoginSettings) -> Self {
+        Sessions { settings, state: Mutex::default() }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &LoginSettings {
+        &self.settings
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SessionState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a login from `address` may be tried now (its failures are within the limit).
+    pub fn address_allows(&self, address: Option<IpAddr>, now: Instant) -> Result<(), LoginRefused> {
+        let (Some(spec), Some(a)) = (per_minute(self.settings.failures_per_minute), address) else { return Ok(()) };
+        has_room(self.state().by_address.get(&a), spec, now).map_err(LoginRefused::Address)
+    }
+
+    /// Counts a failed login from `address`.
+    pub fn failed(&self, address: Option<IpAddr>, now: Instant) {
+        if let (Some(spec), Some(a)) = (per_minute(self.settings.failures_per_minute), address) {
+            spend(&mut self.state().by_address, a, spec, now);
+        }
+    }
+
+    /// Counts a login that proved `identity`; `Err` when the identity is over its logins per minute.
+    pub fn identity_attempt(&self, identity: &str, now: Instant) -> Result<(), LoginRefused> {
+        let Some(spec) = per_minute(self.settings.logins_per_identity_per_minute) else { return Ok(()) };
+        let mut st = self.state();
+        has_room(st.by_identity.get(identity), spec, now).map_err(LoginRefused::Identity)?;
+        spend(&mut st.by_identity, identity.to_string(), spec, now);
+        Ok(())
+    }
+
+    /// Opens a session for `identity`: ends the identity's own oldest session when it holds
+    /// `max_sessions_per_identity`; refused when [`MAX_SESSIONS`] are open (none of another identity's sessions
+    /// is ended).
+    pub fn open(&self, hash: TokenHash, identity: &str, now: Instant) -> Result<String, LoginRefused> {
+        let id = crate::auth::generate_token().map_err(|_| LoginRefused::Full)?;
+        let mut st = self.state();
+        st.by_id.retain(|_, s| s.end > now);
+        let cap = self.settings.max_sessions_per_identity.max(1);
+        let mut own: Vec<(Instant, String)> =
+            st.by_id.iter().filter(|(_, s)| s.identity == identity).map(|(k, s)| (s.end, k.clone())).collect();
+        if own.len() >= cap {
+            own.sort();
+            for (_, k) in own.iter().take(own.len() + 1 - cap) {
+                st.by_id.remove(k);
             }
         }
-        m.insert(id.clone(), (hash, now + SESSION_TTL));
-        Some(id)
+        if st.by_id.len() >= MAX_SESSIONS {
+            return Err(LoginRefused::Full);
+        }
+        st.by_id.insert(id.clone(), Session { hash, identity: identity.to_string(), end: now + SESSION_TTL });
+        Ok(id)
     }
 
     fn get(&self, id: &str) -> Option<TokenHash> {
-        let m = self.0.lock().ok()?;
-        m.get(id).filter(|(_, end)| *end > Instant::now()).map(|(h, _)| *h)
+        self.state().by_id.get(id).filter(|s| s.end > Instant::now()).map(|s| s.hash)
     }
 
     fn close(&self, id: &str) {
-        if let Ok(mut m) = self.0.lock() {
-            m.remove(id);
-        }
+        self.state().by_id.remove(id);
+    }
+
+    /// Open sessions of `identity` (tests, diagnostics).
+    pub fn open_sessions(&self, identity: &str) -> usize {
+        let now = Instant::now();
+        self.state().by_id.values().filter(|s| s.identity == identity && s.end > now).count()
     }
 }
 
@@ -176,10 +324,35 @@ fn form_value(body: &[u8], key: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// A throttled login: 429 with `Retry-After` (whole seconds) and a JSON body.
+fn throttled(retry_after_ms: u64, why: &str) -> Response {
+    let secs = retry_after_ms.div_ceil(1000).max(1);
+    let mut r = ApiError::new(StatusCode::TOO_MANY_REQUESTS, format!("{why}; retry after {secs} s")).into_response();
+    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+/// Logs a refused login (the first 100 of the process, then one in a thousand) and counts it as `rate_limited`.
+fn audit_login(s: &ApiState, why: &str, identity: Option<&str>, peer: Option<std::net::SocketAddr>) {
+    let n = s.auth.stats.rate_limited.fetch_add(1, Ordering::Relaxed) + 1;
+    if n <= 100 || n % 1000 == 0 {
+        tracing::warn!(reason = "rate_limited", identity, peer = ?peer, path = "/login", so_far = n, "login refused: {why}");
+    }
+}
+
 /// `POST /login`: checks the token and opens a session.
 pub async fn login(State(s): State<ApiState>, req: Request) -> Response {
     let peer = req.extensions().get::<Peer>().cloned();
+    let remote = peer.as_ref().and_then(|p| p.remote);
+    let address = remote.map(|a| crate::conn_limit::address_key(a.ip()));
     let tls = peer.as_ref().is_some_and(|p| p.tls);
+    if let Err(LoginRefused::Address(ms)) = s.sessions.address_allows(address, Instant::now()) {
+        let why = "too many failed logins from this address (http.login_failures_per_minute)";
+        audit_login(&s, why, None, remote);
+        return throttled(ms, why);
+    }
     let body = match axum::body::to_bytes(req.into_body(), 4096).await {
         Ok(b) => b,
         Err(_) => return login_page(StatusCode::PAYLOAD_TOO_LARGE, "The form is too large."),
@@ -189,12 +362,28 @@ pub async fn login(State(s): State<ApiState>, req: Request) -> Response {
     };
     let header = format!("Bearer {token}");
     let creds = Credentials { authorization: Some(header.as_bytes()), session: None, cert_names: &[] };
+    let now = Instant::now();
     match s.auth.authorize(creds, Scope::Read) {
         Ok(id) => {
-            let Some(session) = s.sessions.open(TokenHash::of(&token)) else {
-                return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "cannot open a session").into_response();
+            let opened = s
+                .sessions
+                .identity_attempt(&id.name, now)
+                .and_then(|()| s.sessions.open(TokenHash::of(&token), &id.name, now));
+            let session = match opened {
+                Ok(session) => session,
+                Err(LoginRefused::Identity(ms)) | Err(LoginRefused::Address(ms)) => {
+                    let why =
+                        format!("too many logins of identity {:?} (http.logins_per_identity_per_minute)", id.name);
+                    audit_login(&s, &why, Some(&id.name), remote);
+                    return throttled(ms, &why);
+                }
+                Err(LoginRefused::Full) => {
+                    tracing::warn!(identity = %id.name, "login refused: {MAX_SESSIONS} dashboard sessions are open");
+                    return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "too many dashboard sessions are open")
+                        .into_response();
+                }
             };
-            tracing::info!(identity = %id.name, peer = ?peer.and_then(|p| p.remote), "dashboard login");
+            tracing::info!(identity = %id.name, peer = ?remote, "dashboard login");
             let secure = if tls { "; Secure" } else { "" };
             let cookie = format!(
                 "{COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
@@ -207,12 +396,84 @@ pub async fn login(State(s): State<ApiState>, req: Request) -> Response {
             r
         }
         Err(d) => {
-            s.auth.audit(&d, peer.and_then(|p| p.remote), "/login");
-            let msg = match d {
-                Denied::Scope { .. } => "This token has no read access.",
+            s.auth.audit(&d, remote, "/login");
+            s.sessions.failed(address, now);
+            let msg = match &d {
+                Denied::Scope { identity, .. } => {
+                    // A token of an identity without read still proves the identity: its logins count.
+                    if let Err(LoginRefused::Identity(ms)) = s.sessions.identity_attempt(identity, now) {
+                        let why =
+                            format!("too many logins of identity {identity:?} (http.logins_per_identity_per_minute)");
+                        audit_login(&s, &why, Some(identity), remote);
+                        return throttled(ms, &why);
+                    }
+                    "This token has no read access."
+                }
                 _ => "Unknown or revoked token.",
             };
             login_page(StatusCode::UNAUTHORIZED, msg)
+        }
+    }
+}
+
+/// The authority (`host[:port]`, lowercase, without the scheme's default port) of an origin or a `Host` value.
+fn authority(value: &str, scheme: &str) -> String {
+    let v = value.trim().trim_end_matches('/').to_ascii_lowercase();
+    let default = if scheme == "https" { ":443" } else { ":80" };
+    v.strip_suffix(default).map(str::to_string).unwrap_or(v)
+}
+
+/// Why a state-changing request is refused as cross-origin, if it is (see the module notes).
+pub fn cross_origin(headers: &HeaderMap, host: Option<&str>, allowed: &[String]) -> Option<String> {
+    let text = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}").trim().to_string());
+    match text("origin") {
+        Some(origin) => {
+            let Some((scheme, rest)) = origin.split_once("://") else {
+                return Some(format!(
+                    "cross-origin request refused: Origin {} is not an origin",
+                    super::extract::quote(&origin)
+                ));
+            };
+            let scheme = scheme.to_ascii_lowercase();
+            let own = host.is_some_and(|h| authority(h, &scheme) == authority(rest, &scheme));
+            let listed =
+                allowed.iter().any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(origin.trim_end_matches('/')));
+            (!own && !listed).then(|| {
+                format!(
+                    "cross-origin request refused: Origin {} is not this collector's (list it in http.allowed_origins)",
+                    super::extract::quote(&origin)
+                )
+            })
+        }
+        None => match text("sec-fetch-site").as_deref() {
+            Some(site @ ("cross-site" | "same-site")) => {
+                Some(format!("cross-origin request refused: Sec-Fetch-Site is {site}"))
+            }
+            _ => None,
+        },
+    }
+}
+
+/// The middleware in front of every route: a request that can change state (any method but GET, HEAD and
+/// OPTIONS) from another origin is refused with 403 JSON before it reaches its route or authentication.
+pub async fn same_origin(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return next.run(req).await;
+    }
+    let host = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string));
+    match cross_origin(req.headers(), host.as_deref(), &s.sessions.settings().allowed_origins) {
+        None => next.run(req).await,
+        Some(why) => {
+            let peer = req.extensions().get::<Peer>().and_then(|p| p.remote);
+            let n = s.auth.stats.origin.fetch_add(1, Ordering::Relaxed) + 1;
+            if n <= 100 || n % 1000 == 0 {
+                tracing::warn!(reason = "origin", peer = ?peer, path = req.uri().path(), so_far = n, "request refused: {why}");
+            }
+            ApiError::new(StatusCode::FORBIDDEN, why).into_response()
         }
     }
 }

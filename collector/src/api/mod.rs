@@ -148,6 +148,7 @@ pub fn router(state: ApiState) -> Router {
         .fallback(extract::unknown_route)
         .method_not_allowed_fallback(extract::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), auth::same_origin))
         .layer(axum::middleware::map_response(extract::json_errors))
         .with_state(state)
 }

@@ -504,6 +504,7 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             params: vec![],
             ok: (200, "what was loaded", Body::Json(schema::<types::Reloaded>(g))),
             errors: &[
+                (403, "the identity lacks the admin scope, or a browser sent it from another origin"),
                 (409, "started without a config file: nothing to reload"),
                 (422, "the file is invalid (nothing changed); the error says where"),
                 (503, "the reload could not run"),
@@ -594,7 +595,9 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             errors: &[
                 (400, "no token in the form"),
                 (401, "the token is not known"),
+                (403, "a browser sent the form from another origin (JSON)"),
                 (413, "the form is too large"),
+                (429, "too many failed logins from this address, or logins of this identity; see Retry-After (JSON)"),
                 (503, "cannot open a session"),
             ],
             access: Access::Open,
@@ -608,7 +611,7 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             description: "",
             params: vec![],
             ok: (303, "session closed; redirect to `/login`", Body::Empty),
-            errors: &[],
+            errors: &[(403, "a browser sent it from another origin")],
             access: Access::Open,
         },
     ]
@@ -628,14 +631,17 @@ fn build() -> Document {
             Body::Empty => BTreeMap::new(),
         };
         responses.insert(code.to_string(), Response { description: what, content });
-        // The login form answers its refusals with the form again, for the browser.
-        let error_media = if r.id == "login" { "text/html" } else { "application/json" };
-        let json_error = |description| Response {
-            description,
-            content: BTreeMap::from([(
-                error_media,
-                MediaType { schema: if r.id == "login" { json!({"type": "string"}) } else { error.clone() } },
-            )]),
+        // The login form answers its refusals with the form again, for the browser (but a cross-origin or
+        // throttled login gets JSON).
+        let json_error = |code: u16, description| {
+            let html = r.id == "login" && !matches!(code, 403 | 429);
+            Response {
+                description,
+                content: BTreeMap::from([(
+                    if html { "text/html" } else { "application/json" },
+                    MediaType { schema: if html { json!({"type": "string"}) } else { error.clone() } },
+                )]),
+            }
         };
         let mut refusals: Vec<(u16, &'static str)> = r.errors.to_vec();
         if r.access != Access::Open {
@@ -647,8 +653,11 @@ fn build() -> Document {
         }
         refusals.push((431, "request head larger than 64 KiB"));
         for (code, why) in refusals {
-            let answer =
-                if code < 400 { Response { description: why, content: BTreeMap::new() } } else { json_error(why) };
+            let answer = if code < 400 {
+                Response { description: why, content: BTreeMap::new() }
+            } else {
+                json_error(code, why)
+            };
             responses.entry(code.to_string()).or_insert(answer);
         }
         let security = match r.access {

@@ -753,3 +753,196 @@ async fn listings_and_overview_answer_the_same_for_folded_and_hot_jobs() {
         assert!(!v["ttfs_by_pool"].as_array().expect("pools").is_empty(), "{uri}: started jobs in the window");
     }
 }
+
+/// The fixture with identities `a` and `b` (read), `i` (ingest only) and `root` (admin), tokens `tok-<name>`, and
+/// sessions under `login`.
+fn with_identities(f: &Fixture, login: super::auth::LoginSettings) -> ApiState {
+    let id = |name: &str, scope: &str| {
+        format!(
+            "[[identity]]\nname = \"{name}\"\ntoken_hashes = [\"{}\"]\nscopes = [\"{scope}\"]\n",
+            crate::auth::TokenHash::of(&format!("tok-{name}")).to_config()
+        )
+    };
+    let text = [id("a", "read"), id("b", "read"), id("i", "ingest"), id("root", "admin")].concat();
+    let section: crate::auth::config::AuthSection = toml::from_str(&text).expect("auth toml");
+    let mut errs = Vec::new();
+    let cfg = section.validate(&mut errs, false);
+    assert!(errs.is_empty(), "{errs:?}");
+    let mut state = f.state.clone();
+    state.auth = Arc::new(crate::auth::Auth::new(cfg.keyring(), false, false));
+    state.sessions = Arc::new(super::auth::Sessions::new(login));
+    state
+}
+
+/// One request with headers and a body from a client address (the connection's `Peer`): status, headers, body.
+async fn send(
+    state: &ApiState,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    from: &str,
+) -> (StatusCode, axum::http::HeaderMap, String) {
+    let mut req = Request::builder().method(method).uri(uri).header("host", "collector.test:8080");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut req = req.body(Body::from(body.to_string())).expect("request");
+    let peer = crate::auth::Peer { remote: Some(from.parse().expect("addr")), cert_names: Arc::from([]), tls: false };
+    req.extensions_mut().insert(peer);
+    let res = router(state.clone()).oneshot(req).await.expect("infallible");
+    let (status, headers) = (res.status(), res.headers().clone());
+    let body = res.into_body().collect().await.expect("body").to_bytes();
+    (status, headers, String::from_utf8(body.to_vec()).expect("utf-8"))
+}
+
+const FORM: (&str, &str) = ("content-type", "application/x-www-form-urlencoded");
+
+/// Logs in with `token`; the session cookie on success.
+async fn login_as(state: &ApiState, token: &str, from: &str) -> Result<String, (StatusCode, String)> {
+    let (status, headers, body) = send(state, "POST", "/login", &[FORM], &format!("token={token}"), from).await;
+    if status != StatusCode::SEE_OTHER {
+        return Err((status, body));
+    }
+    let cookie = headers.get("set-cookie").and_then(|v| v.to_str().ok()).expect("cookie");
+    Ok(cookie.split(';').next().expect("name=value").to_string())
+}
+
+async fn cookie_works(state: &ApiState, cookie: &str) -> bool {
+    send(state, "GET", "/api/v1/alerts", &[("cookie", cookie)], "", "192.0.2.99:1").await.0 == StatusCode::OK
+}
+
+/// Logging in over and over with one read token ends only that identity's own oldest sessions: another
+/// identity's session lives on (it used to be evicted once 10,000 sessions were open).
+#[tokio::test]
+async fn one_identitys_logins_never_evict_another_identitys_session() {
+    let f = fixture();
+    let settings = super::auth::LoginSettings {
+        logins_per_identity_per_minute: 0,
+        failures_per_minute: 0,
+        max_sessions_per_identity: 5,
+        ..Default::default()
+    };
+    let state = with_identities(&f, settings);
+    let b = login_as(&state, "tok-b", "192.0.2.2:1").await.expect("b logs in");
+    let mut a = Vec::new();
+    for _ in 0..10_100 {
+        a.push(login_as(&state, "tok-a", "192.0.2.1:1").await.expect("a logs in"));
+    }
+    assert!(cookie_works(&state, &b).await, "b's session survived a's 10,100 logins");
+    assert_eq!(state.sessions.open_sessions("a"), 5);
+    assert_eq!(state.sessions.open_sessions("b"), 1);
+    // a's newest five work; its older ones were ended (its own, oldest first).
+    for c in &a[a.len() - 5..] {
+        assert!(cookie_works(&state, c).await);
+    }
+    assert!(!cookie_works(&state, &a[a.len() - 6]).await);
+    assert!(!cookie_works(&state, &a[0]).await);
+}
+
+/// Failed logins are throttled per client address (429 with Retry-After and a JSON error, even for a good token
+/// then), and logins per identity, whatever the address; another address and another identity are unaffected.
+#[tokio::test]
+async fn logins_are_throttled_per_client_address_and_per_identity() {
+    let f = fixture();
+    let settings =
+        super::auth::LoginSettings { failures_per_minute: 3, logins_per_identity_per_minute: 4, ..Default::default() };
+    let state = with_identities(&f, settings);
+    for _ in 0..3 {
+        let (status, _) = login_as(&state, "tok-wrong", "198.51.100.7:4000").await.expect_err("unknown token");
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+    }
+    for token in ["tok-wrong", "tok-a"] {
+        let (status, headers, body) =
+            send(&state, "POST", "/login", &[FORM], &format!("token={token}"), "198.51.100.7:4001").await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        let retry: u64 = headers.get("retry-after").and_then(|v| v.to_str().ok()?.parse().ok()).expect("Retry-After");
+        assert!((1..=60).contains(&retry), "{retry}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert!(v["error"].as_str().expect("error").contains("http.login_failures_per_minute"), "{body}");
+    }
+    // An IPv6 client is keyed by its /64: another address of the same /64 is throttled with it.
+    for _ in 0..3 {
+        let _ = login_as(&state, "tok-wrong", "[2001:db8:1:2::1]:1").await;
+    }
+    assert_eq!(
+        login_as(&state, "tok-a", "[2001:db8:1:2::ffff]:1").await.expect_err("same /64").0,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another address is not held back.
+    login_as(&state, "tok-a", "203.0.113.1:1").await.expect("another address");
+    // Identity a: 4 logins a minute from anywhere (one above), then 429 naming the key; b is unaffected.
+    for i in 0..3 {
+        login_as(&state, "tok-a", &format!("203.0.113.{}:1", 10 + i)).await.expect("within a's logins");
+    }
+    let (status, body) = login_as(&state, "tok-a", "203.0.113.50:1").await.expect_err("a over its logins");
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(body.contains("logins_per_identity_per_minute"), "{body}");
+    login_as(&state, "tok-b", "203.0.113.50:1").await.expect("b logs in");
+    // A token without read proves its identity: its logins count too.
+    for i in 0..4 {
+        let from = format!("203.0.113.{}:1", 60 + i);
+        assert_eq!(login_as(&state, "tok-i", &from).await.expect_err("no read").0, StatusCode::UNAUTHORIZED);
+    }
+    let (status, body) = login_as(&state, "tok-i", "203.0.113.70:1").await.expect_err("i over its logins");
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(state.auth.stats.rate_limited.load(std::sync::atomic::Ordering::Relaxed) >= 5);
+}
+
+/// A state-changing request a browser sends from another origin is refused with 403 JSON before it reaches its
+/// route (login, logout, the admin reload); the collector's own origin, a listed one and clients that send no
+/// Origin (curl) pass; GETs are not checked.
+#[tokio::test]
+async fn cross_origin_state_changing_requests_are_refused() {
+    let f = fixture();
+    let settings = super::auth::LoginSettings {
+        allowed_origins: vec!["https://startline.example.com".into()],
+        ..Default::default()
+    };
+    let state = with_identities(&f, settings);
+    let from = "192.0.2.30:1";
+    let root = ("authorization", "Bearer tok-root");
+    for (method, uri, extra, body) in [
+        ("POST", "/login", Some(FORM), "token=tok-a"),
+        ("POST", "/logout", None, ""),
+        ("POST", "/api/v1/admin/reload", Some(root), ""),
+    ] {
+        for origin in [
+            vec![("origin", "https://evil.example")],
+            vec![("origin", "null")],
+            vec![("origin", "http://collector.test:8081")],
+            vec![("sec-fetch-site", "cross-site")],
+            vec![("sec-fetch-site", "same-site")],
+        ] {
+            let mut h = origin.clone();
+            h.extend(extra);
+            let (status, _, text) = send(&state, method, uri, &h, body, from).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{method} {uri} {origin:?}: {text}");
+            let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+            assert!(v["error"].as_str().expect("error").starts_with("cross-origin request refused"), "{text}");
+        }
+        for origin in [
+            vec![("origin", "http://collector.test:8080")],
+            vec![("origin", "HTTP://Collector.Test:8080")],
+            vec![("origin", "https://startline.example.com")],
+            vec![("sec-fetch-site", "same-origin")],
+            vec![],
+        ] {
+            let mut h = origin.clone();
+            h.extend(extra);
+            let (status, _, text) = send(&state, method, uri, &h, body, from).await;
+            assert_ne!(status, StatusCode::FORBIDDEN, "{method} {uri} {origin:?}: {text}");
+        }
+    }
+    let (status, _, _) = send(
+        &state,
+        "GET",
+        "/api/v1/alerts",
+        &[("origin", "https://evil.example"), ("authorization", "Bearer tok-a")],
+        "",
+        from,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "reads are not origin-checked (CORS keeps their answers from the page)");
+    assert!(state.auth.stats.origin.load(std::sync::atomic::Ordering::Relaxed) >= 15);
+}

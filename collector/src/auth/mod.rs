@@ -327,6 +327,8 @@ pub struct AuthStats {
     pub quota: AtomicU64,
     /// Events refused because their job id or source is not permitted for the identity.
     pub not_permitted: AtomicU64,
+    /// State-changing HTTP requests refused as coming from another origin.
+    pub origin: AtomicU64,
     /// Successful reloads of the identities.
     pub reloads: AtomicU64,
 }
@@ -346,7 +348,7 @@ impl AuthStats {
     }
 
     /// Every counter with its reason label.
-    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 8] {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("missing", g(&self.missing)),
@@ -356,6 +358,7 @@ impl AuthStats {
             ("rate_limited", g(&self.rate_limited)),
             ("quota", g(&self.quota)),
             ("not_permitted", g(&self.not_permitted)),
+            ("origin", g(&self.origin)),
         ]
     }
 }

@@ -55,6 +55,11 @@ impl Config {
         f.http.body_read_timeout = dur(h.body_read_timeout);
         f.http.request_timeout = dur(h.request_timeout);
         f.http.idle_timeout = dur(h.idle_timeout);
+        let l = &self.login;
+        f.http.login_failures_per_minute = Some(l.failures_per_minute as usize);
+        f.http.logins_per_identity_per_minute = Some(l.logins_per_identity_per_minute as usize);
+        f.http.max_sessions_per_identity = Some(l.max_sessions_per_identity);
+        f.http.allowed_origins = l.allowed_origins.clone();
 
         f.ingest.queue_capacity = Some(self.queue_capacity);
         f.ingest.when_full = Some(match self.when_full {

@@ -1164,8 +1164,9 @@ fn observe_auth(meter: &Meter, sources: &Sources) {
         .with_unit("{refusal}")
         .with_description(
             "Requests and events refused by authentication or authorization, by reason (missing, malformed, \
-             unknown, scope, rate_limited, quota; not_permitted counts events outside the identity's job-id prefixes or \
-             sources)",
+             unknown, scope, rate_limited, quota; not_permitted counts events and health reports outside the \
+             identity's job-id prefixes, sources or node prefixes; origin counts cross-origin HTTP requests that \
+             would change state)",
         )
         .with_callback(move |o| {
             for (reason, n) in a.stats.by_reason() {
