@@ -65,6 +65,9 @@ pub struct AzureJob {
 pub struct RunTimes {
     /// `startTimeUtc`, Unix ms.
     pub start_ms: Option<i64>,
+    /// `lastStartTimeUtc`: the last time the run went (back) to running, Unix ms ("initialized with
+    /// StartTimeUtc").
+    pub last_start_ms: Option<i64>,
     /// `endTimeUtc`, Unix ms.
     pub end_ms: Option<i64>,
     /// `error.error.message`.
@@ -99,6 +102,7 @@ pub fn parse_job(v: &Value) -> Option<AzureJob> {
 pub fn parse_run(v: &Value) -> RunTimes {
     RunTimes {
         start_ms: json_ms(&v["startTimeUtc"]),
+        last_start_ms: json_ms(&v["lastStartTimeUtc"]),
         end_ms: json_ms(&v["endTimeUtc"]),
         error: v["error"]["error"]["message"].as_str().or(v["error"]["message"].as_str()).unwrap_or("").to_string(),
     }
@@ -140,7 +144,8 @@ pub fn gpus(m: &Mapping, j: &AzureJob, vm_size: &str) -> (u32, String, bool) {
 }
 
 /// The events the job's current resource (and its run history, when reachable) implies beyond its memory, and
-/// the new memory. `vm_size` is the VM size the job runs on (empty when unknown).
+/// the new memory. `vm_size` is the VM size the job runs on (empty when unknown); `now_ms` is when the adapter
+/// received the resource (a transition without a time of the provider's own is dated then).
 pub fn diff(
     m: &Mapping,
     j: &AzureJob,
@@ -192,55 +197,77 @@ pub fn diff(
             ..Default::default()
         }),
     );
-    // A wait state first seen at first sight began at submit (nothing earlier is known); later ones at this poll.
-    let seen_at = if first_sight { j.created_ms } else { now_ms.max(j.created_ms) };
+    // When a transition seen now happened: the provider's own times where it has them (the run history's start
+    // and end, used below), otherwise when seen, the moment this poll received the job (never the poll's start,
+    // nor before the job's last dated transition). A wait state seen at first sight began no later than submit
+    // (nothing earlier is known).
+    let floor = mem.reason_at_ms.max(j.created_ms);
+    let seen_at = if first_sight { j.created_ms } else { now_ms.max(floor) };
     let note = |from_history: bool| if from_history { "time: run history" } else { "time: poll" };
+    let running = matches!(j.status.as_str(), "Running" | "Finalizing" | "NotResponding" | "Completed");
+    let waiting = matches!(j.status.as_str(), "NotStarted" | "Starting" | "Provisioning" | "Preparing" | "Queued");
+    // Each run after the first keys its transitions by its number (the first run's keys are bare).
+    let keyed = |k: &str, attempt: u32| if attempt == 0 { k.to_string() } else { format!("{k}:{attempt}") };
+    // Back to waiting after running: the run was stopped (a low-priority node reclaimed, a node lost) and Azure
+    // requeued the job: preempted and requeued, and the next run is a new attempt.
+    if waiting && mem.emitted.contains(&keyed("first_step", mem.restarts)) {
+        let attempt = mem.restarts;
+        let reason = format!("azure job back to {} after running: its nodes were taken ({})", j.status, note(false));
+        emit(
+            &mut mem,
+            &format!("preempted:{attempt}"),
+            seen_at,
+            Kind::Preempted(pb::Preempted { reason: super::free_text(&reason, 1024), checkpoint_saved: false }),
+        );
+        emit(&mut mem, &format!("requeued:{attempt}"), seen_at, Kind::Requeued(pb::Requeued { resume_step: 0 }));
+        mem.restarts += 1;
+        mem.reason_at_ms = seen_at;
+    }
+    let attempt = mem.restarts;
     let preparing = |phase: pb::PreparingPhase, what: &str| {
         Kind::Preparing(pb::Preparing { phase: phase as i32, message: format!("azure {what} ({})", note(false)) })
     };
-    match j.status.as_str() {
-        "Starting" => emit(&mut mem, "starting", seen_at, preparing(pb::PreparingPhase::Other, "Starting")),
-        "Provisioning" => {
-            emit(&mut mem, "provisioning", seen_at, preparing(pb::PreparingPhase::Provisioning, "Provisioning"))
+    let queued = |reason: pb::WaitReason, raw: &str, message: &str| {
+        Kind::Queued(pb::Queued {
+            reason: reason as i32,
+            raw_reason: raw.into(),
+            message: format!("{message} ({})", note(false)),
+            estimated_start: None,
+            queue_position: None,
+        })
+    };
+    let wait = match j.status.as_str() {
+        "Starting" => Some(("starting", preparing(pb::PreparingPhase::Other, "Starting"))),
+        "Provisioning" => Some(("provisioning", preparing(pb::PreparingPhase::Provisioning, "Provisioning"))),
+        "Preparing" => Some(("preparing", preparing(pb::PreparingPhase::ImagePull, "Preparing"))),
+        "Queued" => Some(("queued", queued(pb::WaitReason::Capacity, "Queued", "waiting for compute nodes"))),
+        "Paused" if !mem.emitted.contains(&keyed("first_step", attempt)) => {
+            Some(("paused", queued(pb::WaitReason::DependencyOrHold, "Paused", "paused before it ran")))
         }
-        "Preparing" => emit(&mut mem, "preparing", seen_at, preparing(pb::PreparingPhase::ImagePull, "Preparing")),
-        "Paused" if !mem.emitted.contains("first_step") => emit(
-            &mut mem,
-            "paused",
-            seen_at,
-            Kind::Queued(pb::Queued {
-                reason: pb::WaitReason::DependencyOrHold as i32,
-                raw_reason: "Paused".into(),
-                message: format!("paused before it ran ({})", note(false)),
-                estimated_start: None,
-                queue_position: None,
-            }),
-        ),
-        "Queued" => emit(
-            &mut mem,
-            "queued",
-            seen_at,
-            Kind::Queued(pb::Queued {
-                reason: pb::WaitReason::Capacity as i32,
-                raw_reason: "Queued".into(),
-                message: format!("waiting for compute nodes ({})", note(false)),
-                estimated_start: None,
-                queue_position: None,
-            }),
-        ),
-        _ => {}
+        _ => None,
+    };
+    if let Some((k, kind)) = wait {
+        let before = mem.emitted.len();
+        emit(&mut mem, &keyed(k, attempt), seen_at, kind);
+        if mem.emitted.len() > before {
+            mem.reason_at_ms = seen_at;
+        }
     }
-    let start = run.and_then(|r| r.start_ms);
+    let start = run.and_then(|r| if attempt == 0 { r.start_ms } else { r.last_start_ms.filter(|t| *t > floor) });
     let end = run.and_then(|r| r.end_ms);
     // `Paused` is not a start: a job paused before it ran has not run (the run history's start says when one
     // did).
-    let started =
-        matches!(j.status.as_str(), "Running" | "Finalizing" | "NotResponding" | "Completed") || start.is_some();
+    let started = running || start.is_some();
     if started {
-        // Without the run history, a job first seen running is dated at this poll (dating it at submit would claim
-        // no wait at all); one first seen completed, at its end (that poll).
-        let at = start.or(if j.status == "Completed" { end } else { None }).unwrap_or(now_ms).max(j.created_ms);
-        emit(&mut mem, "first_step", at, super::container_start());
+        // Without the run history, a job first seen running is dated when seen (dating it at submit would claim
+        // no wait at all); one first seen completed, at its end.
+        let seen = if first_sight { now_ms } else { seen_at };
+        let at = start.or(if j.status == "Completed" { end } else { None }).unwrap_or(seen).max(j.created_ms);
+        let before = mem.emitted.len();
+        emit(&mut mem, &keyed("first_step", attempt), at, super::container_start());
+        if mem.emitted.len() > before {
+            mem.reason_at_ms = mem.reason_at_ms.max(at);
+        }
     }
     let outcome = match j.status.as_str() {
         "Completed" => Some(pb::Outcome::Succeeded),
@@ -249,7 +276,8 @@ pub fn diff(
         _ => None,
     };
     if let Some(o) = outcome {
-        let at = end.unwrap_or(now_ms).max(j.created_ms);
+        let seen = if first_sight { now_ms } else { seen_at };
+        let at = end.unwrap_or(seen).max(j.created_ms);
         let error = run.map(|r| r.error.as_str()).unwrap_or("");
         let what = if error.is_empty() { format!("azure {}", j.status) } else { super::free_text(error, 900) };
         let message = format!("{what} ({})", note(end.is_some()));
@@ -488,17 +516,19 @@ impl Client {
 
     /// Jobs created after `since_ms`: pages (newest first) are followed through `nextLink` until one holds only
     /// older jobs.
-    pub async fn list(&self, since_ms: i64) -> Result<Vec<Value>, PollError> {
+    /// Each job comes with when its page was received (Unix ms): the moment the adapter saw its state.
+    pub async fn list(&self, since_ms: i64) -> Result<Vec<(Value, i64)>, PollError> {
         let mut url = format!("{}/{}/jobs?api-version={API_VERSION}&listViewType=All", self.arm, self.workspace_path);
         let mut out = Vec::new();
         loop {
             let v = self.get(&url).await?;
+            let seen = startline_proto::time::now_ms();
             let page = v["value"].as_array().cloned().unwrap_or_default();
             let mut any_recent = false;
             for j in page {
                 if json_ms(&j["systemData"]["createdAt"]).is_some_and(|c| c >= since_ms) {
                     any_recent = true;
-                    out.push(j);
+                    out.push((j, seen));
                 }
             }
             match v["nextLink"].as_str() {
@@ -580,12 +610,14 @@ pub async fn poll_once(
     let now = startline_proto::time::now_ms();
     let mut report = PollReport::default();
     let mut listed = std::collections::BTreeSet::new();
-    let mut jobs: Vec<AzureJob> = client
+    // Each job with when the adapter received it: transitions without a provider time are dated then, not at the
+    // poll's start (a long listing would date the last pages' changes before they happened).
+    let mut jobs: Vec<(AzureJob, i64)> = client
         .list(now - lookback.as_millis() as i64)
         .await?
         .iter()
-        .filter_map(parse_job)
-        .inspect(|j| {
+        .filter_map(|(v, seen)| Some((parse_job(v)?, *seen)))
+        .inspect(|(j, _)| {
             listed.insert(j.name.clone());
         })
         .collect();
@@ -596,11 +628,12 @@ pub async fn poll_once(
         if mem.done || listed.contains(name) {
             continue;
         }
-        if let Some(j) = parse_job(&client.job(name).await?) {
-            jobs.push(j);
+        let v = client.job(name).await?;
+        if let Some(j) = parse_job(&v) {
+            jobs.push((j, startline_proto::time::now_ms()));
         }
     }
-    for job in jobs {
+    for (job, seen) in jobs {
         let key = startline_id(m, &job);
         let mem = memory.get(&key);
         if mem.done {
@@ -614,10 +647,13 @@ pub async fn poll_once(
                 metrics.unknown_type(Provider::Azureml);
             }
         }
-        let needs_times = (!mem.emitted.contains("first_step") || !mem.emitted.contains("done"))
+        // The run history for a start or end not reported yet (of the current run: after a requeue, its own).
+        let first_step =
+            if mem.restarts == 0 { "first_step".to_string() } else { format!("first_step:{}", mem.restarts) };
+        let needs_times = (!mem.emitted.contains(&first_step) || !mem.emitted.contains("done"))
             && (is_terminal(&job.status) || matches!(job.status.as_str(), "Running" | "Finalizing"));
         let run = if needs_times { client.run_times(&job.name).await } else { None };
-        let (events, new_mem) = diff(m, &job, &vm_size, run.as_ref(), &mem, now);
+        let (events, new_mem) = diff(m, &job, &vm_size, run.as_ref(), &mem, seen.max(now));
         super::record(spool, memory, &key, &mem, events, &new_mem, &mut report)?;
     }
     super::flush(memory)?;

@@ -196,6 +196,7 @@ fn shared_fixture(name: &str) -> Value {
             include_str!("../../../../tests/fixtures/azureml/job-command-system-tags.json")
         }
         "job-pipeline.json" => include_str!("../../../../tests/fixtures/azureml/job-pipeline.json"),
+        "run-history-rerun.json" => include_str!("../../../../tests/fixtures/azureml/run-history-rerun.json"),
         other => panic!("no fixture {other}"),
     };
     serde_json::from_str(text).expect("json")
@@ -260,4 +261,163 @@ fn paused_is_not_the_first_step() {
     // First seen paused, never started: no first step either.
     let (evs, _) = diff(&m, &with_status("Paused"), VM, None, &JobMemory::default(), CREATED + 60_000);
     assert_eq!(kinds(&evs), ["submitted", "queued:Paused"]);
+}
+
+fn preempted_count(evs: &[pb::LifecycleEvent]) -> (usize, usize) {
+    let n = |f: fn(&Kind) -> bool| evs.iter().filter(|e| e.kind.as_ref().is_some_and(f)).count();
+    (n(|k| matches!(k, Kind::Preempted(_))), n(|k| matches!(k, Kind::Requeued(_))))
+}
+
+/// A job on low-priority nodes goes Running -> Queued -> Running when Azure takes its nodes back and requeues
+/// it. The adapter used to see nothing (each status was reported once per job): now the stop is a preemption
+/// and a requeue, and the second run has its own wait and first step (at the run history's `lastStartTimeUtc`).
+#[test]
+fn a_low_priority_job_requeued_after_running_is_preempted_and_requeued() {
+    let m = mapping();
+    let start1 = CREATED + 600_000;
+    let start2 = CREATED + 3_000_000;
+    let end = CREATED + 5_000_000;
+    let first = RunTimes { start_ms: Some(start1), last_start_ms: Some(start1), ..Default::default() };
+    // The run history's shape (`startTimeUtc` the first run, `lastStartTimeUtc` the latest).
+    let rerun = parse_run(&shared_fixture("run-history-rerun.json"));
+    assert_eq!(
+        (rerun.start_ms, rerun.last_start_ms, rerun.end_ms),
+        (Some(CREATED + 600_000), Some(CREATED + 3_000_000), None)
+    );
+    let second = rerun;
+    let done =
+        RunTimes { start_ms: Some(start1), last_start_ms: Some(start2), end_ms: Some(end), ..Default::default() };
+    let polls: [(&str, i64, Option<&RunTimes>); 6] = [
+        ("Queued", CREATED + 30_000, None),
+        ("Running", CREATED + 900_000, Some(&first)),
+        ("Queued", CREATED + 2_000_000, None),
+        ("Queued", CREATED + 2_100_000, None),
+        ("Running", CREATED + 3_100_000, Some(&second)),
+        ("Completed", CREATED + 5_100_000, Some(&done)),
+    ];
+    let mut mem = JobMemory::default();
+    let mut all = Vec::new();
+    for (status, now, run) in polls {
+        let mut j = with_status(status);
+        j.modified_ms = None;
+        let (evs, next) = diff(&m, &j, VM, run, &mem, now);
+        all.extend(evs);
+        mem = next;
+    }
+    assert_eq!(
+        kinds(&all),
+        ["submitted", "queued:Queued", "first_step", "other", "other", "queued:Queued", "first_step", "done:Succeeded"]
+    );
+    assert_eq!(preempted_count(&all), (1, 1));
+    let times: Vec<i64> = all.iter().map(at).collect();
+    assert_eq!(times[2], start1);
+    assert_eq!((times[3], times[4], times[5]), (CREATED + 2_000_000, CREATED + 2_000_000, CREATED + 2_000_000));
+    assert_eq!(times[6], start2, "the second run's start from lastStartTimeUtc");
+    assert_eq!(times[7], end);
+    let ids: std::collections::BTreeSet<&str> = all.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids.len(), all.len(), "each transition its own id");
+    assert_eq!(mem.restarts, 1);
+    for e in &all {
+        valid(e).expect("valid");
+    }
+}
+
+/// A local ARM replay: the job list in two pages, the second answered `page2_delay` late; every token request
+/// counted.
+struct ArmReplay {
+    addr: std::net::SocketAddr,
+    tokens: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+const WS_PATH: &str =
+    "/subscriptions/sub-1/resourceGroups/ml-rg/providers/Microsoft.MachineLearningServices/workspaces/ml-ws";
+
+async fn arm_replay(jobs: Vec<Value>, page2_delay: std::time::Duration, token: Value) -> ArmReplay {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let tokens = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (t, c) = (tokens.clone(), calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let (t, c, jobs, token) = (t.clone(), c.clone(), jobs.clone(), token.clone());
+        async move {
+            let path = uri.path().to_string();
+            let q = uri.query().unwrap_or("").to_string();
+            if path.ends_with("/oauth2/v2.0/token") || path.ends_with("/metadata/identity/oauth2/token") {
+                t.fetch_add(1, Ordering::SeqCst);
+                return axum::Json(token).into_response();
+            }
+            c.fetch_add(1, Ordering::SeqCst);
+            if path == format!("{WS_PATH}/jobs") && q.contains("skipToken=p2") {
+                tokio::time::sleep(page2_delay).await;
+                return axum::Json(serde_json::json!({"value": jobs[1..].to_vec()})).into_response();
+            }
+            if path == format!("{WS_PATH}/jobs") {
+                let next =
+                    format!("http://{addr}{WS_PATH}/jobs?api-version={API_VERSION}&listViewType=All&$skipToken=p2");
+                return axum::Json(serde_json::json!({"value": jobs[..1].to_vec(), "nextLink": next})).into_response();
+            }
+            (axum::http::StatusCode::NOT_FOUND, "{}").into_response()
+        }
+    });
+    use axum::response::IntoResponse;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    ArmReplay { addr, tokens, calls }
+}
+
+fn serverless(name: &str, status: &str, created: i64) -> Value {
+    let mut v = job_json();
+    v["name"] = name.into();
+    v["properties"]["status"] = status.into();
+    v["properties"]["computeId"] = Value::Null;
+    v["properties"]["resources"] = serde_json::json!({"instanceCount": 1, "instanceType": "Standard_NC24ads_A100_v4"});
+    v["systemData"]["createdAt"] = crate::rfc3339::format_ms(created).into();
+    v["systemData"]["lastModifiedAt"] = crate::rfc3339::format_ms(created).into();
+    v
+}
+
+fn workspace() -> Workspace {
+    Workspace { subscription: "sub-1".into(), resource_group: "ml-rg".into(), workspace: "ml-ws".into() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_on_a_late_page_is_dated_when_its_page_came_not_at_the_polls_start() {
+    let created = startline_proto::time::now_ms() - 3_600_000;
+    let jobs = vec![serverless("job-a", "Queued", created), serverless("job-b", "Queued", created)];
+    let token = serde_json::json!({"access_token": "t", "expires_in": 3599});
+    let arm = arm_replay(jobs, std::time::Duration::from_millis(1500), token).await;
+    let client = Client::new(
+        &format!("http://{}", arm.addr),
+        None,
+        &workspace(),
+        Credential::Static(crate::auth::Secret::new("t")),
+    )
+    .expect("client");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spool = crate::spool::Spool::open(dir.path(), crate::spool::SpoolLimits::default()).expect("spool");
+    let memory = MemoryStore::open(&spool, "azureml").expect("memory");
+    // Both jobs were seen before, not yet queued: a Queued now is a transition to date.
+    for name in ["job-a", "job-b"] {
+        let mut mem = JobMemory::default();
+        mem.emitted.insert("submitted".into());
+        memory.put(&format!("azureml/ml-rg/ml-ws/{name}"), &mem).expect("put");
+    }
+    let m = Mapping { gpus: GpuTable::default(), ..mapping() };
+    let started = startline_proto::time::now_ms();
+    let report =
+        poll_once(&m, &client, std::time::Duration::from_secs(86_400), &spool, &memory, None).await.expect("poll");
+    let queued_at = |job: &str| report.events.iter().find(|e| e.job_id.ends_with(job)).map(at).expect("queued");
+    assert!(queued_at("job-a") < started + 1_000, "the first page came at once");
+    assert!(queued_at("job-b") >= started + 1_500, "dated when its page came, not at the poll's start {started}");
+    use std::sync::atomic::Ordering;
+    assert_eq!(
+        (arm.calls.load(Ordering::SeqCst), arm.tokens.load(Ordering::SeqCst)),
+        (2, 0),
+        "two pages, a fixed token"
+    );
 }
