@@ -4,6 +4,9 @@
 //! [`Client`] (ARM listing with `nextLink` paging, one job, one compute, run history; Microsoft Entra tokens from
 //! a service principal, workload identity or managed identity, see [`Credential`]) and [`run`] polls.
 //!
+//! Pipeline parent jobs (`jobType: Pipeline`) are not followed: they orchestrate steps, which are jobs of their
+//! own; a pipeline's wait and first step would be its first step's, counted twice.
+//!
 //! Azure's statuses, in the order Azure goes through them (Preparing comes before Queued and is kept so):
 //! `NotStarted` (nothing yet), `Starting` -> preparing:other, `Provisioning` -> preparing:provisioning (serverless
 //! or on-demand compute being created), `Preparing` -> preparing:image_pull (the environment image is built or
@@ -128,6 +131,12 @@ pub fn startline_id(m: &Mapping, j: &AzureJob) -> String {
     format!("azureml/{}/{}/{}", m.resource_group, m.workspace, j.name)
 }
 
+/// Whether the adapter follows a job: every job but a pipeline's parent (`jobType: Pipeline`), which orchestrates
+/// its steps and never trains; its steps are jobs of their own, listed and followed as such.
+pub fn followed(j: &AzureJob) -> bool {
+    !j.job_type.eq_ignore_ascii_case("Pipeline")
+}
+
 /// Statuses after which nothing more happens.
 pub fn is_terminal(status: &str) -> bool {
     matches!(status, "Completed" | "Failed" | "Canceled")
@@ -156,6 +165,11 @@ pub fn diff(
 ) -> (Vec<pb::LifecycleEvent>, JobMemory) {
     let mut mem = mem.clone();
     let mut out = Vec::new();
+    if !followed(j) {
+        // Not a training job: nothing is reported, and it is not fetched again.
+        mem.done = true;
+        return (out, mem);
+    }
     let job = startline_id(m, j);
     let source = format!("azureml-adapter/{}", m.workspace);
     let mut emit = |mem: &mut JobMemory, key: &str, at: i64, kind: Kind| {
@@ -636,7 +650,7 @@ pub async fn poll_once(
     for (job, seen) in jobs {
         let key = startline_id(m, &job);
         let mem = memory.get(&key);
-        if mem.done {
+        if mem.done || (!followed(&job) && mem == JobMemory::default()) {
             continue;
         }
         let vm_size =

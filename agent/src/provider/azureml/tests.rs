@@ -421,3 +421,44 @@ async fn a_job_on_a_late_page_is_dated_when_its_page_came_not_at_the_polls_start
         "two pages, a fixed token"
     );
 }
+
+/// A pipeline's parent job (Azure's PipelineJob example, `jobType: Pipeline`) orchestrates its steps, which are
+/// jobs of their own: it used to be reported as one more training job (its wait and start are its first step's).
+#[test]
+fn pipeline_parent_jobs_are_not_reported_as_training_jobs() {
+    let j = parse_job(&shared_fixture("job-pipeline.json")).expect("job");
+    assert_eq!(j.job_type, "Pipeline");
+    for status in ["NotStarted", "Running", "Completed"] {
+        let mut j = j.clone();
+        j.status = status.into();
+        let (evs, mem) = diff(&mapping(), &j, "", None, &JobMemory::default(), j.created_ms + 60_000);
+        assert!(evs.is_empty(), "{status}: {}", kinds(&evs).join(","));
+        assert!(mem.done, "not fetched again");
+    }
+    assert!(followed(&parse_job(&shared_fixture("job-command-system-tags.json")).expect("job")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_skips_pipeline_parents_without_remembering_them() {
+    let created = startline_proto::time::now_ms() - 3_600_000;
+    let mut pipeline = shared_fixture("job-pipeline.json");
+    pipeline["systemData"]["createdAt"] = crate::rfc3339::format_ms(created).into();
+    let jobs = vec![pipeline, serverless("step-1", "Queued", created)];
+    let arm = arm_replay(jobs, std::time::Duration::ZERO, serde_json::json!({})).await;
+    let client = Client::new(
+        &format!("http://{}", arm.addr),
+        None,
+        &workspace(),
+        Credential::Static(crate::auth::Secret::new("t")),
+    )
+    .expect("client");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spool = crate::spool::Spool::open(dir.path(), crate::spool::SpoolLimits::default()).expect("spool");
+    let memory = MemoryStore::open(&spool, "azureml").expect("memory");
+    let report = poll_once(&mapping(), &client, std::time::Duration::from_secs(86_400), &spool, &memory, None)
+        .await
+        .expect("poll");
+    assert!(report.events.iter().all(|e| e.job_id.ends_with("/step-1")), "only the step is followed");
+    assert_eq!(kinds(&report.events), ["submitted", "queued:Queued"]);
+    assert_eq!(memory.entries().len(), 1, "the pipeline is not remembered");
+}
