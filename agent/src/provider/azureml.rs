@@ -337,6 +337,21 @@ pub enum Credential {
     Static(crate::auth::Secret),
 }
 
+/// How long a token answer is good for from `now_s` (Unix seconds): `expires_in` (seconds; Entra answers a number,
+/// IMDS a string), else `expires_on` (Unix seconds, number or string: the App Service and Arc identity endpoints
+/// answer only that), else 5 minutes.
+pub fn token_lifetime(v: &Value, now_s: i64) -> std::time::Duration {
+    let num = |x: &Value| x.as_i64().or_else(|| x.as_str().and_then(|s| s.trim().parse::<i64>().ok()));
+    let secs = num(&v["expires_in"]).or_else(|| num(&v["expires_on"]).map(|on| on - now_s)).unwrap_or(300);
+    std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+}
+
+/// When a token of `lifetime` is fetched again: shortly before it expires, a fifth of its life early and at most
+/// 5 minutes early (a 1-hour token after 55 minutes, a 5-minute one after 4).
+pub fn renew_after(lifetime: std::time::Duration) -> std::time::Duration {
+    lifetime.saturating_sub((lifetime / 5).min(std::time::Duration::from_secs(300)))
+}
+
 /// The ARM scope/resource tokens are asked for.
 const ARM_RESOURCE: &str = "https://management.azure.com/";
 
@@ -416,16 +431,17 @@ impl Client {
         self
     }
 
-    /// A token, from the cache while it has more than 5 minutes left.
+    /// A token, from the cache until shortly before it expires ([`renew_after`]).
     async fn token(&self) -> Result<crate::auth::Secret, PollError> {
         let mut cached = self.token.lock().await;
-        if let Some((t, until)) = cached.as_ref() {
-            if std::time::Instant::now() + std::time::Duration::from_secs(300) < *until {
+        if let Some((t, renew_at)) = cached.as_ref() {
+            if std::time::Instant::now() < *renew_at {
                 return Ok(t.clone());
             }
         }
-        let (token, expires_in) = self.fetch_token().await?;
-        *cached = Some((token.clone(), std::time::Instant::now() + expires_in));
+        let asked = std::time::Instant::now();
+        let (token, lifetime) = self.fetch_token().await?;
+        *cached = Some((token.clone(), asked + renew_after(lifetime)));
         Ok(token)
     }
 
@@ -483,10 +499,8 @@ impl Client {
         }
         let v: Value = serde_json::from_str(&text).map_err(|e| failed(format!("invalid json: {e}")))?;
         let token = v["access_token"].as_str().ok_or_else(|| failed("no access_token in the answer".into()))?;
-        // Entra answers a number, IMDS a string.
-        let secs =
-            v["expires_in"].as_u64().or_else(|| v["expires_in"].as_str().and_then(|s| s.parse().ok())).unwrap_or(300);
-        Ok((crate::auth::Secret::new(token), std::time::Duration::from_secs(secs)))
+        let now_s = startline_proto::time::now_ms().div_euclid(1000);
+        Ok((crate::auth::Secret::new(token), token_lifetime(&v, now_s)))
     }
 
     /// GETs a JSON document with per-call retries; a 401 drops the cached token and is retried once with a new one.

@@ -462,3 +462,63 @@ async fn a_poll_skips_pipeline_parents_without_remembering_them() {
     assert_eq!(kinds(&report.events), ["submitted", "queued:Queued"]);
     assert_eq!(memory.entries().len(), 1, "the pipeline is not remembered");
 }
+
+#[test]
+fn token_lifetimes_come_from_expires_in_or_expires_on_and_renew_shortly_before() {
+    use std::time::Duration;
+    let now = 1_800_000_000;
+    let life = |v: Value| token_lifetime(&v, now);
+    assert_eq!(life(serde_json::json!({"expires_in": 3599})), Duration::from_secs(3599), "Entra: a number");
+    assert_eq!(
+        life(serde_json::json!({"expires_in": "86399", "expires_on": "1800086399"})),
+        Duration::from_secs(86399)
+    );
+    assert_eq!(
+        life(serde_json::json!({"expires_on": "1800003600"})),
+        Duration::from_secs(3600),
+        "App Service: only expires_on"
+    );
+    assert_eq!(life(serde_json::json!({"expires_on": 1_800_000_120})), Duration::from_secs(120));
+    assert_eq!(life(serde_json::json!({})), Duration::from_secs(300));
+    assert_eq!(life(serde_json::json!({"expires_on": "1799999000"})), Duration::ZERO, "already expired");
+    assert_eq!(renew_after(Duration::from_secs(3600)), Duration::from_secs(3300));
+    assert_eq!(renew_after(Duration::from_secs(300)), Duration::from_secs(240), "a short token is still reused");
+    assert_eq!(renew_after(Duration::ZERO), Duration::ZERO);
+}
+
+/// Every ARM call used to fetch a new token when the identity endpoint answered with `expires_on` only (or a
+/// token of 5 minutes or less): a token is now reused until shortly before it expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_reused_across_calls_until_shortly_before_it_expires() {
+    use std::sync::atomic::Ordering;
+    let created = startline_proto::time::now_ms() - 3_600_000;
+    let jobs = vec![serverless("job-a", "Queued", created), serverless("job-b", "Queued", created)];
+    let expires_on = (startline_proto::time::now_ms() / 1000 + 3600).to_string();
+    // The shape of a managed identity token answer that has `expires_on` and no `expires_in`.
+    let token = serde_json::json!({"access_token": "tok", "expires_on": expires_on,
+        "resource": "https://management.azure.com/", "token_type": "Bearer"});
+    let arm = arm_replay(jobs, std::time::Duration::ZERO, token).await;
+    let endpoint = format!("http://{}", arm.addr);
+    let identity = Credential::ManagedIdentity { endpoint: endpoint.clone(), client_id: None };
+    let client = Client::new(&endpoint, None, &workspace(), identity).expect("client");
+    for _ in 0..5 {
+        assert_eq!(client.list(0).await.expect("list").len(), 2);
+    }
+    assert_eq!(arm.calls.load(Ordering::SeqCst), 10, "five listings of two pages");
+    assert_eq!(arm.tokens.load(Ordering::SeqCst), 1, "one token for every call");
+    // A token that lives 5 minutes is reused too (it used to be refetched for every call).
+    let short = serde_json::json!({"access_token": "tok", "expires_in": "300", "token_type": "Bearer"});
+    let arm = arm_replay(
+        vec![serverless("job-a", "Queued", created), serverless("job-b", "Queued", created)],
+        std::time::Duration::ZERO,
+        short,
+    )
+    .await;
+    let endpoint = format!("http://{}", arm.addr);
+    let identity = Credential::ManagedIdentity { endpoint: endpoint.clone(), client_id: None };
+    let client = Client::new(&endpoint, None, &workspace(), identity).expect("client");
+    for _ in 0..3 {
+        client.list(0).await.expect("list");
+    }
+    assert_eq!(arm.tokens.load(Ordering::SeqCst), 1);
+}
