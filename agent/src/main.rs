@@ -595,7 +595,7 @@ struct NodeArgs {
     /// Most bytes the spool holds before refusing new ones.
     #[arg(long, env = "STARTLINE_SPOOL_MAX_BYTES", default_value_t = 512 << 20)]
     spool_max_bytes: u64,
-    /// Source name stamped on every event (default: node-agent/<hostname>); clients cannot set their own.
+    /// Source name stamped on every event (default: node-agent/<node name>); clients cannot set their own.
     #[arg(long, env = "STARTLINE_SOURCE")]
     source: Option<String>,
     /// Also serve the endpoint on this unix socket (mode 0660; a stale socket file is removed at start).
@@ -628,7 +628,8 @@ struct NodeArgs {
     /// The nvidia-smi to run.
     #[arg(long, env = "STARTLINE_NVIDIA_SMI", default_value = "nvidia-smi")]
     nvidia_smi: PathBuf,
-    /// This node's name in health reports, as the scheduler names it in node_assigned (default: the hostname).
+    /// This node's name in health reports and the default source, as the scheduler names it in node_assigned
+    /// (default: NODE_NAME, which a DaemonSet sets from the downward API's spec.nodeName, else /etc/hostname).
     #[arg(long, env = "STARTLINE_NODE_NAME")]
     node_name: Option<String>,
 }
@@ -801,7 +802,9 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
     let spool = tokio::task::spawn_blocking(move || Spool::open(&path, limits))
         .await?
         .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
-    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "node".into());
+    let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let hostname = std::fs::read_to_string("/etc/hostname").ok();
+    let host = startline_agent::node::node_name(a.node_name.as_deref(), &env, hostname.as_deref());
     let source = a.source.unwrap_or_else(|| format!("node-agent/{host}"));
     let mut access = startline_agent::access::Access::open(limits);
     if let Some(q) = a.client_quota {
@@ -814,7 +817,6 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         access.local_token = Some(startline_agent::access::LocalToken::file(p.clone()).context("--local-token-file")?);
     }
     if !a.allow_job_ids.is_empty() || a.allow_jobs_file.is_some() {
-        let env: std::collections::HashMap<String, String> = std::env::vars().collect();
         let own = startline_agent::node::job_from_env(&env);
         access.jobs = Some(startline_agent::access::JobAllowList::new(
             a.allow_job_ids.iter().cloned().chain(own),
@@ -836,7 +838,7 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
     let gpu_health = match a.gpu_health_interval {
         Some(every) => {
             let publisher = Publisher::new(conn.settings()?)?;
-            let node = a.node_name.clone().unwrap_or_else(|| host.clone());
+            let node = host.clone();
             Some(tokio::spawn(report_gpu_health(
                 publisher,
                 a.nvidia_smi.clone(),

@@ -678,6 +678,20 @@ pub fn emit_body(
     Ok(body)
 }
 
+/// The node this agent runs on, as the scheduler names it (in `node_assigned`, health reports and the default
+/// source `node-agent/<node>`): `explicit` (`--node-name`/`STARTLINE_NODE_NAME`), else `NODE_NAME` (a Kubernetes
+/// DaemonSet sets it from the downward API's `spec.nodeName`: inside a pod, /etc/hostname holds the pod's name,
+/// not the node's), else the contents of /etc/hostname (`hostname_file`), else `node`.
+pub fn node_name(explicit: Option<&str>, env: &HashMap<String, String>, hostname_file: Option<&str>) -> String {
+    [explicit, env.get("NODE_NAME").map(String::as_str), hostname_file]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|n| !n.is_empty())
+        .unwrap_or("node")
+        .to_string()
+}
+
 /// The job id from the environment: `STARTLINE_JOB_ID`, then Slurm (`slurm/<cluster>/<job>`, array tasks as
 /// `<array job>_<task>`), then a Kubernetes job's pod (`k8s/<cluster>/<namespace>/<job>`, [`kubernetes_job`]),
 /// then any other pod (`kubernetes/<namespace>/<pod>` from the downward API).
@@ -726,6 +740,22 @@ pub fn kubernetes_job(env: &HashMap<String, String>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// In a DaemonSet's pod /etc/hostname holds the pod's name (`startline-node-agent-x7k2p`), which no scheduler
+    /// names in `node_assigned`: the node's name comes from `NODE_NAME` (the downward API's `spec.nodeName`).
+    #[test]
+    fn the_node_is_named_from_node_name_before_the_hostname_file() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>()
+        };
+        let pod_hostname = Some("startline-node-agent-x7k2p\n");
+        let in_pod = env(&[("NODE_NAME", "gke-gpu-pool-3f2a-node-7")]);
+        assert_eq!(node_name(None, &in_pod, pod_hostname), "gke-gpu-pool-3f2a-node-7");
+        assert_eq!(node_name(Some("a-gpu-01"), &in_pod, pod_hostname), "a-gpu-01", "--node-name wins");
+        assert_eq!(node_name(None, &env(&[]), Some("a-gpu-01\n")), "a-gpu-01", "on a host: /etc/hostname");
+        assert_eq!(node_name(None, &env(&[("NODE_NAME", "")]), Some("a-gpu-01")), "a-gpu-01", "an empty NODE_NAME");
+        assert_eq!(node_name(None, &env(&[]), None), "node");
+    }
 
     #[test]
     fn every_pod_of_a_kubernetes_job_gets_the_job_id_the_kueue_adapter_gives_it() {

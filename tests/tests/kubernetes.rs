@@ -322,6 +322,9 @@ fn node_agent_and_adapters_run_startline_agent_with_valid_arguments() {
     assert_eq!(c["command"], serde_json::json!(["/usr/bin/startline-agent"]));
     let args = args_parse("node agent", c["args"].as_array().expect("args"));
     assert_eq!(args[0], "node");
+    // The node's name from the downward API (in the pod, /etc/hostname holds the pod's name).
+    let node_name = c["env"].as_array().expect("env").iter().find(|e| e["name"] == "NODE_NAME").expect("NODE_NAME");
+    assert_eq!(node_name["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
     assert!(args.contains(&"--socket=/run/startline/agent.sock".to_string()), "{args:?}");
     let host_dirs: Vec<&str> =
         pod["volumes"].as_array().expect("volumes").iter().filter_map(|v| v["hostPath"]["path"].as_str()).collect();
