@@ -6,7 +6,7 @@
 //!
 //! The layers, bottom to top (see `docs/ARCHITECTURE.md` and `/work/shared/notes/collector-layering.md`):
 //! - leaves that import no other module: `time` (clock, time text), `settings` (shared config checks),
-//!   `health`, and the pure domain `job`;
+//!   `health`, `conn_limit` (connection caps, used by both listeners), and the pure domain `job`;
 //! - pure SLO maths `slo` (on `job` and `time`) and the accepted-event feed `feed` (on `job`);
 //! - storage `store` (bytes in and out: `job`, `time`, `health`) and the in-memory index `index`;
 //! - the applier `applier` (group commit, acks, checkpoints, folds, retention) over both;
@@ -36,6 +36,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("settings", &[]),
     ("health", &[]),
     ("job", &[]),
+    // Connection caps and the descriptor budget both listeners share (and the client-address key of per-address
+    // limits).
+    ("conn_limit", &[]),
     // Pure maths over the domain.
     ("slo", &["job", "time"]),
     // The accepted-event feed: the applier publishes, readers subscribe.
@@ -51,13 +54,29 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // The ingest edge: validation and the batch handed to the applier.
     // Who is talking and what they may do: used by both edges and exported by `export`.
     ("auth", &["settings", "time"]),
-    ("ingest", &["job", "applier", "store", "time", "health", "settings", "auth"]),
+    ("ingest", &["job", "applier", "store", "time", "health", "settings", "auth", "conn_limit"]),
     // Readers: never the ingest path or the applier. `export` observes the alert board for its gauges (alert
     // never imports export); `api` serves every reader.
     ("alert", &["job", "slo", "index", "store", "time", "health", "settings", "stream"]),
     ("export", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "auth", "feed", "stream"]),
     ("compare", &["job", "slo", "index", "time"]),
-    ("api", &["job", "slo", "index", "store", "time", "health", "settings", "alert", "export", "compare", "auth"]),
+    (
+        "api",
+        &[
+            "job",
+            "slo",
+            "index",
+            "store",
+            "time",
+            "health",
+            "settings",
+            "alert",
+            "export",
+            "compare",
+            "auth",
+            "conn_limit",
+        ],
+    ),
     // The top.
     ("config", &["*"]),
     ("app", &["*"]),

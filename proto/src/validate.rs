@@ -4,6 +4,8 @@
 
 use crate::pb::{self, lifecycle_event::Kind};
 use crate::time::timestamp_to_ms;
+use icu_properties::props::GeneralCategory;
+use icu_properties::{CodePointMapData, CodePointSetData};
 
 /// Size limits for one event. The defaults are the documented protocol limits; the collector's config may
 /// tighten the ones it exposes.
@@ -50,62 +52,91 @@ fn optional_str(field: &str, value: &str, max: usize) -> Result<(), FieldError> 
     Ok(())
 }
 
-/// Characters of general category Cf ("format"), as ranges, from `DerivedGeneralCategory.txt` of Unicode 15.0
-/// (Unicode 14.0's 163 code points plus 15.0's Egyptian hieroglyph format controls U+13439..U+1343F: 170 in all).
-/// They are invisible (zero-width spaces and joiners, bidi embeddings, overrides and isolates, the byte order
-/// mark, the soft hyphen, tag characters), so two ids that render alike could differ in them, or an id could
-/// display reordered text. A short table instead of a Unicode crate: the set changes rarely, and a newer
-/// Unicode version only adds to it.
-const FORMAT_CHARS: &[(char, char)] = &[
-    ('\u{00AD}', '\u{00AD}'),
-    ('\u{0600}', '\u{0605}'),
-    ('\u{061C}', '\u{061C}'),
-    ('\u{06DD}', '\u{06DD}'),
-    ('\u{070F}', '\u{070F}'),
-    ('\u{0890}', '\u{0891}'),
-    ('\u{08E2}', '\u{08E2}'),
-    ('\u{180E}', '\u{180E}'),
-    ('\u{200B}', '\u{200F}'),
-    ('\u{202A}', '\u{202E}'),
-    ('\u{2060}', '\u{2064}'),
-    ('\u{2066}', '\u{206F}'),
-    ('\u{FEFF}', '\u{FEFF}'),
-    ('\u{FFF9}', '\u{FFFB}'),
-    ('\u{110BD}', '\u{110BD}'),
-    ('\u{110CD}', '\u{110CD}'),
-    ('\u{13430}', '\u{1343F}'),
-    ('\u{1BCA0}', '\u{1BCA3}'),
-    ('\u{1D173}', '\u{1D17A}'),
-    ('\u{E0001}', '\u{E0001}'),
-    ('\u{E0020}', '\u{E007F}'),
-];
+/// Characters that are none of the properties below yet render as blank space in common fonts (the Braille
+/// blank, the null notehead), found as "invisible" in Unicode's confusables data and lists of invisible
+/// characters. Hangul fillers (U+115F, U+1160, U+3164, U+FFA0) are Default_Ignorable_Code_Point already.
+const BLANK_GLYPHS: &[char] = &['\u{2800}', '\u{1D159}'];
 
-/// Whether `c` is a format character (general category Cf, Unicode 15.0).
+/// Whether `c` is a format character (general category Cf, from ICU4X's Unicode data).
 pub fn is_format_char(c: char) -> bool {
-    FORMAT_CHARS
-        .binary_search_by(|&(lo, hi)| {
-            if hi < c {
-                std::cmp::Ordering::Less
-            } else if lo > c {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        })
-        .is_ok()
+    general_category(c) == GeneralCategory::Format
 }
 
-/// Why `c` may not appear in an id, if it may not: control characters (Cc), format characters (Cf) and the
-/// line and paragraph separators (Zl, Zp: line breaks in all but name).
-fn invisible_in_id(c: char) -> Option<&'static str> {
-    if c.is_control() {
-        Some("control character")
-    } else if is_format_char(c) {
-        Some("invisible format character")
-    } else if matches!(c, '\u{2028}' | '\u{2029}') {
-        Some("line or paragraph separator")
+fn general_category(c: char) -> GeneralCategory {
+    CodePointMapData::<GeneralCategory>::new().get(c)
+}
+
+/// Why `c` may not appear in an id, if it may not. The rule, in this order (the first that applies names it):
+/// general category Cc (control), Cf (format: zero-width spaces and joiners, bidi controls, the BOM, soft hyphen,
+/// tags), Zl and Zp (line and paragraph separators), Zs other than U+0020 (no-break, en, em, ideographic... spaces),
+/// Co (private use: no agreed glyph) and Cs (surrogates, which a Rust string cannot hold anyway); then the
+/// properties Default_Ignorable_Code_Point (variation selectors U+FE00-FE0F and U+E0100-E01EF, the combining
+/// grapheme joiner, Hangul fillers, Mongolian free variation selectors...), White_Space and
+/// Noncharacter_Code_Point; then the [`BLANK_GLYPHS`]. The properties come from ICU4X's compiled Unicode data
+/// (`icu_properties`), so a newer Unicode version only adds to them. ASCII space stays allowed.
+pub fn invisible_in_id(c: char) -> Option<&'static str> {
+    use icu_properties::props::{DefaultIgnorableCodePoint, NoncharacterCodePoint, WhiteSpace};
+    if c == ' ' {
+        return None;
+    }
+    let why = match general_category(c) {
+        GeneralCategory::Control => "control character",
+        GeneralCategory::Format => "invisible format character",
+        GeneralCategory::LineSeparator | GeneralCategory::ParagraphSeparator => "line or paragraph separator",
+        GeneralCategory::SpaceSeparator => "space other than ASCII space",
+        GeneralCategory::PrivateUse => "private-use character",
+        GeneralCategory::Surrogate => "surrogate",
+        _ if CodePointSetData::new::<DefaultIgnorableCodePoint>().contains(c) => {
+            "default-ignorable (invisible) character"
+        }
+        _ if CodePointSetData::new::<WhiteSpace>().contains(c) => "white space character",
+        _ if CodePointSetData::new::<NoncharacterCodePoint>().contains(c) => "noncharacter",
+        _ if BLANK_GLYPHS.contains(&c) => "blank character",
+        _ => return None,
+    };
+    Some(why)
+}
+
+/// Why a path-like id (`job_id`, `submitted.chain_id`, node names) is not in its one spelling, if it is not: a
+/// `.` or `..` segment between slashes, or an empty one (`//`). Prefix rules (`job_id_prefixes`,
+/// `node_prefixes`, a chain SLO's `chain_id_prefix`) compare ids as strings, and `a/../b` would pass a prefix `a/`
+/// yet name `b` wherever paths are normalized (URLs, the API's `/api/v1/jobs/{id}` in a browser).
+pub fn unnormalized_path(value: &str) -> Option<&'static str> {
+    let segments: Vec<&str> = value.split('/').collect();
+    let last = segments.len() - 1;
+    for (i, seg) in segments.iter().enumerate() {
+        match *seg {
+            "." | ".." => return Some("a \".\" or \"..\" path segment"),
+            "" if i != 0 && i != last => return Some("an empty path segment (\"//\")"),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// [`optional_id`] for a path-like id: also in its one spelling ([`unnormalized_path`]).
+fn path_id(field: &str, value: &str, max: usize, required: bool) -> Result<(), FieldError> {
+    if required {
+        required_id(field, value, max)?;
     } else {
-        None
+        optional_id(field, value, max)?;
+    }
+    match unnormalized_path(value) {
+        Some(what) => {
+            Err(err(field, format!("contains {what}; ids are compared as written, so they must be normalized")))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Checks one id-like value (an id, an attribute, a node name) against the rules events' ids follow: at most
+/// `max` bytes, no invisible character ([`invisible_in_id`]), and, for `path`, no `.`/`..`/empty segments. For
+/// other messages than events (health readings) to share the rule.
+pub fn check_id(field: &str, value: &str, max: usize, path: bool) -> Result<(), FieldError> {
+    if path {
+        path_id(field, value, max, true)
+    } else {
+        required_id(field, value, max)
     }
 }
 
@@ -126,7 +157,11 @@ fn optional_id(field: &str, value: &str, max: usize) -> Result<(), FieldError> {
     if let Some((c, what)) = value.chars().find_map(|c| invisible_in_id(c).map(|w| (c, w))) {
         return Err(err(
             field,
-            format!("contains {what} U+{:04X}; ids must be visible text (no control or format characters)", c as u32),
+            format!(
+                "contains {what} U+{:04X}; ids must be visible text (no control, format, invisible or non-ASCII space \
+                 characters)",
+                c as u32
+            ),
         ));
     }
     Ok(())
@@ -159,7 +194,7 @@ fn label_key_ok(k: &str) -> bool {
 /// future-skew check.
 pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> Result<(), FieldError> {
     required_id("event_id", &ev.event_id, 128)?;
-    required_id("job_id", &ev.job_id, 256)?;
+    path_id("job_id", &ev.job_id, 256, true)?;
     required_id("source", &ev.source, 128)?;
     if ev.attempt == Some(0) {
         return Err(err("attempt", "starts at 1"));
@@ -195,7 +230,7 @@ pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> 
             optional_id("submitted.region", &s.region, 64)?;
             optional_id("submitted.team", &s.team, 64)?;
             optional_id("submitted.project", &s.project, 128)?;
-            optional_id("submitted.chain_id", &s.chain_id, 256)?;
+            path_id("submitted.chain_id", &s.chain_id, 256, false)?;
             optional_id("submitted.chain_stage", &s.chain_stage, 64)?;
             if s.labels.len() > limits.max_labels {
                 return Err(err(
@@ -225,7 +260,12 @@ pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> 
             }
         }
         Kind::NodeAssigned(n) => {
-            list("node_assigned.nodes", &n.nodes, 4096, 256)?;
+            if n.nodes.len() > 4096 {
+                return Err(err("node_assigned.nodes", format!("has {} entries, at most 4096 allowed", n.nodes.len())));
+            }
+            for (i, node) in n.nodes.iter().enumerate() {
+                path_id(&format!("node_assigned.nodes[{i}]"), node, 256, true)?;
+            }
             list("node_assigned.gpu_ids", &n.gpu_ids, 32768, 128)?;
         }
         Kind::Preparing(p) => {
@@ -247,7 +287,7 @@ pub fn validate_event(ev: &pb::LifecycleEvent, now_ms: i64, limits: &Limits) -> 
         }
         Kind::Preempted(p) => optional_str("preempted.reason", &p.reason, 256)?,
         Kind::NodeLost(n) => {
-            optional_id("node_lost.node", &n.node, 256)?;
+            path_id("node_lost.node", &n.node, 256, false)?;
             optional_str("node_lost.message", &n.message, 1024)?;
         }
         Kind::Done(d) => {
@@ -478,22 +518,126 @@ mod tests {
         assert_eq!(field_of(&queued("a\u{0007}b")).as_deref(), Some("queued.message"));
     }
 
+    /// The id rule, class by class: each character with the reason it is refused (or `None`: allowed).
     #[test]
-    fn format_table_is_sorted_disjoint_and_exact_at_its_edges() {
-        for w in FORMAT_CHARS.windows(2) {
-            assert!(w[0].0 <= w[0].1 && w[0].1 < w[1].0, "{w:?}");
+    fn the_id_rule_refuses_every_class_of_invisible_character() {
+        let table: &[(char, Option<&str>)] = &[
+            // Allowed: letters, digits, punctuation, symbols, ASCII space, marks that combine visibly.
+            ('a', None),
+            ('Z', None),
+            ('0', None),
+            (' ', None),
+            ('-', None),
+            ('/', None),
+            ('é', None),
+            ('日', None),
+            ('\u{0301}', None), // combining acute accent (Mn, not default-ignorable)
+            ('\u{1F600}', None),
+            ('\u{2764}', None),
+            ('\u{FFFD}', None),
+            // Cc
+            ('\u{0000}', Some("control character")),
+            ('\u{0009}', Some("control character")),
+            ('\u{0085}', Some("control character")),
+            ('\u{009F}', Some("control character")),
+            // Cf
+            ('\u{00AD}', Some("invisible format character")),
+            ('\u{200B}', Some("invisible format character")),
+            ('\u{2066}', Some("invisible format character")),
+            ('\u{FEFF}', Some("invisible format character")),
+            ('\u{E0041}', Some("invisible format character")),
+            // Zl, Zp
+            ('\u{2028}', Some("line or paragraph separator")),
+            ('\u{2029}', Some("line or paragraph separator")),
+            // Zs other than ASCII space
+            ('\u{00A0}', Some("space other than ASCII space")),
+            ('\u{1680}', Some("space other than ASCII space")),
+            ('\u{2000}', Some("space other than ASCII space")),
+            ('\u{200A}', Some("space other than ASCII space")),
+            ('\u{202F}', Some("space other than ASCII space")),
+            ('\u{205F}', Some("space other than ASCII space")),
+            ('\u{3000}', Some("space other than ASCII space")),
+            // Co
+            ('\u{E000}', Some("private-use character")),
+            ('\u{F8FF}', Some("private-use character")),
+            ('\u{F0000}', Some("private-use character")),
+            ('\u{10FFFD}', Some("private-use character")),
+            // Default_Ignorable_Code_Point (not Cf)
+            ('\u{034F}', Some("default-ignorable")), // combining grapheme joiner
+            ('\u{115F}', Some("default-ignorable")), // Hangul choseong filler
+            ('\u{1160}', Some("default-ignorable")), // Hangul jungseong filler
+            ('\u{17B4}', Some("default-ignorable")), // Khmer vowel inherent aq
+            ('\u{180B}', Some("default-ignorable")), // Mongolian free variation selector one
+            ('\u{3164}', Some("default-ignorable")), // HANGUL FILLER
+            ('\u{FE00}', Some("default-ignorable")), // variation selectors
+            ('\u{FE0F}', Some("default-ignorable")),
+            ('\u{FFA0}', Some("default-ignorable")),  // halfwidth Hangul filler
+            ('\u{E0100}', Some("default-ignorable")), // variation selectors supplement
+            ('\u{E01EF}', Some("default-ignorable")),
+            ('\u{E0FFF}', Some("default-ignorable")), // reserved, default-ignorable
+            // Noncharacters
+            ('\u{FDD0}', Some("noncharacter")),
+            ('\u{FFFE}', Some("noncharacter")),
+            ('\u{10FFFF}', Some("noncharacter")),
+            // Blank glyphs
+            ('\u{2800}', Some("blank character")),  // BRAILLE PATTERN BLANK
+            ('\u{1D159}', Some("blank character")), // MUSICAL SYMBOL NULL NOTEHEAD
+        ];
+        for &(c, want) in table {
+            let got = invisible_in_id(c);
+            match want {
+                None => assert_eq!(got, None, "U+{:04X} is allowed", c as u32),
+                Some(w) => assert!(got.is_some_and(|g| g.starts_with(w)), "U+{:04X}: {got:?}, want {w:?}", c as u32),
+            }
         }
-        let total: u32 = FORMAT_CHARS.iter().map(|&(lo, hi)| hi as u32 - lo as u32 + 1).sum();
-        assert_eq!(total, 170, "Unicode 15.0 has 170 Cf code points");
-        for &(lo, hi) in FORMAT_CHARS {
-            assert!(is_format_char(lo) && is_format_char(hi));
-            let below = char::from_u32(lo as u32 - 1).expect("char");
-            let above = char::from_u32(hi as u32 + 1).expect("char");
-            assert!(!is_format_char(below) && !is_format_char(above), "{lo:?}..{hi:?}");
+        // Every id field refuses each of them, naming the field and the code point.
+        for (field, set) in id_fields() {
+            for &(c, want) in table.iter().filter(|(_, w)| w.is_some()) {
+                let e = validate_event(&set(&format!("a{c}b")), NOW, &Limits::default()).expect_err(field);
+                assert_eq!(e.field, field);
+                assert!(e.reason.contains(&format!("U+{:04X}", c as u32)), "{}", e.reason);
+                assert!(e.reason.contains(want.unwrap_or_default()), "{}", e.reason);
+            }
         }
-        for visible in ['a', ' ', '\u{200A}', '\u{2070}', '\u{FEFE}', 'é', '日', '\u{1F600}'] {
-            assert!(!is_format_char(visible), "{visible:?}");
+        // Cf is exactly what the general category says (the old table's edges).
+        for c in ['\u{0600}', '\u{0605}', '\u{061C}', '\u{180E}', '\u{2064}', '\u{13430}', '\u{1343F}'] {
+            assert!(is_format_char(c), "U+{:04X}", c as u32);
         }
+        for c in ['a', ' ', '\u{200A}', '\u{2070}', '\u{FEFE}', '\u{3164}'] {
+            assert!(!is_format_char(c), "U+{:04X}", c as u32);
+        }
+    }
+
+    /// Path-like ids have one spelling: `.`/`..` segments and `//` are refused, so `a/../b` cannot pass a prefix
+    /// `a/` while naming `b`; dots inside a segment and a leading or trailing slash are fine.
+    #[test]
+    fn path_like_ids_must_be_normalized() {
+        let job = |v: &str| pb::LifecycleEvent { job_id: v.into(), ..good() };
+        for bad in ["a/../b", "a/./b", "..", ".", "./a", "a/..", "a//b", "slurm/cluster-a/../cluster-b/1"] {
+            let e = validate_event(&job(bad), NOW, &Limits::default()).expect_err(bad);
+            assert_eq!(e.field, "job_id", "{bad}");
+            assert!(e.reason.contains("normalized"), "{}", e.reason);
+        }
+        for ok in ["a/b", "a.b/c..d", "/a", "a/", "v1.2/x", "...", "a/.../b"] {
+            assert_eq!(field_of(&job(ok)), None, "{ok}");
+        }
+        let chain = with_submitted(|s| s.chain_id = "c/../d".into());
+        assert_eq!(field_of(&chain).as_deref(), Some("submitted.chain_id"));
+        let nodes = pb::LifecycleEvent {
+            kind: Some(Kind::NodeAssigned(pb::NodeAssigned {
+                nodes: vec!["n1".into(), "a//b".into()],
+                gpu_ids: vec![],
+            })),
+            ..good()
+        };
+        assert_eq!(field_of(&nodes).as_deref(), Some("node_assigned.nodes[1]"));
+        let lost = pb::LifecycleEvent {
+            kind: Some(Kind::NodeLost(pb::NodeLost { node: "..".into(), message: String::new() })),
+            ..good()
+        };
+        assert_eq!(field_of(&lost).as_deref(), Some("node_lost.node"));
+        assert!(check_id("reports[0].node", "a/./b", 256, true).is_err());
+        assert!(check_id("reports[0].source", "a/./b", 256, false).is_ok());
     }
 
     #[test]

@@ -161,6 +161,7 @@ async fn a_node_that_loses_jobs_and_a_node_with_climbing_ecc_errors_are_flagged(
 /// A token restricted to one cluster cannot mark another cluster's node suspect: health readings are held to the
 /// identity's `node_prefixes` and `sources` (the whole request refused with `PERMISSION_DENIED` naming the reading's
 /// field, nothing stored), and events naming a node outside its prefixes are rejected one by one naming the field.
+/// Nor can it slip past a prefix with `..` segments or invisible characters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readings_and_event_nodes_are_held_to_the_identitys_node_prefixes_and_sources() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -235,4 +236,41 @@ async fn health_readings_and_event_nodes_are_held_to_the_identitys_node_prefixes
     let refused: Vec<(u32, &str)> = ack.rejections.iter().map(|r| (r.index, r.field.as_str())).collect();
     assert_eq!(refused, vec![(1, "node_assigned.nodes[0]"), (3, "node_lost.node")], "{ack:?}");
     assert_eq!(ack.accepted, 3 + 4, "{ack:?}");
+
+    // Ids are checked before prefixes, on their one spelling: `a/../b/1` does not pass the prefix `a/`, nor does
+    // a node `a-x/../b-1` pass `a-`; invisible characters (a Hangul filler, a Braille blank, a variation
+    // selector, a no-break space) are refused in every id.
+    let sub = |job: &str, id: &str, source: &str| {
+        let mut e =
+            event(job, id, t, startline_tests::submitted(pb::PoolKind::Dedicated, pb::PriorityClass::Normal, 8));
+        e.source = source.into();
+        e
+    };
+    let evs = vec![
+        sub("a/../b/1", "s", "agent-a"),
+        sub("a/./1", "s", "agent-a"),
+        sub("a//1", "s", "agent-a"),
+        sub("a/x\u{3164}", "s", "agent-a"),
+        sub("a/3", "s\u{2800}", "agent-a"),
+        sub("a/4", "s", "agent-a\u{FE0F}"),
+        sub("a/5\u{00A0}", "s", "agent-a"),
+        sub("a/6", "s", "agent-a"),
+    ];
+    let mut r = tonic::Request::new(pb::PublishRequest { batch_seq: 2, events: evs });
+    authed(r.metadata_mut());
+    let ack = ingest.publish_batch(r).await.expect("acked").into_inner();
+    let refused: Vec<(u32, &str)> = ack.rejections.iter().map(|r| (r.index, r.field.as_str())).collect();
+    assert_eq!(
+        refused,
+        vec![(0, "job_id"), (1, "job_id"), (2, "job_id"), (3, "job_id"), (4, "event_id"), (5, "source"), (6, "job_id")],
+        "{ack:?}"
+    );
+    assert!(ack.rejections[0].reason.contains("\"..\" path segment"), "{ack:?}");
+    assert!(ack.rejections[3].reason.contains("U+3164"), "{ack:?}");
+    assert_eq!(ack.accepted, 1, "{ack:?}");
+    let err = client.report(report(vec![reading("a-x/../b-1", "agent-a")])).await.expect_err("unnormalized node");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("reports[0].node:"), "{}", err.message());
+    let err = client.report(report(vec![reading("a-gpu\u{2800}", "agent-a")])).await.expect_err("invisible node");
+    assert!(err.message().contains("U+2800"), "{}", err.message());
 }

@@ -33,13 +33,18 @@ pub fn free_text(s: &str, max_bytes: usize) -> String {
     out
 }
 
-/// A provider attribute (a team or project from a tag) made acceptable as an id-like attribute: control
-/// characters become spaces, invisible format characters and line or paragraph separators are left out, and the
-/// text is cut to `max_bytes` at a character boundary.
+/// A provider attribute (a team or project from a tag) made acceptable as an id-like attribute: white space
+/// (control or not: tabs, newlines, no-break and other non-ASCII spaces) becomes an ASCII space, every other
+/// character the collector's id rule refuses (`startline_proto::validate::invisible_in_id`: format, private-use,
+/// default-ignorable, blank...) is left out, and the text is cut to `max_bytes` at a character boundary.
 pub fn attribute(s: &str, max_bytes: usize) -> String {
     let visible: String = s
         .chars()
-        .filter(|c| !startline_proto::validate::is_format_char(*c) && !matches!(c, '\u{2028}' | '\u{2029}'))
+        .filter_map(|c| match c {
+            c if c.is_whitespace() => Some(' '),
+            c if startline_proto::validate::invisible_in_id(c).is_some() => None,
+            c => Some(c),
+        })
         .collect();
     free_text(visible.trim(), max_bytes)
 }
@@ -375,6 +380,8 @@ mod label_tests {
         assert_eq!(dropped, 3, "a collision, an unmappable key and one over the room");
         assert!(labels.keys().all(|k| valid_key(k)));
         assert_eq!(attribute("  nlp\u{200B}-team\n", 64), "nlp-team");
+        assert_eq!(attribute("ml\u{00A0}team\u{3164}\u{FE0F}\u{2800}", 64), "ml team");
+        assert_eq!(attribute("a\u{0}b\u{E000}c", 64), "abc");
         assert_eq!(attribute(&"é".repeat(100), 64).len(), 64);
     }
 

@@ -432,7 +432,9 @@ mod tests {
     #[test]
     fn insufficient_resources_is_a_failure_with_its_message_and_the_label_makes_it_urgent() {
         let j = load(include_str!("fixtures/vertex-customjob-failed.json"));
-        let (e, _) = diff(&Mapping::default(), &j, &JobMemory::default(), 0);
+        // A project, as `--project` always gives one (an empty one would make an id with `//`, which is refused).
+        let m = Mapping { project: "ml-prod".into(), ..Mapping::default() };
+        let (e, _) = diff(&m, &j, &JobMemory::default(), 0);
         assert_eq!(kinds(&e), ["submitted", "done:Failed"]);
         let Some(Kind::Done(d)) = &e[1].kind else { panic!("done") };
         assert!(d.message.starts_with("Resources are insufficient"));

@@ -113,6 +113,19 @@ impl AuthConfig {
     }
 }
 
+/// A prefix that no valid id can start with (an invisible character, a `.`/`..` segment or `//` before its last
+/// `/`) is an error: ids follow the protocol's id rule, so it would refuse everything.
+fn prefix_matches_ids(errs: &mut Vec<String>, field: &str, prefix: &str) {
+    use startline_proto::validate::{invisible_in_id, unnormalized_path};
+    if let Some(c) = prefix.chars().find(|c| invisible_in_id(*c).is_some()) {
+        errs.push(format!("{field}: {prefix:?} has U+{:04X}, which no id may contain", c as u32));
+    } else if let Some((whole, _)) = prefix.rsplit_once('/') {
+        if let Some(what) = unnormalized_path(&format!("{whole}/x")) {
+            errs.push(format!("{field}: {prefix:?} has {what}, which no id may contain"));
+        }
+    }
+}
+
 fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
@@ -193,6 +206,7 @@ impl AuthSection {
                         at("job_id_prefixes")
                     ));
                 }
+                prefix_matches_ids(errs, &at("job_id_prefixes"), p);
             }
             for p in &s.node_prefixes {
                 if p.is_empty() {
@@ -201,6 +215,7 @@ impl AuthSection {
                         at("node_prefixes")
                     ));
                 }
+                prefix_matches_ids(errs, &at("node_prefixes"), p);
             }
             if s.events_per_day == Some(0) {
                 errs.push(format!(

@@ -262,3 +262,25 @@ fn node_prefixes_are_read_and_an_empty_one_is_refused() {
         vec!["auth.identity[0].node_prefixes: an empty prefix permits every node; leave the list empty instead"]
     );
 }
+
+/// Prefixes no valid id can start with (ids follow the protocol's id rule) are config errors.
+#[test]
+fn prefixes_that_no_valid_id_can_match_are_refused() {
+    let mut s = ident("a", "tok-a", &["ingest"]);
+    s.job_id_prefixes = vec!["ok/".into(), "a/../".into(), "b//".into(), "c\u{3164}/".into(), "d/.".into()];
+    s.node_prefixes = vec!["n\u{00A0}".into(), "gpu-".into()];
+    let mut errs = Vec::new();
+    section(vec![s]).validate(&mut errs, false);
+    let fields: Vec<&str> = errs.iter().map(|e| e.split(':').next().unwrap_or("")).collect();
+    assert_eq!(
+        fields,
+        [
+            "auth.identity[0].job_id_prefixes",
+            "auth.identity[0].job_id_prefixes",
+            "auth.identity[0].job_id_prefixes",
+            "auth.identity[0].node_prefixes"
+        ],
+        "{errs:?}"
+    );
+    assert!(errs[0].contains("\"a/../\""), "{errs:?}");
+}

@@ -44,23 +44,26 @@ fn bad(field: String, why: &str) -> Status {
 /// Checks one reading and sums it over its GPUs.
 pub fn validate(i: usize, r: &pb::NodeHealth, now: i64, skew_ms: i64) -> Result<Reading, Status> {
     let f = |name: &str| format!("reports[{i}].{name}");
-    if r.node.is_empty() || r.node.len() > 256 || r.node.chars().any(|c| c.is_control()) {
-        return Err(bad(f("node"), "must be 1 to 256 bytes of printable characters"));
-    }
+    // The id rule events' node names follow (visible characters, no `.`/`..`/empty path segments).
+    let id = |field: String, value: &str, max: usize, path: bool| {
+        startline_proto::validate::check_id(&field, value, max, path)
+            .map_err(|e| Status::invalid_argument(e.to_string()))
+    };
+    id(f("node"), &r.node, 256, true)?;
     let at = r.observed_at.as_ref().map(timestamp_to_ms).ok_or_else(|| bad(f("observed_at"), "is required"))?;
     if at > now + skew_ms {
         return Err(bad(f("observed_at"), "is further ahead of the collector's clock than the allowed skew"));
     }
-    if r.source.len() > 128 {
-        return Err(bad(f("source"), "must be at most 128 bytes"));
+    if !r.source.is_empty() {
+        id(f("source"), &r.source, 128, false)?;
     }
     if r.gpus.len() > MAX_GPUS {
         return Err(bad(f("gpus"), "at most 64 GPUs per reading"));
     }
     let mut out = Reading { at_ms: at, ecc_corrected: 0, ecc_uncorrected: 0, xid_errors: 0, gpus: r.gpus.len() as u32 };
     for (j, g) in r.gpus.iter().enumerate() {
-        if g.uuid.len() > 128 {
-            return Err(bad(f(&format!("gpus[{j}].uuid")), "must be at most 128 bytes"));
+        if !g.uuid.is_empty() {
+            id(f(&format!("gpus[{j}].uuid")), &g.uuid, 128, false)?;
         }
         if g.xid_errors.len() > 64 {
             return Err(bad(f(&format!("gpus[{j}].xid_errors")), "at most 64 per reading"));

@@ -185,7 +185,7 @@ pub fn emit_bodies() -> Vec<Value> {
 /// One structural mutation of a protocol event: ids, attempt, time and kind fields set to edge values.
 fn mutate_event(rng: &mut Rng, ev: &mut pb::LifecycleEvent) {
     let text = |rng: &mut Rng| -> String {
-        match rng.range(0, 9) {
+        match rng.range(0, 11) {
             0 => String::new(),
             1 => "a".repeat(*pick(rng, &[64usize, 65, 128, 129, 256, 257, 1024, 1025, 5000])),
             2 => "job\u{0}id".into(),
@@ -194,6 +194,8 @@ fn mutate_event(rng: &mut Rng, ev: &mut pb::LifecycleEvent) {
             5 => "\u{e9}\u{1f600}".into(),
             6 => "x\u{202e}y".into(),
             7 => "line\nbreak".into(),
+            8 => pick(rng, &["a/../b", "a//b", "./a", "a/.."]).to_string(),
+            9 => pick(rng, &["\u{3164}", "a\u{2800}", "b\u{fe0f}", "c\u{a0}d", "\u{e0100}", "\u{e000}"]).to_string(),
             _ => format!("v{}", rng.next_u64() % 1000),
         }
     };
