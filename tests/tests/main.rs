@@ -51,5 +51,6 @@ mod slo_export;
 mod slurm;
 mod slurmrestd;
 mod stream;
+mod stream_stall;
 mod systemd;
 mod vertex;

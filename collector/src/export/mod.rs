@@ -384,7 +384,7 @@ impl Telemetry {
     }
 
     /// Registers the stream out's self-metrics: records written, live subscribers, subscribers disconnected for
-    /// falling behind. Called once at start.
+    /// falling behind or for not reading. Called once at start.
     pub fn observe_stream(&self, stream: Arc<crate::stream::Stream>) {
         for provider in &self.providers {
             let meter = provider.meter("startline-collector");
@@ -410,6 +410,16 @@ impl Telemetry {
                     "Subscribers disconnected for falling more than [stream] subscriber_buffer records behind",
                 )
                 .with_callback(move |o| o.observe(s.overflows.load(Ordering::Relaxed), &[]))
+                .build();
+            let s = stream.clone();
+            let _ = meter
+                .u64_observable_counter("startline.collector.stream.send_timeouts")
+                .with_unit("{subscriber}")
+                .with_description(
+                    "Subscribers disconnected because a record waited more than [stream] send_timeout for room \
+                     (the client stopped reading)",
+                )
+                .with_callback(move |o| o.observe(s.send_timeouts.load(Ordering::Relaxed), &[]))
                 .build();
         }
     }

@@ -3,18 +3,35 @@
 //! `stream` module doc). One task per subscriber; it never holds up ingest: the hub drops a subscriber that
 //! falls more than `[stream] subscriber_buffer` records behind, and this task then ends the call with
 //! `RESOURCE_EXHAUSTED` naming the cursor to resume after.
+//!
+//! Between the task and the transport sits an [`Outgoing`] queue of [`OUTBOX_RECORDS`] records. A send that
+//! finds it full (the client stopped reading: HTTP/2 flow control holds the transport) waits at most
+//! `[stream] send_timeout`; then the call ends with `RESOURCE_EXHAUSTED`, its slot among `max_subscribers`
+//! freed at once. However a call ends (too slow, not reading, shutdown, a storage failure), the records still
+//! queued are dropped and the status
+//! follows the last record handed to the transport: its message says `resume with after_cursor = N` and the
+//! trailer [`RESUME_CURSOR`] carries `N`, the cursor of the last record the client can have received.
 
 use crate::store::Store;
-use crate::stream::{Ended, Filter, Stream};
+use crate::stream::{Ended, Filter, Rec, Stream};
 use startline_proto::pb;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 /// Records read from the store per step of a catch-up.
 const CATCH_UP_CHUNK: usize = 1000;
+
+/// Records queued between a subscriber's task and its transport.
+pub const OUTBOX_RECORDS: usize = 256;
+
+/// The trailer (gRPC metadata of the ending status) with the cursor to resume after: the last record sent
+/// before the status.
+pub const RESUME_CURSOR: &str = "startline-resume-cursor";
 
 /// The service.
 #[derive(Clone)]
@@ -31,6 +48,109 @@ pub struct StreamService {
 
 fn storage(e: crate::store::StoreError) -> Status {
     Status::unavailable(format!("stream storage unavailable: {}", e.cause()))
+}
+
+/// The transport's side of a call: the records its task queued, then the status that ends it.
+struct Outbox {
+    rx: mpsc::Receiver<pb::StreamRecord>,
+    /// Set by the task before it lets go of its sender.
+    end: Option<Status>,
+    /// The cursor of the last record handed to the transport (where the call started, before the first).
+    handed: u64,
+}
+
+fn lock(o: &Mutex<Outbox>) -> std::sync::MutexGuard<'_, Outbox> {
+    o.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A Subscribe call's response stream: the records its task queued, then the status that ended the call.
+pub struct Outgoing(Arc<Mutex<Outbox>>);
+
+impl tokio_stream::Stream for Outgoing {
+    type Item = Result<pb::StreamRecord, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut o = lock(&self.0);
+        match o.rx.poll_recv(cx) {
+            Poll::Ready(Some(r)) => {
+                o.handed = r.cursor;
+                Poll::Ready(Some(Ok(r)))
+            }
+            Poll::Ready(None) => Poll::Ready(o.end.take().map(Err)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Outgoing {
+    fn drop(&mut self) {
+        // The client left: the task's next send fails and its `closed()` wakes it.
+        lock(&self.0).rx.close();
+    }
+}
+
+/// Why a subscription's task stopped.
+enum Stop {
+    /// The client left: nothing to say.
+    Gone,
+    /// A send waited more than `send_timeout` for room.
+    Stalled,
+    /// The hub dropped it for falling behind.
+    Overflow,
+    /// The collector is stopping.
+    Closed,
+    /// Reading the store failed.
+    Failed(Status),
+}
+
+/// The task's side of a call.
+struct Sink {
+    tx: mpsc::Sender<pb::StreamRecord>,
+    outbox: Arc<Mutex<Outbox>>,
+    timeout: Duration,
+}
+
+impl Sink {
+    /// A call's two sides, starting after cursor `after`.
+    fn new(after: u64, timeout: Duration) -> (Sink, Outgoing) {
+        let (tx, rx) = mpsc::channel(OUTBOX_RECORDS);
+        let outbox = Arc::new(Mutex::new(Outbox { rx, end: None, handed: after }));
+        (Sink { tx, outbox: outbox.clone(), timeout }, Outgoing(outbox))
+    }
+
+    /// Queues a record, waiting at most the timeout for room.
+    async fn send(&self, r: pb::StreamRecord) -> Result<(), Stop> {
+        let r = match self.tx.try_send(r) {
+            Ok(()) => return Ok(()),
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(Stop::Gone),
+            Err(mpsc::error::TrySendError::Full(r)) => r,
+        };
+        match tokio::time::timeout(self.timeout, self.tx.send(r)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Stop::Gone),
+            Err(_) => Err(Stop::Stalled),
+        }
+    }
+
+    /// Ends the call: the records still queued are dropped, and `status(resume)` (with the [`RESUME_CURSOR`]
+    /// trailer) follows the last record handed to the transport, whose cursor is `resume`.
+    fn end(self, status: impl FnOnce(u64) -> Status) {
+        let mut o = lock(&self.outbox);
+        o.rx.close();
+        while o.rx.try_recv().is_ok() {}
+        let resume = o.handed;
+        let mut s = status(resume);
+        s.metadata_mut().insert(RESUME_CURSOR, resume.into());
+        o.end = Some(s);
+        // Dropping the sender (with `self`) wakes the transport, which finds the queue empty and sends the status.
+    }
+}
+
+/// What the live loop waits for.
+enum Next {
+    Batch(Result<Arc<[Rec]>, Ended>),
+    Tick,
+    Gone,
 }
 
 impl StreamService {
@@ -70,27 +190,74 @@ impl StreamService {
         }
     }
 
-    async fn run(self, mut after: u64, filter: Filter, tx: mpsc::Sender<Result<pb::StreamRecord, Status>>) {
+    /// Follows the stream for one call until it ends, then ends the call with the reason's status.
+    async fn run(self, after: u64, filter: Filter, out: Sink) {
+        let mut live = None;
+        let stop = self.follow(after, &filter, &out, &mut live).await;
+        let settings = &self.stream.settings;
+        let counter = |c: &std::sync::atomic::AtomicU64| c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A subscriber stalled past the deadline that had also fallen more than its buffer behind is counted and
+        // told as too slow: the hub had already dropped it.
+        let stop = match stop {
+            Stop::Stalled if live.as_ref().is_some_and(crate::stream::Live::overflowed) => Stop::Overflow,
+            s => s,
+        };
+        match stop {
+            Stop::Gone => {}
+            Stop::Stalled => {
+                counter(&self.stream.send_timeouts);
+                out.end(|resume| {
+                    Status::resource_exhausted(format!(
+                        "subscriber not reading: a record waited more than {} for room ([stream] send_timeout); \
+                         the first record not delivered comes after cursor {resume}; resume with after_cursor = \
+                         {resume}",
+                        crate::settings::format_duration(settings.send_timeout)
+                    ))
+                });
+            }
+            Stop::Overflow => {
+                counter(&self.stream.overflows);
+                out.end(|resume| {
+                    Status::resource_exhausted(format!(
+                        "subscriber too slow: more than {} records behind the live stream; resume with \
+                         after_cursor = {resume}",
+                        settings.subscriber_buffer
+                    ))
+                });
+            }
+            Stop::Closed => out.end(|resume| {
+                Status::unavailable(format!("collector shutting down; resume with after_cursor = {resume}"))
+            }),
+            Stop::Failed(s) => {
+                out.end(|resume| Status::new(s.code(), format!("{}; resume with after_cursor = {resume}", s.message())))
+            }
+        }
+    }
+
+    /// Sends the call's records: a catch-up from the store, then the live hub (left in `live`).
+    async fn follow(
+        &self,
+        mut after: u64,
+        filter: &Filter,
+        out: &Sink,
+        live: &mut Option<crate::stream::Live>,
+    ) -> Stop {
         let progress_every = self.stream.settings.progress_interval;
         let mut last_sent = after;
         let mut last_sent_at = tokio::time::Instant::now();
-        // Sends one record (or ends the task when the client left).
+        // Sends one record.
         macro_rules! send {
             ($r:expr) => {
-                if tx.send(Ok($r)).await.is_err() {
-                    return;
+                if let Err(stop) = out.send($r).await {
+                    return stop;
                 }
             };
         }
         // Catch up from the store, subscribe, then read the store once more for records published in between.
-        let mut live = None;
         loop {
             let chunk = match self.read(after).await {
                 Ok(c) => c,
-                Err(s) => {
-                    let _ = tx.send(Err(s)).await;
-                    return;
-                }
+                Err(s) => return Stop::Failed(s),
             };
             // The store returns whole blocks until at least the limit: fewer means the end was reached.
             let full = chunk.len() >= CATCH_UP_CHUNK;
@@ -108,18 +275,22 @@ impl StreamService {
             if live.is_some() {
                 break;
             }
-            live = Some(self.stream.hub.subscribe(self.stream.settings.subscriber_buffer));
+            *live = Some(self.stream.hub.subscribe(self.stream.settings.subscriber_buffer));
         }
-        let Some(mut live) = live else { return };
+        let Some(sub) = live.as_mut() else { return Stop::Closed };
         let mut tick = tokio::time::interval(progress_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let batch = tokio::select! {
-                _ = self.shutdown.cancelled() => Err(Ended::Closed),
+            let next = tokio::select! {
+                _ = self.shutdown.cancelled() => Next::Batch(Err(Ended::Closed)),
                 // The client left: free the call's slot now, not at the next record.
-                _ = tx.closed() => return,
-                b = live.recv() => b,
-                _ = tick.tick() => {
+                _ = out.tx.closed() => Next::Gone,
+                b = sub.recv() => Next::Batch(b),
+                _ = tick.tick() => Next::Tick,
+            };
+            let batch = match next {
+                Next::Gone => return Stop::Gone,
+                Next::Tick => {
                     if after > last_sent && last_sent_at.elapsed() >= progress_every {
                         last_sent = after;
                         last_sent_at = tokio::time::Instant::now();
@@ -132,28 +303,9 @@ impl StreamService {
                     }
                     continue;
                 }
-            };
-            let batch = match batch {
-                Ok(b) => b,
-                Err(Ended::Overflow { .. }) => {
-                    self.stream.overflows.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let _ = tx
-                        .send(Err(Status::resource_exhausted(format!(
-                            "subscriber too slow: more than {} records behind the live stream; resume with \
-                             after_cursor = {after}",
-                            self.stream.settings.subscriber_buffer
-                        ))))
-                        .await;
-                    return;
-                }
-                Err(Ended::Closed) => {
-                    let _ = tx
-                        .send(Err(Status::unavailable(format!(
-                            "collector shutting down; resume with after_cursor = {after}"
-                        ))))
-                        .await;
-                    return;
-                }
+                Next::Batch(Ok(b)) => b,
+                Next::Batch(Err(Ended::Overflow { .. })) => return Stop::Overflow,
+                Next::Batch(Err(Ended::Closed)) => return Stop::Closed,
             };
             for rec in batch.iter() {
                 if rec.cursor <= after {
@@ -172,7 +324,7 @@ impl StreamService {
 
 #[tonic::async_trait]
 impl pb::stream_service_server::StreamService for StreamService {
-    type SubscribeStream = ReceiverStream<Result<pb::StreamRecord, Status>>;
+    type SubscribeStream = Outgoing;
 
     async fn subscribe(
         &self,
@@ -191,13 +343,13 @@ impl pb::stream_service_server::StreamService for StreamService {
             )));
         };
         let after = self.start(&req).await?;
-        let (tx, rx) = mpsc::channel(256);
+        let (sink, outgoing) = Sink::new(after, self.stream.settings.send_timeout);
         let this = self.clone();
         tokio::spawn(async move {
-            this.run(after, filter, tx).await;
+            this.run(after, filter, sink).await;
             drop(slot);
         });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Ok(Response::new(outgoing))
     }
 }
 
@@ -219,10 +371,11 @@ mod tests {
     }
 
     async fn collect(s: &StreamService, req: pb::SubscribeRequest, n: usize) -> Result<Vec<u64>, Status> {
-        let mut rx = s.subscribe(Request::new(req)).await?.into_inner().into_inner();
+        use tokio_stream::StreamExt;
+        let mut rx = s.subscribe(Request::new(req)).await?.into_inner();
         let mut out = Vec::new();
         while out.len() < n {
-            match tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv()).await {
+            match tokio::time::timeout(std::time::Duration::from_secs(5), rx.next()).await {
                 Ok(Some(Ok(r))) => out.push(r.cursor),
                 Ok(Some(Err(s))) => return Err(s),
                 _ => break,
@@ -269,5 +422,92 @@ mod tests {
         assert!(e.message().contains("ahead of the newest record (6)"), "{e}");
         svc.stream.durable.store(7, std::sync::atomic::Ordering::Release);
         assert_eq!(svc.read(6).await.expect("read").iter().map(|r| r.cursor).collect::<Vec<_>>(), vec![7]);
+    }
+
+    fn service(settings: crate::stream::StreamSettings) -> (tempfile::TempDir, StreamService) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db")).expect("open");
+        let svc = StreamService {
+            store,
+            stream: Stream::new(settings),
+            shutdown: CancellationToken::new(),
+            clock: crate::time::Clock::system(),
+        };
+        (dir, svc)
+    }
+
+    /// Live records `from..=to`, as the committer hands them to the hub.
+    fn live(svc: &StreamService, from: u64, to: u64) {
+        let recs: Arc<[Rec]> = (from..=to)
+            .map(|c| Rec { cursor: c, kind: crate::stream::KIND_CHANGE, bytes: record(c).1.into() })
+            .collect();
+        svc.stream.hub.publish(recs);
+    }
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn resume_cursor(s: &Status) -> Option<u64> {
+        s.metadata().get(RESUME_CURSOR)?.to_str().ok()?.parse().ok()
+    }
+
+    /// A transport that takes ten records and then nothing (a client that stopped reading): once its queue is
+    /// full, the next record waits `send_timeout`, then the call ends at once: its slot is free, the end is
+    /// counted, and the queued records give way to the status, which names the last record handed over.
+    #[tokio::test]
+    async fn a_subscriber_not_reading_is_ended_at_the_send_deadline_with_its_cursor() {
+        use tokio_stream::StreamExt;
+        let timeout = Duration::from_millis(300);
+        let settings = crate::stream::StreamSettings { send_timeout: timeout, ..Default::default() };
+        let (_dir, svc) = service(settings);
+        let mut out = svc.subscribe(Request::new(Default::default())).await.expect("subscribe").into_inner();
+        until("the live subscription", || svc.stream.hub.subscribers() == 1).await;
+        live(&svc, 1, 10);
+        for c in 1..=10 {
+            let r = out.next().await.expect("open").expect("record");
+            assert_eq!(r.cursor, c);
+        }
+        live(&svc, 11, 400);
+        let stalled = std::time::Instant::now();
+        until("the slot to free", || svc.stream.open_calls() == 0).await;
+        let waited = stalled.elapsed();
+        assert!(waited >= timeout, "ended after {waited:?}, before the deadline");
+        assert_eq!(svc.stream.send_timeouts.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(svc.stream.overflows.load(std::sync::atomic::Ordering::Relaxed), 0);
+        let end = out.next().await.expect("a status").expect_err("the status, not the queued records");
+        assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
+        assert!(end.message().contains("[stream] send_timeout"), "{end:?}");
+        assert!(end.message().contains("resume with after_cursor = 10"), "{end:?}");
+        assert_eq!(resume_cursor(&end), Some(10));
+        assert!(out.next().await.is_none(), "nothing after the status");
+        // The slot is reusable.
+        let _next = svc.subscribe(Request::new(Default::default())).await.expect("a new call gets the slot");
+    }
+
+    /// A reader slower than the stream, but reading: every send waits a little, none the whole deadline.
+    #[tokio::test]
+    async fn a_slow_reader_that_reads_is_not_ended() {
+        use tokio_stream::StreamExt;
+        let settings = crate::stream::StreamSettings { send_timeout: Duration::from_millis(300), ..Default::default() };
+        let (_dir, svc) = service(settings);
+        let mut out = svc.subscribe(Request::new(Default::default())).await.expect("subscribe").into_inner();
+        until("the live subscription", || svc.stream.hub.subscribers() == 1).await;
+        live(&svc, 1, 600);
+        let started = std::time::Instant::now();
+        for c in 1..=600 {
+            let r = out.next().await.expect("open").expect("record");
+            assert_eq!(r.cursor, c);
+            if c % 50 == 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        assert!(started.elapsed() > Duration::from_millis(900), "slower than the deadline in all");
+        assert_eq!(svc.stream.send_timeouts.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(svc.stream.open_calls(), 1);
     }
 }

@@ -42,6 +42,9 @@ pub struct StreamSection {
     pub max_subscribers: Option<usize>,
     /// How often a filtered subscriber that received nothing is sent a progress record (default `10s`).
     pub progress_interval: Option<String>,
+    /// Longest a record waits for room toward a subscriber (its client not reading) before the call is ended
+    /// (default `10s`, at least `100ms`).
+    pub send_timeout: Option<String>,
 }
 
 /// `[stream]` settings.
@@ -57,6 +60,8 @@ pub struct StreamSettings {
     pub max_subscribers: usize,
     /// Progress records for quiet filtered subscribers.
     pub progress_interval: Duration,
+    /// Longest one send to a subscriber may wait for room before the call is ended.
+    pub send_timeout: Duration,
 }
 
 impl Default for StreamSettings {
@@ -67,6 +72,7 @@ impl Default for StreamSettings {
             subscriber_buffer: 100_000,
             max_subscribers: 64,
             progress_interval: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -109,6 +115,13 @@ impl StreamSection {
                 d.progress_interval,
                 Duration::from_millis(100),
             ),
+            send_timeout: crate::settings::duration(
+                errs,
+                "stream.send_timeout",
+                &self.send_timeout,
+                d.send_timeout,
+                Duration::from_millis(100),
+            ),
         }
     }
 
@@ -120,6 +133,7 @@ impl StreamSection {
             subscriber_buffer: Some(s.subscriber_buffer),
             max_subscribers: Some(s.max_subscribers),
             progress_interval: Some(crate::settings::format_duration(s.progress_interval)),
+            send_timeout: Some(crate::settings::format_duration(s.send_timeout)),
         }
     }
 }
@@ -463,6 +477,12 @@ pub struct Live {
 }
 
 impl Live {
+    /// Whether the hub already disconnected this subscription for falling more than its buffer behind (the
+    /// records queued before it still come from [`Live::recv`]).
+    pub fn overflowed(&self) -> bool {
+        matches!(*self.ended.lock().unwrap_or_else(|p| p.into_inner()), Some(Ended::Overflow { .. }))
+    }
+
     /// The next batch of records, or why there are no more.
     pub async fn recv(&mut self) -> Result<Arc<[Rec]>, Ended> {
         match self.rx.recv().await {
@@ -550,6 +570,8 @@ pub struct Stream {
     pub durable: AtomicU64,
     /// Subscribers disconnected for falling behind (self-metric).
     pub overflows: AtomicU64,
+    /// Subscribers disconnected because a send to them waited more than `send_timeout` (self-metric).
+    pub send_timeouts: AtomicU64,
     /// Woken when alert changes are posted (the committer writes them without waiting for a group commit).
     pub wake: tokio::sync::Notify,
     /// Subscribe calls open (catching up from disk or following live).
@@ -575,6 +597,7 @@ impl Stream {
             written: AtomicU64::new(0),
             durable: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
+            send_timeouts: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
             calls: AtomicU64::new(0),
         })
