@@ -45,6 +45,7 @@ mod packaging;
 mod prediction;
 mod reload;
 mod retention;
+mod revocation;
 mod sagemaker;
 mod security;
 mod slo_export;

@@ -13,7 +13,10 @@
 //! - With no identity configured at all, [`Auth`] is *open*: every request acts as [`Identity::anonymous`] with
 //!   every scope. The config refuses a non-loopback listener in that case unless `auth.insecure = true`.
 //! - [`Auth::reload`] swaps the keyring atomically (SIGHUP, file change, `POST /api/v1/admin/reload`): a removed
-//!   token fails from the next request on, including sessions the dashboard opened with it.
+//!   token fails from the next request on, including sessions the dashboard opened with it. Long calls (gRPC
+//!   `Publish` and `Subscribe` streams) keep a [`Held`] identity: each reload bumps a generation they watch, and
+//!   they prove their credentials again against the new keyring before their next batch or record, ending when
+//!   the credential is gone or the scope was taken away.
 //!
 //! No token is ever logged, formatted into an error or a URL, or exported: [`Denied`] names a reason and the
 //! identity (when one was proven), nothing else.
@@ -331,6 +334,9 @@ pub struct AuthStats {
     pub origin: AtomicU64,
     /// Successful reloads of the identities.
     pub reloads: AtomicU64,
+    /// Open long calls ended by a reload, by call ([`LongCall`]) and by whether the credential was gone
+    /// (`UNAUTHENTICATED`, index 0) or the scope taken away (`PERMISSION_DENIED`, index 1).
+    pub revoked: [[AtomicU64; 2]; 2],
 }
 
 impl AuthStats {
@@ -345,6 +351,22 @@ impl AuthStats {
             Denied::Quota { .. } => &self.quota,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a long call ended by a reload.
+    pub fn count_revoked(&self, call: LongCall, d: &Denied) {
+        self.revoked[call as usize][usize::from(!d.is_unauthenticated())].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Long calls ended by reloads: `(call, code, count)` for every call and code.
+    pub fn revoked_calls(&self) -> [(&'static str, &'static str, u64); 4] {
+        let g = |c: LongCall, i: usize| self.revoked[c as usize][i].load(Ordering::Relaxed);
+        [
+            ("publish", "unauthenticated", g(LongCall::Publish, 0)),
+            ("publish", "permission_denied", g(LongCall::Publish, 1)),
+            ("subscribe", "unauthenticated", g(LongCall::Subscribe, 0)),
+            ("subscribe", "permission_denied", g(LongCall::Subscribe, 1)),
+        ]
     }
 
     /// Every counter with its reason label.
@@ -385,10 +407,100 @@ pub struct Credentials<'a> {
     pub cert_names: &'a [String],
 }
 
+/// What proved a caller's identity, kept by a long call so it can be proven again after a reload: a token's
+/// hash, never the token.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Proof {
+    /// No credentials.
+    None,
+    /// An `Authorization` header: the bearer token's hash, or `None` when the header was malformed.
+    Bearer(Option<TokenHash>),
+    /// A dashboard session's token hash.
+    Session(TokenHash),
+    /// The connection's verified client-certificate names.
+    Cert(Arc<[String]>),
+}
+
+impl Proof {
+    /// What `creds` prove, in the order [`Auth::authenticate`] looks: a bearer token, a session, a certificate.
+    pub fn of(creds: Credentials<'_>) -> Proof {
+        if let Some(header) = creds.authorization {
+            return Proof::Bearer(bearer(header).map(TokenHash::of));
+        }
+        if let Some(hash) = creds.session {
+            return Proof::Session(hash);
+        }
+        if !creds.cert_names.is_empty() {
+            return Proof::Cert(creds.cert_names.into());
+        }
+        Proof::None
+    }
+}
+
+/// The long calls that hold an identity for their whole life (a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LongCall {
+    /// gRPC `IngestService.Publish`.
+    Publish = 0,
+    /// gRPC `StreamService.Subscribe`.
+    Subscribe = 1,
+}
+
+/// A long call's hold on its caller's identity: proven when the call opened, proven again against the new
+/// keyring after every reload, before the call's next batch or record. Checking costs one atomic load while no
+/// reload happened.
+#[derive(Debug, Clone)]
+pub struct Held {
+    auth: Arc<Auth>,
+    proof: Proof,
+    scope: Option<Scope>,
+    identity: Arc<Identity>,
+    reloads: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Held {
+    /// The identity as last proven.
+    pub fn identity(&self) -> &Arc<Identity> {
+        &self.identity
+    }
+
+    /// Counts the call as ended by a reload (`startline_collector_auth_revoked_calls_total`).
+    pub fn count_revoked(&self, call: LongCall, d: &Denied) {
+        self.auth.stats.count_revoked(call, d);
+    }
+
+    /// The identity now: proven again if the identities were reloaded since the last check; `Err` when the
+    /// credential is gone ([`Denied::is_unauthenticated`]) or the identity lost the call's scope.
+    pub fn check(&mut self) -> Result<&Arc<Identity>, Denied> {
+        if self.reloads.has_changed().unwrap_or(false) {
+            self.reloads.mark_unchanged();
+            self.identity = self.auth.prove(&self.proof, self.scope)?;
+        }
+        Ok(&self.identity)
+    }
+
+    /// Resolves when a reload took the call's credential or scope away (reloads that keep them only refresh the
+    /// identity). Cancel-safe: a reload seen here and not yet judged is judged by the next [`Held::check`].
+    pub async fn revoked(&mut self) -> Denied {
+        loop {
+            if self.reloads.changed().await.is_err() {
+                // The authenticator is gone (the collector is stopping): nothing more to watch.
+                std::future::pending::<()>().await;
+            }
+            match self.auth.prove(&self.proof, self.scope) {
+                Ok(id) => self.identity = id,
+                Err(d) => return d,
+            }
+        }
+    }
+}
+
 /// The authenticator both edges share.
 #[derive(Debug)]
 pub struct Auth {
     keyring: RwLock<Arc<Keyring>>,
+    /// Bumped by every reload, after the new keyring is in place (long calls watch it).
+    generation: tokio::sync::watch::Sender<u64>,
     /// Set when the operator allowed a non-loopback listener without authentication.
     insecure: AtomicBool,
     /// Whether `/metrics` needs a `read` identity.
@@ -405,6 +517,7 @@ impl Auth {
     pub fn new(keyring: Keyring, insecure: bool, metrics_protected: bool) -> Auth {
         Auth {
             keyring: RwLock::new(Arc::new(keyring)),
+            generation: tokio::sync::watch::Sender::new(0),
             insecure: AtomicBool::new(insecure),
             metrics_protected: AtomicBool::new(metrics_protected),
             buckets: Mutex::new(HashMap::new()),
@@ -458,6 +571,29 @@ impl Auth {
             d.retain(|name, _| names.contains(name));
         }
         self.stats.reloads.fetch_add(1, Ordering::Relaxed);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Authenticates, checks `scope` (`None`: any proven identity) and keeps what proved it, for a call that
+    /// checks it again after each reload ([`Held`]). Refusals are counted as by [`Auth::authorize`].
+    pub fn hold(self: &Arc<Self>, creds: Credentials<'_>, scope: Option<Scope>) -> Result<Held, Denied> {
+        // Watch before looking up: a reload that lands after the lookup is then seen by the first check.
+        let reloads = self.generation.subscribe();
+        let identity = match scope {
+            Some(s) => self.authorize(creds, s)?,
+            None => self.authenticate(creds)?,
+        };
+        Ok(Held { auth: self.clone(), proof: Proof::of(creds), scope, identity, reloads })
+    }
+
+    /// Proves a kept proof against the keyring in force (not counted as a refusal: the caller counts what it
+    /// ends).
+    fn prove(&self, proof: &Proof, scope: Option<Scope>) -> Result<Arc<Identity>, Denied> {
+        let id = Self::resolve(&self.keyring(), proof)?;
+        match scope {
+            Some(needed) if !id.scopes.grants(needed) => Err(Denied::Scope { identity: id.name.clone(), needed }),
+            _ => Ok(id),
+        }
     }
 
     /// Finds the identity the credentials prove (a bearer token first, then a session, then a certificate).
@@ -475,20 +611,23 @@ impl Auth {
     }
 
     fn lookup(keyring: &Keyring, creds: Credentials<'_>) -> Result<Arc<Identity>, Denied> {
+        Self::resolve(keyring, &Proof::of(creds))
+    }
+
+    fn resolve(keyring: &Keyring, proof: &Proof) -> Result<Arc<Identity>, Denied> {
         if keyring.is_empty() {
             return Ok(Arc::new(Identity::anonymous()));
         }
-        if let Some(header) = creds.authorization {
-            let token = bearer(header).ok_or(Denied::Malformed)?;
-            return keyring.by_token.get(&TokenHash::of(token)).cloned().ok_or(Denied::Unknown);
+        match proof {
+            Proof::Bearer(None) => Err(Denied::Malformed),
+            Proof::Bearer(Some(hash)) | Proof::Session(hash) => {
+                keyring.by_token.get(hash).cloned().ok_or(Denied::Unknown)
+            }
+            Proof::Cert(names) => {
+                names.iter().find_map(|n| keyring.by_cert_name.get(n).cloned()).ok_or(Denied::Unknown)
+            }
+            Proof::None => Err(Denied::Missing),
         }
-        if let Some(hash) = creds.session {
-            return keyring.by_token.get(&hash).cloned().ok_or(Denied::Unknown);
-        }
-        if !creds.cert_names.is_empty() {
-            return creds.cert_names.iter().find_map(|n| keyring.by_cert_name.get(n).cloned()).ok_or(Denied::Unknown);
-        }
-        Err(Denied::Missing)
     }
 
     /// Authenticates and checks one scope.

@@ -246,6 +246,44 @@ fn a_daily_quota_refuses_whole_batches_until_the_next_utc_day() {
     assert_eq!(a.stats.quota.load(Ordering::Relaxed), 2);
 }
 
+/// A held identity survives reloads that keep its token and scope (picking up the identity's new settings),
+/// fails with `Unknown` once its token is gone and with `Scope` once the scope is; `revoked` wakes only then.
+#[tokio::test]
+async fn a_held_identity_is_proven_again_after_each_reload() {
+    let keep = section(vec![ident("a", "tok-a", &["ingest", "read"]), ident("b", "tok-b", &["ingest"])]);
+    let auth = Arc::new(auth_of(&keep));
+    let header = "Bearer tok-a";
+    let mut a = auth.hold(bearer_creds(header), Some(Scope::Ingest)).expect("a holds");
+    let mut b = auth.hold(bearer_creds("Bearer tok-b"), Some(Scope::Ingest)).expect("b holds");
+    assert_eq!(a.check().expect("a").name, "a");
+    // A reload that keeps both, with a new rate for a: both keep going, a with its new settings.
+    let mut changed = keep.clone();
+    changed.identity[0].rate_per_second = Some(5.0);
+    let reload = |s: &AuthSection| {
+        let mut errs = Vec::new();
+        let cfg = s.validate(&mut errs, false);
+        assert!(errs.is_empty(), "{errs:?}");
+        auth.reload(cfg.keyring(), false, false);
+    };
+    reload(&changed);
+    assert!(a.check().expect("a kept").rate.is_some());
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(50), b.revoked()).await;
+    assert!(quiet.is_err(), "a reload that keeps b does not end it");
+    // a's token is removed: a fails with Unknown (UNAUTHENTICATED); b is untouched.
+    reload(&section(vec![ident("b", "tok-b", &["ingest"])]));
+    let d = a.check().expect_err("a revoked");
+    assert!(d.is_unauthenticated(), "{d:?}");
+    assert_eq!(b.check().expect("b kept").name, "b");
+    // b loses ingest: revoked() wakes with the scope refusal.
+    let waiting = tokio::spawn(async move { b.revoked().await });
+    tokio::task::yield_now().await;
+    reload(&section(vec![ident("b", "tok-b", &["read"])]));
+    let d = tokio::time::timeout(std::time::Duration::from_secs(5), waiting).await.expect("woken").expect("join");
+    assert_eq!(d, Denied::Scope { identity: "b".into(), needed: Scope::Ingest });
+    // Nothing counted as a request refusal: the calls' ends are counted by the calls.
+    assert_eq!(auth.stats.by_reason().iter().map(|(_, n)| n).sum::<u64>(), 0);
+}
+
 /// `node_prefixes` reaches the identity; an empty prefix (which would permit every node) is a config error.
 #[test]
 fn node_prefixes_are_read_and_an_empty_one_is_refused() {

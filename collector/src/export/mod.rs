@@ -1192,6 +1192,20 @@ fn observe_auth(meter: &Meter, sources: &Sources) {
         )
         .with_callback(move |o| o.observe(u64::from(a.insecure() && !a.required()), &[]))
         .build();
+    let a = sources.auth.clone();
+    let _ = meter
+        .u64_observable_counter("startline.collector.auth.revoked_calls")
+        .with_unit("{call}")
+        .with_description(
+            "Open Publish and Subscribe calls ended by a configuration reload that removed their credential \
+             (unauthenticated) or their scope (permission_denied)",
+        )
+        .with_callback(move |o| {
+            for (call, code, n) in a.stats.revoked_calls() {
+                o.observe(n, &[KeyValue::new("call", call), KeyValue::new("code", code)]);
+            }
+        })
+        .build();
 }
 
 /// Storage health, write errors, the write halt and size on disk.
@@ -1444,6 +1458,7 @@ mod tests {
                 "startline_build_info gauge",
                 "startline_collector_auth_insecure gauge",
                 "startline_collector_auth_refusals_total counter",
+                "startline_collector_auth_revoked_calls_total counter",
                 "startline_collector_commit_duration_seconds histogram",
                 "startline_collector_events_total counter",
                 "startline_collector_history_deleted_through_seconds gauge",

@@ -7,11 +7,12 @@
 //! Between the task and the transport sits an [`Outgoing`] queue of [`OUTBOX_RECORDS`] records. A send that
 //! finds it full (the client stopped reading: HTTP/2 flow control holds the transport) waits at most
 //! `[stream] send_timeout`; then the call ends with `RESOURCE_EXHAUSTED`, its slot among `max_subscribers`
-//! freed at once. However a call ends (too slow, not reading, shutdown, a storage failure), the records still
-//! queued are dropped and the status
+//! freed at once. However a call ends (too slow, not reading, shutdown, a reload that took the caller's
+//! credential or `read` scope away, a storage failure), the records still queued are dropped and the status
 //! follows the last record handed to the transport: its message says `resume with after_cursor = N` and the
 //! trailer [`RESUME_CURSOR`] carries `N`, the cursor of the last record the client can have received.
 
+use crate::auth::{Denied, Held, LongCall};
 use crate::store::Store;
 use crate::stream::{Ended, Filter, Rec, Stream};
 use startline_proto::pb;
@@ -99,6 +100,8 @@ enum Stop {
     Overflow,
     /// The collector is stopping.
     Closed,
+    /// A reload took its credential or scope away.
+    Revoked(Denied),
     /// Reading the store failed.
     Failed(Status),
 }
@@ -150,7 +153,16 @@ impl Sink {
 enum Next {
     Batch(Result<Arc<[Rec]>, Ended>),
     Tick,
+    Revoked(Denied),
     Gone,
+}
+
+/// Resolves when a reload took the call's credential or scope away; never for a call without a held identity.
+async fn revoked(held: &mut Option<Held>) -> Denied {
+    match held {
+        Some(h) => h.revoked().await,
+        None => std::future::pending().await,
+    }
 }
 
 impl StreamService {
@@ -191,9 +203,9 @@ impl StreamService {
     }
 
     /// Follows the stream for one call until it ends, then ends the call with the reason's status.
-    async fn run(self, after: u64, filter: Filter, out: Sink) {
+    async fn run(self, after: u64, filter: Filter, out: Sink, mut held: Option<Held>) {
         let mut live = None;
-        let stop = self.follow(after, &filter, &out, &mut live).await;
+        let stop = self.follow(after, &filter, &out, &mut held, &mut live).await;
         let settings = &self.stream.settings;
         let counter = |c: &std::sync::atomic::AtomicU64| c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // A subscriber stalled past the deadline that had also fallen more than its buffer behind is counted and
@@ -228,6 +240,17 @@ impl StreamService {
             Stop::Closed => out.end(|resume| {
                 Status::unavailable(format!("collector shutting down; resume with after_cursor = {resume}"))
             }),
+            Stop::Revoked(d) => {
+                let identity = held.as_ref().map(|h| h.identity().name.clone());
+                if let Some(h) = &held {
+                    h.count_revoked(LongCall::Subscribe, &d);
+                }
+                tracing::warn!(reason = d.reason(), identity, "Subscribe call ended by a reload: {}", d.message());
+                out.end(|resume| {
+                    let s = crate::ingest::guard::revoked_status(&d);
+                    Status::new(s.code(), format!("{}; resume with after_cursor = {resume}", s.message()))
+                });
+            }
             Stop::Failed(s) => {
                 out.end(|resume| Status::new(s.code(), format!("{}; resume with after_cursor = {resume}", s.message())))
             }
@@ -240,14 +263,20 @@ impl StreamService {
         mut after: u64,
         filter: &Filter,
         out: &Sink,
+        held: &mut Option<Held>,
         live: &mut Option<crate::stream::Live>,
     ) -> Stop {
         let progress_every = self.stream.settings.progress_interval;
         let mut last_sent = after;
         let mut last_sent_at = tokio::time::Instant::now();
-        // Sends one record.
+        // Sends one record, once the caller is proven still allowed (one atomic load unless a reload happened).
         macro_rules! send {
             ($r:expr) => {
+                if let Some(h) = held.as_mut() {
+                    if let Err(d) = h.check() {
+                        return Stop::Revoked(d);
+                    }
+                }
                 if let Err(stop) = out.send($r).await {
                     return stop;
                 }
@@ -285,11 +314,14 @@ impl StreamService {
                 _ = self.shutdown.cancelled() => Next::Batch(Err(Ended::Closed)),
                 // The client left: free the call's slot now, not at the next record.
                 _ = out.tx.closed() => Next::Gone,
+                // A reload took the caller's credential or scope away: end now, even with nothing to send.
+                d = revoked(held) => Next::Revoked(d),
                 b = sub.recv() => Next::Batch(b),
                 _ = tick.tick() => Next::Tick,
             };
             let batch = match next {
                 Next::Gone => return Stop::Gone,
+                Next::Revoked(d) => return Stop::Revoked(d),
                 Next::Tick => {
                     if after > last_sent && last_sent_at.elapsed() >= progress_every {
                         last_sent = after;
@@ -333,6 +365,8 @@ impl pb::stream_service_server::StreamService for StreamService {
         if !self.stream.settings.enabled {
             return Err(Status::failed_precondition("the stream is not kept here ([stream] enabled = false)"));
         }
+        // The identity as the guard proved it, checked again after each reload before the next record.
+        let held = request.extensions().get::<Held>().cloned();
         let req = request.into_inner();
         let filter = Filter::of(&req).map_err(|(field, why)| Status::invalid_argument(format!("{field}: {why}")))?;
         // Every open call counts, catching up from disk or following live: each costs a task and store reads.
@@ -346,7 +380,7 @@ impl pb::stream_service_server::StreamService for StreamService {
         let (sink, outgoing) = Sink::new(after, self.stream.settings.send_timeout);
         let this = self.clone();
         tokio::spawn(async move {
-            this.run(after, filter, sink).await;
+            this.run(after, filter, sink, held).await;
             drop(slot);
         });
         Ok(Response::new(outgoing))
@@ -509,5 +543,62 @@ mod tests {
         assert!(started.elapsed() > Duration::from_millis(900), "slower than the deadline in all");
         assert_eq!(svc.stream.send_timeouts.load(std::sync::atomic::Ordering::Relaxed), 0);
         assert_eq!(svc.stream.open_calls(), 1);
+    }
+
+    /// A reload that removes the subscriber's token ends its call with UNAUTHENTICATED before another record,
+    /// naming the cursor it reached; one that only takes `read` away ends another with PERMISSION_DENIED; a
+    /// third identity's call goes on.
+    #[tokio::test]
+    async fn a_reload_that_revokes_the_caller_ends_the_call_before_the_next_record() {
+        use crate::auth::{Auth, Credentials, Identity, Keyring, Scope, Scopes, TokenHash};
+        use tokio_stream::StreamExt;
+        let reader = |name: &str, scopes: Scopes| Identity { name: name.into(), scopes, ..Identity::anonymous() };
+        let read = Scopes::default().with(Scope::Read);
+        let keyring = |ids: &[(&str, Scopes)]| {
+            Keyring::new(
+                ids.iter().map(|(n, s)| (reader(n, *s), vec![TokenHash::of(&format!("tok-{n}"))], vec![])).collect(),
+            )
+        };
+        let auth = Arc::new(Auth::new(keyring(&[("a", read), ("b", read), ("c", read)]), false, false));
+        let (_dir, svc) = service(Default::default());
+        let mut calls = Vec::new();
+        for n in ["a", "b", "c"] {
+            let header = format!("Bearer tok-{n}");
+            let creds = Credentials { authorization: Some(header.as_bytes()), session: None, cert_names: &[] };
+            let held = auth.hold(creds, Some(Scope::Read)).expect("proven");
+            let mut req = Request::new(pb::SubscribeRequest::default());
+            req.extensions_mut().insert(held);
+            calls.push(svc.subscribe(req).await.expect("subscribe").into_inner());
+        }
+        until("three live subscriptions", || svc.stream.hub.subscribers() == 3).await;
+        live(&svc, 1, 3);
+        for out in &mut calls {
+            for c in 1..=3 {
+                assert_eq!(out.next().await.expect("open").expect("record").cursor, c);
+            }
+        }
+        // a's token is gone, b keeps its token without `read`.
+        auth.reload(keyring(&[("b", Scopes::default().with(Scope::Ingest)), ("c", read)]), false, false);
+        live(&svc, 4, 5);
+        let a = calls[0].next().await.expect("a status").expect_err("a ended before record 4");
+        assert_eq!(a.code(), tonic::Code::Unauthenticated, "{a:?}");
+        assert!(a.message().contains("resume with after_cursor = 3"), "{a:?}");
+        assert_eq!(resume_cursor(&a), Some(3));
+        let b = calls[1].next().await.expect("b status").expect_err("b ended before record 4");
+        assert_eq!(b.code(), tonic::Code::PermissionDenied, "{b:?}");
+        assert!(b.message().contains("\"read\""), "{b:?}");
+        for c in 4..=5 {
+            assert_eq!(calls[2].next().await.expect("open").expect("c goes on").cursor, c);
+        }
+        assert_eq!(
+            auth.stats
+                .revoked_calls()
+                .iter()
+                .filter(|(call, _, _)| *call == "subscribe")
+                .map(|x| x.2)
+                .collect::<Vec<_>>(),
+            vec![1, 1]
+        );
+        until("the revoked calls' slots to free", || svc.stream.open_calls() == 1).await;
     }
 }

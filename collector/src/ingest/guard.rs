@@ -3,7 +3,9 @@
 //! ([`crate::auth::Peer`], from [`super::conn`]), checks the scope the service needs, and hands the identity to the service in the
 //! request's extensions ([`Caller`]). Refusals answer `UNAUTHENTICATED` (no, malformed or unknown credentials)
 //! or `PERMISSION_DENIED` (a scope the identity lacks) before the service sees a byte of the body. The health
-//! service is not wrapped: probes need no credentials.
+//! service is not wrapped: probes need no credentials. Every admitted request also carries the
+//! [`Held`](crate::auth::Held) identity, which the streaming calls (`Publish`, `Subscribe`) check again after
+//! each reload and end with [`revoked_status`] when it was taken away.
 
 use crate::auth::{Auth, Credentials, Denied, Identity, Peer, Scope};
 use std::convert::Infallible;
@@ -50,6 +52,17 @@ pub fn status_of(d: &Denied) -> Status {
     }
 }
 
+/// The status that ends an open stream whose credential (`UNAUTHENTICATED`) or scope (`PERMISSION_DENIED`) a
+/// configuration reload took away.
+pub fn revoked_status(d: &Denied) -> Status {
+    let msg = format!("ended by a configuration reload: {}", d.message());
+    if d.is_unauthenticated() {
+        Status::unauthenticated(msg)
+    } else {
+        Status::permission_denied(msg)
+    }
+}
+
 impl<S, B> Service<http::Request<B>> for Guarded<S>
 where
     S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>, Error = Infallible>
@@ -75,12 +88,9 @@ where
             session: None,
             cert_names: names,
         };
-        let proven = match self.scope {
-            Some(scope) => self.auth.authorize(creds, scope),
-            None => self.auth.authenticate(creds),
-        };
-        match proven {
-            Ok(id) => {
+        match self.auth.hold(creds, self.scope) {
+            Ok(held) => {
+                let id = held.identity().clone();
                 // The request's span: what the logs of this call (validation, refusals, drain) are about.
                 let span = tracing::info_span!(
                     "grpc",
@@ -89,6 +99,7 @@ where
                     peer = ?peer.as_ref().and_then(|p| p.remote),
                 );
                 req.extensions_mut().insert(Caller(id));
+                req.extensions_mut().insert(held);
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
                 Box::pin(tracing::Instrument::instrument(inner.call(req), span))

@@ -11,11 +11,11 @@
 //! connections cannot keep the committer from draining at shutdown.
 
 use super::codec::{inbound_error, PublishCodec};
-use super::guard::{status_of, Caller};
+use super::guard::{revoked_status, status_of, Caller};
 use super::IngestStats;
 use super::WhenFull;
 use crate::applier::{CommitError, CommitRequest, CommitResult, PreparedEvent};
-use crate::auth::{Auth, Identity};
+use crate::auth::{Auth, Denied, Held, Identity, LongCall};
 use crate::job::CompactEvent;
 use crate::store::encode_log_value;
 use startline_proto::pb::{self, ingest_service_server::IngestService};
@@ -227,6 +227,24 @@ impl Ingest {
     }
 }
 
+impl Ingest {
+    /// Counts, logs and answers a `Publish` stream ended by a reload.
+    fn revoke(&self, d: &Denied, held: Option<&Held>) -> Status {
+        self.settings.auth.stats.count_revoked(LongCall::Publish, d);
+        let identity = held.map(|h| h.identity().name.as_str());
+        tracing::warn!(reason = d.reason(), identity, "Publish stream ended by a reload: {}", d.message());
+        revoked_status(d)
+    }
+}
+
+/// Resolves when a reload took the call's credential or scope away; never for a call without a held identity.
+async fn revoked(held: &mut Option<Held>) -> Denied {
+    match held {
+        Some(h) => h.revoked().await,
+        None => std::future::pending().await,
+    }
+}
+
 fn field_error(field: &str, reason: &str) -> startline_proto::FieldError {
     startline_proto::FieldError { field: field.into(), reason: reason.into() }
 }
@@ -239,7 +257,9 @@ impl IngestService for Ingest {
         &self,
         request: Request<Streaming<pb::PublishRequest>>,
     ) -> Result<Response<Self::PublishStream>, Status> {
-        let caller = request.extensions().get::<Caller>().cloned();
+        let mut caller = request.extensions().get::<Caller>().cloned();
+        // The identity as the guard proved it, checked again after each reload before the next batch.
+        let mut held = request.extensions().get::<Held>().cloned();
         let mut inbound = request.into_inner();
         let cap = self.settings.max_inflight_batches;
         let (out_tx, out_rx) = mpsc::channel(cap);
@@ -249,7 +269,10 @@ impl IngestService for Ingest {
         // Reader: stops at end of stream, on a stream error, or when shutdown starts; batches already read are
         // still committed and acknowledged by the acker below. A stream error (an oversized or malformed
         // message) or the shutdown goes into the queue after them, so the client gets their acks and then the
-        // error status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED or UNAVAILABLE), never OK with batches unread.
+        // error status (INVALID_ARGUMENT, RESOURCE_EXHAUSTED or UNAVAILABLE), never OK with batches unread. A
+        // reload that takes the caller's credential or ingest scope away ends the stream the same way
+        // (UNAUTHENTICATED or PERMISSION_DENIED), at once when idle and in any case before another batch is
+        // taken; a reload that keeps them applies the identity's new restrictions from the next batch.
         self.tasks.spawn(async move {
             loop {
                 let msg = tokio::select! {
@@ -257,6 +280,10 @@ impl IngestService for Ingest {
                     _ = svc.shutdown.cancelled() => {
                         // Whatever the client sends next is not read: say so after the acks, rather than OK.
                         let _ = pending_tx.send(Err(shutting_down())).await;
+                        break;
+                    }
+                    d = revoked(&mut held) => {
+                        let _ = pending_tx.send(Err(svc.revoke(&d, held.as_ref()))).await;
                         break;
                     }
                     m = inbound.message() => m,
@@ -270,6 +297,15 @@ impl IngestService for Ingest {
                         break;
                     }
                 };
+                if let Some(h) = held.as_mut() {
+                    match h.check() {
+                        Ok(id) => caller = Some(Caller(id.clone())),
+                        Err(d) => {
+                            let _ = pending_tx.send(Err(svc.revoke(&d, held.as_ref()))).await;
+                            break;
+                        }
+                    }
+                }
                 let item = svc.submit(req, caller.as_ref()).await;
                 let stop = item.is_err();
                 if pending_tx.send(item).await.is_err() || stop {
