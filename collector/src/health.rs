@@ -2,10 +2,12 @@
 //! (and why, in words safe to show a client), whether they are halted for the life of the process
 //! ([`WriteHalt`]), and whether the committer thread is still alive. Written by the applier (committer and
 //! checkpointer) and the store, read by the ingest edge, the API and the exporter. Also the ingest counters
-//! ([`IngestStats`]), written by the edge and the applier and read by the exporter.
+//! ([`IngestStats`]), written by the edge and the applier and read by the exporter, with the open jobs of each
+//! identity ([`OpenJobs`]) the committer keeps for the identities' open-jobs budgets.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// Store writes halted for the rest of this process's life: set once, by the first store write that fails with
 /// an I/O error (a full disk, too many open files, a failing device), never cleared.
@@ -148,6 +150,25 @@ mod tests {
         let problem = h.problem().unwrap_or_default();
         assert!(problem.contains("no space left on device") && problem.contains("restarts"), "{problem}");
     }
+
+    #[test]
+    fn open_jobs_count_against_the_identity_that_opened_them_until_they_close() {
+        let o = OpenJobs::default();
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let mut book = o.book();
+        book.opened("j1", &a);
+        book.opened("j2", &a);
+        book.opened("j1", &b); // already counted: the first identity keeps it
+        book.opened("j3", &b);
+        assert_eq!((book.count("a"), book.count("b"), book.count("c")), (2, 1, 0));
+        assert_eq!(book.owner("j1").map(|n| &**n), Some("a"));
+        book.closed("j1");
+        book.closed("j1");
+        book.closed("unknown");
+        assert_eq!((book.count("a"), book.len()), (1, 2));
+        drop(book);
+        assert_eq!(o.counts(), vec![(a, 1), (b, 1)]);
+    }
 }
 
 /// Counters of the ingest path, read by the metrics exporter and the benchmark.
@@ -176,6 +197,88 @@ pub struct IngestStats {
     /// gRPC connections whose TLS handshake failed (no certificate where one is required, a bad certificate,
     /// not TLS at all).
     pub tls_handshake_failures: AtomicU64,
+    /// Batches refused because they would take their identity past its open-jobs budget (`max_open_jobs`).
+    pub refused_open_jobs: AtomicU64,
+    /// Open jobs per identity with an open-jobs budget.
+    pub open_jobs: OpenJobs,
+}
+
+/// Open jobs per identity, for the identities' open-jobs budgets (`max_open_jobs`). A job is open from its
+/// first event until it is done, and counts against the identity whose batch brought the event that made it
+/// open (the first one whose identity has a budget); its `done` (from anyone) ends it. Kept by the committer,
+/// the only writer; counted from the process's start: a job open before a restart counts again from its next
+/// event. About 60-100 bytes per counted job (its id and a number).
+#[derive(Debug, Default)]
+pub struct OpenJobs(Mutex<OpenJobsBook>);
+
+impl OpenJobs {
+    /// The book, locked (the committer holds it for one group at a time; readers briefly).
+    pub fn book(&self) -> MutexGuard<'_, OpenJobsBook> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every identity counted so far with its open jobs (for the gauge).
+    pub fn counts(&self) -> Vec<(Arc<str>, u64)> {
+        let b = self.book();
+        b.names.iter().cloned().zip(b.counts.iter().copied()).collect()
+    }
+}
+
+/// The open jobs of identities with a budget: job id -> identity, and a count per identity.
+#[derive(Debug, Default)]
+pub struct OpenJobsBook {
+    owner_of: HashMap<Box<str>, u32>,
+    names: Vec<Arc<str>>,
+    numbers: HashMap<Arc<str>, u32>,
+    counts: Vec<u64>,
+}
+
+impl OpenJobsBook {
+    /// Open jobs counted against `identity`.
+    pub fn count(&self, identity: &str) -> u64 {
+        self.numbers.get(identity).map_or(0, |&n| self.counts[n as usize])
+    }
+
+    /// The identity an open job counts against, if it is counted.
+    pub fn owner(&self, job_id: &str) -> Option<&Arc<str>> {
+        self.owner_of.get(job_id).map(|&n| &self.names[n as usize])
+    }
+
+    /// `job_id` is open after an event of `identity`'s batch: counted against it unless it already counts.
+    pub fn opened(&mut self, job_id: &str, identity: &Arc<str>) {
+        if self.owner_of.contains_key(job_id) {
+            return;
+        }
+        let n = match self.numbers.get(identity) {
+            Some(&n) => n,
+            None => {
+                let n = self.names.len() as u32;
+                self.names.push(identity.clone());
+                self.numbers.insert(identity.clone(), n);
+                self.counts.push(0);
+                n
+            }
+        };
+        self.owner_of.insert(job_id.into(), n);
+        self.counts[n as usize] += 1;
+    }
+
+    /// `job_id` is not open (any more): no longer counted.
+    pub fn closed(&mut self, job_id: &str) {
+        if let Some(n) = self.owner_of.remove(job_id) {
+            self.counts[n as usize] = self.counts[n as usize].saturating_sub(1);
+        }
+    }
+
+    /// Open jobs counted in all.
+    pub fn len(&self) -> usize {
+        self.owner_of.len()
+    }
+
+    /// Whether no job is counted.
+    pub fn is_empty(&self) -> bool {
+        self.owner_of.is_empty()
+    }
 }
 
 impl IngestStats {

@@ -37,6 +37,7 @@ mod kubernetes;
 mod kueue;
 mod metrics;
 mod nodes;
+mod open_jobs;
 mod openapi;
 mod operating;
 mod otlp;

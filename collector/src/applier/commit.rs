@@ -1,6 +1,12 @@
 //! Group commit and acknowledgements: drains batches into one synced append to the log's files, filters duplicates (against
 //! hot jobs' id hashes, or a folded job's stored events), enforces the per-job event cap, unfolds folded jobs a late
 //! event reaches, applies the new events to the index after they are durable, records metrics, then answers.
+//!
+//! Open-jobs budgets: before anything is read or written, a batch whose identity has a budget ([`super::Owner`])
+//! is refused whole when the jobs it would open (new to the index and to this group, not done within the batch),
+//! less the identity's open jobs its `done` events end, would take the identity's open jobs
+//! ([`crate::health::OpenJobs`]) past its budget. While the group is applied, each event's job is counted as open
+//! against its batch's identity, or no longer counted once it is done.
 
 use super::{CommitError, CommitRejection, CommitRequest, CommitResult, Committer};
 use crate::health::IngestStats;
@@ -88,7 +94,55 @@ impl Committer {
         true
     }
 
-    pub(super) fn commit_group(&self, mut group: Vec<CommitRequest>) {
+    /// Answers the batches that would take their identity past its open-jobs budget (refused whole, nothing
+    /// stored) and returns the others, in order.
+    fn refuse_over_budget(&self, group: Vec<CommitRequest>) -> Vec<CommitRequest> {
+        if group.iter().all(|r| r.owner.is_none()) {
+            return group;
+        }
+        let idx = self.index.read();
+        let book = self.stats.open_jobs.book();
+        // Jobs opened by the batches of this group let through so far, and each identity's net change.
+        let mut opening: HashSet<String> = HashSet::new();
+        let mut pending: HashMap<std::sync::Arc<str>, i64> = HashMap::new();
+        let mut keep = Vec::with_capacity(group.len());
+        for req in group {
+            let mut new: HashSet<&str> = HashSet::new();
+            let mut done: HashSet<&str> = HashSet::new();
+            for ev in &req.events {
+                let job = ev.job_id.as_str();
+                if matches!(ev.compact.kind, crate::job::EventKind::Done { .. }) {
+                    done.insert(job);
+                }
+                if !opening.contains(job) && !idx.jobs.contains_key(job) && idx.folded(job).is_none() {
+                    new.insert(job);
+                }
+            }
+            if let Some(o) = &req.owner {
+                let opens = new.iter().filter(|j| !done.contains(*j)).count() as i64;
+                let closes = done.iter().filter(|j| book.owner(j) == Some(&o.name)).count() as i64;
+                let open = book.count(&o.name) as i64 + pending.get(&o.name).copied().unwrap_or(0);
+                if opens > 0 && open + opens - closes > o.max_open_jobs as i64 {
+                    IngestStats::add(&self.stats.refused_open_jobs, 1);
+                    let why = format!(
+                        "identity {:?} has {open} open jobs and this batch would open {opens} more, over its \
+                         max_open_jobs = {} (a job is open from its first event until it is done); batch not stored, \
+                         retry once some of its jobs have ended",
+                        o.name, o.max_open_jobs
+                    );
+                    tracing::warn!(identity = %o.name, open, opens, "batch refused: {why}");
+                    let _ = req.reply.send(Ok(CommitResult { refused: Some(why), ..Default::default() }));
+                    continue;
+                }
+                *pending.entry(o.name.clone()).or_default() += opens - closes;
+            }
+            opening.extend(new.into_iter().map(str::to_string));
+            keep.push(req);
+        }
+        keep
+    }
+
+    pub(super) fn commit_group(&self, group: Vec<CommitRequest>) {
         // Every log line of a group commit (a storage error, a refused event) carries its span in JSON logs.
         let events: usize = group.iter().map(|r| r.events.len()).sum();
         let _span = tracing::info_span!("commit", batches = group.len(), events).entered();
@@ -97,6 +151,10 @@ impl Committer {
             for req in group {
                 let _ = req.reply.send(Err(CommitError { cause }));
             }
+            return;
+        }
+        let mut group = self.refuse_over_budget(group);
+        if group.is_empty() {
             return;
         }
         let started = Instant::now();
@@ -222,6 +280,9 @@ impl Committer {
         let mut changes = Vec::new();
         {
             let mut idx = self.index.write();
+            // Open jobs per identity, kept with the index under its write lock (see the module notes).
+            let mut book = self.stats.open_jobs.book();
+            let track = !book.is_empty() || group.iter().any(|r| r.owner.is_some());
             idx.begin_group();
             let mut seq = first_seq;
             let mut ended: Vec<String> = Vec::new();
@@ -230,6 +291,7 @@ impl Committer {
             let mut touched: Vec<(String, Option<crate::stream::JobView>, u64)> = Vec::new();
             let mut touched_at: HashMap<String, usize> = HashMap::new();
             for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
+                let owner = req.owner.map(|o| o.name);
                 for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
                     let mut compact = ev.compact;
                     compact.seq = seq;
@@ -253,6 +315,16 @@ impl Committer {
                     }
                     observations.extend(idx.insert(&ev.job_id, compact, now));
                     idx.note_source(&ev.job_id, ev.source, at_ms, now);
+                    if track {
+                        match idx.jobs.get(&ev.job_id).map(|h| h.rec.timeline.state) {
+                            Some(state) if state != crate::job::JobState::Done => {
+                                if let Some(name) = &owner {
+                                    book.opened(&ev.job_id, name);
+                                }
+                            }
+                            _ => book.closed(&ev.job_id),
+                        }
+                    }
                     if feeding {
                         let attrs = idx.jobs.get(&ev.job_id).and_then(|h| h.rec.timeline.attrs.clone());
                         if done {

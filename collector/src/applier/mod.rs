@@ -79,6 +79,9 @@ pub struct CommitResult {
     pub duplicates: u32,
     /// Not stored, and why (the job reached `store.max_events_per_job`).
     pub rejections: Vec<CommitRejection>,
+    /// Set when the whole batch was refused, nothing of it stored: it would have taken its identity past its
+    /// open-jobs budget ([`Owner`]). The reason, for the client (`RESOURCE_EXHAUSTED`).
+    pub refused: Option<String>,
 }
 
 /// An event of a batch that the committer did not store.
@@ -109,6 +112,18 @@ pub struct CommitRequest {
     pub events: Vec<PreparedEvent>,
     /// Where the answer goes, after the events are durable.
     pub reply: oneshot::Sender<Result<CommitResult, CommitError>>,
+    /// The identity that sent it, when it has an open-jobs budget: jobs the batch opens count against it
+    /// ([`crate::health::OpenJobs`]), and a batch that would take it past its budget is refused whole.
+    pub owner: Option<Owner>,
+}
+
+/// An identity with an open-jobs budget, as a batch's owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    /// The identity's name.
+    pub name: Arc<str>,
+    /// Most jobs open at once counted against it (at least 1).
+    pub max_open_jobs: u64,
 }
 
 /// Settings of the committer.

@@ -40,7 +40,7 @@ fn prepared(events: &[pb::LifecycleEvent]) -> Vec<PreparedEvent> {
 
 async fn send(tx: &mpsc::Sender<CommitRequest>, events: &[pb::LifecycleEvent]) -> Result<CommitResult, CommitError> {
     let (reply, rx) = oneshot::channel();
-    tx.send(CommitRequest { events: prepared(events), reply }).await.expect("committer running");
+    tx.send(CommitRequest { events: prepared(events), reply, owner: None }).await.expect("committer running");
     rx.await.expect("committer answers")
 }
 

@@ -16,6 +16,7 @@
 //! rate_per_second = 2000      # events (gRPC) or requests (HTTP) per second
 //! burst = 20000
 //! events_per_day = 50000000  # a daily quota (UTC days; counted in memory)
+//! max_open_jobs = 20000       # jobs open at once that its batches opened (default: auth.max_open_jobs)
 //!
 //! [tls]
 //! cert_file = "/etc/startline/tls.crt"
@@ -39,6 +40,8 @@ pub struct AuthSection {
     pub insecure: Option<bool>,
     /// `open` (default) or `read`.
     pub metrics: Option<String>,
+    /// Each identity's open-jobs budget unless it sets its own (default [`MAX_OPEN_JOBS`]; 0: none).
+    pub max_open_jobs: Option<u64>,
     /// `[[auth.identity]]`
     #[serde(default)]
     pub identity: Vec<IdentitySection>,
@@ -74,7 +77,12 @@ pub struct IdentitySection {
     pub burst: Option<f64>,
     /// Most events per UTC day.
     pub events_per_day: Option<u64>,
+    /// Most jobs open at once that its batches opened (default `auth.max_open_jobs`; 0: no budget).
+    pub max_open_jobs: Option<u64>,
 }
+
+/// Default `auth.max_open_jobs`: 100,000 open jobs per identity (about 250 MB of hot jobs at ~2.5 KB each).
+pub const MAX_OPEN_JOBS: u64 = 100_000;
 
 /// `[tls]` as written.
 #[derive(Debug, Default, Clone, Deserialize, Serialize)]
@@ -141,6 +149,7 @@ impl AuthSection {
                 false
             }
         };
+        let default_open_jobs = self.max_open_jobs.unwrap_or(MAX_OPEN_JOBS);
         let mut names = HashSet::new();
         let mut hashes = HashSet::new();
         let mut cert_seen = HashSet::new();
@@ -251,6 +260,7 @@ impl AuthSection {
                     node_prefixes: s.node_prefixes.clone(),
                     rate,
                     events_per_day: s.events_per_day,
+                    max_open_jobs: s.max_open_jobs.unwrap_or(default_open_jobs),
                 },
                 tokens,
                 s.cert_names.clone(),

@@ -107,6 +107,9 @@ pub struct Identity {
     pub rate: Option<RateSpec>,
     /// Most events per UTC day (ingest only).
     pub events_per_day: Option<u64>,
+    /// Most jobs open at once that its batches opened (a job is open from its first event until it is done);
+    /// 0: no budget.
+    pub max_open_jobs: u64,
 }
 
 impl Identity {
@@ -120,6 +123,7 @@ impl Identity {
             node_prefixes: Vec::new(),
             rate: None,
             events_per_day: None,
+            max_open_jobs: 0,
         }
     }
 

@@ -2,7 +2,7 @@ use super::config::{AuthSection, IdentitySection, TlsSection};
 use super::*;
 
 fn section(identities: Vec<IdentitySection>) -> AuthSection {
-    AuthSection { insecure: None, metrics: None, identity: identities }
+    AuthSection { insecure: None, metrics: None, max_open_jobs: None, identity: identities }
 }
 
 fn ident(name: &str, token: &str, scopes: &[&str]) -> IdentitySection {
@@ -134,6 +134,7 @@ fn events_outside_prefixes_or_sources_are_not_permitted() {
         node_prefixes: vec![],
         rate: None,
         events_per_day: None,
+        max_open_jobs: 0,
     };
     assert_eq!(id.permits_event("slurm/cluster-a/1", "slurm-adapter/cluster-a"), Ok(()));
     assert_eq!(id.permits_event("slurm/cluster-b/1", "slurm-adapter/cluster-a"), Err("job_id"));

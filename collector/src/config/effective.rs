@@ -129,6 +129,7 @@ impl Config {
         }
 
         f.auth.insecure = Some(self.auth.insecure);
+        f.auth.max_open_jobs = Some(f.auth.max_open_jobs.unwrap_or(crate::auth::config::MAX_OPEN_JOBS));
         f.auth.metrics = Some(if self.auth.metrics_protected { "read" } else { "open" }.to_string());
         f
     }

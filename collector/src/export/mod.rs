@@ -1111,7 +1111,8 @@ fn observe_ingest(meter: &Meter, sources: &Sources) {
         "Batches and gRPC connections refused at the edge, by reason (queue_full with when_full = reject, \
          connection_limit over grpc.max_connections, connection_limit_per_ip over grpc.max_connections_per_ip, \
          descriptor_budget when connections hold the open-file limit less the reserve, handshake_timeout past \
-         grpc.handshake_timeout, tls_handshake for failed TLS handshakes)",
+         grpc.handshake_timeout, tls_handshake for failed TLS handshakes, open_jobs for batches that would take \
+         their identity past its max_open_jobs)",
         |st| {
             [
                 ("queue_full", &st.refused_full),
@@ -1120,9 +1121,24 @@ fn observe_ingest(meter: &Meter, sources: &Sources) {
                 ("descriptor_budget", &st.connections_refused_descriptors),
                 ("handshake_timeout", &st.connections_timed_out),
                 ("tls_handshake", &st.tls_handshake_failures),
+                ("open_jobs", &st.refused_open_jobs),
             ]
         },
     );
+    let st = sources.stats.clone();
+    let _ = meter
+        .u64_observable_gauge("startline.collector.identity.open_jobs")
+        .with_unit("{job}")
+        .with_description(
+            "Open jobs counted against each identity with an open-jobs budget (max_open_jobs): jobs its batches \
+             opened that are not done yet, counted since the collector started",
+        )
+        .with_callback(move |o| {
+            for (identity, n) in st.open_jobs.counts() {
+                o.observe(n, &[KeyValue::new("identity", identity.to_string())]);
+            }
+        })
+        .build();
 }
 
 /// The HTTP listener: connections open, refused at accept by reason, and timeouts by reason.

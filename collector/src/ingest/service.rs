@@ -98,6 +98,7 @@ impl Pending {
         match self {
             Pending::Ready(ack) => Ok(ack),
             Pending::Committing { mut ack, origin, rx } => match rx.await {
+                Ok(Ok(r)) if r.refused.is_some() => Err(Status::resource_exhausted(r.refused.unwrap_or_default())),
                 Ok(Ok(r)) => {
                     ack.accepted = r.accepted;
                     ack.duplicates = r.duplicates;
@@ -211,7 +212,13 @@ impl Ingest {
             return Ok(Pending::Ready(ack));
         }
         let (reply, rx) = oneshot::channel();
-        let commit = CommitRequest { events: prepared, reply };
+        // Jobs the batch opens count against the identity's open-jobs budget (the committer refuses a batch
+        // that would take it past it).
+        let owner = (identity.max_open_jobs > 0).then(|| crate::applier::Owner {
+            name: identity.name.as_str().into(),
+            max_open_jobs: identity.max_open_jobs,
+        });
+        let commit = CommitRequest { events: prepared, reply, owner };
         let tx = self.intake.sender().ok_or_else(shutting_down)?;
         match self.settings.when_full {
             WhenFull::Wait => tx.send(commit).await.map_err(|_| shutting_down())?,
