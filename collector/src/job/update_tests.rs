@@ -84,7 +84,11 @@ fn arb_attrs() -> impl Strategy<Value = JobAttrs> {
         prop::sample::select(vec!["", "lq", "cq-a", "cq-b"]),
         prop::sample::select(vec!["", "t4", "h100"]),
         0u32..3,
-        prop::sample::select(vec![pb::PriorityClass::Unspecified, pb::PriorityClass::Normal, pb::PriorityClass::Urgent]),
+        prop::sample::select(vec![
+            pb::PriorityClass::Unspecified,
+            pb::PriorityClass::Normal,
+            pb::PriorityClass::Urgent,
+        ]),
         proptest::option::of(prop::sample::select(vec!["a", "b"])),
     )
         .prop_map(|(pool, class, gpus, priority, label)| JobAttrs {
