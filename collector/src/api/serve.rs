@@ -145,6 +145,20 @@ pub struct HttpStats {
     pub timeouts_idle: AtomicU64,
 }
 
+impl crate::export::HttpCounters for HttpStats {
+    fn open(&self) -> u64 {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    fn refusals(&self) -> Vec<(&'static str, u64)> {
+        HttpStats::refusals(self).into_iter().map(|(r, c)| (r, c.load(Ordering::Relaxed))).collect()
+    }
+
+    fn timeouts(&self) -> Vec<(&'static str, u64)> {
+        HttpStats::timeouts(self).into_iter().map(|(r, c)| (r, c.load(Ordering::Relaxed))).collect()
+    }
+}
+
 impl HttpStats {
     /// The refusal counters by `reason` attribute.
     pub fn refusals(&self) -> [(&'static str, &AtomicU64); 3] {

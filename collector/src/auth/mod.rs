@@ -281,6 +281,17 @@ pub enum Denied {
 }
 
 impl Denied {
+    /// The status that ends an open stream whose credential (`UNAUTHENTICATED`) or scope (`PERMISSION_DENIED`) a
+    /// configuration reload took away (used by both the ingest edge and the stream out).
+    pub fn revoked_status(&self) -> tonic::Status {
+        let msg = format!("ended by a configuration reload: {}", self.message());
+        if self.is_unauthenticated() {
+            tonic::Status::unauthenticated(msg)
+        } else {
+            tonic::Status::permission_denied(msg)
+        }
+    }
+
     /// The metric label of the reason.
     pub fn reason(&self) -> &'static str {
         match self {

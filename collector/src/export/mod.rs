@@ -237,6 +237,17 @@ impl SeriesLimit {
     }
 }
 
+/// An HTTP listener's counters as the exporter reads them. The API's server keeps them and implements this, so
+/// the exporter (a lower layer) never imports the API.
+pub trait HttpCounters: Send + Sync {
+    /// Connections open now.
+    fn open(&self) -> u64;
+    /// Connections refused at accept so far, by `reason` attribute.
+    fn refusals(&self) -> Vec<(&'static str, u64)>;
+    /// Timeouts so far, by `reason` attribute.
+    fn timeouts(&self) -> Vec<(&'static str, u64)>;
+}
+
 /// What the gauges read at collection time.
 #[derive(Clone)]
 pub struct Sources {
@@ -245,7 +256,7 @@ pub struct Sources {
     /// Ingest counters.
     pub stats: Arc<IngestStats>,
     /// HTTP listener counters: open connections, refusals, timeouts.
-    pub http: Arc<crate::api::serve::HttpStats>,
+    pub http: Arc<dyn HttpCounters>,
     /// Alerts.
     pub board: AlertBoard,
     /// The store (size on disk).
@@ -1148,7 +1159,7 @@ fn observe_http(meter: &Meter, sources: &Sources) {
         .u64_observable_gauge("startline.collector.http.connections")
         .with_unit("{connection}")
         .with_description("HTTP connections open (at most http.max_connections)")
-        .with_callback(move |o| o.observe(h.open.load(Ordering::Relaxed), &[]))
+        .with_callback(move |o| o.observe(h.open(), &[]))
         .build();
     let h = sources.http.clone();
     let _ = meter
@@ -1160,8 +1171,8 @@ fn observe_http(meter: &Meter, sources: &Sources) {
              open-file limit less the reserve)",
         )
         .with_callback(move |o| {
-            for (reason, c) in h.refusals() {
-                o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("reason", reason)]);
+            for (reason, n) in h.refusals() {
+                o.observe(n, &[KeyValue::new("reason", reason)]);
             }
         })
         .build();
@@ -1175,8 +1186,8 @@ fn observe_http(meter: &Meter, sources: &Sources) {
              closed after http.idle_timeout)",
         )
         .with_callback(move |o| {
-            for (reason, c) in h.timeouts() {
-                o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("reason", reason)]);
+            for (reason, n) in h.timeouts() {
+                o.observe(n, &[KeyValue::new("reason", reason)]);
             }
         })
         .build();
@@ -1425,7 +1436,7 @@ mod tests {
             chain_slos: Default::default(),
             index,
             stats: Arc::new(IngestStats::default()),
-            http: Arc::default(),
+            http: Arc::new(crate::api::serve::HttpStats::default()),
             board,
             store: Store::open(dir.path()).expect("store"),
             health: Arc::new(crate::health::Health::default()),
@@ -1557,7 +1568,7 @@ mod tests {
             chain_slos: Default::default(),
             index,
             stats: Arc::new(IngestStats::default()),
-            http: Arc::default(),
+            http: Arc::new(crate::api::serve::HttpStats::default()),
             board: AlertBoard::default(),
             store: Store::open(dir.path()).expect("store"),
             health: Arc::new(crate::health::Health::default()),

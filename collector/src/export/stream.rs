@@ -247,7 +247,7 @@ impl StreamService {
                 }
                 tracing::warn!(reason = d.reason(), identity, "Subscribe call ended by a reload: {}", d.message());
                 out.end(|resume| {
-                    let s = crate::ingest::guard::revoked_status(&d);
+                    let s = d.revoked_status();
                     Status::new(s.code(), format!("{}; resume with after_cursor = {resume}", s.message()))
                 });
             }

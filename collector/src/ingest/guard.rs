@@ -5,7 +5,7 @@
 //! or `PERMISSION_DENIED` (a scope the identity lacks) before the service sees a byte of the body. The health
 //! service is not wrapped: probes need no credentials. Every admitted request also carries the
 //! [`Held`](crate::auth::Held) identity, which the streaming calls (`Publish`, `Subscribe`) check again after
-//! each reload and end with [`revoked_status`] when it was taken away.
+//! each reload and end with [`Denied::revoked_status`] when it was taken away.
 
 use crate::auth::{Auth, Credentials, Denied, Identity, Peer, Scope};
 use std::convert::Infallible;
@@ -49,17 +49,6 @@ pub fn status_of(d: &Denied) -> Status {
             s
         }
         _ => Status::permission_denied(d.message()),
-    }
-}
-
-/// The status that ends an open stream whose credential (`UNAUTHENTICATED`) or scope (`PERMISSION_DENIED`) a
-/// configuration reload took away.
-pub fn revoked_status(d: &Denied) -> Status {
-    let msg = format!("ended by a configuration reload: {}", d.message());
-    if d.is_unauthenticated() {
-        Status::unauthenticated(msg)
-    } else {
-        Status::permission_denied(msg)
     }
 }
 

@@ -11,7 +11,7 @@
 //! connections cannot keep the committer from draining at shutdown.
 
 use super::codec::{inbound_error, PublishCodec};
-use super::guard::{revoked_status, status_of, Caller};
+use super::guard::{status_of, Caller};
 use super::IngestStats;
 use super::WhenFull;
 use crate::applier::{CommitError, CommitRequest, CommitResult, PreparedEvent};
@@ -240,7 +240,7 @@ impl Ingest {
         self.settings.auth.stats.count_revoked(LongCall::Publish, d);
         let identity = held.map(|h| h.identity().name.as_str());
         tracing::warn!(reason = d.reason(), identity, "Publish stream ended by a reload: {}", d.message());
-        revoked_status(d)
+        d.revoked_status()
     }
 }
 
