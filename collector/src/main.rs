@@ -502,7 +502,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 /// `MIMALLOC_ALLOW_THP=0`, unless that variable is set (to any value: the operator's choice stands). mimalloc
 /// backs its arenas with transparent huge pages by default, and the kernel then zeroes a whole 2 MiB page at
 /// the first touch of any byte in it: a restart that builds a million small rows spent 46-70% of its CPU in
-/// that zeroing (`perf`), 8-13 s to ready at 1M jobs against ~4 s without (BENCHMARKS.md, session 19). The
+/// that zeroing (`perf`), 8-13 s to ready at 1M jobs against ~4 s without (BENCHMARKS.md). The
 /// variable must be set before mimalloc initializes, which is before `main`; hence the `exec`. If it fails
 /// (the binary replaced on disk), the collector runs as it is.
 fn without_transparent_huge_pages() {
