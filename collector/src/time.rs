@@ -46,15 +46,26 @@ pub fn format_ms(ms: i64) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
-/// Parses an RFC 3339 time (`2026-01-02T03:04:05Z`) or Unix seconds into Unix milliseconds.
+/// Parses an RFC 3339 time (`2026-01-02T03:04:05Z`, `2026-01-02T05:04:05+02:00`: the offset is honoured) or Unix
+/// seconds into Unix milliseconds (fractions below a millisecond are cut toward the earlier millisecond). A time
+/// without an offset (`2026-01-02T03:04:05`, or a space for the `T`) is read as UTC, as before.
 pub fn parse_time(s: &str) -> Result<i64, String> {
     if let Ok(secs) = s.parse::<i64>() {
         return secs.checked_mul(1000).ok_or_else(|| format!("{s:?} is out of range"));
     }
-    let t = humantime::parse_rfc3339_weak(s)
-        .map_err(|_| format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z or Unix seconds"))?;
-    let d = t.duration_since(UNIX_EPOCH).map_err(|_| format!("{s:?} is before 1970"))?;
-    i64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is out of range"))
+    let bad = || format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z or +02:00, or Unix seconds");
+    let nanos = match time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
+        Ok(t) => t.unix_timestamp_nanos(),
+        Err(_) => {
+            let t = humantime::parse_rfc3339_weak(s).map_err(|_| bad())?;
+            let d = t.duration_since(UNIX_EPOCH).map_err(|_| format!("{s:?} is before 1970"))?;
+            i128::try_from(d.as_nanos()).map_err(|_| format!("{s:?} is out of range"))?
+        }
+    };
+    if nanos < 0 {
+        return Err(format!("{s:?} is before 1970"));
+    }
+    i64::try_from(nanos.div_euclid(1_000_000)).map_err(|_| format!("{s:?} is out of range"))
 }
 
 #[cfg(test)]
@@ -68,5 +79,19 @@ mod tests {
         assert_eq!(parse_time("2026-01-01T00:00:00Z"), Ok(1_767_225_600_000));
         assert_eq!(parse_time("1767225600"), Ok(1_767_225_600_000));
         assert!(parse_time("yesterday").is_err());
+    }
+
+    /// Offsets are honoured (values from `date -u -d '2026-01-01T00:00:00Z' +%s%3N`: 1767225600000, minus or
+    /// plus the offset by hand); a time without one is UTC.
+    #[test]
+    fn offsets_are_honoured_and_a_time_without_one_is_utc() {
+        let utc_midnight = 1_767_225_600_000;
+        assert_eq!(parse_time("2026-01-01T02:00:00+02:00"), Ok(utc_midnight));
+        assert_eq!(parse_time("2025-12-31T19:00:00-05:00"), Ok(utc_midnight));
+        assert_eq!(parse_time("2026-01-01T05:45:00.1234567+05:45"), Ok(utc_midnight + 123));
+        assert_eq!(parse_time("2026-01-01T00:00:00"), Ok(utc_midnight));
+        assert_eq!(parse_time("2026-01-01 00:00:00"), Ok(utc_midnight));
+        assert!(parse_time("1969-12-31T23:00:00Z").is_err());
+        assert!(parse_time("2026-01-01T00:00:00+25:00").is_err());
     }
 }
