@@ -679,3 +679,133 @@ fn adapter_events_of(c: &Collector, job: &str) -> Vec<(String, Value)> {
         .map(|e| (e["kind"].as_str().unwrap_or("").to_string(), e))
         .collect()
 }
+
+fn adapter_with(
+    collector: &str,
+    api: std::net::SocketAddr,
+    spool: &std::path::Path,
+    metrics: u16,
+    extra: &[&str],
+) -> ChildGuard {
+    ChildGuard(
+        Command::new(binary("startline-agent"))
+            .args(["--collector", collector, "kueue", "--metrics-listen", &format!("127.0.0.1:{metrics}")])
+            .args(["--api-server", &format!("http://{api}"), "--cluster", "c1", "--retry", "200ms"])
+            .args(["--position-interval", "300ms", "--team-label", "team"])
+            .args(extra)
+            .arg("--spool")
+            .arg(spool)
+            .env_remove("KUBECONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("adapter"),
+    )
+}
+
+/// The adapter is stopped while job A waits for quota and job B runs. While it is down A is admitted, runs and
+/// finishes, and B is deleted. Restarted, it resumes its watch from its persisted resourceVersion: A's
+/// intermediate transitions are rebuilt from its conditions' times (the admission ends the quota wait, the first
+/// step at PodsReady, the end at Finished; the rebuilt ones marked `reconstructed:` in their ids), and B ends at
+/// its deletionTimestamp, not when the adapter came back.
+#[test]
+fn jobs_that_moved_on_while_the_adapter_was_down_are_rebuilt_from_their_conditions() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let c = Collector::start(&dir.join("db"), &[]);
+    let t = |s: &str| ms_of(s).expect("time");
+    let shift = (startline_proto::time::now_ms() - 3 * 3_600_000 - t("2024-05-03T20:00:00Z")) / 1000 * 1000;
+    let f = |name: &str| shifted(fixture(name), shift);
+    let api = Api::default();
+    let addr = start_api(&api);
+    {
+        let mut s = api.0.lock().expect("lock");
+        let mut lq = fixture("localqueue-user-queue.json");
+        lq["apiVersion"] = "kueue.x-k8s.io/v1beta1".into();
+        s.paths.insert("/apis/kueue.x-k8s.io/v1beta1/namespaces/default/localqueues/user-queue".into(), lq);
+        let mut flavor = fixture("resourceflavor-gpu.json");
+        flavor["apiVersion"] = "kueue.x-k8s.io/v1beta1".into();
+        s.paths.insert("/apis/kueue.x-k8s.io/v1beta1/resourceflavors/tas-gpu-default".into(), flavor);
+    }
+    let job_b = |mut w: Value| {
+        w["metadata"]["name"] = "job-sample-job-b-1d2e3".into();
+        w["metadata"]["ownerReferences"][0]["name"] = "sample-job-b".into();
+        w
+    };
+    let mut running = f("workload-gpu-finished.json");
+    running["status"]["conditions"].as_array_mut().expect("conditions").retain(|c| c["type"] != "Finished");
+    api.set(Res::Workloads, f("workload-gpu-pending.json"));
+    api.set(Res::Workloads, job_b(running.clone()));
+    let spool = dir.join("spool");
+    let a = "/api/v1/jobs/k8s/c1/default/sample-job-8c7d2";
+    let b = "/api/v1/jobs/k8s/c1/default/sample-job-b";
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut first = adapter_with(&c.endpoint(), addr, &spool, metrics.port(), &["--first-step-on-start"]);
+    wait_until("A queued, B running", Duration::from_secs(60), || {
+        c.get(a).1["state"] == "queued" && c.get(b).1["state"] == "running"
+    });
+    // Counted once the batch's watch positions are saved (the collector may have the events before that).
+    wait_until("the first adapter saved its watch positions", Duration::from_secs(30), || {
+        startline_agent::metrics::sample(
+            &http_get_text(metrics, "/metrics").1,
+            "startline_agent_transitions_total",
+            &[("provider", "kueue"), ("kind", "first_step")],
+        )
+        .is_some_and(|n| n >= 1.0)
+    });
+    let _ = first.0.kill();
+    let _ = first.0.wait();
+
+    // While the adapter is down.
+    api.set(Res::Workloads, f("workload-gpu-admitted.json"));
+    api.set(Res::Workloads, running);
+    api.set(Res::Workloads, f("workload-gpu-finished.json"));
+    api.set(Res::Workloads, job_b(f("workload-gpu-deleted.json")));
+    api.delete(Res::Workloads, "default/job-sample-job-b-1d2e3");
+    let back = startline_proto::time::now_ms();
+
+    let _second = adapter_with(&c.endpoint(), addr, &spool, free_port(), &["--first-step-on-start"]);
+    let done =
+        wait_until_quiet(Duration::from_secs(60), || c.get(a).1["state"] == "done" && c.get(b).1["state"] == "done");
+    assert!(done, "A: {}\nB: {}", c.get(a).1, c.get(b).1);
+    let at = |s: &str| Some(t(s) + shift);
+
+    let (_, ja) = c.get(a);
+    let m = &ja["timeline"]["milestones"];
+    assert_eq!(ms_value(&m["submitted"]), at("2024-05-03T20:00:00Z"));
+    assert_eq!(ms_value(&m["first_step"]), at("2024-05-03T20:04:30Z"), "PodsReady, not the adapter's return");
+    assert_eq!(ms_value(&m["done"]), at("2024-05-03T21:10:00Z"));
+    let w = &ja["timeline"]["initial_wait_seconds"];
+    assert_eq!(
+        w["queued:quota"].as_f64(),
+        Some((t("2024-05-03T20:01:59Z") - t("2024-05-03T20:00:05Z")) as f64 / 1000.0),
+        "{w}"
+    );
+    assert_eq!(
+        w["preparing:other"].as_f64(),
+        Some((t("2024-05-03T20:04:30Z") - t("2024-05-03T20:01:59Z")) as f64 / 1000.0),
+        "{w}"
+    );
+    assert_eq!((ja["outcome"].as_str(), ja["gpu_class"].as_str()), (Some("succeeded"), Some("t4")));
+    let rebuilt: Vec<String> = adapter_events_of(&c, a)
+        .into_iter()
+        .filter_map(|(_, e)| e["event_id"].as_str().filter(|id| id.contains(":reconstructed:")).map(str::to_string))
+        .collect();
+    assert_eq!(rebuilt.len(), 1, "the admission, marked: {rebuilt:?}");
+
+    let (_, jb) = c.get(b);
+    assert_eq!(jb["outcome"], "cancelled");
+    assert_eq!(ms_value(&jb["timeline"]["milestones"]["done"]), at("2024-05-03T20:30:00Z"), "the deletion time");
+    assert!(ms_value(&jb["timeline"]["milestones"]["done"]).is_some_and(|d| d < back));
+}
+
+fn wait_until_quiet(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}

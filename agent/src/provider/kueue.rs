@@ -571,6 +571,119 @@ pub fn quota_wait_reason(reason: &str, message: &str) -> pb::WaitReason {
     }
 }
 
+/// The end of a job the adapter followed whose Workload and pods are gone from its first complete listing after a
+/// start: deleted while the adapter was away and not replayed to it (its saved watch position was compacted away,
+/// or not saved before it stopped). Cancelled, dated when noticed: no object is left to say when.
+pub fn vanished(m: &Mapping, job_id: &str, mem: &JobMemory, now_ms: i64) -> (Vec<pb::LifecycleEvent>, JobMemory) {
+    let mut mem = mem.clone();
+    let mut out = Vec::new();
+    if mem.done || !mem.emitted.contains("submitted") {
+        return (out, mem);
+    }
+    let message = "its Workload and pods were gone when the adapter came back (deleted while it was away; time \
+                   unknown: dated when noticed)";
+    super::emit_once(
+        &mut out,
+        &mut mem,
+        job_id,
+        &format!("kueue-adapter/{}", m.cluster),
+        "done",
+        now_ms,
+        Kind::Done(pb::Done { outcome: pb::Outcome::Cancelled as i32, exit_code: None, message: message.into() }),
+    );
+    mem.done = true;
+    (out, mem)
+}
+
+/// What [`reconstruct`] adds to each message.
+pub const RECONSTRUCTED: &str = "(reconstructed from the Workload's conditions: the adapter did not see it happen)";
+
+/// The current attempt's transitions the conditions date but the adapter never saw (see [`diff`]). Only what the
+/// adapter cannot have seen: a wait of an attempt it first saw already reserved (`watched_attempt` false: it
+/// was away, or started, before the reservation), and the pods' part of an attempt that is over (finished or
+/// evicted) without one of its pods seen (its pods are gone):
+/// - quota reserved (`QuotaReserved=True`), the attempt not watched before and no wait seen: `queued:quota` from
+///   the attempt's start (the Workload's creation, or its requeue) to the reservation, when there is time between;
+/// - admission checks passed between reservation and admission (`Admitted` later than `QuotaReserved`), none
+///   seen pending, the attempt not watched before or over: `preparing:provisioning` from the reservation;
+/// - admitted and over, with none of its pods or pod-level transitions seen: `preparing:other` from the
+///   admission, so the time until the first step (or the end) is not counted as the quota wait.
+fn reconstruct(
+    mem: &mut JobMemory,
+    emit: &mut impl FnMut(&mut JobMemory, &str, i64, Kind),
+    wl: Option<&Workload>,
+    pods: &[&&Pod],
+    epoch: i64,
+    created: i64,
+    watched_attempt: bool,
+) {
+    let Some(w) = wl else { return };
+    let cond = |t: &str| w.conditions.get(t);
+    let Some(q) = cond("QuotaReserved").filter(|c| c.status && c.at_ms >= epoch) else { return };
+    let seen_since = |mem: &JobMemory, prefixes: &[&str], from: i64| {
+        mem.emitted.iter().any(|k| prefixes.iter().any(|p| ms_of_key(k, p).is_some_and(|at| at >= from)))
+    };
+    let requeued = cond("Requeued").filter(|r| r.status && r.at_ms >= epoch).map(|r| r.at_ms);
+    let start = requeued.unwrap_or(epoch).max(created);
+    let reserved = q.at_ms.max(created);
+    let over =
+        cond("Finished").is_some_and(|f| f.status) || cond("Evicted").is_some_and(|e| e.status && e.at_ms >= reserved);
+    if !watched_attempt
+        && reserved > start
+        && !seen_since(mem, &["queued:", "backoff:", "reconstructed:queued:"], start)
+    {
+        let cq =
+            if w.cluster_queue.is_empty() { String::new() } else { format!(" in ClusterQueue {}", w.cluster_queue) };
+        emit(
+            mem,
+            &format!("reconstructed:queued:{start}"),
+            start,
+            Kind::Queued(pb::Queued {
+                reason: pb::WaitReason::Quota as i32,
+                raw_reason: String::new(),
+                message: super::free_text(
+                    &format!("waiting for quota until {}{cq} {RECONSTRUCTED}", crate::rfc3339::format_ms(reserved)),
+                    1024,
+                ),
+                estimated_start: None,
+                queue_position: None,
+            }),
+        );
+    }
+    let Some(a) = cond("Admitted").filter(|c| c.status && c.at_ms >= epoch) else { return };
+    let admitted = a.at_ms.max(reserved);
+    if admitted > reserved
+        && (over || !watched_attempt)
+        && !seen_since(mem, &["provisioning:", "reconstructed:provisioning:"], reserved)
+    {
+        emit(
+            mem,
+            &format!("reconstructed:provisioning:{reserved}"),
+            reserved,
+            Kind::Preparing(pb::Preparing {
+                phase: pb::PreparingPhase::Provisioning as i32,
+                message: super::free_text(&format!("admission checks until the admission {RECONSTRUCTED}"), 1024),
+            }),
+        );
+    }
+    let pods_seen = !pods.is_empty()
+        || ["capacity:", "node_assigned:", "image_pull:"].iter().any(|p| mem.emitted.contains(&format!("{p}{epoch}")));
+    if over && !pods_seen {
+        emit(
+            mem,
+            &format!("reconstructed:admitted:{admitted}"),
+            admitted,
+            Kind::Preparing(pb::Preparing {
+                phase: pb::PreparingPhase::Other as i32,
+                message: super::free_text(
+                    &format!("admitted; the pods' scheduling, image pulls and start not seen {RECONSTRUCTED}"),
+                    1024,
+                ),
+            }),
+        );
+    }
+}
+
 fn ms_of_key(key: &str, prefix: &str) -> Option<i64> {
     key.strip_prefix(prefix)?.split(':').next()?.parse().ok()
 }
@@ -585,6 +698,8 @@ pub fn diff(
     mem: &JobMemory,
     now_ms: i64,
 ) -> (Vec<pb::LifecycleEvent>, JobMemory) {
+    // Seen before this diff (whether the current attempt was watched before its quota reservation).
+    let seen_before = mem.emitted.clone();
     let mut mem = mem.clone();
     let mut out = Vec::new();
     if mem.done {
@@ -797,6 +912,13 @@ pub fn diff(
             );
         }
     }
+    // Rebuilt from the conditions' transition times when the adapter missed the states themselves (it was down
+    // while the job was admitted, started or finished; on its return the Workload says only where it is now).
+    // Each such event is marked: its key (and event id) starts with `reconstructed:` and its message says so.
+    let watched_attempt =
+        seen_before.contains("submitted") && (epoch == 0 || seen_before.contains(&format!("preempted:{epoch}")));
+    reconstruct(&mut mem, &mut emit, wl, &pods, epoch, created, watched_attempt);
+
     if m.first_step_on_start {
         let ready_at = match cond("PodsReady") {
             Some(r) if r.status && r.at_ms >= epoch => Some(r.at_ms),

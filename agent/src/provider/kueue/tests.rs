@@ -593,7 +593,8 @@ fn a_requeue_backoff_after_a_pods_ready_timeout_is_not_a_quota_wait() {
     let now = ms("2024-05-03T20:40:00Z");
     let mut mem = JobMemory::default();
     let mut all = Vec::new();
-    for w in [&admitted, &backoff, &backoff, &after, &after] {
+    let pending = workload("workload-gpu-pending.json");
+    for w in [&pending, &admitted, &backoff, &backoff, &after, &after] {
         let (evs, next) = diff(
             &m,
             &ns,
@@ -608,8 +609,17 @@ fn a_requeue_backoff_after_a_pods_ready_timeout_is_not_a_quota_wait() {
     }
     assert_eq!(
         kinds(&all),
-        ["submitted", "preempted", "queued:PreemptionRecovery:PodsReadyTimeout", "requeued", "queued:Quota:Pending"]
+        [
+            "submitted",
+            "queued:Quota:Pending",
+            "submitted",
+            "preempted",
+            "queued:PreemptionRecovery:PodsReadyTimeout",
+            "requeued",
+            "queued:Quota:Pending"
+        ]
     );
+    let all = all.split_off(2);
     let times: Vec<i64> = all.iter().map(at).collect();
     assert_eq!(times[1], ms("2024-05-03T20:31:59Z"), "evicted");
     assert_eq!(times[2], ms("2024-05-03T20:32:00Z"), "the backoff, from when Kueue stopped the job");
@@ -668,4 +678,100 @@ fn a_deleted_workload_is_dated_by_its_deletion_timestamp() {
     );
     let done = evs.iter().find(|e| matches!(e.kind, Some(Kind::Done(_)))).expect("done");
     assert_eq!(at(done), ms("2024-05-03T21:10:00Z"));
+}
+
+/// The adapter is down from before admission until after the job finished: on its return the Workload says only
+/// where it is now. The transitions its conditions date are rebuilt (marked `reconstructed:` in their event ids
+/// and in their messages): the admission ends the quota wait (the pods, gone with the finished job, were never
+/// seen: preparing from the admission), the first step at `PodsReady`, the end at `Finished`.
+#[test]
+fn an_outage_from_before_admission_to_after_the_finish_is_rebuilt_from_the_conditions() {
+    let m = Mapping { first_step_on_start: true, ..mapping() };
+    let pending = workload("workload-gpu-pending.json");
+    let finished = workload("workload-gpu-finished.json");
+    let (ns, job) = (pending.namespace.clone(), pending.job_name.clone());
+    let look = Lookups { flavor_labels: gpu_flavor_labels(), ..Default::default() };
+    let (before, mem) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&pending), ..Default::default() },
+        &Lookups::default(),
+        &JobMemory::default(),
+        ms("2024-05-03T20:00:30Z"),
+    );
+    assert_eq!(kinds(&before), ["submitted", "queued:Quota:Pending"]);
+    let back = ms("2024-05-03T23:00:00Z");
+    let objs = JobObjects { workload: Some(&finished), ..Default::default() };
+    let (evs, mem) = diff(&m, &ns, &job, &objs, &look, &mem, back);
+    assert_eq!(kinds(&evs), ["submitted", "preparing:Other", "first_step", "done:Succeeded"]);
+    let times: Vec<i64> = evs.iter().map(at).collect();
+    assert_eq!(times[0], ms("2024-05-03T20:01:59Z"), "the class learned at the reservation");
+    assert_eq!(times[1], ms("2024-05-03T20:01:59Z"), "admitted: the quota wait ends");
+    assert_eq!(times[2], ms("2024-05-03T20:04:30Z"), "PodsReady");
+    assert_eq!(times[3], ms("2024-05-03T21:10:00Z"), "Finished");
+    assert!(evs[1].event_id.contains(":reconstructed:admitted:"), "{}", evs[1].event_id);
+    let Some(Kind::Preparing(p)) = &evs[1].kind else { panic!("preparing") };
+    assert!(p.message.ends_with(RECONSTRUCTED), "{}", p.message);
+    assert!(mem.done);
+    // Nothing seen at all before the end: the quota wait too, from the Workload's creation to the reservation.
+    let (evs, _) = diff(&m, &ns, &job, &objs, &look, &JobMemory::default(), back);
+    assert_eq!(kinds(&evs), ["submitted", "queued:Quota:", "preparing:Other", "first_step", "done:Succeeded"]);
+    assert_eq!(at(&evs[1]), ms("2024-05-03T20:00:00Z"));
+    assert!(evs[1].event_id.contains(":reconstructed:queued:"));
+    // The same objects again (a replayed watch, a relist): the same ids, nothing new.
+    let (again, _) = diff(&m, &ns, &job, &objs, &look, &JobMemory::default(), back + 60_000);
+    let ids = |v: &[pb::LifecycleEvent]| v.iter().map(|e| e.event_id.clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&again), ids(&evs));
+    // Seen live (its pods bound, pulled): nothing is rebuilt.
+    let (_, mem) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&pending), ..Default::default() },
+        &look,
+        &JobMemory::default(),
+        back,
+    );
+    let mut bound = pod("pod-container-creating.json", "sample-job-8c7d2-0-abcde");
+    bound.created_ms = ms("2024-05-03T20:02:00Z");
+    bound.scheduled.as_mut().expect("scheduled").at_ms = ms("2024-05-03T20:02:30Z");
+    let mut pods: Vec<Pod> = Vec::new();
+    for i in 0..3 {
+        let mut p = bound.clone();
+        p.name = format!("sample-job-8c7d2-{i}-abcde");
+        pods.push(p);
+    }
+    let objs = JobObjects { workload: Some(&finished), pods: pods.iter().collect(), ..Default::default() };
+    let (evs, _) = diff(&m, &ns, &job, &objs, &look, &mem, back);
+    assert!(evs.iter().all(|e| !e.event_id.contains("reconstructed")), "{:?}", kinds(&evs));
+    assert!(kinds(&evs).contains(&"node_assigned".to_string()));
+}
+
+/// A job whose Workload and pods are gone from the first complete listing after a restart, with no deletion
+/// replayed (the saved watch position was compacted, or never saved): cancelled, dated when noticed, and said so.
+#[test]
+fn a_job_gone_while_the_adapter_was_away_without_a_trace_ends_when_noticed() {
+    let m = mapping();
+    let pending = workload("workload-gpu-pending.json");
+    let (ns, job) = (pending.namespace.clone(), pending.job_name.clone());
+    let (_, mem) = diff(
+        &m,
+        &ns,
+        &job,
+        &JobObjects { workload: Some(&pending), ..Default::default() },
+        &Lookups::default(),
+        &JobMemory::default(),
+        ms("2024-05-03T20:00:30Z"),
+    );
+    let id = startline_id(&m, &ns, &job);
+    let noticed = ms("2024-05-03T23:00:00Z");
+    let (evs, mem) = vanished(&m, &id, &mem, noticed);
+    assert_eq!(kinds(&evs), ["done:Cancelled"]);
+    assert_eq!((at(&evs[0]), evs[0].event_id.clone()), (noticed, format!("{id}:done")));
+    let Some(Kind::Done(d)) = &evs[0].kind else { panic!("done") };
+    assert!(d.message.contains("time unknown"), "{}", d.message);
+    assert!(mem.done);
+    assert!(vanished(&m, &id, &mem, noticed + 1).0.is_empty(), "once");
+    assert!(vanished(&m, &id, &JobMemory::default(), noticed).0.is_empty(), "never reported: nothing to end");
 }

@@ -622,6 +622,53 @@ pub async fn diff_jobs(
     Ok(())
 }
 
+/// Where the sweep of jobs gone while the adapter was away stands ([`sweep_vanished`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Sweep {
+    /// Waiting for the first Workload listing.
+    Listing,
+    /// Waiting for the watch to reach the listing's resourceVersion.
+    After(String),
+    /// Caught up: sweep at the next diff.
+    Due,
+    /// Done for this process.
+    Done,
+}
+
+/// Whether resourceVersion `v` is at or past `listed`. resourceVersions are opaque, but the API server's are
+/// etcd revisions (numbers); anything else counts as caught up.
+fn at_or_past(v: &str, listed: &str) -> bool {
+    match (v.parse::<u64>(), listed.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a >= b,
+        _ => true,
+    }
+}
+
+/// Ends the jobs of the adapter's memory (not done, of its cluster and namespace) whose Workload and pods are
+/// all absent from the caches ([`super::vanished`]). Jobs just touched by the caches are left to the diff.
+fn sweep_vanished(
+    m: &Mapping,
+    s: &Settings,
+    caches: &Caches,
+    memory: &MemoryStore,
+    spool: &crate::spool::Spool,
+    report: &mut PollReport,
+    now_ms: i64,
+) -> Result<(), PollError> {
+    let present: BTreeSet<String> = caches.jobs().iter().map(|(ns, job)| super::startline_id(m, ns, job)).collect();
+    let prefix = format!("k8s/{}/", m.cluster);
+    for (id, mem) in memory.entries() {
+        let Some(rest) = id.strip_prefix(&prefix) else { continue };
+        let in_scope = s.namespace.as_deref().is_none_or(|ns| rest.split('/').next() == Some(ns));
+        if mem.done || !in_scope || present.contains(&id) {
+            continue;
+        }
+        let (events, new_mem) = super::vanished(m, &id, &mem, now_ms);
+        crate::provider::record(spool, memory, &id, &mem, events, &new_mem, report)?;
+    }
+    crate::provider::flush(memory)
+}
+
 /// The cursor key of a resource's persisted resourceVersion.
 pub fn cursor_key(r: Resource) -> String {
     format!("@cursor/kueue/{}", r.name())
@@ -648,6 +695,12 @@ pub async fn run(
     let mut caches = Caches::default();
     let mut lookup = Lookup::new(client, &s);
     let mut pending: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut sweep = Sweep::Listing;
+    // Each resource's latest resourceVersion not saved yet: saved once the updates up to it are diffed and their
+    // events spooled. Kept across batches that are not diffed (before every resource's first listing, or after a
+    // failed one): those used to lose theirs, so a restart had no position to resume the Workload watch from and
+    // what happened while the adapter was down was not replayed.
+    let mut unsaved: HashMap<Resource, String> = HashMap::new();
     // Queue positions move without any object changing: Workloads waiting for quota are looked at again on a tick.
     let mut tick = tokio::time::interval(s.position_interval.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -672,8 +725,22 @@ pub async fn run(
                 Err(_) => break,
             }
         }
-        let mut versions: Vec<(Resource, String)> = Vec::new();
         for u in &batch {
+            // The Workload watch has caught up with the first listing once it delivers anything at or past the
+            // listing's resourceVersion: a resumed watch has replayed what happened while the adapter was away.
+            match u {
+                Update::Listed(Resource::Workloads, _, v) if sweep == Sweep::Listing => sweep = Sweep::After(v.clone()),
+                Update::Applied(Resource::Workloads, _, v)
+                | Update::Deleted(Resource::Workloads, _, v)
+                | Update::Bookmark(Resource::Workloads, v) => {
+                    if let Sweep::After(listed) = &sweep {
+                        if at_or_past(v, listed) {
+                            sweep = Sweep::Due;
+                        }
+                    }
+                }
+                _ => {}
+            }
             match u {
                 Update::Failed(r, e) => {
                     metrics.poll_failed(Provider::Kueue, started.elapsed(), e.kind);
@@ -683,7 +750,7 @@ pub async fn run(
                 | Update::Applied(r, _, v)
                 | Update::Deleted(r, _, v)
                 | Update::Bookmark(r, v) => {
-                    versions.push((*r, v.clone()));
+                    unsaved.insert(*r, v.clone());
                 }
             }
             pending.extend(caches.apply(u));
@@ -693,10 +760,22 @@ pub async fn run(
         }
         let mut report = PollReport::default();
         let now = startline_proto::time::now_ms();
+        if sweep == Sweep::Due {
+            // Caught up after a start: jobs followed before it whose objects are all gone ended while the adapter
+            // was away (a deletion the resumed watch replayed is dated properly; one it could not replay, because
+            // the saved position was compacted or never saved, would otherwise stay open for good).
+            sweep = match sweep_vanished(&m, &s, &caches, &memory, &spool, &mut report, now) {
+                Ok(()) => Sweep::Done,
+                Err(e) => {
+                    tracing::warn!(adapter = "kueue", error = %e, "recording jobs gone while away failed");
+                    Sweep::Due
+                }
+            };
+        }
         let touched = std::mem::take(&mut pending);
         let result = async {
             diff_jobs(&m, &s, &mut caches, &mut lookup, &touched, &spool, &memory, &mut report, now).await?;
-            for (r, v) in &versions {
+            for (r, v) in &unsaved {
                 memory
                     .put_state(&cursor_key(*r), v)
                     .map_err(|e| PollError::new(PollErrorKind::Spool, e.to_string()))?;
@@ -706,6 +785,7 @@ pub async fn run(
         .await;
         match result {
             Ok(()) => {
+                unsaved.clear();
                 report.jobs = caches.jobs().len();
                 metrics.poll_succeeded(
                     Provider::Kueue,
@@ -744,4 +824,15 @@ pub async fn client(api_server: Option<&str>, token: Option<String>) -> Result<k
     }
     config.read_timeout = Some(Duration::from_secs(330));
     kube::Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_watch_has_caught_up_with_a_listing_at_or_past_its_resource_version() {
+        use super::at_or_past;
+        assert!(at_or_past("7", "7") && at_or_past("12", "7"));
+        assert!(!at_or_past("3", "7"), "a replayed event from before the listing");
+        assert!(at_or_past("opaque", "7"), "not a number: counted as caught up");
+    }
 }
