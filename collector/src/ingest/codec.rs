@@ -124,6 +124,20 @@ pub fn inbound_error(status: Status, max_message_bytes: usize) -> Status {
     }
 }
 
+/// The one request message of a call read as a client stream (`name`: the message type, for the error): an
+/// empty stream is `INVALID_ARGUMENT`, a failed read becomes [`inbound_error`]'s status.
+pub async fn single_message<T>(
+    stream: &mut tonic::Streaming<T>,
+    name: &str,
+    max_message_bytes: usize,
+) -> Result<T, Status> {
+    match stream.message().await {
+        Ok(Some(message)) => Ok(message),
+        Ok(None) => Err(Status::invalid_argument(format!("message: the request has no {name}"))),
+        Err(status) => Err(inbound_error(status, max_message_bytes)),
+    }
+}
+
 /// Checks an encoded request before it is decoded; `Err` is the client's status.
 pub type Precheck = fn(&[u8]) -> Result<(), Status>;
 

@@ -9,7 +9,7 @@
 //! node (its `node_prefixes`) and source (its `sources`), else the whole request is `PERMISSION_DENIED` naming the
 //! reading's field (counted as `not_permitted`).
 
-use super::codec::{check_report, inbound_error, CheckedCodec, MALFORMED_REPORT};
+use super::codec::{check_report, single_message, CheckedCodec, MALFORMED_REPORT};
 use super::guard::Caller;
 use crate::applier::health::HealthWriter;
 use crate::auth::{Auth, Identity};
@@ -181,11 +181,7 @@ impl tonic::server::ClientStreamingService<pb::ReportHealthRequest> for ReportMe
         let (inner, max) = (self.0.clone(), self.1);
         Box::pin(async move {
             let (metadata, extensions, mut stream) = request.into_parts();
-            let req = match stream.message().await {
-                Ok(Some(req)) => req,
-                Ok(None) => return Err(Status::invalid_argument("message: the request has no ReportHealthRequest")),
-                Err(status) => return Err(inbound_error(status, max)),
-            };
+            let req = single_message(&mut stream, "ReportHealthRequest", max).await?;
             inner.report(Request::from_parts(metadata, extensions, req)).await
         })
     }

@@ -10,7 +10,7 @@
 //! [`Intake::close`] takes the committer's sender away from every copy of the service at once, so lingering
 //! connections cannot keep the committer from draining at shutdown.
 
-use super::codec::{inbound_error, PublishCodec};
+use super::codec::{inbound_error, single_message, PublishCodec};
 use super::guard::{status_of, Caller};
 use super::IngestStats;
 use super::WhenFull;
@@ -397,11 +397,7 @@ impl tonic::server::ClientStreamingService<pb::PublishRequest> for PublishBatchM
         let inner = self.0.clone();
         Box::pin(async move {
             let (metadata, extensions, mut stream) = request.into_parts();
-            let batch = match stream.message().await {
-                Ok(Some(batch)) => batch,
-                Ok(None) => return Err(Status::invalid_argument("message: the request has no PublishRequest")),
-                Err(status) => return Err(inbound_error(status, inner.settings.max_message_bytes)),
-            };
+            let batch = single_message(&mut stream, "PublishRequest", inner.settings.max_message_bytes).await?;
             inner.publish_batch(Request::from_parts(metadata, extensions, batch)).await
         })
     }

@@ -2,10 +2,10 @@
 //! implementation of the generated service trait (the stream out's, `export::stream`), counting the filter lists
 //! of a `SubscribeRequest` before it is decoded ([`check_subscribe`]) and answering undecodable bytes, an
 //! oversized message or a malformed frame with `INVALID_ARGUMENT` or `RESOURCE_EXHAUSTED` in the collector's
-//! words ([`inbound_error`]), never `INTERNAL` with decoder text. `Subscribe` is read as a client stream of one
+//! words (`codec::inbound_error`), never `INTERNAL` with decoder text. `Subscribe` is read as a client stream of one
 //! message (the same bytes on the wire as a unary request), so even its refusal is the collector's answer.
 
-use super::codec::{check_subscribe, inbound_error, CheckedCodec, MALFORMED_SUBSCRIBE};
+use super::codec::{check_subscribe, single_message, CheckedCodec, MALFORMED_SUBSCRIBE};
 use startline_proto::pb::{self, stream_service_server::StreamService};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -47,11 +47,7 @@ impl<T: StreamService> tonic::server::StreamingService<pb::SubscribeRequest> for
         let (inner, max) = (self.0.clone(), self.1);
         Box::pin(async move {
             let (metadata, extensions, mut stream) = request.into_parts();
-            let req = match stream.message().await {
-                Ok(Some(req)) => req,
-                Ok(None) => return Err(Status::invalid_argument("message: the request has no SubscribeRequest")),
-                Err(status) => return Err(inbound_error(status, max)),
-            };
+            let req = single_message(&mut stream, "SubscribeRequest", max).await?;
             inner.subscribe(Request::from_parts(metadata, extensions, req)).await
         })
     }
