@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every Startline test on a fresh machine: installs what the tests need (Debian's Alertmanager, Prometheus, Chromium, Slurm and tzdata,
-# Python grpcio for the foreign-client test, cargo-nextest if missing), checks formatting and lints, builds the binaries the end-to-end tests start,
+# Python grpcio for the foreign-client test, cargo-nextest, cargo-deny and mdbook if missing), checks formatting and lints, builds the binaries the end-to-end tests start,
 # and runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +29,11 @@ command -v lintian >/dev/null 2>&1 || need+=(lintian)
 command -v dpkg-shlibdeps >/dev/null 2>&1 || need+=(dpkg-dev)
 command -v file >/dev/null 2>&1 || need+=(file)
 command -v kubectl >/dev/null 2>&1 || need+=(kubernetes-client)
+# buildah: the container image is built without a registry (scripts/build-image.sh, tests/tests/container.rs and
+# release.rs); faketime: an adapter whose clock lags, for the stale-adapter alert against a real Prometheus
+# (tests/tests/kube_prometheus.rs). Both from Debian, about 20 s to install together.
+command -v buildah >/dev/null 2>&1 || need+=(buildah)
+command -v faketime >/dev/null 2>&1 || need+=(faketime)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
   apt-get update -qq
@@ -46,6 +51,19 @@ if ! python3 -c 'import kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
   log "installing Python kubernetes-validate, jsonschema, PyYAML (offline Kubernetes and CRD schema validation)"
   python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate jsonschema pyyaml
 fi
+if ! python3 -c 'import build' 2>/dev/null; then
+  log "installing Python build (the startline package's wheel and sdist)"
+  python3 -m pip install --quiet --disable-pip-version-check build
+fi
+# Real PyTorch Lightning and Hugging Face Transformers for the package's callback tests (tests/tests/python_client.rs),
+# in a venv under target/ kept between runs: PyPI's Linux torch wheel brings its CUDA libraries (measured: about
+# 3 min and 5.3 GB for torch, 45 s more and 5.6 GB with lightning and transformers; BENCHMARKS.md).
+frameworks=target/python-frameworks
+if ! "$frameworks/bin/python" -c 'import torch, lightning, transformers, accelerate' 2>/dev/null; then
+  log "installing torch, lightning, transformers into $frameworks (once; reused by later runs)"
+  python3 -m venv "$frameworks"
+  "$frameworks/bin/python" -m pip install --quiet --disable-pip-version-check torch lightning transformers accelerate
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   log "installing cargo-nextest"
   cargo install --locked cargo-nextest
@@ -54,6 +72,13 @@ fi
 if ! cargo deny --version >/dev/null 2>&1; then
   log "installing cargo-deny (supply-chain check)"
   cargo install --locked cargo-deny
+fi
+
+# mdBook builds the documentation book in docs/ (tests/tests/docs.rs). Without its default features (the
+# `serve`/`watch` web server and the search index) it builds in ~2.5 CPU-minutes instead of ~3.5.
+if ! command -v mdbook >/dev/null 2>&1 && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/mdbook" ]; then
+  log "installing mdbook (the documentation book)"
+  cargo install --locked mdbook --no-default-features
 fi
 
 log "cargo fmt --check"

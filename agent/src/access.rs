@@ -1,4 +1,4 @@
-//! Who may post to the node agent, and how much: the checks of the node agent's local endpoint (issue 10).
+//! Who may post to the node agent, and how much: the checks of the node agent's local endpoint.
 //!
 //! - **Host and Origin** ([`host_allowed`], [`origin_allowed`]): a request whose `Host` is not the listen
 //!   address, `localhost`, `127.0.0.1` or `[::1]` (any port) is refused with 403, so a web page that rebinds

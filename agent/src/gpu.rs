@@ -1,6 +1,6 @@
 //! GPU health from `nvidia-smi --query-gpu`: the node agent reads each GPU's cumulative ECC counters and
 //! temperature every interval and reports them to the collector's `NodeHealthService`, which judges nodes on them
-//! (README "Suspect nodes"). XID errors are not in `--query-gpu`'s output; they stay empty here.
+//! (docs/concepts.md, "Suspect nodes"). XID errors are not in `--query-gpu`'s output; they stay empty here.
 
 use startline_proto::pb;
 use std::path::Path;

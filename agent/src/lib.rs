@@ -5,10 +5,9 @@
 //!   client identity (socket peer credentials) and quotas, the socket's mode and group.
 //! - [`auth`]: bearer tokens (a [`auth::Secret`] prints `<redacted>`), token files, constant-time comparison.
 //! - [`uplink`]: the gRPC publisher shared by every mode: pipelined batches, ordered acks, reconnect with
-//!   jittered backoff and redelivery of unacknowledged batches.
+//!   jittered backoff and redelivery of unacknowledged batches; and the spool's delivery to each collector.
 //! - [`simulate`]: a seeded fleet of managed and dedicated pools that publishes through the uplink.
-//! - [`spool`]: the durable on-disk spool (a private, 0700 directory) every agent mode writes to, and its
-//!   delivery task.
+//! - [`spool`]: the durable on-disk spool (a private, 0700 directory) every agent mode writes to.
 //! - [`emit`]: the client of the node agent's endpoint (`startline-agent emit`): TCP (reqwest) or the unix
 //!   socket, with the optional local token.
 //! - [`metrics`]: the agent's own metrics (spool, uplink, adapter polls, the node agent's requests), served as
@@ -21,20 +20,26 @@
 //! - [`rfc3339`]: the one RFC 3339 parser (offsets honoured, fractions truncated to the millisecond) and
 //!   formatter (UTC, milliseconds) every adapter, `emit` and `tail` use.
 //! - [`rng`]: the seeded random generator the simulator and backoff use.
+//! - [`runner`]: the one runner of every mode: spool, metrics server, delivery, the mode's tasks, and shutdown
+//!   on one cancellation token.
 //! - [`tail`]: `startline-agent tail`, which follows the collector's stream out and prints each record.
 //! - [`gameday`]: `startline-agent gameday`, failure rehearsals against a collector.
 //! - [`gpu`]: GPU health from `nvidia-smi`, reported by the node agent.
+//! - [`jobid`]: job ids made in more than one place (a Kubernetes job's, by the node agent and the Kueue adapter).
 
 pub mod access;
 pub mod auth;
 pub mod emit;
 pub mod gameday;
 pub mod gpu;
+pub mod jobid;
 pub mod metrics;
 pub mod node;
 pub mod provider;
-pub mod rfc3339;
+/// The one RFC 3339 parser and formatter, shared with the collector through the protocol crate.
+pub use startline_proto::rfc3339;
 pub mod rng;
+pub mod runner;
 pub mod simulate;
 pub mod spool;
 pub mod tail;

@@ -1,6 +1,7 @@
 //! `startline-agent`: the command line for every agent mode: `node` (local endpoint + spool + delivery),
-//! `emit` (one event to the node agent, for scripts), `slurm` (the Slurm adapter) and `simulate` (a fleet
-//! simulator).
+//! `emit` (one event to the node agent, for scripts), the adapters `slurm`, `kueue`, `sagemaker`, `vertex` and
+//! `azureml` (each a poll or watch loop over `startline_agent::provider`), `tail` (the collector's stream out),
+//! `gameday` (failure rehearsals) and `simulate` (a fleet simulator).
 //!
 //! Every mode that talks to the collector takes the global credentials and TLS options (`--token-file` or
 //! `--token`, `--ca-file`, `--client-cert`/`--client-key`); an `https://` collector URL means TLS. `emit` talks
@@ -9,14 +10,17 @@
 //! Every mode but `emit` can serve its own metrics on `--metrics-listen ADDR` (off by default); the node agent
 //! also serves them at `/metrics` on `--listen`.
 
+mod cli_docs;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use startline_agent::auth::{check_token, read_token_file, Secret, TokenSource};
-use startline_agent::metrics::Metrics;
-use startline_agent::simulate::{self, tokio_util_free::stop_pair, SimSettings};
+use startline_agent::runner::{shutdown_signal, Runner};
+use startline_agent::simulate::{self, SimSettings};
 use startline_agent::uplink::{Publisher, TlsFiles, UplinkSettings};
 use std::path::PathBuf;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
 #[command(name = "startline-agent", version, about = "Startline agent: sends job lifecycle events to the collector")]
@@ -77,25 +81,23 @@ impl Connection {
         }
     }
 
-    /// Starts delivering `spool` to every collector: one publisher per collector, named by its endpoint (the
-    /// spool's cursor key), each reporting into `metrics`.
-    fn deliver(
-        &self,
-        spool: &startline_agent::spool::Spool,
-        metrics: &Metrics,
-        stop: &startline_agent::simulate::tokio_util_free::Stop,
-    ) -> anyhow::Result<tokio::task::JoinHandle<Result<(), startline_agent::uplink::UplinkError>>> {
+    /// One publisher per collector, named by its endpoint (the spool's cursor key).
+    fn publishers(&self) -> anyhow::Result<Vec<(String, Publisher)>> {
         let mut seen = std::collections::HashSet::new();
         let mut up = Vec::new();
         for c in &self.collector {
             let c = c.trim();
             anyhow::ensure!(!c.is_empty(), "--collector: an empty endpoint in the list");
             anyhow::ensure!(seen.insert(c.to_string()), "--collector: {c} is listed twice");
-            let mut p = Publisher::new(self.settings_for(c)?)?;
-            p.set_metrics(metrics.clone());
-            up.push((c.to_string(), p));
+            up.push((c.to_string(), Publisher::new(self.settings_for(c)?)?));
         }
-        Ok(tokio::spawn(startline_agent::spool::deliver(spool.clone(), up, 1000, stop.clone(), self.give_up())))
+        Ok(up)
+    }
+
+    /// Starts the runner's delivery of its spool to every collector.
+    fn deliver(&self, runner: &mut Runner) -> anyhow::Result<()> {
+        runner.deliver(self.publishers()?, self.give_up());
+        Ok(())
     }
 
     /// How the spool treats a silent collector: only with several collectors does one stop holding events.
@@ -132,9 +134,11 @@ enum Command {
     Emit(EmitArgs),
     /// Poll Slurm (squeue --json and sacct --json, or slurmrestd with --rest) and report job transitions.
     Slurm(SlurmArgs),
-    /// Poll SageMaker (ListTrainingJobs, DescribeTrainingJob; SigV4 with AWS_* credentials from the environment).
+    /// Poll SageMaker (ListTrainingJobs, DescribeTrainingJob; SigV4 with credentials from the AWS SDK's chain:
+    /// environment, profiles, web identity, container credentials, EC2 instance metadata).
     Sagemaker(SagemakerArgs),
-    /// Poll Vertex AI CustomJobs (v1 REST, OAuth2 bearer token).
+    /// Poll Vertex AI CustomJobs (v1 REST; OAuth2 tokens from --token-command, VERTEX_ACCESS_TOKEN or Google's
+    /// Application Default Credentials: GOOGLE_APPLICATION_CREDENTIALS, gcloud's file, the metadata server).
     Vertex(VertexArgs),
     /// Poll Azure Machine Learning jobs of a workspace (ARM REST, Microsoft Entra ID tokens; run history for times).
     Azureml(AzuremlArgs),
@@ -149,6 +153,15 @@ enum Command {
     /// was injected; exits 1 when a check does not hold. SCENARIO: node-stop, disk-full, storage-revoked,
     /// gpu-delay, corrupt-checkpoint, collector-restart, uplink-outage, or all.
     Gameday(GamedayArgs),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages (one per command) into a directory.
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -473,7 +486,8 @@ struct VertexArgs {
     /// API base (default https://<location>-aiplatform.googleapis.com).
     #[arg(long, env = "STARTLINE_ENDPOINT")]
     endpoint: Option<String>,
-    /// Command printing an access token, run before each poll (default: VERTEX_ACCESS_TOKEN from the environment).
+    /// Command printing an access token, run before each poll (default: VERTEX_ACCESS_TOKEN from the environment,
+    /// else Application Default Credentials).
     #[arg(long, env = "STARTLINE_TOKEN_COMMAND")]
     token_command: Option<String>,
     /// Display-name prefixes that mark urgent jobs (repeatable).
@@ -795,13 +809,10 @@ fn emit(a: EmitArgs) -> anyhow::Result<()> {
 }
 
 async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
-    use startline_agent::simulate::tokio_util_free::stop_pair;
-    use startline_agent::spool::{Spool, SpoolLimits};
+    use startline_agent::spool::SpoolLimits;
     let limits = SpoolLimits { max_events: a.spool_max_events, max_bytes: a.spool_max_bytes };
-    let path = a.spool.clone();
-    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, limits))
-        .await?
-        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let mut runner = Runner::open("node", &a.spool, limits).await?;
+    let spool = runner.spool().context("the node agent has a spool")?.clone();
     let env: std::collections::HashMap<String, String> = std::env::vars().collect();
     let hostname = std::fs::read_to_string("/etc/hostname").ok();
     let host = startline_agent::node::node_name(a.node_name.as_deref(), &env, hostname.as_deref());
@@ -824,7 +835,6 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         ));
     }
     let gid = a.socket_group.as_deref().map(startline_agent::access::group_id).transpose()?;
-    let metrics = agent_metrics("node", Some(&spool))?;
     let listener =
         tokio::net::TcpListener::bind(&a.listen).await.with_context(|| format!("cannot listen on {}", a.listen))?;
     let bound = listener.local_addr()?;
@@ -833,69 +843,48 @@ async fn run_node(a: NodeArgs, conn: Connection) -> anyhow::Result<()> {
         Some(p) => Some(startline_agent::access::bind_socket(p, gid).context("cannot serve the node agent socket")?),
         None => None,
     };
-    let (handle, stop) = stop_pair();
-    let delivery = conn.deliver(&spool, &metrics, &stop)?;
-    let gpu_health = match a.gpu_health_interval {
-        Some(every) => {
-            let publisher = Publisher::new(conn.settings()?)?;
-            let node = host.clone();
-            Some(tokio::spawn(report_gpu_health(
-                publisher,
-                a.nvidia_smi.clone(),
-                node,
-                source.clone(),
-                every,
-                stop.clone(),
-            )))
-        }
-        None => None,
-    };
+    conn.deliver(&mut runner)?;
+    if let Some(every) = a.gpu_health_interval {
+        let publisher = Publisher::new(conn.settings()?)?;
+        let health = report_gpu_health(
+            publisher,
+            a.nvidia_smi.clone(),
+            host.clone(),
+            source.clone(),
+            every,
+            runner.stop_token(),
+        );
+        runner.spawn("gpu-health", health);
+    }
     let app = startline_agent::node::router(startline_agent::node::NodeState {
         clock: startline_agent::node::MonotonicWall::start(),
         spool: spool.clone(),
         source,
         limits: startline_proto::Limits::default(),
         access: std::sync::Arc::new(access),
-        metrics: metrics.clone(),
+        metrics: runner.metrics().clone(),
     });
-    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
+    runner.serve_metrics(a.metrics.metrics_listen.as_deref()).await?;
     let socket_note = a.socket.as_ref().map(|p| format!(" socket={}", p.display())).unwrap_or_default();
-    println!(
-        "startline-agent node ready listen={bound}{socket_note} spool={} held={}{metrics_note}",
-        a.spool.display(),
-        spool.len()
-    );
-    let stop_http = stop.clone();
-    let unix_server = unix.map(|u| {
+    println!("startline-agent node ready listen={bound}{socket_note}{}", runner.ready_note());
+    if let Some(u) = unix {
         let app = app.clone().into_make_service_with_connect_info::<startline_agent::access::PeerCred>();
-        let stop_unix = stop.clone();
-        tokio::spawn(
-            async move { axum::serve(u, app).with_graceful_shutdown(async move { stop_unix.wait().await }).await },
-        )
-    });
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { stop_http.wait().await }).await
-    });
-    wait_for_signal().await;
-    tracing::info!(held = spool.len(), "stopping; spooled events stay on disk for the next start");
-    handle.stop();
-    let _ = server.await;
-    if let Some(u) = unix_server {
-        let _ = u.await;
+        let stop = runner.stop_token();
+        runner.spawn("socket", async move {
+            if let Err(e) = axum::serve(u, app).with_graceful_shutdown(async move { stop.cancelled().await }).await {
+                tracing::warn!(error = %e, "the node agent socket stopped");
+            }
+        });
     }
-    if let Some(m) = metrics_server {
-        let _ = m.await;
-    }
+    let stop = runner.stop_token();
+    runner.spawn("http", async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await {
+            tracing::warn!(error = %e, "the node agent endpoint stopped");
+        }
+    });
+    runner.run_until(shutdown_signal()).await;
     if let Some(p) = &a.socket {
         let _ = std::fs::remove_file(p);
-    }
-    if let Some(g) = gpu_health {
-        let _ = g.await;
-    }
-    match delivery.await {
-        Ok(Err(e)) => tracing::warn!(error = %e, "delivery stopped"),
-        Err(e) => tracing::warn!(error = %e, "delivery task failed"),
-        Ok(Ok(())) => {}
     }
     Ok(())
 }
@@ -907,13 +896,13 @@ async fn report_gpu_health(
     node: String,
     source: String,
     every: Duration,
-    stop: startline_agent::simulate::tokio_util_free::Stop,
+    stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = stop.wait() => return,
+            _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
         let gpus = match startline_agent::gpu::read(&nvidia_smi).await {
@@ -940,12 +929,8 @@ async fn report_gpu_health(
 
 async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
     use startline_agent::provider::{slurm, MemoryStore};
-    use startline_agent::simulate::tokio_util_free::stop_pair;
-    use startline_agent::spool::{Spool, SpoolLimits};
-    let path = a.spool.clone();
-    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
-        .await?
-        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let mut runner = Runner::open("slurm", &a.spool, Default::default()).await?;
+    let spool = runner.spool().context("the adapter has a spool")?.clone();
     let memory = MemoryStore::open(&spool, "slurm").context("cannot open the adapter's memory")?;
     let split = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let mapping = slurm::Mapping {
@@ -956,7 +941,7 @@ async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
         first_step_on_start: a.first_step_on_start,
         cluster: a.cluster,
     };
-    let shell = slurm::ShellSettings {
+    let mut shell = slurm::ShellSettings {
         squeue: split(&a.squeue),
         sacct: split(&a.sacct),
         interval: a.interval,
@@ -964,8 +949,7 @@ async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
         vanished_grace: a.vanished_grace,
         rest: None,
     };
-    let metrics = agent_metrics("slurm", Some(&spool))?;
-    let mut shell = shell;
+    let metrics = runner.metrics().clone();
     if let Some(url) = &a.rest {
         let token = match (&a.rest_token_file, std::env::var("SLURM_JWT")) {
             (Some(f), _) => slurm::rest::TokenSource::File(f.clone()),
@@ -979,37 +963,24 @@ async fn run_slurm(a: SlurmArgs, conn: Connection) -> anyhow::Result<()> {
             .with_metrics(metrics.clone());
         shell.rest = Some(std::sync::Arc::new(client));
     }
-    let (handle, stop) = stop_pair();
-    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-    let delivery = conn.deliver(&spool, &metrics, &stop)?;
-    let poller = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, metrics, stop.clone()));
-    println!("startline-agent slurm ready spool={} held={}{metrics_note}", a.spool.display(), spool.len());
-    wait_for_signal().await;
-    handle.stop();
-    let _ = poller.await;
-    let _ = delivery.await;
-    if let Some(m) = metrics_server {
-        let _ = m.await;
-    }
+    runner.serve_metrics(a.metrics.metrics_listen.as_deref()).await?;
+    conn.deliver(&mut runner)?;
+    runner.spawn("poller", slurm::run(mapping, shell, spool, memory, metrics, runner.stop_token()));
+    println!("startline-agent slurm ready{}", runner.ready_note());
+    runner.run_until(shutdown_signal()).await;
     Ok(())
 }
 
 async fn run_sagemaker(a: SagemakerArgs, conn: Connection) -> anyhow::Result<()> {
-    use startline_agent::provider::{sagemaker, sigv4::Credentials, MemoryStore};
-    use startline_agent::simulate::tokio_util_free::stop_pair;
-    use startline_agent::spool::{Spool, SpoolLimits};
-    let creds = Credentials {
-        access_key: std::env::var("AWS_ACCESS_KEY_ID").context("AWS_ACCESS_KEY_ID is not set")?,
-        secret_key: std::env::var("AWS_SECRET_ACCESS_KEY").context("AWS_SECRET_ACCESS_KEY is not set")?,
-        session_token: std::env::var("AWS_SESSION_TOKEN").ok().filter(|t| !t.is_empty()),
-    };
+    use startline_agent::provider::{aws_credentials::AwsCredentials, sagemaker, MemoryStore};
+    // The AWS SDK's credentials chain; nothing is resolved yet: the first poll asks, and a failure is a failed
+    // poll (logged, counted, asked again at the next one), not a failed start.
+    let creds = AwsCredentials::default_chain(&a.region).await.map_err(anyhow::Error::msg)?;
     let endpoint = a.endpoint.clone().unwrap_or_else(|| format!("https://api.sagemaker.{}.amazonaws.com", a.region));
     let gpus = startline_agent::provider::gpus::GpuTable::parse(&a.instance_types).map_err(anyhow::Error::msg)?;
     let client = sagemaker::Client::new(&endpoint, &a.region, creds).map_err(anyhow::Error::msg)?;
-    let path = a.spool.clone();
-    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
-        .await?
-        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let mut runner = Runner::open("sagemaker", &a.spool, Default::default()).await?;
+    let spool = runner.spool().context("the adapter has a spool")?.clone();
     let memory = MemoryStore::open(&spool, "sagemaker").context("cannot open the adapter's memory")?;
     let mapping = sagemaker::Mapping {
         region: a.region.clone(),
@@ -1017,89 +988,58 @@ async fn run_sagemaker(a: SagemakerArgs, conn: Connection) -> anyhow::Result<()>
         namespace: a.namespace,
         gpus,
     };
-    let metrics = agent_metrics("sagemaker", Some(&spool))?;
+    let metrics = runner.metrics().clone();
     let client = client.with_metrics(metrics.clone());
-    let (handle, stop) = stop_pair();
-    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-    let delivery = conn.deliver(&spool, &metrics, &stop)?;
-    let poller = tokio::spawn(sagemaker::run(
+    runner.serve_metrics(a.metrics.metrics_listen.as_deref()).await?;
+    conn.deliver(&mut runner)?;
+    let poller = sagemaker::run(
         mapping,
         client,
         sagemaker::Schedule { lookback: a.lookback, interval: a.interval },
-        spool.clone(),
+        spool,
         memory,
         metrics,
-        stop.clone(),
-    ));
-    println!(
-        "startline-agent sagemaker ready endpoint={endpoint} spool={} held={}{metrics_note}",
-        a.spool.display(),
-        spool.len()
+        runner.stop_token(),
     );
-    wait_for_signal().await;
-    handle.stop();
-    let _ = poller.await;
-    let _ = delivery.await;
-    if let Some(m) = metrics_server {
-        let _ = m.await;
-    }
+    runner.spawn("poller", poller);
+    println!("startline-agent sagemaker ready endpoint={endpoint}{}", runner.ready_note());
+    runner.run_until(shutdown_signal()).await;
     Ok(())
 }
 
 async fn run_vertex(a: VertexArgs, conn: Connection) -> anyhow::Result<()> {
+    use startline_agent::provider::google_credentials::{GoogleCredentials, Source};
     use startline_agent::provider::{vertex, MemoryStore};
-    use startline_agent::simulate::tokio_util_free::stop_pair;
-    use startline_agent::spool::{Spool, SpoolLimits};
-    let token = match &a.token_command {
-        Some(c) => vertex::TokenSource::Command(c.split_whitespace().map(str::to_string).collect()),
-        None => vertex::TokenSource::Static(
-            std::env::var("VERTEX_ACCESS_TOKEN").context("set VERTEX_ACCESS_TOKEN or pass --token-command")?,
-        ),
+    // A token command or VERTEX_ACCESS_TOKEN when given, else Application Default Credentials.
+    let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let source = match (&a.token_command, std::env::var("VERTEX_ACCESS_TOKEN").ok().filter(|t| !t.trim().is_empty())) {
+        (Some(c), _) => Source::Command(c.split_whitespace().map(str::to_string).collect()),
+        (None, Some(t)) => Source::Static(Secret::new(t.trim())),
+        (None, None) => Source::application_default(&env).map_err(anyhow::Error::msg)?,
     };
+    tracing::info!(source = source.name(), "Google credentials");
+    let token = GoogleCredentials::new(source).map_err(anyhow::Error::msg)?;
     let endpoint = a.endpoint.clone().unwrap_or_else(|| format!("https://{}-aiplatform.googleapis.com", a.location));
     let gpus = startline_agent::provider::gpus::GpuTable::parse(&a.instance_types).map_err(anyhow::Error::msg)?;
     let client = vertex::Client::new(&endpoint, &a.project, &a.location, token).map_err(anyhow::Error::msg)?;
-    let path = a.spool.clone();
-    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
-        .await?
-        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let mut runner = Runner::open("vertex", &a.spool, Default::default()).await?;
+    let spool = runner.spool().context("the adapter has a spool")?.clone();
     let memory = MemoryStore::open(&spool, "vertex").context("cannot open the adapter's memory")?;
-    let metrics = agent_metrics("vertex", Some(&spool))?;
-    let (handle, stop) = stop_pair();
-    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-    let delivery = conn.deliver(&spool, &metrics, &stop)?;
+    let metrics = runner.metrics().clone();
+    runner.serve_metrics(a.metrics.metrics_listen.as_deref()).await?;
+    conn.deliver(&mut runner)?;
     let mapping = vertex::Mapping { project: a.project.clone(), urgent_prefixes: a.urgent_prefixes, gpus };
     let client = client.with_metrics(metrics.clone());
-    let poller = tokio::spawn(vertex::run(
-        mapping,
-        client,
-        a.interval,
-        a.lookback,
-        spool.clone(),
-        memory,
-        metrics,
-        stop.clone(),
-    ));
-    println!(
-        "startline-agent vertex ready endpoint={endpoint} spool={} held={}{metrics_note}",
-        a.spool.display(),
-        spool.len()
-    );
-    wait_for_signal().await;
-    handle.stop();
-    let _ = poller.await;
-    let _ = delivery.await;
-    if let Some(m) = metrics_server {
-        let _ = m.await;
-    }
+    let poller = vertex::run(mapping, client, a.interval, a.lookback, spool, memory, metrics, runner.stop_token());
+    runner.spawn("poller", poller);
+    println!("startline-agent vertex ready endpoint={endpoint}{}", runner.ready_note());
+    runner.run_until(shutdown_signal()).await;
     Ok(())
 }
 
 async fn run_azureml(a: AzuremlArgs, conn: Connection) -> anyhow::Result<()> {
     use startline_agent::auth::Secret;
     use startline_agent::provider::{azureml, MemoryStore};
-    use startline_agent::simulate::tokio_util_free::stop_pair;
-    use startline_agent::spool::{Spool, SpoolLimits};
     // Credentials, in the order Azure's SDKs try them: a token, a client secret, workload identity, managed identity.
     let secret = match (&a.client_secret_file, std::env::var("AZURE_CLIENT_SECRET").ok().filter(|s| !s.is_empty())) {
         (Some(p), _) => Some(
@@ -1144,16 +1084,13 @@ async fn run_azureml(a: AzuremlArgs, conn: Connection) -> anyhow::Result<()> {
         workspace: a.workspace.clone(),
     };
     let client = azureml::Client::new(&a.endpoint, history.as_deref(), &ws, credential).map_err(anyhow::Error::msg)?;
-    let path = a.spool.clone();
-    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
-        .await?
-        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let mut runner = Runner::open("azureml", &a.spool, Default::default()).await?;
+    let spool = runner.spool().context("the adapter has a spool")?.clone();
     let memory = MemoryStore::open(&spool, "azureml").context("cannot open the adapter's memory")?;
-    let metrics = agent_metrics("azureml", Some(&spool))?;
+    let metrics = runner.metrics().clone();
     let client = client.with_metrics(metrics.clone());
-    let (handle, stop) = stop_pair();
-    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-    let delivery = conn.deliver(&spool, &metrics, &stop)?;
+    runner.serve_metrics(a.metrics.metrics_listen.as_deref()).await?;
+    conn.deliver(&mut runner)?;
     let mapping = azureml::Mapping {
         resource_group: a.resource_group,
         workspace: a.workspace,
@@ -1161,34 +1098,23 @@ async fn run_azureml(a: AzuremlArgs, conn: Connection) -> anyhow::Result<()> {
         urgent_prefixes: a.urgent_prefixes,
         gpus,
     };
-    let poller = tokio::spawn(azureml::run(
+    let poller = azureml::run(
         mapping,
         client,
         azureml::Schedule { lookback: a.lookback, interval: a.interval },
-        spool.clone(),
+        spool,
         memory,
         metrics,
-        stop.clone(),
-    ));
-    println!(
-        "startline-agent azureml ready endpoint={} spool={} held={}{metrics_note}",
-        a.endpoint,
-        a.spool.display(),
-        spool.len()
+        runner.stop_token(),
     );
-    wait_for_signal().await;
-    handle.stop();
-    let _ = poller.await;
-    let _ = delivery.await;
-    if let Some(m) = metrics_server {
-        let _ = m.await;
-    }
+    runner.spawn("poller", poller);
+    println!("startline-agent azureml ready endpoint={}{}", a.endpoint, runner.ready_note());
+    runner.run_until(shutdown_signal()).await;
     Ok(())
 }
 
 async fn run_kueue(a: KueueArgs, conn: Connection) -> anyhow::Result<()> {
     use startline_agent::provider::{kueue, MemoryStore};
-    use startline_agent::spool::{Spool, SpoolLimits};
     let mut queues = std::collections::HashMap::new();
     for q in &a.queues {
         let (lq, cq) = q.split_once('=').with_context(|| format!("--queue {q}: expected LQ=CQ"))?;
@@ -1200,15 +1126,12 @@ async fn run_kueue(a: KueueArgs, conn: Connection) -> anyhow::Result<()> {
         None => None,
     };
     let client = kueue::watch::client(a.api_server.as_deref(), token).await.map_err(anyhow::Error::msg)?;
-    let path = a.spool.clone();
-    let spool = tokio::task::spawn_blocking(move || Spool::open(&path, SpoolLimits::default()))
-        .await?
-        .with_context(|| format!("cannot open spool {}", a.spool.display()))?;
+    let mut runner = Runner::open("kueue", &a.spool, Default::default()).await?;
+    let spool = runner.spool().context("the adapter has a spool")?.clone();
     let memory = MemoryStore::open(&spool, "kueue").context("cannot open the adapter's memory")?;
-    let metrics = agent_metrics("kueue", Some(&spool))?;
-    let (handle, stop) = stop_pair();
-    let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-    let delivery = conn.deliver(&spool, &metrics, &stop)?;
+    let metrics = runner.metrics().clone();
+    runner.serve_metrics(a.metrics.metrics_listen.as_deref()).await?;
+    conn.deliver(&mut runner)?;
     let mapping = kueue::Mapping {
         cluster: a.cluster.clone(),
         region: a.region,
@@ -1225,70 +1148,10 @@ async fn run_kueue(a: KueueArgs, conn: Connection) -> anyhow::Result<()> {
         position_interval: a.position_interval,
         retry: a.retry,
     };
-    let watcher =
-        tokio::spawn(kueue::watch::run(mapping, settings, client, spool.clone(), memory, metrics, stop.clone()));
-    println!(
-        "startline-agent kueue ready cluster={} spool={} held={}{metrics_note}",
-        a.cluster,
-        a.spool.display(),
-        spool.len()
-    );
-    wait_for_signal().await;
-    handle.stop();
-    let _ = watcher.await;
-    let _ = delivery.await;
-    if let Some(m) = metrics_server {
-        let _ = m.await;
-    }
+    runner.spawn("watcher", kueue::watch::run(mapping, settings, client, spool, memory, metrics, runner.stop_token()));
+    println!("startline-agent kueue ready cluster={}{}", a.cluster, runner.ready_note());
+    runner.run_until(shutdown_signal()).await;
     Ok(())
-}
-
-/// Starts `--metrics-listen`'s server, if one is asked for; returns ` metrics=<bound address>` for the ready
-/// line (empty without one) and the server's task.
-async fn serve_metrics(
-    a: &MetricsArgs,
-    metrics: &Metrics,
-    stop: startline_agent::simulate::tokio_util_free::Stop,
-) -> anyhow::Result<(String, Option<tokio::task::JoinHandle<std::io::Result<()>>>)> {
-    let Some(addr) = &a.metrics_listen else {
-        return Ok((String::new(), None));
-    };
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on --metrics-listen {addr}"))?;
-    let bound = listener.local_addr()?;
-    if !bound.ip().is_loopback() {
-        tracing::info!(%bound, "metrics served beyond loopback (--metrics-listen)");
-    }
-    let app = startline_agent::metrics::router(metrics.clone());
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(async move { stop.wait().await }).await
-    });
-    Ok((format!(" metrics={bound}"), Some(task)))
-}
-
-/// The agent's metrics for `mode`, reporting `spool` when given.
-fn agent_metrics(mode: &'static str, spool: Option<&startline_agent::spool::Spool>) -> anyhow::Result<Metrics> {
-    let m = Metrics::new(mode)?;
-    if let Some(s) = spool {
-        m.watch_spool(s.clone());
-    }
-    Ok(m)
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
@@ -1306,6 +1169,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     } = cli;
     let command = match command {
         Command::Emit(a) => return emit(a),
+        Command::Completions { shell } => {
+            return Ok(cli_docs::completions(<Cli as clap::CommandFactory>::command(), shell, &mut std::io::stdout())?)
+        }
+        Command::Man { out } => {
+            return cli_docs::man_pages(<Cli as clap::CommandFactory>::command(), &out)
+                .with_context(|| format!("cannot write man pages into {}", out.display()))
+        }
         other => other,
     };
     let token = match (token_file, token) {
@@ -1338,6 +1208,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Command::Tail(a) => run_tail(a, conn).await,
             Command::Gameday(a) => run_gameday(a, conn).await,
             Command::Emit(a) => emit(a),
+            // Answered before the runtime starts (above).
+            Command::Completions { .. } | Command::Man { .. } => Ok(()),
             Command::Simulate(a) => {
                 for (name, p) in [("--disorder", a.disorder), ("--duplicates", a.duplicates)] {
                     anyhow::ensure!((0.0..=1.0).contains(&p), "{name} must be a probability in 0..=1");
@@ -1348,18 +1220,21 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                 // Not spooled: a refused token ends the run at once instead of retrying.
                 up_settings.retry_auth_failures = false;
                 let mut up = Publisher::new(up_settings)?;
-                let metrics = agent_metrics("simulate", None)?;
-                up.set_metrics(metrics.clone());
-                let (handle, stop) = stop_pair();
-                let (metrics_note, metrics_server) = serve_metrics(&a.metrics, &metrics, stop.clone()).await?;
-                if !metrics_note.is_empty() {
-                    println!("startline-agent simulate ready{metrics_note}");
+                let mut runner = Runner::without_spool("simulate")?;
+                up.set_metrics(runner.metrics().clone());
+                runner.serve_metrics(a.metrics.metrics_listen.as_deref()).await?;
+                let note = runner.ready_note();
+                if !note.is_empty() {
+                    println!("startline-agent simulate ready{note}");
                 }
-                // The metrics server ends with the runtime, when the simulation is over.
-                drop(metrics_server);
+                // A signal stops the simulation (the backfill or --follow); the metrics are served until it ends.
+                let stop = runner.stop_token();
+                let on_signal = stop.clone();
                 tokio::spawn(async move {
-                    let _ = tokio::signal::ctrl_c().await;
-                    handle.stop();
+                    tokio::select! {
+                        _ = shutdown_signal() => on_signal.cancel(),
+                        _ = on_signal.cancelled() => {}
+                    }
                 });
                 let started = std::time::Instant::now();
                 let settings = SimSettings {
@@ -1379,7 +1254,9 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     chains: a.chains,
                     crunch: a.crunch,
                 };
-                let report = simulate::run(settings, &mut up, stop).await?;
+                let report = simulate::run(settings, &mut up, stop).await;
+                runner.shutdown().await;
+                let report = report?;
                 let secs = started.elapsed().as_secs_f64();
                 println!(
                     "simulated {} jobs: {} events sent in {:.1}s ({:.0}/s); accepted {}, duplicates {}, rejected {}",

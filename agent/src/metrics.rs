@@ -1,4 +1,4 @@
-//! The agent's own metrics (issue 11): what an operator needs to tell "no events" from "the agent is broken".
+//! The agent's own metrics: what an operator needs to tell "no events" from "the agent is broken".
 //! One [`Metrics`] per process, rendered as the Prometheus text exposition (format 0.0.4) at `GET /metrics`:
 //! on the node agent's listener (behind its Host and Origin checks) and, with `--metrics-listen ADDR`, on a
 //! listener of its own ([`router`]) in every mode.
@@ -79,6 +79,9 @@ pub enum PollErrorKind {
     CommandFailed,
     /// The spool or the adapter's job memory could not be written.
     Spool,
+    /// The cloud credentials could not be had: no source configured, or the source (STS, the instance or
+    /// container metadata endpoint, a token endpoint, a key file) failed or refused.
+    Credentials,
 }
 
 impl PollErrorKind {
@@ -91,6 +94,7 @@ impl PollErrorKind {
             PollErrorKind::Parse => "parse",
             PollErrorKind::CommandFailed => "command_failed",
             PollErrorKind::Spool => "spool",
+            PollErrorKind::Credentials => "credentials",
         }
     }
 }
@@ -399,6 +403,7 @@ impl Metrics {
             PollErrorKind::Parse,
             PollErrorKind::CommandFailed,
             PollErrorKind::Spool,
+            PollErrorKind::Credentials,
         ] {
             i.poll_errors.with_label_values(&[p.label(), k.label()]);
         }

@@ -1,4 +1,4 @@
-//! The agent's own metrics (issue 11), in process: the node agent's `/metrics` after known requests (spool
+//! The agent's own metrics, in process: the node agent's `/metrics` after known requests (spool
 //! depth and bytes, requests by route and status class, each refusal reason, quota and full-spool refusals),
 //! the uplink's failure and backoff figures against a closed port, and the Slurm adapter's poll metrics from
 //! the recorded fixtures, a failing command and an unreadable answer.
@@ -222,13 +222,13 @@ async fn slurm_poll(squeue: &[&str], sacct: &[&str], spool: &Spool) -> String {
         vanished_grace: Duration::from_secs(600),
         rest: None,
     };
-    let (handle, stop) = startline_agent::simulate::tokio_util_free::stop_pair();
-    let task = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, metrics.clone(), stop));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(slurm::run(mapping, shell, spool.clone(), memory, metrics.clone(), stop.clone()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let text = metrics.render().expect("render");
         if sample(&text, "startline_agent_poll_duration_seconds_count", &[("provider", "slurm")]) == Some(1.0) {
-            handle.stop();
+            stop.cancel();
             task.await.expect("poller");
             return text;
         }

@@ -1,4 +1,4 @@
-//! The node agent's hardened endpoint (issue 10), in process through the router and over a real unix socket:
+//! The node agent's hardened endpoint, in process through the router and over a real unix socket:
 //! content type, Host and Origin, the local token, the stamped source, the job allow-list, per-client quotas,
 //! the socket's mode and peer credentials, and `emit`'s client over TCP and the socket.
 

@@ -19,9 +19,9 @@ use crate::applier::{self, CommitterSettings};
 use crate::auth::tls::TlsState;
 use crate::auth::Scope;
 use crate::config::Config;
-use crate::export::labels::LabelLimiter;
 use crate::export::{Sources, Telemetry};
 use crate::index::cold::{ColdJobs, Dictionary, Folded};
+use crate::index::labels::LabelLimiter;
 use crate::index::{JobIndex, SharedIndex};
 use crate::ingest::conn::{self, ConnectionLimits};
 use crate::ingest::guard::Guarded;
@@ -336,6 +336,12 @@ pub async fn run_with_clock(
         .build_v1alpha()
         .map_err(|e| AppError::Reflection(e.to_string()))?;
     // Message size and batch cap are enforced before decoding (see ingest::codec).
+    // The HTTP JSON edge shares the service (same checks, same committer, same intake).
+    let http_ingest = crate::ingest::http::HttpIngest {
+        ingest: ingest.clone(),
+        auth: auth.clone(),
+        max_body_bytes: config.max_message_bytes,
+    };
     let ingest_server = Guarded::new(IngestServer::new(ingest), auth.clone(), Some(Scope::Ingest));
     // Health reports and subscriptions are counted before decoding too (readings, filter values).
     let node_health_server = Guarded::new(
@@ -432,6 +438,8 @@ pub async fn run_with_clock(
         ready: ready.clone(),
         health: health.clone(),
         max_page_size: config.max_page_size,
+        reads: crate::api::reads::ReadGate::new(config.max_concurrent_reads),
+        backups: Default::default(),
         clock,
         board: board.clone(),
         telemetry: Some(telemetry.clone()),
@@ -459,10 +467,14 @@ pub async fn run_with_clock(
         caps: crate::conn_limit::ConnLimiter::new(h.max_connections, h.max_connections_per_ip, budget),
         stats: http_stats,
     };
-    let http =
-        tokio::spawn(api::serve::serve(http_listener, api::router(api_state), http_limits, tls.clone(), async move {
-            http_stop_wait.cancelled().await
-        }));
+    // The API's routes read; `POST /api/v1/events` is the ingest edge's, behind the same cross-origin check.
+    let http_router = api::router(api_state.clone()).merge(
+        crate::ingest::http::router(http_ingest)
+            .layer(axum::middleware::from_fn_with_state(api_state, api::auth::same_origin)),
+    );
+    let http = tokio::spawn(api::serve::serve(http_listener, http_router, http_limits, tls.clone(), async move {
+        http_stop_wait.cancelled().await
+    }));
 
     // Alerting: notifiers and the alert loop, stopped after the committer (so late commits still wake it).
     let alert_stop = CancellationToken::new();

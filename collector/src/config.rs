@@ -71,7 +71,7 @@ pub struct FileConfig {
     pub tls: TlsSection,
 }
 
-/// `[chains]`: jobs sharing a `chain_id` seen as one timeline (README "Chains").
+/// `[chains]`: jobs sharing a `chain_id` seen as one timeline (docs/concepts.md, "Chains").
 #[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ChainsSection {
@@ -135,7 +135,7 @@ pub struct MetricsSection {
 #[derive(Debug, Clone)]
 pub struct MetricsConfig {
     /// Attribute bounds.
-    pub labels: crate::export::labels::LabelSettings,
+    pub labels: crate::index::labels::LabelSettings,
     /// OTLP push, when configured.
     pub otlp: Option<crate::export::OtlpSettings>,
     /// Attribute sets allowed per job metric.
@@ -296,6 +296,10 @@ pub struct HttpSection {
     pub listen: Option<String>,
     /// Most jobs one page of `GET /api/v1/jobs` returns. Default 1000.
     pub max_page_size: Option<usize>,
+    /// Large reads (answers that walk every job: compare, goodput, cost, overview, listings, chains, nodes; a
+    /// job's events) running at once; the others wait their turn within `request_timeout`. Bounds the memory of
+    /// many concurrent large reads to this many. Default 4.
+    pub max_concurrent_reads: Option<usize>,
     /// Most HTTP connections open at once; more are closed as they are accepted. Default 256: dashboards,
     /// Prometheus and API clients need a few each, and 256 leaves most of a 1024 open-file limit to gRPC and the
     /// store (HTTP and gRPC connections together never take more than the limit less 128 descriptors).
@@ -410,6 +414,8 @@ pub struct Config {
     pub http_listen: SocketAddr,
     /// Page size cap for job listings.
     pub max_page_size: usize,
+    /// Large reads running at once.
+    pub max_concurrent_reads: usize,
     /// HTTP connection limits and timeouts.
     pub http_connections: HttpConnections,
     /// Dashboard login throttles, session caps and accepted origins.
@@ -608,6 +614,7 @@ impl FileConfig {
             grpc_connections: grpc.connections,
             http_listen: http.listen,
             max_page_size: http.max_page_size,
+            max_concurrent_reads: http.max_concurrent_reads,
             http_connections: http.connections,
             login: http.login,
             queue_capacity: ingest.queue_capacity,
@@ -802,6 +809,7 @@ impl GrpcSection {
 struct HttpSettings {
     listen: SocketAddr,
     max_page_size: usize,
+    max_concurrent_reads: usize,
     connections: HttpConnections,
     login: crate::api::auth::LoginSettings,
 }
@@ -863,6 +871,14 @@ impl HttpSection {
         HttpSettings {
             listen: socket_addr(errs, "http.listen", &self.listen, "127.0.0.1:8080"),
             max_page_size: range(errs, "http.max_page_size", self.max_page_size, 1000, 1, 100_000),
+            max_concurrent_reads: range(
+                errs,
+                "http.max_concurrent_reads",
+                self.max_concurrent_reads,
+                crate::api::reads::MAX_CONCURRENT_READS,
+                1,
+                1024,
+            ),
             connections,
             login: login::LoginSettings {
                 failures_per_minute: per_minute(
@@ -991,7 +1007,7 @@ impl MetricsSection {
             errs.push("metrics.teams: has no effect without metrics.team_attribute = true".to_string());
         }
         MetricsConfig {
-            labels: crate::export::labels::LabelSettings {
+            labels: crate::index::labels::LabelSettings {
                 providers: self.providers.clone(),
                 pools: self.pools.clone(),
                 gpu_classes: self.gpu_classes.clone(),

@@ -20,6 +20,7 @@
 //! - [`compare`]: side-by-side comparison of two job sets (managed vs dedicated) with significance tests.
 //! - [`health`]: whether storage writes fail (and why) and whether the committer lives, for health checks.
 //! - [`time`]: the clock (wall time advanced by tokio's clock, pausable in tests) and the text form of times.
+//! - [`stream`]: the stream out: its records, the live hub subscribers follow, the filters and the alert outbox.
 //! - [`api`]: the axum router: JSON API, health and readiness.
 //! - [`auth`]: identities, scopes, bearer-token hashes, client-certificate names, rate limits and TLS for both
 //!   listeners.

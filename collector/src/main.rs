@@ -3,6 +3,8 @@
 //! running collector's API: reqwest on a small single-threaded runtime, `http://` or `https://` (a CA file or
 //! the built-in roots), with a bearer token from a file, a flag or the environment.
 
+mod cli_docs;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use startline_collector::alert::client::{build_http_client, read_pem_certs, read_secret_file, ClientTlsFiles, Secret};
@@ -72,6 +74,24 @@ enum Command {
     /// Print what the store holds, per tree (values, bytes) and on disk, as JSON. Opens the store directory, so
     /// the collector using it must be stopped.
     StoreStats,
+    /// Back up a running collector's events (through its admin API) into a directory on its host, without
+    /// stopping ingest; waits until it is written, prints its state as JSON. Exit 0 when done, 1 when it failed.
+    Backup(BackupArgs),
+    /// Check a stopped collector's store (snapshot parts, summaries, every log event, the stream) or, with
+    /// --backup, a backup directory; prints a report as JSON. Exit 0 when sound, 1 naming what is not.
+    Verify(VerifyArgs),
+    /// Make a new store (--data-dir) from a backup: its events in their sequences; the collector's first start on
+    /// it rebuilds every job. Exit 0 when restored, 1 when the backup is damaged or the target not empty.
+    Restore(RestoreArgs),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell) to stdout.
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages (one per command) into a directory.
+    #[command(hide = true)]
+    Man {
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -239,20 +259,53 @@ fn run_token(a: &TokenArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How a command reaches a running collector's HTTP API.
 #[derive(clap::Args, Debug)]
-struct CompareArgs {
+struct ApiArgs {
     /// The collector's HTTP API, `http://` or `https://`.
     #[arg(long, env = "STARTLINE_API", default_value = "http://127.0.0.1:8080")]
     api: String,
-    /// File holding a bearer token with the `read` scope (preferred over --token: not visible in `ps`).
+    /// File holding a bearer token (preferred over --token: not visible in `ps`): the `read` scope for `compare`,
+    /// `admin` for `backup`.
     #[arg(long, env = "STARTLINE_TOKEN_FILE")]
     token_file: Option<PathBuf>,
-    /// Bearer token with the `read` scope (--token-file wins when both are given).
+    /// Bearer token (--token-file wins when both are given).
     #[arg(long, env = "STARTLINE_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// PEM CA bundle to trust for an `https://` API instead of the built-in roots.
     #[arg(long, env = "STARTLINE_CA_FILE")]
     ca_file: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct BackupArgs {
+    #[command(flatten)]
+    conn: ApiArgs,
+    /// The backup's directory on the collector's host: new or empty. A relative path is taken from this
+    /// command's working directory (run it on the collector's host, or give the path as the collector sees it).
+    #[arg(long, value_name = "DIR")]
+    to: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+struct VerifyArgs {
+    /// Check a backup directory (its manifest, the events file's SHA-256, every event) instead of the store.
+    #[arg(long, value_name = "DIR")]
+    backup: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct RestoreArgs {
+    /// The backup directory to restore; the new store is the configured one (`--data-dir`), which must not exist
+    /// or be empty.
+    #[arg(long, value_name = "DIR")]
+    from: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+struct CompareArgs {
+    #[command(flatten)]
+    conn: ApiArgs,
     /// Left set, `attribute=value[,attribute=value]` (pool_kind, provider, pool, priority, gpu_class, region).
     #[arg(long, default_value = "pool_kind=managed")]
     left: String,
@@ -291,7 +344,7 @@ struct ApiClient {
 }
 
 impl ApiClient {
-    fn new(a: &CompareArgs) -> anyhow::Result<ApiClient> {
+    fn new(a: &ApiArgs) -> anyhow::Result<ApiClient> {
         let mut base = reqwest::Url::parse(&a.api).with_context(|| format!("--api {:?} is not a URL", a.api))?;
         // A base with a path prefix (a reverse proxy's `/startline`) keeps it: request paths are joined under it.
         if !base.path().ends_with('/') {
@@ -318,8 +371,22 @@ impl ApiClient {
 
     /// GETs `path_and_query` under the API's base; Ok with the body when the answer is 200.
     fn get(&self, path_and_query: &str) -> anyhow::Result<String> {
+        self.request(reqwest::Method::GET, path_and_query, None)
+    }
+
+    /// Sends a request under the API's base (with a JSON body when given); Ok with the body when the answer is
+    /// 200 or 202.
+    fn request(
+        &self,
+        method: reqwest::Method,
+        path_and_query: &str,
+        json: Option<&serde_json::Value>,
+    ) -> anyhow::Result<String> {
         let url = self.base.join(path_and_query.trim_start_matches('/')).context("cannot build the request URL")?;
-        let mut req = self.client.get(url);
+        let mut req = self.client.request(method, url);
+        if let Some(body) = json {
+            req = req.json(body);
+        }
         if let Some(t) = &self.token {
             req = req.bearer_auth(t.expose());
         }
@@ -337,11 +404,14 @@ impl ApiClient {
             let status = resp.status();
             let body = resp.text().await.context("cannot read the collector's answer")?;
             match status.as_u16() {
-                200 => Ok(body),
+                200 | 202 => Ok(body),
                 401 if self.token.is_none() => anyhow::bail!(
                     "the collector requires a token (401 Unauthorized): pass --token-file, --token or STARTLINE_TOKEN"
                 ),
                 401 => anyhow::bail!("the collector refused the token (401 Unauthorized): it is unknown or expired"),
+                403 if path_and_query.trim_start_matches('/').starts_with("api/v1/admin/") => {
+                    anyhow::bail!("the token is not permitted (403 Forbidden): it needs the admin scope")
+                }
                 403 => anyhow::bail!("the token is not permitted to read (403 Forbidden): it needs the read scope"),
                 s => anyhow::bail!("collector answered {s}: {body}"),
             }
@@ -354,7 +424,7 @@ fn run_compare(a: &CompareArgs) -> anyhow::Result<()> {
     if let Some(b) = &a.by {
         q += &format!("&by={}", pct_encode(b));
     }
-    let api = ApiClient::new(a)?;
+    let api = ApiClient::new(&a.conn)?;
     let body = api.get(&format!("/api/v1/compare?{q}"))?;
     let v: serde_json::Value = serde_json::from_str(&body).context("collector answered invalid json")?;
     if let Some(path) = &a.svg {
@@ -445,9 +515,80 @@ fn run_store_stats(config: &startline_collector::config::Config) -> anyhow::Resu
     .with_context(|| format!("cannot open the store at {}", config.store_path.display()))?;
     let trees = store.tree_stats().context("cannot read the store")?;
     let on_disk = store.size_on_disk().context("cannot size the store")?;
+    let allocated = store.allocated_bytes().context("cannot size the store's directory")?;
+    // Live bytes: what the trees hold (keys and values) and the log's blocks; the rest of what the directory
+    // takes is sled's framing, page table and space not yet reclaimed.
     let held: u64 = trees.iter().map(|t| t.bytes).sum();
-    let v = serde_json::json!({ "path": config.store_path, "size_on_disk": on_disk, "keys_and_values": held, "trees": trees });
+    let largest_sled_value = trees.iter().filter(|t| t.tree != "log files").map(|t| t.largest_value).max();
+    let amplification = if held == 0 { 0.0 } else { allocated as f64 / held as f64 };
+    let v = serde_json::json!({
+        "path": config.store_path,
+        "size_on_disk": on_disk,
+        "allocated_bytes": allocated,
+        "keys_and_values": held,
+        "space_amplification": (amplification * 100.0).round() / 100.0,
+        "largest_sled_value": largest_sled_value.unwrap_or(0),
+        "trees": trees,
+    });
     println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
+
+fn run_backup(a: &BackupArgs) -> anyhow::Result<()> {
+    let to = if a.to.is_absolute() { a.to.clone() } else { std::env::current_dir()?.join(&a.to) };
+    let api = ApiClient::new(&a.conn)?;
+    let to_text = to.to_str().context("--to must be UTF-8")?;
+    let started =
+        api.request(reqwest::Method::POST, "/api/v1/admin/backup", Some(&serde_json::json!({ "to": to_text })))?;
+    let mut status: serde_json::Value = serde_json::from_str(&started).context("the collector's answer")?;
+    eprintln!("backup into {} started at sequence {}", to.display(), status["through_seq"]);
+    while status["state"] == "running" {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        status = serde_json::from_str(&api.get("/api/v1/admin/backup")?).context("the collector's answer")?;
+    }
+    println!("{}", serde_json::to_string_pretty(&status)?);
+    anyhow::ensure!(status["state"] == "done", "the backup failed: {}", status["error"]);
+    Ok(())
+}
+
+fn run_verify(a: &VerifyArgs, config: &startline_collector::config::Config) -> anyhow::Result<()> {
+    use startline_collector::store::backup;
+    if let Some(dir) = &a.backup {
+        let m = backup::read(dir, |_, _| Ok(())).map_err(|e| anyhow::anyhow!("backup {}: {e}", dir.display()))?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "backup": dir, "sound": true, "manifest": m }))?
+        );
+        return Ok(());
+    }
+    use startline_collector::store::{Store, StoreOptions};
+    let store = Store::open_with(
+        &config.store_path,
+        StoreOptions { cache_bytes: config.cache_bytes, segment_bytes: config.log_segment_bytes },
+    )
+    .with_context(|| format!("cannot open the store at {}", config.store_path.display()))?;
+    let report = backup::verify_store(&store);
+    let sound = report.problems.is_empty();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(
+            &serde_json::json!({ "store": config.store_path, "sound": sound, "report": report })
+        )?
+    );
+    anyhow::ensure!(sound, "the store at {} is not sound: {}", config.store_path.display(), report.problems.join("; "));
+    Ok(())
+}
+
+fn run_restore(a: &RestoreArgs, config: &startline_collector::config::Config) -> anyhow::Result<()> {
+    let m = startline_collector::store::backup::restore(&a.from, &config.store_path).map_err(|e| {
+        anyhow::anyhow!("cannot restore {} into {}: {e}", a.from.display(), config.store_path.display())
+    })?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(
+            &serde_json::json!({ "restored": config.store_path, "from": a.from, "manifest": m })
+        )?
+    );
     Ok(())
 }
 
@@ -549,6 +690,13 @@ fn init_logging(log: Option<&str>, format: LogFormat) -> anyhow::Result<()> {
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
+    if let Some(Command::Completions { shell }) = &cli.command {
+        return Ok(cli_docs::completions(<Cli as clap::CommandFactory>::command(), *shell, &mut std::io::stdout())?);
+    }
+    if let Some(Command::Man { out }) = &cli.command {
+        return cli_docs::man_pages(<Cli as clap::CommandFactory>::command(), out)
+            .with_context(|| format!("cannot write man pages into {}", out.display()));
+    }
     if let Some(Command::Compare(a)) = &cli.command {
         return run_compare(a);
     }
@@ -565,7 +713,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             startline_collector::export::rules::prometheus_rules(
                 &config.slos,
                 config.alerts.min_jobs,
-                &config.alerts.labels
+                &config.alerts.labels,
+                config.alerts.runbook_base_url.as_deref(),
             )
         );
         return Ok(());
@@ -576,6 +725,12 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     }
     if matches!(cli.command, Some(Command::StoreStats)) {
         return run_store_stats(&config);
+    }
+    match &cli.command {
+        Some(Command::Backup(a)) => return run_backup(a),
+        Some(Command::Verify(a)) => return run_verify(a, &config),
+        Some(Command::Restore(a)) => return run_restore(a, &config),
+        _ => {}
     }
     if matches!(cli.command, Some(Command::CheckConfig)) {
         print!("{}", config.effective_toml().map_err(|e| anyhow::anyhow!("cannot print the configuration: {e}"))?);

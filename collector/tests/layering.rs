@@ -39,6 +39,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     // Connection caps and the descriptor budget both listeners share (and the client-address key of per-address
     // limits).
     ("conn_limit", &[]),
+    // The binary's shell completions and man pages, from its clap definition.
+    ("cli_docs", &[]),
     // Pure maths over the domain.
     ("slo", &["job", "time"]),
     // The accepted-event feed: the applier publishes, readers subscribe.

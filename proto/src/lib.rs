@@ -9,9 +9,15 @@
 //!   source can check its own events before spooling them.
 //! - [`hash`]: FNV-1a 64, a hash fixed by its specification, for anything persisted or compared across processes.
 //! - [`time`]: conversions between protobuf timestamps and Unix milliseconds.
+//! - [`rfc3339`]: the one RFC 3339 parser (offsets honoured, fractions truncated to the millisecond) and
+//!   formatter (UTC, milliseconds) every agent mode and the JSON form use.
+//! - [`json`]: the JSON form of an event (the node agent's endpoint and the collector's HTTP ingest route) and
+//!   its specified content id.
 
 pub mod hash;
+pub mod json;
 pub mod labels;
+pub mod rfc3339;
 pub mod time;
 pub mod validate;
 

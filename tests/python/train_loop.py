@@ -1,6 +1,6 @@
-"""A training loop reporting to the Startline node agent with the Python standard library only.
-
-This is the README's snippet, run by the test suite against a real agent. Environment:
+"""A training loop posting the node agent's JSON form with the Python standard library only, blocking on each
+post: the raw protocol that docs/node-agent.md mentions for clients other than the `startline` package (which
+never blocks or fails the loop), run by the test suite against a real agent. Environment:
 STARTLINE_AGENT (default http://127.0.0.1:7465) and STARTLINE_JOB_ID (or Slurm/Kubernetes variables, which
 the agent's `emit` command reads; here the job id is passed explicitly).
 """

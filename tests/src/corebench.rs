@@ -1,5 +1,5 @@
-//! `startline-bench core`: what the collector's core costs as the number of tracked jobs grows (issue 9,
-//! section 7), on the real collector process over loopback gRPC and HTTP, in one run:
+//! `startline-bench core`: what the collector's core costs as the number of tracked jobs grows,
+//! on the real collector process over loopback gRPC and HTTP, in one run:
 //!
 //! - **ingest** of `--jobs` jobs of the simulator's realistic mix (`startline_agent::simulate::model::job_events`,
 //!   arrivals over the last `--days` days with the time-of-day load), widened to 32 pools and 24 teams / 96
@@ -464,6 +464,58 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Clients that open the comparison at once in [`concurrent_reads`].
+const CONCURRENT_READERS: usize = 16;
+
+/// Memory under many large reads at once: [`CONCURRENT_READERS`] clients ask for the 30-day comparison by pool
+/// together, three rounds; the peak RSS (`VmHWM`, reset before through `clear_refs`) against the RSS before. The
+/// collector runs at most `http.max_concurrent_reads` of them at once (its `--collector-config` sets it).
+fn concurrent_reads(c: &Collector, rep: &mut SizeReport) {
+    let pid = c.child.id();
+    let path = "/api/v1/compare?window=30d&by=pool";
+    let _ = http_get_text(c.http, path);
+    std::thread::sleep(Duration::from_secs(2));
+    let before = status_kib(pid, "VmRSS");
+    // Resets VmHWM to the current RSS (Linux >= 4.0).
+    let reset = std::fs::write(format!("/proc/{pid}/clear_refs"), "5").is_ok();
+    let started = Instant::now();
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let threads: Vec<_> = (0..CONCURRENT_READERS)
+            .map(|_| {
+                let http = c.http;
+                std::thread::spawn(move || http_get_text(http, path).0)
+            })
+            .collect();
+        statuses.extend(threads.into_iter().map(|t| t.join().unwrap_or(0)));
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let peak = status_kib(pid, "VmHWM");
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let cell = if reset {
+        format!(
+            "RSS {:.0} MiB before, peak {:.0} MiB (+{:.0} MiB); {ok}/{} answered 200 in {secs:.1} s",
+            mib(before),
+            mib(peak),
+            mib(peak.saturating_sub(before)),
+            statuses.len()
+        )
+    } else {
+        "n/a (cannot reset VmHWM)".to_string()
+    };
+    println!("- {CONCURRENT_READERS} concurrent `GET {path}`, 3 rounds: {cell}");
+    rep.cell(format!("{CONCURRENT_READERS} concurrent compares by pool (3 rounds): memory"), cell);
+    rep.json["concurrent_reads"] = json!({
+        "readers": CONCURRENT_READERS,
+        "rounds": 3,
+        "rss_mib_before": mib(before),
+        "peak_rss_mib": reset.then(|| mib(peak)),
+        "ok": ok,
+        "requests": statuses.len(),
+        "seconds": secs,
+    });
+}
+
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
@@ -878,6 +930,7 @@ fn run_size(rt: &tokio::runtime::Runtime, a: &CoreArgs, jobs: u64) -> SizeReport
         rep.cell(label, timing_cell(&t, a.reps));
         api.insert(path.to_string(), timing_json(&t));
     }
+    concurrent_reads(&c, &mut rep);
     let now_s = startline_proto::time::now_ms() / 1000;
     const DEEP: usize = 20_000;
     for (label, q) in listings(now_s) {
@@ -1003,7 +1056,7 @@ fn thousands(n: u64) -> String {
     out
 }
 
-/// Issue 9's aims, by row label prefix.
+/// The collector core's aims (RSS, bytes on disk, restart, query times), by row label prefix.
 fn target(label: &str) -> &'static str {
     if label.starts_with("RSS") {
         "≤ 256 MiB per million jobs"
@@ -1046,7 +1099,7 @@ fn print_table(a: &CoreArgs, reports: &[SizeReport]) {
         head.push_str(&format!(" {} jobs |", thousands(r.jobs)));
         rule.push_str("---|");
     }
-    head.push_str(" aim (issue 9) |");
+    head.push_str(" aim |");
     rule.push_str("---|");
     println!("{head}");
     println!("{rule}");

@@ -81,6 +81,10 @@ pub struct Report {
     /// Stream out findings: a cursor gap or repeat, an acknowledged event missing from the stream, an event in
     /// it twice or never sent, a change naming no earlier event, a job whose last change is not its state.
     pub stream_mismatches: u64,
+    /// Each trial's store after its last stop: bytes allocated on disk, live bytes (`store-stats`).
+    pub space: Vec<(u64, u64)>,
+    /// The largest value in sled after any trial, bytes.
+    pub largest_sled_value: u64,
     /// Stream records read back over all restarts.
     pub stream_records: u64,
     /// The first few failures, described.
@@ -125,6 +129,15 @@ impl Report {
             "stream out: {} records read back after restarts, {} mismatches",
             self.stream_records, self.stream_mismatches
         );
+        if let Some(worst) = self.space.iter().map(|&(a, l)| a as f64 / l.max(1) as f64).reduce(f64::max) {
+            let (a, l) = self.space.iter().fold((0u64, 0u64), |(a, l), &(x, y)| (a + x, l + y));
+            let _ = writeln!(
+                s,
+                "store space: {a} bytes allocated for {l} live ({:.2}x over all trials, worst trial {worst:.2}x), largest sled value {} bytes",
+                a as f64 / l.max(1) as f64,
+                self.largest_sled_value
+            );
+        }
         for f in &self.failures {
             let _ = writeln!(s, "FAILURE: {f}");
         }
@@ -524,6 +537,50 @@ async fn trial(cfg: &TrialConfig, seed: u64, report: &mut Report) {
     report.acked_batches += m.batches;
     drop(m);
     drop(collector);
+    measure_space(&db, &config_arg, seed, cfg.verbose, report);
+}
+
+/// The store's space after the trial (the collector stopped): `store-stats`' allocated bytes against the bytes
+/// its trees and log hold, and its largest value in sled.
+fn measure_space(db: &Path, config: &str, seed: u64, verbose: bool, report: &mut Report) {
+    let out = std::process::Command::new(crate::binary("startline-collector"))
+        .args(["--config", config, "--data-dir"])
+        .arg(db)
+        .arg("store-stats")
+        .output();
+    let stats = match out {
+        Ok(o) if o.status.success() => serde_json::from_slice::<serde_json::Value>(&o.stdout).ok(),
+        Ok(o) => {
+            report.fail(format!("seed {seed}: store-stats failed: {}", String::from_utf8_lossy(&o.stderr)));
+            return;
+        }
+        Err(e) => {
+            report.fail(format!("seed {seed}: cannot run store-stats: {e}"));
+            return;
+        }
+    };
+    let Some(stats) = stats else {
+        report.fail(format!("seed {seed}: store-stats did not print JSON"));
+        return;
+    };
+    let (Some(allocated), Some(live), Some(largest)) =
+        (stats["allocated_bytes"].as_u64(), stats["keys_and_values"].as_u64(), stats["largest_sled_value"].as_u64())
+    else {
+        report.fail(format!("seed {seed}: store-stats without its sizes: {stats}"));
+        return;
+    };
+    if verbose {
+        println!("seed {seed}: store {allocated} bytes allocated, {live} live, largest sled value {largest} bytes");
+        let out = std::process::Command::new("du").args(["-k", "-d1"]).arg(db).output();
+        if let Ok(o) = out {
+            print!("{}", String::from_utf8_lossy(&o.stdout));
+        }
+        for t in stats["trees"].as_array().into_iter().flatten() {
+            println!("  {}: {} values, {} bytes, largest {}", t["tree"], t["values"], t["bytes"], t["largest_value"]);
+        }
+    }
+    report.space.push((allocated, live));
+    report.largest_sled_value = report.largest_sled_value.max(largest);
 }
 
 /// Compares the restarted collector with the model; promotes in-flight events found stored to acknowledged.

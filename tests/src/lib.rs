@@ -318,6 +318,17 @@ impl HttpRequest {
 /// `handler`, whose `(status, content type, body)` is the answer. For webhook receivers and replays of
 /// provider APIs.
 pub fn serve_http(handler: impl Fn(&HttpRequest) -> (u16, &'static str, String) + Send + Sync + 'static) -> SocketAddr {
+    serve_http_with_headers(move |r| {
+        let (status, content_type, body) = handler(r);
+        (status, content_type, Vec::new(), body)
+    })
+}
+
+/// [`serve_http`] whose handler also gives extra response headers (for protocols that answer in headers, such as
+/// the EC2 metadata service's token TTL).
+pub fn serve_http_with_headers(
+    handler: impl Fn(&HttpRequest) -> (u16, &'static str, Vec<(String, String)>, String) + Send + Sync + 'static,
+) -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind test http server");
     let addr = listener.local_addr().expect("addr");
     let handler = std::sync::Arc::new(handler);
@@ -332,7 +343,9 @@ pub fn serve_http(handler: impl Fn(&HttpRequest) -> (u16, &'static str, String) 
     addr
 }
 
-fn answer(mut s: TcpStream, handler: &dyn Fn(&HttpRequest) -> (u16, &'static str, String)) -> std::io::Result<()> {
+type Handler = dyn Fn(&HttpRequest) -> (u16, &'static str, Vec<(String, String)>, String);
+
+fn answer(mut s: TcpStream, handler: &Handler) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut reader = BufReader::new(s.try_clone()?);
     let mut line = String::new();
@@ -355,10 +368,11 @@ fn answer(mut s: TcpStream, handler: &dyn Fn(&HttpRequest) -> (u16, &'static str
     let len = headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body)?;
-    let (status, content_type, text) = handler(&HttpRequest { method, path, headers, body });
+    let (status, content_type, extra, text) = handler(&HttpRequest { method, path, headers, body });
+    let extra: String = extra.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     write!(
         s,
-        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{text}",
         text.len()
     )?;
     Ok(())

@@ -1,4 +1,4 @@
-//! The overload scenario (issue 8, item 7): clients streaming as fast as they can into one collector for a
+//! The overload scenario: clients streaming as fast as they can into one collector for a
 //! fixed time, with `ingest.when_full = "wait"` or `"reject"`, while a prober times `/healthz` and
 //! `GET /api/v1/slos` and a sampler reads the collector's RSS. Reports what clients saw (acks and each gRPC
 //! status code), the probe latencies and the peak RSS. A measurement for `startline-bench overload`, not a test.

@@ -1,4 +1,4 @@
-//! `startline-bench predict`: how well breach prediction warns, measured on the simulator's fleet (issue 15).
+//! `startline-bench predict`: how well breach prediction warns, measured on the simulator's fleet.
 //!
 //! The simulator's default fleet (with `--crunch`'s scripted H100 capacity crunches) runs for `--days` days; every
 //! job's timeline is derived with the collector's own code. Urgent jobs of the last half are judged against the

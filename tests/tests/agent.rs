@@ -1,5 +1,5 @@
 //! The node agent: durable spool across a collector outage and a `kill -9` of the agent (every event reaches
-//! the collector exactly once in its view), `emit` for scripts, JSON errors, the README's standard-library
+//! the collector exactly once in its view), `emit` for scripts, JSON errors, the docs' standard-library
 //! Python training-loop snippet run against a real agent, and exactly-once for retries: every event kind posted
 //! three times as the same bytes (without `occurred_at`), `emit` retrying through lost answers, and `emit`
 //! re-run with `--event-id`, each stored once.

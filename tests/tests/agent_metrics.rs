@@ -1,4 +1,4 @@
-//! The agents report on themselves (issue 11): the real `startline-agent` in node mode, delivering to a real
+//! The agents report on themselves: the real `startline-agent` in node mode, delivering to a real
 //! collector, scraped on its own listener and on `--metrics-listen`: delivered counts equal what the collector
 //! acknowledged (its own `startline_collector_events_total`), the spool drains to 0, every request and refusal
 //! is counted, and `promtool check metrics` accepts the exposition. Then the Vertex adapter against a replayed

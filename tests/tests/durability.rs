@@ -189,7 +189,7 @@ fn lifecycle(prefix: &str, jobs: usize) -> Vec<pb::LifecycleEvent> {
     out
 }
 
-/// The second-crash loss (issue 8): jobs rebuilt from the log tail at restart were not marked changed, so the
+/// The second-crash loss (a regression test): jobs rebuilt from the log tail at restart were not marked changed, so the
 /// next checkpoint moved the marker past them without writing their snapshots, and the restart after that
 /// neither read them from a snapshot nor replayed them. Kill, restart, ingest, checkpoint, kill, restart: every
 /// acknowledged event must still be in its timeline and be answered as a duplicate.

@@ -1,4 +1,4 @@
-//! The fuzz harness's short budget (issue 8, item 6): every target (protobuf ingest decoding and validation, the
+//! The fuzz harness's short budget: every target (protobuf ingest decoding and validation, the
 //! collector's HTTP API, the node agent's JSON endpoint, the Slurm, SageMaker and Vertex AI parsers, the
 //! credential parsers, `NodeHealthService.Report` and `StreamService.Subscribe` requests) runs
 //! 15,000 generated and mutated inputs with no panic, no hang, no broken property and bounded memory, and

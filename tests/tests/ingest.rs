@@ -190,7 +190,7 @@ async fn http_api_filters_paginates_and_answers_errors_as_json() {
         running_urgent["jobs"].as_array().expect("jobs").iter().filter_map(|j| j["job_id"].as_str()).collect();
     assert_eq!(ids, ["job-00", "job-15"]);
 
-    let cutoff = startline_collector::api::format_ms(base + 20 * 1000);
+    let cutoff = startline_collector::time::format_ms(base + 20 * 1000);
     let (_, late) = c.get(&format!("/api/v1/jobs?submitted_after={cutoff}"));
     assert_eq!(late["jobs"].as_array().map(Vec::len), Some(5));
 

@@ -1,10 +1,10 @@
 //! `deploy/kubernetes/`: each overlay rendered with `kubectl kustomize` (Debian's kubernetes-client) and every
 //! object validated offline: built-in kinds against the Kubernetes OpenAPI schemas bundled by PyPI's
-//! kubernetes-validate (strict: unknown fields fail; versions 1.30 and 1.37), ServiceMonitor and PrometheusRule
-//! against the Prometheus Operator CRDs in `tests/fixtures/prometheus-operator-crd/` (python jsonschema). Then
-//! what the manifests promise: hardened pods, probes, the drain, Services, the collector's config (it starts
-//! the real check-config with generated certificates), the node agent's socket, the adapters' arguments, the
-//! rules and dashboards identical to the repository's, and the HA pair's replicas and disruption budget.
+//! kubernetes-validate (strict: unknown fields fail; versions 1.30 and 1.37), ServiceMonitor, PodMonitor and
+//! PrometheusRule against the Prometheus Operator CRDs in `tests/fixtures/prometheus-operator-crd/` (python
+//! jsonschema). Then what the manifests promise: hardened pods, probes, the drain, Services, the collector's config
+//! (it starts the real check-config with generated certificates), the node agent's socket, the adapters' arguments,
+//! the rules and dashboards identical to the repository's, and the HA pair's replicas and disruption budget.
 
 use serde_json::Value;
 use startline_tests::{bin_dir, pki::TestCa, workspace_root};
@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 const K8S_VERSIONS: [&str; 2] = ["1.30.0", "1.37.0"];
 
 fn crds() -> Vec<String> {
-    ["servicemonitors", "prometheusrules"]
+    ["servicemonitors", "podmonitors", "prometheusrules"]
         .iter()
         .map(|c| {
             let p =
@@ -115,7 +115,7 @@ fn python_yaml_to_json(path: &std::path::Path) -> Value {
 #[test]
 fn overlays_render_and_every_object_validates() {
     let mut kinds = std::collections::BTreeSet::new();
-    for overlay in ["single", "ha-pair"] {
+    for overlay in ["single", "ha-pair", "kube-prometheus-stack"] {
         for o in rendered_and_valid(overlay) {
             kinds.insert(o["kind"].as_str().expect("kind").to_string());
         }
@@ -129,6 +129,7 @@ fn overlays_render_and_every_object_validates() {
         "Deployment",
         "PersistentVolumeClaim",
         "ServiceMonitor",
+        "PodMonitor",
         "PrometheusRule",
         "PodDisruptionBudget",
     ] {
@@ -346,6 +347,19 @@ fn node_agent_and_adapters_run_startline_agent_with_valid_arguments() {
         assert!(env.contains(&"STARTLINE_TOKEN_FILE") && env.contains(&"STARTLINE_CA_FILE"), "{deploy}: {env:?}");
         let claim = d["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"].as_str();
         find(&objects, "PersistentVolumeClaim", claim.expect("spool claim"));
+    }
+    // The cloud adapters take their identity from the platform (EKS IRSA, GKE Workload Identity) through a
+    // ServiceAccount of their own, annotated as those platforms read it; no keys are stored in the manifests.
+    for (deploy, annotation) in [
+        ("startline-sagemaker-adapter", "eks.amazonaws.com/role-arn"),
+        ("startline-vertex-adapter", "iam.gke.io/gcp-service-account"),
+    ] {
+        let pod = &find(&objects, "Deployment", deploy)["spec"]["template"]["spec"];
+        let sa = pod["serviceAccountName"].as_str().unwrap_or_else(|| panic!("{deploy}: serviceAccountName"));
+        let sa_obj = find(&objects, "ServiceAccount", sa);
+        assert!(sa_obj["metadata"]["annotations"][annotation].is_string(), "{deploy}: {annotation} on {sa}");
+        let secrets: Vec<&Value> = pod["containers"][0]["envFrom"].as_array().into_iter().flatten().collect();
+        assert!(secrets.iter().all(|s| s["secretRef"]["optional"] == true), "{deploy}: stored keys stay optional");
     }
     // The Kueue adapter reads the API with its own ServiceAccount, bound to a read-only ClusterRole.
     let d = find(&objects, "Deployment", "startline-kueue-adapter");

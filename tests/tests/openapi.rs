@@ -181,6 +181,40 @@ fn every_route_answers_as_its_openapi_document_says() {
     // Without a config file there is nothing to reload.
     let (status, body) = r.call(&c, "POST", "/api/v1/admin/reload", "/api/v1/admin/reload", &[], "");
     assert_eq!(status, 409, "{body}");
+    // Backups: none yet (404), a relative target refused (400), one started (202), its state until done (200), a
+    // target that is not empty refused (400).
+    let (status, body) = r.call(&c, "GET", "/api/v1/admin/backup", "/api/v1/admin/backup", &[], "");
+    assert_eq!(status, 404, "{body}");
+    let json = [("Content-Type", "application/json")];
+    let (status, body) =
+        r.call(&c, "POST", "/api/v1/admin/backup", "/api/v1/admin/backup", &json, r#"{"to": "relative/dir"}"#);
+    assert_eq!(status, 400, "{body}");
+    let to = dir.path().join("backup");
+    let req = serde_json::json!({ "to": to }).to_string();
+    let (status, body) = r.call(&c, "POST", "/api/v1/admin/backup", "/api/v1/admin/backup", &json, &req);
+    assert_eq!(status, 202, "{body}");
+    startline_tests::wait_until("the backup", std::time::Duration::from_secs(30), || {
+        let (s, b) = startline_tests::http_get_text(c.http, "/api/v1/admin/backup");
+        s == 200 && b.contains(r#""state":"done""#)
+    });
+    let (status, body) = r.call(&c, "GET", "/api/v1/admin/backup", "/api/v1/admin/backup", &[], "");
+    assert_eq!((status, body.contains(r#""state":"done""#)), (200, true), "{body}");
+    let (status, body) = r.call(&c, "POST", "/api/v1/admin/backup", "/api/v1/admin/backup", &json, &req);
+    assert_eq!((status, body.contains("not empty")), (400, true), "{body}");
+    // JSON ingest: stored (and the same request again: duplicates), a field refused, not JSON, a wrong type.
+    let ev = r#"{"kind": "first_step", "job_id": "sagemaker/acct/openapi-1", "source": "training-process/h1",
+                 "step": 1, "occurred_at": "2026-01-01T00:00:00Z"}"#;
+    let (status, body) = r.call(&c, "POST", "/api/v1/events", "/api/v1/events", &json, ev);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = r.call(&c, "POST", "/api/v1/events", "/api/v1/events", &json, ev);
+    assert_eq!((status, body.contains(r#""duplicates":1"#)), (200, true), "{body}");
+    let bad = r#"{"events": [{"kind": "first_step", "job_id": "j", "source": "s", "step": -1}]}"#;
+    let (status, body) = r.call(&c, "POST", "/api/v1/events", "/api/v1/events", &json, bad);
+    assert_eq!((status, body.contains(r#""field":"events[0].step""#)), (400, true), "{body}");
+    let (status, _) = r.call(&c, "POST", "/api/v1/events", "/api/v1/events", &json, "{not json");
+    assert_eq!(status, 400);
+    let (status, _) = r.call(&c, "POST", "/api/v1/events", "/api/v1/events", &[("Content-Type", "text/plain")], ev);
+    assert_eq!(status, 415);
     // An unknown query parameter is refused with 400 (not documented, on purpose).
     r.get(&c, "/api/v1/overview", "/api/v1/overview?colour=blue", 400);
     if let Some(last) = r.examples.last_mut() {
@@ -221,6 +255,13 @@ fn every_route_answers_as_its_openapi_document_says() {
     assert_eq!(status, 200, "{body}");
     let (status, _) = r.call(&a, "GET", "/login", "/login", &[], "");
     assert_eq!(status, 200);
+    let ev = r#"{"kind": "first_step", "job_id": "vertex/p/l/1", "source": "training-process/h1", "step": 1}"#;
+    let (status, _) =
+        r.call(&a, "POST", "/api/v1/events", "/api/v1/events", &[("Content-Type", "application/json")], ev);
+    assert_eq!(status, 401);
+    let as_reader = [("Content-Type", "application/json"), ("Authorization", &bearer(&reader))];
+    let (status, _) = r.call(&a, "POST", "/api/v1/events", "/api/v1/events", &as_reader, ev);
+    assert_eq!(status, 403, "a read identity may not publish");
     // Priced pools (this collector has [cost]; fed a little history first so every model shows up).
     let sim = Command::new(binary("startline-agent"))
         .args([

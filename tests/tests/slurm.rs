@@ -3,7 +3,7 @@
 //! on Resources, Priority, Dependency and a user hold, get cancelled, fail, and are requeued. The timelines
 //! the collector builds must match Slurm's own submit, start and end times (from `sacct --json`).
 
-use startline_collector::api::parse_time;
+use startline_collector::time::parse_time;
 use startline_tests::{binary, wait_until, workspace_root, ChildGuard, Collector};
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

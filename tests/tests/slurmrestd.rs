@@ -4,7 +4,7 @@
 //! and end times; a token rotated mid-run keeps polls succeeding; a wrong token fails polls as `http_status`
 //! and loses nothing once a good token is back.
 
-use startline_collector::api::parse_time;
+use startline_collector::time::parse_time;
 use startline_tests::{binary, wait_until, workspace_root, ChildGuard, Collector};
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

@@ -1,5 +1,5 @@
 //! The systemd units in `deploy/systemd/`: `systemd-analyze verify` accepts them without a single warning (it
-//! exits 0 even for unknown keys, so any output fails the test), they carry the settings the README promises,
+//! exits 0 even for unknown keys, so any output fails the test), they carry the settings docs/install.md promises,
 //! and the collector really speaks the readiness protocol `Type=notify` relies on (READY=1 once it serves,
 //! STOPPING=1 when it drains), checked against a real `NOTIFY_SOCKET`.
 //!

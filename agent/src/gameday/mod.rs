@@ -242,11 +242,11 @@ impl Tap {
         mut up: Publisher,
         prefix: String,
         after: Option<u64>,
-        stop: tokio::sync::watch::Receiver<bool>,
+        stop: tokio_util::sync::CancellationToken,
     ) {
         let mut last = after;
         loop {
-            if *stop.borrow() {
+            if stop.is_cancelled() {
                 return;
             }
             let req = pb::SubscribeRequest { after_cursor: last, job_id_prefix: prefix.clone(), ..Default::default() };
@@ -258,10 +258,9 @@ impl Tap {
                 }
             };
             loop {
-                let mut stop = stop.clone();
                 let msg = tokio::select! {
                     m = s.message() => m,
-                    _ = stop.changed() => return,
+                    _ = stop.cancelled() => return,
                 };
                 match msg {
                     Ok(Some(r)) => {
@@ -350,9 +349,9 @@ pub async fn run(
         .map_err(|e| GameDayError::Api(e.to_string()))?;
 
     // Follow the stream out for the run's jobs from now on.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_tap = tokio_util::sync::CancellationToken::new();
     let tap = Tap::default();
-    let tap_task = tokio::spawn(tap.clone().follow(publisher(target)?, prefix.clone(), None, stop_rx));
+    let tap_task = tokio::spawn(tap.clone().follow(publisher(target)?, prefix.clone(), None, stop_tap.clone()));
     // The tap must be subscribed before anything is sent: wait for the collector to count it.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -376,7 +375,7 @@ pub async fn run(
             crunch: false,
         };
         let mut up = publisher(target)?;
-        let r = crate::simulate::run(settings, &mut up, crate::simulate::tokio_util_free::Stop::never()).await?;
+        let r = crate::simulate::run(settings, &mut up, tokio_util::sync::CancellationToken::new()).await?;
         timeline.push(format!("background: {} simulated jobs, {} events sent", r.jobs, r.events_sent));
     }
 
@@ -428,12 +427,12 @@ pub async fn run(
                 spool.append(&phase0).map_err(|e| GameDayError::Collector(format!("spool: {e}")))?;
                 timeline.push(format!("uplink down: {} events held in the node agent's spool", spool.len()));
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                let (handle, stop) = crate::simulate::tokio_util_free::stop_pair();
-                let task = tokio::spawn(crate::spool::deliver(
+                let stop = tokio_util::sync::CancellationToken::new();
+                let task = tokio::spawn(crate::uplink::deliver(
                     spool.clone(),
                     vec![(target.grpc.clone(), publisher(target)?)],
                     500,
-                    stop,
+                    stop.clone(),
                     None,
                 ));
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -443,7 +442,7 @@ pub async fn run(
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                handle.stop();
+                stop.cancel();
                 let _ = task.await;
                 drop(spool);
                 let _ = std::fs::remove_dir_all(&dir);
@@ -481,7 +480,7 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let _ = stop_tx.send(true);
+    stop_tap.cancel();
     let _ = tap_task.await;
     let recs = tap.records();
 

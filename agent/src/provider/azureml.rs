@@ -346,11 +346,8 @@ pub fn token_lifetime(v: &Value, now_s: i64) -> std::time::Duration {
     std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0))
 }
 
-/// When a token of `lifetime` is fetched again: shortly before it expires, a fifth of its life early and at most
-/// 5 minutes early (a 1-hour token after 55 minutes, a 5-minute one after 4).
-pub fn renew_after(lifetime: std::time::Duration) -> std::time::Duration {
-    lifetime.saturating_sub((lifetime / 5).min(std::time::Duration::from_secs(300)))
-}
+/// When a token is fetched again: the rule every cloud adapter's credentials follow.
+pub use super::renew_after;
 
 /// The ARM scope/resource tokens are asked for.
 const ARM_RESOURCE: &str = "https://management.azure.com/";
@@ -450,7 +447,7 @@ impl Client {
     }
 
     async fn fetch_token(&self) -> Result<(crate::auth::Secret, std::time::Duration), PollError> {
-        let failed = |m: String| PollError::new(PollErrorKind::HttpStatus, format!("azure token: {m}"));
+        let failed = |m: String| PollError::new(PollErrorKind::Credentials, format!("azure token: {m}"));
         let req = match &self.credential {
             Credential::Static(t) => return Ok((t.clone(), std::time::Duration::from_secs(3600))),
             Credential::ClientSecret { authority, tenant, client_id, secret } => self
@@ -465,7 +462,7 @@ impl Client {
                 ])),
             Credential::WorkloadIdentity { authority, tenant, client_id, token_file } => {
                 let assertion = std::fs::read_to_string(token_file).map_err(|e| {
-                    PollError::new(PollErrorKind::CommandFailed, format!("{}: {e}", token_file.display()))
+                    PollError::new(PollErrorKind::Credentials, format!("azure token: {}: {e}", token_file.display()))
                 })?;
                 self.http
                     .post(format!("{}/{tenant}/oauth2/v2.0/token", authority.trim_end_matches('/')))
@@ -490,9 +487,9 @@ impl Client {
             }
         };
         let resp =
-            req.send().await.map_err(|e| PollError::new(PollErrorKind::Transport, format!("azure token: {e}")))?;
+            req.send().await.map_err(|e| PollError::new(PollErrorKind::Credentials, format!("azure token: {e}")))?;
         let status = resp.status().as_u16();
-        let text = resp.text().await.map_err(|e| PollError::new(PollErrorKind::Transport, e.to_string()))?;
+        let text = resp.text().await.map_err(|e| failed(e.to_string()))?;
         if !(200..300).contains(&status) {
             // The body is Entra's error JSON (no secret in it); cut it short.
             return Err(failed(format!("{status}: {}", text.chars().take(300).collect::<String>())));
@@ -618,7 +615,7 @@ pub async fn run(
     spool: crate::spool::Spool,
     memory: MemoryStore,
     metrics: crate::metrics::Metrics,
-    stop: crate::simulate::tokio_util_free::Stop,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     super::poll_loop(Provider::Azureml, metrics.clone(), interval, stop, || {
         poll_once(&m, &client, lookback, &spool, &memory, Some(&metrics))
@@ -690,3 +687,6 @@ pub async fn poll_once(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod credential_tests;

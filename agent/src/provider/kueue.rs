@@ -531,7 +531,7 @@ pub const POSITION_EXACT: u64 = 10;
 
 /// The Startline job id of `job_name` in `namespace`: `k8s/<cluster>/<namespace>/<job name>`.
 pub fn startline_id(m: &Mapping, namespace: &str, job_name: &str) -> String {
-    format!("k8s/{}/{namespace}/{job_name}", m.cluster)
+    crate::jobid::kubernetes(&m.cluster, namespace, job_name)
 }
 
 /// One job's objects.

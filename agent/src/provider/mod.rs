@@ -5,7 +5,9 @@
 //! collector, not new events. Adapters write to the same durable spool as the node agent, so the uplink does
 //! not change when an adapter is added (Kubernetes/Kueue and Azure ML slot in as new modules here).
 
+pub mod aws_credentials;
 pub mod azureml;
+pub mod google_credentials;
 pub mod gpus;
 pub mod kueue;
 pub mod retry;
@@ -97,6 +99,13 @@ pub fn container_start() -> startline_proto::pb::lifecycle_event::Kind {
     pb::lifecycle_event::Kind::FirstStep(pb::FirstStep { step: 0, origin: pb::StepOrigin::ContainerStart as i32 })
 }
 
+/// When a credential or token with `lifetime` left is fetched again: shortly before it expires, a fifth of its
+/// life early and at most 5 minutes early (a 1-hour token after 55 minutes, a 5-minute one after 4). Every cloud
+/// adapter's credentials follow it (AWS credentials, Google access tokens, Microsoft Entra tokens).
+pub fn renew_after(lifetime: std::time::Duration) -> std::time::Duration {
+    lifetime.saturating_sub((lifetime / 5).min(std::time::Duration::from_secs(300)))
+}
+
 /// A failed poll: its kind (the `kind` label of `startline_agent_poll_errors_total`) and what is logged.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
@@ -138,7 +147,7 @@ pub async fn poll_loop<F, Fut>(
     provider: Provider,
     metrics: Metrics,
     interval: std::time::Duration,
-    stop: crate::simulate::tokio_util_free::Stop,
+    stop: tokio_util::sync::CancellationToken,
     mut poll: F,
 ) where
     F: FnMut() -> Fut,
@@ -168,7 +177,7 @@ pub async fn poll_loop<F, Fut>(
         }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = stop.wait() => return,
+            _ = stop.cancelled() => return,
         }
     }
 }
@@ -245,6 +254,12 @@ pub struct JobMemory {
     /// The scheduler's estimated start last reported, Unix ms.
     #[serde(default)]
     pub estimated_start_ms: Option<i64>,
+    /// SageMaker: whether the current `Starting` transition's message said capacity when last seen.
+    #[serde(default)]
+    pub starting_capacity: Option<bool>,
+    /// SageMaker: waits split inside `Starting` transitions (numbers their events).
+    #[serde(default)]
+    pub starting_splits: u32,
     /// The queue position last reported (Kueue).
     #[serde(default)]
     pub queue_position: Option<u64>,

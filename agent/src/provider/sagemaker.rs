@@ -1,10 +1,13 @@
 //! The SageMaker adapter. Pure core: [`parse_describe`] reads a `DescribeTrainingJob` response (JSON 1.1:
 //! timestamps are Unix seconds as numbers) and [`diff`] turns it plus the job's memory into lifecycle events.
 //! Shell: [`Client`] calls `ListTrainingJobs` and `DescribeTrainingJob` over HTTPS with SigV4 (the endpoint is
-//! configurable, so tests point it at a local server replaying documented payloads) and [`run`] polls.
+//! configurable, so tests point it at a local server replaying documented payloads), each call signed with the
+//! credentials [`super::aws_credentials`] resolves then (renewed before they expire), and [`run`] polls.
 //!
 //! Mapping of `SecondaryStatusTransitions` (each dated by its own `StartTime`):
-//! `Starting` -> preparing:provisioning; `Pending` -> queued:capacity (raw `Pending`); `Downloading` ->
+//! `Starting` -> preparing:provisioning, or queued:capacity while its message is EC2's capacity retry (SageMaker
+//! rewrites the one transition's message: the poll that sees the message appear or clear splits the wait there,
+//! dated when the description was received); `Pending` -> queued:capacity (raw `Pending`); `Downloading` ->
 //! preparing:image_pull when the message names the image, else preparing:data_staging; `Training` ->
 //! first_step (the training container started: SageMaker's nearest signal; a node agent in the container can
 //! report the real first step); `Interrupted` -> preempted (spot reclaim, no checkpoint assumed);
@@ -12,9 +15,10 @@
 //! `FailureReason`, e.g. `CapacityError: ...`, kept as the message), Stopped -> cancelled,
 //! MaxRuntimeExceeded/MaxWaitTimeExceeded -> timed_out. `Uploading` and `Stopping` are not wait states.
 
+use super::aws_credentials::AwsCredentials;
 use super::gpus::{GpuTable, Known};
 use super::retry::{with_retries, Attempt, RetryPolicy};
-use super::sigv4::{amz_date, authorization, Credentials};
+use super::sigv4::{amz_date, authorization};
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
 use serde_json::{json, Value};
@@ -37,6 +41,9 @@ pub struct Transition {
 pub struct TrainingJob {
     /// Job name.
     pub name: String,
+    /// When the adapter received this description, Unix ms (0: not known): a change SageMaker gives no time for
+    /// (a status message appearing or clearing) is dated by it.
+    pub received_ms: i64,
     /// `InProgress`, `Completed`, `Failed`, `Stopping`, `Stopped`.
     pub status: String,
     /// The current secondary status.
@@ -67,6 +74,7 @@ fn secs_ms(v: &Value) -> Option<i64> {
 pub fn parse_describe(v: &Value) -> Option<TrainingJob> {
     Some(TrainingJob {
         name: v["TrainingJobName"].as_str()?.to_string(),
+        received_ms: 0,
         status: v["TrainingJobStatus"].as_str().unwrap_or("").to_string(),
         secondary: v["SecondaryStatus"].as_str().unwrap_or("").to_string(),
         created_ms: secs_ms(&v["CreationTime"])?,
@@ -138,6 +146,49 @@ pub fn is_capacity_message(msg: &str) -> bool {
     m.contains("insufficient capacity") || m.contains("capacityerror") || m.contains("insufficientinstancecapacity")
 }
 
+/// The `Starting` transition's message as last seen: whether it said capacity (see [`starting_split`]). Set the
+/// first time the transition is seen; kept while it is the job's current transition.
+fn note_starting(mem: &mut JobMemory, key: &str, current: bool, capacity: bool) {
+    if !mem.emitted.contains(key) {
+        mem.starting_capacity = Some(capacity);
+    } else if !current {
+        mem.starting_capacity = None;
+    }
+}
+
+/// A `Starting` transition whose message turned to or from EC2's capacity retry since the last poll: SageMaker
+/// keeps one transition and rewrites its message, so the poll that sees the change splits the wait, dated when the
+/// description was received (never before the transition began). The event: `(key, at, kind)`.
+fn starting_split(mem: &mut JobMemory, key: &str, t: &Transition, received_ms: i64) -> Option<(String, i64, Kind)> {
+    let was = mem.starting_capacity?;
+    if !mem.emitted.contains(key) {
+        return None;
+    }
+    let now = is_capacity_message(&t.message);
+    if now == was || received_ms <= 0 {
+        return None;
+    }
+    mem.starting_capacity = Some(now);
+    mem.starting_splits += 1;
+    Some((format!("{key}#{}", mem.starting_splits), received_ms.max(t.start_ms), starting_kind(&t.message)))
+}
+
+/// What a `Starting` transition with this message is: a capacity wait while EC2 retries for capacity ("Insufficient
+/// capacity error from EC2 while launching instances, retrying!"), else provisioning.
+fn starting_kind(message: &str) -> Kind {
+    if is_capacity_message(message) {
+        Kind::Queued(pb::Queued {
+            reason: pb::WaitReason::Capacity as i32,
+            raw_reason: "Starting".into(),
+            message: message.to_string(),
+            estimated_start: None,
+            queue_position: None,
+        })
+    } else {
+        Kind::Preparing(pb::Preparing { phase: pb::PreparingPhase::Provisioning as i32, message: message.to_string() })
+    }
+}
+
 /// How SageMaker jobs map onto Startline's attributes.
 #[derive(Debug, Clone, Default)]
 pub struct Mapping {
@@ -199,18 +250,7 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
     for (i, t) in j.transitions.iter().enumerate() {
         let key = format!("t{i}:{}", t.status);
         let kind = match t.status.as_str() {
-            // "Insufficient capacity error from EC2 while launching instances, retrying!": a capacity wait.
-            "Starting" if is_capacity_message(&t.message) => Kind::Queued(pb::Queued {
-                reason: pb::WaitReason::Capacity as i32,
-                raw_reason: "Starting".into(),
-                message: t.message.clone(),
-                estimated_start: None,
-                queue_position: None,
-            }),
-            "Starting" => Kind::Preparing(pb::Preparing {
-                phase: pb::PreparingPhase::Provisioning as i32,
-                message: t.message.clone(),
-            }),
+            "Starting" => starting_kind(&t.message),
             "Pending" => Kind::Queued(pb::Queued {
                 reason: pb::WaitReason::Capacity as i32,
                 raw_reason: "Pending".into(),
@@ -236,7 +276,15 @@ pub fn diff(m: &Mapping, j: &TrainingJob, mem: &JobMemory) -> (Vec<pb::Lifecycle
             }
             _ => continue,
         };
+        let starting = t.status == "Starting";
+        if starting {
+            note_starting(&mut mem, &key, i + 1 == j.transitions.len(), is_capacity_message(&t.message));
+        }
+        let split = starting.then(|| starting_split(&mut mem, &key, t, j.received_ms)).flatten();
         emit(&mut mem, key, t.start_ms, kind);
+        if let Some((key, at, kind)) = split {
+            emit(&mut mem, key, at, kind);
+        }
     }
     let outcome = match (j.status.as_str(), j.secondary.as_str()) {
         (_, "MaxRuntimeExceeded" | "MaxWaitTimeExceeded") => Some(pb::Outcome::TimedOut),
@@ -288,19 +336,21 @@ impl From<ClientError> for PollError {
 }
 
 /// A SigV4-signed SageMaker API client (AWS JSON 1.1 protocol). Each call is retried on throttling, 5xx and
-/// transport failures ([`super::retry`]).
+/// transport failures ([`super::retry`]); a call AWS refuses because its credentials expired or were revoked
+/// (`ExpiredTokenException`, `UnrecognizedClientException`, ...) drops the cached credentials and is made once more
+/// with freshly resolved ones.
 pub struct Client {
     http: reqwest::Client,
     endpoint: reqwest::Url,
     region: String,
-    creds: Credentials,
+    creds: AwsCredentials,
     retry: RetryPolicy,
     metrics: Option<crate::metrics::Metrics>,
 }
 
 impl Client {
     /// A client for `endpoint` (e.g. `https://api.sagemaker.us-east-1.amazonaws.com`).
-    pub fn new(endpoint: &str, region: &str, creds: Credentials) -> Result<Client, String> {
+    pub fn new(endpoint: &str, region: &str, creds: AwsCredentials) -> Result<Client, String> {
         let endpoint = reqwest::Url::parse(endpoint).map_err(|e| format!("endpoint {endpoint:?}: {e}"))?;
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(30))
@@ -322,21 +372,40 @@ impl Client {
     }
 
     async fn call(&self, target: &str, body: &Value) -> Result<Value, PollError> {
-        with_retries(
-            &self.retry,
-            || async {
-                self.call_once(target, body).await.map_err(|(e, retry_after)| Attempt { error: e.into(), retry_after })
-            },
-            |e| {
-                if let Some(m) = &self.metrics {
-                    m.call_retried(Provider::Sagemaker, e.kind);
+        let mut renewed = false;
+        loop {
+            let r = with_retries(
+                &self.retry,
+                || async {
+                    let creds = self.creds.get().await?;
+                    self.call_once(target, body, &creds)
+                        .await
+                        .map_err(|(e, retry_after)| Attempt { error: e.into(), retry_after })
+                },
+                |e| {
+                    if let Some(m) = &self.metrics {
+                        m.call_retried(Provider::Sagemaker, e.kind);
+                    }
+                },
+            )
+            .await;
+            match r {
+                Err(e) if !renewed && refused_credentials(&e.message) => {
+                    tracing::info!(error = %e, "AWS refused the credentials; resolving them again");
+                    renewed = true;
+                    self.creds.forget().await;
                 }
-            },
-        )
-        .await
+                other => return other,
+            }
+        }
     }
 
-    async fn call_once(&self, target: &str, body: &Value) -> Result<Value, (ClientError, Option<std::time::Duration>)> {
+    async fn call_once(
+        &self,
+        target: &str,
+        body: &Value,
+        creds: &super::sigv4::Credentials,
+    ) -> Result<Value, (ClientError, Option<std::time::Duration>)> {
         let bytes = body.to_string().into_bytes();
         let host = match self.endpoint.port() {
             Some(p) => format!("{}:{p}", self.endpoint.host_str().unwrap_or("")),
@@ -349,11 +418,10 @@ impl Client {
             ("x-amz-date".to_string(), date),
             ("x-amz-target".to_string(), format!("SageMaker.{target}")),
         ];
-        if let Some(t) = &self.creds.session_token {
+        if let Some(t) = &creds.session_token {
             headers.push(("x-amz-security-token".to_string(), t.clone()));
         }
-        let auth =
-            authorization(&self.creds, &self.region, "sagemaker", "POST", self.endpoint.path(), "", &headers, &bytes);
+        let auth = authorization(creds, &self.region, "sagemaker", "POST", self.endpoint.path(), "", &headers, &bytes);
         let mut req = self.http.post(self.endpoint.clone()).header("authorization", auth);
         for (k, v) in headers.iter().filter(|(k, _)| k != "host") {
             req = req.header(k.as_str(), v.as_str());
@@ -396,6 +464,14 @@ impl Client {
     }
 }
 
+/// Whether an AWS error answer says the request's credentials are expired, revoked or unknown (so fresh ones may
+/// succeed), as opposed to a missing permission (`AccessDeniedException`), which new credentials would not fix.
+pub fn refused_credentials(message: &str) -> bool {
+    ["ExpiredToken", "UnrecognizedClientException", "InvalidClientTokenId", "InvalidSignatureException"]
+        .iter()
+        .any(|code| message.contains(code))
+}
+
 /// How often the adapter polls, and how far back it lists.
 #[derive(Debug, Clone, Copy)]
 pub struct Schedule {
@@ -413,7 +489,7 @@ pub async fn run(
     spool: crate::spool::Spool,
     memory: MemoryStore,
     metrics: crate::metrics::Metrics,
-    stop: crate::simulate::tokio_util_free::Stop,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     super::poll_loop(Provider::Sagemaker, metrics, interval, stop, || poll_once(&m, &client, lookback, &spool, &memory))
         .await
@@ -437,10 +513,12 @@ pub async fn poll_once(
             continue;
         }
         let v = client.describe(&name).await?;
-        let Some(job) = parse_describe(&v) else {
+        let received_ms = startline_proto::time::now_ms();
+        let Some(mut job) = parse_describe(&v) else {
             tracing::warn!(job = %name, "unreadable DescribeTrainingJob answer");
             continue;
         };
+        job.received_ms = received_ms;
         if mem.emitted.is_empty() {
             if let (_, _, _, Some(ty)) = gpus(&m.gpus, &job) {
                 super::gpus::warn_unknown_once("sagemaker", &ty);
@@ -459,6 +537,61 @@ pub async fn poll_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SageMaker keeps one `Starting` transition and rewrites its message: the poll that sees EC2's capacity
+    /// retry appear splits the wait there (a capacity wait from then on), the poll that sees it clear splits it
+    /// back to provisioning, each dated when the description was received; polls that see no change, a transition
+    /// that is over, and a restarted adapter (its memory read back) add nothing.
+    #[test]
+    fn a_capacity_message_appearing_and_clearing_inside_starting_splits_the_wait_where_it_was_seen() {
+        let t0 = 1_700_000_000_000;
+        let job = |received: i64, msgs: &[(&str, i64, &str)]| TrainingJob {
+            name: "train-1".into(),
+            received_ms: received,
+            status: "InProgress".into(),
+            secondary: msgs.last().map_or("", |m| m.0).into(),
+            created_ms: t0 - 5_000,
+            transitions: msgs
+                .iter()
+                .map(|(st, at, m)| Transition { status: (*st).into(), start_ms: *at, message: (*m).into() })
+                .collect(),
+            ..Default::default()
+        };
+        let preparing = "Preparing the instances for training";
+        let capacity = "Insufficient capacity error from EC2 while launching instances, retrying!";
+        let launching = "Launching requested ML instances";
+        let mut mem = JobMemory::default();
+        let mut seen = Vec::new();
+        for (received, msgs) in [
+            (t0 + 10_000, vec![("Starting", t0, preparing)]),
+            (t0 + 60_000, vec![("Starting", t0, capacity)]),
+            (t0 + 70_000, vec![("Starting", t0, capacity)]),
+            (t0 + 300_000, vec![("Starting", t0, launching)]),
+            (t0 + 450_000, vec![("Starting", t0, launching), ("Downloading", t0 + 400_000, "Downloading input data")]),
+            (t0 + 500_000, vec![("Starting", t0, capacity), ("Downloading", t0 + 400_000, "Downloading input data")]),
+        ] {
+            let (evs, next) = diff(&mapping(), &job(received, &msgs), &mem);
+            // The memory survives a restart of the adapter (it is stored as JSON).
+            mem = serde_json::from_value(serde_json::to_value(&next).expect("json")).expect("memory");
+            seen.extend(evs.iter().map(|e| {
+                let at = e.occurred_at.as_ref().map(startline_proto::time::timestamp_to_ms).unwrap_or(0);
+                (kinds(std::slice::from_ref(e)).remove(0), at - t0)
+            }));
+        }
+        assert_eq!(
+            seen,
+            [
+                ("submitted".to_string(), -5_000),
+                ("preparing:Provisioning".to_string(), 0),
+                ("queued:Starting".to_string(), 60_000),
+                ("preparing:Provisioning".to_string(), 300_000),
+                ("preparing:DataStaging".to_string(), 400_000),
+            ]
+        );
+        // A first poll that already sees the capacity message dates the capacity wait at the transition's start.
+        let (evs, _) = diff(&mapping(), &job(t0 + 90_000, &[("Starting", t0, capacity)]), &JobMemory::default());
+        assert_eq!(kinds(&evs), ["submitted", "queued:Starting"]);
+    }
 
     fn mapping() -> Mapping {
         Mapping {

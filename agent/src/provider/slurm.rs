@@ -783,7 +783,7 @@ pub async fn run(
     spool: crate::spool::Spool,
     memory: MemoryStore,
     metrics: crate::metrics::Metrics,
-    stop: crate::simulate::tokio_util_free::Stop,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     super::poll_loop(Provider::Slurm, metrics, shell.interval, stop, || poll_once(&m, &shell, &spool, &memory)).await
 }

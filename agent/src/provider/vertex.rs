@@ -1,7 +1,8 @@
 //! The Vertex AI adapter. Pure core: [`parse_custom_job`] reads a `CustomJob` resource (v1 REST) and [`diff`]
 //! turns it plus the job's memory into lifecycle events. Shell: [`Client`] lists CustomJobs over HTTPS with an
-//! OAuth2 bearer token (the endpoint is configurable, so tests use a local server replaying documented
-//! payloads) and [`run`] polls.
+//! OAuth2 bearer token from [`super::google_credentials`] (Application Default Credentials, a fixed token or a
+//! token command; cached until shortly before it expires, dropped and fetched again when the API answers 401;
+//! the endpoint is configurable, so tests use a local server replaying documented payloads) and [`run`] polls.
 //!
 //! Job ids are `vertex/<project>/<location>/<id>` with the `--project` value as given (resource names carry the
 //! project *number*; the configured id keeps ids stable and as documented). Listing is bounded: the first poll
@@ -18,6 +19,7 @@
 //! expired job may never have run). Priority comes from the job label
 //! `startline-priority` (`urgent` or `normal`) or a display-name prefix.
 
+use super::google_credentials::GoogleCredentials;
 use super::gpus::{GpuTable, Known};
 use super::retry::{with_retries, Attempt, RetryPolicy};
 use super::{JobMemory, MemoryStore, PollError, PollReport};
@@ -203,23 +205,14 @@ pub struct Client {
     base: String,
     project: String,
     location: String,
-    token: TokenSource,
+    token: GoogleCredentials,
     retry: RetryPolicy,
     metrics: Option<crate::metrics::Metrics>,
 }
 
-/// Where access tokens come from.
-#[derive(Debug, Clone)]
-pub enum TokenSource {
-    /// A fixed token (e.g. from `VERTEX_ACCESS_TOKEN`).
-    Static(String),
-    /// A command printing a token, run before each poll (e.g. `gcloud auth print-access-token`).
-    Command(Vec<String>),
-}
-
 impl Client {
     /// A client for `base` (e.g. `https://europe-west4-aiplatform.googleapis.com`).
-    pub fn new(base: &str, project: &str, location: &str, token: TokenSource) -> Result<Client, String> {
+    pub fn new(base: &str, project: &str, location: &str, token: GoogleCredentials) -> Result<Client, String> {
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(30))
             .build()
@@ -247,28 +240,23 @@ impl Client {
         self
     }
 
-    async fn token(&self) -> Result<String, PollError> {
-        match &self.token {
-            TokenSource::Static(t) => Ok(t.clone()),
-            TokenSource::Command(cmd) => {
-                let failed = |m: String| PollError::new(PollErrorKind::CommandFailed, m);
-                let (prog, args) = cmd.split_first().ok_or_else(|| failed("empty token command".into()))?;
-                let out = tokio::process::Command::new(prog)
-                    .args(args)
-                    .output()
-                    .await
-                    .map_err(|e| failed(format!("{prog}: {e}")))?;
-                if !out.status.success() {
-                    return Err(failed(format!("{prog} exited {}", out.status)));
+    /// Every CustomJob of the project and location updated after `since_ms` (all pages).
+    pub async fn list(&self, since_ms: i64) -> Result<Vec<Value>, PollError> {
+        let mut renewed = false;
+        loop {
+            match self.list_with(since_ms).await {
+                Err(e) if !renewed && e.message.contains(" answered 401") => {
+                    tracing::info!(error = %e, "Vertex AI refused the token; fetching a new one");
+                    renewed = true;
+                    self.token.forget().await;
                 }
-                Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+                other => return other,
             }
         }
     }
 
-    /// Every CustomJob of the project and location updated after `since_ms` (all pages).
-    pub async fn list(&self, since_ms: i64) -> Result<Vec<Value>, PollError> {
-        let token = self.token().await?;
+    async fn list_with(&self, since_ms: i64) -> Result<Vec<Value>, PollError> {
+        let token = self.token.token().await?;
         let url = format!("{}/v1/projects/{}/locations/{}/customJobs", self.base, self.project, self.location);
         let since = crate::rfc3339::format_ms(since_ms.max(0));
         let filter = format!("update_time>\"{since}\"");
@@ -277,7 +265,7 @@ impl Client {
         loop {
             let v = with_retries(
                 &self.retry,
-                || self.page(&url, &filter, page.as_deref(), &token),
+                || self.page(&url, &filter, page.as_deref(), token.expose()),
                 |e| {
                     if let Some(m) = &self.metrics {
                         m.call_retried(Provider::Vertex, e.kind);
@@ -326,7 +314,7 @@ pub async fn run(
     spool: crate::spool::Spool,
     memory: MemoryStore,
     metrics: crate::metrics::Metrics,
-    stop: crate::simulate::tokio_util_free::Stop,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     super::poll_loop(Provider::Vertex, metrics.clone(), interval, stop, || {
         poll_once(&m, &client, lookback, &spool, &memory, Some(&metrics))

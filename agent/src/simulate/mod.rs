@@ -16,7 +16,7 @@ use startline_proto::time::timestamp_to_ms;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::time::Duration;
-use tokio_util_free::Stop;
+use tokio_util::sync::CancellationToken;
 
 /// Options of a simulation.
 #[derive(Debug, Clone)]
@@ -303,7 +303,7 @@ impl Sim {
 }
 
 /// Runs a simulation, publishing through `up`, until the backfill is done (and, with `follow`, until `stop`).
-pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Result<SimReport, UplinkError> {
+pub async fn run(settings: SimSettings, up: &mut Publisher, stop: CancellationToken) -> Result<SimReport, UplinkError> {
     let end_ms = settings.end_ms.unwrap_or_else(startline_proto::time::now_ms);
     let span_ms = i64::try_from(settings.history.as_millis()).unwrap_or(i64::MAX / 2);
     let start_ms = end_ms - span_ms;
@@ -335,7 +335,7 @@ pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Resul
     let mut last_health = i64::MIN / 2;
     let mut next_arrival = 0usize;
     while clock < end_ms {
-        if stop.is_stopped() {
+        if stop.is_cancelled() {
             break;
         }
         let step_end = if sim.settings.speedup > 0.0 {
@@ -366,10 +366,10 @@ pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Resul
         let peak_per_ms = sim.settings.jobs_per_hour / 0.675 / 3_600_000.0;
         let mut next = clock + arrivals_rng.exp(1.0 / peak_per_ms) as i64;
         let mut tick = tokio::time::interval(Duration::from_millis(250));
-        while !stop.is_stopped() {
+        while !stop.is_cancelled() {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.wait() => break,
+                _ = stop.cancelled() => break,
             }
             let now = startline_proto::time::now_ms();
             while next <= now {
@@ -390,49 +390,6 @@ pub async fn run(settings: SimSettings, up: &mut Publisher, stop: Stop) -> Resul
     up.flush().await?;
     sim.report.totals = up.totals().clone();
     Ok(sim.report)
-}
-
-/// A stop signal that does not depend on tokio-util: a watch channel.
-pub mod tokio_util_free {
-    use tokio::sync::watch;
-
-    /// The receiving side.
-    #[derive(Clone)]
-    pub struct Stop(watch::Receiver<bool>);
-
-    /// The sending side.
-    pub struct StopHandle(watch::Sender<bool>);
-
-    /// A new stop pair.
-    pub fn stop_pair() -> (StopHandle, Stop) {
-        let (tx, rx) = watch::channel(false);
-        (StopHandle(tx), Stop(rx))
-    }
-
-    impl StopHandle {
-        /// Signals stop.
-        pub fn stop(&self) {
-            let _ = self.0.send(true);
-        }
-    }
-
-    impl Stop {
-        /// A stop that never fires.
-        pub fn never() -> Stop {
-            let (tx, rx) = watch::channel(false);
-            std::mem::forget(tx);
-            Stop(rx)
-        }
-        /// Whether stop was signalled.
-        pub fn is_stopped(&self) -> bool {
-            *self.0.borrow()
-        }
-        /// Waits for the stop signal.
-        pub async fn wait(&self) {
-            let mut rx = self.0.clone();
-            let _ = rx.wait_for(|v| *v).await;
-        }
-    }
 }
 
 #[cfg(test)]

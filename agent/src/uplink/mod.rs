@@ -3,7 +3,8 @@
 //! connection fails, the uplink reconnects with jittered exponential backoff and re-sends every unacknowledged
 //! batch: event ids make redelivery harmless (the collector answers duplicates).
 //!
-//! Batches come from the caller's memory here; the durable on-disk spool (issue 5) feeds the same publisher.
+//! Batches come from the caller's memory, or from the durable on-disk spool (`crate::spool`) through
+//! [`delivery`], which drives one publisher per collector.
 //!
 //! # Credentials and TLS
 //! An `https://` endpoint is reached over TLS (rustls): the collector's certificate is verified against
@@ -18,6 +19,9 @@
 //! set (the spooled modes: nothing is lost, the batches stay unacknowledged), retried with the usual backoff
 //! until the credentials are fixed; otherwise the publisher stops with [`UplinkError::Refused`]. A per-event
 //! "not permitted" (a job id or source outside the token's restriction) is an ordinary rejection in the ack.
+
+pub mod delivery;
+pub use delivery::deliver;
 
 use crate::auth::{CredentialError, Secret, TokenSource};
 use crate::rng::Rng;

@@ -50,6 +50,10 @@ pub struct AlertsSection {
     /// `runbook_url` annotation of those alerts.
     #[serde(default)]
     pub runbook_urls: BTreeMap<String, String>,
+    /// Where the runbooks are served (the docs' `runbooks.html`, e.g. `https://docs.example.com/startline/runbooks.html`):
+    /// every alert without an entry in `runbook_urls` gets `runbook_url = <this>#<alert name in lower case>`, and
+    /// `startline-collector rules` puts the same link on every rule it writes. Default: no link.
+    pub runbook_base_url: Option<String>,
 }
 
 /// Labels Startline sets itself; `alerts.labels` may not use them.
@@ -67,8 +71,20 @@ pub const OWN_LABELS: &[&str] = &[
     "team",
 ];
 
-/// The alert names Startline raises.
-pub const ALERT_NAMES: &[&str] = &["StartlineJobStartBreach", "StartlineSLOBurnRate"];
+/// The alert names the collector raises (each has a section in the docs' runbooks).
+pub const ALERT_NAMES: &[&str] = &[
+    "StartlineJobStartBreach",
+    "StartlineJobStartBreachPredicted",
+    "StartlineSLOBurnRate",
+    "StartlineChainLate",
+    "StartlineChainSLOBurnRate",
+    "StartlineNodeSuspect",
+];
+
+/// The runbook link of `alertname` under `base` (the runbooks page): its section's anchor is the name in lower case.
+pub fn runbook_link(base: &str, alertname: &str) -> String {
+    format!("{base}#{}", alertname.to_ascii_lowercase())
+}
 
 /// One notifier entry as written: a URL string, or a table.
 #[derive(Debug, Clone, Serialize)]
@@ -218,6 +234,8 @@ pub struct AlertConfig {
     pub labels: BTreeMap<String, String>,
     /// Runbook links by alert name.
     pub runbook_urls: BTreeMap<String, String>,
+    /// The runbooks page: alerts without their own `runbook_urls` entry link to its section.
+    pub runbook_base_url: Option<String>,
 }
 
 /// The per-request timeout of a notifier without `timeout`.
@@ -373,10 +391,13 @@ impl AlertsSection {
                 runbook_urls.insert(name.clone(), u);
             }
         }
+        let runbook_base_url =
+            self.runbook_base_url.as_deref().and_then(|u| http_url("alerts.runbook_base_url", u, errs));
         AlertConfig {
             external_url,
             labels: self.labels.clone(),
             runbook_urls,
+            runbook_base_url,
             alertmanagers,
             webhooks,
             evaluation_interval: duration(

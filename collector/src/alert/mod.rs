@@ -460,6 +460,8 @@ impl AlertLoop {
     fn add_runbook(&self, annotations: &mut BTreeMap<String, String>, alertname: &str) {
         if let Some(u) = self.config.runbook_urls.get(alertname) {
             annotations.insert("runbook_url".into(), u.clone());
+        } else if let Some(base) = &self.config.runbook_base_url {
+            annotations.insert("runbook_url".into(), config::runbook_link(base, alertname));
         }
     }
 

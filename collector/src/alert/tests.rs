@@ -33,8 +33,8 @@ fn urgent_job(id: &str) -> JobRecord {
     }])
 }
 
-fn limiter() -> crate::export::labels::LabelLimiter {
-    crate::export::labels::LabelLimiter::new(&Default::default())
+fn limiter() -> crate::index::labels::LabelLimiter {
+    crate::index::labels::LabelLimiter::new(&Default::default())
 }
 
 fn alert_config() -> AlertConfig {
@@ -49,6 +49,7 @@ fn alert_config() -> AlertConfig {
         external_url: None,
         labels: Default::default(),
         runbook_urls: Default::default(),
+        runbook_base_url: None,
     }
 }
 

@@ -24,7 +24,7 @@ fn secs(ms: i64) -> f64 {
 /// Every chain's members (one scan).
 async fn members(s: &ApiState) -> Result<BTreeMap<String, Vec<Member>>, ApiError> {
     let index = s.index.clone();
-    tokio::task::spawn_blocking(move || crate::index::chains::members(&index)).await.map_err(ApiError::unavailable)
+    s.reads.run(move || crate::index::chains::members(&index)).await
 }
 
 fn verdicts(s: &ApiState, id: &str, c: &Chain, now: i64) -> Vec<ChainVerdict> {

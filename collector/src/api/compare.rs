@@ -1,7 +1,7 @@
 //! `GET /api/v1/compare?left=pool_kind=managed&right=pool_kind=dedicated&by=gpu_class&window=30d` (JSON) and
 //! `GET /api/v1/compare.svg?...` (the CDF overlay). Defaults: managed vs dedicated over 30 days.
 
-use super::extract::{quote, Params};
+use super::extract::{groups_limit, quote, Params, GROUPS_LIMIT};
 use super::{ApiError, ApiState};
 use crate::compare::{self, Attr, Query, Selector};
 use axum::extract::State;
@@ -24,6 +24,10 @@ fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
     let mut window_ms = 30 * 86_400_000;
     for (k, v) in q {
         match k.as_str() {
+            // The groups shown: see `json`.
+            "limit" => {
+                groups_limit(v)?;
+            }
             "left" => left = v.clone(),
             "right" => right = v.clone(),
             "by" if v.is_empty() => by = None,
@@ -60,25 +64,29 @@ fn parse(s: &ApiState, q: &HashMap<String, String>) -> Result<Query, ApiError> {
     })
 }
 
-/// The comparison as JSON.
+/// The comparison as JSON: `all` and at most `limit` groups (default 100, at most 1000), those with the most jobs.
 pub async fn json(State(s): State<ApiState>, Params(q): Params) -> Result<Json<compare::Report>, ApiError> {
     let query = parse(&s, &q)?;
+    let limit = q.get("limit").map(|v| groups_limit(v)).transpose()?.unwrap_or(GROUPS_LIMIT);
     let slos = s.index.read().slo.defs().to_vec();
     let index = s.index.clone();
     // A full scan: off the async workers, in chunks under short read locks.
-    let report = tokio::task::spawn_blocking(move || {
-        let c = std::cell::RefCell::new(compare::Collector::new(query));
-        // Sorted samples and counts (costs summed in sorted order): the order of the walk does not matter.
-        index.scan_unordered(
-            SCAN_CHUNK,
-            true,
-            |_, f| c.borrow().wants(f.attrs, f.row.submitted_at()),
-            |_, r| c.borrow_mut().add(r),
-        );
-        c.into_inner().finish(&slos)
-    })
-    .await
-    .map_err(ApiError::unavailable)?;
+    let report = s
+        .reads
+        .run(move || {
+            let c = std::cell::RefCell::new(compare::Collector::new(query));
+            // Sorted samples and counts (costs summed in sorted order): the order of the walk does not matter.
+            index.scan_unordered(
+                SCAN_CHUNK,
+                true,
+                |_, f| c.borrow().wants(f.attrs, f.row.submitted_at()),
+                |_, r| c.borrow_mut().add(r),
+            );
+            let mut report = c.into_inner().finish(&slos);
+            report.keep_largest_groups(limit);
+            report
+        })
+        .await?;
     Ok(Json(compare::Report { history_deleted_through: super::overview::deleted_through(&s), ..report }))
 }
 
@@ -86,18 +94,19 @@ pub async fn json(State(s): State<ApiState>, Params(q): Params) -> Result<Json<c
 pub async fn svg(State(s): State<ApiState>, Params(q): Params) -> Result<Response, ApiError> {
     let query = parse(&s, &q)?;
     let index = s.index.clone();
-    let samples = tokio::task::spawn_blocking(move || {
-        let c = std::cell::RefCell::new(compare::Collector::new(compare::Query { by: None, ..query }));
-        index.scan_unordered(
-            SCAN_CHUNK,
-            true,
-            |_, f| c.borrow().wants(f.attrs, f.row.submitted_at()),
-            |_, r| c.borrow_mut().add(r),
-        );
-        c.into_inner().samples()
-    })
-    .await
-    .map_err(ApiError::unavailable)?;
+    let samples = s
+        .reads
+        .run(move || {
+            let c = std::cell::RefCell::new(compare::Collector::new(compare::Query { by: None, ..query }));
+            index.scan_unordered(
+                SCAN_CHUNK,
+                true,
+                |_, f| c.borrow().wants(f.attrs, f.row.submitted_at()),
+                |_, r| c.borrow_mut().add(r),
+            );
+            c.into_inner().samples()
+        })
+        .await?;
     // The legend names the selectors as parsed: absent is the default, empty selects every job.
     let name = |key: &str, default: &str| match q.get(key).map(|v| v.trim()) {
         None => default.to_string(),

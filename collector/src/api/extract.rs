@@ -174,6 +174,18 @@ pub fn window_param(v: &str) -> Result<i64, ApiError> {
         .ok_or_else(|| ApiError::bad_request(format!("window: {v:?} must be a duration between 1h and 400d")))
 }
 
+/// Groups a grouped answer (compare, goodput) shows when `limit` is not given.
+pub const GROUPS_LIMIT: usize = 100;
+/// The largest `limit` of grouped answers.
+pub const MAX_GROUPS_LIMIT: usize = 1000;
+
+/// The `limit` parameter of grouped answers: 1 to [`MAX_GROUPS_LIMIT`] groups.
+pub fn groups_limit(v: &str) -> Result<usize, ApiError> {
+    v.parse::<usize>().ok().filter(|n| (1..=MAX_GROUPS_LIMIT).contains(n)).ok_or_else(|| {
+        ApiError::bad_request(format!("limit: {} is not a whole number from 1 to {MAX_GROUPS_LIMIT}", quote(v)))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

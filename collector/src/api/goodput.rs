@@ -4,7 +4,7 @@
 //! training), overall and per value of `by`. Each job is accounted from its timeline ([`crate::job::goodput`];
 //! folded jobs from their rows), open jobs up to now, and weighted by the GPUs it asked for.
 
-use super::extract::{window_param, Params};
+use super::extract::{groups_limit, window_param, Params, GROUPS_LIMIT};
 use super::types::{Cost, Goodput, GoodputGroup, KindCost, PoolCost};
 use super::{ApiError, ApiState};
 use crate::compare::cost::{price_pool, PoolTally};
@@ -101,24 +101,25 @@ pub async fn cost(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
     let now = s.clock.now_ms();
     let from = now - window_ms;
     let (index, model) = (s.index.clone(), s.cost.clone());
-    let (tallies, first_submit) = tokio::task::spawn_blocking(move || {
-        let mut pools: BTreeMap<String, PoolTally> = BTreeMap::new();
-        let mut first_submit = i64::MAX;
-        index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
-            let t = job.timeline;
-            let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
-            first_submit = first_submit.min(sub);
-            if sub < from || sub > now {
-                return;
-            }
-            if let Some(a) = account(t, now) {
-                pools.entry(attrs.pool.clone()).or_default().add(&model, attrs, &a);
-            }
-        });
-        (pools, first_submit)
-    })
-    .await
-    .map_err(ApiError::unavailable)?;
+    let (tallies, first_submit) = s
+        .reads
+        .run(move || {
+            let mut pools: BTreeMap<String, PoolTally> = BTreeMap::new();
+            let mut first_submit = i64::MAX;
+            index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
+                let t = job.timeline;
+                let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
+                first_submit = first_submit.min(sub);
+                if sub < from || sub > now {
+                    return;
+                }
+                if let Some(a) = account(t, now) {
+                    pools.entry(attrs.pool.clone()).or_default().add(&model, attrs, &a);
+                }
+            });
+            (pools, first_submit)
+        })
+        .await?;
     // Capacity is charged for the part of the window the collector has data for (a fresh install with a day of
     // history must not charge a dedicated pool for 30 days and divide by one day of useful work).
     let covered_ms = (now - from.max(first_submit.min(now))).max(0);
@@ -182,6 +183,7 @@ pub async fn cost(State(s): State<ApiState>, Params(q): Params) -> Result<Json<C
 pub async fn goodput(State(s): State<ApiState>, Params(q): Params) -> Result<Json<Goodput>, ApiError> {
     let mut by: &'static str = "pool_kind";
     let mut window_ms: i64 = 30 * 86_400_000;
+    let mut limit = GROUPS_LIMIT;
     for (k, v) in &q {
         match k.as_str() {
             "by" => {
@@ -192,35 +194,41 @@ pub async fn goodput(State(s): State<ApiState>, Params(q): Params) -> Result<Jso
                     .ok_or_else(|| ApiError::bad_request(format!("by: {v:?} is not one of {}", BY.join(", "))))?
             }
             "window" => window_ms = window_param(v)?,
+            "limit" => limit = groups_limit(v)?,
             other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
         }
     }
     let now = s.clock.now_ms();
     let from = now - window_ms;
     let index = s.index.clone();
-    let (total, groups) = tokio::task::spawn_blocking(move || {
-        let mut total = Sum::default();
-        let mut groups: BTreeMap<String, Sum> = BTreeMap::new();
-        index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
-            let t = job.timeline;
-            let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
-            if sub < from || sub > now {
-                return;
-            }
-            let Some(a) = account(t, now) else { return };
-            total.add(&a);
-            groups.entry(value_of(by, attrs)).or_default().add(&a);
-        });
-        (total, groups)
-    })
-    .await
-    .map_err(ApiError::unavailable)?;
+    let (total, groups) = s
+        .reads
+        .run(move || {
+            let mut total = Sum::default();
+            let mut groups: BTreeMap<String, Sum> = BTreeMap::new();
+            index.for_each_job(super::compare::SCAN_CHUNK, |_, job| {
+                let t = job.timeline;
+                let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { return };
+                if sub < from || sub > now {
+                    return;
+                }
+                let Some(a) = account(t, now) else { return };
+                total.add(&a);
+                groups.entry(value_of(by, attrs)).or_default().add(&a);
+            });
+            (total, groups)
+        })
+        .await?;
     let mut groups: Vec<GoodputGroup> = groups.into_iter().map(|(g, sum)| sum.report(Some(g))).collect();
     groups.sort_by(|a, b| b.total_gpu_hours.total_cmp(&a.total_gpu_hours).then_with(|| a.group.cmp(&b.group)));
+    let groups_total = groups.len();
+    groups.truncate(limit);
     Ok(Json(Goodput {
         as_of: format_ms(now),
         by,
         categories: CATEGORIES.to_vec(),
+        truncated: groups.len() < groups_total,
+        groups_total,
         groups,
         total: total.report(None),
         window_seconds: window_ms / 1000,

@@ -1,6 +1,6 @@
 //! `GET /api/v1/jobs` (filtered, paginated by job id) and `GET /api/v1/jobs/{job_id}`.
 
-use super::extract::{ApiPath, Params};
+use super::extract::{quote, ApiPath, Params};
 use super::types::{Job, JobList};
 use super::{ApiError, ApiState};
 use crate::index::FoldedRef;
@@ -133,77 +133,178 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
     let now = s.clock.now_ms();
     let index = s.index.clone();
     // A filtered listing may scan many jobs: off the async workers, in chunks under short read locks.
-    let (jobs, next) = tokio::task::spawn_blocking(move || {
-        let mut jobs: Vec<Job> = Vec::with_capacity(limit.min(1000));
-        let mut next = None;
-        // Folded jobs are judged by their rows first: only those that can match have their timelines filled in.
-        let mut memo = HashMap::new();
-        let pre = |_: &str, r: FoldedRef<'_>| f.matches_row(r, &mut memo);
-        index.scan_where(page_token.as_deref(), super::compare::SCAN_CHUNK, pre, |id, job| {
-            if !f.matches(job.timeline) {
-                return true;
-            }
-            if jobs.len() == limit {
-                // There is at least one more match: the page ends at the previous job.
-                next = jobs.last().map(|j| j.job_id.clone());
-                return false;
-            }
-            jobs.push(Job::summary(id, job.timeline, now));
-            true
-        });
-        (jobs, next)
-    })
-    .await
-    .map_err(ApiError::unavailable)?;
+    let (jobs, next) = s
+        .reads
+        .run(move || {
+            let mut jobs: Vec<Job> = Vec::with_capacity(limit.min(1000));
+            let mut next = None;
+            // Folded jobs are judged by their rows first: only those that can match have their timelines filled in.
+            let mut memo = HashMap::new();
+            let pre = |_: &str, r: FoldedRef<'_>| f.matches_row(r, &mut memo);
+            index.scan_where(page_token.as_deref(), super::compare::SCAN_CHUNK, pre, |id, job| {
+                if !f.matches(job.timeline) {
+                    return true;
+                }
+                if jobs.len() == limit {
+                    // There is at least one more match: the page ends at the previous job.
+                    next = jobs.last().map(|j| j.job_id.clone());
+                    return false;
+                }
+                jobs.push(Job::summary(id, job.timeline, now));
+                true
+            });
+            (jobs, next)
+        })
+        .await?;
     Ok(Json(JobList { jobs, next_page_token: next }))
 }
 
-/// `GET /api/v1/jobs/{job_id}`: the job's summary, attributes, timeline and raw events. A folded job's events
-/// are read from the store (the log entries its summary lists) and its timeline derived again from them.
-pub async fn detail(State(s): State<ApiState>, ApiPath(job_id): ApiPath<String>) -> Result<Json<Job>, ApiError> {
+/// Events one page of a job's detail holds when `events_limit` is not given: a job of a few thousand events
+/// answers in a few hundred KB.
+pub const EVENTS_PAGE: usize = 1000;
+/// The largest `events_limit`.
+pub const MAX_EVENTS_PAGE: usize = 10_000;
+
+/// Which of a job's events its detail shows: `events_offset` (default 0) into the job's canonical order,
+/// `events_limit` (default [`EVENTS_PAGE`], 0 for none, at most [`MAX_EVENTS_PAGE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct EventsPage {
+    offset: usize,
+    limit: usize,
+}
+
+fn events_page(q: &HashMap<String, String>) -> Result<EventsPage, ApiError> {
+    let mut page = EventsPage { offset: 0, limit: EVENTS_PAGE };
+    for (k, v) in q {
+        let number = |max: usize| {
+            v.parse::<usize>().ok().filter(|n| *n <= max).ok_or_else(|| {
+                ApiError::bad_request(format!("{k}: {} is not a whole number from 0 to {max}", quote(v)))
+            })
+        };
+        match k.as_str() {
+            "events_offset" => page.offset = number(usize::MAX)?,
+            "events_limit" => page.limit = number(MAX_EVENTS_PAGE)?,
+            other => return Err(ApiError::bad_request(format!("{}: unknown query parameter", quote(other)))),
+        }
+    }
+    Ok(page)
+}
+
+/// `GET /api/v1/jobs/{job_id}?events_offset=0&events_limit=1000`: the job's summary, attributes, timeline and one
+/// page of its raw events (`events_total` says how many it has, `events_next_offset` where the next page starts).
+/// A hot job's page is read from the store alone; a folded job's events are all read (its timeline is derived
+/// again from them), then paged.
+pub async fn detail(
+    State(s): State<ApiState>,
+    ApiPath(job_id): ApiPath<String>,
+    Params(q): Params,
+) -> Result<Json<Job>, ApiError> {
+    let page = events_page(&q)?;
     let now = s.clock.now_ms();
     let index = s.index.clone();
     let store = s.store.clone();
     let id = job_id.clone();
-    let found = tokio::task::spawn_blocking(move || -> Result<_, crate::store::StoreError> {
-        // A folded job's summary is replaced when a late event unfolds it and a fold folds it again: a read that
-        // finds its summary gone looks the job up again (a few times at most).
-        for _ in 0..3 {
-            let hot = {
-                let idx = index.read();
-                match idx.jobs.get(&id) {
-                    Some(h) => Ok((h.rec.timeline.clone(), h.rec.events.iter().map(|e| e.seq).collect::<Vec<_>>())),
-                    None => match idx.folded(&id) {
-                        Some(row) => Err(row.summary()),
-                        None => return Ok(None),
-                    },
-                }
-            };
-            match hot {
-                // Events that vanish meanwhile (retention deleted the job after the lookup) are left out.
-                Ok((t, seqs)) => return Ok(Some((t, store.job_events_present(&id, &seqs)?))),
-                Err(summary) => {
-                    let events = store.folded_events_present(&id, summary)?;
-                    let moved = events.is_empty() && index.read().folded(&id).map(|r| r.summary()) != Some(summary);
-                    if moved {
-                        continue;
+    let found = s
+        .reads
+        .run(move || -> Result<_, crate::store::StoreError> {
+            // A folded job's summary is replaced when a late event unfolds it and a fold folds it again: a read
+            // that finds its summary gone looks the job up again (a few times at most).
+            for _ in 0..3 {
+                let hot = {
+                    let idx = index.read();
+                    match idx.jobs.get(&id) {
+                        Some(h) => {
+                            let seqs: Vec<u64> = h.rec.events.iter().map(|e| e.seq).collect();
+                            Ok((h.rec.timeline.clone(), seqs))
+                        }
+                        None => match idx.folded(&id) {
+                            Some(row) => Err(row.summary()),
+                            None => return Ok(None),
+                        },
                     }
-                    // Shown in the job's canonical order, as for a hot job.
-                    let mut by_seq: std::collections::HashMap<u64, _> = events.into_iter().collect();
-                    let compact = by_seq.iter().filter_map(|(seq, e)| CompactEvent::from_pb(e, *seq)).collect();
-                    let rec = JobRecord::from_events(compact);
-                    let events = rec.events.iter().filter_map(|c| Some((c.seq, by_seq.remove(&c.seq)?))).collect();
-                    return Ok(Some((rec.timeline, events)));
+                };
+                match hot {
+                    // Events that vanish meanwhile (retention deleted the job after the lookup) are left out.
+                    Ok((t, seqs)) => {
+                        let total = seqs.len();
+                        let wanted = page_of(&seqs, page);
+                        return Ok(Some((t, store.job_events_present(&id, wanted)?, total)));
+                    }
+                    Err(summary) => {
+                        let events = store.folded_events_present(&id, summary)?;
+                        let moved = events.is_empty() && index.read().folded(&id).map(|r| r.summary()) != Some(summary);
+                        if moved {
+                            continue;
+                        }
+                        // Shown in the job's canonical order, as for a hot job.
+                        let mut by_seq: HashMap<u64, _> = events.into_iter().collect();
+                        let compact = by_seq.iter().filter_map(|(seq, e)| CompactEvent::from_pb(e, *seq)).collect();
+                        let rec = JobRecord::from_events(compact);
+                        let total = rec.events.len();
+                        let events = page_of(&rec.events, page)
+                            .iter()
+                            .filter_map(|c| Some((c.seq, by_seq.remove(&c.seq)?)))
+                            .collect();
+                        return Ok(Some((rec.timeline, events, total)));
+                    }
                 }
             }
-        }
-        Ok(None)
-    })
-    .await
-    .map_err(ApiError::unavailable)?
-    .map_err(ApiError::unavailable)?;
-    let Some((timeline, events)) = found else {
+            Ok(None)
+        })
+        .await?
+        .map_err(ApiError::unavailable)?;
+    let Some((timeline, events, total)) = found else {
         return Err(ApiError::not_found(format!("job {job_id:?} is not known")));
     };
-    Ok(Json(Job::detail(&job_id, &timeline, &events, now)))
+    let mut job = Job::detail(&job_id, &timeline, &events, now);
+    let end = page.offset.saturating_add(page.limit);
+    job.events_total = Some(total as u64);
+    job.events_next_offset = (end < total).then_some(end as u64);
+    Ok(Json(job))
+}
+
+/// The part of `items` (a job's events in canonical order) that `page` shows.
+fn page_of<T>(items: &[T], page: EventsPage) -> &[T] {
+    let from = page.offset.min(items.len());
+    let to = from.saturating_add(page.limit).min(items.len());
+    &items[from..to]
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    #[test]
+    fn pages_cover_every_event_once_in_order() {
+        let items: Vec<u32> = (0..2_345).collect();
+        for limit in [1, 7, 1000, 2_345, 10_000] {
+            let mut seen = Vec::new();
+            let mut offset = 0;
+            loop {
+                let p = page_of(&items, EventsPage { offset, limit });
+                seen.extend_from_slice(p);
+                let end = offset + limit;
+                if end >= items.len() {
+                    break;
+                }
+                offset = end;
+            }
+            assert_eq!(seen, items, "limit {limit}");
+        }
+        assert!(page_of(&items, EventsPage { offset: 5_000, limit: 10 }).is_empty());
+        assert!(page_of(&items, EventsPage { offset: usize::MAX, limit: 10 }).is_empty());
+        assert!(page_of(&items, EventsPage { offset: 3, limit: 0 }).is_empty());
+    }
+
+    #[test]
+    fn bad_page_parameters_are_refused_naming_the_field() {
+        let q = |k: &str, v: &str| HashMap::from([(k.to_string(), v.to_string())]);
+        assert_eq!(events_page(&HashMap::new()).ok(), Some(EventsPage { offset: 0, limit: EVENTS_PAGE }));
+        assert_eq!(events_page(&q("events_limit", "10000")).ok(), Some(EventsPage { offset: 0, limit: 10_000 }));
+        for (k, v) in [("events_limit", "10001"), ("events_limit", "-1"), ("events_offset", "x"), ("events", "1")] {
+            let e = events_page(&q(k, v)).expect_err(v);
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+            assert!(e.message.starts_with(&format!("\"{k}\"")) || e.message.starts_with(k), "{}", e.message);
+        }
+    }
 }

@@ -10,6 +10,7 @@
 //! bodies. [`openapi`] serves the contract, generated from those structs.
 
 pub mod auth;
+pub mod backup;
 mod chains;
 mod compare;
 pub mod extract;
@@ -18,6 +19,7 @@ mod jobs;
 mod nodes;
 pub mod openapi;
 mod overview;
+pub mod reads;
 pub mod serve;
 mod slos;
 #[cfg(test)]
@@ -34,9 +36,6 @@ use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use types::Status;
-
-/// Temporary re-export for the tests crate; use [`crate::time`] directly.
-pub use crate::time::{format_ms, parse_time};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -73,6 +72,10 @@ pub struct ApiState {
     pub node_health: crate::index::nodes::HealthBook,
     /// Chain SLOs (`[[chain_slo]]`).
     pub chain_slos: Arc<Vec<crate::slo::chain::ChainSloDef>>,
+    /// The gate of large reads (`http.max_concurrent_reads`).
+    pub reads: reads::ReadGate,
+    /// The last backup started through the admin API.
+    pub backups: Arc<backup::Backups>,
 }
 
 /// The reload hook `POST /api/v1/admin/reload` calls.
@@ -145,6 +148,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/login", get(auth::login_form).post(auth::login))
         .route("/logout", axum::routing::post(auth::logout))
         .route("/api/v1/admin/reload", axum::routing::post(auth::reload))
+        .route("/api/v1/admin/backup", axum::routing::post(backup::start).get(backup::status))
         .fallback(extract::unknown_route)
         .method_not_allowed_fallback(extract::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth::require))

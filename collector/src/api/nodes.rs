@@ -78,9 +78,7 @@ pub fn rule(s: &ApiState) -> NodeRule {
 async fn build(s: &ApiState, window_ms: i64) -> Result<NodeReport, ApiError> {
     let (index, health, rule) = (s.index.clone(), s.node_health.clone(), s.nodes.rule);
     let now = s.clock.now_ms();
-    tokio::task::spawn_blocking(move || report(&index, &health, now - window_ms, now, &rule))
-        .await
-        .map_err(ApiError::unavailable)
+    s.reads.run(move || report(&index, &health, now - window_ms, now, &rule)).await
 }
 
 /// `GET /api/v1/nodes`.

@@ -112,6 +112,8 @@ enum Access {
     Read,
     /// An `admin` identity.
     Admin,
+    /// An `ingest` identity (a bearer token or a client certificate; no dashboard session).
+    Ingest,
 }
 
 struct Route {
@@ -130,6 +132,16 @@ struct Route {
 
 fn query(name: &'static str, description: &'static str, schema: Value) -> Parameter {
     Parameter { name, location: "query", required: false, description, schema }
+}
+
+/// `limit` of the grouped answers.
+fn groups_limit_param() -> Parameter {
+    query(
+        "limit",
+        "groups shown, those with the most jobs (compare) or GPU time (goodput); default 100, at most 1000; \
+         `truncated` says when some were left out",
+        json!({"type": "integer", "minimum": 1, "maximum": 1000}),
+    )
 }
 
 fn path(name: &'static str, description: &'static str) -> Parameter {
@@ -248,9 +260,22 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             summary: "One job: its timeline, segments, SLO standings and events",
             description: "Job ids may contain `/` (`k8s/<cluster>/<namespace>/<name>`): send them as they are; \
                           the route takes the rest of the path. A folded job's events are read from the store's log.",
-            params: vec![path("job_id", "the job's id (the rest of the path)")],
+            params: vec![
+                path("job_id", "the job's id (the rest of the path)"),
+                query(
+                    "events_offset",
+                    "the first event of the page, in the job's canonical order (default 0; `events_next_offset` of \
+                     the previous page)",
+                    json!({"type": "integer", "minimum": 0}),
+                ),
+                query(
+                    "events_limit",
+                    "events in the page (default 1000, at most 10000; 0 for the job without its events)",
+                    json!({"type": "integer", "minimum": 0, "maximum": 10000}),
+                ),
+            ],
             ok: (200, "the job", Body::Json(schema::<types::Job>(g))),
-            errors: &[(404, "no such job"), (503, "storage unavailable")],
+            errors: &[(400, "a bad events_offset or events_limit"), (404, "no such job"), (503, "storage unavailable")],
             access: Access::Read,
         },
         Route {
@@ -357,6 +382,7 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
                     json!({"type": "string", "enum": ["pool_kind", "provider", "pool", "priority", "gpu_class", "region", "team", "project", "chain_stage"]}),
                 ),
                 query("window", "jobs submitted in this window before now, 1h to 400d (default 30d)", duration("30d")),
+                groups_limit_param(),
             ],
             ok: (200, "the accounting", Body::Json(schema::<types::Goodput>(g))),
             errors: &[(400, "by or window malformed"), (503, "storage unavailable")],
@@ -465,7 +491,7 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             summary: "Managed endpoints against dedicated pools (or any two selections), with statistics",
             description: "Percentiles with confidence intervals, Mann-Whitney U, SLO compliance and where the wait \
                           went, per side and per group of `by`.",
-            params: compare_params(),
+            params: compare_params().into_iter().chain([groups_limit_param()]).collect(),
             ok: (200, "the comparison", Body::Json(schema::<crate::compare::Report>(g))),
             errors: &[(400, "a selection or parameter is malformed"), (503, "storage unavailable")],
             access: Access::Read,
@@ -496,6 +522,49 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
         },
         Route {
             method: "post",
+            path: "/api/v1/events",
+            id: "publishEvents",
+            tag: "ingest",
+            summary: "Publish lifecycle events as JSON, acknowledged once durable",
+            description: "The gRPC `PublishBatch` for clients without gRPC (a training process on a managed \
+                          endpoint). One event object or `{\"events\": [...]}` in the node agent's JSON form, each \
+                          with its `source`; without `event_id` an event gets its content id, so a retried request \
+                          is answered as duplicates. All or nothing: the first refused event refuses the request, \
+                          naming `events[i].<field>`. The answer comes after the events are committed and flushed.",
+            params: vec![],
+            ok: (
+                200,
+                "stored (accepted) or already stored (duplicates); rejections by a job's event cap",
+                Body::Json(json!({
+                    "type": "object",
+                    "required": ["accepted", "duplicates", "rejections"],
+                    "properties": {
+                        "accepted": {"type": "integer", "minimum": 0},
+                        "duplicates": {"type": "integer", "minimum": 0},
+                        "rejections": {"type": "array", "items": {
+                            "type": "object",
+                            "required": ["index", "event_id", "field", "reason"],
+                            "properties": {
+                                "index": {"type": "integer", "minimum": 0},
+                                "event_id": {"type": "string"},
+                                "field": {"type": "string"},
+                                "reason": {"type": "string"},
+                            },
+                        }},
+                    },
+                })),
+            ),
+            errors: &[
+                (400, "an event is invalid (`field` names it, e.g. `events[0].job_id`), or the body is not JSON"),
+                (403, "the identity may not write an event's job id, source or node, or a browser sent it from another origin"),
+                (413, "the body is larger than the ingest message cap"),
+                (415, "Content-Type is not application/json"),
+                (503, "storage halted, the collector is shutting down: nothing acknowledged, retry"),
+            ],
+            access: Access::Ingest,
+        },
+        Route {
+            method: "post",
             path: "/api/v1/admin/reload",
             id: "reload",
             tag: "meta",
@@ -509,6 +578,38 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
                 (422, "the file is invalid (nothing changed); the error says where"),
                 (503, "the reload could not run"),
             ],
+            access: Access::Admin,
+        },
+        Route {
+            method: "post",
+            path: "/api/v1/admin/backup",
+            id: "startBackup",
+            tag: "meta",
+            summary: "Back up every stored event into a directory on the collector's host, without stopping ingest",
+            description: "Body `{\"to\": \"/absolute/new/or/empty/directory\"}`. The backup holds every event acknowledged \
+                          at or before `through_seq` (the answer's) that retention had not deleted, none after it: \
+                          `events.zst` and, written last, `manifest.json`. `startline-collector backup` calls this and \
+                          waits; `verify --backup` checks one, `restore` makes a new store from it.",
+            params: vec![],
+            ok: (202, "started", Body::Json(schema::<super::backup::BackupStatus>(g))),
+            errors: &[
+                (400, "`to` is missing, relative or not an empty directory"),
+                (403, "the identity lacks the admin scope, or a browser sent it from another origin"),
+                (409, "a backup is running"),
+                (503, "the store cannot be read"),
+            ],
+            access: Access::Admin,
+        },
+        Route {
+            method: "get",
+            path: "/api/v1/admin/backup",
+            id: "backupStatus",
+            tag: "meta",
+            summary: "The last backup's state: running, done (with its events and SHA-256) or failed (with why)",
+            description: "",
+            params: vec![],
+            ok: (200, "the last backup", Body::Json(schema::<super::backup::BackupStatus>(g))),
+            errors: &[(403, "the identity lacks the admin scope"), (404, "no backup since the collector started")],
             access: Access::Admin,
         },
         Route {
@@ -665,11 +766,22 @@ fn build() -> Document {
             Access::Read | Access::Admin => {
                 vec![BTreeMap::from([("bearer", [])]), BTreeMap::from([("session", [])]), BTreeMap::new()]
             }
+            Access::Ingest => vec![BTreeMap::from([("bearer", [])]), BTreeMap::new()],
         };
-        let request_body = (r.method == "post" && r.path == "/login").then(|| {
-            json!({"required": true, "content": {"application/x-www-form-urlencoded": {"schema": {
-                "type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}}}})
-        });
+        let request_body = match (r.method, r.path) {
+            ("post", "/login") => Some(json!({"required": true, "content": {"application/x-www-form-urlencoded": {
+                "schema": {"type": "object", "properties": {"token": {"type": "string"}}, "required": ["token"]}}}})),
+            ("post", "/api/v1/events") => Some(json!({"required": true, "content": {"application/json": {
+            "schema": {"oneOf": [
+                {"$ref": "#/components/schemas/JsonEvent"},
+                {"type": "object", "required": ["events"], "properties": {
+                    "events": {"type": "array", "items": {"$ref": "#/components/schemas/JsonEvent"}}}},
+            ]}}}})),
+            ("post", "/api/v1/admin/backup") => Some(json!({"required": true, "content": {"application/json": {
+                "schema": {"type": "object", "required": ["to"], "additionalProperties": false,
+                    "properties": {"to": {"type": "string", "description": "an absolute path on the collector's host"}}}}}})),
+            _ => None,
+        };
         paths.entry(r.path).or_default().insert(
             r.method,
             Operation {
@@ -685,6 +797,7 @@ fn build() -> Document {
         );
     }
     let mut schemas = g.take_definitions(true);
+    schemas.insert("JsonEvent".into(), json_event_schema());
     schemas.sort_keys();
     Document {
         openapi: OPENAPI_VERSION,
@@ -722,8 +835,43 @@ fn build() -> Document {
             Tag { name: "nodes", description: "Per-node outcomes, GPU health and suspect nodes" },
             Tag { name: "dashboard", description: "The built-in dashboard and its sessions" },
             Tag { name: "meta", description: "Health, metrics, configuration and this document" },
+            Tag { name: "ingest", description: "Lifecycle events in (JSON; gRPC is the main way in)" },
         ],
     }
+}
+
+/// One event in the JSON form (`startline_proto::json`): `kind`, `job_id`, `source` and the kind's fields.
+fn json_event_schema() -> Value {
+    let kinds = [
+        "submitted",
+        "queued",
+        "node_assigned",
+        "preparing",
+        "first_step",
+        "checkpoint",
+        "preempted",
+        "requeued",
+        "restarted",
+        "node_lost",
+        "done",
+    ];
+    json!({
+        "type": "object",
+        "description": "One lifecycle event. Besides the properties listed, the kind's fields: `step`, `origin` \
+                        (first_step: training_process, container_start, scheduler_start), `uri`, `save_seconds`, \
+                        `phase`, `reason`, `raw_reason`, `message`, `nodes`, `gpu_ids`, `checkpoint_saved`, \
+                        `resume_step`, `node`, `outcome`, `exit_code`, and submitted's attributes and `labels`.",
+        "required": ["kind", "job_id", "source"],
+        "properties": {
+            "kind": {"type": "string", "enum": kinds},
+            "job_id": {"type": "string"},
+            "source": {"type": "string", "description": "who reports, e.g. `training-process/<host>`"},
+            "event_id": {"type": "string", "description": "default: the content id"},
+            "occurred_at": {"description": "RFC 3339 with an offset, or Unix seconds; default: arrival",
+                            "oneOf": [{"type": "string"}, {"type": "number"}]},
+            "attempt": {"type": "integer", "minimum": 1},
+        },
+    })
 }
 
 /// `GET /api/v1/openapi.json`.

@@ -104,41 +104,44 @@ pub async fn overview(State(s): State<ApiState>, Params(q): Params) -> Result<Js
     );
     let index = s.index.clone();
     // A full scan: off the async workers, in chunks under short read locks.
-    let (states, by_pool, series): Scan = tokio::task::spawn_blocking(move || {
-        let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
-        let mut acc = Started::new(from, now, step);
-        // A folded job is done, and its row holds its attributes and times: its timeline is never filled in.
-        let mut done_folded = 0u64;
-        let (states_ref, acc_ref) = (&mut states, std::cell::RefCell::new(&mut acc));
-        // Counts and sorted samples: the order of the walk does not matter.
-        index.scan_unordered(
-            super::compare::SCAN_CHUNK,
-            false,
-            |_, r| {
-                done_folded += 1;
-                if let (Some(f), Some(ttfs)) = (r.row.first_step_at(), r.row.time_to_first_step_ms()) {
-                    acc_ref.borrow_mut().add(r.attrs, Some(r.row.attrs), f, ttfs);
-                }
-                false
-            },
-            |_, job| {
-                let t = job.timeline;
-                *states_ref.entry(t.state.label()).or_default() += 1;
-                if let (Some(a), Some(f), Some(ttfs)) = (t.attrs.as_ref(), t.first_step_at, t.time_to_first_step_ms()) {
-                    acc_ref.borrow_mut().add(a, None, f, ttfs);
-                }
-            },
-        );
-        if done_folded > 0 {
-            *states.entry(JobState::Done.label()).or_default() += done_folded;
-        }
-        let by_pool: BTreeMap<PoolKey, Vec<f64>> = acc.groups.into_iter().collect();
-        let series: BTreeMap<(String, i64), Vec<f64>> =
-            acc.series.into_iter().map(|((kind, at), xs)| ((kind.to_string(), at), xs)).collect();
-        (states, by_pool, series)
-    })
-    .await
-    .map_err(ApiError::unavailable)?;
+    let (states, by_pool, series): Scan = s
+        .reads
+        .run(move || {
+            let mut states: BTreeMap<&'static str, u64> = BTreeMap::new();
+            let mut acc = Started::new(from, now, step);
+            // A folded job is done, and its row holds its attributes and times: its timeline is never filled in.
+            let mut done_folded = 0u64;
+            let (states_ref, acc_ref) = (&mut states, std::cell::RefCell::new(&mut acc));
+            // Counts and sorted samples: the order of the walk does not matter.
+            index.scan_unordered(
+                super::compare::SCAN_CHUNK,
+                false,
+                |_, r| {
+                    done_folded += 1;
+                    if let (Some(f), Some(ttfs)) = (r.row.first_step_at(), r.row.time_to_first_step_ms()) {
+                        acc_ref.borrow_mut().add(r.attrs, Some(r.row.attrs), f, ttfs);
+                    }
+                    false
+                },
+                |_, job| {
+                    let t = job.timeline;
+                    *states_ref.entry(t.state.label()).or_default() += 1;
+                    if let (Some(a), Some(f), Some(ttfs)) =
+                        (t.attrs.as_ref(), t.first_step_at, t.time_to_first_step_ms())
+                    {
+                        acc_ref.borrow_mut().add(a, None, f, ttfs);
+                    }
+                },
+            );
+            if done_folded > 0 {
+                *states.entry(JobState::Done.label()).or_default() += done_folded;
+            }
+            let by_pool: BTreeMap<PoolKey, Vec<f64>> = acc.groups.into_iter().collect();
+            let series: BTreeMap<(String, i64), Vec<f64>> =
+                acc.series.into_iter().map(|((kind, at), xs)| ((kind.to_string(), at), xs)).collect();
+            (states, by_pool, series)
+        })
+        .await?;
     let idx = s.index.read();
     let mut waiting: BTreeMap<String, i64> = BTreeMap::new();
     for ((.., seg), n) in &idx.gauges.waiting {

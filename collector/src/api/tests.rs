@@ -19,7 +19,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use tower::ServiceExt;
@@ -228,6 +228,8 @@ fn fixture() -> Fixture {
         ready: Arc::new(AtomicBool::new(true)),
         health: Arc::new(crate::health::Health::default()),
         max_page_size: 3,
+        reads: super::reads::ReadGate::new(2),
+        backups: Default::default(),
         clock: crate::time::Clock::starting_at(NOW),
         board,
         telemetry: None,
@@ -559,6 +561,8 @@ async fn the_openapi_document_lists_every_route() {
         }
     }
     assert!(declared.len() >= 18, "{declared:?}");
+    // The JSON ingest route is the ingest edge's, merged onto the same listener (`app`); documented here too.
+    declared.push(("post", crate::ingest::http::PATH.to_string()));
     for (m, p) in &declared {
         assert!(documented.iter().any(|(dm, dp)| dm == m && dp == p), "{m} {p} is routed but not documented");
     }
@@ -566,7 +570,7 @@ async fn the_openapi_document_lists_every_route() {
         assert!(declared.iter().any(|(dm, dp)| dm == m && dp == p), "{m} {p} is documented but not routed");
     }
     let f = fixture();
-    for (m, p) in &documented {
+    for (m, p) in documented.iter().filter(|(_, p)| *p != crate::ingest::http::PATH) {
         let uri = p
             .replace("{job_id}", "slurm/cluster-a/100")
             .replace("{name}", "urgent-start")
@@ -669,6 +673,15 @@ fn many_jobs() -> Vec<pb::LifecycleEvent> {
     out
 }
 
+/// [`many_jobs`] as records, each event numbered in order.
+fn many_job_records() -> BTreeMap<String, JobRecord> {
+    let mut by_job: BTreeMap<String, Vec<CompactEvent>> = BTreeMap::new();
+    for (i, e) in many_jobs().iter().enumerate() {
+        by_job.entry(e.job_id.clone()).or_default().push(CompactEvent::from_pb(e, i as u64 + 1).expect("kind"));
+    }
+    by_job.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect()
+}
+
 /// An API over `jobs`, every done job folded when `fold` (rows only: no store behind them).
 fn state_over(jobs: &BTreeMap<String, JobRecord>, fold: bool, dir: &tempfile::TempDir) -> ApiState {
     let store = Store::open(&dir.path().join(if fold { "folded" } else { "hot" })).expect("store");
@@ -693,12 +706,7 @@ fn state_over(jobs: &BTreeMap<String, JobRecord>, fold: bool, dir: &tempfile::Te
 /// in a timeline for the overview): the answers must be exactly those of the same jobs all held hot.
 #[tokio::test(start_paused = true)]
 async fn listings_and_overview_answer_the_same_for_folded_and_hot_jobs() {
-    let mut by_job: BTreeMap<String, Vec<CompactEvent>> = BTreeMap::new();
-    for (i, e) in many_jobs().iter().enumerate() {
-        by_job.entry(e.job_id.clone()).or_default().push(CompactEvent::from_pb(e, i as u64 + 1).expect("kind"));
-    }
-    let jobs: BTreeMap<String, JobRecord> =
-        by_job.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
+    let jobs = many_job_records();
     let dir = tempfile::tempdir().expect("tempdir");
     let hot = state_over(&jobs, false, &dir);
     let folded = state_over(&jobs, true, &dir);
@@ -945,4 +953,103 @@ async fn cross_origin_state_changing_requests_are_refused() {
     .await;
     assert_eq!(status, StatusCode::OK, "reads are not origin-checked (CORS keeps their answers from the page)");
     assert!(state.auth.stats.origin.load(std::sync::atomic::Ordering::Relaxed) >= 15);
+}
+
+/// A job's detail pages its events: the pages, followed by `events_next_offset`, hold exactly the events of the
+/// unpaged answer in the same order, for a hot and a folded job; bad page parameters are refused naming the field.
+#[tokio::test(start_paused = true)]
+async fn job_detail_pages_its_events() {
+    let f = fixture();
+    for (job, limit) in [(HOT, 4usize), ("slurm/cluster-a/100", 3), (HOT, 1), (HOT, 9)] {
+        let (status, _, body) = call(&f.state, "GET", &format!("/api/v1/jobs/{job}")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let whole: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let all = whole["events"].as_array().expect("events").clone();
+        assert_eq!(whole["events_total"].as_u64(), Some(all.len() as u64));
+        assert!(whole.get("events_next_offset").is_none(), "one page holds a small job: {whole}");
+        let (mut offset, mut paged, mut pages) = (0u64, Vec::new(), 0);
+        loop {
+            let uri = format!("/api/v1/jobs/{job}?events_limit={limit}&events_offset={offset}");
+            let (status, _, body) = call(&f.state, "GET", &uri).await;
+            assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+            let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+            let page = v["events"].as_array().expect("events");
+            assert!(page.len() <= limit, "{uri}");
+            assert_eq!(v["events_total"].as_u64(), Some(all.len() as u64), "{uri}");
+            assert_eq!(v["timeline"], whole["timeline"], "every page carries the whole timeline: {uri}");
+            paged.extend(page.iter().cloned());
+            pages += 1;
+            match v["events_next_offset"].as_u64() {
+                Some(next) => {
+                    assert_eq!(next, offset + limit as u64, "{uri}");
+                    offset = next;
+                }
+                None => break,
+            }
+        }
+        assert_eq!(paged, all, "{job} in pages of {limit}");
+        assert_eq!(pages, all.len().div_ceil(limit).max(1), "{job} in pages of {limit}");
+    }
+    let (status, _, body) = call(&f.state, "GET", &format!("/api/v1/jobs/{HOT}?events_limit=0")).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!((v["events"].as_array().map(Vec::len), v["events_next_offset"].as_u64()), (Some(0), Some(0)));
+    for (q, field) in [("events_limit=10001", "events_limit"), ("events_offset=-2", "events_offset"), ("foo=1", "foo")]
+    {
+        let (status, ctype, body) = call(&f.state, "GET", &format!("/api/v1/jobs/{HOT}?{q}")).await;
+        assert_eq!((status, ctype.as_str()), (StatusCode::BAD_REQUEST, "application/json"), "{q}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        assert!(v["error"].as_str().is_some_and(|e| e.contains(field)), "{q}: {body}");
+    }
+}
+
+/// Compare and goodput keep `all` (or `total`) and the `limit` largest groups, and say how many there were; the
+/// kept groups are exactly the unlimited answer's largest ones, unchanged.
+#[tokio::test(start_paused = true)]
+async fn grouped_answers_keep_their_largest_groups_within_limit() {
+    let jobs = many_job_records();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = state_over(&jobs, false, &dir);
+    let get = |uri: String| {
+        let state = state.clone();
+        async move {
+            let (status, _, body) = call(&state, "GET", &uri).await;
+            assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+            serde_json::from_str::<serde_json::Value>(&body).expect("json")
+        }
+    };
+    let side = "left=&right=pool_kind%3Ddedicated&by=pool&window=7d";
+    let whole = get(format!("/api/v1/compare?{side}")).await;
+    let groups = whole["groups"].as_array().expect("groups");
+    assert_eq!((groups.len(), whole["groups_total"].as_u64(), whole["truncated"].as_bool()), (5, Some(4), Some(false)));
+    let size =
+        |g: &serde_json::Value| g["left"]["jobs"].as_u64().unwrap_or(0) + g["right"]["jobs"].as_u64().unwrap_or(0);
+    let mut largest: Vec<&serde_json::Value> = groups[1..].iter().collect();
+    largest.sort_by_key(|g| std::cmp::Reverse(size(g)));
+    for limit in 1..=3usize {
+        let cut = get(format!("/api/v1/compare?{side}&limit={limit}")).await;
+        let kept = cut["groups"].as_array().expect("groups");
+        assert_eq!(
+            (kept.len(), cut["groups_total"].as_u64(), cut["truncated"].as_bool()),
+            (limit + 1, Some(4), Some(true))
+        );
+        assert_eq!(kept[0], groups[0], "`all` still counts every job");
+        let want: BTreeSet<&str> = largest[..limit].iter().map(|g| g["group"].as_str().expect("name")).collect();
+        let got: BTreeSet<&str> = kept[1..].iter().map(|g| g["group"].as_str().expect("name")).collect();
+        assert_eq!(got, want, "limit {limit}");
+        for g in &kept[1..] {
+            assert!(groups.contains(g), "a kept group is unchanged: {g}");
+        }
+    }
+    let whole = get("/api/v1/goodput?by=pool&window=7d".to_string()).await;
+    let cut = get("/api/v1/goodput?by=pool&window=7d&limit=2".to_string()).await;
+    assert_eq!((whole["groups_total"].as_u64(), whole["truncated"].as_bool()), (Some(4), Some(false)));
+    assert_eq!((cut["groups_total"].as_u64(), cut["truncated"].as_bool()), (Some(4), Some(true)));
+    assert_eq!(cut["groups"].as_array().map(|g| g.to_vec()), whole["groups"].as_array().map(|g| g[..2].to_vec()));
+    assert_eq!(cut["total"], whole["total"]);
+    for uri in ["/api/v1/compare?limit=0", "/api/v1/compare?limit=1001", "/api/v1/goodput?limit=x"] {
+        let (status, _, body) = call(&state, "GET", uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}");
+        assert!(body.contains("limit"), "{uri}: {body}");
+    }
 }

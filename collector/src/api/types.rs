@@ -46,9 +46,15 @@ pub struct Job {
     pub attributes: Option<Option<Attributes>>,
     pub current_wait: Option<CurrentWait>,
     pub done_at: Option<String>,
-    /// Detail only: the raw events, in the job's canonical order.
+    /// Detail only: one page of the raw events, in the job's canonical order (`events_offset`, `events_limit`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events: Option<Vec<Event>>,
+    /// Detail only: where the next page of events starts (`events_offset`); absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events_next_offset: Option<u64>,
+    /// Detail only: the job's events in all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events_total: Option<u64>,
     pub first_step_at: Option<String>,
     /// What `first_step_at` was observed from: `training_process`, or `container_start` / `scheduler_start`
     /// when only an adapter reported the job's start (no first step of its training process in that run), or
@@ -97,6 +103,8 @@ impl Job {
             }),
             done_at: opt_time(t.done_at),
             events: None,
+            events_next_offset: None,
+            events_total: None,
             first_step_at: opt_time(t.first_step_at),
             first_step_origin: t.first_step_at.and(t.first_step_origin).map(|o| o.label()),
             gpu_class: a.map(|a| a.gpu_class.clone()),
@@ -172,7 +180,7 @@ pub struct TimelineDetail {
     pub requeue_wait_seconds: f64,
     pub runs: u32,
     /// The job's life (submit to its end, or now) by category: `waiting`, `preparing`, `requeue_wait`,
-    /// `checkpoint`, `lost`, `failed`, `productive`, in seconds; they add up to it exactly (README "GPU time";
+    /// `checkpoint`, `lost`, `failed`, `productive`, in seconds; they add up to it exactly (docs/concepts.md, "Goodput";
     /// multiply by `gpu_count` for GPU-seconds).
     pub time_by_category_seconds: BTreeMap<&'static str, f64>,
 }
@@ -595,8 +603,13 @@ pub struct Goodput {
     pub by: &'static str,
     /// Category names, in the order the dashboard stacks them.
     pub categories: Vec<&'static str>,
-    /// One per value of `by`, largest total first.
+    /// One per value of `by`, largest total first; at most `limit` of them (see `truncated`).
     pub groups: Vec<GoodputGroup>,
+    /// Values of `by` the jobs had, shown or not.
+    pub groups_total: usize,
+    /// Whether the groups with the least GPU time were left out to keep the answer within `limit` (`total` still
+    /// counts every job).
+    pub truncated: bool,
     /// Every job of the window.
     pub total: GoodputGroup,
     pub window_seconds: i64,
@@ -631,7 +644,7 @@ pub struct GoodputGroup {
     pub waiting_gpu_hours: f64,
 }
 
-/// `GET /api/v1/cost`: each pool's cost over the window from `[cost]` (README "Cost"), and the managed and
+/// `GET /api/v1/cost`: each pool's cost over the window from `[cost]` (docs/concepts.md, "Cost"), and the managed and
 /// dedicated totals side by side.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct Cost {
@@ -962,7 +975,7 @@ pub struct NodeList {
     pub window_seconds: i64,
 }
 
-/// The suspect-node rule in force (`[nodes]`, README "Suspect nodes").
+/// The suspect-node rule in force (`[nodes]`, docs/concepts.md, "Suspect nodes").
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct NodeRule {
     pub alpha: f64,

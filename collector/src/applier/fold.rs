@@ -72,7 +72,7 @@ impl FoldPass {
         let mut chunks = candidates.chunks(FOLD_CHUNK);
         for (i, chunk) in chunks.by_ref().enumerate() {
             // The first chunk whatever the time: a pass that spent its budget choosing candidates must still make
-            // progress (in the 10M-job run of session 14 none did, and hot jobs piled up to 1.4M).
+            // progress (in BENCHMARKS.md's 10M-job run 14 none did, and hot jobs piled up to 1.4M).
             let out_of_time = i > 0 && started.elapsed() >= PASS_BUDGET;
             if out_of_time || self.stop.load(Ordering::Acquire) {
                 more = !self.stop.load(Ordering::Acquire);

@@ -510,7 +510,7 @@ pub(crate) fn write_failed(store: &Store, health: &Health, e: &StoreError) {
 /// backlog, less often: at least 4 intervals, and at least twice as long as the last checkpoint took to write,
 /// so that fold passes get at least as much of the maintenance thread as checkpoints. Checkpoints write the
 /// snapshots of every job changed since the last one, settled ended jobs included, so when they run back to back
-/// they crowd folding out: in a 10M-job replay (session 15) checkpoints of 60-100k jobs took 9-17 s each and ran
+/// they crowd folding out: in a 10M-job replay (BENCHMARKS.md, run 15) checkpoints of 60-100k jobs took 9-17 s each and ran
 /// one after the other, a 2 s fold pass between them folded ~700 jobs/s while ~1,700 ended, and the hot jobs grew
 /// past a million (RSS 7.6 GB at 22%). Jobs folded in the meantime drop out of the next checkpoint (it writes
 /// only jobs still in memory), so giving folds the time also shrinks the checkpoints.

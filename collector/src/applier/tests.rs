@@ -577,7 +577,7 @@ fn every_fold_pass_folds_a_chunk_even_out_of_time_and_the_backlog_drains() {
     assert_eq!(folded, oldest, "the longest settled first");
     // While a pass runs (here: held up at its first chunk) the backlog flag stays as the last pass left it: the
     // committer reads it then to decide whether a checkpoint is due (a flag cleared at the start of every pass
-    // let checkpoints run back to back in the 10M-job replay of session 15).
+    // let checkpoints run back to back in the 10M-job replay of BENCHMARKS.md run 15).
     let held = store_writes.lock().expect("lock");
     let running = std::thread::spawn({
         let p = pass(&more);

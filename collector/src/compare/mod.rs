@@ -324,8 +324,13 @@ pub struct Report {
     pub by: Option<String>,
     /// The window, seconds.
     pub window_seconds: i64,
-    /// `all` first, then each group in order.
+    /// `all` first, then each group in order (at most `limit` of them: see `truncated`).
     pub groups: Vec<GroupReport>,
+    /// Groups the jobs fell into (besides `all`), shown or not.
+    pub groups_total: usize,
+    /// Whether groups were left out to keep the answer within `limit`: those with the fewest jobs went (`all`
+    /// still counts every job).
+    pub truncated: bool,
     /// When set (RFC 3339), jobs that ended before it were deleted to keep folded jobs within
     /// `store.folded_budget_mib`: a window reaching before it compares what is left.
     pub history_deleted_through: Option<String>,
@@ -578,8 +583,35 @@ fn report(q: &Query, groups: BTreeMap<String, (Side, Side)>, slos: &[SloDef]) ->
         right: q.right.text.clone(),
         by: q.by.map(|b| format!("{b:?}")),
         window_seconds: q.window_ms / 1000,
+        groups_total: out.len().saturating_sub(1),
         groups: out,
+        truncated: false,
         history_deleted_through: None,
+    }
+}
+
+impl Report {
+    /// Keeps `all` and the `limit` groups with the most jobs (both sides together; ties to the first in order),
+    /// in their order; says so in `truncated`.
+    pub fn keep_largest_groups(&mut self, limit: usize) {
+        let groups = self.groups.len().saturating_sub(1);
+        if groups <= limit {
+            return;
+        }
+        let mut by_size: Vec<(u64, usize)> =
+            self.groups.iter().enumerate().skip(1).map(|(i, g)| (g.left.jobs + g.right.jobs, i)).collect();
+        by_size.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let mut keep = vec![false; self.groups.len()];
+        keep[0] = true;
+        for &(_, i) in by_size.iter().take(limit) {
+            keep[i] = true;
+        }
+        let mut i = 0;
+        self.groups.retain(|_| {
+            i += 1;
+            keep[i - 1]
+        });
+        self.truncated = true;
     }
 }
 

@@ -48,6 +48,7 @@ impl Config {
 
         f.http.listen = Some(self.http_listen.to_string());
         f.http.max_page_size = Some(self.max_page_size);
+        f.http.max_concurrent_reads = Some(self.max_concurrent_reads);
         let h = &self.http_connections;
         f.http.max_connections = Some(h.max_connections);
         f.http.max_connections_per_ip = Some(h.max_connections_per_ip);
@@ -90,6 +91,7 @@ impl Config {
         f.alerts.resolved_retention = dur(a.resolved_retention);
         f.alerts.page_max_age = dur(a.page_max_age);
         f.alerts.external_url = a.external_url.clone();
+        f.alerts.runbook_base_url = a.runbook_base_url.clone();
         for t in f.alerts.alertmanager.iter_mut().chain(f.alerts.webhook.iter_mut()) {
             if let TargetEntry::Table(t) = t {
                 t.timeout = Some(format_duration(match &t.timeout {

@@ -15,9 +15,6 @@
 //! instruments and base-2 exponential histograms (Prometheus keeps the explicit buckets, which its text format
 //! needs).
 
-/// Moved to the index (derived per-job metric state lives beside the jobs); re-exported for old paths.
-pub use crate::index::{footprint as jobs, labels};
-
 pub mod logs;
 pub mod rules;
 pub mod slo_spec;
@@ -26,11 +23,11 @@ pub mod stream;
 use crate::alert::client::{read_secret_file, ClientTlsFiles, Secret};
 use crate::alert::AlertBoard;
 use crate::health::IngestStats;
+use crate::index::footprint::Observation;
+use crate::index::labels::JobLabels;
 use crate::index::SharedIndex;
 use crate::store::Store;
 use crate::time::Clock;
-use jobs::Observation;
-use labels::JobLabels;
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
@@ -1414,7 +1411,7 @@ mod tests {
     async fn every_instrument_group_is_registered_and_exposed() {
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = Clock::starting_at(T0 + 60_000);
-        let limiter = labels::LabelLimiter::new(&Default::default());
+        let limiter = crate::index::labels::LabelLimiter::new(&Default::default());
         let index = SharedIndex::new(JobIndex::new_at(
             [("slurm/a/1".to_string(), waiting_job())].into_iter().collect(),
             Default::default(),
@@ -1550,7 +1547,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn overflow_keeps_totals_and_is_counted() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let limiter = labels::LabelLimiter::new(&labels::LabelSettings {
+        let limiter = crate::index::labels::LabelLimiter::new(&crate::index::labels::LabelSettings {
             team_attribute: true,
             max_values_per_label: 100,
             ..Default::default()

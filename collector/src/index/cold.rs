@@ -9,7 +9,7 @@
 //! kept as a [`Row`]: the four times scans judge a job by (submit, first step, end, and the summary number) as
 //! plain fields, everything else packed into a few dozen bytes of varints (times as offsets from the submit,
 //! node names as numbers into a table the rows share). ~150 bytes a folded job in all, against ~570 as a struct
-//! with its own allocations (BENCHMARKS.md, session 16); a fill decodes the packed bytes straight into a
+//! with its own allocations (BENCHMARKS.md, run 16); a fill decodes the packed bytes straight into a
 //! [`Timeline`].
 
 use crate::job::{JobAttrs, JobState, Placement, PlacementEnd, Segment, Timeline};

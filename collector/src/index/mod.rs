@@ -642,7 +642,7 @@ impl SharedIndex {
     /// Like [`SharedIndex::scan_from`], showing each folded job to `pre` first, as its row: only rows `pre`
     /// accepts have their timeline filled in and go to `f`. A reader that can tell from a row (its times, its
     /// attributes) whether it wants the job saves filling a timeline for the rest (a skipped row still costs the
-    /// walk to it: ~0.1-0.2 µs per row at 1M jobs, BENCHMARKS.md session 14); a reader that needs nothing more
+    /// walk to it: ~0.1-0.2 µs per row at 1M jobs, BENCHMARKS.md run 14); a reader that needs nothing more
     /// than the row handles it in `pre` and returns false.
     pub fn scan_where(
         &self,
@@ -659,7 +659,7 @@ impl SharedIndex {
     /// and with folded jobs' SLO contributions when `with_slo`. The key space is walked in chunks, each under one read lock: a chunk ends at
     /// the `chunk`-th folded job (or hot job, if those come first), and inside it the folded jobs and then the hot
     /// ones are visited by range, without comparing their ids. (The ordered walk compares the next hot and folded
-    /// ids at every step, touching every id's bytes: most of an overview at 1M jobs, BENCHMARKS.md session 18.)
+    /// ids at every step, touching every id's bytes: most of an overview at 1M jobs, BENCHMARKS.md run 18.)
     pub fn scan_unordered(
         &self,
         chunk: usize,

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-/// `[nodes]`: the suspect-node rule (README "Suspect nodes").
+/// `[nodes]`: the suspect-node rule (docs/concepts.md, "Suspect nodes").
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct NodesSection {

@@ -172,22 +172,7 @@ impl Ingest {
         let mut prepared = Vec::with_capacity(req.events.len());
         let mut origin = Vec::with_capacity(req.events.len());
         for (i, ev) in req.events.into_iter().enumerate() {
-            let checked = validate_event(&ev, now, &self.settings.limits)
-                .and_then(|()| CompactEvent::from_pb(&ev, 0).ok_or_else(|| field_error("kind", "is required")))
-                .and_then(|c| match identity.permits_event(&ev.job_id, &ev.source) {
-                    Ok(()) => Ok(c),
-                    Err(field) => {
-                        IngestStats::add(&self.settings.auth.stats.not_permitted, 1);
-                        Err(field_error(field, &format!("not permitted for identity {:?}", identity.name)))
-                    }
-                })
-                .and_then(|c| match super::node_health::event_node_refused(identity, &ev) {
-                    None => Ok(c),
-                    Some(field) => {
-                        IngestStats::add(&self.settings.auth.stats.not_permitted, 1);
-                        Err(field_error(&field, &format!("node not permitted for identity {:?}", identity.name)))
-                    }
-                });
+            let checked = self.check_event(&ev, identity, now).map_err(|r| r.error);
             match checked {
                 Ok(compact) => {
                     origin.push(i as u32);
@@ -232,6 +217,92 @@ impl Ingest {
         }
         Ok(Pending::Committing { ack, origin, rx })
     }
+}
+
+impl Ingest {
+    /// The checks every event passes before it is handed to the committer, in order: the protocol's
+    /// validation, the identity's job-id prefixes and sources, and the nodes its events may name. A refusal
+    /// names the field (`job_id` or `source` when the identity may not write it).
+    fn check_event(
+        &self,
+        ev: &pb::LifecycleEvent,
+        identity: &Identity,
+        now: i64,
+    ) -> Result<CompactEvent, EventRefused> {
+        let invalid = |error| EventRefused { error, not_permitted: false };
+        validate_event(ev, now, &self.settings.limits).map_err(invalid)?;
+        let compact = CompactEvent::from_pb(ev, 0).ok_or_else(|| invalid(field_error("kind", "is required")))?;
+        let refused = |field: &str, what: &str| {
+            IngestStats::add(&self.settings.auth.stats.not_permitted, 1);
+            EventRefused {
+                error: field_error(field, &format!("{what}not permitted for identity {:?}", identity.name)),
+                not_permitted: true,
+            }
+        };
+        identity.permits_event(&ev.job_id, &ev.source).map_err(|field| refused(field, ""))?;
+        if let Some(field) = super::node_health::event_node_refused(identity, ev) {
+            return Err(refused(&field, "node "));
+        }
+        Ok(compact)
+    }
+
+    /// A batch that is stored whole or not at all (the HTTP JSON edge, [`super::http`]): every event is checked
+    /// first, and the first refusal is returned with its index (nothing is queued); otherwise the batch goes the
+    /// way of `PublishBatch` and the ack comes once its events are durable. Refusals by the committer (a job's
+    /// event cap) are in the ack's rejections, as over gRPC.
+    pub async fn publish_whole(
+        &self,
+        events: Vec<pb::LifecycleEvent>,
+        identity: Arc<Identity>,
+    ) -> Result<pb::PublishAck, WholeRefused> {
+        if self.shutdown.is_cancelled() {
+            return Err(WholeRefused::Status(shutting_down()));
+        }
+        if events.len() > self.settings.max_batch_events {
+            return Err(WholeRefused::Status(Status::invalid_argument(format!(
+                "events: batch has {} events, at most {} allowed",
+                events.len(),
+                self.settings.max_batch_events
+            ))));
+        }
+        let now = startline_proto::time::now_ms();
+        for (i, ev) in events.iter().enumerate() {
+            if let Err(EventRefused { error, not_permitted }) = self.check_event(ev, &identity, now) {
+                IngestStats::add(&self.stats.rejected, 1);
+                return Err(WholeRefused::Event { index: i, error, not_permitted });
+            }
+        }
+        let caller = Caller(identity);
+        let pending = self
+            .submit(pb::PublishRequest { batch_seq: 0, events }, Some(&caller))
+            .await
+            .map_err(WholeRefused::Status)?;
+        pending.resolve().await.map_err(WholeRefused::Status)
+    }
+}
+
+/// An event refused before commit.
+struct EventRefused {
+    error: startline_proto::FieldError,
+    /// By the identity's restrictions, not by validation.
+    not_permitted: bool,
+}
+
+/// Why [`Ingest::publish_whole`] stored nothing.
+#[derive(Debug)]
+pub enum WholeRefused {
+    /// Event `index` was refused (`not_permitted`: by the identity's restrictions, not by validation).
+    Event {
+        /// Its position in the batch.
+        index: usize,
+        /// The field and the reason.
+        error: startline_proto::FieldError,
+        /// Refused by the identity's job-id, source or node restrictions.
+        not_permitted: bool,
+    },
+    /// The batch was refused as gRPC would answer it (shutting down, storage halted, queue full, rate limit,
+    /// over the batch cap).
+    Status(Status),
 }
 
 impl Ingest {

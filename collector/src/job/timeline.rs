@@ -1,6 +1,6 @@
 //! The timeline of one job, derived by folding its events in canonical order.
 //!
-//! Rules (also in the README):
+//! Rules (also in the docs: docs/concepts.md, "Timeline rules"):
 //! - The first `submitted` (by time, then id) gives the attributes and the start of the wait. Events stamped
 //!   before it (clock skew between sources) count as happening at submit time. A later `submitted` updates the
 //!   attributes with each one it sets (`super::update`), unless it comes after `done`.

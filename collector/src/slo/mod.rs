@@ -2,7 +2,7 @@
 //! exact times to first step, the deadline index that finds threshold crossings while jobs still wait,
 //! and the maths of compliance, error budget and burn rates.
 //!
-//! Rules (also in the README):
+//! Rules (also in the docs: docs/concepts.md, "SLOs and burn rates"):
 //! - a covered job is **good** when its first step comes within the threshold (decided at the first step);
 //! - it is **bad** the moment it crosses the threshold still waiting (decided at `submitted + threshold`), or
 //!   when it ends before its first step (decided at the end, or at the deadline if that came first);

@@ -13,18 +13,22 @@
 //!   mostly garbage). Stores written before the log's files kept the blocks in tree `log_blocks`, and before
 //!   blocks one value per event in tree `log`; opening such a store moves them into the files once.
 //! - tree `log_blocks`: the dead records of the log's blocks (see [`log`]).
-//! - tree `jobs`: the hot jobs' snapshots, as *parts* (format and keys: see [`snaps`]): one or more zstd
-//!   values per checkpoint, each holding the compact events of many jobs. A checkpoint writes an *increment*:
-//!   each dirty job's events past what the store holds of it (the committer keeps that mark per hot job, learnt
-//!   after the checkpoint's flush; sequences are handed out in arrival order, late events included, so "past"
-//!   is "above the highest sequence written"). Once the increments hold more bytes than the last *base* (and
-//!   more than a floor), a checkpoint writes a new base, every hot job's events, and one batch points restore
-//!   at it and removes the increments and older bases. Each event is so written about twice, compressed, in a
-//!   few large values (sled's garbage stays small; one value per job per checkpoint left gigabytes of it), and a
-//!   restart decodes the hot jobs from a few dozen values without reading the log. Parts are never edited: a
-//!   fold leaves a folded job's events in them (restore tells by its summary, which lists every one of them),
-//!   and retention writes a *tombstone* for each job it deletes, so that restore skips the job's events in
-//!   parts written before (the next base removes it). `[0u8] ++ "snap_base"` -> sealed u64: the base in use.
+//! - directory `snaps/` beside sled's files: the hot jobs' snapshots, as *parts* (format and names: see
+//!   [`snaps`]): one or more zstd files per checkpoint, each holding the compact events of many jobs. A checkpoint
+//!   writes an *increment*: each dirty job's events past what the store holds of it (the committer keeps that mark
+//!   per hot job, learnt after the checkpoint's flush; sequences are handed out in arrival order, late events
+//!   included, so "past" is "above the highest sequence written"). Once the increments hold more bytes than the
+//!   last *base* (and more than a floor), a checkpoint writes a new base, every hot job's events, and one sled batch
+//!   points restore at it (`[0u8] ++ "snap_base"` -> sealed u64) and sets the increments' *floor* (`[0u8] ++
+//!   "snap_floor"` -> sealed u64: increments numbered below it are superseded); the increments' and older bases'
+//!   files are removed after it (a crash between leaves them for the next base; restore ignores them). Each event
+//!   is so written about twice, compressed, in a few large files, and a restart decodes the hot jobs from a few
+//!   dozen files without reading the log. Outside sled, the parts take their bytes on disk and nothing more (sled
+//!   keeps a superseded value's space until its segment is mostly garbage), and sled holds only small values.
+//!   Parts are never edited: a fold leaves a folded job's events in them (restore tells by its summary, which
+//!   lists every one of them), and retention writes a *tombstone* for each job it deletes (tree `jobs`), so that
+//!   restore skips the job's events in parts written before (the next base removes it). Collectors before the
+//!   parts' files kept parts as values of tree `jobs`: they are still read, and the next base removes them.
 //! - tree `jobs`: `[1u8] ++ job_id`: a job's snapshot written before parts, still read (with what parts hold
 //!   of the job: the union), removed by the next base: version 6 is `varint(n) ++ n sequence deltas`, the log
 //!   sequences of the job's events (read from the log in one pass in sequence order); version 5
@@ -165,6 +169,11 @@ const DICTIONARY_NEXT_KEY: &[u8] = b"\xffnext";
 const DELETED_THROUGH_KEY: &[u8] = b"\0deleted_through";
 /// Tree `jobs`: the number of the base the snapshot parts build on (see [`snaps`]).
 const BASE_KEY: &[u8] = b"\0snap_base";
+/// Tree `jobs`: increments in files numbered below it are superseded by the base (written with the base pointer;
+/// the files go after it, and a crash between leaves them for the next base to remove).
+const SNAP_FLOOR_KEY: &[u8] = b"\0snap_floor";
+/// The directory of the snapshot parts' files (see [`snaps::PartFiles`]), beside sled's files.
+const SNAP_DIR: &str = "snaps";
 /// The sealed version of summaries that list their job's log sequences (see the module doc); version-2
 /// summaries are the bare body.
 const SUMMARY_VERSION: u8 = 3;
@@ -197,8 +206,8 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
-    /// A log file could not be read or written.
-    #[error("log file {path}: {source}")]
+    /// A file of the store outside sled (the log's segments, snapshot parts) could not be read or written.
+    #[error("store file {path}: {source}")]
     File {
         /// The file or directory.
         path: String,
@@ -585,18 +594,43 @@ fn read_parts(
         Some(v) => Some(base_number(&v).map_err(|r| ("base pointer".to_string(), r))?),
         None => None,
     };
+    let floor = match t.jobs.get(SNAP_FLOOR_KEY).map_err(sled_err)? {
+        Some(v) => base_number(&v).map_err(|r| ("increments' floor".to_string(), r))?,
+        None => 0,
+    };
     let mut read = PartsRead { tomb_seq: tombs.values().copied().max().unwrap_or(0), ..PartsRead::default() };
+    // Parts in sled (written by older collectors, removed by the next base), then the parts' files: the base
+    // the pointer names, and the increments from the floor up.
     let base_parts = base.map(|b| t.jobs.scan_prefix(snaps::base_prefix(b)));
     let incs = t.jobs.scan_prefix([snaps::INC_PREFIX]);
-    for (is_base, kv) in base_parts.into_iter().flatten().map(|kv| (true, kv)).chain(incs.map(|kv| (false, kv))) {
-        let (k, v) = kv.map_err(sled_err)?;
+    let in_sled = base_parts
+        .into_iter()
+        .flatten()
+        .map(|kv| (true, kv))
+        .chain(incs.map(|kv| (false, kv)))
+        .map(|(is_base, kv)| kv.map(|(k, v)| (is_base, shown(&k), v.to_vec())).map_err(sled_err));
+    let files = t.parts.list().map_err(|e| ("snapshot files".to_string(), e.to_string()))?;
+    let in_files = files
+        .into_iter()
+        .filter(|(f, _)| match f {
+            snaps::PartFile::Base(b, _) => Some(*b) == base,
+            snaps::PartFile::Inc(no) => *no >= floor,
+            snaps::PartFile::Temp(_) => false,
+        })
+        .map(|(f, _)| {
+            let name = format!("snapshot file {f:?}");
+            let v = t.parts.read(&f).map_err(|e| (name.clone(), e.to_string()))?;
+            Ok((matches!(f, snaps::PartFile::Base(..)), name, v))
+        });
+    for part in in_sled.chain(in_files) {
+        let (is_base, k, v) = part?;
         if is_base {
             read.base_bytes += v.len() as u64;
         } else {
             read.inc_bytes += v.len() as u64;
             read.inc_count += 1;
         }
-        for (job_id, mut evs) in snaps::decode_part(&v).map_err(|r| (shown(&k), r))? {
+        for (job_id, mut evs) in snaps::decode_part(&v).map_err(|r| (k.clone(), r))? {
             if is_base {
                 read.base_jobs += 1;
             }
@@ -625,6 +659,8 @@ pub struct TreeStats {
     pub values: u64,
     /// Bytes of its keys and values.
     pub bytes: u64,
+    /// Bytes of its largest value.
+    pub largest_value: u64,
 }
 
 /// Handle to the sled database. Cheap to clone.
@@ -667,6 +703,8 @@ struct Trees {
     db: sled::Db,
     /// The event log's blocks, in files beside sled's (see [`files`]).
     files: Arc<files::LogFiles>,
+    /// The snapshot parts, in files beside sled's (see [`snaps::PartFiles`]).
+    parts: Arc<snaps::PartFiles>,
     /// Tree `log_blocks`: the dead records of the log's blocks (and, in stores written before the log's files,
     /// the blocks themselves, moved into the files at open).
     blocks: sled::Tree,
@@ -725,6 +763,12 @@ impl Trees {
         }
         if let Some(v) = self.jobs.get(BASE_KEY)? {
             last = last.max(base_number(&v).map_err(|r| corrupt("jobs", BASE_KEY, r))?);
+        }
+        if let Some(v) = self.jobs.get(SNAP_FLOOR_KEY)? {
+            last = last.max(base_number(&v).map_err(|r| corrupt("jobs", SNAP_FLOOR_KEY, r))?);
+        }
+        for (file, _) in self.parts.list()? {
+            last = last.max(file.number());
         }
         Ok(last + 1)
     }
@@ -874,8 +918,10 @@ impl Trees {
         let dead = log::DeadTable::load(&blocks, &files.counts())?;
         let collect_due = Arc::new(std::sync::atomic::AtomicBool::new(dead.totals().0 > 0));
         let dead = Arc::new(Mutex::new(dead));
+        let parts = snaps::PartFiles::open(&path.join(SNAP_DIR))?;
         Ok(Trees {
             files: Arc::new(files),
+            parts: Arc::new(parts),
             blocks,
             dead,
             log_rewrites: Arc::default(),
@@ -1998,22 +2044,22 @@ impl Store {
         }
         let t = self.w()?;
         t.jobs.insert(SNAPSHOT_SEQ_KEY, seal(&seq.to_be_bytes()))?;
+        // Durable before the parts' files that may hold `seq` (sled orders its own writes, not the files').
+        t.db.flush()?;
         self.snap.noted_seq.fetch_max(seq, AcqRel);
         Ok(())
     }
 
-    /// Writes a checkpoint's increment (parts from [`snaps::PartWriter`]), each part under a new number, one
-    /// value per sled batch (a yield between, so that a waiting group commit can take sled's lock).
+    /// Writes a checkpoint's increment (parts from [`snaps::PartWriter`]), each part a file under a new number
+    /// (see [`snaps::PartFiles`]); every one is durable when this returns.
     pub fn write_increment(&self, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::AcqRel;
         let t = self.w()?;
-        for part in parts {
-            let no = self.snap.next.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            let len = part.len() as u64;
-            t.jobs.insert(snaps::inc_key(no), part)?;
-            self.snap.inc_bytes.fetch_add(len, std::sync::atomic::Ordering::AcqRel);
-            self.snap.inc_count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            std::thread::yield_now();
-        }
+        let (count, bytes) = (parts.len() as u64, parts.iter().map(|p| p.len() as u64).sum::<u64>());
+        let numbered = parts.into_iter().map(|part| (snaps::PartFile::Inc(self.snap.next.fetch_add(1, AcqRel)), part));
+        t.parts.write(numbered.collect::<Vec<_>>())?;
+        self.snap.inc_bytes.fetch_add(bytes, AcqRel);
+        self.snap.inc_count.fetch_add(count, AcqRel);
         Ok(())
     }
 
@@ -2058,24 +2104,25 @@ impl Store {
         self.snap.next.fetch_add(1, std::sync::atomic::Ordering::AcqRel)
     }
 
-    /// Writes parts of base `base`, numbered from `first`; invisible to restore until [`Store::switch_base`].
+    /// Writes parts of base `base` as files, numbered from `first`; durable when this returns, invisible to
+    /// restore until [`Store::switch_base`].
     pub fn write_base_parts(&self, base: u64, first: u64, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
         let t = self.w()?;
-        for (no, part) in (first..).zip(parts) {
-            t.jobs.insert(snaps::base_key(base, no), part)?;
-            std::thread::yield_now();
-        }
-        Ok(())
+        t.parts
+            .write((first..).zip(parts).map(|(no, part)| (snaps::PartFile::Base(base, no), part)).collect::<Vec<_>>())
     }
 
-    /// Ends a checkpoint that wrote base `base` (every hot job's events as of `through_seq` or later): flushes
-    /// its parts, then in one batch points restore at it, removes every increment, older base, snapshot from
-    /// before parts and tombstone it supersedes, and moves the marker; flushes.
+    /// Ends a checkpoint that wrote base `base` (every hot job's events as of `through_seq` or later; its files
+    /// are durable): in one sled batch points restore at it, sets the increments' floor above every increment
+    /// written so far, removes what sled still holds of older parts, snapshots from before parts and the tombstones
+    /// it supersedes, and moves the marker; flushes; then removes the files of every increment below the floor and
+    /// every other base (and temporary files a crash left).
     ///
     /// Must not interleave with retention's deletes (its tombstones): call it under the applier's `store_writes`.
     pub fn switch_base(&self, base: u64, through_seq: u64, jobs: u64) -> Result<(), StoreError> {
         let t = self.w()?;
         t.db.flush()?;
+        let floor = self.snap.next.load(std::sync::atomic::Ordering::Acquire);
         let mut batch = sled::Batch::default();
         let mut base_bytes = 0u64;
         for kv in t.jobs.scan_prefix([snaps::BASE_PREFIX]) {
@@ -2100,9 +2147,19 @@ impl Store {
             }
         }
         batch.insert(BASE_KEY, seal(&base.to_be_bytes()));
+        batch.insert(SNAP_FLOOR_KEY, seal(&floor.to_be_bytes()));
         batch.insert(CHECKPOINT_KEY, seal(&through_seq.to_be_bytes()));
         t.jobs.apply_batch(batch)?;
         t.db.flush()?;
+        let mut stale = Vec::new();
+        for (file, len) in t.parts.list()? {
+            match file {
+                snaps::PartFile::Base(b, _) if b == base => base_bytes += len,
+                snaps::PartFile::Inc(no) if no >= floor => {}
+                other => stale.push(other),
+            }
+        }
+        t.parts.remove(&stale)?;
         self.snap.inc_bytes.store(0, std::sync::atomic::Ordering::Release);
         self.snap.inc_count.store(0, std::sync::atomic::Ordering::Release);
         self.snap.base_bytes.store(base_bytes, std::sync::atomic::Ordering::Release);
@@ -2386,23 +2443,53 @@ impl Store {
         ];
         let mut out = Vec::with_capacity(trees.len() + 1);
         let (blocks, bytes) = t.files.totals();
-        out.push(TreeStats { tree: "log files", values: blocks, bytes });
+        out.push(TreeStats { tree: "log files", values: blocks, bytes, largest_value: 0 });
+        let parts = t.parts.list()?;
+        out.push(TreeStats {
+            tree: "snapshot files",
+            values: parts.len() as u64,
+            bytes: parts.iter().map(|(_, len)| len).sum(),
+            largest_value: 0,
+        });
         for (name, tree) in trees {
-            let mut s = TreeStats { tree: name, values: 0, bytes: 0 };
+            let mut s = TreeStats { tree: name, values: 0, bytes: 0, largest_value: 0 };
             for kv in tree.iter() {
                 let (k, v) = kv?;
                 s.values += 1;
                 s.bytes += (k.len() + v.len()) as u64;
+                s.largest_value = s.largest_value.max(v.len() as u64);
             }
             out.push(s);
         }
         Ok(out)
     }
 
+    /// Bytes the file system has allocated to the store's directory (every file under it: sled's file and blobs,
+    /// the log's segments, snapshot files), as `du` counts them: the space the store really takes.
+    pub fn allocated_bytes(&self) -> Result<u64, StoreError> {
+        fn walk(dir: &Path) -> std::io::Result<u64> {
+            use std::os::unix::fs::MetadataExt;
+            let mut total = 0;
+            for entry in std::fs::read_dir(dir)? {
+                let entry = entry?;
+                let meta = match entry.metadata() {
+                    Ok(m) => m,
+                    // Removed by sled's background writers while we walked.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                };
+                total += if meta.is_dir() { walk(&entry.path())? } else { meta.blocks() * 512 };
+            }
+            Ok(total)
+        }
+        walk(&self.path).map_err(|e| StoreError::Sled(sled::Error::Io(e)))
+    }
+
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         let t = self.t()?;
-        Ok(t.db.size_on_disk()? + t.files.totals().1)
+        let parts: u64 = t.parts.list()?.iter().map(|(_, len)| len).sum();
+        Ok(t.db.size_on_disk()? + t.files.totals().1 + parts)
     }
 }
 
@@ -2435,7 +2522,7 @@ const STREAM_HEADER: usize = 17;
 
 /// One block per run of consecutive cursors (a writer's records always are one run). (Blocks capped at 32 KiB
 /// were tried: smaller blocks compress less, and sled then held more space than it does for the large values it
-/// keeps as blob files; BENCHMARKS.md, session 11.)
+/// keeps as blob files; BENCHMARKS.md, run 11.)
 fn stream_batch<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<sled::Batch, StoreError> {
     let mut batch = sled::Batch::default();
     for (first, value) in encode_stream_blocks(records, at_ms)? {
@@ -2626,6 +2713,7 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
     b.create(path).map_err(|source| StoreError::Dir { path: path.display().to_string(), source })
 }
 
+pub mod backup;
 mod files;
 mod image;
 mod log;

@@ -1,12 +1,13 @@
-//! Snapshot parts: the hot jobs' compact events as checkpoints store them in tree `jobs` (see the store's
-//! module doc). A part is one sled value holding the events of many jobs, `[7] ++ crc32 ++ varint(raw length)
-//! ++ zstd(raw)`, raw being per job `varint(len) ++ job_id ++ varint(len) ++ events`, events as
-//! [`events_body`] encodes them. Keys: `[3u8] ++ number` (u64 big-endian) for a checkpoint's *increment* (the
-//! events its dirty jobs gained since their last part), `[4u8] ++ base number ++ part number` for a *base* (every
-//! hot job's events, written when the increments outgrow the last base), `[5u8] ++ job_id` for the tombstone of
-//! a job retention deleted (`number ++ highest sequence`, both u64 big-endian: its events in parts written before
-//! are not restored). Numbers come from one counter, so every increment written after a base is numbered above
-//! it.
+//! Snapshot parts: the hot jobs' compact events as checkpoints store them (see the store's module doc). A part
+//! is one file of [`PartFiles`] holding the events of many jobs, `[7] ++ crc32 ++ varint(raw length) ++
+//! zstd(raw)`, raw being per job `varint(len) ++ job_id ++ varint(len) ++ events`, events as [`events_body`]
+//! encodes them: a checkpoint's *increment* (the events its dirty jobs gained since their last part) or a part of
+//! a *base* (every hot job's events, written when the increments outgrow the last base). Tree `jobs` keeps
+//! `[5u8] ++ job_id`, the tombstone of a job retention deleted (`number ++ highest sequence`, both u64
+//! big-endian: its events in parts written before are not restored). Numbers come from one counter, so every
+//! increment written after a base is numbered above it. Collectors before the parts' files stored parts as values
+//! of tree `jobs`, `[3u8] ++ number` for increments and `[4u8] ++ base number ++ part number` for bases: read, and
+//! removed by the next base.
 
 use crate::job::{CompactEvent, EventKind};
 
@@ -25,14 +26,16 @@ const PART_MAX_RAW: u64 = 1 << 30;
 /// zstd level of parts: attribute sets and names repeat across jobs.
 const PART_ZSTD_LEVEL: i32 = 3;
 
-/// The key of increment `no`.
+/// The key of increment `no` (in sled, as older collectors wrote them).
+#[cfg(test)]
 pub(super) fn inc_key(no: u64) -> [u8; 9] {
     let mut k = [INC_PREFIX; 9];
     k[1..].copy_from_slice(&no.to_be_bytes());
     k
 }
 
-/// The key of part `part` of base `base`.
+/// The key of part `part` of base `base` (in sled, as older collectors wrote them).
+#[cfg(test)]
 pub(super) fn base_key(base: u64, part: u64) -> [u8; 17] {
     let mut k = [BASE_PREFIX; 17];
     k[1..9].copy_from_slice(&base.to_be_bytes());
@@ -205,4 +208,184 @@ pub(super) fn decode_part(v: &[u8]) -> Result<Vec<(String, Vec<CompactEvent>)>, 
         out.push((id, events));
     }
     Ok(out)
+}
+
+/// The snapshot parts' files, in the store's directory `snaps/` beside sled's: one file per part, named by its
+/// kind and number (`inc-<number>.part`, `base-<base>-<part>.part`, numbers as 20 decimal digits so names sort as
+/// numbers do), holding the part exactly as [`PartWriter`] made it (sealed and checksummed). Parts are large values
+/// written once and deleted whole, which sled keeps badly (a superseded value's space is reclaimed only when its
+/// segment is mostly garbage); as files they take their bytes on disk and nothing more, and sled keeps only small
+/// values. A part is written to a temporary name, synced, renamed, and the directory synced: a crash leaves a
+/// part whole or absent (a leftover temporary file is ignored and removed by the next base).
+pub(super) struct PartFiles {
+    dir: std::path::PathBuf,
+}
+
+/// A part file found in the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum PartFile {
+    /// An increment, by number.
+    Inc(u64),
+    /// Part `1` of base `0`.
+    Base(u64, u64),
+    /// A temporary file a crash left.
+    Temp(String),
+}
+
+impl PartFile {
+    pub(super) fn name(&self) -> String {
+        match self {
+            PartFile::Inc(no) => format!("inc-{no:020}.part"),
+            PartFile::Base(base, part) => format!("base-{base:020}-{part:020}.part"),
+            PartFile::Temp(name) => name.clone(),
+        }
+    }
+
+    fn parse(name: &str) -> Option<PartFile> {
+        if name.ends_with(".tmp") {
+            return Some(PartFile::Temp(name.to_string()));
+        }
+        let stem = name.strip_suffix(".part")?;
+        let number = |s: &str| (s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok())?;
+        if let Some(no) = stem.strip_prefix("inc-") {
+            return number(no).map(PartFile::Inc);
+        }
+        let (base, part) = stem.strip_prefix("base-")?.split_once('-')?;
+        Some(PartFile::Base(number(base)?, number(part)?))
+    }
+
+    /// The highest number the file's name holds (0 for a temporary file).
+    pub(super) fn number(&self) -> u64 {
+        match self {
+            PartFile::Inc(no) => *no,
+            PartFile::Base(base, _) => *base,
+            PartFile::Temp(_) => 0,
+        }
+    }
+}
+
+impl PartFiles {
+    /// The directory `dir`, created (private) when missing.
+    pub(super) fn open(dir: &std::path::Path) -> Result<PartFiles, super::StoreError> {
+        super::create_private_dir(dir)?;
+        Ok(PartFiles { dir: dir.to_path_buf() })
+    }
+
+    fn err(&self, path: &std::path::Path, e: std::io::Error) -> super::StoreError {
+        super::files::file_err(path, e)
+    }
+
+    /// Every part file, with its size, increments and bases in number order.
+    pub(super) fn list(&self) -> Result<Vec<(PartFile, u64)>, super::StoreError> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| self.err(&self.dir, e))? {
+            let entry = entry.map_err(|e| self.err(&self.dir, e))?;
+            let Some(file) = entry.file_name().to_str().and_then(PartFile::parse) else { continue };
+            let len = entry.metadata().map_err(|e| self.err(&entry.path(), e))?.len();
+            out.push((file, len));
+        }
+        out.sort_by(|a, b| {
+            let key = |f: &PartFile| match f {
+                PartFile::Base(b, p) => (0, *b, *p),
+                PartFile::Inc(n) => (1, *n, 0),
+                PartFile::Temp(_) => (2, 0, 0),
+            };
+            key(&a.0).cmp(&key(&b.0))
+        });
+        Ok(out)
+    }
+
+    /// A part's bytes.
+    pub(super) fn read(&self, file: &PartFile) -> Result<Vec<u8>, super::StoreError> {
+        let path = self.dir.join(file.name());
+        std::fs::read(&path).map_err(|e| self.err(&path, e))
+    }
+
+    /// Writes `parts` under the names `files` gives, each synced and renamed into place, then syncs the directory:
+    /// once this returns, every one of them survives a crash.
+    pub(super) fn write(&self, parts: impl IntoIterator<Item = (PartFile, Vec<u8>)>) -> Result<(), super::StoreError> {
+        use std::io::Write;
+        let mut wrote = false;
+        for (file, bytes) in parts {
+            let path = self.dir.join(file.name());
+            let tmp = self.dir.join(format!("{}.tmp", file.name()));
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)
+                .map_err(|e| self.err(&tmp, e))?;
+            f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(|e| self.err(&tmp, e))?;
+            drop(f);
+            std::fs::rename(&tmp, &path).map_err(|e| self.err(&path, e))?;
+            wrote = true;
+            std::thread::yield_now();
+        }
+        if wrote {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Removes `files` (a file already gone is fine), then syncs the directory.
+    pub(super) fn remove(&self, files: &[PartFile]) -> Result<(), super::StoreError> {
+        for file in files {
+            let path = self.dir.join(file.name());
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(self.err(&path, e)),
+            }
+        }
+        if !files.is_empty() {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), super::StoreError> {
+        std::fs::File::open(&self.dir).and_then(|d| d.sync_all()).map_err(|e| self.err(&self.dir, e))
+    }
+}
+
+#[cfg(test)]
+mod file_tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_sort_as_numbers() {
+        for f in [PartFile::Inc(0), PartFile::Inc(u64::MAX), PartFile::Base(7, 0), PartFile::Base(u64::MAX, 12)] {
+            assert_eq!(PartFile::parse(&f.name()), Some(f.clone()), "{}", f.name());
+        }
+        for bad in ["inc-1.part", "inc-0000000000000000000x.part", "base-00000000000000000001.part", "x.part", "inc"] {
+            assert_eq!(PartFile::parse(bad), None, "{bad}");
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = PartFiles::open(&dir.path().join("snaps")).expect("open");
+        files
+            .write([
+                (PartFile::Inc(10), b"ten".to_vec()),
+                (PartFile::Inc(9), b"nine".to_vec()),
+                (PartFile::Base(3, 1), b"b31".to_vec()),
+                (PartFile::Base(3, 0), b"b30".to_vec()),
+            ])
+            .expect("write");
+        std::fs::write(dir.path().join("snaps/inc-00000000000000000011.part.tmp"), b"torn").expect("tmp");
+        let listed = files.list().expect("list");
+        let names: Vec<PartFile> = listed.iter().map(|(f, _)| f.clone()).collect();
+        assert_eq!(
+            names,
+            [
+                PartFile::Base(3, 0),
+                PartFile::Base(3, 1),
+                PartFile::Inc(9),
+                PartFile::Inc(10),
+                PartFile::Temp("inc-00000000000000000011.part.tmp".into())
+            ]
+        );
+        assert_eq!(listed[2].1, 4);
+        assert_eq!(files.read(&PartFile::Inc(10)).expect("read"), b"ten");
+        files.remove(&[PartFile::Inc(9), PartFile::Inc(9), names[4].clone()]).expect("remove");
+        assert_eq!(files.list().expect("list").len(), 3);
+    }
 }

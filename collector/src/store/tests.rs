@@ -179,6 +179,25 @@ fn jobs_keys(store: &Store, prefix: &[u8]) -> Vec<Vec<u8>> {
     t.jobs.scan_prefix(prefix).keys().map(|k| k.expect("key").to_vec()).collect()
 }
 
+/// The snapshot parts' files, by kind: increments' numbers, bases' `(base, part)`.
+fn part_files(store: &Store) -> (Vec<u64>, Vec<(u64, u64)>) {
+    let t = store.t().expect("open");
+    let (mut incs, mut bases) = (Vec::new(), Vec::new());
+    for (f, _) in t.parts.list().expect("list") {
+        match f {
+            snaps::PartFile::Inc(no) => incs.push(no),
+            snaps::PartFile::Base(b, p) => bases.push((b, p)),
+            snaps::PartFile::Temp(name) => panic!("a temporary file left: {name}"),
+        }
+    }
+    (incs, bases)
+}
+
+/// The path of a part's file.
+fn part_path(store: &Store, file: &snaps::PartFile) -> std::path::PathBuf {
+    store.path().join(SNAP_DIR).join(file.name())
+}
+
 /// A checkpoint as the committer writes one: the jobs' events past their marks as an increment, then the
 /// marker; the marks advance.
 fn increment(
@@ -233,7 +252,8 @@ fn increments_add_only_new_events_and_a_base_supersedes_them() {
         write(&store, &mut mem, &mut seq, &[ev("a", &format!("a{i}"), at, k)]);
         increment(&store, &mem, &mut marks, &["a"], seq);
     }
-    assert_eq!(jobs_keys(&store, &[snaps::INC_PREFIX]).len(), 10, "one increment per checkpoint");
+    assert_eq!(part_files(&store).0.len(), 10, "one increment per checkpoint");
+    assert!(jobs_keys(&store, &[snaps::INC_PREFIX]).is_empty(), "parts are files, not sled values");
     let r = store.restore().expect("restore");
     assert!(r.rebuilt.is_none());
     assert_eq!(r.jobs, mem);
@@ -252,9 +272,9 @@ fn increments_add_only_new_events_and_a_base_supersedes_them() {
         &[ev("ab", "x1", 1_100_000, Kind::FirstStep(pb::FirstStep { step: 1, ..Default::default() }))],
     );
     base(&store, &mem, &mut marks, seq);
-    assert!(jobs_keys(&store, &[snaps::INC_PREFIX]).is_empty());
+    assert!(part_files(&store).0.is_empty());
     assert!(jobs_keys(&store, &[JOB_PREFIX]).is_empty());
-    assert_eq!(jobs_keys(&store, &[snaps::BASE_PREFIX]).len(), 1);
+    assert_eq!(part_files(&store).1.len(), 1);
     assert!(!store.wants_base(0, 1024), "nothing since the base");
     let r = store.restore().expect("restore");
     assert_eq!(r.jobs, mem);
@@ -263,15 +283,15 @@ fn increments_add_only_new_events_and_a_base_supersedes_them() {
     write(&store, &mut mem, &mut seq, &[ev("c", "c0", 1_000_000, submitted())]);
     increment(&store, &mem, &mut marks, &["c"], seq);
     assert_eq!(store.restore().expect("restore").jobs, mem);
-    let first = jobs_keys(&store, &[snaps::BASE_PREFIX]);
+    let first = part_files(&store).1;
     base(&store, &mem, &mut marks, seq);
-    let second = jobs_keys(&store, &[snaps::BASE_PREFIX]);
+    let second = part_files(&store).1;
     assert_eq!(second.len(), 1);
     assert_ne!(first, second);
     // Reopened, the store numbers parts above every stored one.
     drop(store);
     let store = Store::open(dir.path()).expect("reopen");
-    assert!(store.begin_base() > snaps::key_number(&second[0], 1).expect("number"));
+    assert!(store.begin_base() > second[0].0);
     assert_eq!(store.restore().expect("restore").jobs, mem);
 }
 
@@ -470,11 +490,11 @@ fn parts_join_an_older_snapshot_and_a_damaged_part_rebuilds_every_job_from_the_l
     assert!(r.rebuilt.is_none());
     assert_eq!(r.jobs, mem);
     // A part that fails its checksum: reported with its key, every job rebuilt from the log.
-    let k = jobs_keys(&store, &[snaps::INC_PREFIX]).pop().expect("an increment");
-    let mut v = store.t().expect("open").jobs.get(&k).expect("get").expect("part").to_vec();
+    let k = snaps::PartFile::Inc(part_files(&store).0.pop().expect("an increment"));
+    let mut v = std::fs::read(part_path(&store, &k)).expect("part");
     let last = v.len() - 1;
     v[last] ^= 0x01;
-    raw_put(&store, "jobs", &k, &v);
+    std::fs::write(part_path(&store, &k), &v).expect("damage");
     let r = store.restore().expect("restore");
     let why = r.rebuilt.expect("rebuilt");
     assert!(why.contains("checksum mismatch") && why.contains("snapshot part"), "{why}");
@@ -482,7 +502,7 @@ fn parts_join_an_older_snapshot_and_a_damaged_part_rebuilds_every_job_from_the_l
     assert!(r.snapshot_through.is_empty() && r.dirty.len() == mem.len(), "every job rewritten by the next checkpoint");
     assert!(store.wants_base(u64::MAX, u64::MAX), "the next checkpoint writes a base");
     // A base pointer that cannot be read likewise.
-    raw_put(&store, "jobs", &k, &seal_as(snaps::PART_VERSION, &[0]));
+    std::fs::write(part_path(&store, &k), seal_as(snaps::PART_VERSION, &[0])).expect("damage");
     raw_put(&store, "jobs", BASE_KEY, &seal(&[1, 2, 3]));
     let why = store.restore().expect("restore").rebuilt.expect("rebuilt");
     assert!(why.contains("base pointer"), "{why}");
@@ -1487,4 +1507,70 @@ fn the_dictionary_next_number_is_kept_and_not_an_entry() {
     let store = Store::open(dir.path()).expect("reopen");
     assert_eq!(store.dictionary_next().expect("read"), 7);
     assert!(store.load_dictionary().expect("entries").is_empty(), "the next number is no entry");
+}
+
+/// A store whose parts are sled values (written before the parts' files) restores them with the files' parts, and
+/// the next base removes them from sled; a crash after a base's switch but before its superseded files are
+/// removed leaves increments below the floor, which restore ignores and the next base removes.
+#[test]
+fn parts_in_sled_are_still_read_and_superseded_files_left_by_a_crash_are_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(dir.path()).expect("open");
+    let (mut mem, mut seq) = three_jobs(&store);
+    // Parts as an older collector wrote them: a base in sled, and an increment in sled.
+    let no = store.begin_base();
+    let mut w = snaps::PartWriter::default();
+    for (id, rec) in &mem {
+        w.add(id, &rec.events).expect("add");
+    }
+    for (i, part) in w.finish().expect("finish").into_iter().enumerate() {
+        raw_put(&store, "jobs", &snaps::base_key(no, i as u64), &part);
+    }
+    raw_put(&store, "jobs", BASE_KEY, &seal(&no.to_be_bytes()));
+    store.finish_checkpoint(seq).expect("marker");
+    write(&store, &mut mem, &mut seq, &[ev("a", "a9", 1_300_000, Kind::Done(pb::Done::default()))]);
+    let mut w = snaps::PartWriter::default();
+    w.add("a", &mem["a"].events).expect("add");
+    let inc_no = store.begin_base();
+    raw_put(&store, "jobs", &snaps::inc_key(inc_no), &w.finish().expect("finish").remove(0));
+    store.finish_checkpoint(seq).expect("marker");
+    // A new increment in a file joins them.
+    write(&store, &mut mem, &mut seq, &[ev("c", "c9", 1_300_000, Kind::Done(pb::Done::default()))]);
+    let mut marks = HashMap::new();
+    marks.insert("c".to_string(), 0);
+    increment(&store, &mem, &mut marks, &["c"], seq);
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    let r = store.restore().expect("restore");
+    assert!(r.rebuilt.is_none(), "{:?}", r.rebuilt);
+    assert_eq!((r.jobs.clone(), r.replayed), (mem.clone(), 0), "sled's parts and the file's, nothing replayed");
+    // A base: sled keeps no part, the files only the base.
+    base(&store, &mem, &mut marks, seq);
+    assert!(jobs_keys(&store, &[snaps::INC_PREFIX]).is_empty() && jobs_keys(&store, &[snaps::BASE_PREFIX]).is_empty());
+    let (incs, bases) = part_files(&store);
+    assert!(incs.is_empty() && bases.len() == 1, "{incs:?} {bases:?}");
+    // A crash between the switch and the removal: an increment and a base from before the switch are still there.
+    let floor = match store.t().expect("open").jobs.get(SNAP_FLOOR_KEY).expect("get") {
+        Some(v) => base_number(&v).expect("floor"),
+        None => panic!("no floor"),
+    };
+    let stale_inc = snaps::PartFile::Inc(floor - 1);
+    let stale_base = snaps::PartFile::Base(bases[0].0 - 1, 0);
+    let mut bogus = snaps::PartWriter::default();
+    bogus.add("ghost", &mem["a"].events).expect("add");
+    let bogus = bogus.finish().expect("finish").remove(0);
+    for f in [&stale_inc, &stale_base] {
+        std::fs::write(part_path(&store, f), &bogus).expect("stale file");
+    }
+    std::fs::write(store.path().join(SNAP_DIR).join("inc-00000000000000000999.part.tmp"), b"torn").expect("tmp");
+    drop(store);
+    let store = Store::open(dir.path()).expect("reopen");
+    let r = store.restore().expect("restore");
+    assert!(!r.jobs.contains_key("ghost"), "a superseded file's jobs are not restored");
+    assert_eq!(r.jobs, mem);
+    // The next base removes them.
+    base(&store, &mem, &mut marks, seq);
+    let (incs, bases) = part_files(&store);
+    assert!(incs.is_empty() && bases.len() == 1, "{incs:?} {bases:?}");
+    assert_eq!(store.restore().expect("restore").jobs, mem);
 }

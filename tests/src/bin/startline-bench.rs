@@ -18,7 +18,7 @@
 //! its events late.
 //!
 //! `core` (`startline-bench core [--jobs N | --sizes N,N] [--open-share F] [--days D] [--keep-dir PATH] ...`,
-//! see `corebench`) measures the collector core's costs as tracked jobs grow (issue 9): ingest of the simulator's
+//! see `corebench`) measures the collector core's costs as tracked jobs grow: ingest of the simulator's
 //! 30-day mix, bytes on disk per event against protobuf, RSS per million jobs, API timings and restart. It is
 //! long, so `all` does not include it.
 //!
@@ -409,7 +409,7 @@ async fn run(a: Args) {
     }
 }
 
-/// Issue 8 item 7: 8 clients at full speed with `when_full = wait` and `reject`; what clients see, probe
+/// Overload: 8 clients at full speed with `when_full = wait` and `reject`; what clients see, probe
 /// latencies of /healthz and /api/v1/slos during the blast, and RSS.
 async fn overload_bench(a: &Args) -> Vec<String> {
     use startline_tests::overload::{percentile, run, OverloadConfig};
@@ -625,7 +625,7 @@ async fn breach_bench(a: &Args) -> Vec<String> {
         lat.clear();
         for (_, v, at) in hook.received_at() {
             for al in v.as_array().cloned().unwrap_or_default() {
-                let starts = al["startsAt"].as_str().and_then(|s| startline_collector::api::parse_time(s).ok());
+                let starts = al["startsAt"].as_str().and_then(|s| startline_collector::time::parse_time(s).ok());
                 if let (Some(st), true) = (starts, al["labels"]["alertname"] == "StartlineJobStartBreach") {
                     lat.push((at - st) as f64);
                 }
@@ -875,7 +875,7 @@ fn rss_mib(pid: u32) -> f64 {
     kib / 1024.0
 }
 
-/// One busy job against everyone else's acks (issue 8): probe ack latency alone, then beside a busy client
+/// One busy job against everyone else's acks: probe ack latency alone, then beside a busy client
 /// whose load is spread over 1000 jobs, sent to one job in time order, and sent to one job with 1% late events.
 async fn busy_bench(a: &Args) -> Vec<String> {
     let n = a.busy_events;

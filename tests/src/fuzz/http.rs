@@ -14,13 +14,14 @@ use crate::crashtrial::Rng;
 use axum::body::Body;
 use axum::http::{header, Method, Request, Uri};
 use startline_collector::api::extract::parse_query;
-use startline_collector::api::{parse_time, router, ApiState};
+use startline_collector::api::{router, ApiState};
 use startline_collector::compare::Selector;
-use startline_collector::export::labels::{LabelLimiter, LabelSettings};
+use startline_collector::index::labels::{LabelLimiter, LabelSettings};
 use startline_collector::index::{JobIndex, SharedIndex};
 use startline_collector::job::{CompactEvent, JobRecord};
 use startline_collector::slo::{SloDef, SloEngine};
 use startline_collector::store::{encode_log_value, Store};
+use startline_collector::time::parse_time;
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
@@ -237,6 +238,8 @@ impl Http {
             nodes: Default::default(),
             node_health: Default::default(),
             chain_slos: Default::default(),
+            reads: startline_collector::api::reads::ReadGate::new(4),
+            backups: Default::default(),
         };
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("runtime: {e}"))?;

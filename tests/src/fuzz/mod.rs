@@ -1,4 +1,4 @@
-//! A stable-toolchain fuzz harness for Startline's hostile-input surfaces (issue 8, item 6).
+//! A stable-toolchain fuzz harness for Startline's hostile-input surfaces.
 //!
 //! Each [`Target`] calls the real production code on one input: protobuf decoding and validation of
 //! `PublishRequest`/`LifecycleEvent` (the collector's pre-decode event count, prost, `validate_event`, the compact

@@ -462,7 +462,7 @@ impl Node {
     fn seed_bodies() -> Vec<Vec<u8>> {
         let bodies = emit_bodies();
         let mut out: Vec<Vec<u8>> = bodies.iter().filter_map(|b| serde_json::to_vec(b).ok()).collect();
-        // The Python snippet's posts (README, tests/python/train_loop.py): Unix seconds, no event id.
+        // The Python snippet's posts (docs/node-agent.md, tests/python/train_loop.py): Unix seconds, no event id.
         for b in [
             r#"{"kind": "preparing", "job_id": "slurm/cluster-a/4242", "occurred_at": 1829999000.125, "phase": "data_staging"}"#,
             r#"{"kind": "first_step", "job_id": "slurm/cluster-a/4242", "occurred_at": 1829999100.5, "step": 1}"#,

@@ -142,20 +142,20 @@ pub async fn follow(
     r: Resource,
     mut resume: Option<String>,
     tx: mpsc::Sender<Update>,
-    stop: crate::simulate::tokio_util_free::Stop,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     let api = api(&client, &s, &resource(r, &s));
     let fields = (r == Resource::Events).then_some("involvedObject.kind=Pod,reason=Pulling");
-    let pause = |stop: crate::simulate::tokio_util_free::Stop| async move {
+    let pause = |stop: tokio_util::sync::CancellationToken| async move {
         tokio::select! {
             _ = tokio::time::sleep(s.retry) => false,
-            _ = stop.wait() => true,
+            _ = stop.cancelled() => true,
         }
     };
     'relist: loop {
         let listed = tokio::select! {
             l = list_all(&api, fields) => l,
-            _ = stop.wait() => return,
+            _ = stop.cancelled() => return,
         };
         let mut rv = match listed {
             Ok((items, rv)) => {
@@ -179,7 +179,7 @@ pub async fn follow(
             }
             let stream = tokio::select! {
                 w = api.watch(&wp, &rv) => w,
-                _ = stop.wait() => return,
+                _ = stop.cancelled() => return,
             };
             let stream = match stream {
                 Ok(s) => s,
@@ -199,7 +199,7 @@ pub async fn follow(
             loop {
                 let next = tokio::select! {
                     n = stream.next() => n,
-                    _ = stop.wait() => return,
+                    _ = stop.cancelled() => return,
                 };
                 let update = match next {
                     None => break,
@@ -682,7 +682,7 @@ pub async fn run(
     spool: crate::spool::Spool,
     memory: MemoryStore,
     metrics: Metrics,
-    stop: crate::simulate::tokio_util_free::Stop,
+    stop: tokio_util::sync::CancellationToken,
 ) {
     metrics.register_provider(Provider::Kueue);
     let (tx, mut rx) = mpsc::channel::<Update>(1024);
@@ -712,7 +712,7 @@ pub async fn run(
                 None => break,
             },
             _ = tick.tick(), if s.visibility => None,
-            _ = stop.wait() => break,
+            _ = stop.cancelled() => break,
         };
         let started = tokio::time::Instant::now();
         if first.is_none() {

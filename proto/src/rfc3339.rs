@@ -1,7 +1,8 @@
-//! RFC 3339 timestamps, the agent's one parser and one formatter: every adapter reads provider times with
+//! RFC 3339 timestamps, the one parser and one formatter of the agent and the JSON form ([`crate::json`]): every
+//! adapter reads provider times with
 //! [`parse_ms`] (or [`json_ms`] for a JSON field), and every time the agent writes as text goes through
 //! [`format_ms`]. Times are Unix milliseconds (`i64`), as in the protocol's helpers
-//! ([`startline_proto::time`]).
+//! ([`crate::time`]).
 //!
 //! # Parsing ([`parse_ms`])
 //! The grammar is RFC 3339's `date-time` (section 5.6), checked by the `time` crate:
