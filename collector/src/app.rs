@@ -1,16 +1,31 @@
-//! Builds the collector's tasks and channels and owns the shutdown order.
+//! Builds the collector's tasks and channels and owns the startup and shutdown order. `run_with_clock` reads
+//! as the lists in docs/ARCHITECTURE.md ("Startup order", "Shutdown order"), one function a stage.
 //!
-//! Start: open and restore the store, start the committer thread, bind both listeners (so a bad address fails
-//! before anything is served), then serve gRPC and HTTP and report readiness.
+//! Start:
+//! 1. `open_and_restore`: open the store, restore the job index and the stored alert state;
+//! 2. `load_identities_and_tls`: identities and TLS files (a bad key or CA file stops the start);
+//! 3. `load_node_health`: the stored GPU health readings;
+//! 4. `start_telemetry`: the metrics provider;
+//! 5. `bind_listeners`: gRPC, then HTTP (so a bad address fails before anything is served);
+//! 6. `spawn_log_export`: the accepted-event feed and the OTLP logs exporter, before the committer;
+//! 7. `spawn_applier`: the stream out and the committer thread;
+//! 8. `serve_grpc`: the ingest edge and the gRPC services;
+//! 9. `spawn_reloader`: the reload task;
+//! 10. `serve_http`: the API, the dashboard, `/metrics` and the HTTP ingest edge;
+//! 11. `spawn_alert_loop`: the notifiers and the alert loop;
+//! 12. `spawn_halt_watch`: the restart once the store is writable again after writes halted;
+//! 13. `report_ready`: readiness.
 //!
-//! Shutdown, once the token is cancelled:
-//! 1. gRPC stops accepting (GOAWAY on every connection); open streams stop reading new batches;
-//! 2. batches already read are committed and acknowledged until `grpc.drain_timeout`; then every gRPC
-//!    connection still open is closed, whatever it is doing, and ingest's intake closes, so no connection can
-//!    keep the committer's channel open;
-//! 3. the committer sees its channel close, writes a final checkpoint and flushes;
-//! 4. the alert loop and notifiers stop (alert state is already stored);
-//! 5. HTTP stops last, so health and the API answer until the store is closed.
+//! Shutdown (`shutdown_in_order`), once the token is cancelled:
+//! 1. `stop_accepting`: readiness false, gRPC health NOT_SERVING; gRPC stops accepting (GOAWAY on every
+//!    connection);
+//! 2. `drain_grpc`: batches already read are committed and acknowledged until `grpc.drain_timeout`; then every
+//!    gRPC connection still open is closed, whatever it is doing, and ingest's intake closes, so no connection
+//!    can keep the committer's channel open;
+//! 3. `stop_applier`: the committer sees its channel close, writes a final checkpoint and flushes; then
+//!    `stop_log_export`: the OTLP logs exporter sends what it holds;
+//! 4. `stop_alerting`: the alert loop and notifiers stop (alert state is already stored), a last metrics export;
+//! 5. `stop_http`: HTTP stops last, so health and the API answer until the store is closed.
 
 use crate::alert::notify;
 use crate::alert::{AlertBoard, AlertLoop};
@@ -20,13 +35,13 @@ use crate::auth::tls::TlsState;
 use crate::auth::Scope;
 use crate::config::Config;
 use crate::export::{Sources, Telemetry};
+use crate::health::IngestStats;
 use crate::index::cold::{ColdJobs, Dictionary, Folded};
 use crate::index::labels::LabelLimiter;
 use crate::index::{JobIndex, SharedIndex};
 use crate::ingest::conn::{self, ConnectionLimits};
 use crate::ingest::guard::Guarded;
 use crate::ingest::service::{EdgeSettings, Ingest, IngestServer};
-use crate::ingest::IngestStats;
 use crate::slo::SloEngine;
 use crate::store::{Restored, Store, StoreError, StoreOptions};
 use crate::time::Clock;
@@ -108,7 +123,8 @@ pub fn stop_deadline(config: &Config) -> Duration {
 /// See [`stop_deadline`].
 const STOP_GRACE: Duration = Duration::from_secs(30);
 
-/// [`run`] with a given clock (tests pause tokio's time and advance it).
+/// [`run`] with a given clock (tests pause tokio's time and advance it). Reads as the startup order of
+/// docs/ARCHITECTURE.md, one stage a call, then waits for `shutdown` and runs `shutdown_in_order`.
 pub async fn run_with_clock(
     config: Config,
     clock: Clock,
@@ -116,6 +132,56 @@ pub async fn run_with_clock(
     on_ready: impl FnOnce(Bound),
     on_writable: OnWritable,
 ) -> Result<(), AppError> {
+    let core = open_and_restore(&config, clock).await?;
+    let ids = load_identities_and_tls(&config)?;
+    let nodes = load_node_health(&core);
+    let telemetry = start_telemetry(&config, &core, &ids, &nodes)?;
+    let Listeners { grpc: grpc_listener, http: http_listener, bound, budget } = bind_listeners(&config).await?;
+    let started = Started { config: &config, core: &core, ids: &ids, nodes: &nodes, telemetry: &telemetry };
+    let logs = spawn_log_export(&started)?;
+    let (applier, commits) = spawn_applier(&started, &logs.feed)?;
+    let (grpc, http_ingest) = serve_grpc(&started, &applier, commits, grpc_listener, &budget, &shutdown).await?;
+    let reloads = spawn_reloader(&started, &applier, &shutdown);
+    let http = serve_http(&started, reloads.reload.clone(), http_ingest, http_listener, budget);
+    let alerting = spawn_alert_loop(&started, &applier, reloads.alert_settings, bound);
+    let _halt_watch = spawn_halt_watch(&core, &shutdown, bound, on_writable)?;
+    report_ready(&core, bound, on_ready);
+
+    shutdown.cancelled().await;
+    shutdown_in_order(Running {
+        core,
+        drain_timeout: config.grpc_connections.drain_timeout,
+        grpc,
+        committer: applier.committer,
+        logs,
+        alerting,
+        telemetry,
+        http,
+        reloader: reloads.task,
+    })
+    .await;
+    Ok(())
+}
+
+/// What [`open_and_restore`] builds and every later stage shares.
+struct Core {
+    clock: Clock,
+    store: Store,
+    index: SharedIndex,
+    /// Alert state, as stored.
+    board: AlertBoard,
+    /// Wakes the alert loop: the committer after each change, a reload after an SLO change.
+    wake: Arc<Notify>,
+    health: Arc<crate::health::Health>,
+    /// Readiness (`/readyz`): true from [`report_ready`] until the shutdown begins.
+    ready: Arc<AtomicBool>,
+    stats: Arc<IngestStats>,
+    http_stats: Arc<api::serve::HttpStats>,
+}
+
+/// Startup 1. Opens the store and restores the job index (snapshots, log tail, summaries or the shutdown image;
+/// SLO state and gauges derived from the jobs) and the stored alert state, on a blocking thread.
+async fn open_and_restore(config: &Config, clock: Clock) -> Result<Core, AppError> {
     let path = config.store_path.clone();
     let shown = path.display().to_string();
     let store_err = |error: StoreError| {
@@ -188,12 +254,30 @@ pub async fn run_with_clock(
     for a in alerts {
         board.insert(a);
     }
-    let wake = Arc::new(Notify::new());
-    let health = Arc::new(crate::health::Health::watching(store.write_halt()));
-    let ready = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(IngestStats::default());
-    let http_stats = Arc::new(api::serve::HttpStats::default());
-    // Identities and TLS: loaded before any port is bound, so a bad key or CA file stops the start.
+    Ok(Core {
+        clock,
+        wake: Arc::new(Notify::new()),
+        health: Arc::new(crate::health::Health::watching(store.write_halt())),
+        ready: Arc::new(AtomicBool::new(false)),
+        stats: Arc::new(IngestStats::default()),
+        http_stats: Arc::new(api::serve::HttpStats::default()),
+        store,
+        index,
+        board,
+    })
+}
+
+/// Who may call, and the listeners' TLS.
+struct Identities {
+    auth: Arc<crate::auth::Auth>,
+    tls: Option<Arc<TlsState>>,
+    /// Whether a listener is reachable beyond loopback.
+    exposed: bool,
+}
+
+/// Startup 2. Loads the identities and the TLS certificates and keys before any port is bound, so a bad key or CA
+/// file stops the start; warns when a listener beyond loopback has no authentication or no TLS.
+fn load_identities_and_tls(config: &Config) -> Result<Identities, AppError> {
     let exposed = !config.grpc_listen.ip().is_loopback() || !config.http_listen.ip().is_loopback();
     let insecure = exposed && !config.auth.enabled();
     if insecure {
@@ -211,46 +295,84 @@ pub async fn run_with_clock(
         None => None,
         Some(files) => Some(Arc::new(TlsState::load(files.clone()).map_err(|e| AppError::Tls(e.to_string()))?)),
     };
-    let node_health = crate::index::nodes::HealthBook::default();
-    let health_writer = crate::applier::health::HealthWriter { store: store.clone(), book: node_health.clone() };
-    match health_writer.load(clock.now_ms()) {
+    Ok(Identities { auth, tls, exposed })
+}
+
+/// The node health book and the boards the alert loop's scans publish.
+struct Nodes {
+    /// GPU health readings by node (`index::nodes::HealthBook`).
+    book: crate::index::nodes::HealthBook,
+    /// Adds reported readings to the book and the store.
+    writer: crate::applier::health::HealthWriter,
+    /// Suspect nodes, as the alert loop last found them.
+    board: crate::index::nodes::NodeBoard,
+    /// Chain SLO verdicts, as the alert loop last found them.
+    chain_board: crate::index::chains::ChainSloBoard,
+}
+
+/// Startup 3. Loads the stored GPU health readings into the node health book (a reading that cannot be read is
+/// counted and logged; the start goes on).
+fn load_node_health(core: &Core) -> Nodes {
+    let book = crate::index::nodes::HealthBook::default();
+    let writer = crate::applier::health::HealthWriter { store: core.store.clone(), book: book.clone() };
+    match writer.load(core.clock.now_ms()) {
         Ok(0) => {}
         Ok(n) => tracing::warn!(damaged = n, "some node health readings could not be read"),
         Err(e) => tracing::error!(error = %e, "cannot read node health readings"),
     }
-    let node_board = crate::index::nodes::NodeBoard::default();
-    let chain_board = crate::index::chains::ChainSloBoard::default();
-    let telemetry = Arc::new(
-        Telemetry::new(
-            Sources {
-                nodes: node_board.clone(),
-                chain_slos: chain_board.clone(),
-                auth: auth.clone(),
-                index: index.clone(),
-                stats: stats.clone(),
-                http: http_stats.clone(),
-                board: board.clone(),
-                store: store.clone(),
-                health: health.clone(),
-                clock,
-            },
-            config.metrics.otlp.clone(),
-            config.metrics.max_series_per_metric,
-        )
-        .map_err(|e| AppError::Runtime(e.to_string()))?,
-    );
+    Nodes {
+        book,
+        writer,
+        board: crate::index::nodes::NodeBoard::default(),
+        chain_board: crate::index::chains::ChainSloBoard::default(),
+    }
+}
 
-    let grpc_listener = TcpListener::bind(config.grpc_listen)
+/// Startup 4. Starts the metrics provider (Prometheus `/metrics`, and OTLP push when configured) over the
+/// index, the ingest and HTTP counters, the alert board, the store and health.
+fn start_telemetry(config: &Config, core: &Core, ids: &Identities, nodes: &Nodes) -> Result<Arc<Telemetry>, AppError> {
+    let telemetry = Telemetry::new(
+        Sources {
+            nodes: nodes.board.clone(),
+            chain_slos: nodes.chain_board.clone(),
+            auth: ids.auth.clone(),
+            index: core.index.clone(),
+            stats: core.stats.clone(),
+            http: core.http_stats.clone(),
+            board: core.board.clone(),
+            store: core.store.clone(),
+            health: core.health.clone(),
+            clock: core.clock,
+        },
+        config.metrics.otlp.clone(),
+        config.metrics.max_series_per_metric,
+    )
+    .map_err(|e| AppError::Runtime(e.to_string()))?;
+    Ok(Arc::new(telemetry))
+}
+
+/// Both listeners, bound.
+struct Listeners {
+    grpc: TcpListener,
+    http: TcpListener,
+    bound: Bound,
+    /// The descriptor budget both listeners' connections share (`conn_limit`).
+    budget: Arc<crate::conn_limit::DescriptorBudget>,
+}
+
+/// Startup 5. Binds the gRPC listener, then the HTTP one (so a bad or taken address fails before anything is
+/// served), and sizes the descriptor budget their connections share under the open-file limit.
+async fn bind_listeners(config: &Config) -> Result<Listeners, AppError> {
+    let grpc = TcpListener::bind(config.grpc_listen)
         .await
         .map_err(|source| AppError::Bind { addr: config.grpc_listen, source })?;
-    let http_listener = TcpListener::bind(config.http_listen)
+    let http = TcpListener::bind(config.http_listen)
         .await
         .map_err(|source| AppError::Bind { addr: config.http_listen, source })?;
     let bound = Bound {
-        grpc: grpc_listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
-        http: http_listener.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
+        grpc: grpc.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
+        http: http.local_addr().map_err(|e| AppError::Runtime(e.to_string()))?,
     };
-    // Both listeners' connections share one descriptor budget under the open-file limit (`conn_limit`).
     let budget = Arc::new(crate::conn_limit::DescriptorBudget::of_process());
     let caps = config.http_connections.max_connections + config.grpc_connections.max_connections;
     if caps > budget.limit() {
@@ -262,34 +384,78 @@ pub async fn run_with_clock(
              budget, connections are refused (reason descriptor_budget)"
         );
     }
+    Ok(Listeners { grpc, http, bound, budget })
+}
 
-    // Accepted events for OTLP logs: subscribed before the committer starts, so nothing accepted is missed.
+/// What the first stages built, as the later ones read it.
+#[derive(Clone, Copy)]
+struct Started<'a> {
+    config: &'a Config,
+    core: &'a Core,
+    ids: &'a Identities,
+    nodes: &'a Nodes,
+    telemetry: &'a Arc<Telemetry>,
+}
+
+/// The accepted-event feed and its OTLP logs exporter.
+struct LogExport {
+    feed: Arc<crate::feed::Feed>,
+    /// The exporter's task, when `[logs]` is configured.
+    task: Option<tokio::task::JoinHandle<()>>,
+    /// Asks the exporter to send what it holds and stop.
+    stop: CancellationToken,
+}
+
+/// Startup 6. Creates the accepted-event feed and, with `[logs]`, starts the OTLP logs exporter on it: subscribed
+/// before the committer starts, so nothing accepted is missed.
+fn spawn_log_export(started: &Started<'_>) -> Result<LogExport, AppError> {
+    let Started { config, telemetry, .. } = *started;
     let feed = crate::feed::Feed::new();
-    let logs_stop = CancellationToken::new();
-    let logs_task = match config.logs.clone() {
+    let stop = CancellationToken::new();
+    let task = match config.logs.clone() {
         Some(settings) => {
-            let (task, stats) = crate::export::logs::spawn(&feed, settings, logs_stop.clone())
+            let (task, stats) = crate::export::logs::spawn(&feed, settings, stop.clone())
                 .map_err(|e| AppError::Runtime(format!("cannot start the OTLP logs exporter: {e}")))?;
             telemetry.observe_log_export(stats);
             Some(task)
         }
         None => None,
     };
-    // The stream out: written by the committer, read by StreamService subscribers.
+    Ok(LogExport { feed, task, stop })
+}
+
+/// The applier as the edges and the alert loop reach it.
+struct Applier {
+    /// The committer thread: it ends once every sender of its channel is gone.
+    committer: std::thread::JoinHandle<()>,
+    /// The stream out: written by the committer, read by `StreamService` subscribers.
+    stream: Arc<crate::stream::Stream>,
+    /// Requests to the committer (the index's one writer): passed deadlines, new SLO definitions.
+    deadlines: Arc<crate::index::deadlines::DeadlineRequests>,
+}
+
+/// Startup 7. Creates the stream out and starts the committer thread (group commit and acks, with the
+/// maintenance and stream flush threads it starts) on a bounded channel of `ingest.queue_capacity` batches, whose
+/// one sender is returned for the ingest edge (the committer ends once it is dropped).
+fn spawn_applier(
+    started: &Started<'_>,
+    feed: &Arc<crate::feed::Feed>,
+) -> Result<(Applier, tokio::sync::mpsc::Sender<applier::CommitRequest>), AppError> {
+    let Started { config, core, telemetry, .. } = *started;
     let stream = crate::stream::Stream::new(config.stream);
     telemetry.observe_stream(stream.clone());
     // The alert loop's deadline timer asks the committer (the index's one writer) to apply passed deadlines.
     let deadlines = Arc::new(crate::index::deadlines::DeadlineRequests::default());
     let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
     let committer = applier::spawn(
-        store.clone(),
-        index.clone(),
+        core.store.clone(),
+        core.index.clone(),
         rx,
         CommitterSettings {
             group_max_events: config.group_commit_max_events,
             checkpoint_interval: config.checkpoint_interval,
-            clock,
-            wake: wake.clone(),
+            clock: core.clock,
+            wake: core.wake.clone(),
             telemetry: Some(telemetry.clone()),
             retention: config.retention,
             retention_interval: config.retention_interval,
@@ -300,14 +466,45 @@ pub async fn run_with_clock(
             stream: config.stream.enabled.then(|| stream.clone()),
             deadlines: deadlines.clone(),
         },
-        stats.clone(),
-        health.clone(),
+        core.stats.clone(),
+        core.health.clone(),
     )
     .map_err(|e| AppError::Runtime(format!("cannot start committer: {e}")))?;
+    Ok((Applier { committer, stream, deadlines }, tx))
+}
 
-    let stream_tasks = TaskTracker::new();
+/// The gRPC server and what its shutdown needs.
+struct Grpc {
+    /// The server's task.
+    task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    /// gRPC health: NOT_SERVING once the shutdown begins.
+    health: tonic_health::server::HealthReporter,
+    /// Every running `Publish` and `Subscribe` call.
+    streams: TaskTracker,
+    /// Closes every gRPC connection still open at the end of the drain.
+    close_connections: CancellationToken,
+    /// The ingest edge's hold on the committer's channel, closed after the drain.
+    intake: crate::ingest::service::Intake,
+}
+
+/// Startup 8. Builds the ingest edge on the committer's channel and the gRPC services (health, reflection, and,
+/// each behind the guard, ingest, node health and the stream out), then serves them on the gRPC listener:
+/// connection caps, handshake deadline, keepalives, TLS. Also returns the HTTP JSON ingest edge
+/// (`POST /api/v1/events`): the same service, checks, committer and intake.
+async fn serve_grpc(
+    started: &Started<'_>,
+    applier: &Applier,
+    commits: tokio::sync::mpsc::Sender<applier::CommitRequest>,
+    listener: TcpListener,
+    budget: &Arc<crate::conn_limit::DescriptorBudget>,
+    shutdown: &CancellationToken,
+) -> Result<(Grpc, crate::ingest::http::HttpIngest), AppError> {
+    let Started { config, core, ids, nodes, .. } = *started;
+    let clock = core.clock;
+    let auth = &ids.auth;
+    let streams = TaskTracker::new();
     let ingest = Ingest::new(
-        tx,
+        commits,
         EdgeSettings {
             max_batch_events: config.max_batch_events,
             max_inflight_batches: config.max_inflight_batches,
@@ -315,16 +512,16 @@ pub async fn run_with_clock(
             limits: config.limits.clone(),
             max_message_bytes: config.max_message_bytes,
             auth: auth.clone(),
-            halt: store.write_halt(),
+            halt: core.store.write_halt(),
         },
-        stats.clone(),
+        core.stats.clone(),
         shutdown.clone(),
-        stream_tasks.clone(),
+        streams.clone(),
     );
     let intake = ingest.intake();
 
-    let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter.set_serving::<IngestServer>().await;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<IngestServer>().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(startline_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -347,7 +544,7 @@ pub async fn run_with_clock(
     let node_health_server = Guarded::new(
         crate::ingest::node_health::NodeHealthServer::new(
             crate::ingest::node_health::NodeHealthIngest {
-                writer: health_writer.clone(),
+                writer: nodes.writer.clone(),
                 clock,
                 max_future_skew_ms: config.limits.max_future_skew_ms,
                 auth: auth.clone(),
@@ -360,8 +557,8 @@ pub async fn run_with_clock(
     let stream_server = Guarded::new(
         crate::ingest::subscribe::SubscribeServer::new(
             crate::export::stream::StreamService {
-                store: store.clone(),
-                stream: stream.clone(),
+                store: core.store.clone(),
+                stream: applier.stream.clone(),
                 shutdown: shutdown.clone(),
                 clock,
             },
@@ -377,10 +574,10 @@ pub async fn run_with_clock(
     // silent and half-open peers; `close_connections` closes every one at the end of the shutdown drain.
     let conns = config.grpc_connections;
     let close_connections = CancellationToken::new();
-    let grpc_incoming = conn::accept(
+    let incoming = conn::accept(
         // Small acks must not wait for Nagle: set TCP_NODELAY on every accepted socket. TCP keepalive finds dead
         // peers even when HTTP/2 pings cannot be sent.
-        tonic::transport::server::TcpIncoming::from(grpc_listener)
+        tonic::transport::server::TcpIncoming::from(listener)
             .with_nodelay(Some(true))
             .with_keepalive(Some(Duration::from_secs(60)))
             .with_keepalive_interval(Some(Duration::from_secs(10)))
@@ -392,11 +589,11 @@ pub async fn run_with_clock(
         },
         budget.clone(),
         close_connections.clone(),
-        stats.clone(),
-        tls.clone(),
+        core.stats.clone(),
+        ids.tls.clone(),
     );
-    let grpc_stop = shutdown.clone();
-    let mut grpc = tokio::spawn(
+    let stop = shutdown.clone();
+    let task = tokio::spawn(
         tonic::transport::Server::builder()
             .max_concurrent_streams(config.max_concurrent_streams)
             .http2_keepalive_interval(Some(conns.keepalive_interval))
@@ -409,54 +606,88 @@ pub async fn run_with_clock(
             .add_service(ingest_server)
             .add_service(node_health_server)
             .add_service(stream_server)
-            .serve_with_incoming_shutdown(grpc_incoming, async move { grpc_stop.cancelled().await }),
+            .serve_with_incoming_shutdown(incoming, async move { stop.cancelled().await }),
     );
+    Ok((Grpc { task, health, streams, close_connections, intake }, http_ingest))
+}
 
-    // Reloads ([auth], [tls], [[slo]], [alerts]): SIGHUP, a changed config, certificate or key file, or the admin
-    // route.
+/// The reload task and what the HTTP API and the alert loop take from it.
+struct Reloads {
+    /// Runs a reload (the admin route's), when the collector was started from a config file.
+    reload: Option<api::Reload>,
+    /// The `[alerts]` section each reload sends to the alert loop.
+    alert_settings: tokio::sync::watch::Receiver<crate::alert::AlertConfig>,
+    /// The task that reloads on SIGHUP and on changed files.
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Startup 9. Starts the reload task ([`Reloader`]: `[auth]`, `[tls]`, `[[slo]]`, `[alerts]`): on SIGHUP, a
+/// changed config, certificate or key file, or the admin route.
+fn spawn_reloader(started: &Started<'_>, applier: &Applier, shutdown: &CancellationToken) -> Reloads {
+    let Started { config, core, ids, .. } = *started;
     let (alert_settings, alert_settings_rx) = tokio::sync::watch::channel(config.alerts.clone());
     let reload: Option<api::Reload> = config.source.clone().map(|path| {
         let r = Reloader {
             path,
             running: std::sync::Mutex::new(config.clone()),
-            auth: auth.clone(),
-            tls: tls.clone(),
-            exposed,
-            applier: deadlines.clone(),
+            auth: ids.auth.clone(),
+            tls: ids.tls.clone(),
+            exposed: ids.exposed,
+            applier: applier.deadlines.clone(),
             alerts: alert_settings,
-            wake: wake.clone(),
-            clock,
+            wake: core.wake.clone(),
+            clock: core.clock,
         };
         Arc::new(move || r.reload()) as api::Reload
     });
-    let reloader = tokio::spawn(watch_reloads(reload.clone(), config.source.clone(), tls.clone(), shutdown.clone()));
+    let task = tokio::spawn(watch_reloads(reload.clone(), config.source.clone(), ids.tls.clone(), shutdown.clone()));
+    Reloads { reload, alert_settings: alert_settings_rx, task }
+}
 
-    let http_stop = CancellationToken::new();
+/// The HTTP server.
+struct Http {
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Stops it (the last step of the shutdown).
+    stop: CancellationToken,
+}
+
+/// Startup 10. Serves the HTTP API, the dashboard, `/metrics` and `POST /api/v1/events` on the HTTP listener:
+/// connection caps (in the descriptor budget shared with gRPC), header-read, body-read, request and idle
+/// timeouts, TLS.
+fn serve_http(
+    started: &Started<'_>,
+    reload: Option<api::Reload>,
+    http_ingest: crate::ingest::http::HttpIngest,
+    listener: TcpListener,
+    budget: Arc<crate::conn_limit::DescriptorBudget>,
+) -> Http {
+    let Started { config, core, ids, nodes, telemetry } = *started;
+    let stop = CancellationToken::new();
     let api_state = ApiState {
-        index: index.clone(),
-        store: store.clone(),
-        ready: ready.clone(),
-        health: health.clone(),
+        index: core.index.clone(),
+        store: core.store.clone(),
+        ready: core.ready.clone(),
+        health: core.health.clone(),
         max_page_size: config.max_page_size,
         reads: crate::api::reads::ReadGate::new(config.max_concurrent_reads),
         backups: Default::default(),
-        clock,
-        board: board.clone(),
+        clock: core.clock,
+        board: core.board.clone(),
         telemetry: Some(telemetry.clone()),
-        auth: auth.clone(),
+        auth: ids.auth.clone(),
         sessions: Arc::new(crate::api::auth::Sessions::new(config.login.clone())),
-        reload: reload.clone(),
+        reload,
         cost: Arc::new(config.cost.clone()),
         final_stages: Arc::new(config.final_stages.clone()),
         nodes: config.nodes,
-        node_health: node_health.clone(),
+        node_health: nodes.book.clone(),
         chain_slos: Arc::new(config.chain_slos.clone()),
     };
-    let http_stop_wait = http_stop.clone();
+    let stop_wait = stop.clone();
     // Connection caps, header-read, body-read, request and idle timeouts; at shutdown, connections still open
     // after the drain deadline are closed.
     let h = config.http_connections;
-    let http_limits = api::serve::Limits {
+    let limits = api::serve::Limits {
         timeouts: api::serve::Timeouts {
             header_read: h.header_read_timeout,
             body_read: h.body_read_timeout,
@@ -465,98 +696,157 @@ pub async fn run_with_clock(
             drain: api::serve::DRAIN_DEADLINE,
         },
         caps: crate::conn_limit::ConnLimiter::new(h.max_connections, h.max_connections_per_ip, budget),
-        stats: http_stats,
+        stats: core.http_stats.clone(),
     };
     // The API's routes read; `POST /api/v1/events` is the ingest edge's, behind the same cross-origin check.
-    let http_router = api::router(api_state.clone()).merge(
+    let router = api::router(api_state.clone()).merge(
         crate::ingest::http::router(http_ingest)
             .layer(axum::middleware::from_fn_with_state(api_state, api::auth::same_origin)),
     );
-    let http = tokio::spawn(api::serve::serve(http_listener, http_router, http_limits, tls.clone(), async move {
-        http_stop_wait.cancelled().await
+    let task = tokio::spawn(api::serve::serve(listener, router, limits, ids.tls.clone(), async move {
+        stop_wait.cancelled().await
     }));
+    Http { task, stop }
+}
 
-    // Alerting: notifiers and the alert loop, stopped after the committer (so late commits still wake it).
-    let alert_stop = CancellationToken::new();
-    let alert_tasks = TaskTracker::new();
-    let base_url = listener_url(bound.http, tls.is_some());
+/// The alert loop and the notifier tasks.
+struct Alerting {
+    /// Stops the loop and the notifiers.
+    stop: CancellationToken,
+    /// The loop's and the notifiers' tasks.
+    tasks: TaskTracker,
+}
+
+/// Startup 11. Starts the notifier tasks (Alertmanager, webhooks) and the alert loop (SLO pages, burn rates,
+/// node and chain scans); stopped after the committer, so late commits still wake it.
+fn spawn_alert_loop(
+    started: &Started<'_>,
+    applier: &Applier,
+    settings: tokio::sync::watch::Receiver<crate::alert::AlertConfig>,
+    bound: Bound,
+) -> Alerting {
+    let Started { config, core, ids, nodes, telemetry } = *started;
+    let clock = core.clock;
+    let stop = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let base_url = listener_url(bound.http, ids.tls.is_some());
     let alert_stats = Arc::new(crate::alert::AlertStats::default());
-    let notifiers = notify::spawn_all(&config.alerts, clock, &base_url, &alert_tasks, &alert_stop, &alert_stats);
+    let notifiers = notify::spawn_all(&config.alerts, clock, &base_url, &tasks, &stop, &alert_stats);
     telemetry.observe_notifiers(alert_stats.clone());
     let alert_loop = AlertLoop {
-        index: index.clone(),
-        store: store.clone(),
+        index: core.index.clone(),
+        store: core.store.clone(),
         clock,
         config: config.alerts.clone(),
-        board: board.clone(),
-        wake,
+        board: core.board.clone(),
+        wake: core.wake.clone(),
         notifiers,
         stats: alert_stats,
         base_url,
-        reconfigure: Some(crate::alert::Reconfigure {
-            settings: alert_settings_rx,
-            tasks: alert_tasks.clone(),
-            shutdown: alert_stop.clone(),
-        }),
+        reconfigure: Some(crate::alert::Reconfigure { settings, tasks: tasks.clone(), shutdown: stop.clone() }),
         deferred: Default::default(),
-        stream: config.stream.enabled.then(|| stream.clone()),
-        deadlines: deadlines.clone(),
+        stream: config.stream.enabled.then(|| applier.stream.clone()),
+        deadlines: applier.deadlines.clone(),
         scans: crate::alert::ScanAlerts {
             nodes: config.nodes,
-            node_health: node_health.clone(),
-            node_board,
+            node_health: nodes.book.clone(),
+            node_board: nodes.board.clone(),
             chain_slos: Arc::new(config.chain_slos.clone()),
             final_stages: Arc::new(config.final_stages.clone()),
             chain_interval_ms: config.chain_interval_ms,
-            chain_board: chain_board.clone(),
+            chain_board: nodes.chain_board.clone(),
             prediction: config.prediction,
         },
     };
-    alert_tasks.spawn(alert_loop.run(alert_stop.clone()));
+    tasks.spawn(alert_loop.run(stop.clone()));
+    Alerting { stop, tasks }
+}
 
-    // After a store write fails, writes halt; once the store is writable again the process restarts.
-    let _watch = applier::halt::spawn(
-        store.clone(),
+/// Startup 12. Starts the halt watch (`applier::halt`): after a store write fails, writes halt; once the store is
+/// writable again it calls `on_writable` (restart in place, or exit), unless a stop began first.
+fn spawn_halt_watch(
+    core: &Core,
+    shutdown: &CancellationToken,
+    bound: Bound,
+    on_writable: OnWritable,
+) -> Result<std::thread::JoinHandle<()>, AppError> {
+    applier::halt::spawn(
+        core.store.clone(),
         applier::halt::Watch::default(),
         shutdown.clone(),
         Box::new(move |cause| on_writable(bound, cause)),
     )
-    .map_err(|e| AppError::Runtime(format!("cannot start the store's halt watch: {e}")))?;
+    .map_err(|e| AppError::Runtime(format!("cannot start the store's halt watch: {e}")))
+}
 
-    ready.store(true, Ordering::Relaxed);
+/// Startup 13. Reports readiness: `/readyz` answers 200, the ready line is logged, and `on_ready` is called
+/// (`main` sends systemd's `READY=1`).
+fn report_ready(core: &Core, bound: Bound, on_ready: impl FnOnce(Bound)) {
+    core.ready.store(true, Ordering::Relaxed);
     tracing::info!(grpc = %bound.grpc, http = %bound.http, "collector ready");
     on_ready(bound);
+}
 
-    shutdown.cancelled().await;
+/// Everything the shutdown stops, in its order.
+struct Running {
+    core: Core,
+    /// `grpc.drain_timeout`.
+    drain_timeout: Duration,
+    grpc: Grpc,
+    committer: std::thread::JoinHandle<()>,
+    logs: LogExport,
+    alerting: Alerting,
+    telemetry: Arc<Telemetry>,
+    http: Http,
+    reloader: tokio::task::JoinHandle<()>,
+}
+
+/// Runs the shutdown order of docs/ARCHITECTURE.md once the shutdown token is cancelled: each step a call.
+async fn shutdown_in_order(running: Running) {
+    let Running { core, drain_timeout, mut grpc, committer, logs, alerting, telemetry, http, reloader } = running;
+    stop_accepting(&core, &grpc).await;
+    drain_grpc(&mut grpc, drain_timeout).await;
+    stop_applier(committer, &core.store).await;
+    stop_log_export(logs).await;
+    stop_alerting(alerting, &telemetry).await;
+    stop_http(http, reloader).await;
+    tracing::info!("collector stopped");
+}
+
+/// Shutdown 1. Readiness goes false and gRPC health reports NOT_SERVING (the gRPC server itself stops accepting,
+/// with GOAWAY on each connection, as the shutdown token it serves under is cancelled).
+async fn stop_accepting(core: &Core, grpc: &Grpc) {
     tracing::info!("shutting down: no new streams or batches");
-    ready.store(false, Ordering::Relaxed);
-    health_reporter.set_not_serving::<IngestServer>().await;
+    core.ready.store(false, Ordering::Relaxed);
+    grpc.health.set_not_serving::<IngestServer>().await;
+}
 
-    // 1-2. gRPC stops accepting and sends GOAWAY; open streams stop reading and acknowledge what they read.
-    // At the drain deadline every gRPC connection still open is closed, whatever it is doing (a silent or
-    // half-open peer, a handshake never finished, a client that does not read its acks).
-    stream_tasks.close();
-    let deadline = tokio::time::Instant::now() + conns.drain_timeout;
-    let mut served = tokio::time::timeout_at(deadline, &mut grpc).await;
-    let mut streams_done = served.is_ok() && tokio::time::timeout_at(deadline, stream_tasks.wait()).await.is_ok();
+/// Shutdown 2. Open streams stop reading and acknowledge what they read; at `grpc.drain_timeout` every gRPC
+/// connection still open is closed, whatever it is doing (a silent or half-open peer, a handshake never finished,
+/// a client that does not read its acks). Then ingest's intake drops the committer's sender.
+async fn drain_grpc(grpc: &mut Grpc, drain_timeout: Duration) {
+    grpc.streams.close();
+    let deadline = tokio::time::Instant::now() + drain_timeout;
+    let mut served = tokio::time::timeout_at(deadline, &mut grpc.task).await;
+    let mut streams_done = served.is_ok() && tokio::time::timeout_at(deadline, grpc.streams.wait()).await.is_ok();
     if !streams_done {
         tracing::warn!(
-            drain_timeout = ?conns.drain_timeout,
+            ?drain_timeout,
             "grpc drain deadline passed: closing every grpc connection; clients redeliver what was not acknowledged"
         );
-        close_connections.cancel();
+        grpc.close_connections.cancel();
         let grace = tokio::time::Instant::now() + FORCED_CLOSE_GRACE;
         if served.is_err() {
-            served = tokio::time::timeout_at(grace, &mut grpc).await;
+            served = tokio::time::timeout_at(grace, &mut grpc.task).await;
         }
-        streams_done = tokio::time::timeout_at(grace, stream_tasks.wait()).await.is_ok();
+        streams_done = tokio::time::timeout_at(grace, grpc.streams.wait()).await.is_ok();
     }
     match served {
         Ok(Ok(Ok(()))) => tracing::info!("grpc stopped"),
         Ok(Ok(Err(e))) => tracing::error!(error = %e, "grpc server error"),
         Ok(Err(e)) => tracing::error!(error = %e, "grpc task failed"),
         Err(_) => {
-            grpc.abort();
+            grpc.task.abort();
             tracing::error!("grpc server still running after its connections were closed; aborted");
         }
     }
@@ -565,40 +855,52 @@ pub async fn run_with_clock(
     }
     // Whatever became of connections and streams, the committer's channel now keeps no sender but those of sends
     // already under way, which complete as the committer drains.
-    intake.close();
+    grpc.intake.close();
+}
 
-    // 3. The committer drains its channel, checkpoints and flushes once every sender is gone.
+/// Shutdown 3. Waits for the committer: once every sender is gone it drains its channel, joins the maintenance
+/// and stream flush threads, writes the last checkpoint, flushes and writes the shutdown image.
+async fn stop_applier(committer: std::thread::JoinHandle<()>, store: &Store) {
     let joined = tokio::task::spawn_blocking(move || committer.join()).await;
     if !matches!(joined, Ok(Ok(()))) {
         tracing::error!("committer thread panicked");
     }
     tracing::info!(size_on_disk = store.size_on_disk().unwrap_or(0), "store flushed");
-    // The committer has published its last group: the logs exporter sends what it holds, then stops.
-    if let Some(task) = logs_task {
-        logs_stop.cancel();
+}
+
+/// Shutdown 3, end. The committer has published its last group: the OTLP logs exporter sends what it holds, then
+/// stops, within 5 s.
+async fn stop_log_export(logs: LogExport) {
+    if let Some(task) = logs.task {
+        logs.stop.cancel();
         if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
             tracing::warn!("OTLP logs exporter did not finish in time; its last records are not sent");
         }
     }
+}
 
-    // 4. Alerts: stop the loop and the notifiers (their state is already stored), then a last metrics export.
-    alert_stop.cancel();
-    alert_tasks.close();
-    if tokio::time::timeout(Duration::from_secs(5), alert_tasks.wait()).await.is_err() {
+/// Shutdown 4. Stops the alert loop and the notifiers (their state is already stored), then shuts the metrics
+/// provider down (a last OTLP export, if configured).
+async fn stop_alerting(alerting: Alerting, telemetry: &Telemetry) {
+    alerting.stop.cancel();
+    alerting.tasks.close();
+    if tokio::time::timeout(Duration::from_secs(5), alerting.tasks.wait()).await.is_err() {
         tracing::warn!("alert tasks did not stop in time");
     }
     telemetry.shutdown();
+}
 
-    // 5. HTTP last.
-    http_stop.cancel();
-    match http.await {
+/// Shutdown 5. HTTP stops last, so health and the API answer until the store is closed: no new connections,
+/// in-flight requests finish, and connections still open after the drain deadline are closed. The reload task
+/// ends with it.
+async fn stop_http(http: Http, reloader: tokio::task::JoinHandle<()>) {
+    http.stop.cancel();
+    match http.task.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "http server error"),
         Err(e) => tracing::error!(error = %e, "http task failed"),
     }
     reloader.abort();
-    tracing::info!("collector stopped");
-    Ok(())
 }
 
 /// Applies a changed config file to the running collector. Reloadable: `[auth]`, `[tls]` (certificates and keys),
