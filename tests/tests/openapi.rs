@@ -137,6 +137,12 @@ fn every_route_answers_as_its_openapi_document_says() {
     r.get(&c, "/api/v1/nodes/{node}", &format!("/api/v1/nodes/{node}?window=2d"), 200);
     r.get(&c, "/api/v1/nodes", "/api/v1/nodes?suspect=true&pool=a100&window=2d", 200);
     r.get(&c, "/api/v1/nodes", "/api/v1/nodes?suspect=perhaps", 400);
+    // Pages, the name filter (which also finds managed instances) and bad paging parameters.
+    let page = r.get(&c, "/api/v1/nodes", "/api/v1/nodes?limit=5&offset=0", 200);
+    assert!(page["next_offset"].as_u64() == Some(5), "more than 5 nodes listed: {page}");
+    r.get(&c, "/api/v1/nodes", "/api/v1/nodes?name=-I-&offset=5&limit=1000", 200);
+    r.get(&c, "/api/v1/nodes", "/api/v1/nodes?limit=0", 400);
+    r.get(&c, "/api/v1/nodes", "/api/v1/nodes?offset=-3", 400);
     r.get(&c, "/api/v1/nodes/{node}", "/api/v1/nodes/nowhere", 404);
 
     let chains = r.get(&c, "/api/v1/chains", "/api/v1/chains", 200);

@@ -446,18 +446,40 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             summary: "Per node: placements, failures, losses, preemptions, start times, GPU health; suspects first",
             description: "Placements assigned in the window, per pool and node, judged by the suspect-node rule \
                           (`rule.statement`): a one-sided binomial test of the node's failed and lost placements \
-                          against the rest of its pool, Bonferroni-corrected, or GPU errors its agent reported.",
+                          against the rest of its pool, Bonferroni-corrected, or GPU errors its agent reported. \
+                          The one-off instances of managed pools are summed up per pool (`pools`, `grouped`) and \
+                          listed only when suspect or matched by `name`; the nodes listed come a page at a time \
+                          (`offset`, `limit`, `total`, `next_offset`).",
             params: vec![
                 query(
                     "window",
                     "placements assigned in this window, 1h to 400d (default `[nodes] window`)",
                     duration("7d"),
                 ),
-                query("pool", "only this pool", json!({"type": "string"})),
+                query("pool", "only this pool (its nodes and its row in `pools`)", json!({"type": "string"})),
+                query(
+                    "name",
+                    "only nodes whose name contains this, ignoring case; it also finds instances of grouped pools \
+                     (empty: no filter)",
+                    json!({"type": "string"}),
+                ),
                 query("suspect", "only suspect nodes", json!({"type": "string", "enum": ["true", "false"]})),
+                query(
+                    "offset",
+                    "the page's first node among those matched (default 0; `next_offset` of the previous page)",
+                    json!({"type": "integer", "minimum": 0, "default": 0}),
+                ),
+                query(
+                    "limit",
+                    "nodes a page holds, 1 to 1000 (default 100)",
+                    json!({"type": "integer", "minimum": 1, "maximum": 1000, "default": 100}),
+                ),
             ],
             ok: (200, "the nodes", Body::Json(schema::<types::NodeList>(g))),
-            errors: &[(400, "window or suspect malformed"), (503, "storage unavailable")],
+            errors: &[
+                (400, "a parameter is unknown or malformed (the error names it)"),
+                (503, "storage unavailable"),
+            ],
             access: Access::Read,
         },
         Route {

@@ -962,15 +962,27 @@ pub struct Reloaded {
     pub restart_needed: Vec<String>,
 }
 
-/// `GET /api/v1/nodes`: every node with placements (or GPU health readings) in the window, suspects first.
+/// `GET /api/v1/nodes`: the nodes with placements (or GPU health readings) in the window, one page of them, suspects
+/// first. The instances of managed pools (fresh for each job) are summed up per pool in `pools` and listed only when
+/// suspect or when `name` matches them.
 #[derive(Debug, Serialize, schemars::JsonSchema)]
 pub struct NodeList {
     pub as_of: String,
+    /// Instances of grouped pools summed up in `pools` rather than listed (the filters do not apply to them).
+    pub grouped_instances: u64,
+    /// The page size asked for (`limit`, default 100).
+    pub limit: u64,
+    /// Where the next page starts (`offset`); absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+    /// This page of the nodes matched: suspects first, then by p-value, pool and name.
     pub nodes: Vec<NodeRow>,
-    /// Per pool: nodes, placements and the pool's bad rate.
+    /// The page's first node among those matched (`offset`, default 0).
+    pub offset: u64,
+    /// Per pool (`pool` filters them; `name` and `suspect` do not): nodes, placements, failure and loss rates.
     pub pools: Vec<NodePool>,
     pub rule: NodeRule,
-    /// Nodes matched; `nodes` holds at most 1000 of them.
+    /// Nodes matched by the filters, over every page.
     pub total: u64,
     pub window_seconds: i64,
 }
@@ -991,6 +1003,20 @@ pub struct NodePool {
     /// Bad (failed + lost) placements over placements.
     pub bad_rate: Option<f64>,
     pub bad: u64,
+    /// Placements whose job failed there.
+    pub failed: u64,
+    /// `failed` over placements.
+    pub failed_rate: Option<f64>,
+    /// Whether the pool's nodes are one-off instances of a managed pool, summed up here and listed in `nodes` only
+    /// when suspect (or when `name` matches them).
+    pub grouped: bool,
+    /// `managed` or `dedicated` as the jobs placed in the pool say; `unspecified` when they do not say or disagree.
+    pub kind: &'static str,
+    /// Placements lost with the node (`node_lost` naming it or no node).
+    pub lost: u64,
+    /// `lost` over placements.
+    pub lost_rate: Option<f64>,
+    /// Nodes (for a grouped pool: instances) with placements in the window.
     pub nodes: u64,
     pub placements: u64,
     pub pool: String,
@@ -1018,6 +1044,8 @@ pub struct NodeRow {
     pub placements: u64,
     /// Empty for a node that only reported health.
     pub pool: String,
+    /// Its pool's `kind` (see `NodePool`).
+    pub pool_kind: &'static str,
     /// The rest of its pool's bad rate, smoothed: (bad elsewhere + 1) / (placements elsewhere + 2).
     pub pool_rate: f64,
     pub preempted: u64,

@@ -6,6 +6,7 @@ use super::SharedIndex;
 pub use crate::job::nodes::Reading;
 use crate::job::nodes::{judge, Health, NodeStats, Rule, Tally, Verdict};
 use serde::{Deserialize, Serialize};
+use startline_proto::pb::PoolKind;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -179,6 +180,9 @@ fn increase(before: u64, after: u64) -> u64 {
 pub struct NodeLine {
     /// Its pool.
     pub pool: String,
+    /// Its pool's kind as the jobs placed in the pool in the window say (`Unspecified` when they disagree, or
+    /// for a node that only reported health).
+    pub kind: PoolKind,
     /// Its name.
     pub node: Arc<str>,
     /// Its placements.
@@ -246,6 +250,7 @@ pub fn report(index: &SharedIndex, health: &HealthBook, from: i64, to: i64, rule
             let Some(verdict) = verdicts.get(name).cloned() else { continue };
             nodes.push(NodeLine {
                 pool: pool.clone(),
+                kind: tally.kinds.get(pool).copied().unwrap_or_default(),
                 node: name.clone(),
                 stats: stats.clone(),
                 verdict,
@@ -261,7 +266,14 @@ pub fn report(index: &SharedIndex, health: &HealthBook, from: i64, to: i64, rule
         let Some(h) = health.window(&name, from, to) else { continue };
         let one: BTreeMap<Arc<str>, NodeStats> = [(name.clone(), NodeStats::default())].into();
         let Some(verdict) = judge(&one, |_| Some(h), rule).remove(&name) else { continue };
-        nodes.push(NodeLine { pool: String::new(), node: name, stats: NodeStats::default(), verdict, health: Some(h) });
+        nodes.push(NodeLine {
+            pool: String::new(),
+            kind: PoolKind::Unspecified,
+            node: name,
+            stats: NodeStats::default(),
+            verdict,
+            health: Some(h),
+        });
     }
     nodes.sort_by(|a, b| (&a.pool, &a.node).cmp(&(&b.pool, &b.node)));
     NodeReport { from_ms: from, to_ms: to, nodes }

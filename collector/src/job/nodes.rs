@@ -18,6 +18,7 @@
 use super::timeline::{Placement, PlacementEnd};
 use super::Timeline;
 use serde::{Deserialize, Serialize};
+use startline_proto::pb::PoolKind;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -111,6 +112,8 @@ impl NodeStats {
 pub struct Tally {
     /// By pool, then node.
     pub pools: BTreeMap<String, BTreeMap<Arc<str>, NodeStats>>,
+    /// Each pool's kind, as the jobs placed in it say; `Unspecified` when they disagree.
+    pub kinds: BTreeMap<String, PoolKind>,
 }
 
 impl Tally {
@@ -119,6 +122,13 @@ impl Tally {
         let Some(attrs) = t.attrs.as_ref() else { return };
         if t.placements.iter().all(|p| p.assigned_at < from || p.assigned_at > to) {
             return;
+        }
+        match self.kinds.get_mut(attrs.pool.as_str()) {
+            Some(k) if *k != attrs.pool_kind => *k = PoolKind::Unspecified,
+            Some(_) => {}
+            None => {
+                self.kinds.insert(attrs.pool.clone(), attrs.pool_kind);
+            }
         }
         let pool = match self.pools.get_mut(attrs.pool.as_str()) {
             Some(p) => p,
@@ -320,8 +330,13 @@ mod tests {
     }
 
     fn timeline(pool: &str, sub: i64, placements: Vec<Placement>) -> Timeline {
+        timeline_of(PoolKind::Dedicated, pool, sub, placements)
+    }
+
+    fn timeline_of(kind: PoolKind, pool: &str, sub: i64, placements: Vec<Placement>) -> Timeline {
         let mut attrs = crate::job::JobAttrs::unknown();
         attrs.pool = pool.into();
+        attrs.pool_kind = kind;
         Timeline {
             attrs: Some(Arc::new(attrs)),
             submitted_at: Some(sub),
@@ -394,5 +409,21 @@ mod tests {
         let v = judge(pool, health, &rule);
         assert_eq!(v["n1"].reasons, vec!["ecc_corrected"]);
         assert!(v["n2"].reasons.is_empty(), "one loss is not enough: {:?}", v["n2"]);
+    }
+
+    #[test]
+    fn a_pools_kind_is_what_its_placed_jobs_say_and_unspecified_when_they_disagree() {
+        let mut tally = Tally::default();
+        let one = |node: &str| vec![placement(&[node], 10, Some(20), PlacementEnd::Succeeded, None)];
+        tally.add("m1", &timeline_of(PoolKind::Managed, "sm", 0, one("sm-i-1")), 0, 100);
+        tally.add("m2", &timeline_of(PoolKind::Managed, "sm", 0, one("sm-i-2")), 0, 100);
+        tally.add("d1", &timeline_of(PoolKind::Dedicated, "mixed", 0, one("x-1")), 0, 100);
+        tally.add("m3", &timeline_of(PoolKind::Managed, "mixed", 0, one("x-2")), 0, 100);
+        tally.add("d2", &timeline_of(PoolKind::Dedicated, "mixed", 0, one("x-3")), 0, 100);
+        // Placed outside the window: says nothing about the pool.
+        tally.add("late", &timeline_of(PoolKind::Dedicated, "sm", 0, one("sm-i-3")), 11, 100);
+        assert_eq!(tally.kinds["sm"], PoolKind::Managed);
+        assert_eq!(tally.kinds["mixed"], PoolKind::Unspecified);
+        assert_eq!(tally.pools["sm"].len(), 2);
     }
 }
