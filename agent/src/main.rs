@@ -1253,6 +1253,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
                     gpu_classes: a.gpu_classes,
                     chains: a.chains,
                     crunch: a.crunch,
+                    backfill: true,
                 };
                 let report = simulate::run(settings, &mut up, stop).await;
                 runner.shutdown().await;

@@ -1,11 +1,12 @@
 //! `startline-bench core`: what the collector's core costs as the number of tracked jobs grows,
 //! on the real collector process over loopback gRPC and HTTP, in one run:
 //!
-//! - **ingest** of `--jobs` jobs of the simulator's realistic mix (`startline_agent::simulate::model::job_events`,
-//!   arrivals over the last `--days` days with the time-of-day load), widened to 32 pools and 24 teams / 96
-//!   projects, of which `--open-share` are still open (waiting, preparing or running) at the end; sent in time
-//!   order (as the simulator's backfill does) by a closed-loop client with `--in-flight` batches in flight on one
-//!   stream: events/s, server CPU per event, bytes on disk per event beside the events' mean protobuf encoding;
+//! - **ingest** of `--jobs` jobs of the simulator's realistic mix (`startline_agent::simulate::engine::events`:
+//!   arrivals over the last `--days` days with the time-of-day load, queueing on capacity sized for that rate),
+//!   widened to 40 pools and 24 teams / 96 projects, of which `--open-share` are still open (waiting, preparing or
+//!   running) at the end; sent in time order (as the simulator's backfill does) by a closed-loop client with
+//!   `--in-flight` batches in flight on one stream: events/s, server CPU per event, bytes on disk per event beside
+//!   the events' mean protobuf encoding;
 //! - **memory**: the collector's RSS (and peak) after ingest, and per million tracked jobs;
 //! - **API** timings (p50 and max of `--reps` requests after a warm-up): comparison, overview, SLOs, `/metrics`,
 //!   listings with filters (first page and a page after 20,000 matches), job detail of a done and an open job;
@@ -25,11 +26,10 @@ use prost::Message;
 use serde_json::{json, Value};
 use startline_agent::rng::Rng;
 use startline_agent::simulate::arrivals;
-use startline_agent::simulate::model::{default_pools, job_events, Pool};
+use startline_agent::simulate::engine::{self, FleetConfig};
+use startline_agent::simulate::model::{default_pools, size_for_rate, Pool};
 use startline_proto::pb::{self, ingest_service_client::IngestServiceClient, lifecycle_event::Kind};
-use startline_proto::time::{ms_to_timestamp, timestamp_to_ms};
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,11 +203,12 @@ const TEAMS: [&str; 24] = [
     "forecast",
 ];
 
-/// Variants of each of the simulator's four pools (32 pools in all).
+/// Variants of each of the simulator's five pools (40 pools in all).
 const POOL_VARIANTS: usize = 8;
 
-/// The simulator's four pools, each split into eight with the same kind, provider, GPU class and wait shape
-/// (and a region of its provider), sharing the original's arrivals.
+/// The simulator's five pools, each split into eight with the same kind, provider, GPU class and scheduler
+/// (and a region of its provider), sharing the original's arrivals; capacity is sized for the arrival rate when
+/// the fleet runs.
 pub fn fleet_pools() -> Vec<Pool> {
     let mut out = Vec::new();
     for base in default_pools() {
@@ -228,7 +229,7 @@ pub fn fleet_pools() -> Vec<Pool> {
     out
 }
 
-/// Which jobs exist and how each one's events look.
+/// Which jobs exist: the simulated fleet over `[start_ms, end_ms)`.
 struct Fleet {
     seed: u64,
     jobs: u64,
@@ -238,60 +239,34 @@ struct Fleet {
     pools: Vec<Pool>,
 }
 
+/// Per job in flight: events kept so far, and how many an open job keeps (`None`: all).
+struct Kept {
+    n: u32,
+    keep: Option<u32>,
+}
+
 impl Fleet {
-    /// Job `idx` submitted at `submit_ms`: the simulator's events with a team and project of the wider fleet; if
-    /// the job is one of the open ones, only a prefix without its `done`. Every job ends (or, if open, has its
-    /// last event) before `end_ms`: a job that would run past it is moved earlier as a whole.
-    fn job(&self, idx: u64, submit_ms: i64) -> (Vec<pb::LifecycleEvent>, bool) {
-        let mut evs = job_events(self.seed, idx, submit_ms, &self.pools);
-        let mut r = Rng::derive(self.seed ^ 0xC0DE_BE4C, idx);
-        let team = TEAMS[(r.next_u64() % TEAMS.len() as u64) as usize];
-        let project = format!("{team}-{}", r.next_u64() % 4);
-        if let Some(Kind::Submitted(s)) = evs.first_mut().and_then(|e| e.kind.as_mut()) {
+    /// Whether to send `e`: a job's submitted gets a team and project of the wider fleet and decides whether the
+    /// job is one of the open ones, which keeps only a prefix of its events without its `done` (waiting, assigned,
+    /// preparing, running or requeued at the end).
+    fn keep(&self, e: &mut pb::LifecycleEvent, jobs: &mut HashMap<String, Kept>, stats: &mut GenStats) -> bool {
+        if let Some(Kind::Submitted(s)) = e.kind.as_mut() {
+            let mut r = Rng::derive(self.seed ^ 0xC0DE_BE4C, startline_proto::hash::fnv1a64(e.job_id.as_bytes()));
+            let team = TEAMS[(r.next_u64() % TEAMS.len() as u64) as usize];
             s.team = team.into();
-            s.project = project;
+            s.project = format!("{team}-{}", r.next_u64() % 4);
+            let open = r.chance(self.open_share);
+            stats.open_jobs += u64::from(open);
+            jobs.insert(e.job_id.clone(), Kept { n: 0, keep: open.then(|| 1 + (r.next_u64() % 12) as u32) });
         }
-        let open = r.chance(self.open_share) && evs.len() >= 2;
-        if open {
-            // Any prefix that stops before `done`: waiting, assigned, preparing, running or requeued.
-            let keep = 1 + (r.next_u64() % (evs.len() as u64 - 1)) as usize;
-            evs.truncate(keep);
+        let done = matches!(e.kind, Some(Kind::Done(_)));
+        let Some(k) = jobs.get_mut(&e.job_id) else { return true };
+        let send = k.keep.is_none_or(|keep| k.n < keep && !done);
+        k.n += 1;
+        if done {
+            jobs.remove(&e.job_id);
         }
-        let last = evs.last().and_then(|e| e.occurred_at.as_ref()).map_or(submit_ms, timestamp_to_ms);
-        let latest = self.end_ms - 1000;
-        if last > latest {
-            let back = last - latest;
-            for e in &mut evs {
-                if let Some(t) = &e.occurred_at {
-                    e.occurred_at = Some(ms_to_timestamp(timestamp_to_ms(t) - back));
-                }
-            }
-        }
-        (evs, open)
-    }
-}
-
-struct Scheduled {
-    at: i64,
-    tie: u64,
-    event: pb::LifecycleEvent,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, o: &Self) -> bool {
-        (self.at, self.tie) == (o.at, o.tie)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Scheduled {
-    // Reversed: BinaryHeap is a max-heap and the earliest event goes first.
-    fn cmp(&self, o: &Self) -> Ordering {
-        (o.at, o.tie).cmp(&(self.at, self.tie))
+        send
     }
 }
 
@@ -318,39 +293,26 @@ fn spawn_generator(
         let mut waited = Duration::ZERO;
         let mut stats = GenStats { jobs: fleet.jobs, ..Default::default() };
         let times = arrivals(fleet.seed, fleet.jobs, fleet.start_ms, fleet.end_ms);
-        let mut heap: BinaryHeap<Scheduled> = BinaryHeap::new();
-        let mut tie = 0u64;
+        let mut pools = fleet.pools.clone();
+        let hours = (fleet.end_ms - fleet.start_ms).max(1) as f64 / 3_600_000.0;
+        size_for_rate(&mut pools, fleet.jobs as f64 / hours);
+        let stream = engine::events(FleetConfig::new(fleet.seed, pools, fleet.start_ms), times, fleet.end_ms);
+        let mut jobs: HashMap<String, Kept> = HashMap::new();
         let mut out: Vec<pb::LifecycleEvent> = Vec::with_capacity(batch);
-        let mut emit = |ev: pb::LifecycleEvent, out: &mut Vec<pb::LifecycleEvent>, stats: &mut GenStats| -> bool {
+        for mut ev in stream {
+            if !fleet.keep(&mut ev, &mut jobs, &mut stats) {
+                continue;
+            }
             stats.events += 1;
             stats.encoded_bytes += ev.encoded_len() as u64;
             out.push(ev);
             if out.len() >= batch {
                 let w = Instant::now();
-                let ok = tx.blocking_send(std::mem::replace(out, Vec::with_capacity(batch))).is_ok();
+                let ok = tx.blocking_send(std::mem::replace(&mut out, Vec::with_capacity(batch))).is_ok();
                 waited += w.elapsed();
-                return ok;
-            }
-            true
-        };
-        for (i, &t) in times.iter().enumerate() {
-            while heap.peek().is_some_and(|s| s.at <= t) {
-                let Some(s) = heap.pop() else { break };
-                if !emit(s.event, &mut out, &mut stats) {
+                if !ok {
                     return stats;
                 }
-            }
-            let (evs, open) = fleet.job(i as u64, t);
-            stats.open_jobs += u64::from(open);
-            for e in evs {
-                tie += 1;
-                let at = e.occurred_at.as_ref().map_or(t, timestamp_to_ms);
-                heap.push(Scheduled { at, tie, event: e });
-            }
-        }
-        while let Some(s) = heap.pop() {
-            if !emit(s.event, &mut out, &mut stats) {
-                return stats;
             }
         }
         if !out.is_empty() {

@@ -11,7 +11,8 @@
 //! (the stall basis counts, at each step, the other urgent jobs of the GPU class still waiting past the threshold).
 
 use startline_agent::simulate::arrivals;
-use startline_agent::simulate::model::{crunches, default_pools, job_events};
+use startline_agent::simulate::engine::{self, FleetConfig};
+use startline_agent::simulate::model::{crunches, fleet};
 use startline_collector::job::{CompactEvent, JobRecord};
 use startline_collector::slo::predict::{predict, PredictSettings, WaitModel, Waiting};
 use startline_proto::pb;
@@ -81,7 +82,7 @@ pub fn main(a: Args) {
     let threshold = a.threshold_min * MIN;
     let end = 1_767_225_600_000 + a.days * 86_400_000; // from 2026-01-01
     let start = end - a.days * 86_400_000;
-    let mut pools = default_pools();
+    let mut pools = fleet(0, 0, a.jobs_per_hour);
     // The scripted crunches, one every 3 days over the span (the simulator's --crunch places one near the end of a
     // history; a long span gets several so the judged half holds some).
     let mut windows = Vec::new();
@@ -95,12 +96,12 @@ pub fn main(a: Args) {
     }
     let n = (a.jobs_per_hour * a.days as f64 * 24.0) as u64;
     let mut jobs = Vec::with_capacity(n as usize);
-    for (idx, submit) in arrivals(a.seed, n, start, end).into_iter().enumerate() {
-        let evs: Vec<CompactEvent> = job_events(a.seed, idx as u64, submit, &pools)
-            .iter()
-            .enumerate()
-            .filter_map(|(i, e)| CompactEvent::from_pb(e, i as u64))
-            .collect();
+    // Every job runs to its end (the fleet keeps going a day past the last arrival).
+    let times = arrivals(a.seed, n, start, end);
+    let stream = engine::events(FleetConfig::new(a.seed, pools, start), times, end + 86_400_000);
+    for job in engine::by_job(stream) {
+        let evs: Vec<CompactEvent> =
+            job.iter().enumerate().filter_map(|(i, e)| CompactEvent::from_pb(e, i as u64)).collect();
         let t = JobRecord::from_events(evs).timeline;
         let (Some(attrs), Some(sub)) = (t.attrs.as_ref(), t.submitted_at) else { continue };
         jobs.push(Job {

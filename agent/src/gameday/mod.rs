@@ -373,6 +373,7 @@ pub async fn run(
             gpu_classes: 0,
             chains: 0.0,
             crunch: false,
+            backfill: true,
         };
         let mut up = publisher(target)?;
         let r = crate::simulate::run(settings, &mut up, tokio_util::sync::CancellationToken::new()).await?;

@@ -1,24 +1,24 @@
-//! The fleet model: which jobs arrive when, and what happens to each. Pure: given a seed, a job index and its
-//! submit time, a job's whole event list is determined, so simulations replay exactly.
+//! The fleet model: the pools, their capacity, and what each arriving job asks for. The engine
+//! ([`super::engine`]) runs these jobs against the pools' capacity; this module holds what is drawn per job (its
+//! pool, priority, size, run length, time limit) and the pools' shapes.
 //!
-//! Two pool kinds with different wait shapes:
-//! - **dedicated** (Slurm): waits on priority and capacity that grow with the time-of-day load, short
-//!   preparation (images cached), occasional quota waits and node losses;
-//! - **managed** (SageMaker, Vertex AI): capacity waits with a heavy (Pareto) tail, then provisioning, image
-//!   download and data staging every time; spot preemptions, with or without a checkpoint saved first.
+//! Pools and their capacity:
+//! - **dedicated** pools (Slurm partitions, a Kubernetes cluster queue under Kueue) have `nodes` nodes of 8 GPUs
+//!   each: a job starts only when its GPUs are free, urgent jobs preempt normal ones, each team may hold at most
+//!   half of the pool (Slurm's `QOSGrpGRES`); Slurm pools backfill, Kueue's admits in strict order;
+//! - **managed** endpoints (SageMaker, Vertex AI, Azure ML) have an account quota of `quota_gpus` GPUs for normal
+//!   jobs and regional stock-outs (about `stockouts_per_day` a day, more at the daily peak) during which no normal
+//!   job gets capacity; urgent jobs run on reserved warm capacity outside both.
 //!
-//! Urgent jobs behave as on a well-run platform: on dedicated pools they preempt normal work (a short priority
-//! wait, then the preempted job's nodes), on managed endpoints they use reserved warm capacity (no Pareto capacity
-//! tail, no provisioning, a cached image). Normal dedicated runs are now and then preempted for urgent work.
-//! During a pool's `crunches` (the simulator scripts one hour three days before the end of its history and the
-//! hour around its end, on H100 pools) every job of the pool, urgent ones included, waits
-//! 20-60 minutes for capacity: the scripted bad hour that breaks the urgent-start SLO and pages.
+//! Capacity is sized for the arrival rate ([`size_for_rate`]): [`NODES_PER_JOB_HOUR`] nodes per job an hour sent
+//! to a dedicated pool, [`QUOTA_GPUS_PER_JOB_HOUR`] GPUs of quota per job an hour sent to a managed one, which
+//! puts the daily peak above capacity and the night below it: waits, queues and utilisation come from that load.
 //!
-//! Dedicated pools have a fixed set of nodes (`<pool>-node-NNN`; a job gets one node per 8 GPUs); managed jobs
-//! get fresh instances. One node of the `a100` shape, [`FAILING_NODE`], has GPUs whose correctable ECC errors
-//! climb ([`failing_node_ecc`]) and loses or fails far more of its jobs than its pool: the suspect node of the
-//! demo. Some jobs are cancelled or fail before they start; runs write checkpoints every 15-20 minutes and end
-//! succeeded, failed or timed out.
+//! Dedicated nodes are named `<pool>-node-NNN`; managed jobs get fresh instances. One node of the `a100` pool,
+//! [`FAILING_NODE`], has GPUs whose correctable ECC errors climb ([`failing_node_ecc`]); it fails every few
+//! hours (its jobs get `node_lost`) and a fifth of the jobs placed on it fail at start: the suspect node of the
+//! demo. During a pool's `crunches` nothing of the pool starts, urgent jobs included: the scripted bad hour that
+//! breaks the urgent-start SLO and pages.
 //!
 //! First steps: the managed adapter reports each run's container start (a `first_step` of origin
 //! `container_start`, where the environment phase begins); the SageMaker jobs' training loop reports its own first
@@ -27,15 +27,14 @@
 //! dedicated pools the node agent reports the training loop's first step.
 
 use crate::rng::Rng;
-use startline_proto::pb::{self, lifecycle_event::Kind};
-use startline_proto::time::ms_to_timestamp;
+use startline_proto::pb;
 
 /// One pool of the simulated fleet.
 #[derive(Debug, Clone)]
 pub struct Pool {
     /// Managed or dedicated.
     pub kind: pb::PoolKind,
-    /// Provider name.
+    /// Provider name: `slurm` and `kubernetes` (Kueue) for dedicated pools, `sagemaker`, `vertex`, `azureml`.
     pub provider: &'static str,
     /// Pool name.
     pub name: &'static str,
@@ -45,12 +44,51 @@ pub struct Pool {
     pub gpu_class: &'static str,
     /// Share of arriving jobs sent here.
     pub share: f64,
-    /// Nodes of a dedicated pool (8 GPUs each; 0 for managed pools, whose instances are fresh each time).
+    /// Nodes of a dedicated pool, 8 GPUs each (0 for managed pools, whose instances are fresh each time).
     pub nodes: u32,
     /// The node (its number) whose GPUs are failing, if any.
     pub failing_node: Option<u32>,
-    /// Capacity crunches `[from, to)` (Unix ms): jobs submitted in one wait 20-60 minutes more for capacity.
+    /// Capacity crunches `[from, to)` (Unix ms): nothing of the pool starts in them.
     pub crunches: Vec<(i64, i64)>,
+    /// Managed pools: the account's quota, the most GPUs its normal jobs may hold at once (0: none).
+    pub quota_gpus: u32,
+    /// Managed pools: regional stock-outs a day on average (at the mean load; more at the peak).
+    pub stockouts_per_day: f64,
+}
+
+/// GPUs per node of a dedicated pool.
+pub const GPUS_PER_NODE: u32 = 8;
+
+/// How a pool's scheduler reports on waiting jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheduler {
+    /// Slurm: priority order with backfill, an estimated start per pending job.
+    Slurm,
+    /// Kueue: strict priority order, a position in the cluster queue per pending workload.
+    Kueue,
+    /// A managed endpoint: neither estimates nor positions.
+    Managed,
+}
+
+impl Pool {
+    /// The pool's scheduler.
+    pub fn scheduler(&self) -> Scheduler {
+        match (self.kind, self.provider) {
+            (pb::PoolKind::Managed, _) => Scheduler::Managed,
+            (_, "kubernetes") => Scheduler::Kueue,
+            _ => Scheduler::Slurm,
+        }
+    }
+
+    /// GPUs of a dedicated pool (0 for managed ones).
+    pub fn gpus(&self) -> u32 {
+        self.nodes * GPUS_PER_NODE
+    }
+
+    /// The most GPUs one team's normal jobs may hold in a dedicated pool (half of it).
+    pub fn team_limit(&self) -> u32 {
+        (self.gpus() / 2).max(MAX_JOB_GPUS)
+    }
 }
 
 /// The failing node of the default `a100` pool.
@@ -78,71 +116,97 @@ pub fn crunches(end_ms: i64, history_ms: i64) -> Vec<(i64, i64)> {
     vec![(end_ms - back, end_ms - back + 3_600_000), (end_ms - 1_800_000, end_ms + 1_800_000)]
 }
 
-/// The default fleet: two managed endpoints and two dedicated Slurm partitions.
+/// Dedicated nodes per job an hour sent to the pool: at the default mix a pool's mean offered load is about
+/// 80% of its GPUs, about 120% at the daily peak.
+pub const NODES_PER_JOB_HOUR: f64 = 16.0 / 9.0;
+
+/// Managed quota GPUs per job an hour sent to the pool: the quota binds around the daily peak.
+pub const QUOTA_GPUS_PER_JOB_HOUR: f64 = 16.0;
+
+/// The arrival rate the default fleet is sized for (`simulate`'s default `--jobs-per-hour`).
+pub const DEFAULT_JOBS_PER_HOUR: f64 = 60.0;
+
+/// The largest job (GPUs).
+pub const MAX_JOB_GPUS: u32 = 32;
+
+/// Sizes every pool's capacity for `jobs_per_hour` arrivals over the fleet: dedicated pools get
+/// [`NODES_PER_JOB_HOUR`] nodes per job an hour of their share (at least enough for the largest job), managed
+/// pools [`QUOTA_GPUS_PER_JOB_HOUR`] GPUs of quota (at least the largest job). A failing node beyond the pool
+/// is dropped.
+pub fn size_for_rate(pools: &mut [Pool], jobs_per_hour: f64) {
+    for p in pools {
+        let rate = p.share * jobs_per_hour.max(0.0);
+        match p.kind {
+            pb::PoolKind::Managed => {
+                p.quota_gpus = ((rate * QUOTA_GPUS_PER_JOB_HOUR).round() as u32).max(MAX_JOB_GPUS);
+            }
+            _ => {
+                p.nodes = ((rate * NODES_PER_JOB_HOUR).round() as u32).max(MAX_JOB_GPUS / GPUS_PER_NODE);
+                p.failing_node = p.failing_node.filter(|f| *f < p.nodes);
+            }
+        }
+    }
+}
+
+/// The default fleet, sized for [`DEFAULT_JOBS_PER_HOUR`]: two managed endpoints, two dedicated Slurm partitions
+/// (`a100`: 32 nodes, 256 GPUs; `h100`: 16 nodes, 128 GPUs) and a Kubernetes cluster queue under Kueue (`l40s`:
+/// 11 nodes, 88 GPUs).
 pub fn default_pools() -> Vec<Pool> {
-    vec![
-        Pool {
-            kind: pb::PoolKind::Managed,
-            provider: "sagemaker",
-            name: "sm-p4d",
-            region: "us-east-1",
-            gpu_class: "a100-40g",
-            share: 0.30,
-            nodes: 0,
-            failing_node: None,
-            crunches: Vec::new(),
-        },
-        Pool {
-            kind: pb::PoolKind::Managed,
-            provider: "vertex",
-            name: "vertex-a3",
-            region: "europe-west4",
-            gpu_class: "h100",
-            share: 0.20,
-            nodes: 0,
-            failing_node: None,
-            crunches: Vec::new(),
-        },
-        Pool {
-            kind: pb::PoolKind::Dedicated,
-            provider: "slurm",
-            name: "a100",
-            region: "dc-east",
-            gpu_class: "a100-80g",
-            share: 0.30,
-            nodes: 32,
-            failing_node: Some(13),
-            crunches: Vec::new(),
-        },
-        Pool {
-            kind: pb::PoolKind::Dedicated,
-            provider: "slurm",
-            name: "h100",
-            region: "dc-east",
-            gpu_class: "h100",
-            share: 0.20,
-            nodes: 16,
-            failing_node: None,
-            crunches: Vec::new(),
-        },
-    ]
+    let managed = |provider, name, region, gpu_class, share| Pool {
+        kind: pb::PoolKind::Managed,
+        provider,
+        name,
+        region,
+        gpu_class,
+        share,
+        nodes: 0,
+        failing_node: None,
+        crunches: Vec::new(),
+        quota_gpus: 0,
+        stockouts_per_day: 0.7,
+    };
+    let dedicated = |provider, name, region, gpu_class, share, failing_node| Pool {
+        kind: pb::PoolKind::Dedicated,
+        provider,
+        name,
+        region,
+        gpu_class,
+        share,
+        nodes: 0,
+        failing_node,
+        crunches: Vec::new(),
+        quota_gpus: 0,
+        stockouts_per_day: 0.0,
+    };
+    let mut pools = vec![
+        managed("sagemaker", "sm-p4d", "us-east-1", "a100-40g", 0.25),
+        managed("vertex", "vertex-a3", "europe-west4", "h100", 0.20),
+        dedicated("slurm", "a100", "dc-east", "a100-80g", 0.30, Some(13)),
+        dedicated("slurm", "h100", "dc-east", "h100", 0.15, None),
+        dedicated("kubernetes", "l40s", "dc-west", "l40s", 0.10, None),
+    ];
+    size_for_rate(&mut pools, DEFAULT_JOBS_PER_HOUR);
+    pools
 }
 
 /// GPU classes a generated fleet cycles through (`simulate --gpu-classes N` takes the first N).
 pub const GPU_CLASSES: [&str; 8] = ["a100-40g", "a100-80g", "h100", "h200", "l4", "l40s", "b200", "mi300x"];
 
-/// A fleet of `pools` pools (0: the default four) built from the default four's shapes (kind, provider, region,
-/// wait behaviour) in turn, named `<shape>-<i>`, each with one GPU class: with `gpu_classes` > 0, pool `i` gets
+/// A fleet of `pools` pools (0: the default five) built from the default five's shapes (kind, provider, region,
+/// scheduler) in turn, named `<shape>-<i>`, each with one GPU class: with `gpu_classes` > 0, pool `i` gets
 /// class `i % gpu_classes` of [`GPU_CLASSES`]; with 0, its shape's own. Arrivals are shared out evenly within
-/// each shape. Names are leaked once per process (a simulation builds its fleet once).
-pub fn fleet(pools: usize, gpu_classes: usize) -> Vec<Pool> {
+/// each shape. Capacity is sized for `jobs_per_hour` ([`size_for_rate`]). Names are leaked once per process (a
+/// simulation builds its fleet once).
+pub fn fleet(pools: usize, gpu_classes: usize, jobs_per_hour: f64) -> Vec<Pool> {
     let base = default_pools();
     if pools == 0 && gpu_classes == 0 {
+        let mut base = base;
+        size_for_rate(&mut base, jobs_per_hour);
         return base;
     }
     let n = if pools == 0 { base.len() } else { pools };
     let per_shape = |k: usize| (0..n).filter(|i| i % base.len() == k).count().max(1) as f64;
-    (0..n)
+    let mut out = (0..n)
         .map(|i| {
             let shape = &base[i % base.len()];
             let name: &'static str =
@@ -158,7 +222,14 @@ pub fn fleet(pools: usize, gpu_classes: usize) -> Vec<Pool> {
                 ..shape.clone()
             }
         })
-        .collect()
+        .collect::<Vec<_>>();
+    // Fewer pools than shapes: the shares still add up to 1.
+    let total: f64 = out.iter().map(|p| p.share).sum();
+    for p in &mut out {
+        p.share /= total;
+    }
+    size_for_rate(&mut out, jobs_per_hour);
+    out
 }
 
 /// Relative arrival intensity by UTC hour: quiet nights, a working-day peak.
@@ -166,279 +237,9 @@ pub fn load_at_hour(hour: f64) -> f64 {
     0.35 + 0.65 * (0.5 - 0.5 * ((hour - 3.0) / 24.0 * 2.0 * std::f64::consts::PI).cos())
 }
 
-fn hour_of(ms: i64) -> f64 {
+/// The UTC hour of day (fractional) of `ms`.
+pub fn hour_of(ms: i64) -> f64 {
     (ms.rem_euclid(86_400_000)) as f64 / 3_600_000.0
-}
-
-const MIN: f64 = 60_000.0;
-
-/// Builds a job's events from its index and submit time. Events are returned in time order; `n` in each event
-/// id counts up from 0 so ids are stable across runs.
-pub fn job_events(seed: u64, idx: u64, submit_ms: i64, pools: &[Pool]) -> Vec<pb::LifecycleEvent> {
-    let mut r = Rng::derive(seed, idx);
-    let mut b =
-        Builder { seed, idx, job_id: String::new(), events: Vec::new(), source: "", attempt: None, nodes: Vec::new() };
-
-    let x = r.f64();
-    let mut acc = 0.0;
-    let pool = pools
-        .iter()
-        .find(|p| {
-            acc += p.share;
-            x < acc
-        })
-        .unwrap_or(&pools[pools.len() - 1]);
-    let urgent = r.chance(0.12);
-    let gpus = *r.pick(&[1u32, 2, 4, 8, 8, 8, 16, 32, 64]);
-    let managed = pool.kind == pb::PoolKind::Managed;
-    b.job_id = format!("{}/{}/{idx:07}", pool.provider, pool.name);
-    b.source = if managed { "sim/managed-adapter" } else { "sim/slurm-adapter" };
-    let team = *r.pick(&["nlp", "vision", "speech", "safety"]);
-    b.push(
-        submit_ms,
-        Kind::Submitted(pb::Submitted {
-            pool_kind: pool.kind as i32,
-            provider: pool.provider.into(),
-            pool: pool.name.into(),
-            priority: if urgent { pb::PriorityClass::Urgent } else { pb::PriorityClass::Normal } as i32,
-            gpu_class: pool.gpu_class.into(),
-            gpu_count: gpus,
-            node_count: gpus.div_ceil(8),
-            region: pool.region.into(),
-            team: team.into(),
-            project: format!("{team}-{}", r.next_u64() % 5),
-            chain_id: String::new(),
-            chain_stage: "train".into(),
-            labels: Default::default(),
-        }),
-    );
-
-    let load = load_at_hour(hour_of(submit_ms));
-    let size = (f64::from(gpus) / 8.0).max(0.25).sqrt();
-    let mut t = submit_ms as f64;
-    let queued = |b: &mut Builder, t: f64, reason: pb::WaitReason, raw: &str| {
-        b.push(
-            t as i64,
-            Kind::Queued(pb::Queued {
-                reason: reason as i32,
-                raw_reason: raw.into(),
-                message: String::new(),
-                estimated_start: None,
-                queue_position: None,
-            }),
-        )
-    };
-
-    // The initial wait.
-    t += r.uniform(1.0, 20.0) * 1000.0; // adapter poll delay before the first reason is seen
-    let crunch = pool.crunches.iter().any(|(from, to)| (*from..*to).contains(&submit_ms));
-    if managed {
-        queued(
-            &mut b,
-            t,
-            pb::WaitReason::Capacity,
-            if pool.provider == "sagemaker" { "Pending" } else { "JOB_STATE_QUEUED" },
-        );
-        t += if urgent {
-            // Reserved warm capacity.
-            r.lognormal(0.6 * MIN, 0.6)
-        } else if r.chance(0.2) {
-            r.pareto(10.0 * MIN, 1.3) * load * 1.3
-        } else {
-            r.lognormal(2.0 * MIN, 0.8) * load * 1.3
-        };
-    } else {
-        if !urgent && r.chance(0.06) {
-            queued(&mut b, t, pb::WaitReason::Quota, "QOSGrpGRES");
-            t += r.lognormal(25.0 * MIN, 0.9);
-        }
-        queued(&mut b, t, pb::WaitReason::Priority, "Priority");
-        t += if urgent { r.lognormal(0.2 * MIN, 0.6) } else { r.lognormal(8.0 * MIN, 1.0) * load * 1.5 };
-        queued(&mut b, t, pb::WaitReason::Capacity, "Resources");
-        // Urgent work preempts normal jobs: it waits for their checkpoint-and-exit, not for the queue to drain.
-        t += if urgent { r.lognormal(1.0 * MIN, 0.5) } else { r.lognormal(12.0 * MIN, 1.1) * load * size };
-    }
-    if crunch {
-        queued(&mut b, t, pb::WaitReason::Capacity, "capacity crunch: no H100 available");
-        t += r.uniform(20.0, 60.0) * MIN;
-    }
-    // Some jobs never start: cancelled while waiting, or misconfigured.
-    if r.chance(0.03) {
-        b.push(
-            t as i64,
-            Kind::Done(pb::Done {
-                outcome: pb::Outcome::Cancelled as i32,
-                exit_code: None,
-                message: "cancelled by user".into(),
-            }),
-        );
-        return b.events;
-    }
-    b.source = if managed { "sim/managed-adapter" } else { "sim/node-agent" };
-    let mut on_failing = assign(&mut b, &mut r, t, pool, gpus);
-    t = prepare(&mut b, &mut r, t, managed, urgent);
-    // A broken build fails at start now and then; urgent work (usually a re-run of known-good code) rarely.
-    if r.chance(if on_failing {
-        0.2
-    } else if urgent {
-        0.002
-    } else {
-        0.01
-    }) {
-        let message = if on_failing {
-            "CUDA error: uncorrectable ECC error encountered"
-        } else {
-            "CUDA error: no kernel image is available"
-        };
-        b.push(
-            t as i64,
-            Kind::Done(pb::Done { outcome: pb::Outcome::Failed as i32, exit_code: Some(1), message: message.into() }),
-        );
-        return b.events;
-    }
-
-    // Runs, with preemptions and node losses sending the job back to waiting.
-    let mut step: u64 = 0;
-    let total_run = r.lognormal(180.0 * MIN, 0.7);
-    let mut remaining = total_run;
-    let mut attempt = 1u32;
-    loop {
-        b.attempt = Some(attempt);
-        if trainer_reports(pool) {
-            let adapter = std::mem::replace(&mut b.source, "sim/training-process");
-            b.push(
-                t as i64,
-                Kind::FirstStep(pb::FirstStep { step: step + 1, origin: pb::StepOrigin::TrainingProcess as i32 }),
-            );
-            b.source = adapter;
-        }
-        // Spot capacity on managed endpoints is reclaimed far more often than dedicated nodes fail; normal
-        // dedicated work is sometimes preempted for urgent jobs; the failing node loses a third of its runs.
-        let interrupt_p = if on_failing {
-            0.35
-        } else if managed {
-            0.12
-        } else if urgent {
-            0.03
-        } else {
-            0.06
-        };
-        let interrupt_at = r.chance(interrupt_p).then(|| r.uniform(0.05, 0.95) * remaining);
-        let run_for = interrupt_at.unwrap_or(remaining);
-        let interval = r.uniform(15.0, 20.0) * MIN;
-        let mut since = 0.0;
-        let mut ckpt_step = step;
-        while since + interval < run_for {
-            since += interval;
-            ckpt_step = step + (since / 1000.0) as u64;
-            b.push(
-                (t + since) as i64,
-                Kind::Checkpoint(pb::Checkpoint {
-                    step: ckpt_step,
-                    uri: format!("s3://ckpt/{}/{ckpt_step}", b.idx),
-                    save_seconds: r.uniform(20.0, 90.0),
-                }),
-            );
-        }
-        t += run_for;
-        step += (run_for / 1000.0) as u64;
-        remaining -= run_for;
-        if interrupt_at.is_none() {
-            break;
-        }
-        let lost_node = b.nodes.first().cloned().filter(|_| !managed && (on_failing || r.chance(0.5)));
-        if let Some(node) = lost_node {
-            b.push(t as i64, Kind::NodeLost(pb::NodeLost { node, message: "node not responding".into() }));
-        } else {
-            let saved = r.chance(0.5);
-            let reason = if managed { "spot-interruption" } else { "priority" };
-            b.push(t as i64, Kind::Preempted(pb::Preempted { reason: reason.into(), checkpoint_saved: saved }));
-            if saved {
-                ckpt_step = step;
-            }
-        }
-        // Resume from the last checkpoint: work since then is redone.
-        remaining += (step - ckpt_step) as f64 * 1000.0;
-        step = ckpt_step;
-        attempt += 1;
-        b.attempt = Some(attempt);
-        t += r.uniform(5.0, 30.0) * 1000.0;
-        b.push(t as i64, Kind::Requeued(pb::Requeued { resume_step: step }));
-        queued(&mut b, t + 1000.0, pb::WaitReason::PreemptionRecovery, "requeued");
-        t += r.lognormal(6.0 * MIN, 0.9) * load;
-        on_failing = assign(&mut b, &mut r, t, pool, gpus);
-        t = prepare(&mut b, &mut r, t, managed, urgent);
-    }
-    let (outcome, code, msg) = match r.f64() {
-        x if x < 0.90 => (pb::Outcome::Succeeded, Some(0), ""),
-        x if x < 0.97 => (pb::Outcome::Failed, Some(1), "loss became nan"),
-        _ => (pb::Outcome::TimedOut, None, "time limit reached"),
-    };
-    b.push(t as i64, Kind::Done(pb::Done { outcome: outcome as i32, exit_code: code, message: msg.into() }));
-    b.events
-}
-
-/// Places the job: one node per 8 GPUs, distinct nodes of a dedicated pool, fresh instances of a managed one.
-/// Returns whether the failing node is among them.
-fn assign(b: &mut Builder, r: &mut Rng, t: f64, pool: &Pool, gpus: u32) -> bool {
-    let want = gpus.div_ceil(8).max(1);
-    let mut nodes: Vec<u32> = Vec::new();
-    let names: Vec<String> = if pool.nodes == 0 {
-        (0..want).map(|_| format!("{}-i-{:08x}", pool.name, r.next_u64() as u32)).collect()
-    } else {
-        let want = want.min(pool.nodes);
-        while (nodes.len() as u32) < want {
-            let n = (r.next_u64() % u64::from(pool.nodes)) as u32;
-            if !nodes.contains(&n) {
-                nodes.push(n);
-            }
-        }
-        nodes.iter().map(|n| node_name(pool.name, *n)).collect()
-    };
-    let failing = pool.failing_node.is_some_and(|f| nodes.contains(&f));
-    // The failing node reports losses under its own name.
-    if failing {
-        if let Some(f) = pool.failing_node {
-            b.nodes = vec![node_name(pool.name, f)];
-        }
-    } else {
-        b.nodes = names.clone();
-    }
-    b.push(t as i64, Kind::NodeAssigned(pb::NodeAssigned { nodes: names, gpu_ids: vec![] }));
-    failing
-}
-
-fn prepare(b: &mut Builder, r: &mut Rng, mut t: f64, managed: bool, urgent: bool) -> f64 {
-    let phase = |b: &mut Builder, t: f64, p: pb::PreparingPhase| {
-        b.push(t as i64, Kind::Preparing(pb::Preparing { phase: p as i32, message: String::new() }))
-    };
-    if managed && urgent {
-        // A warm instance from the reserved pool with the image cached: staging only.
-        phase(b, t, pb::PreparingPhase::DataStaging);
-        t += r.lognormal(1.2 * MIN, 0.6);
-    } else if managed {
-        phase(b, t, pb::PreparingPhase::Provisioning);
-        t += r.lognormal(4.0 * MIN, 0.4);
-        phase(b, t, pb::PreparingPhase::ImagePull);
-        t += r.lognormal(3.0 * MIN, 0.5);
-        phase(b, t, pb::PreparingPhase::DataStaging);
-        t += r.lognormal(2.5 * MIN, 0.8);
-    } else {
-        // Urgent work runs from images and datasets kept warm on the nodes.
-        if r.chance(if urgent { 0.03 } else { 0.15 }) {
-            phase(b, t, pb::PreparingPhase::ImagePull);
-            t += r.lognormal(2.0 * MIN, 0.6);
-        }
-        phase(b, t, pb::PreparingPhase::DataStaging);
-        t += if urgent { r.lognormal(0.5 * MIN, 0.5) } else { r.lognormal(1.0 * MIN, 0.8) };
-    }
-    if managed {
-        // The adapter sees the container start; the environment phase inside it is the training loop's to report.
-        b.push(t as i64, Kind::FirstStep(pb::FirstStep { step: 0, origin: pb::StepOrigin::ContainerStart as i32 }));
-    } else {
-        phase(b, t, pb::PreparingPhase::Environment);
-    }
-    t + if urgent { r.lognormal(0.5 * MIN, 0.4) } else { r.lognormal(0.75 * MIN, 0.5) }
 }
 
 /// Whether a pool's jobs report their own first step from the training loop: every dedicated job (its node
@@ -448,28 +249,76 @@ pub fn trainer_reports(pool: &Pool) -> bool {
     pool.kind == pb::PoolKind::Dedicated || pool.provider != "vertex"
 }
 
-struct Builder {
-    seed: u64,
-    idx: u64,
-    job_id: String,
-    source: &'static str,
-    attempt: Option<u32>,
-    events: Vec<pb::LifecycleEvent>,
-    /// The nodes of the current placement (the failing one alone when it is among them).
-    nodes: Vec<String>,
+/// Teams jobs belong to; on dedicated pools each holds at most [`Pool::team_limit`] GPUs at once.
+pub const TEAMS: [&str; 4] = ["nlp", "vision", "speech", "safety"];
+
+/// GPU counts jobs ask for (drawn uniformly): one node or less, or whole nodes.
+pub const JOB_GPUS: [u32; 10] = [1, 1, 2, 4, 4, 8, 8, 8, 16, 32];
+
+const MIN: f64 = 60_000.0;
+
+/// What an arriving job asks for and how its work goes, drawn from the job's own random stream.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    /// Index of its pool in the fleet.
+    pub pool: usize,
+    /// Urgent (else normal).
+    pub urgent: bool,
+    /// GPUs (a multiple of [`GPUS_PER_NODE`] when more than one node).
+    pub gpus: u32,
+    /// Owning team (one of [`TEAMS`]).
+    pub team: usize,
+    /// Project.
+    pub project: String,
+    /// Training time the job needs (ms), after preparation.
+    pub work_ms: i64,
+    /// The time limit of a run (ms), from its start: what the user asked the scheduler for, usually well above
+    /// the need, now and then below it (the run times out).
+    pub limit_ms: i64,
+    /// The adapter's poll delay before it first sees the job waiting (ms).
+    pub poll_ms: i64,
+    /// The user cancels the job if it has not started this long after its submit.
+    pub cancel_after_ms: Option<i64>,
+    /// How the job ends once its work is done: succeeded, or failed (`loss became nan`).
+    pub fails_at_end: bool,
 }
 
-impl Builder {
-    fn push(&mut self, at: i64, kind: Kind) {
-        let n = self.events.len();
-        let attempt = self.attempt;
-        self.events.push(pb::LifecycleEvent {
-            event_id: format!("sim-{:x}-{}-{n}", self.seed, self.idx),
-            job_id: self.job_id.clone(),
-            attempt,
-            source: self.source.into(),
-            occurred_at: Some(ms_to_timestamp(at)),
-            kind: Some(kind),
-        });
+impl JobSpec {
+    /// Nodes the job runs on.
+    pub fn node_count(&self) -> u32 {
+        self.gpus.div_ceil(GPUS_PER_NODE).max(1)
+    }
+}
+
+/// Draws a job: its pool by share, its priority (12% urgent), size, team, work and time limit.
+pub fn draw_job(r: &mut Rng, pools: &[Pool]) -> JobSpec {
+    let x = r.f64();
+    let mut acc = 0.0;
+    let pool = pools
+        .iter()
+        .position(|p| {
+            acc += p.share;
+            x < acc
+        })
+        .unwrap_or(pools.len().saturating_sub(1));
+    let urgent = r.chance(0.12);
+    let gpus = *r.pick(&JOB_GPUS);
+    let team = (r.next_u64() % TEAMS.len() as u64) as usize;
+    let project = format!("{}-{}", TEAMS[team], r.next_u64() % 5);
+    let work = r.lognormal(50.0 * MIN, 0.8).clamp(5.0 * MIN, 24.0 * 60.0 * MIN);
+    // Limits are asked for in half hours, with room for preparation; 3% are set too short.
+    let asked = if r.chance(0.03) { work * r.uniform(0.5, 0.9) } else { work * r.uniform(1.2, 2.5) + 15.0 * MIN };
+    let limit = ((asked / (30.0 * MIN)).ceil().max(1.0) * 30.0 * MIN) as i64;
+    JobSpec {
+        pool,
+        urgent,
+        gpus,
+        team,
+        project,
+        work_ms: work as i64,
+        limit_ms: limit,
+        poll_ms: (r.uniform(1.0, 20.0) * 1000.0) as i64,
+        cancel_after_ms: r.chance(0.03).then(|| r.lognormal(20.0 * MIN, 1.0) as i64),
+        fails_at_end: r.chance(0.07),
     }
 }

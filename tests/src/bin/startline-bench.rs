@@ -27,7 +27,8 @@
 //!
 //! Results print as Markdown for BENCHMARKS.md. Timings live here, never in tests.
 
-use startline_agent::simulate::model::{default_pools, job_events};
+use startline_agent::simulate::engine::{self, FleetConfig};
+use startline_agent::simulate::model::fleet;
 use startline_collector::job::{CompactEvent, JobRecord};
 use startline_collector::store::{encode_log_value, Store};
 use startline_proto::pb::{self, ingest_service_client::IngestServiceClient, ingest_service_server};
@@ -95,19 +96,24 @@ fn parse_args() -> Result<Args, String> {
     Ok(a)
 }
 
-/// Simulated events (realistic sizes and mixes), relabelled per phase so every phase stores fresh events.
+/// Simulated events (realistic sizes and mixes: a job every 30 s on a fleet sized for that rate), each job's
+/// together, relabelled per phase so every phase stores fresh events.
 fn make_events(n: usize, phase: &str) -> Vec<pb::LifecycleEvent> {
-    let pools = default_pools();
     let t0 = startline_proto::time::now_ms() - 40 * 86_400_000;
+    let end = t0 + 35 * 86_400_000;
+    let times: Vec<i64> = (0..).map(|j: i64| t0 + j * 30_000).take_while(|t| *t < end - 86_400_000).collect();
+    let stream = engine::events(FleetConfig::new(9, fleet(0, 0, 120.0), t0), times, end);
     let mut out = Vec::with_capacity(n);
-    let mut job = 0u64;
-    while out.len() < n {
-        for mut e in job_events(9, job, t0 + job as i64 * 30_000, &pools) {
+    for job in engine::by_job(stream) {
+        for mut e in job {
             e.job_id = format!("{phase}/{}", e.job_id);
             out.push(e);
         }
-        job += 1;
+        if out.len() >= n {
+            break;
+        }
     }
+    assert!(out.len() >= n, "35 days of a job every 30 s hold {} events, {n} asked for", out.len());
     out.truncate(n);
     out
 }
@@ -304,14 +310,16 @@ fn logical_bytes(events: &[pb::LifecycleEvent]) -> u64 {
 /// store API, checkpointed as a cleanly stopped collector leaves it.
 fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
     let store = Store::open(path).expect("open");
-    let pools = default_pools();
     let t0 = startline_proto::time::now_ms() - 30 * 86_400_000;
     let mut seq = 0u64;
     let mut chunk: BTreeMap<String, JobRecord> = BTreeMap::new();
     let mut entries = Vec::new();
-    for j in 0..jobs {
-        // Spread over the 30 days before now.
-        let evs = job_events(5, j, t0 + (j as i128 * 30 * 86_400_000 / jobs.max(1) as i128) as i64, &pools);
+    // Spread over the 30 days before now, on a fleet sized for that rate; every job runs to its end.
+    let times: Vec<i64> = (0..jobs).map(|j| t0 + (j as i128 * 30 * 86_400_000 / jobs.max(1) as i128) as i64).collect();
+    let rate = jobs as f64 / (30.0 * 24.0);
+    let stream = engine::events(FleetConfig::new(5, fleet(0, 0, rate), t0), times, t0 + 33 * 86_400_000);
+    for (j, evs) in engine::by_job(stream).enumerate() {
+        let j = j as u64;
         // A tenth still waiting (submitted and queued); the rest up to and including their first step.
         let first_step = evs
             .iter()
