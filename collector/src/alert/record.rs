@@ -45,7 +45,7 @@ pub fn encode_all(alerts: &[AlertRecord]) -> Result<Vec<(String, Vec<u8>)>, Reco
     alerts.iter().map(encode).collect()
 }
 
-/// Decodes a stored body (already unsealed by the store, or a legacy bare-JSON value, which is the same JSON).
+/// Decodes a stored body (already unsealed by the store).
 pub fn decode(body: &[u8]) -> Result<AlertRecord, RecordError> {
     Ok(serde_json::from_slice(body)?)
 }
@@ -95,16 +95,6 @@ mod tests {
         }
         let back: Vec<AlertRecord> = store.load_alerts().expect("load");
         assert_eq!(back, alerts);
-    }
-
-    #[test]
-    fn legacy_bare_json_decodes() {
-        // Written before checksums: the bare JSON body, no version byte.
-        let legacy = br#"{"key":"job/s/j","labels":{},"annotations":{},"starts_at_ms":7,"resolved_at_ms":null}"#;
-        let a = AlertRecord::try_from(("job/s/j".to_string(), legacy.to_vec())).expect("decode legacy");
-        assert_eq!(a.key, "job/s/j");
-        assert_eq!(a.starts_at_ms, 7);
-        assert!(a.firing());
     }
 
     #[test]

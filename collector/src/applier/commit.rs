@@ -39,7 +39,7 @@ impl Committer {
             return Ok(self.store.folded_events(job_id, summary)?.iter().any(|(_, e)| e.event_id == event_id));
         }
         for seq in seqs {
-            if self.store.job_event(job_id, seq)?.is_some_and(|e| e.event_id == event_id) {
+            if self.store.event(seq)?.is_some_and(|e| e.event_id == event_id) {
                 return Ok(true);
             }
         }
@@ -389,7 +389,7 @@ impl Committer {
     /// was folded since (by the fold pass, between the duplicate check and now), from the store.
     fn unfold(&self, idx: &mut JobIndex, job_id: &str, folded: &FoldedEvents, now: i64) {
         let read;
-        let summary = idx.folded(job_id).map_or(crate::store::LEGACY_SUMMARY, |r| r.summary());
+        let summary = idx.folded(job_id).map_or(crate::store::NO_SUMMARY, |r| r.summary());
         let archived = match folded.get(job_id) {
             Some(a) => a,
             None => match self.store.folded_events(job_id, summary) {

@@ -195,7 +195,7 @@ impl FoldPass {
             return Err(e);
         }
         let t_write = t0.elapsed();
-        if let Err(e) = store.fold_delete(&writes, max_seq) {
+        if let Err(e) = store.fold_delete(max_seq) {
             // The summaries are stored (and replaced the older ones): the jobs stay hot with them as stale.
             self.keep_stale(&writes, true);
             unpin(&pins);

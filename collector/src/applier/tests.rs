@@ -66,7 +66,7 @@ fn stored_by_index(index: &SharedIndex, store: &Store) -> BTreeSet<(String, Stri
     let mut out = BTreeSet::new();
     for (job_id, hot) in &idx.jobs {
         for e in &hot.rec.events {
-            let ev = store.job_event(job_id, e.seq).expect("read").unwrap_or_else(|| panic!("{job_id} seq {}", e.seq));
+            let ev = store.event(e.seq).expect("read").unwrap_or_else(|| panic!("{job_id} seq {}", e.seq));
             assert_eq!(&ev.job_id, job_id, "seq {} reads another job's event", e.seq);
             assert_eq!(crate::job::event_id_hash(&ev.event_id), e.id_hash, "seq {} reads another event", e.seq);
             out.insert((ev.job_id, ev.event_id));
@@ -154,7 +154,7 @@ async fn a_failed_group_commit_halts_writes_and_the_next_start_serves_every_ackn
     let mut got = BTreeSet::new();
     for (job_id, rec) in &restored.jobs {
         for e in &rec.events {
-            let ev = store.job_event(job_id, e.seq).expect("read").expect("stored");
+            let ev = store.event(e.seq).expect("read").expect("stored");
             assert_eq!(crate::job::event_id_hash(&ev.event_id), e.id_hash);
             assert!(got.insert((job_id.clone(), ev.event_id)), "an event stored twice");
         }
@@ -460,7 +460,7 @@ proptest! {
                 let mut in_log = BTreeSet::new();
                 let listed = r.store.log_after(0, usize::MAX).expect("log");
                 for (seq, job_id, _) in &listed {
-                    let Some(ev) = r.store.job_event(job_id, *seq).expect("read") else {
+                    let Some(ev) = r.store.event(*seq).expect("read") else {
                         panic!("step {step}: the log lists seq {seq} of {job_id}, a read by sequence does not find it");
                     };
                     in_log.insert((job_id.clone(), ev.event_id));

@@ -20,11 +20,9 @@ use std::sync::Arc;
 
 /// "No value" in an `i64` time field of a row.
 const NONE: i64 = i64::MIN;
-/// The summary body's format (inside the store's seal): 2 adds checkpoint save and failed-run time (format-1
-/// rows read back with both at 0), 3 adds the placements (format-2 rows read back with none).
+/// The summary body's format (inside the store's pack): `SUMMARY_FORMAT ++ postcard((Disk, [checkpoint save ms,
+/// failed-run ms], placements))`.
 const SUMMARY_FORMAT: u8 = 3;
-const SUMMARY_FORMAT_2: u8 = 2;
-const SUMMARY_FORMAT_1: u8 = 1;
 
 /// One folded job. Times are Unix milliseconds, [`NONE`] when absent.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,8 +58,7 @@ pub struct Folded {
     waits: Box<[(Segment, i64)]>,
     /// Where it ran.
     placements: Box<[Placement]>,
-    /// The number of its summary in the store (0: keyed by its job id, as older collectors stored them); not
-    /// part of the summary body.
+    /// The number of its summary in the store (from 1; 0 while it has none); not part of the summary body.
     summary: u64,
 }
 
@@ -252,13 +249,6 @@ impl Folded {
         let (d, [checkpoint_save_ms, failed_work_ms], placements) = match body.split_first() {
             Some((&SUMMARY_FORMAT, rest)) => {
                 postcard::from_bytes::<(Disk, [i64; 2], Vec<Placement>)>(rest).map_err(|e| e.to_string())?
-            }
-            Some((&SUMMARY_FORMAT_2, rest)) => {
-                let (d, extra) = postcard::from_bytes::<(Disk, [i64; 2])>(rest).map_err(|e| e.to_string())?;
-                (d, extra, Vec::new())
-            }
-            Some((&SUMMARY_FORMAT_1, rest)) => {
-                (postcard::from_bytes::<Disk>(rest).map_err(|e| e.to_string())?, [0, 0], Vec::new())
             }
             _ => return Err(format!("unknown summary format {:?}", body.first())),
         };

@@ -109,14 +109,11 @@ struct Writer {
 pub struct Acknowledged {
     /// The highest sequence known to have been acknowledged (0: none).
     pub through: u64,
-    /// Sequences up to this one may be missing from the log's end without damage: older collectors' folds
-    /// deleted the newest log entries (see the store's `log_gap` record).
-    pub gap_through: u64,
 }
 
 impl Acknowledged {
     /// Whether an append cut off at the newest segment's end was acknowledged. Its own header says where it
-    /// started (`cut_first`); without one, it started past every sequence `kept` and past the gap.
+    /// started (`cut_first`); without one, it started past every sequence `kept`.
     fn covers(
         &self,
         cut_first: Option<u64>,
@@ -127,7 +124,7 @@ impl Acknowledged {
         }
         Ok(match cut_first {
             Some(first) => self.through >= first,
-            None => self.through > kept()?.max(self.gap_through),
+            None => self.through > kept()?,
         })
     }
 }
@@ -1117,25 +1114,23 @@ mod tests {
         for (i, (tail, readable)) in cases.iter().enumerate() {
             let mut damaged = full.clone();
             damaged.extend_from_slice(tail);
-            for gap in [0, kept_last + 30] {
-                // The lowest acknowledged sequence that proves the append was acknowledged: with its header, its
-                // first sequence (100); without, one past what is kept and past the gap older collectors left.
-                let refused_from = if *readable { 100 } else { kept_last.max(gap) + 1 };
-                for through in [0, refused_from - 1, refused_from, refused_from + 10] {
-                    std::fs::write(newest_seg(&path), &damaged).expect("write");
-                    let opened = LogFiles::open(&path, 1 << 20, Acknowledged { through, gap_through: gap });
-                    let len = std::fs::metadata(newest_seg(&path)).expect("meta").len();
-                    let what = format!("case {i}, gap {gap}, acknowledged through {through}");
-                    if through >= refused_from {
-                        let err = opened.err().unwrap_or_else(|| panic!("{what}: refused"));
-                        assert!(err.is_damage() && err.to_string().contains("acknowledged"), "{what}: {err}");
-                        assert_eq!(len, damaged.len() as u64, "{what}: a refused open cuts nothing");
-                    } else {
-                        let (files, stats) = opened.unwrap_or_else(|e| panic!("{what}: {e}"));
-                        assert_eq!(stats.torn_bytes, tail.len() as u64, "{what}");
-                        assert_eq!(all(&files), model, "{what}");
-                        assert_eq!(len, full.len() as u64, "{what}");
-                    }
+            // The lowest acknowledged sequence that proves the append was acknowledged: with its header, its
+            // first sequence (100); without, one past what is kept.
+            let refused_from = if *readable { 100 } else { kept_last + 1 };
+            for through in [0, refused_from - 1, refused_from, refused_from + 10] {
+                std::fs::write(newest_seg(&path), &damaged).expect("write");
+                let opened = LogFiles::open(&path, 1 << 20, Acknowledged { through });
+                let len = std::fs::metadata(newest_seg(&path)).expect("meta").len();
+                let what = format!("case {i}, acknowledged through {through}");
+                if through >= refused_from {
+                    let err = opened.err().unwrap_or_else(|| panic!("{what}: refused"));
+                    assert!(err.is_damage() && err.to_string().contains("acknowledged"), "{what}: {err}");
+                    assert_eq!(len, damaged.len() as u64, "{what}: a refused open cuts nothing");
+                } else {
+                    let (files, stats) = opened.unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(stats.torn_bytes, tail.len() as u64, "{what}");
+                    assert_eq!(all(&files), model, "{what}");
+                    assert_eq!(len, full.len() as u64, "{what}");
                 }
             }
         }
@@ -1145,7 +1140,7 @@ mod tests {
         let rolled = seg_path(&path, 100);
         for through in [kept_last, kept_last + 1] {
             std::fs::write(&rolled, &frame[..HEADER - 1]).expect("write");
-            let opened = LogFiles::open(&path, 1 << 20, Acknowledged { through, gap_through: 0 });
+            let opened = LogFiles::open(&path, 1 << 20, Acknowledged { through });
             if through > kept_last {
                 assert!(opened.is_err_and(|e| e.is_damage()), "refused at {through}");
                 assert!(rolled.exists(), "a refused open removes nothing");

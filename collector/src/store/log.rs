@@ -6,15 +6,14 @@
 //! [`BLOCK_MAX_RAW`] bytes each), each sealed (version [`BLOCK_VERSION`]) `[format] ++ varint(count) ++
 //! varint(last seq - first seq) ++ payload`, the payload being per event, in sequence order, `varint(seq - first
 //! seq) ++ varint(len) ++ protobuf LifecycleEvent`; format 1 keeps it as is, format 2 is `varint(raw length) ++
-//! zstd(payload)` (blocks over 256 bytes, when smaller). Its first sequence is in its frame (and was its key in
-//! sled, `[0u8] ++ first seq` big-endian, in stores written before the log's files). Blocks never overlap.
+//! zstd(payload)` (blocks over 256 bytes, when smaller). Its first sequence is in its frame. Blocks never overlap.
 //!
 //! Sequences are never reused, not even those of a failed group commit (a failed append is cut from the file;
 //! one the file kept although the commit failed stays, and is read back by the next start), so a lookup by sequence always
 //! lands on the block that holds it.
 //!
-//! Events leave the log when their job is deleted by retention (a folded job's summary lists its sequences; old
-//! stores' folds moved events into archives and left dead records). Gone events are listed in their block's
+//! Events leave the log when their job is deleted by retention (a folded job's summary lists its sequences).
+//! Gone events are listed in their block's
 //! *dead record*, key `[1u8] ++ first seq`, value sealed (version [`DEAD_VERSION`]) `varint(count) ++ varint(n)
 //! ++ n x varint(seq delta)` (count: the block's events; deltas from the block's first seq, then from the
 //! previous dead seq), written in the same sled transaction as the rest of the job's removal. Once a segment's
@@ -41,39 +40,24 @@ const FORMAT_RAW: u8 = 1;
 const FORMAT_ZSTD: u8 = 2;
 const COMPRESS_OVER: usize = 256;
 const ZSTD_LEVEL: i32 = 1;
-const BLOCK_PREFIX: u8 = 0;
 const DEAD_PREFIX: u8 = 1;
-
-/// Key of the block starting at `first`.
-pub(super) fn block_key(first: u64) -> [u8; 9] {
-    prefixed(BLOCK_PREFIX, first)
-}
 
 /// Key of the dead record of the block starting at `first`.
 pub(super) fn dead_key(first: u64) -> [u8; 9] {
-    prefixed(DEAD_PREFIX, first)
-}
-
-/// The key range of every block (dead records sort after it).
-pub(super) fn all_blocks() -> Range<[u8; 9]> {
-    block_key(0)..dead_key(0)
-}
-
-fn prefixed(prefix: u8, seq: u64) -> [u8; 9] {
-    let mut k = [prefix; 9];
-    k[1..].copy_from_slice(&seq.to_be_bytes());
+    let mut k = [DEAD_PREFIX; 9];
+    k[1..].copy_from_slice(&first.to_be_bytes());
     k
 }
 
-/// The first sequence in a block or dead-record key.
+/// The first sequence in a dead-record key.
 pub(super) fn key_seq(key: &[u8]) -> Result<u64, StoreError> {
     match key {
-        [BLOCK_PREFIX | DEAD_PREFIX, rest @ ..] if rest.len() == 8 => {
+        [DEAD_PREFIX, rest @ ..] if rest.len() == 8 => {
             let mut a = [0u8; 8];
             a.copy_from_slice(rest);
             Ok(u64::from_be_bytes(a))
         }
-        _ => Err(corrupt("log", key, "not a block key")),
+        _ => Err(corrupt("log", key, "not a dead-record key")),
     }
 }
 
@@ -152,7 +136,7 @@ pub(super) struct BlockMeta {
 }
 
 fn block_header(kind: Kind, first: u64, v: &[u8]) -> Result<(u8, BlockMeta, &[u8]), StoreError> {
-    let body = unseal_as(kind.version, v, false).map_err(|r| kind.bad(first, r))?;
+    let body = unseal_as(kind.version, v).map_err(|r| kind.bad(first, r))?;
     let Some((&format, mut rest)) = body.split_first() else { return Err(kind.bad(first, "empty value")) };
     if !matches!(format, FORMAT_RAW | FORMAT_ZSTD) {
         return Err(kind.bad(first, format!("unknown block format {format}")));
@@ -313,7 +297,7 @@ pub(super) fn encode_dead(first: u64, dead: &Dead) -> Vec<u8> {
 /// Decodes a dead record of the block starting at `first`.
 pub(super) fn decode_dead(first: u64, v: &[u8]) -> Result<Dead, StoreError> {
     let bad = |r: String| StoreError::Corrupt { what: "log", key: format!("dead record {first}"), reason: r };
-    let mut body = unseal_as(DEAD_VERSION, v, false).map_err(bad)?;
+    let mut body = unseal_as(DEAD_VERSION, v).map_err(bad)?;
     let count = decode_varint(&mut body).map_err(|e| bad(e.to_string()))?;
     let n = decode_varint(&mut body).map_err(|e| bad(e.to_string()))?;
     if count == 0 || count > u64::from(u32::MAX) || n > count {
@@ -522,80 +506,6 @@ impl<'a> Events<'a> {
             }
         }
     }
-}
-
-/// Moves the blocks of a log kept in sled (tree `log_blocks`, written by collectors before the log's files)
-/// into the log's files, then deletes them from the tree (dead records stay: blocks move unchanged). Safe to
-/// repeat after a crash part-way: blocks at or below the files' last sequence are already moved.
-pub(super) fn migrate_to_files(db: &sled::Db, tree: &sled::Tree, files: &LogFiles) -> Result<u64, StoreError> {
-    let done_through = files.last_seq();
-    let mut moved = 0u64;
-    let mut pending: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut pending_bytes = 0usize;
-    for kv in tree.range(all_blocks()) {
-        let (k, v) = kv?;
-        let first = key_seq(&k)?;
-        if done_through > 0 && first <= done_through {
-            continue;
-        }
-        moved += u64::from(block_meta(first, &v)?.count);
-        pending_bytes += v.len();
-        pending.push((first, v.to_vec()));
-        if pending_bytes >= 4 << 20 {
-            files.append(&pending)?;
-            pending.clear();
-            pending_bytes = 0;
-        }
-    }
-    files.append(&pending)?;
-    let mut batch = sled::Batch::default();
-    for kv in tree.range(all_blocks()) {
-        batch.remove(kv?.0);
-    }
-    tree.apply_batch(batch)?;
-    db.flush()?;
-    Ok(moved)
-}
-
-/// Moves a version-1/2 log (tree `log`, one value per event) into blocks, then empties it. Safe to repeat after a
-/// crash part-way: entries at or below the last block's last sequence are already moved.
-pub(super) fn migrate_legacy(db: &sled::Db, legacy: &sled::Tree, blocks: &sled::Tree) -> Result<u64, StoreError> {
-    let done_through = match blocks.range(all_blocks()).next_back() {
-        Some(kv) => {
-            let (k, v) = kv?;
-            block_meta(key_seq(&k)?, &v)?.last
-        }
-        None => 0,
-    };
-    let mut moved = 0u64;
-    let mut pending: Vec<(u64, Vec<u8>)> = Vec::new();
-    let flush_pending = |pending: &mut Vec<(u64, Vec<u8>)>| -> Result<(), StoreError> {
-        let refs: Vec<(u64, &[u8])> = pending.iter().map(|(s, b)| (*s, b.as_slice())).collect();
-        let mut batch = sled::Batch::default();
-        for (first, v) in encode_blocks(&refs)? {
-            batch.insert(&block_key(first), v);
-        }
-        blocks.apply_batch(batch)?;
-        pending.clear();
-        Ok(())
-    };
-    for kv in legacy.range((done_through.saturating_add(1)).to_be_bytes()..) {
-        let (k, v) = kv?;
-        let seq = super::seq_from_key(&k)?;
-        let body = super::unseal(&v, true).map_err(|r| super::corrupt_log(&k, r))?;
-        pending.push((seq, body.to_vec()));
-        moved += 1;
-        if pending.len() >= 64 * BLOCK_MAX_EVENTS {
-            flush_pending(&mut pending)?;
-        }
-    }
-    if !pending.is_empty() {
-        flush_pending(&mut pending)?;
-    }
-    db.flush()?;
-    legacy.clear()?;
-    db.flush()?;
-    Ok(moved)
 }
 
 /// zstd decompression of at most `capacity` bytes with this thread's decompression context, reused: creating

@@ -10,8 +10,7 @@
 //!   appended to segment files (framing, torn tails, deletes and rewrites: see [`files`]). An event is
 //!   acknowledged only after its block's append is synced (and sled flushed). Outside sled, so the log costs
 //!   its compressed bytes on disk and nothing more (sled keeps superseded pages until a segment of its file is
-//!   mostly garbage). Stores written before the log's files kept the blocks in tree `log_blocks`, and before
-//!   blocks one value per event in tree `log`; opening such a store moves them into the files once.
+//!   mostly garbage).
 //! - tree `log_blocks`: the dead records of the log's blocks (see [`log`]).
 //! - directory `snaps/` beside sled's files: the hot jobs' snapshots, as *parts* (format and names: see
 //!   [`snaps`]): one or more zstd files per checkpoint, each holding the compact events of many jobs. A checkpoint
@@ -27,25 +26,18 @@
 //!   keeps a superseded value's space until its segment is mostly garbage), and sled holds only small values.
 //!   Parts are never edited: a fold leaves a folded job's events in them (restore tells by its summary, which
 //!   lists every one of them), and retention writes a *tombstone* for each job it deletes (tree `jobs`), so that
-//!   restore skips the job's events in parts written before (the next base removes it). Collectors before the
-//!   parts' files kept parts as values of tree `jobs`: they are still read, and the next base removes them.
-//! - tree `jobs`: `[1u8] ++ job_id`: a job's snapshot written before parts, still read (with what parts hold
-//!   of the job: the union), removed by the next base: version 6 is `varint(n) ++ n sequence deltas`, the log
-//!   sequences of the job's events (read from the log in one pass in sequence order); version 5
-//!   `postcard(Vec<CompactEvent>)`.
+//!   restore skips the job's events in parts written before (the next base removes it). Stores written by
+//!   Startline 0.1.0 keep parts as values of tree `jobs` (`tests/fixtures/store-0.1.0` holds one): they are
+//!   read, and the next base removes them.
 //! - tree `jobs`, key `[0u8] ++ "checkpoint_seq"` -> sealed u64 big-endian: the marker.
 //! - tree `jobs`, key `[0u8] ++ "snapshot_seq"` -> sealed u64 big-endian: the highest sequence a snapshot part
 //!   may hold, written before the parts that hold it (parts may run past the marker). With the marker and
 //!   `max_seq` it tells an open which log sequences were acknowledged: damage at the log's end that holds one
 //!   is refused, never cut as a torn write (see [`files`]). The stream's `log_through` (below) proves the same.
-//! - tree `jobs`, key `[0u8] ++ "log_gap"` -> sealed u64 big-endian: written at an open that finds the log ending
-//!   below the sequences sled knows were acknowledged (older collectors' folds deleted the newest log entries):
-//!   sequences up to it may be missing from the log's end without damage.
 //! - tree `jobs`, key `[0u8] ++ "deleted_through"` -> sealed i64 big-endian: the latest end time (Unix ms) of
 //!   the jobs retention deleted for `store.folded_budget_mib`, written with their deletion.
 //! - tree `jobs`, key `[0u8] ++ "max_seq"` -> sealed u64 big-endian: the highest sequence in use when a fold
-//!   last ran (sequence numbers never go back, even when retention deletes the newest log entries; older
-//!   collectors' folds removed log entries too).
+//!   last ran (sequence numbers never go back, even when retention deletes the newest log entries).
 //! - tree `summaries`: the summaries of folded jobs (ended jobs whose history left memory), packed many to a
 //!   value: `[0xFE] ++ first summary number` (u64 big-endian) -> a pack of the summaries of one fold chunk with
 //!   consecutive numbers (format, rewrites and damage: see [`packs`]). A summary is `varint(n) ++ n varint
@@ -55,16 +47,7 @@
 //!   few thousand compressed values per 100k folded jobs front to back. A job has at most one summary: a fold
 //!   that replaces an older summary (of a job folded again after a late event) removes it in the same batch (its
 //!   pack is rewritten without it); if a failed write left two anyway, restore keeps the highest number.
-//!   Older layouts in the same tree are still read, replaced by a new fold of their job and deleted by
-//!   retention, never written: single summaries `[0xFF] ++ number ++ job_id` sealed as version 3 (the summary
-//!   above, alone); before summary numbers, single summaries keyed by the bare `job_id` (0xFE and 0xFF never start
-//!   UTF-8), summary number [`LEGACY_SUMMARY`]; version-2 summaries (written before folded events stayed in the
-//!   log) are the bare body, their events in the job's archive.
-//! - tree `archive` (written by collectors before folded events stayed in the log; read, deleted by retention,
-//!   never written): `job_id` -> sealed archive of a folded job's events, as `[format 1] ++ varint(raw length)
-//!   ++ zstd(raw)`, raw being, per event in sequence order, `varint(seq delta) ++ varint(len) ++ protobuf
-//!   LifecycleEvent without its job_id` (the key holds it). A job folded again after a late event keeps its
-//!   archive: its new summary lists the archived sequences too, read from the archive as they are not in the log.
+//!   Numbers start at 1 ([`NO_SUMMARY`], 0, names none).
 //! - tree `dictionary`: `u32` big-endian -> sealed entry: the job attribute sets summaries refer to by number
 //!   (the index's format). Written in the same batch as the summaries that first use them (before them);
 //!   numbers are never reused (`[0xFF] ++ "next"` -> sealed u32: the next number, written before each fold's
@@ -83,13 +66,12 @@
 //!   written in the same batch as the event records (the log batch goes first; a crash between the two is
 //!   repaired at start from the log).
 //!
-//! A *sealed* value is `[version u8] ++ crc32(body) as u32 little-endian ++ body` (version 2). Version-1 values
-//! (written before checksums) are `[1u8] ++ body`: log values and alert records are still read; version-1
-//! snapshots hold event-id hashes from `std`'s unspecified hasher and are never trusted (see below).
+//! A *sealed* value is `[version u8] ++ crc32(body) as u32 little-endian ++ body` (version 2; some values have a
+//! version of their own: the log's blocks and dead records 3, snapshot parts 7).
 //!
 //! # The checkpoint invariant
-//! For every hot job, its snapshot (what the base and the increments hold of it; before parts, one value) holds
-//! or lists every event of the job with `seq <= checkpoint_seq`. Snapshots may be
+//! For every hot job, its snapshot (what the base and the increments hold of it) holds every event of the job
+//! with `seq <= checkpoint_seq`. Snapshots may be
 //! newer than the marker (a crash mid-checkpoint): restore skips log entries a snapshot already holds, by
 //! sequence number. To keep the invariant:
 //! - every job whose record holds events that its snapshot may not (jobs rebuilt from the log tail at restart,
@@ -104,11 +86,10 @@
 //!   sequence is above both the last log entry and the marker.
 //!
 //! # Folded jobs
-//! A fold writes an ended job's summary, which lists the log sequences of all its events, and then deletes its
-//! snapshot from before parts, if any (see [`Store::fold_jobs`]); the events stay where they are, in the log's
-//! compressed blocks and in the snapshot parts (a fold neither reads nor rewrites either). For every job, then,
-//! its snapshot **or the log entries its summary lists** (for jobs folded by older collectors: its archive) hold
-//! every event with `seq <= checkpoint_seq`. A job is *unfolded* when it is hot again (a late event) while its
+//! A fold writes an ended job's summary, which lists the log sequences of all its events (see
+//! [`Store::fold_jobs`]); the events stay where they are, in the log's compressed blocks and in the snapshot
+//! parts (a fold neither reads nor rewrites either). For every job, then, its snapshot **or the log entries its
+//! summary lists** hold every event with `seq <= checkpoint_seq`. A job is *unfolded* when it is hot again (a late event) while its
 //! summary remains: its events are the union of the events its summary lists, its snapshot and its later log
 //! entries. Restore treats a job this way when its snapshot or the log's tail holds an event its summary does
 //! not list (a late event); otherwise what they hold of it is the folded job's own and is dropped. A fold never
@@ -116,12 +97,11 @@
 //! event of the job, folded ones included.
 //!
 //! # Restore
-//! Reads the base and the increments (and older snapshots, with the events they list from the log in one pass
-//! in sequence order), then replays only the log entries after `checkpoint_seq`, then reads the summaries
-//! (never a folded job's events, except for unfolded jobs): restart cost is bounded by the number of jobs and
-//! of hot jobs' events plus the events since the last checkpoint. A snapshot or part that fails its checksum, cannot be
-//! decoded or has an old version is reported with its job and key, and every job is then rebuilt from the whole
-//! log (which holds every accepted event until retention deletes the job). A damaged log value cannot be
+//! Reads the base and the increments, then replays only the log entries after `checkpoint_seq`, then reads the
+//! summaries (never a folded job's events, except for unfolded jobs): restart cost is bounded by the number of
+//! jobs and of hot jobs' events plus the events since the last checkpoint. A part that fails its checksum or
+//! cannot be decoded is reported with its key, and every job is then rebuilt from the whole log (which holds
+//! every accepted event until retention deletes the job). A damaged log value cannot be
 //! rebuilt from anything: restore refuses with an error naming its sequence number, rather than serve a timeline
 //! silently missing an event. A summary pack that fails its checksum is reported, and the jobs it held (those
 //! in the log with neither a snapshot nor a readable summary) are rebuilt from the whole log (see [`packs`]).
@@ -149,19 +129,9 @@ pub type StoredReading = Result<(String, Vec<u8>), String>;
 
 /// The current version of every sealed value.
 const SEALED_VERSION: u8 = 2;
-/// The sealed version of job snapshots: 6 lists the job's log sequences (its events are read from the log at
-/// restore); 5 held the job's compact events (3 added checkpoint save times to compact events, 4 node names to
-/// `node_assigned` and `node_lost`, 5 the scheduler's estimated start to `queued`). Version 5 is still read;
-/// older snapshots are not: restore then rebuilds every job from the log, once, as for a damaged snapshot.
-const SNAPSHOT_VERSION: u8 = 6;
-/// Snapshots holding the job's compact events (read, no longer written).
-const SNAPSHOT_EVENTS_VERSION: u8 = 5;
-/// Values written before checksums: `[1u8] ++ body`.
-const LEGACY_VERSION: u8 = 1;
 const CHECKPOINT_KEY: &[u8] = b"\0checkpoint_seq";
 const MAX_SEQ_KEY: &[u8] = b"\0max_seq";
 const SNAPSHOT_SEQ_KEY: &[u8] = b"\0snapshot_seq";
-const LOG_GAP_KEY: &[u8] = b"\0log_gap";
 const IMAGE_KEY: &[u8] = b"\0shutdown_image";
 /// Key (tree `dictionary`; 5 bytes, where entries' keys are 4) of the next number the dictionary hands out.
 const DICTIONARY_NEXT_KEY: &[u8] = b"\xffnext";
@@ -174,21 +144,8 @@ const BASE_KEY: &[u8] = b"\0snap_base";
 const SNAP_FLOOR_KEY: &[u8] = b"\0snap_floor";
 /// The directory of the snapshot parts' files (see [`snaps::PartFiles`]), beside sled's files.
 const SNAP_DIR: &str = "snaps";
-/// The sealed version of summaries that list their job's log sequences (see the module doc); version-2
-/// summaries are the bare body.
-const SUMMARY_VERSION: u8 = 3;
-/// The format of an archive body (inside the sealed value).
-const ARCHIVE_FORMAT: u8 = 1;
-/// Largest decompressed archive accepted (a job holds at most `store.max_events_per_job` events).
-const ARCHIVE_MAX_RAW: u64 = 1 << 30;
-/// zstd level for archives: fast, and most of the gain (events of one job repeat their source and id prefixes).
-const ARCHIVE_ZSTD_LEVEL: i32 = 3;
-const JOB_PREFIX: u8 = 1;
-/// First byte of a summary key written in fold order: never the first byte of a UTF-8 job id (the key of
-/// older collectors' summaries).
-const SUMMARY_PREFIX: u8 = 0xFF;
-/// The summary number of a summary keyed by its job id alone (written by collectors before summary numbers).
-pub const LEGACY_SUMMARY: u64 = 0;
+/// Summary numbers start at 1: 0 names no summary.
+pub const NO_SUMMARY: u64 = 0;
 
 /// Failures of the store. Messages are for logs and operators; clients see only "storage unavailable".
 #[derive(Debug, thiserror::Error)]
@@ -300,7 +257,7 @@ pub struct Restored {
     pub jobs: BTreeMap<String, JobRecord>,
     /// The highest sequence ever used (0 if empty): new events are numbered above it.
     pub last_seq: u64,
-    /// Jobs a snapshot (parts, or a per-job snapshot from before parts) holds events of.
+    /// Jobs a snapshot part holds events of.
     pub snapshots: usize,
     /// Log entries replayed after the last checkpoint.
     pub replayed: usize,
@@ -319,7 +276,7 @@ pub struct Restored {
     pub stale_summaries: HashMap<String, Vec<u64>>,
     /// Summaries read (folded jobs).
     pub folded: usize,
-    /// Folded jobs found hot again (an archive plus later events), restored with their archived events.
+    /// Folded jobs found hot again (a summary plus later events), restored with the events their summary lists.
     pub unfolded: usize,
     /// Summary packs that could not be read (by first summary number): their jobs were rebuilt from the log.
     pub lost_packs: Vec<u64>,
@@ -380,44 +337,8 @@ pub struct ExpiredJob {
     pub summaries: Vec<u64>,
 }
 
-/// The key of summary number `no` of a job (see the module doc).
-fn summary_key(job_id: &str, no: u64) -> Vec<u8> {
-    if no == LEGACY_SUMMARY {
-        return job_id.as_bytes().to_vec();
-    }
-    let mut k = Vec::with_capacity(9 + job_id.len());
-    k.push(SUMMARY_PREFIX);
-    k.extend_from_slice(&no.to_be_bytes());
-    k.extend_from_slice(job_id.as_bytes());
-    k
-}
-
-/// A summary key's job id and summary number.
-fn parse_summary_key(k: &[u8]) -> Result<(&str, u64), String> {
-    let (no, id) = match k.split_first() {
-        Some((&SUMMARY_PREFIX, rest)) => {
-            let (no, id) = rest.split_at_checked(8).ok_or("numbered key shorter than 9 bytes")?;
-            let no = u64::from_be_bytes(no.try_into().map_err(|_| "numbered key shorter than 9 bytes")?);
-            if no == LEGACY_SUMMARY {
-                return Err("summary number 0".to_string());
-            }
-            (no, id)
-        }
-        _ => (LEGACY_SUMMARY, k),
-    };
-    let id = std::str::from_utf8(id).map_err(|_| "job id is not UTF-8".to_string())?;
-    Ok((id, no))
-}
-
-/// A single stored summary: `[SUMMARY_VERSION] ++ crc32 ++ summary` (see [`summary_bytes`]). Written by
-/// collectors before packs; the tests write them to stand for such stores.
-#[cfg(test)]
-fn encode_summary(seqs: &[u64], body: &[u8]) -> Vec<u8> {
-    seal_as(SUMMARY_VERSION, &summary_bytes(seqs, body))
-}
-
-/// A summary as stored in a pack (and, sealed, alone): `varint(n) ++ n sequence deltas ++ body` (sequences
-/// sorted, duplicates dropped).
+/// A summary as stored in a pack: `varint(n) ++ n sequence deltas ++ body` (sequences sorted, duplicates
+/// dropped).
 fn summary_bytes(seqs: &[u64], body: &[u8]) -> Vec<u8> {
     let mut sorted = seqs.to_vec();
     sorted.sort_unstable();
@@ -431,16 +352,6 @@ fn summary_bytes(seqs: &[u64], body: &[u8]) -> Vec<u8> {
     }
     inner.extend_from_slice(body);
     inner
-}
-
-/// A stored summary's log sequences (`None` for a version-2 summary, whose events are in the job's archive)
-/// and body.
-fn decode_summary(v: &[u8]) -> Result<(Option<Vec<u64>>, &[u8]), String> {
-    if v.first() != Some(&SUMMARY_VERSION) {
-        return unseal(v, false).map(|body| (None, body));
-    }
-    let rest = unseal_as(SUMMARY_VERSION, v, false)?;
-    parse_summary(rest).map(|(seqs, body)| (Some(seqs), body))
 }
 
 /// A summary's log sequences and body (see [`summary_bytes`]).
@@ -480,12 +391,12 @@ fn seal_as(version: u8, body: &[u8]) -> Vec<u8> {
     v
 }
 
-/// The body of a sealed value, checked. Legacy (version 1) bodies are returned only when `legacy_ok`.
-fn unseal(v: &[u8], legacy_ok: bool) -> Result<&[u8], String> {
-    unseal_as(SEALED_VERSION, v, legacy_ok)
+/// The body of a sealed value, checked.
+fn unseal(v: &[u8]) -> Result<&[u8], String> {
+    unseal_as(SEALED_VERSION, v)
 }
 
-fn unseal_as(version: u8, v: &[u8], legacy_ok: bool) -> Result<&[u8], String> {
+fn unseal_as(version: u8, v: &[u8]) -> Result<&[u8], String> {
     match v.split_first() {
         Some((&got, rest)) if got == version && rest.len() >= 4 => {
             let (crc, body) = rest.split_at(4);
@@ -498,63 +409,14 @@ fn unseal_as(version: u8, v: &[u8], legacy_ok: bool) -> Result<&[u8], String> {
             }
         }
         Some((&got, _)) if got == version => Err("truncated value".to_string()),
-        Some((&LEGACY_VERSION, body)) if legacy_ok => Ok(body),
-        Some((&LEGACY_VERSION, _)) => Err("version 1 value (written by an older collector)".to_string()),
         Some((v, _)) => Err(format!("unknown version {v}")),
         None => Err("empty value".to_string()),
     }
 }
 
-fn job_key(job_id: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(1 + job_id.len());
-    key.push(JOB_PREFIX);
-    key.extend_from_slice(job_id.as_bytes());
-    key
-}
-
-/// Encodes one job snapshot as written before snapshot parts (version 6: the log sequences of its events, as a
-/// summary lists them): the tests stand for such stores with it.
-#[cfg(test)]
-fn encode_snapshot(job_id: &str, rec: &JobRecord) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
-    let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
-    Ok((job_key(job_id), seal_as(SNAPSHOT_VERSION, &summary_bytes(&seqs, &[]))))
-}
-
-/// A stored snapshot: the job's log sequences, or (version 5) its compact events.
-#[derive(Debug, PartialEq)]
-enum Snapshot {
-    Seqs(Vec<u64>),
-    Events(Vec<CompactEvent>),
-}
-
-fn decode_snapshot(v: &[u8]) -> Result<Snapshot, String> {
-    if v.first() == Some(&SNAPSHOT_VERSION) {
-        let (seqs, rest) = parse_summary(unseal_as(SNAPSHOT_VERSION, v, false)?)?;
-        if !rest.is_empty() {
-            return Err(format!("{} bytes after the sequences", rest.len()));
-        }
-        return Ok(Snapshot::Seqs(seqs));
-    }
-    decode_snapshot_events(v).map(Snapshot::Events)
-}
-
-fn decode_snapshot_events(v: &[u8]) -> Result<Vec<CompactEvent>, String> {
-    if v.first() == Some(&SEALED_VERSION) {
-        return Err("snapshot of an older compact-event format (before checkpoint save times)".to_string());
-    }
-    if v.first() == Some(&3) {
-        return Err("snapshot of an older compact-event format (before node names)".to_string());
-    }
-    if v.first() == Some(&4) {
-        return Err("snapshot of an older compact-event format (before estimated starts)".to_string());
-    }
-    let body = unseal_as(SNAPSHOT_EVENTS_VERSION, v, false)?;
-    postcard::from_bytes(body).map_err(|e| e.to_string())
-}
-
 /// The base number a base pointer value holds.
 fn base_number(v: &[u8]) -> Result<u64, String> {
-    let body = unseal(v, false)?;
+    let body = unseal(v)?;
     let b: [u8; 8] = body.try_into().map_err(|_| "base pointer is not 8 bytes".to_string())?;
     Ok(u64::from_be_bytes(b))
 }
@@ -587,7 +449,7 @@ fn read_parts(
     for kv in t.jobs.scan_prefix([snaps::TOMB_PREFIX]) {
         let (k, v) = kv.map_err(sled_err)?;
         let id = std::str::from_utf8(&k[1..]).map_err(|_| (shown(&k), "job id is not UTF-8".to_string()))?;
-        let (_, max_seq) = unseal(&v, false).and_then(snaps::parse_tomb).map_err(|r| (shown(&k), r))?;
+        let (_, max_seq) = unseal(&v).and_then(snaps::parse_tomb).map_err(|r| (shown(&k), r))?;
         tombs.insert(id.to_string(), max_seq);
     }
     let base = match t.jobs.get(BASE_KEY).map_err(sled_err)? {
@@ -599,7 +461,7 @@ fn read_parts(
         None => 0,
     };
     let mut read = PartsRead { tomb_seq: tombs.values().copied().max().unwrap_or(0), ..PartsRead::default() };
-    // Parts in sled (written by older collectors, removed by the next base), then the parts' files: the base
+    // Parts in sled (written by 0.1.0, removed by the next base), then the parts' files: the base
     // the pointer names, and the increments from the floor up.
     let base_parts = base.map(|b| t.jobs.scan_prefix(snaps::base_prefix(b)));
     let incs = t.jobs.scan_prefix([snaps::INC_PREFIX]);
@@ -705,8 +567,7 @@ struct Trees {
     files: Arc<files::LogFiles>,
     /// The snapshot parts, in files beside sled's (see [`snaps::PartFiles`]).
     parts: Arc<snaps::PartFiles>,
-    /// Tree `log_blocks`: the dead records of the log's blocks (and, in stores written before the log's files,
-    /// the blocks themselves, moved into the files at open).
+    /// Tree `log_blocks`: the dead records of the log's blocks.
     blocks: sled::Tree,
     /// The dead events of the log's blocks (see [`log::DeadTable`]); written by retention (the committer) and
     /// the log's upkeep (the maintenance thread), which exclude each other by `log_rewrites`.
@@ -725,7 +586,6 @@ struct Trees {
     packs: Arc<Mutex<()>>,
     jobs: sled::Tree,
     alerts: sled::Tree,
-    archive: sled::Tree,
     summaries: sled::Tree,
     dictionary: sled::Tree,
     node_health: sled::Tree,
@@ -783,29 +643,16 @@ impl Trees {
 
     /// One above the highest stored summary number, packed or single (1 without numbered summaries).
     fn next_summary(&self) -> Result<u64, StoreError> {
-        let mut last = packs::last_number(&self.summaries)?;
-        if let Some((k, _)) = self.summaries.last()? {
-            if k.first() == Some(&SUMMARY_PREFIX) {
-                let (_, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-                last = last.max(no);
-            }
-        }
-        Ok(last.saturating_add(1))
+        Ok(packs::last_number(&self.summaries)?.saturating_add(1))
     }
 
     fn packs_lock(&self) -> MutexGuard<'_, ()> {
         self.packs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The stored summary number `no` of a job: `None` if there is none; else its log sequences (`None` for a
-    /// version-2 summary, whose events are in the job's archive).
-    fn summary_seqs(&self, job_id: &str, no: u64) -> Result<Option<Option<Vec<u64>>>, StoreError> {
-        let key = summary_key(job_id, no);
-        if let Some(v) = self.summaries.get(&key)? {
-            let (seqs, _) = decode_summary(&v).map_err(|r| corrupt("summaries", &key, r))?;
-            return Ok(Some(seqs));
-        }
-        if no == LEGACY_SUMMARY {
+    /// The log sequences summary number `no` of a job lists: `None` if there is no such summary.
+    fn summary_seqs(&self, job_id: &str, no: u64) -> Result<Option<Vec<u64>>, StoreError> {
+        if no == NO_SUMMARY {
             return Ok(None);
         }
         let Some(pack) = packs::pack_at(&self.summaries, no)? else { return Ok(None) };
@@ -820,14 +667,14 @@ impl Trees {
                     key: format!("summary {no}"),
                     reason: r,
                 })?;
-                Ok(Some(Some(seqs)))
+                Ok(Some(seqs))
             }
             None => Ok(None),
         }
     }
 
-    /// Adds removing summaries `(job id, number)` to `batch` (single ones by key, packed ones by rewriting their
-    /// pack) and returns the packed ones removed (with their summaries). The caller holds [`Trees::packs_lock`]
+    /// Adds removing summaries `(job id, number)` to `batch` (by rewriting their packs) and returns those
+    /// removed (with their summaries). The caller holds [`Trees::packs_lock`]
     /// until the batch is applied. A damaged pack is left alone (logged): nothing in it can be read or
     /// rewritten.
     fn plan_summary_removal(
@@ -835,11 +682,7 @@ impl Trees {
         batch: &mut sled::Batch,
         wanted: &[(&str, u64)],
     ) -> Result<Vec<packs::Removed>, StoreError> {
-        for (job_id, no) in wanted {
-            batch.remove(summary_key(job_id, *no));
-        }
-        let numbered: Vec<(&str, u64)> = wanted.iter().copied().filter(|(_, no)| *no != LEGACY_SUMMARY).collect();
-        packs::plan_remove(&self.summaries, batch, &numbered)
+        packs::plan_remove(&self.summaries, batch, wanted)
     }
 
     /// The live event at `seq`, if the log holds it.
@@ -868,52 +711,24 @@ impl Trees {
             }
         };
         let blocks = db.open_tree("log_blocks")?;
-        let legacy = db.open_tree("log")?;
-        if !legacy.is_empty() {
-            let started = std::time::Instant::now();
-            let moved = log::migrate_legacy(&db, &legacy, &blocks)?;
-            tracing::info!(events = moved, elapsed_ms = started.elapsed().as_millis() as u64, "log moved into blocks");
-        }
         // What sled proves about the log: the highest sequence it knows was acknowledged (an unreadable record
-        // is left out: the restore reports it, and checks the snapshots against the log too). While the log is
-        // still moving out of sled its files are copies, and a torn copy is simply made again.
+        // is left out: the restore reports it, and checks the snapshots against the log too).
         let jobs = db.open_tree("jobs")?;
         let stream = db.open_tree("stream")?;
         let stored_seq = |tree: &sled::Tree, key: &[u8]| {
             sealed_array(tree, "jobs", key).ok().flatten().map_or(0, u64::from_be_bytes)
         };
-        let moving = blocks.range(log::all_blocks()).next().is_some();
-        let acknowledged = if moving {
-            files::Acknowledged::default()
-        } else {
-            files::Acknowledged {
-                through: [MAX_SEQ_KEY, SNAPSHOT_SEQ_KEY]
-                    .iter()
-                    .map(|k| stored_seq(&jobs, k))
-                    .chain([marker_in(&jobs).unwrap_or(0), stored_seq(&stream, STREAM_LOG_KEY)])
-                    .max()
-                    .unwrap_or(0),
-                gap_through: stored_seq(&jobs, LOG_GAP_KEY),
-            }
+        let acknowledged = files::Acknowledged {
+            through: [MAX_SEQ_KEY, SNAPSHOT_SEQ_KEY]
+                .iter()
+                .map(|k| stored_seq(&jobs, k))
+                .chain([marker_in(&jobs).unwrap_or(0), stored_seq(&stream, STREAM_LOG_KEY)])
+                .max()
+                .unwrap_or(0),
         };
         let (files, opened) = files::LogFiles::open(&path.join(LOG_DIR), options.segment_bytes, acknowledged)?;
-        if !moving && files.last_seq() < acknowledged.through && acknowledged.gap_through < acknowledged.through {
-            // An older collector's folds deleted the newest log entries: recorded before the next append, so that
-            // a torn one can still be told from damage.
-            jobs.insert(LOG_GAP_KEY, seal(&acknowledged.through.to_be_bytes()))?;
-            db.flush()?;
-        }
         if opened.torn_bytes > 0 || opened.scanned > 1 {
             tracing::info!(?opened, "log files opened");
-        }
-        if blocks.range(log::all_blocks()).next().is_some() {
-            let started = std::time::Instant::now();
-            let moved = log::migrate_to_files(&db, &blocks, &files)?;
-            tracing::info!(
-                events = moved,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "log moved out of sled into files"
-            );
         }
         let dead = log::DeadTable::load(&blocks, &files.counts())?;
         let collect_due = Arc::new(std::sync::atomic::AtomicBool::new(dead.totals().0 > 0));
@@ -931,7 +746,6 @@ impl Trees {
             jobs,
             stream,
             alerts: db.open_tree("alerts")?,
-            archive: db.open_tree("archive")?,
             summaries: db.open_tree("summaries")?,
             dictionary: db.open_tree("dictionary")?,
             node_health: db.open_tree("node_health")?,
@@ -944,8 +758,7 @@ impl Trees {
 fn marker_in(jobs: &sled::Tree) -> Result<u64, StoreError> {
     let Some(v) = jobs.get(CHECKPOINT_KEY)? else { return Ok(0) };
     let bad = |r: String| corrupt("jobs", CHECKPOINT_KEY, r);
-    // Before checksums the marker was the bare 8 bytes.
-    let body: &[u8] = if v.len() == 8 { v.as_ref() } else { unseal(&v, false).map_err(bad)? };
+    let body = unseal(&v).map_err(bad)?;
     let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
     Ok(u64::from_be_bytes(arr))
 }
@@ -958,7 +771,7 @@ fn sealed_array<const N: usize>(
 ) -> Result<Option<[u8; N]>, StoreError> {
     let Some(v) = tree.get(key)? else { return Ok(None) };
     let bad = |r: String| corrupt(what, key, r);
-    let body = unseal(&v, false).map_err(bad)?;
+    let body = unseal(&v).map_err(bad)?;
     let arr: [u8; N] = body.try_into().map_err(|_| bad(format!("not {N} bytes")))?;
     Ok(Some(arr))
 }
@@ -974,7 +787,7 @@ pub fn encode_log_value(ev: &pb::LifecycleEvent) -> Vec<u8> {
 
 /// The protobuf body of a stored log value (without version and checksum), if it is one.
 pub fn log_value_body(v: &[u8]) -> Option<&[u8]> {
-    unseal(v, true).ok()
+    unseal(v).ok()
 }
 
 /// Decodes a stored log value of sequence `seq` (as the accepted-event feed hands them out).
@@ -983,7 +796,7 @@ pub fn decode_stored_event(seq: u64, v: &[u8]) -> Result<pb::LifecycleEvent, Sto
 }
 
 fn decode_log_value(key: &[u8], v: &[u8]) -> Result<pb::LifecycleEvent, StoreError> {
-    let body = unseal(v, true).map_err(|r| corrupt_log(key, r))?;
+    let body = unseal(v).map_err(|r| corrupt_log(key, r))?;
     pb::LifecycleEvent::decode(body).map_err(|e| corrupt_log(key, e))
 }
 
@@ -1000,18 +813,13 @@ fn corrupt_log(key: &[u8], reason: impl ToString) -> StoreError {
     StoreError::Corrupt { what: "log", key: shown, reason: reason.to_string() }
 }
 
-/// An event a job's record says is stored, found in neither the log nor the job's archive.
+/// An event a job's record says is stored, not found in the log.
 fn missing_event(job_id: &str, seq: u64) -> StoreError {
     StoreError::Corrupt {
         what: "log",
         key: format!("seq {seq}"),
-        reason: format!("event of job {job_id:?} is in neither the log nor its archive"),
+        reason: format!("event of job {job_id:?} is not in the log"),
     }
-}
-
-fn seq_from_key(key: &[u8]) -> Result<u64, StoreError> {
-    let arr: [u8; 8] = key.try_into().map_err(|_| corrupt("log", key, "key is not 8 bytes"))?;
-    Ok(u64::from_be_bytes(arr))
 }
 
 impl Store {
@@ -1032,7 +840,7 @@ impl Store {
         let image_record = match trees.jobs.remove(IMAGE_KEY)? {
             Some(v) => {
                 trees.db.flush()?;
-                match unseal(&v, false).ok().and_then(|b| <[u8; 16]>::try_from(b).ok()) {
+                match unseal(&v).ok().and_then(|b| <[u8; 16]>::try_from(b).ok()) {
                     Some(b) => Some((
                         u64::from_be_bytes(b[..8].try_into().unwrap_or_default()),
                         u64::from_be_bytes(b[8..].try_into().unwrap_or_default()),
@@ -1166,8 +974,7 @@ impl Store {
     }
 
     /// Like [`Store::restore`], handing each folded job's summary (job id, summary number, body) to
-    /// `on_summary` instead of collecting them, in the store's order (older collectors' single summaries first,
-    /// then packs by number). A pack that cannot be read is listed in [`Restored::lost_packs`], and every job the
+    /// `on_summary` instead of collecting them, in the store's order (packs by number). A pack that cannot be read is listed in [`Restored::lost_packs`], and every job the
     /// log holds with neither a snapshot nor a readable summary is rebuilt from the log as a hot job. A summary `on_summary` refuses (it cannot decode it) is set aside: the job is rebuilt from its
     /// events as a hot job (which the next fold folds again). If a job has two summaries (a failed fold's write
     /// kept by sled), both are handed over: the one with the higher number is the newer.
@@ -1206,36 +1013,6 @@ impl Store {
         let mut events: HashMap<String, Vec<CompactEvent>> = HashMap::new();
         // Events in snapshots past the marker (written by a checkpoint that crashed before its marker).
         let mut beyond: HashSet<u64> = HashSet::new();
-        // Snapshots that list their job's log sequences: the events are read from the log after the scan.
-        let mut listed: Vec<(String, Vec<u64>)> = Vec::new();
-        if out.rebuilt.is_none() {
-            for kv in t.jobs.scan_prefix([JOB_PREFIX]) {
-                let (k, v) = kv?;
-                let job_id = String::from_utf8_lossy(&k[1..]).into_owned();
-                match decode_snapshot(&v) {
-                    Ok(Snapshot::Seqs(seqs)) => {
-                        beyond.extend(seqs.iter().filter(|s| **s > marker));
-                        listed.push((job_id, seqs));
-                        out.snapshots += 1;
-                    }
-                    Ok(Snapshot::Events(evs)) => {
-                        beyond.extend(evs.iter().filter(|e| e.seq > marker).map(|e| e.seq));
-                        events.insert(job_id, evs);
-                        out.snapshots += 1;
-                    }
-                    Err(reason) => {
-                        tracing::warn!(
-                            job_id = %job_id,
-                            key = %String::from_utf8_lossy(&k),
-                            reason = %reason,
-                            "job snapshot unusable; rebuilding every job from the log"
-                        );
-                        out.rebuilt = Some(format!("snapshot of job {job_id:?}: {reason}"));
-                        break;
-                    }
-                }
-            }
-        }
         if out.rebuilt.is_none() {
             match read_parts(&t, marker, &mut events, &mut beyond, &mut out) {
                 Ok(read) => {
@@ -1253,21 +1030,11 @@ impl Store {
                 }
             }
         }
-        if out.rebuilt.is_none() && !listed.is_empty() {
-            // One pass over the log in sequence order for every listed job (each block decoded once).
-            let jobs: Vec<(&str, &[u64])> = listed.iter().map(|(id, seqs)| (id.as_str(), seqs.as_slice())).collect();
-            let read = self.jobs_events_map(&jobs, |seq, ev| CompactEvent::from_pb(&ev, seq))?;
-            for ((job_id, _), evs) in listed.into_iter().zip(read) {
-                // A job may be in snapshot parts too (written since): its events are the union.
-                events.entry(job_id).or_default().extend(evs);
-            }
-        }
         out.snapshots = events.len();
         let snapshots_done = started.elapsed();
-        // A checkpoint only snapshots events whose log write was acknowledged: one past the log's end (and past
-        // the newest entries older collectors deleted) means the log lost it.
-        let gap = sealed_array(&t.jobs, "jobs", LOG_GAP_KEY)?.map_or(0, u64::from_be_bytes);
-        if let Some(&past) = beyond.iter().filter(|s| **s > t.files.last_seq().max(gap)).max() {
+        // A checkpoint only snapshots events whose log write was acknowledged: one past the log's end means the
+        // log lost it.
+        if let Some(&past) = beyond.iter().filter(|s| **s > t.files.last_seq()).max() {
             return Err(StoreError::Corrupt {
                 what: "log",
                 key: format!("sequence {past}"),
@@ -1336,7 +1103,7 @@ impl Store {
             Summaries::Read(on_summary) => {
                 // Folded jobs: a summary each, unless the job is hot again (then its folded events join the rest).
                 let mut damaged: HashSet<String> = HashSet::new();
-                let mut one = |job_id: &str, no: u64, stored: Result<(Option<Vec<u64>>, &[u8]), String>| {
+                let mut one = |job_id: &str, no: u64, stored: Result<(Vec<u64>, &[u8]), String>| {
                     let (seqs, body) = match stored {
                         Ok(x) => x,
                         Err(reason) => {
@@ -1346,17 +1113,10 @@ impl Store {
                             return Ok(());
                         }
                     };
-                    let hot = match (&seqs, events.get(job_id)) {
-                        (_, None) => false,
-                        // A summary from before folded events stayed in the log: its events are in the job's archive.
-                        (None, Some(evs)) => {
-                            let archived: HashSet<u64> = self.archive_of(job_id)?.iter().map(|(s, _)| *s).collect();
-                            evs.iter().any(|e| !archived.contains(&e.seq))
-                        }
-                        // An event the summary does not list (a late one), in a snapshot or the log's tail. Snapshot
-                        // parts keep a folded job's events until the next base; those the summary lists are its own.
-                        (Some(seqs), Some(evs)) => evs.iter().any(|e| seqs.binary_search(&e.seq).is_err()),
-                    };
+                    // An event the summary does not list (a late one), in a snapshot or the log's tail. Snapshot parts
+                    // keep a folded job's events until the next base; those the summary lists are its own.
+                    let hot =
+                        events.get(job_id).is_some_and(|evs| evs.iter().any(|e| seqs.binary_search(&e.seq).is_err()));
                     if !hot && events.remove(job_id).is_some() {
                         // The snapshots and the tail held only the folded job's own events.
                         out.dirty.remove(job_id);
@@ -1378,10 +1138,7 @@ impl Store {
                                 tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its events");
                             }
                             out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
-                            let folded = match &seqs {
-                                Some(seqs) => self.jobs_events(&[(job_id, seqs)])?.pop().unwrap_or_default(),
-                                None => self.archive_of(job_id)?,
-                            };
+                            let folded = self.jobs_events(&[(job_id, &seqs)])?.pop().unwrap_or_default();
                             let evs = events.entry(job_id.to_string()).or_default();
                             evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
                             out.dirty.insert(job_id.to_string());
@@ -1389,12 +1146,6 @@ impl Store {
                     }
                     Ok::<(), StoreError>(())
                 };
-                // Single summaries (older collectors' keyed by job id, then numbered ones), then packs.
-                for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
-                    let (k, v) = kv?;
-                    let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-                    one(job_id, no, decode_summary(&v))?;
-                }
                 // Packs that cannot be read: which jobs they held is unknown until the log is read (below).
                 let mut lost_packs: Vec<u64> = Vec::new();
                 for kv in t.summaries.range(packs::all_packs()) {
@@ -1410,9 +1161,7 @@ impl Store {
                     };
                     for entry in pack.entries() {
                         match entry {
-                            Ok((no, job_id, summary)) => {
-                                one(job_id, no, parse_summary(summary).map(|(s, b)| (Some(s), b)))?
-                            }
+                            Ok((no, job_id, summary)) => one(job_id, no, parse_summary(summary))?,
                             Err(e) => {
                                 tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
                                 lost_packs.push(first);
@@ -1428,11 +1177,6 @@ impl Store {
                 if !lost_packs.is_empty() {
                     out.lost_packs = lost_packs;
                     let mut summarized: HashSet<String> = HashSet::new();
-                    for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
-                        let (k, _) = kv?;
-                        let (job_id, _) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-                        summarized.insert(job_id.to_string());
-                    }
                     for kv in t.summaries.range(packs::all_packs()) {
                         let (k, v) = kv?;
                         if let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) {
@@ -1442,8 +1186,8 @@ impl Store {
                     unknown = Some(summarized);
                 }
                 if !damaged.is_empty() || unknown.is_some() {
-                    // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs (and
-                    // the archives of older collectors' folds), and each comes back hot.
+                    // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs, and
+                    // each comes back hot.
                     let lost = |id: &str| unknown.as_ref().is_some_and(|summarized| !summarized.contains(id));
                     let mut rebuilt: HashSet<String> = HashSet::new();
                     let dead = t.dead();
@@ -1460,9 +1204,7 @@ impl Store {
                     drop(all);
                     drop(dead);
                     for job_id in damaged {
-                        let archived = self.archive_of(&job_id)?;
-                        let evs = events.entry(job_id.clone()).or_default();
-                        evs.extend(archived.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
+                        events.entry(job_id.clone()).or_default();
                         out.dirty.insert(job_id);
                     }
                     out.dirty.extend(rebuilt);
@@ -1500,7 +1242,7 @@ impl Store {
                 continue;
             }
             let arr: [u8; 4] = k.as_ref().try_into().map_err(|_| corrupt("dictionary", &k, "key is not 4 bytes"))?;
-            let body = unseal(&v, false).map_err(|r| corrupt("dictionary", &k, r))?;
+            let body = unseal(&v).map_err(|r| corrupt("dictionary", &k, r))?;
             out.push((u32::from_be_bytes(arr), body.to_vec()));
         }
         Ok(out)
@@ -1514,7 +1256,7 @@ impl Store {
         Ok(())
     }
 
-    /// The next dictionary number last recorded (0 if none: older stores, where it is the highest entry + 1).
+    /// The next dictionary number last recorded (0 if none: no fold has stored an entry yet).
     pub fn dictionary_next(&self) -> Result<u32, StoreError> {
         let t = self.t()?;
         Ok(sealed_array(&t.dictionary, "dictionary", DICTIONARY_NEXT_KEY)?.map_or(0, u32::from_be_bytes))
@@ -1548,14 +1290,13 @@ impl Store {
         Ok(sealed_array(&t.jobs, "jobs", MAX_SEQ_KEY)?.map_or(0, u64::from_be_bytes))
     }
 
-    /// Every event of a folded job its summary (number `summary`) lists, in sequence order, from the log (and,
-    /// for a job folded by an older collector, its archive); empty if there is no such summary. An event the
-    /// summary lists that is stored nowhere is an error.
+    /// Every event of a folded job its summary (number `summary`) lists, in sequence order, from the log; empty
+    /// if there is no such summary. An event the summary lists that the log does not hold is an error.
     pub fn folded_events(&self, job_id: &str, summary: u64) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         self.read_folded(job_id, summary, true)
     }
 
-    /// Like [`Store::folded_events`], leaving out events stored nowhere (for readers racing retention, which
+    /// Like [`Store::folded_events`], leaving out events the log does not hold (for readers racing retention, which
     /// may delete the job between their reads of its summary and its events).
     pub fn folded_events_present(
         &self,
@@ -1568,49 +1309,30 @@ impl Store {
     fn read_folded(&self, job_id: &str, no: u64, strict: bool) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         let t = self.t()?;
         let Some(seqs) = t.summary_seqs(job_id, no)? else { return Ok(Vec::new()) };
-        match seqs {
+        if strict {
             // One decode per log block the job's events are in (a job's ~20 events sit in a few blocks).
-            Some(seqs) if strict => Ok(self.jobs_events(&[(job_id, &seqs)])?.pop().unwrap_or_default()),
-            Some(seqs) => self.read_job_events(job_id, &seqs, false),
-            None => self.archive_of(job_id),
+            Ok(self.jobs_events(&[(job_id, &seqs)])?.pop().unwrap_or_default())
+        } else {
+            self.read_job_events(job_id, &seqs, false)
         }
     }
 
-    /// The events of a job in its archive (written by collectors before folded events stayed in the log), in
-    /// sequence order; empty without one.
-    fn archive_of(&self, job_id: &str) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
-        let t = self.t()?;
-        match t.archive.get(job_id.as_bytes())? {
-            Some(v) => decode_archive(job_id, &v).map_err(|r| corrupt("archive", job_id.as_bytes(), r)),
-            None => Ok(Vec::new()),
-        }
-    }
-
-    /// One event of a job, from the log or, for a job folded by an older collector, from its archive.
-    pub fn job_event(&self, job_id: &str, seq: u64) -> Result<Option<pb::LifecycleEvent>, StoreError> {
-        if let Some(ev) = self.event(seq)? {
-            return Ok(Some(ev));
-        }
-        Ok(self.archive_of(job_id)?.into_iter().find(|(s, _)| *s == seq).map(|(_, e)| e))
-    }
-
-    /// The events of a job at the given sequences (in the order given), from the log or its archive. A sequence
-    /// found in neither is an error: the job's record says the store holds it.
+    /// The events of a job at the given sequences (in the order given), from the log. A sequence the log does not
+    /// hold is an error: the job's record says the store holds it.
     pub fn job_events(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         self.read_job_events(job_id, seqs, true)
     }
 
-    /// Like [`Store::job_events`], leaving out sequences found in neither the log nor the archive (for readers
-    /// racing retention, which may delete a job between their index lookup and this read).
+    /// Like [`Store::job_events`], leaving out sequences the log does not hold (for readers racing retention,
+    /// which may delete a job between their index lookup and this read).
     pub fn job_events_present(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         self.read_job_events(job_id, seqs, false)
     }
 
     /// The events of many jobs at once (a folded job's, by its summary): `jobs[i]` gets the events at
-    /// `seqs[i]`, in sequence order. The log is read in one pass in sequence order (each block touched is read and decompressed once, so a
-    /// chunk of jobs costs one block read per block it touches, not one per event); sequences missing from
-    /// the log (an unfolded job's archived events) come from the job's archive. A sequence found in neither is
-    /// an error, as for [`Store::job_events`].
+    /// `seqs[i]`, in sequence order. The log is read in one pass in sequence order (each block touched is read
+    /// and decompressed once, so a chunk of jobs costs one block read per block it touches, not one per event). A
+    /// sequence the log does not hold is an error, as for [`Store::job_events`].
     pub fn jobs_events(&self, jobs: &[(&str, &[u64])]) -> Result<Vec<Vec<(u64, pb::LifecycleEvent)>>, StoreError> {
         let mut out = self.jobs_events_map(jobs, |seq, ev| Some((seq, ev)))?;
         for evs in &mut out {
@@ -1619,8 +1341,8 @@ impl Store {
         Ok(out)
     }
 
-    /// [`Store::jobs_events`], each event handed to `map` as it is decoded (in sequence order, then the
-    /// archived ones) and dropped when it gives `None`: reading many jobs' events never holds them all decoded.
+    /// [`Store::jobs_events`], each event handed to `map` as it is decoded (in sequence order) and dropped when it
+    /// gives `None`: reading many jobs' events never holds them all decoded.
     fn jobs_events_map<T>(
         &self,
         jobs: &[(&str, &[u64])],
@@ -1631,53 +1353,31 @@ impl Store {
             jobs.iter().enumerate().flat_map(|(i, (_, seqs))| seqs.iter().map(move |s| (*s, i as u32))).collect();
         wanted.sort_unstable();
         let mut out: Vec<Vec<T>> = jobs.iter().map(|(_, seqs)| Vec::with_capacity(seqs.len())).collect();
-        let mut missing: Vec<Vec<u64>> = vec![Vec::new(); jobs.len()];
-        {
-            // One decode per block touched: the wanted sequences are sorted, and a block covers a run of them.
-            // The dead table's lock only per lookup, so readers of single events are not held up.
-            let mut block: Option<log::Block> = None;
-            for (seq, i) in wanted {
-                if !block.as_ref().is_some_and(|b| b.first <= seq && seq <= b.last()) {
-                    block = t.files.block_at(seq)?;
-                }
-                match block.as_ref().and_then(|b| b.get(seq).filter(|_| !t.dead().is_dead(b.first, seq))) {
-                    Some(body) => out[i as usize].extend(map(seq, decode_log_body(seq, body)?)),
-                    None => missing[i as usize].push(seq),
-                }
+        // One decode per block touched: the wanted sequences are sorted, and a block covers a run of them. The
+        // dead table's lock only per lookup, so readers of single events are not held up.
+        let mut block: Option<log::Block> = None;
+        for (seq, i) in wanted {
+            if !block.as_ref().is_some_and(|b| b.first <= seq && seq <= b.last()) {
+                block = t.files.block_at(seq)?;
             }
-        }
-        for (i, seqs) in missing.into_iter().enumerate() {
-            if seqs.is_empty() {
-                continue;
-            }
-            let job_id = jobs[i].0;
-            let mut archive: HashMap<u64, pb::LifecycleEvent> = self.archive_of(job_id)?.into_iter().collect();
-            for seq in seqs {
-                let ev = archive.remove(&seq).ok_or_else(|| missing_event(job_id, seq))?;
-                out[i].extend(map(seq, ev));
+            match block.as_ref().and_then(|b| b.get(seq).filter(|_| !t.dead().is_dead(b.first, seq))) {
+                Some(body) => out[i as usize].extend(map(seq, decode_log_body(seq, body)?)),
+                None => return Err(missing_event(jobs[i as usize].0, seq)),
             }
         }
         Ok(out)
     }
 
-    /// Reads each sequence from the log, else from the job's archive (decoded once, on the first miss).
+    /// Reads each sequence from the log; one it does not hold is an error when `strict`, else left out.
     fn read_job_events(
         &self,
         job_id: &str,
         seqs: &[u64],
         strict: bool,
     ) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
-        let mut archive: Option<HashMap<u64, pb::LifecycleEvent>> = None;
         let mut out = Vec::with_capacity(seqs.len());
         for &seq in seqs {
-            if let Some(ev) = self.event(seq)? {
-                out.push((seq, ev));
-                continue;
-            }
-            if archive.is_none() {
-                archive = Some(self.archive_of(job_id)?.into_iter().collect());
-            }
-            match archive.as_mut().and_then(|a| a.remove(&seq)) {
+            match self.event(seq)? {
                 Some(ev) => out.push((seq, ev)),
                 None if !strict => {}
                 None => return Err(missing_event(job_id, seq)),
@@ -1687,15 +1387,10 @@ impl Store {
     }
 
     /// Folds jobs: writes their summaries (each listing the job's log sequences) and new dictionary entries,
-    /// flushes, then removes their snapshots and records `max_seq` (the highest sequence used so far), and
-    /// flushes again. The jobs' events stay in the log.
-    ///
-    /// Two steps, not one transaction (sled's multi-tree transactions are several times slower than batches):
-    /// a crash between them leaves a job with both its summary and its snapshot, which restore treats as an
-    /// unfolded job (the snapshot ∪ the events the summary lists, deduplicated by sequence), so nothing is lost
-    /// or counted twice; and since the first step is flushed before the second starts, no crash can keep the
-    /// snapshot's delete without the summary.
-    /// Sets each job's [`FoldWrite::number`] (see [`Store::fold_write`]).
+    /// flushes, then records `max_seq` (the highest sequence used so far), and flushes again. The jobs' events
+    /// stay in the log and in the snapshot parts: restore drops a folded job's own events by its summary, and
+    /// treats one with an event the summary does not list as unfolded. Sets each job's [`FoldWrite::number`]
+    /// (see [`Store::fold_write`]).
     pub fn fold_jobs(
         &self,
         jobs: &mut [FoldWrite],
@@ -1703,7 +1398,7 @@ impl Store {
         max_seq: u64,
     ) -> Result<(), StoreError> {
         self.fold_write(jobs, dictionary)?;
-        self.fold_delete(jobs, max_seq)
+        self.fold_delete(max_seq)
     }
 
     /// The first step of [`Store::fold_jobs`]: dictionary entries and summaries (each under a new summary
@@ -1778,11 +1473,6 @@ impl Store {
     pub(crate) fn summary_numbers(&self) -> Result<Vec<(String, u64)>, StoreError> {
         let t = self.t()?;
         let mut out = Vec::new();
-        for kv in t.summaries.range(..[packs::PACK_PREFIX]).chain(t.summaries.range([SUMMARY_PREFIX]..)) {
-            let (k, _) = kv?;
-            let (job_id, no) = parse_summary_key(&k).map_err(|r| corrupt("summaries", &k, r))?;
-            out.push((job_id.to_string(), no));
-        }
         for kv in t.summaries.range(packs::all_packs()) {
             let (k, v) = kv?;
             // A damaged pack's summaries cannot be read (restore reports it in `lost_packs`).
@@ -1811,15 +1501,11 @@ impl Store {
         Ok(())
     }
 
-    /// The second step of [`Store::fold_jobs`]: the folded jobs' snapshots go, `max_seq` is recorded, flushed.
-    pub fn fold_delete(&self, jobs: &[FoldWrite], max_seq: u64) -> Result<(), StoreError> {
+    /// The second step of [`Store::fold_jobs`]: `max_seq` is recorded, flushed. (The folded jobs' events in
+    /// snapshot parts stay: restore drops them by the summaries, and the next base leaves them out.)
+    pub fn fold_delete(&self, max_seq: u64) -> Result<(), StoreError> {
         let t = self.w()?;
-        let mut snaps = sled::Batch::default();
-        for j in jobs {
-            snaps.remove(job_key(&j.job_id));
-        }
-        snaps.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()));
-        t.jobs.apply_batch(snaps)?;
+        t.jobs.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()))?;
         t.db.flush()?;
         self.injected_fold_failure(FAIL_FOLD_DELETE)
     }
@@ -1836,7 +1522,7 @@ impl Store {
         let t = self.w()?;
         let mut bodies = Vec::with_capacity(entries.len());
         for (seq, value) in entries {
-            let body = unseal(value, true).map_err(|r| corrupt_log(&seq.to_be_bytes(), r))?;
+            let body = unseal(value).map_err(|r| corrupt_log(&seq.to_be_bytes(), r))?;
             bodies.push((*seq, body));
         }
         t.files.append(&log::encode_blocks(&bodies)?)?;
@@ -1878,7 +1564,7 @@ impl Store {
         let t = self.t()?;
         let Some(v) = t.stream.get(STREAM_LOG_KEY)? else { return Ok(None) };
         let bad = |r: String| corrupt("stream", STREAM_LOG_KEY, r);
-        let body = unseal(&v, false).map_err(bad)?;
+        let body = unseal(&v).map_err(bad)?;
         let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
         Ok(Some(u64::from_be_bytes(arr)))
     }
@@ -2114,9 +1800,9 @@ impl Store {
 
     /// Ends a checkpoint that wrote base `base` (every hot job's events as of `through_seq` or later; its files
     /// are durable): in one sled batch points restore at it, sets the increments' floor above every increment
-    /// written so far, removes what sled still holds of older parts, snapshots from before parts and the tombstones
-    /// it supersedes, and moves the marker; flushes; then removes the files of every increment below the floor and
-    /// every other base (and temporary files a crash left).
+    /// written so far, removes what sled still holds of older parts (0.1.0's) and the tombstones it supersedes, and
+    /// moves the marker; flushes; then removes the files of every increment below the floor and every other base
+    /// (and temporary files a crash left).
     ///
     /// Must not interleave with retention's deletes (its tombstones): call it under the applier's `store_writes`.
     pub fn switch_base(&self, base: u64, through_seq: u64, jobs: u64) -> Result<(), StoreError> {
@@ -2136,13 +1822,10 @@ impl Store {
         for k in t.jobs.scan_prefix([snaps::INC_PREFIX]).keys() {
             batch.remove(k?);
         }
-        for k in t.jobs.scan_prefix([JOB_PREFIX]).keys() {
-            batch.remove(k?);
-        }
         for kv in t.jobs.scan_prefix([snaps::TOMB_PREFIX]) {
             let (k, v) = kv?;
             // An unreadable tombstone goes too: restore would refuse it, and its job is gone from the base.
-            if unseal(&v, false).and_then(snaps::parse_tomb).map_or(true, |(no, _)| no <= base) {
+            if unseal(&v).and_then(snaps::parse_tomb).map_or(true, |(no, _)| no <= base) {
                 batch.remove(k);
             }
         }
@@ -2227,9 +1910,7 @@ impl Store {
         for kv in t.node_health.iter() {
             let (k, v) = kv?;
             let node = k.split(|b| *b == 0).next().map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default();
-            out.push(
-                unseal(&v, false).map(|b| (node.clone(), b.to_vec())).map_err(|e| format!("node_health {node:?}: {e}")),
-            );
+            out.push(unseal(&v).map(|b| (node.clone(), b.to_vec())).map_err(|e| format!("node_health {node:?}: {e}")));
         }
         Ok(out)
     }
@@ -2256,19 +1937,15 @@ impl Store {
         let mut out = Vec::new();
         for kv in t.alerts.iter() {
             let (k, v) = kv?;
-            // Before checksums alert records were bare JSON.
-            let body = if v.first() == Some(&b'{') {
-                v.as_ref()
-            } else {
-                unseal(&v, false).map_err(|r| corrupt("alerts", &k, r))?
-            };
+            let body = unseal(&v).map_err(|r| corrupt("alerts", &k, r))?;
             let pair = (String::from_utf8_lossy(&k).into_owned(), body.to_vec());
             out.push(T::try_from(pair).map_err(|e| corrupt("alerts", &k, e))?);
         }
         Ok(out)
     }
 
-    /// Deletes jobs with their logged events, snapshots, archives and summaries, atomically, and flushes.
+    /// Deletes jobs with their logged events and summaries, and tombstones their snapshots, atomically, and
+    /// flushes.
     pub fn delete_jobs(&self, jobs: &[ExpiredJob]) -> Result<(), StoreError> {
         self.delete_jobs_noting(jobs, None)
     }
@@ -2283,33 +1960,20 @@ impl Store {
             job_batch.insert(DELETED_THROUGH_KEY, seal(&ms.to_be_bytes()));
         }
         let last_logged = t.files.last_seq();
-        let mut archives = sled::Batch::default();
         let mut summaries = sled::Batch::default();
         let mut seqs = Vec::new();
         for job in jobs {
-            let job_id = job.job_id.as_str();
             seqs.extend_from_slice(&job.seqs);
-            // A folded job's events are the log entries its summary lists. (A summary damaged on disk lists
-            // none here; restore will have rebuilt that job as a hot one, whose sequences the caller passes.)
-            for &no in &job.summaries {
-                let key = summary_key(job_id, no);
-                if let Some(v) = t.summaries.get(&key)? {
-                    match decode_summary(&v) {
-                        Ok((Some(listed), _)) => seqs.extend_from_slice(&listed),
-                        Ok((None, _)) => {}
-                        Err(reason) => tracing::warn!(job_id, reason = %reason, "retention: summary unusable"),
-                    }
-                }
-            }
-            job_batch.remove(job_key(job_id));
             // Its events in snapshot parts written before now are not restored (see [`snaps`]).
-            job_batch.insert(snaps::tomb_key(job_id), seal(&snaps::tomb_body(self.snapshot_counter(), last_logged)));
-            archives.remove(job_id.as_bytes());
+            job_batch
+                .insert(snaps::tomb_key(&job.job_id), seal(&snaps::tomb_body(self.snapshot_counter(), last_logged)));
         }
         let wanted: Vec<(&str, u64)> =
             jobs.iter().flat_map(|j| j.summaries.iter().map(|no| (j.job_id.as_str(), *no))).collect();
         let rewrites = t.log_rewrites();
         let packs_lock = t.packs_lock();
+        // A folded job's events are the log entries its summary lists. (A summary damaged on disk lists none here;
+        // restore will have rebuilt that job as a hot one, whose sequences the caller passes.)
         for (no, job_id, summary) in t.plan_summary_removal(&mut summaries, &wanted)? {
             match parse_summary(&summary) {
                 Ok((listed, _)) => seqs.extend_from_slice(&listed),
@@ -2329,10 +1993,9 @@ impl Store {
         // One transaction over the trees: a crash keeps all of a job or none of it (deleting the log entries
         // first would let a restart restore the snapshot without its raw events; the snapshot first, rebuild the
         // job from just its log tail).
-        let applied = (&t.blocks, &t.jobs, &t.archive, &t.summaries).transaction(|(l, j, a, s)| {
+        let applied = (&t.blocks, &t.jobs, &t.summaries).transaction(|(l, j, s)| {
             l.apply_batch(&log)?;
             j.apply_batch(&job_batch)?;
-            a.apply_batch(&archives)?;
             s.apply_batch(&summaries)?;
             Ok(())
         });
@@ -2431,10 +2094,9 @@ impl Store {
     /// framing, page table and not yet reclaimed space). Reads every value: for `store-stats`, not the data path.
     pub fn tree_stats(&self) -> Result<Vec<TreeStats>, StoreError> {
         let t = self.t()?;
-        let trees: [(&'static str, &sled::Tree); 8] = [
+        let trees: [(&'static str, &sled::Tree); 7] = [
             ("log_blocks (dead records)", &t.blocks),
             ("jobs", &t.jobs),
-            ("archive", &t.archive),
             ("summaries", &t.summaries),
             ("dictionary", &t.dictionary),
             ("stream", &t.stream),
@@ -2567,7 +2229,7 @@ fn encode_stream_blocks<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Res
 
 /// A block's record count and recording time, without decompressing it.
 fn stream_block_meta(key: &[u8], v: &[u8]) -> Result<(u32, i64), StoreError> {
-    let body = unseal(v, false).map_err(|r| corrupt("stream", key, r))?;
+    let body = unseal(v).map_err(|r| corrupt("stream", key, r))?;
     if body.len() < STREAM_HEADER || !matches!(body[0], STREAM_RAW | STREAM_ZSTD) {
         return Err(corrupt("stream", key, "not a stream block"));
     }
@@ -2584,7 +2246,7 @@ fn decode_stream_block(key: &[u8], v: &[u8]) -> Result<Vec<pb::StreamRecord>, St
     let first = stream_cursor(key)?;
     let (count, _) = stream_block_meta(key, v)?;
     let bad = |r: String| corrupt("stream", key, r);
-    let body = unseal(v, false).map_err(bad)?;
+    let body = unseal(v).map_err(bad)?;
     let raw_len = u32::from_le_bytes([body[13], body[14], body[15], body[16]]) as usize;
     let payload = &body[STREAM_HEADER..];
     let raw = match body[0] {
@@ -2622,83 +2284,6 @@ fn transaction_result(r: Result<(), sled::transaction::TransactionError<()>>) ->
             Err(StoreError::Corrupt { what: "jobs", key: String::new(), reason: "transaction aborted".into() })
         }
     }
-}
-
-/// Encodes a folded job's events (any order; sorted here by sequence) as a sealed archive value.
-pub fn encode_archive(job_id: &str, events: &[(u64, pb::LifecycleEvent)]) -> Result<Vec<u8>, StoreError> {
-    ArchiveEncoder::new()?.encode(job_id, events)
-}
-
-/// Encodes archives with one zstd context (creating a context per archive costs more than compressing one).
-pub struct ArchiveEncoder {
-    zstd: zstd::bulk::Compressor<'static>,
-    raw: Vec<u8>,
-}
-
-impl ArchiveEncoder {
-    /// A new encoder.
-    pub fn new() -> Result<ArchiveEncoder, StoreError> {
-        let zstd = zstd::bulk::Compressor::new(ARCHIVE_ZSTD_LEVEL).map_err(|e| corrupt("archive", b"", e))?;
-        Ok(ArchiveEncoder { zstd, raw: Vec::new() })
-    }
-
-    /// Encodes one job's events (any order; sorted here by sequence) as a sealed archive value.
-    pub fn encode(&mut self, job_id: &str, events: &[(u64, pb::LifecycleEvent)]) -> Result<Vec<u8>, StoreError> {
-        let mut sorted: Vec<&(u64, pb::LifecycleEvent)> = events.iter().collect();
-        sorted.sort_by_key(|(seq, _)| *seq);
-        let raw = &mut self.raw;
-        raw.clear();
-        prost::encoding::encode_varint(sorted.len() as u64, raw);
-        let mut prev = 0u64;
-        for (seq, ev) in sorted {
-            prost::encoding::encode_varint(seq.wrapping_sub(prev), raw);
-            prev = *seq;
-            // The job id is the key; everything else of the event is kept as it arrived.
-            let mut ev = ev.clone();
-            ev.job_id = String::new();
-            prost::encoding::encode_varint(ev.encoded_len() as u64, raw);
-            ev.encode(raw).map_err(|e| corrupt("archive", job_id.as_bytes(), e))?;
-        }
-        let packed = self.zstd.compress(raw).map_err(|e| corrupt("archive", job_id.as_bytes(), e))?;
-        let mut body = Vec::with_capacity(packed.len() + 10);
-        body.push(ARCHIVE_FORMAT);
-        prost::encoding::encode_varint(raw.len() as u64, &mut body);
-        body.extend_from_slice(&packed);
-        Ok(seal(&body))
-    }
-}
-
-/// Decodes a sealed archive value into `(seq, event)` pairs in sequence order, with the job id restored.
-fn decode_archive(job_id: &str, v: &[u8]) -> Result<Vec<(u64, pb::LifecycleEvent)>, String> {
-    let body = unseal(v, false)?;
-    let Some((&ARCHIVE_FORMAT, mut rest)) = body.split_first() else {
-        return Err(format!("unknown archive format {:?}", body.first()));
-    };
-    let raw_len = prost::encoding::decode_varint(&mut rest).map_err(|e| e.to_string())?;
-    if raw_len > ARCHIVE_MAX_RAW {
-        return Err(format!("archive claims {raw_len} bytes"));
-    }
-    let raw = log::decompress(rest, raw_len as usize).map_err(|e| e.to_string())?;
-    let mut buf: &[u8] = &raw;
-    let n = prost::encoding::decode_varint(&mut buf).map_err(|e| e.to_string())?;
-    let mut out = Vec::with_capacity(n.min(1 << 20) as usize);
-    let mut seq = 0u64;
-    for _ in 0..n {
-        seq = seq.wrapping_add(prost::encoding::decode_varint(&mut buf).map_err(|e| e.to_string())?);
-        let len = prost::encoding::decode_varint(&mut buf).map_err(|e| e.to_string())? as usize;
-        if len > buf.len() {
-            return Err("archive truncated".to_string());
-        }
-        let (one, tail) = buf.split_at(len);
-        let mut ev = pb::LifecycleEvent::decode(one).map_err(|e| e.to_string())?;
-        ev.job_id = job_id.to_string();
-        out.push((seq, ev));
-        buf = tail;
-    }
-    if !buf.is_empty() {
-        return Err(format!("{} bytes after the last archived event", buf.len()));
-    }
-    Ok(out)
 }
 
 /// Creates `path` (and missing parents) with mode 0700 on Unix.

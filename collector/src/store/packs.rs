@@ -5,8 +5,7 @@
 //! [`PACK_MAX_ENTRIES`] summaries or about [`PACK_MAX_RAW`] bytes each): key `[0xFE] ++ first number` (u64
 //! big-endian), value a block in the log's format (see [`super::log`]; sealed as version [`PACK_VERSION`]) whose
 //! entries are, per summary in number order, `varint(job id length) ++ job id ++ summary` (the summary being
-//! `varint(n) ++ n varint sequence deltas ++ body`, as in a single summary of version 3, without its seal: the
-//! pack's checksum covers it). Packs never overlap: a pack holds numbers from its key up to its last entry, and
+//! `varint(n) ++ n varint sequence deltas ++ body`, unsealed: the pack's checksum covers it). Packs never overlap: a pack holds numbers from its key up to its last entry, and
 //! numbers are never handed out twice. One value per ~25 summaries instead of one each: a restart reads a few
 //! thousand compressed values per 100k folded jobs, not 100k small ones scattered over sled's file.
 //!
@@ -28,8 +27,7 @@ use std::ops::RangeInclusive;
 pub(super) const PACK_VERSION: u8 = 4;
 /// Packs, as blocks of the log's format.
 pub(super) const PACKS: Kind = Kind { what: "summaries", version: PACK_VERSION };
-/// First byte of a pack key: never the first byte of a UTF-8 job id (older collectors' summary keys), and below
-/// the prefix of single numbered summaries (`0xFF`).
+/// First byte of a pack key (the tree holds packs only).
 pub(super) const PACK_PREFIX: u8 = 0xFE;
 /// At most this many summaries per pack.
 pub(super) const PACK_MAX_ENTRIES: usize = 256;

@@ -5,9 +5,9 @@
 //! a *base* (every hot job's events, written when the increments outgrow the last base). Tree `jobs` keeps
 //! `[5u8] ++ job_id`, the tombstone of a job retention deleted (`number ++ highest sequence`, both u64
 //! big-endian: its events in parts written before are not restored). Numbers come from one counter, so every
-//! increment written after a base is numbered above it. Collectors before the parts' files stored parts as values
-//! of tree `jobs`, `[3u8] ++ number` for increments and `[4u8] ++ base number ++ part number` for bases: read, and
-//! removed by the next base.
+//! increment written after a base is numbered above it. Startline 0.1.0 stored parts as values of tree `jobs`,
+//! `[3u8] ++ number` for increments and `[4u8] ++ base number ++ part number` for bases: read, and removed by the
+//! next base.
 
 use crate::job::{CompactEvent, EventKind};
 
@@ -26,7 +26,7 @@ const PART_MAX_RAW: u64 = 1 << 30;
 /// zstd level of parts: attribute sets and names repeat across jobs.
 const PART_ZSTD_LEVEL: i32 = 3;
 
-/// The key of increment `no` (in sled, as older collectors wrote them).
+/// The key of increment `no` (in sled, as 0.1.0 wrote them).
 #[cfg(test)]
 pub(super) fn inc_key(no: u64) -> [u8; 9] {
     let mut k = [INC_PREFIX; 9];
@@ -34,7 +34,7 @@ pub(super) fn inc_key(no: u64) -> [u8; 9] {
     k
 }
 
-/// The key of part `part` of base `base` (in sled, as older collectors wrote them).
+/// The key of part `part` of base `base` (in sled, as 0.1.0 wrote them).
 #[cfg(test)]
 pub(super) fn base_key(base: u64, part: u64) -> [u8; 17] {
     let mut k = [BASE_PREFIX; 17];
@@ -181,7 +181,7 @@ impl PartWriter {
 
 /// Every job's events in a part, in the part's order.
 pub(super) fn decode_part(v: &[u8]) -> Result<Vec<(String, Vec<CompactEvent>)>, String> {
-    let mut body = super::unseal_as(PART_VERSION, v, false)?;
+    let mut body = super::unseal_as(PART_VERSION, v)?;
     let raw_len = prost::encoding::decode_varint(&mut body).map_err(|e| format!("raw length: {e}"))?;
     if raw_len > PART_MAX_RAW {
         return Err(format!("part claims {raw_len} raw bytes"));

@@ -114,7 +114,6 @@ fn raw_put(store: &Store, tree: &str, key: &[u8], value: &[u8]) {
     let tree = match tree {
         "jobs" => t.jobs,
         "blocks" => t.blocks,
-        "legacy" => t.db.open_tree("log").expect("tree"),
         "stream" => t.stream,
         _ => t.alerts,
     };
@@ -150,27 +149,17 @@ fn values_are_versioned_and_checksummed() {
     for i in 0..v.len() * 8 {
         let mut bad = v.clone();
         bad[i / 8] ^= 1 << (i % 8);
-        if bad[0] == LEGACY_VERSION {
-            continue; // the version byte now claims a legacy value, whose body is unchecked protobuf
-        }
         assert!(decode_log_value(&1u64.to_be_bytes(), &bad).is_err(), "flip of bit {i} not detected");
     }
     // Truncated values are detected.
     for n in 0..v.len() {
         assert!(decode_log_value(&1u64.to_be_bytes(), &v[..n]).is_err(), "truncation to {n} bytes not detected");
     }
-    // A value written before checksums is still read.
-    let mut legacy = vec![LEGACY_VERSION];
-    legacy.extend_from_slice(&e.encode_to_vec());
-    assert_eq!(decode_log_value(&1u64.to_be_bytes(), &legacy).expect("legacy"), e);
-    // Snapshots round-trip and are checked too.
-    let rec = JobRecord::from_events(vec![CompactEvent::from_pb(&e, 1).expect("kind")]);
-    let (_, snap) = encode_snapshot("a", &rec).expect("encode");
-    assert_eq!(decode_snapshot(&snap).expect("decode"), Snapshot::Seqs(vec![1]));
-    let mut bad = snap.clone();
-    let last = bad.len() - 1;
-    bad[last] ^= 0x40;
-    assert!(decode_snapshot(&bad).expect_err("must fail").contains("checksum mismatch"));
+    // A value of another version is refused, whatever follows.
+    let mut other = vec![1u8];
+    other.extend_from_slice(&e.encode_to_vec());
+    let err = decode_log_value(&1u64.to_be_bytes(), &other).expect_err("version 1");
+    assert!(err.to_string().contains("unknown version 1"), "{err}");
 }
 
 /// The keys of the `jobs` tree under a prefix.
@@ -262,9 +251,7 @@ fn increments_add_only_new_events_and_a_base_supersedes_them() {
     assert!(!store.wants_base(1 << 20, 1024));
     assert!(store.wants_base(0, 1024), "the increments hold more than the (empty) base");
     assert!(store.wants_base(1 << 20, 9), "more increments than allowed");
-    // A base replaces every increment and snapshot from before parts.
-    let (key, v6) = encode_snapshot("ab", &mem["ab"]).expect("encode");
-    raw_put(&store, "jobs", &key, &v6);
+    // A base replaces every increment.
     write(
         &store,
         &mut mem,
@@ -273,7 +260,6 @@ fn increments_add_only_new_events_and_a_base_supersedes_them() {
     );
     base(&store, &mem, &mut marks, seq);
     assert!(part_files(&store).0.is_empty());
-    assert!(jobs_keys(&store, &[JOB_PREFIX]).is_empty());
     assert_eq!(part_files(&store).1.len(), 1);
     assert!(!store.wants_base(0, 1024), "nothing since the base");
     let r = store.restore().expect("restore");
@@ -475,13 +461,11 @@ fn the_part_codec_round_trips_every_kind_and_extreme_values_and_detects_damage()
 }
 
 #[test]
-fn parts_join_an_older_snapshot_and_a_damaged_part_rebuilds_every_job_from_the_log() {
+fn increments_join_and_a_damaged_part_rebuilds_every_job_from_the_log() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let (mut mem, mut seq) = three_jobs(&store);
-    // A store from before parts: a version-6 snapshot of "a", then "a" changes and an increment holds the rest.
-    let (key, v6) = encode_snapshot("a", &mem["a"]).expect("encode");
-    raw_put(&store, "jobs", &key, &v6);
+    // "a" changes after the first checkpoint: the next increment holds the rest of it.
     let mut marks: HashMap<String, u64> = HashMap::new();
     marks.insert("a".into(), seq);
     write(&store, &mut mem, &mut seq, &[ev("a", "a3", 1_200_000, Kind::Done(pb::Done::default()))]);
@@ -506,93 +490,6 @@ fn parts_join_an_older_snapshot_and_a_damaged_part_rebuilds_every_job_from_the_l
     raw_put(&store, "jobs", BASE_KEY, &seal(&[1, 2, 3]));
     let why = store.restore().expect("restore").rebuilt.expect("rebuilt");
     assert!(why.contains("base pointer"), "{why}");
-}
-
-#[test]
-fn a_damaged_snapshot_is_reported_and_every_job_is_rebuilt_from_the_log() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(dir.path()).expect("open");
-    let (mem, seq) = three_jobs(&store);
-    let (key, mut value) = encode_snapshot("a", &mem["a"]).expect("encode");
-    let mid = value.len() / 2;
-    value[mid] ^= 0xff;
-    raw_put(&store, "jobs", &key, &value);
-    let r = store.restore().expect("restore");
-    let why = r.rebuilt.expect("rebuilt from the log");
-    assert!(why.contains("\"a\"") && why.contains("checksum mismatch"), "{why}");
-    assert_eq!(r.jobs, mem, "timelines rebuilt from the log are the true ones");
-    assert_eq!(r.snapshots, 0);
-    assert_eq!(r.replayed as u64, seq);
-    assert_eq!(r.dirty.len(), 3, "every rebuilt job is rewritten by the next checkpoint");
-}
-
-#[test]
-fn a_snapshot_from_before_stable_hashes_is_not_trusted() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(dir.path()).expect("open");
-    let (mem, _) = three_jobs(&store);
-    let (key, _) = encode_snapshot("b", &mem["b"]).expect("encode");
-    let mut legacy = vec![LEGACY_VERSION];
-    legacy.extend_from_slice(&postcard::to_stdvec(&mem["b"].events).expect("encode"));
-    raw_put(&store, "jobs", &key, &legacy);
-    let r = store.restore().expect("restore");
-    assert!(r.rebuilt.expect("rebuilt").contains("version 1"));
-    assert_eq!(r.jobs, mem);
-}
-
-#[test]
-fn a_snapshot_from_before_checkpoint_save_times_is_rebuilt_from_the_log() {
-    // Version-2 snapshots hold compact events without save times (a different postcard layout): they are never
-    // decoded as the new format, and the restore rebuilds every job from the log, save times included.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(dir.path()).expect("open");
-    let (mut mem, mut seq) = three_jobs(&store);
-    let ck =
-        ev("a", "a3", 1_200_000, Kind::Checkpoint(pb::Checkpoint { step: 9, save_seconds: 2.5, ..Default::default() }));
-    write(&store, &mut mem, &mut seq, &[ck]);
-    store.checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), seq).expect("checkpoint");
-    let (key, _) = encode_snapshot("a", &mem["a"]).expect("encode");
-    raw_put(&store, "jobs", &key, &seal(&postcard::to_stdvec(&mem["a"].events).expect("encode")));
-    let r = store.restore().expect("restore");
-    assert!(r.rebuilt.expect("rebuilt").contains("older compact-event format"));
-    assert_eq!(r.jobs, mem);
-    assert_eq!(r.jobs["a"].timeline.checkpoint_save_ms, 2_500);
-    // Version 3 (before node names) likewise.
-    raw_put(&store, "jobs", &key, &seal_as(3, &postcard::to_stdvec(&mem["a"].events).expect("encode")));
-    let r = store.restore().expect("restore");
-    assert!(r.rebuilt.expect("rebuilt").contains("before node names"));
-    assert_eq!(r.jobs, mem);
-    raw_put(&store, "jobs", &key, &seal_as(4, &postcard::to_stdvec(&mem["a"].events).expect("encode")));
-    let r = store.restore().expect("restore");
-    assert!(r.rebuilt.expect("rebuilt").contains("before estimated starts"));
-    assert_eq!(r.jobs, mem);
-}
-
-#[test]
-fn snapshots_list_log_sequences_and_those_holding_events_are_still_read() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(dir.path()).expect("open");
-    let (mem, seq) = three_jobs(&store);
-    store.checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), seq).expect("checkpoint");
-    // A version-6 snapshot is the sequence list: a few bytes per event.
-    let (key, v6) = encode_snapshot("a", &mem["a"]).expect("encode");
-    let n = mem["a"].events.len();
-    assert!(v6.len() <= 5 + 1 + 2 * n, "{} bytes for {n} events", v6.len());
-    let r = store.restore().expect("restore");
-    assert!(r.rebuilt.is_none());
-    assert_eq!((r.snapshots, r.replayed), (3, 0), "nothing after the marker");
-    assert_eq!(r.jobs, mem, "events read from the log by the snapshots' sequences");
-    // A store written before (version 5: the compact events) restores the same, without a rebuild.
-    raw_put(&store, "jobs", &key, &seal_as(5, &postcard::to_stdvec(&mem["a"].events).expect("encode")));
-    let r = store.restore().expect("restore");
-    assert!(r.rebuilt.is_none());
-    assert_eq!(r.jobs, mem);
-    // A listed sequence the log does not hold is an error naming the job, not a job silently missing an event.
-    let mut seqs: Vec<u64> = mem["a"].events.iter().map(|e| e.seq).collect();
-    seqs.push(seq + 1000);
-    raw_put(&store, "jobs", &key, &seal_as(6, &summary_bytes(&seqs, &[])));
-    let err = store.restore().expect_err("a listed event is missing").to_string();
-    assert!(err.contains("\"a\"") && err.contains(&format!("seq {}", seq + 1000)), "{err}");
 }
 
 /// Flips a byte near the end of the (only) log segment under store `dir`: the segment and its damaged bytes.
@@ -625,26 +522,27 @@ fn a_damaged_log_value_stops_the_restore_with_its_sequence_number() {
 }
 
 /// Damage inside the log's newest append looks like a torn write, but when a snapshot part holds its events
-/// they were acknowledged: the open refuses and cuts nothing. A store from before `snapshot_seq` (the record
-/// removed) cuts the tail at open, and the restore still refuses, at that start and every later one.
+/// they were acknowledged: the open refuses and cuts nothing. Without the `snapshot_seq` record (removed here, as
+/// when it cannot be read) the open cuts the tail, and the restore still refuses, at that start and every later
+/// one.
 #[test]
 fn damage_in_the_newest_append_a_snapshot_holds_is_refused_never_cut() {
-    for older_store in [false, true] {
+    for without_record in [false, true] {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(dir.path()).expect("open");
         let (mem, _) = three_jobs(&store);
         // Parts that hold every event, the marker behind them (as after a crash before a checkpoint's marker:
         // `three_jobs` checkpointed through 3, this moves the marker back to 1 by hand).
         store.checkpoint(mem.iter().map(|(k, v)| (k.as_str(), v)), 1).expect("checkpoint");
-        if older_store {
+        if without_record {
             store.t().expect("open").jobs.remove(SNAPSHOT_SEQ_KEY).expect("remove");
         }
         store.flush().expect("flush");
         drop(store);
         let (seg, bytes) = damage_log_end(dir.path());
-        if older_store {
+        if without_record {
             for start in 0..2 {
-                let store = Store::open(dir.path()).expect("an older store's open cuts the tail");
+                let store = Store::open(dir.path()).expect("an open without the record cuts the tail");
                 assert!(std::fs::read(&seg).expect("read").len() < bytes.len(), "start {start}: the tail was cut");
                 let err = store.restore().expect_err("the restore refuses");
                 assert!(err.is_damage() && err.to_string().contains("log ends at sequence"), "start {start}: {err}");
@@ -655,53 +553,6 @@ fn damage_in_the_newest_append_a_snapshot_holds_is_refused_never_cut() {
             assert!(std::fs::read(&seg).expect("read") == bytes, "a refused open cuts nothing");
         }
     }
-}
-
-#[test]
-fn a_log_of_one_value_per_event_moves_into_blocks_on_open_even_after_a_crash_part_way() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let events: Vec<pb::LifecycleEvent> =
-        (0..700).map(|i| ev(&format!("j{}", i % 40), &format!("e{i}"), 1_000_000 + i, submitted())).collect();
-    let mut mem: BTreeMap<String, JobRecord> = BTreeMap::new();
-    {
-        let store = Store::open(dir.path()).expect("open");
-        let t = store.t().expect("open");
-        let legacy = t.db.open_tree("log").expect("tree");
-        for (i, e) in events.iter().enumerate() {
-            let seq = i as u64 + 1;
-            // Version-1 values (before checksums) are still read.
-            let v = if i % 3 == 0 { [&[LEGACY_VERSION][..], &e.encode_to_vec()].concat() } else { encode_log_value(e) };
-            legacy.insert(seq.to_be_bytes(), v).expect("insert");
-            mem.entry(e.job_id.clone()).or_default().insert(CompactEvent::from_pb(e, seq).expect("kind"));
-        }
-        // A crash part-way through an earlier move: the first 300 are in blocks already.
-        let moved: Vec<(u64, Vec<u8>)> =
-            events[..300].iter().enumerate().map(|(i, e)| (i as u64 + 1, e.encode_to_vec())).collect();
-        let refs: Vec<(u64, &[u8])> = moved.iter().map(|(s, b)| (*s, b.as_slice())).collect();
-        let encoded = log::encode_blocks(&refs).expect("blocks");
-        for (first, v) in &encoded {
-            t.blocks.insert(log::block_key(*first), v.clone()).expect("insert");
-        }
-        // ... and part-way through copying blocks into the log's files (a torn copy), with sled knowing every
-        // event was acknowledged (a fold's `max_seq`): a copy is made again, not refused as damage.
-        let mut copy = Vec::new();
-        files::frames(&encoded, 0, &mut copy).expect("frames");
-        std::fs::create_dir_all(dir.path().join(LOG_DIR)).expect("log dir");
-        std::fs::write(dir.path().join(LOG_DIR).join(format!("{:020}.seg", 1)), &copy[..copy.len() - 5]).expect("copy");
-        t.jobs.insert(MAX_SEQ_KEY, seal(&700u64.to_be_bytes())).expect("max seq");
-        t.db.flush().expect("flush");
-    }
-    let store = Store::open(dir.path()).expect("reopen moves the log");
-    let t = store.t().expect("open");
-    assert!(t.db.open_tree("log").expect("tree").is_empty(), "the old log is emptied");
-    let r = store.restore().expect("restore");
-    assert_eq!(r.replayed, 700, "every event once");
-    assert_eq!(r.last_seq, 700);
-    assert_eq!(r.jobs, mem);
-    assert_eq!(store.event(1).expect("read"), Some(events[0].clone()));
-    assert_eq!(store.event(700).expect("read"), Some(events[699].clone()));
-    assert!(t.files.totals().0 < 20, "{:?} (blocks, bytes) for 700 events", t.files.totals());
-    assert_eq!(t.blocks.range(log::all_blocks()).count(), 0, "no block is left in sled");
 }
 
 #[test]
@@ -762,49 +613,6 @@ fn a_block_is_marked_then_rewritten_then_deleted_as_its_events_leave() {
     assert_eq!(store.restore().expect("restore").jobs.keys().collect::<Vec<_>>(), vec!["z"]);
 }
 
-/// A store whose newest log entries an older collector's fold deleted ends its log below what sled knows was
-/// acknowledged: the open records that gap, so that a torn first append after it (even one whose header never
-/// reached the disk) is cut, not refused. Damage past the gap is still refused.
-#[test]
-fn a_gap_older_collectors_left_at_the_logs_end_is_recorded_and_a_torn_append_after_it_is_cut() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let last = {
-        let store = Store::open(dir.path()).expect("open");
-        let (_, seq) = three_jobs(&store);
-        raw_put(&store, "jobs", MAX_SEQ_KEY, &seal(&(seq + 6).to_be_bytes()));
-        seq
-    };
-    let seg = || {
-        std::fs::read_dir(dir.path().join(LOG_DIR))
-            .expect("dir")
-            .map(|e| e.expect("entry").path())
-            .filter(|p| p.extension().is_some_and(|x| x == "seg"))
-            .max()
-            .expect("segment")
-    };
-    let intact = std::fs::read(seg()).expect("read");
-    {
-        let store = Store::open(dir.path()).expect("an intact log with a gap opens");
-        let gap = sealed_array(&store.t().expect("open").jobs, "jobs", LOG_GAP_KEY).expect("read");
-        assert_eq!(gap.map(u64::from_be_bytes), Some(last + 6), "the gap is recorded");
-    }
-    // A crash in the first append after the gap, before its header was whole.
-    let bodies = [(last + 7, ev("d", "d1", 1_300_000, submitted()).encode_to_vec())];
-    let refs: Vec<(u64, &[u8])> = bodies.iter().map(|(s, b)| (*s, b.as_slice())).collect();
-    let mut frame = Vec::new();
-    files::frames(&log::encode_blocks(&refs).expect("encode"), 0, &mut frame).expect("frames");
-    std::fs::write(seg(), [&intact[..], &frame[..7]].concat()).expect("tear");
-    let store = Store::open(dir.path()).expect("a torn append after the gap is cut");
-    assert_eq!(std::fs::read(seg()).expect("read"), intact);
-    assert_eq!(store.restore().expect("restore").last_seq, last + 6);
-    // Sled knowing of a sequence past the gap: the same bytes are damage.
-    raw_put(&store, "jobs", MAX_SEQ_KEY, &seal(&(last + 7).to_be_bytes()));
-    drop(store);
-    std::fs::write(seg(), [&intact[..], &frame[..7]].concat()).expect("tear");
-    let err = Store::open(dir.path()).err().expect("refused");
-    assert!(err.is_damage() && err.to_string().contains("acknowledged"), "{err}");
-}
-
 #[test]
 fn sequence_numbers_never_go_back_when_the_newest_log_entries_are_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -863,19 +671,11 @@ mod model {
         /// Fold hot jobs in one write (their summaries, each listing its log entries, share a pack; snapshots
         /// removed) and drop them from memory.
         Fold(Vec<u8>),
-        /// Fold a hot job as collectors before this layout did (archive + bare summary written, log entries
-        /// and snapshot removed) and drop it from memory.
-        LegacyFold(u8),
         /// Fold a hot job whose late event arrives meanwhile: written, but the job stays hot.
         FoldKeptHot(u8),
         /// A fold that crashes between its two steps: summary written, snapshot not deleted (the job
         /// stays hot in memory; the next restart must restore it whole).
         TornFold(u8),
-        /// Fold a hot job as collectors before summary numbers did: its summary (listing its log entries) keyed
-        /// by its job id.
-        KeyedFold(u8),
-        /// Fold a hot job as collectors before summary packs did: its summary alone, keyed by its number.
-        NumberedFold(u8),
     }
 
     /// Writes part of a block of `k` events (above `last_seq`) at the end of the log's newest segment: a
@@ -914,9 +714,6 @@ mod model {
             2 => proptest::collection::vec(0u8..6, 1..4).prop_map(Op::Fold),
             1 => (0u8..6).prop_map(Op::FoldKeptHot),
             1 => (0u8..6).prop_map(Op::TornFold),
-            1 => (0u8..6).prop_map(Op::LegacyFold),
-            1 => (0u8..6).prop_map(Op::KeyedFold),
-            1 => (0u8..6).prop_map(Op::NumberedFold),
         ]
     }
 
@@ -1079,35 +876,6 @@ mod model {
                             }
                         }
                     }
-                    // Older collectors' folds, of jobs that have no summary yet.
-                    Op::LegacyFold(j) | Op::KeyedFold(j) | Op::NumberedFold(j) => {
-                        let job = format!("j{j}");
-                        if summaries.contains_key(&job) || !mem.contains_key(&job) {
-                            continue;
-                        }
-                        torn.remove(&job);
-                        if let Some(rec) = mem.remove(&job) {
-                            let number = match op {
-                                Op::LegacyFold(_) => {
-                                    legacy_fold(&store, &job, &rec, last_seq);
-                                    LEGACY_SUMMARY
-                                }
-                                Op::KeyedFold(_) => {
-                                    keyed_fold(&store, &job, &rec, last_seq, LEGACY_SUMMARY);
-                                    LEGACY_SUMMARY
-                                }
-                                _ => {
-                                    let no = store.next_summary.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                                    keyed_fold(&store, &job, &rec, last_seq, no);
-                                    no
-                                }
-                            };
-                            summaries.insert(job.clone(), vec![number]);
-                            folded.insert(job.clone(), rec);
-                            marks.remove(&job);
-                            dirty.remove(&job);
-                        }
-                    }
                     Op::Expire(j) => {
                         let job = format!("j{j}");
                         torn.remove(&job);
@@ -1157,7 +925,7 @@ mod model {
                                 let ids = rec
                                     .events
                                     .iter()
-                                    .map(|e| store.job_event(id, e.seq).expect("read").expect("stored").event_id)
+                                    .map(|e| store.event(e.seq).expect("read").expect("stored").event_id)
                                     .collect();
                                 (id.clone(), ids)
                             })
@@ -1260,40 +1028,8 @@ fn the_stream_tree_keeps_order_and_markers_across_reopens_and_trims_whole_blocks
     assert!(store.stream_read(105, 10).is_err());
 }
 
-/// A fold as collectors before summary packs wrote it: the summary (listing the job's log sequences) alone under
-/// its number, or (`LEGACY_SUMMARY`, before summary numbers) keyed by the job id, flushed; then its snapshot
-/// removed.
-fn keyed_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64, number: u64) {
-    let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
-    let t = store.t().expect("open");
-    t.summaries.insert(summary_key(job, number), encode_summary(&seqs, job.as_bytes())).expect("summary");
-    t.db.flush().expect("flush");
-    let fw = FoldWrite { job_id: job.to_string(), ..Default::default() };
-    store.fold_delete(&[fw], max_seq).expect("delete snapshot");
-}
-
-/// A fold as collectors before folded events stayed in the log wrote it: the job's events copied into an
-/// archive beside a bare (version-2) summary of its id, flushed; then its log entries killed and its snapshot
-/// removed, flushed.
-fn legacy_fold(store: &Store, job: &str, rec: &JobRecord, max_seq: u64) {
-    let seqs: Vec<u64> = rec.events.iter().map(|e| e.seq).collect();
-    let events = store.job_events(job, &seqs).expect("events");
-    let t = store.t().expect("open");
-    t.archive.insert(job.as_bytes(), encode_archive(job, &events).expect("archive")).expect("archive");
-    t.summaries.insert(job.as_bytes(), seal(job.as_bytes())).expect("summary");
-    t.db.flush().expect("flush");
-    t.jobs.remove(job_key(job)).expect("snapshot");
-    t.jobs.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes())).expect("max seq");
-    let mut dead = t.dead();
-    let mut kill = log::plan_kill(&t.files, &dead, &seqs).expect("plan");
-    t.blocks.apply_batch(std::mem::take(&mut kill.batch)).expect("kill");
-    kill.commit(&mut dead);
-    drop(dead);
-    t.db.flush().expect("flush");
-}
-
 #[test]
-fn a_folds_batched_read_matches_per_job_reads_and_falls_back_to_archives() {
+fn a_folds_batched_read_matches_per_job_reads() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let mut mem = BTreeMap::new();
@@ -1306,11 +1042,7 @@ fn a_folds_batched_read_matches_per_job_reads_and_falls_back_to_archives() {
         }
     }
     write(&store, &mut mem, &mut seq, &events);
-    // Job "c" was folded once by an older collector (its first 10 events are only in its archive), then came
-    // back hot.
     let c_seqs: Vec<u64> = mem["c"].events.iter().map(|e| e.seq).collect();
-    let first_ten = JobRecord::from_events(mem["c"].events[..10].to_vec());
-    legacy_fold(&store, "c", &first_ten, seq);
     let seqs: Vec<(String, Vec<u64>)> =
         mem.iter().map(|(id, r)| (id.clone(), r.events.iter().rev().map(|e| e.seq).collect())).collect();
     let wanted: Vec<(&str, &[u64])> = seqs.iter().map(|(id, s)| (id.as_str(), s.as_slice())).collect();
@@ -1328,30 +1060,20 @@ fn a_folds_batched_read_matches_per_job_reads_and_falls_back_to_archives() {
     let got = store.jobs_events(&[("a", &sparse[..]), ("c", &c_seqs[..2])]).expect("sparse read");
     assert_eq!(got[0], store.job_events("a", &sparse).expect("per-job read"));
     assert_eq!(got[1], store.job_events("c", &c_seqs[..2]).expect("per-job read"));
-    // A sequence in neither the log nor the archive is an error naming it.
+    // A sequence the log does not hold is an error naming it.
     let err = store.jobs_events(&[("c", &[c_seqs[0], seq + 7][..])]).expect_err("missing");
     assert!(err.to_string().contains(&format!("seq {}", seq + 7)), "{err}");
 }
 
 #[test]
-fn a_summary_lists_its_sequences_sealed_and_refuses_damage() {
-    let v = encode_summary(&[9, 3, 300, 3], b"body");
-    assert_eq!(v[0], SUMMARY_VERSION);
-    let (seqs, body) = decode_summary(&v).expect("decode");
-    assert_eq!(seqs, Some(vec![3, 9, 300]), "sorted, duplicates dropped");
+fn a_summary_lists_its_sequences_and_refuses_damage() {
+    let v = summary_bytes(&[9, 3, 300, 3], b"body");
+    let (seqs, body) = parse_summary(&v).expect("decode");
+    assert_eq!(seqs, vec![3, 9, 300], "sorted, duplicates dropped");
     assert_eq!(body, b"body");
-    // A version-2 summary (the bare body) lists none: its events are in the job's archive.
-    assert_eq!(decode_summary(&seal(b"old")).expect("legacy"), (None, &b"old"[..]));
-    // Damage is refused, naming why.
-    let mut bad = v.clone();
-    let last = bad.len() - 1;
-    bad[last] ^= 1;
-    assert!(decode_summary(&bad).expect_err("crc").contains("checksum"));
-    let huge = seal_as(SUMMARY_VERSION, &[0xff, 0xff, 0x03]);
-    assert!(decode_summary(&huge).expect_err("count").contains("sequences claimed"));
-    let repeat = seal_as(SUMMARY_VERSION, &[2, 5, 0]);
-    assert!(decode_summary(&repeat).expect_err("repeat").contains("repeats"));
-    assert!(decode_summary(&[7, 0, 0, 0, 0]).expect_err("version").contains("unknown version 7"));
+    // Damage is refused, naming why (a pack's checksum covers the rest).
+    assert!(parse_summary(&[0xff, 0xff, 0x03]).expect_err("count").contains("sequences claimed"));
+    assert!(parse_summary(&[2, 5, 0]).expect_err("repeat").contains("repeats"));
 }
 
 #[test]
@@ -1509,7 +1231,7 @@ fn the_dictionary_next_number_is_kept_and_not_an_entry() {
     assert!(store.load_dictionary().expect("entries").is_empty(), "the next number is no entry");
 }
 
-/// A store whose parts are sled values (written before the parts' files) restores them with the files' parts, and
+/// A store whose parts are sled values (as Startline 0.1.0 wrote them) restores them with the files' parts, and
 /// the next base removes them from sled; a crash after a base's switch but before its superseded files are
 /// removed leaves increments below the floor, which restore ignores and the next base removes.
 #[test]
@@ -1517,7 +1239,7 @@ fn parts_in_sled_are_still_read_and_superseded_files_left_by_a_crash_are_ignored
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(dir.path()).expect("open");
     let (mut mem, mut seq) = three_jobs(&store);
-    // Parts as an older collector wrote them: a base in sled, and an increment in sled.
+    // Parts as 0.1.0 wrote them: a base in sled, and an increment in sled.
     let no = store.begin_base();
     let mut w = snaps::PartWriter::default();
     for (id, rec) in &mem {
