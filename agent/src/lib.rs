@@ -17,8 +17,6 @@
 //!   the environment.
 //! - [`provider`]: provider adapters (Slurm, SageMaker, Vertex AI, Azure ML, Kubernetes/Kueue), each a pure
 //!   `parse + diff -> events` core and a polling or watching shell.
-//! - [`rfc3339`]: the one RFC 3339 parser (offsets honoured, fractions truncated to the millisecond) and
-//!   formatter (UTC, milliseconds) every adapter, `emit` and `tail` use.
 //! - [`rng`]: the seeded random generator the simulator and backoff use.
 //! - [`runner`]: the one runner of every mode: spool, metrics server, delivery, the mode's tasks, and shutdown
 //!   on one cancellation token.
@@ -36,8 +34,6 @@ pub mod jobid;
 pub mod metrics;
 pub mod node;
 pub mod provider;
-/// The one RFC 3339 parser and formatter, shared with the collector through the protocol crate.
-pub use startline_proto::rfc3339;
 pub mod rng;
 pub mod runner;
 pub mod simulate;

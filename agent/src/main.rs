@@ -9,6 +9,10 @@
 //!
 //! Every mode but `emit` can serve its own metrics on `--metrics-listen ADDR` (off by default); the node agent
 //! also serves them at `/metrics` on `--listen`.
+//!
+//! # Layout
+//! - this file: the flags of every mode and how each mode is started;
+//! - [`cli_docs`]: shell completions and man pages made from these flags (hidden `completions` and `man`).
 
 mod cli_docs;
 

@@ -20,8 +20,8 @@
 //! or nothing: one refused event refuses the request.
 //!
 //! # Event ids: a retried post is a duplicate
-//! An event without `event_id` gets its **content id** ([`content_id`], specified in [`startline_proto::json`]):
-//! the same post, retried, gets the same id and the collector stores it once.
+//! An event without `event_id` gets its **content id** ([`startline_proto::json::content_id`], specified in
+//! [`startline_proto::json`]): the same post, retried, gets the same id and the collector stores it once.
 
 use crate::access::{self, Access};
 use crate::metrics::{Metrics, Refusal};
@@ -33,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-pub use startline_proto::json::{canonical_content, content_id, event_from_json, FieldErr, Stamp};
+use startline_proto::json::event_from_json;
 use std::collections::HashMap;
 
 /// Wall time advanced by the monotonic clock, anchored when the agent starts: events posted without
@@ -285,7 +285,8 @@ pub fn emit_value(key: &str, value: &str) -> Value {
 /// The body `emit` posts, built once per invocation so every retry sends the same bytes: `kind`, `job_id`, the
 /// `--field`s (typed by [`emit_value`]; `labels.<key>=<value>` adds a label), `occurred_at` stamped now
 /// (`now_ms`, RFC 3339 with milliseconds) unless given, and `event_id`: `event_id` if given (`--event-id`),
-/// else the [`content_id`] of the stamped event. The event is checked as the node agent would parse it.
+/// else the [`startline_proto::json::content_id`] of the stamped event. The event is checked as the node agent
+/// would parse it.
 pub fn emit_body(
     kind: &str,
     job: &str,
@@ -321,7 +322,7 @@ pub fn emit_body(
         body.insert("labels".into(), Value::Object(labels));
     }
     if body.get("occurred_at").is_none_or(Value::is_null) {
-        body.insert("occurred_at".into(), Value::from(crate::rfc3339::format_ms(now_ms.max(0))));
+        body.insert("occurred_at".into(), Value::from(startline_proto::rfc3339::format_ms(now_ms.max(0))));
     }
     if let Some(id) = event_id {
         body.insert("event_id".into(), Value::from(id));

@@ -134,8 +134,13 @@ impl Runner {
                 (name, p)
             })
             .collect();
-        self.delivery =
-            Some(tokio::spawn(crate::uplink::deliver(spool.clone(), publishers, 1000, self.stop.clone(), give_up)));
+        self.delivery = Some(tokio::spawn(crate::uplink::delivery::deliver(
+            spool.clone(),
+            publishers,
+            1000,
+            self.stop.clone(),
+            give_up,
+        )));
     }
 
     /// Runs one of the mode's tasks; it must end when [`Runner::stop_token`] is cancelled.

@@ -49,9 +49,9 @@ pub enum TailError {
     },
 }
 
-/// A record's time as RFC 3339 with milliseconds, UTC ([`crate::rfc3339::format_ms`]); empty when unset.
+/// A record's time as RFC 3339 with milliseconds, UTC ([`startline_proto::rfc3339::format_ms`]); empty when unset.
 fn ts(t: &Option<Timestamp>) -> String {
-    t.as_ref().map(startline_proto::time::timestamp_to_ms).map(crate::rfc3339::format_ms).unwrap_or_default()
+    t.as_ref().map(startline_proto::time::timestamp_to_ms).map(startline_proto::rfc3339::format_ms).unwrap_or_default()
 }
 
 fn event_kind(e: &pb::LifecycleEvent) -> (&'static str, serde_json::Value) {

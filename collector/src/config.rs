@@ -2,11 +2,11 @@
 //! override it, and [`FileConfig::validate`] turns it into the [`Config`] the rest of the collector uses,
 //! reporting every problem at once before any port is bound.
 
-pub use crate::alert::config::{AlertConfig, AlertsSection};
-pub use crate::applier::halt::AfterWriteFailure;
-pub use crate::auth::config::{AuthConfig, AuthSection, TlsSection};
-pub use crate::auth::tls::TlsFiles;
-pub use crate::ingest::WhenFull;
+use crate::alert::config::{AlertConfig, AlertsSection};
+use crate::applier::halt::AfterWriteFailure;
+use crate::auth::config::{AuthConfig, AuthSection, TlsSection};
+use crate::auth::tls::TlsFiles;
+use crate::ingest::WhenFull;
 pub use effective::{changed_sections, REDACTED};
 
 mod effective;

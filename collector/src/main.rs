@@ -2,6 +2,10 @@
 //! runs the collector until SIGINT or SIGTERM, and maps failures to exit codes. `compare` is a client of a
 //! running collector's API: reqwest on a small single-threaded runtime, `http://` or `https://` (a CA file or
 //! the built-in roots), with a bearer token from a file, a flag or the environment.
+//!
+//! # Layout
+//! - this file: the flags, the subcommands and the exit codes;
+//! - [`cli_docs`]: shell completions and man pages made from these flags (hidden `completions` and `man`).
 
 mod cli_docs;
 
@@ -9,7 +13,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use startline_collector::alert::client::{build_http_client, read_pem_certs, read_secret_file, ClientTlsFiles, Secret};
 use startline_collector::app::Bound;
-use startline_collector::config::{AfterWriteFailure, FileConfig, Overrides};
+use startline_collector::applier::halt::AfterWriteFailure;
+use startline_collector::config::{FileConfig, Overrides};
 use std::ffi::OsString;
 use std::io::Write;
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! configuration read, validated and written back in full by `Config::effective`, as `check-config` prints it)
 //! and every flag and environment variable of both binaries (from their own `--help`) is documented; every alert
 //! the collector raises or the shipped rules define has a runbook, and every `runbook_url` in the repository
-//! reaches one; the module maps of the crate docs and ARCHITECTURE.md name every module.
+//! reaches one; the module maps of the crate docs, the binaries' docs and ARCHITECTURE.md name every module.
 
 use startline_tests::{binary, workspace_root};
 use std::collections::{BTreeMap, BTreeSet};
@@ -581,10 +581,22 @@ fn module_maps_name_every_module() {
             }
         }
     }
+    // Each binary's doc names the modules of its own (`mod cli_docs;` and the like).
+    for bin in ["collector/src/main.rs", "agent/src/main.rs"] {
+        let src = read(&root.join(bin));
+        let doc: String = src.lines().filter(|l| l.starts_with("//!")).collect::<Vec<_>>().join("\n");
+        for m in declared_modules(&src) {
+            if !doc.contains(&format!("[`{m}`]")) {
+                problems.push(format!("{bin}: its doc does not name module `{m}`"));
+            }
+        }
+    }
     let arch = read(&docs().join("ARCHITECTURE.md"));
-    for m in declared_modules(&read(&root.join("collector/src/lib.rs"))) {
-        if !arch.contains(&format!("`{m}`")) {
-            problems.push(format!("docs/ARCHITECTURE.md does not name the collector module `{m}`"));
+    for (krate, lib) in [("collector", "collector/src/lib.rs"), ("agent", "agent/src/lib.rs")] {
+        for m in declared_modules(&read(&root.join(lib))) {
+            if !arch.contains(&format!("`{m}`")) {
+                problems.push(format!("docs/ARCHITECTURE.md does not name the {krate} module `{m}`"));
+            }
         }
     }
     // The agent binary's doc and ARCHITECTURE's agent picture name every mode the binary has.

@@ -429,7 +429,7 @@ pub async fn run(
                 timeline.push(format!("uplink down: {} events held in the node agent's spool", spool.len()));
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let stop = tokio_util::sync::CancellationToken::new();
-                let task = tokio::spawn(crate::uplink::deliver(
+                let task = tokio::spawn(crate::uplink::delivery::deliver(
                     spool.clone(),
                     vec![(target.grpc.clone(), publisher(target)?)],
                     500,

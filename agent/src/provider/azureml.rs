@@ -28,9 +28,9 @@ use super::gpus::{GpuTable, Known};
 use super::retry::{with_retries, Attempt, RetryPolicy};
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
-use crate::rfc3339::json_ms;
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::rfc3339::json_ms;
 use std::collections::{BTreeMap, HashMap};
 
 /// The ARM api-version the adapter speaks.
@@ -346,8 +346,7 @@ pub fn token_lifetime(v: &Value, now_s: i64) -> std::time::Duration {
     std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0))
 }
 
-/// When a token is fetched again: the rule every cloud adapter's credentials follow.
-pub use super::renew_after;
+use super::renew_after;
 
 /// The ARM scope/resource tokens are asked for.
 const ARM_RESOURCE: &str = "https://management.azure.com/";

@@ -390,7 +390,7 @@ impl GoogleCredentials {
             .await
             .map_err(|e| format!("impersonation: {e}"))?;
         let token = v["accessToken"].as_str().ok_or("impersonation: no accessToken in the answer")?;
-        let expires = v["expireTime"].as_str().and_then(crate::rfc3339::parse_ms);
+        let expires = v["expireTime"].as_str().and_then(startline_proto::rfc3339::parse_ms);
         let life =
             expires.map(|at| Duration::from_millis(u64::try_from(at - startline_proto::time::now_ms()).unwrap_or(0)));
         Ok((Secret::new(token), Some(life.unwrap_or(Duration::from_secs(300)))))

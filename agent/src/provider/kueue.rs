@@ -46,9 +46,9 @@
 pub mod watch;
 
 use super::JobMemory;
-use crate::rfc3339::json_ms;
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::rfc3339::json_ms;
 use std::collections::{BTreeMap, HashMap};
 
 /// GPU resource names counted in pod specs.
@@ -642,7 +642,10 @@ fn reconstruct(
                 reason: pb::WaitReason::Quota as i32,
                 raw_reason: String::new(),
                 message: super::free_text(
-                    &format!("waiting for quota until {}{cq} {RECONSTRUCTED}", crate::rfc3339::format_ms(reserved)),
+                    &format!(
+                        "waiting for quota until {}{cq} {RECONSTRUCTED}",
+                        startline_proto::rfc3339::format_ms(reserved)
+                    ),
                     1024,
                 ),
                 estimated_start: None,
@@ -796,7 +799,7 @@ pub fn diff(
         let until = wl.and_then(|w| w.requeue_at_ms);
         let mut message = format!("requeue backoff after the eviction ({})", e.message);
         if let Some(u) = until {
-            message.push_str(&format!("; requeued at {}", crate::rfc3339::format_ms(u)));
+            message.push_str(&format!("; requeued at {}", startline_proto::rfc3339::format_ms(u)));
         }
         if let Some(n) = wl.and_then(|w| w.requeue_count) {
             message.push_str(&format!(" (backoff requeue {n})"));

@@ -97,7 +97,7 @@ pub fn authorization(
 
 /// `YYYYMMDDTHHMMSSZ` for Unix milliseconds (RFC 3339's fields without separators or the fraction).
 pub fn amz_date(ms: i64) -> String {
-    let s = crate::rfc3339::format_ms(ms.max(0)); // 2026-01-02T03:04:05.678Z
+    let s = startline_proto::rfc3339::format_ms(ms.max(0)); // 2026-01-02T03:04:05.678Z
     let seconds = s.split('.').next().unwrap_or_default(); // 2026-01-02T03:04:05
     format!("{}Z", seconds.replace(['-', ':'], ""))
 }

@@ -57,7 +57,7 @@ pub mod rest;
 
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
-pub use reasons::map_reason;
+use reasons::map_reason;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};

@@ -24,9 +24,9 @@ use super::gpus::{GpuTable, Known};
 use super::retry::{with_retries, Attempt, RetryPolicy};
 use super::{JobMemory, MemoryStore, PollError, PollReport};
 use crate::metrics::{PollErrorKind, Provider};
-use crate::rfc3339::json_ms;
 use serde_json::Value;
 use startline_proto::pb::{self, lifecycle_event::Kind};
+use startline_proto::rfc3339::json_ms;
 
 /// A CustomJob as the adapter sees it.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -258,7 +258,7 @@ impl Client {
     async fn list_with(&self, since_ms: i64) -> Result<Vec<Value>, PollError> {
         let token = self.token.token().await?;
         let url = format!("{}/v1/projects/{}/locations/{}/customJobs", self.base, self.project, self.location);
-        let since = crate::rfc3339::format_ms(since_ms.max(0));
+        let since = startline_proto::rfc3339::format_ms(since_ms.max(0));
         let filter = format!("update_time>\"{since}\"");
         let mut jobs = Vec::new();
         let mut page: Option<String> = None;

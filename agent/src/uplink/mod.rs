@@ -21,7 +21,6 @@
 //! "not permitted" (a job id or source outside the token's restriction) is an ordinary rejection in the ack.
 
 pub mod delivery;
-pub use delivery::deliver;
 
 use crate::auth::{CredentialError, Secret, TokenSource};
 use crate::rng::Rng;

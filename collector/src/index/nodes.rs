@@ -3,7 +3,7 @@
 //! and the metrics read: every node's placements over a window judged by [`crate::job::nodes`]'s rule.
 
 use super::SharedIndex;
-pub use crate::job::nodes::Reading;
+use crate::job::nodes::Reading;
 use crate::job::nodes::{judge, Health, NodeStats, Rule, Tally, Verdict};
 use serde::{Deserialize, Serialize};
 use startline_proto::pb::PoolKind;

@@ -16,10 +16,10 @@
 //!   is doing. hyper then ends the connection, which drops the service it holds, so nothing on a connection can
 //!   keep the committer's channel open.
 
-use super::IngestStats;
 use crate::auth::tls::{peer_names, Listener, TlsState};
 use crate::auth::Peer;
 use crate::conn_limit::{ConnLimiter, ConnPermit, DescriptorBudget, Refusal};
+use crate::health::IngestStats;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;

@@ -18,8 +18,6 @@ pub mod node_health;
 pub mod service;
 pub mod subscribe;
 
-pub use crate::health::IngestStats;
-
 /// What a full ingest queue does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WhenFull {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tonic::codegen::{http, Body, BoxFuture, Context, Poll, StdError};
 use tonic::{Request, Response, Status, Streaming};
 
-pub use super::codec::{MAX_GPUS, MAX_REPORTS};
+use super::codec::{MAX_GPUS, MAX_REPORTS};
 
 /// The service.
 #[derive(Clone)]

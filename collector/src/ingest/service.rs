@@ -12,10 +12,10 @@
 
 use super::codec::{inbound_error, single_message, PublishCodec};
 use super::guard::{status_of, Caller};
-use super::IngestStats;
 use super::WhenFull;
 use crate::applier::{CommitError, CommitRequest, CommitResult, PreparedEvent};
 use crate::auth::{Auth, Denied, Held, Identity, LongCall};
+use crate::health::IngestStats;
 use crate::job::CompactEvent;
 use crate::store::encode_log_value;
 use startline_proto::pb::{self, ingest_service_server::IngestService};

@@ -296,7 +296,7 @@ impl Target for Proto {
         let mut events = protocol_events("slurm/cluster-a/1001", NOW - 7_200_000);
         events.extend(adapter_events());
         for b in emit_bodies() {
-            if let Ok(ev) = node::event_from_json(&b, "node-agent/gpu-001", NOW) {
+            if let Ok(ev) = startline_proto::json::event_from_json(&b, "node-agent/gpu-001", NOW) {
                 events.push(ev);
             }
         }
@@ -445,8 +445,9 @@ impl JsonDict {
     }
 }
 
-/// The node agent's endpoint: JSON parsing as `POST /v1/events` does it, [`node::event_from_json`] for each
-/// event and validation; property: the same post, retried later, gets the same event id.
+/// The node agent's endpoint: JSON parsing as `POST /v1/events` does it,
+/// [`startline_proto::json::event_from_json`] for each event and validation; property: the same post, retried
+/// later, gets the same event id.
 pub struct Node {
     dict: JsonDict,
     limits: Limits,
@@ -512,12 +513,12 @@ impl Target for Node {
         };
         let mut kinds = Vec::new();
         for item in items {
-            let ev = match node::event_from_json(item, NODE_SOURCE, NOW) {
+            let ev = match startline_proto::json::event_from_json(item, NODE_SOURCE, NOW) {
                 Ok(ev) => ev,
                 Err((field, _)) => return Ok(Outcome::Rejected(format!("parse {field}"))),
             };
             // A retry arrives later: stamped later when it has no occurred_at, but it must keep its id.
-            match node::event_from_json(item, NODE_SOURCE, NOW + 61_234) {
+            match startline_proto::json::event_from_json(item, NODE_SOURCE, NOW + 61_234) {
                 Ok(again) if again.event_id == ev.event_id => {}
                 Ok(again) => {
                     return Err(format!("a retried post got event id {} instead of {}", again.event_id, ev.event_id))

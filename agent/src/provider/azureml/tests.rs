@@ -376,8 +376,8 @@ fn serverless(name: &str, status: &str, created: i64) -> Value {
     v["properties"]["status"] = status.into();
     v["properties"]["computeId"] = Value::Null;
     v["properties"]["resources"] = serde_json::json!({"instanceCount": 1, "instanceType": "Standard_NC24ads_A100_v4"});
-    v["systemData"]["createdAt"] = crate::rfc3339::format_ms(created).into();
-    v["systemData"]["lastModifiedAt"] = crate::rfc3339::format_ms(created).into();
+    v["systemData"]["createdAt"] = startline_proto::rfc3339::format_ms(created).into();
+    v["systemData"]["lastModifiedAt"] = startline_proto::rfc3339::format_ms(created).into();
     v
 }
 
@@ -442,7 +442,7 @@ fn pipeline_parent_jobs_are_not_reported_as_training_jobs() {
 async fn a_poll_skips_pipeline_parents_without_remembering_them() {
     let created = startline_proto::time::now_ms() - 3_600_000;
     let mut pipeline = shared_fixture("job-pipeline.json");
-    pipeline["systemData"]["createdAt"] = crate::rfc3339::format_ms(created).into();
+    pipeline["systemData"]["createdAt"] = startline_proto::rfc3339::format_ms(created).into();
     let jobs = vec![pipeline, serverless("step-1", "Queued", created)];
     let arm = arm_replay(jobs, std::time::Duration::ZERO, serde_json::json!({})).await;
     let client = Client::new(

@@ -53,7 +53,7 @@ fn mapping() -> Mapping {
 }
 
 fn ms(s: &str) -> i64 {
-    crate::rfc3339::parse_ms(s).expect("time")
+    startline_proto::rfc3339::parse_ms(s).expect("time")
 }
 
 fn kinds(evs: &[pb::LifecycleEvent]) -> Vec<String> {
