@@ -1,10 +1,12 @@
 //! `GET /api/v1/jobs` (filtered, paginated by job id) and `GET /api/v1/jobs/{job_id}`.
 
+use super::eta::ExpectedStart;
 use super::extract::{quote, ApiPath, Params};
 use super::types::{Job, JobList};
 use super::{ApiError, ApiState};
 use crate::index::FoldedRef;
-use crate::job::{CompactEvent, JobAttrs, JobRecord, JobState, Timeline};
+use crate::job::{CompactEvent, EventKind, JobAttrs, JobRecord, JobState, Timeline};
+use crate::slo::eta;
 use crate::time::parse_time;
 use axum::extract::State;
 use axum::Json;
@@ -153,6 +155,14 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
                 jobs.push(Job::summary(id, job.timeline, now));
                 true
             });
+            // Expected starts of the page's waiting jobs (always hot), under one more read lock: the history
+            // without queue positions, which only a job's detail reads from the store.
+            let idx = index.read();
+            for j in jobs.iter_mut().filter(|j| j.waiting_seconds.is_some()) {
+                let eta = idx.jobs.get(&j.job_id).and_then(|h| eta::for_job(&idx.waits, &h.rec.timeline, None, now));
+                j.expected_start = eta.as_ref().map(ExpectedStart::of);
+            }
+            drop(idx);
             (jobs, next)
         })
         .await?;
@@ -215,7 +225,19 @@ pub async fn detail(
                     match idx.jobs.get(&id) {
                         Some(h) => {
                             let seqs: Vec<u64> = h.rec.events.iter().map(|e| e.seq).collect();
-                            Ok((h.rec.timeline.clone(), seqs))
+                            // The current wait's `queued` events, for its queue positions.
+                            let t = &h.rec.timeline;
+                            let queued: Vec<u64> = match t.wait_started_at.filter(|_| t.state.is_waiting()) {
+                                Some(since) => h
+                                    .rec
+                                    .events
+                                    .iter()
+                                    .filter(|e| e.at_ms >= since && matches!(e.kind, EventKind::Queued { .. }))
+                                    .map(|e| e.seq)
+                                    .collect(),
+                                None => Vec::new(),
+                            };
+                            Ok((h.rec.timeline.clone(), seqs, queued))
                         }
                         None => match idx.folded(&id) {
                             Some(row) => Err(row.summary()),
@@ -225,10 +247,17 @@ pub async fn detail(
                 };
                 match hot {
                     // Events that vanish meanwhile (retention deleted the job after the lookup) are left out.
-                    Ok((t, seqs)) => {
+                    Ok((t, seqs, queued)) => {
                         let total = seqs.len();
                         let wanted = page_of(&seqs, page);
-                        return Ok(Some((t, store.job_events_present(&id, wanted)?, total)));
+                        let events = store.job_events_present(&id, wanted)?;
+                        let progress = if queued.is_empty() {
+                            None
+                        } else {
+                            super::eta::queue_progress(&store.job_events_present(&id, &queued)?)
+                        };
+                        let eta = eta::for_job(&index.read().waits, &t, progress, now);
+                        return Ok(Some((t, events, total, eta)));
                     }
                     Err(summary) => {
                         let events = store.folded_events_present(&id, summary)?;
@@ -245,7 +274,7 @@ pub async fn detail(
                             .iter()
                             .filter_map(|c| Some((c.seq, by_seq.remove(&c.seq)?)))
                             .collect();
-                        return Ok(Some((rec.timeline, events, total)));
+                        return Ok(Some((rec.timeline, events, total, None)));
                     }
                 }
             }
@@ -253,12 +282,13 @@ pub async fn detail(
         })
         .await?
         .map_err(ApiError::unavailable)?;
-    let Some((timeline, events, total)) = found else {
+    let Some((timeline, events, total, eta)) = found else {
         return Err(ApiError::not_found(format!("job {job_id:?} is not known")));
     };
     let mut job = Job::detail(&job_id, &timeline, &events, now);
     let end = page.offset.saturating_add(page.limit);
     job.events_total = Some(total as u64);
+    job.expected_start = eta.as_ref().map(ExpectedStart::of);
     job.events_next_offset = (end < total).then_some(end as u64);
     Ok(Json(job))
 }

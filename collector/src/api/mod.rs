@@ -13,6 +13,7 @@ pub mod auth;
 pub mod backup;
 mod chains;
 mod compare;
+pub mod eta;
 pub mod extract;
 mod goodput;
 mod jobs;
@@ -133,6 +134,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/api/v1/overview", get(overview::overview))
         .route("/api/v1/goodput", get(goodput::goodput))
         .route("/api/v1/cost", get(goodput::cost))
+        .route("/api/v1/advice", get(eta::advice))
         .route("/api/v1/chains", get(chains::list))
         .route("/api/v1/chains/{*chain_id}", get(chains::detail))
         .route("/api/v1/nodes", get(nodes::list))

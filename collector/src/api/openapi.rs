@@ -257,9 +257,11 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             path: "/api/v1/jobs/{job_id}",
             id: "getJob",
             tag: "jobs",
-            summary: "One job: its timeline, segments, SLO standings and events",
+            summary: "One job: its timeline, segments, SLO standings, events and expected start",
             description: "Job ids may contain `/` (`k8s/<cluster>/<namespace>/<name>`): send them as they are; \
-                          the route takes the rest of the path. A folded job's events are read from the store's log.",
+                          the route takes the rest of the path. A folded job's events are read from the store's log. \
+                          A waiting job's `expected_start` rests on the history of comparable jobs, the scheduler's \
+                          estimate and the progress of its queue position (the listing's leaves the position out).",
             params: vec![
                 path("job_id", "the job's id (the rest of the path)"),
                 query(
@@ -404,6 +406,55 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             )],
             ok: (200, "the costs", Body::Json(schema::<types::Cost>(g))),
             errors: &[(400, "window malformed"), (503, "storage unavailable")],
+            access: Access::Read,
+        },
+        Route {
+            method: "get",
+            path: "/api/v1/advice",
+            id: "getAdvice",
+            tag: "goodput",
+            summary: "Where a job would start soonest: each pool that can run it, its expected start, cost and record",
+            description: "A pool can run the job when jobs of its GPU class ran there in the window and one asked for \
+                          at least as many GPUs, or `[[cost.dedicated]]` gives it that many. Per pool: the expected \
+                          start of such a job submitted now (the history of comparable jobs, as a waiting job's \
+                          `expected_start`), the run's cost from `[cost]` (per use: price x GPUs x hours; amortised: \
+                          the same at the pool's rate plus the expected wait, since its capacity is paid while the \
+                          job waits), and its goodput and failure rate over the window. Soonest first.",
+            params: vec![
+                Parameter {
+                    name: "gpus",
+                    location: "query",
+                    required: true,
+                    description: "GPUs the job asks for, 1 to 65536",
+                    schema: json!({"type": "integer", "minimum": 1, "maximum": 65536}),
+                },
+                Parameter {
+                    name: "gpu_class",
+                    location: "query",
+                    required: true,
+                    description: "the GPU class (as jobs' `gpu_class`)",
+                    schema: json!({"type": "string", "examples": ["h100"]}),
+                },
+                Parameter {
+                    name: "duration",
+                    location: "query",
+                    required: true,
+                    description: "how long the job runs, 1m to 90d",
+                    schema: duration("12h"),
+                },
+                query("priority", "the job's priority class (default normal)", priorities.clone()),
+                query(
+                    "window",
+                    "jobs submitted in this window tell which pools can run it and make their record, 1h to 400d \
+                     (default 7d)",
+                    duration("7d"),
+                ),
+            ],
+            ok: (200, "the pools", Body::Json(schema::<super::eta::AdviceList>(g))),
+            errors: &[
+                (400, "a parameter is missing, unknown or malformed (the error names it)"),
+                (503, "storage unavailable"),
+            ],
             access: Access::Read,
         },
         Route {

@@ -429,6 +429,87 @@ async fn job_detail_hot_folded_and_unknown() {
     assert_eq!(e, "job \"slurm/nope\" is not known");
 }
 
+/// `NOW` plus `ms`, as the API writes times.
+fn at(ms: i64) -> String {
+    crate::time::format_ms(NOW + ms)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_job_has_an_expected_start() {
+    let f = fixture();
+    // slurm/cluster-a/200 (pool gpu, urgent, a100, 8 GPUs, quota) has waited 20 minutes. No narrower group has 20
+    // jobs: the pool's is used, job 100 (started after 15 minutes) and this one (censored at 20). S = 1/2 after 15
+    // minutes and never lower: every quantile is the constant-hazard tail from 20 minutes, lambda = 1 start / 35
+    // minutes at risk: 20 min + ln(1 / (1 - q)) x 2,100,000 ms (rounded up), i.e. now + 221,258 ms (q 0.1),
+    // 1,455,610 ms (median), 4,835,429 ms (q 0.9).
+    let v = check(&f, "jobs_queued.json", "/api/v1/jobs?state=queued", StatusCode::OK).await;
+    let e = &v["jobs"][0]["expected_start"];
+    assert_eq!(e["at"], at(1_455_610), "{e}");
+    assert_eq!(e["low"], at(221_258));
+    assert_eq!(e["high"], at(4_835_429));
+    assert_eq!((e["basis"].as_str(), e["comparable_jobs"].as_u64()), (Some("history"), Some(2)));
+    assert_eq!(e["interval"], 0.8);
+    assert_eq!(e["waited_seconds"], 1200.0);
+    assert_eq!(
+        e["group"],
+        serde_json::json!({"gpu_class": null, "gpus": null, "pool": "gpu", "priority": null, "reason": null})
+    );
+    // The detail says the same (no queue position here); a running or ended job has none.
+    let (_, _, body) = call(&f.state, "GET", "/api/v1/jobs/slurm/cluster-a/200").await;
+    let d: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(&d["expected_start"], e);
+    for job in ["vertex/ml-prod/9000001", FOLDED, HOT] {
+        let (_, _, body) = call(&f.state, "GET", &format!("/api/v1/jobs/{job}")).await;
+        let d: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert!(d["expected_start"].is_null(), "{job}: {d}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn advice_ranks_the_pools_that_can_run_a_job() {
+    let f = fixture();
+    let v =
+        check(&f, "advice.json", "/api/v1/advice?gpus=8&gpu_class=h100&priority=urgent&duration=12h", StatusCode::OK)
+            .await;
+    // h100 jobs of 8 GPUs ran in gpu, gpu-urgent and a3-highgpu-8g (the sagemaker pool's are a100). Each pool's
+    // group: gpu has job 100 (started after 15 minutes) and job 200 (waiting 20): S(15 min) = 1/2, so the 10th
+    // percentile and the median are 15 minutes, the 90th the tail from 20 minutes with r = 1/2 / 1:
+    // 20 min + ln(5) x 2,100,000 ms -> 4,579,820 ms. The other two have one started job each (30 and 90 minutes).
+    let pools: Vec<&str> = v["pools"].as_array().expect("pools").iter().filter_map(|p| p["pool"].as_str()).collect();
+    assert_eq!(pools, ["gpu", "a3-highgpu-8g", "gpu-urgent"]);
+    let gpu = &v["pools"][0];
+    let e = &gpu["expected_start"];
+    assert_eq!(
+        (e["low"].clone(), e["at"].clone(), e["high"].clone()),
+        (at(15 * MIN).into(), at(15 * MIN).into(), at(4_579_820).into())
+    );
+    assert_eq!(e["waited_seconds"], 0.0);
+    // Amortised at 1.25: 8 GPUs x 12 h = 120, the 15-minute wait 8 x 0.25 x 1.25 = 2.5.
+    assert_eq!(gpu["cost"]["model"], "amortised");
+    assert_eq!((gpu["cost"]["run"].as_f64(), gpu["cost"]["waiting"].as_f64()), (Some(120.0), Some(2.5)));
+    assert_eq!(gpu["cost"]["total"].as_f64(), Some(122.5));
+    // Jobs 100 (succeeded) and 200 (waiting): 2 jobs, 1 ended, none failed.
+    assert_eq!((gpu["jobs"].as_u64(), gpu["failure_rate"].as_f64()), (Some(2), Some(0.0)));
+    assert_eq!(v["pools"][1]["expected_start"]["at"], at(30 * MIN));
+    assert_eq!(v["pools"][1]["cost"]["model"], "unpriced");
+    assert_eq!(v["pools"][2]["expected_start"]["at"], at(90 * MIN));
+    // More GPUs than any pool ran or has: only a dedicated pool with the capacity (gpu has 16).
+    let v = check(&f, "advice_16.json", "/api/v1/advice?gpus=16&gpu_class=h100&duration=1h", StatusCode::OK).await;
+    let pools: Vec<&str> = v["pools"].as_array().expect("pools").iter().filter_map(|p| p["pool"].as_str()).collect();
+    assert_eq!(pools, ["gpu"]);
+    for (name, uri, want) in [
+        ("err_advice_gpus.json", "/api/v1/advice?gpus=0&gpu_class=h100&duration=1h", "gpus: "),
+        ("err_advice_missing.json", "/api/v1/advice?gpu_class=h100&duration=1h", "gpus: required"),
+        ("err_advice_duration.json", "/api/v1/advice?gpus=1&gpu_class=h100&duration=5s", "duration: "),
+        ("err_advice_priority.json", "/api/v1/advice?gpus=1&gpu_class=h100&duration=1h&priority=low", "priority: "),
+        ("err_advice_class.json", "/api/v1/advice?gpus=1&duration=1h", "gpu_class: required"),
+        ("err_advice_param.json", "/api/v1/advice?gpus=1&gpu_class=h100&duration=1h&colour=red", "colour: "),
+    ] {
+        let e = check_error(&f, name, uri, StatusCode::BAD_REQUEST).await;
+        assert!(e.starts_with(want), "{uri}: {e}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn slos_and_alerts() {
     let f = fixture();

@@ -55,6 +55,9 @@ pub struct Job {
     /// Detail only: the job's events in all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub events_total: Option<u64>,
+    /// When the job is expected to start, while it waits (queued, assigned or preparing); `null` otherwise, or
+    /// when neither the history of comparable jobs nor the scheduler gives an estimate.
+    pub expected_start: Option<super::eta::ExpectedStart>,
     pub first_step_at: Option<String>,
     /// What `first_step_at` was observed from: `training_process`, or `container_start` / `scheduler_start`
     /// when only an adapter reported the job's start (no first step of its training process in that run), or
@@ -105,6 +108,7 @@ impl Job {
             events: None,
             events_next_offset: None,
             events_total: None,
+            expected_start: None,
             first_step_at: opt_time(t.first_step_at),
             first_step_origin: t.first_step_at.and(t.first_step_origin).map(|o| o.label()),
             gpu_class: a.map(|a| a.gpu_class.clone()),

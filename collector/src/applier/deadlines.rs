@@ -44,9 +44,11 @@ impl Committer {
         self.settings.wake.notify_one();
     }
 
-    /// Drops SLO window buckets older than each SLO keeps.
+    /// Drops SLO window buckets older than each SLO keeps, and waits older than the expected-start history.
     pub(super) fn prune_slo_windows(&self) {
         let now = self.settings.clock.now_ms();
-        self.index.write().slo.prune(now);
+        let mut idx = self.index.write();
+        idx.slo.prune(now);
+        idx.waits.prune(now);
     }
 }

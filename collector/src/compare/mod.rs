@@ -11,6 +11,7 @@
 //! sets of sources differ: a managed side measured to its containers' start against a dedicated side measured to
 //! the training loop's first step looks faster by the data loading, compilation and rendezvous it leaves out.
 
+pub mod advice;
 pub mod cost;
 pub mod stats;
 pub mod svg;

@@ -19,6 +19,7 @@ pub mod labels;
 pub mod nodes;
 
 use crate::job::{CompactEvent, JobRecord, Timeline};
+use crate::slo::eta::{self, WaitBook};
 use crate::slo::{Contribution, SloEngine};
 use cold::{ColdJobs, Folded, Row};
 use footprint::{footprint, Footprint, JobGauges, Observation};
@@ -206,6 +207,8 @@ pub struct JobIndex {
     pub folded_budget: usize,
     /// Jobs deleted since start, by why, and how far the budget reached (self-metrics).
     pub deleted: Deleted,
+    /// Recent waits of comparable jobs, for expected starts ([`crate::slo::eta`]): kept as jobs change.
+    pub waits: WaitBook,
 }
 
 /// Jobs the applier deleted since start (see `applier::retention`).
@@ -257,13 +260,18 @@ impl JobIndex {
             hot_budget: usize::MAX,
             folded_budget: usize::MAX,
             deleted: Deleted::default(),
+            waits: WaitBook::default(),
         };
         let mut t = Timeline::default();
         for (id, row) in &idx.cold.rows {
             idx.cold.fill(row, &mut t);
             idx.slo.count_ended(id, &t, now, 1);
+            if let Some(e) = eta::entry_of(&t) {
+                idx.waits.add(job_hash(id), &e);
+            }
         }
         for (id, rec) in jobs {
+            idx.waits.replace(job_hash(&id), None, wait_entry(&rec.timeline, &rec.events).as_ref());
             let mut hot = HotJob { rec, snap: SnapMark::fresh(), ..Default::default() };
             idx.slo.on_job(&id, &hot.rec.timeline, &mut hot.slo, now);
             hot.metrics = footprint(&hot.rec.timeline, &idx.limiter, None);
@@ -413,7 +421,19 @@ impl JobIndex {
         let seq = ev.seq;
         let hot = match self.jobs.get_mut(job_id) {
             Some(h) => {
+                let before = eta::EntrySignature::of(&h.rec.timeline);
+                // A scheduler's estimate arriving late, before the first step it estimated, changes its error.
+                let estimate_at = match &ev.kind {
+                    crate::job::EventKind::Queued { estimated_start: Some(_), .. } => Some(ev.at_ms),
+                    _ => None,
+                };
                 h.rec.insert_unchecked(ev);
+                let t = &h.rec.timeline;
+                let late_estimate = estimate_at.is_some_and(|at| t.first_step_at.is_some_and(|f| at <= f));
+                if late_estimate || eta::EntrySignature::of(t) != before {
+                    let after = wait_entry(&h.rec.timeline, &h.rec.events);
+                    self.waits.replace(job_hash(job_id), before.entry().as_ref(), after.as_ref());
+                }
                 h
             }
             None => self.jobs.entry(job_id.to_string()).or_insert_with(|| HotJob {
@@ -422,6 +442,10 @@ impl JobIndex {
                 ..Default::default()
             }),
         };
+        if hot.rec.events.len() == 1 {
+            let after = wait_entry(&hot.rec.timeline, &hot.rec.events);
+            self.waits.replace(job_hash(job_id), None, after.as_ref());
+        }
         self.slo.on_job(job_id, &hot.rec.timeline, &mut hot.slo, now);
         let fp = footprint(&hot.rec.timeline, &self.limiter, hot.metrics.as_ref());
         let obs = self.gauges.update(job_id, hot.metrics.as_ref(), fp.as_ref(), &hot.rec.timeline, false);
@@ -462,9 +486,11 @@ impl JobIndex {
     /// it. Its SLO contributions and footprint are recomputed silently (the windows already count them).
     /// Returns false if the job is not folded.
     pub fn unfold(&mut self, job_id: &str, events: Vec<CompactEvent>, now: i64) -> bool {
+        let before = self.cold.rows.get(job_id).map(|r| self.cold.timeline(r)).and_then(|t| eta::entry_of(&t));
         let Some(row) = self.cold.remove(job_id) else { return false };
         self.stale_summaries.entry(job_id.to_string()).or_default().push(row.summary());
         let rec = JobRecord::from_events(events);
+        self.waits.replace(job_hash(job_id), before.as_ref(), wait_entry(&rec.timeline, &rec.events).as_ref());
         let mut slo = Vec::new();
         self.slo.assess_into(&rec.timeline, now, &mut slo);
         let metrics = footprint(&rec.timeline, &self.limiter, None);
@@ -507,6 +533,9 @@ impl JobIndex {
     /// holds of it, or `None` if unknown.
     pub fn remove(&mut self, job_id: &str, now: i64) -> Option<Removed> {
         if let Some(mut h) = self.jobs.remove(job_id) {
+            if let Some(e) = eta::entry_of(&h.rec.timeline) {
+                self.waits.remove(job_hash(job_id), &e);
+            }
             self.slo.forget(job_id, &mut h.slo);
             self.gauges.update(job_id, h.metrics.as_ref(), None, &h.rec.timeline, true);
             self.dirty.remove(job_id);
@@ -518,8 +547,25 @@ impl JobIndex {
         let t = self.cold.timeline(self.cold.rows.get(job_id)?);
         let row = self.cold.remove(job_id)?;
         self.slo.count_ended(job_id, &t, now, -1);
+        if let Some(e) = eta::entry_of(&t) {
+            self.waits.remove(job_hash(job_id), &e);
+        }
         Some(Removed { seqs: Vec::new(), summaries: vec![row.summary()] })
     }
+}
+
+/// The hash a job is filed under in the [`WaitBook`].
+fn job_hash(job_id: &str) -> u64 {
+    startline_proto::hash::fnv1a64(job_id.as_bytes())
+}
+
+/// A job's entry in the [`WaitBook`], with the scheduler's error once it started.
+fn wait_entry(t: &Timeline, events: &[CompactEvent]) -> Option<eta::Entry> {
+    let mut e = eta::entry_of(t)?;
+    if let eta::Outcome::Started { scheduler_error_ms, .. } = &mut e.outcome {
+        *scheduler_error_ms = eta::scheduler_error(t, events);
+    }
+    Some(e)
 }
 
 /// What the store holds of a job removed from the index (see [`JobIndex::remove`]).
@@ -778,5 +824,7 @@ impl SharedIndex {
     }
 }
 
+#[cfg(test)]
+mod eta_tests;
 #[cfg(test)]
 mod tests;

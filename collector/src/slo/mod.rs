@@ -17,6 +17,7 @@
 
 pub mod chain;
 pub mod def;
+pub mod eta;
 pub mod predict;
 pub mod window;
 
