@@ -49,7 +49,7 @@ pub(crate) fn rendered_dom(c: &Collector, view: &str, dir: &std::path::Path) -> 
     let url = format!("http://{}/#{view}", c.http);
     let out = chromium(&["--dump-dom", &url], &dir.join(format!("profile-dom-{}", view.replace('/', "_"))));
     let dom = String::from_utf8_lossy(&out.stdout).into_owned();
-    let name = view.split('/').next().unwrap_or(view);
+    let name = view.split(['/', '?']).next().unwrap_or(view);
     assert!(
         dom.contains(&format!("data-ready=\"{name}\"")),
         "view {view} did not finish rendering: {}",
@@ -62,7 +62,7 @@ pub(crate) fn rendered_dom(c: &Collector, view: &str, dir: &std::path::Path) -> 
 fn render(c: &Collector, view: &str, dir: &std::path::Path) -> String {
     let url = format!("http://{}/#{view}", c.http);
     let dom = rendered_dom(c, view, dir);
-    let name = view.split('/').next().unwrap_or(view);
+    let name = view.split(['/', '?']).next().unwrap_or(view);
     // Keep a screenshot as an artifact.
     let shots = workspace_root().join("test-artifacts");
     std::fs::create_dir_all(&shots).expect("artifacts dir");
@@ -334,9 +334,10 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     assert!(dom.contains("data-chain-slo=\"safety-fix\" data-bad=\"1\" data-late-open=\"0\""), "chain SLO row");
     assert!(dom.contains("safety-fix: late"), "the chain's verdict");
 
-    // Nodes: the simulated fleet's placements, suspects first, as the API lists them; then one node's jobs.
+    // Nodes: the simulated fleet's placements, suspects first, as the API lists them (the view asks for pages of
+    // 50); the managed pools' one-off instances summed up in their pool's row; then one node's jobs.
     let dom = render(&c, "nodes", dir.path());
-    let (_, l) = c.get("/api/v1/nodes");
+    let (_, l) = c.get("/api/v1/nodes?limit=50");
     let rows = l["nodes"].as_array().expect("nodes");
     assert!(!rows.is_empty(), "the simulator names nodes");
     let first = &rows[0];
@@ -348,9 +349,71 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     );
     assert!(dom.contains(&want), "{want} in {}", &dom[..dom.len().min(3000)]);
     // Rendered rows only (the page's own script holds the template, with `${` after the attribute).
-    let rendered = |key: &str| dom.match_indices(key).filter(|(i, _)| !dom[i + key.len()..].starts_with("\"$")).count();
-    let drawn = rendered("<tr data-node=");
-    assert_eq!(drawn, rows.len().min(200), "one row per node listed");
+    let rendered =
+        |dom: &str, key: &str| dom.match_indices(key).filter(|(i, _)| !dom[i + key.len()..].starts_with("\"$")).count();
+    assert_eq!(rendered(&dom, "<tr data-node="), rows.len(), "one row per node of the page");
+    assert!(rows.iter().all(|r| r["pool_kind"] != "managed" || r["suspect"] == true), "instances only when suspect");
+    let pools = l["pools"].as_array().expect("pools");
+    let (mut listed, mut instances) = (0, 0);
+    for p in pools {
+        let row = format!(
+            "data-pool=\"{}\" data-grouped=\"{}\" data-nodes=\"{}\" data-placements=\"{}\" data-suspects=\"{}\"",
+            p["pool"].as_str().expect("pool"),
+            p["grouped"],
+            p["nodes"],
+            p["placements"],
+            p["suspects"]
+        );
+        assert!(dom.contains(&row), "{row} missing");
+        assert_eq!(p["grouped"], p["kind"] == "managed", "{p}");
+        if p["grouped"] == true {
+            instances += p["nodes"].as_u64().expect("n");
+        } else {
+            listed += p["nodes"].as_u64().expect("n");
+        }
+    }
+    assert!(pools.iter().any(|p| p["grouped"] == true), "the simulated fleet has managed pools: {}", l["pools"]);
+    assert_eq!(attr_of(&dom, "nodes-listed", "data-value"), Some(listed.to_string()));
+    assert_eq!(attr_of(&dom, "nodes-instances", "data-value"), Some(instances.to_string()));
+    assert_eq!(
+        l["grouped_instances"].as_u64(),
+        Some(instances - rows.iter().filter(|r| r["pool_kind"] == "managed").count() as u64)
+    );
+    assert_eq!(attr_of(&dom, "node-page", "data-total"), Some(l["total"].to_string()));
+    // A second page of 10.
+    let dom = render(&c, "nodes?offset=10&limit=10", dir.path());
+    let (_, p2) = c.get("/api/v1/nodes?offset=10&limit=10");
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["nodes"].as_array().expect("nodes").iter().map(|n| n["node"].as_str().expect("name").to_string()).collect()
+    };
+    let drawn: Vec<String> = dom
+        .match_indices("<tr data-node=\"")
+        .filter(|(i, _)| !dom[i + 15..].starts_with('$'))
+        .map(|(i, _)| dom[i + 15..i + 15 + dom[i + 15..].find('"').expect("quote")].to_string())
+        .collect();
+    assert_eq!(drawn, names(&p2), "the page the API gives");
+    assert_eq!(attr_of(&dom, "node-page", "data-first"), Some(if drawn.is_empty() { "0" } else { "11" }.to_string()));
+    assert!(dom.contains("id=\"node-prev\""));
+    // The filter: suspects only, and a name that finds one managed instance (from a managed job's placement).
+    let dom = render(&c, "nodes?suspect=true", dir.path());
+    let (_, sus) = c.get("/api/v1/nodes?suspect=true&limit=50");
+    assert_eq!(rendered(&dom, "<tr data-node="), sus["nodes"].as_array().map_or(0, Vec::len));
+    assert!(dom.contains("id=\"node-suspect\" checked"), "the filter shows what it filters");
+    let (_, managed) = c.get("/api/v1/jobs?pool_kind=managed&state=done&limit=20");
+    let instance = managed["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .find_map(|j| {
+            let (_, d) = c.get(&format!("/api/v1/jobs/{}", j["job_id"].as_str().expect("id")));
+            d["events"].as_array()?.iter().find(|e| e["kind"] == "node_assigned")?["detail"]["nodes"][0]
+                .as_str()
+                .map(str::to_string)
+        })
+        .expect("a managed job placed on an instance");
+    let dom = render(&c, &format!("nodes?name={instance}"), dir.path());
+    assert!(dom.contains(&format!("data-node=\"{instance}\"")), "{instance} found by name");
+    assert!(!rows.iter().any(|r| r["node"] == instance.as_str()), "{instance} is not listed without the search");
     let node = first["node"].as_str().expect("name").to_string();
     let dom = render(&c, &format!("nodes/{node}"), dir.path());
     let (_, d) = c.get(&format!("/api/v1/nodes/{node}"));
