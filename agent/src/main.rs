@@ -726,7 +726,7 @@ struct SimulateArgs {
     /// Events per batch.
     #[arg(long, env = "STARTLINE_BATCH_SIZE", default_value_t = 1000)]
     batch_size: usize,
-    /// Pools in the simulated fleet, built from the four default shapes in turn (0: the default four).
+    /// Pools in the simulated fleet, built from the five default shapes in turn (0: the default five).
     #[arg(long, env = "STARTLINE_SIM_POOLS", default_value_t = 0)]
     pools: usize,
     /// GPU classes spread over the pools, up to 8 (0: each default pool's own).
@@ -736,8 +736,8 @@ struct SimulateArgs {
     /// previous one ends, a failed stage retried once), 0 to 1.
     #[arg(long, env = "STARTLINE_SIM_CHAINS", default_value_t = 0.0, value_parser = parse_share)]
     chains: f64,
-    /// Script H100 capacity crunches: every H100 job waits 20-60 minutes more when submitted in the hour three
-    /// days before the end of the history, or from 30 minutes before its end to 30 minutes after (live, with
+    /// Script H100 capacity crunches: nothing of the H100 pools starts, urgent jobs included, in the hour three
+    /// days before the end of the history and from 30 minutes before its end to 30 minutes after (live, with
     /// --follow): the urgent-start SLO breaks and pages.
     #[arg(long, env = "STARTLINE_SIM_CRUNCH")]
     crunch: bool,

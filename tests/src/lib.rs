@@ -9,6 +9,7 @@ pub mod fuzz;
 pub mod overload;
 pub mod pki;
 pub mod predictbench;
+pub mod simbench;
 
 use startline_proto::pb::{self, lifecycle_event::Kind};
 use startline_proto::time::ms_to_timestamp;

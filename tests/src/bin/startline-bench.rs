@@ -346,6 +346,16 @@ fn build_restart_store(path: &std::path::Path, jobs: u64) -> u64 {
 }
 
 fn main() {
+    if std::env::args().skip(1).any(|x| x == "sim") {
+        match startline_tests::simbench::parse_args(std::env::args().skip(1)) {
+            Ok(a) => startline_tests::simbench::main(a),
+            Err(e) => {
+                eprintln!("startline-bench sim: {e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     if std::env::args().skip(1).any(|x| x == "predict") {
         match startline_tests::predictbench::parse_args(std::env::args().skip(1)) {
             Ok(a) => startline_tests::predictbench::main(a),
