@@ -21,6 +21,8 @@
 //! - [`runner`]: the one runner of every mode: spool, metrics server, delivery, the mode's tasks, and shutdown
 //!   on one cancellation token.
 //! - [`tail`]: `startline-agent tail`, which follows the collector's stream out and prints each record.
+//! - [`eta`]: `startline-agent eta`, which asks the collector's API when a waiting job is expected to start and
+//!   tells it in one line.
 //! - [`gameday`]: `startline-agent gameday`, failure rehearsals against a collector.
 //! - [`gpu`]: GPU health from `nvidia-smi`, reported by the node agent.
 //! - [`jobid`]: job ids made in more than one place (a Kubernetes job's, by the node agent and the Kueue adapter).
@@ -28,6 +30,7 @@
 pub mod access;
 pub mod auth;
 pub mod emit;
+pub mod eta;
 pub mod gameday;
 pub mod gpu;
 pub mod jobid;

@@ -1,6 +1,7 @@
 //! `startline-agent`: the command line for every agent mode: `node` (local endpoint + spool + delivery),
 //! `emit` (one event to the node agent, for scripts), the adapters `slurm`, `kueue`, `sagemaker`, `vertex` and
 //! `azureml` (each a poll or watch loop over `startline_agent::provider`), `tail` (the collector's stream out),
+//! `eta` (a waiting job's expected start, from the collector's HTTP API),
 //! `gameday` (failure rehearsals) and `simulate` (a fleet simulator).
 //!
 //! Every mode that talks to the collector takes the global credentials and TLS options (`--token-file` or
@@ -152,6 +153,10 @@ enum Command {
     /// Follow the collector's stream out (accepted events, job changes, alerts) and print one line per record;
     /// resumes after the last cursor printed whenever the call ends, so nothing is missed or repeated.
     Tail(TailArgs),
+    /// When a waiting job is expected to start (the collector's estimate from comparable jobs and the
+    /// scheduler), in one line; a job that is not waiting says when it started or ended. Exits 3 when the
+    /// collector does not know the job.
+    Eta(EtaArgs),
     /// Rehearse a failure against a collector (one the game day starts, or --api/--collector) with a simulated
     /// fleet beside it, then explain every affected job from what Startline reports and check it against what
     /// was injected; exits 1 when a check does not hold. SCENARIO: node-stop, disk-full, storage-revoked,
@@ -279,6 +284,34 @@ fn tempfile_dir() -> anyhow::Result<GameDayDir> {
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(GameDayDir(dir, false))
+}
+
+#[derive(clap::Args, Debug)]
+struct EtaArgs {
+    /// The job's id, e.g. slurm/cluster-a/123.
+    job_id: String,
+    /// The collector's HTTP API (https:// uses the global TLS options; the global token is sent as bearer).
+    #[arg(long, env = "STARTLINE_API", value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    api: String,
+    /// Print the API's `expected_start` field as JSON (`null` when the job is not waiting or has no estimate).
+    #[arg(long)]
+    json: bool,
+}
+
+async fn run_eta(a: EtaArgs, conn: Connection) -> anyhow::Result<()> {
+    use startline_agent::eta;
+    let token = match &conn.token {
+        Some(t) => Some(t.load().context("the collector token cannot be used")?),
+        None => None,
+    };
+    let http = eta::client(&conn.tls)?;
+    let job = eta::fetch(&http, &a.api, token.as_ref(), &a.job_id).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&job["expected_start"])?);
+    } else {
+        println!("{}", eta::line(&job, startline_proto::time::now_ms())?);
+    }
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]
@@ -770,7 +803,12 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("startline-agent: {e:#}");
-            std::process::ExitCode::from(1)
+            match e.downcast_ref::<startline_agent::eta::EtaError>() {
+                Some(startline_agent::eta::EtaError::UnknownJob(_)) => {
+                    std::process::ExitCode::from(startline_agent::eta::EXIT_UNKNOWN_JOB)
+                }
+                _ => std::process::ExitCode::from(1),
+            }
         }
     }
 }
@@ -1210,6 +1248,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             Command::Azureml(a) => run_azureml(a, conn).await,
             Command::Kueue(a) => run_kueue(a, conn).await,
             Command::Tail(a) => run_tail(a, conn).await,
+            Command::Eta(a) => run_eta(a, conn).await,
             Command::Gameday(a) => run_gameday(a, conn).await,
             Command::Emit(a) => emit(a),
             // Answered before the runtime starts (above).

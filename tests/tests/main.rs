@@ -25,6 +25,7 @@ mod dashboards;
 mod disk_full;
 mod docs;
 mod durability;
+mod eta;
 mod fold;
 mod foreign_client;
 mod fuzz_short;
