@@ -5,6 +5,7 @@
 
 pub mod corebench;
 pub mod crashtrial;
+pub mod etabench;
 pub mod fuzz;
 pub mod overload;
 pub mod pki;

@@ -24,6 +24,9 @@
 //!
 //! `predict` (`startline-bench predict [--days 28] [--jobs-per-hour 60] [--seed 7]`, see `predictbench`) measures
 //! breach prediction on the simulator's fleet: breaches warned in advance, lead time, false warnings.
+//! `eta` (`startline-bench eta [--days 14] [--jobs-per-hour 60] [--seed 7]`, see `etabench`) measures the expected
+//! start of waiting jobs on the simulator's fleet: interval coverage and error against the pool's median wait and
+//! the scheduler's estimate, per checkpoint of the wait and per pool kind.
 //!
 //! Results print as Markdown for BENCHMARKS.md. Timings live here, never in tests.
 
@@ -351,6 +354,16 @@ fn main() {
             Ok(a) => startline_tests::simbench::main(a),
             Err(e) => {
                 eprintln!("startline-bench sim: {e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
+    if std::env::args().skip(1).any(|x| x == "eta") {
+        match startline_tests::etabench::parse_args(std::env::args().skip(1)) {
+            Ok(a) => startline_tests::etabench::main(a),
+            Err(e) => {
+                eprintln!("startline-bench eta: {e}");
                 std::process::exit(2);
             }
         }
