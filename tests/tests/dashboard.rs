@@ -72,10 +72,45 @@ fn render(c: &Collector, view: &str, dir: &std::path::Path) -> String {
     dom
 }
 
+/// The `<tr ...>` element (up to `</tr>`) that starts with `key`.
+fn row_of<'a>(dom: &'a str, key: &str) -> Option<&'a str> {
+    let at = dom.match_indices(key).map(|(i, _)| i).find(|i| !dom[i + key.len()..].starts_with("\"$"))?;
+    Some(&dom[at..at + dom[at..].find("</tr>")?])
+}
+
+/// Checks a row's expected-start cells against the API's `expected_start` read before and after the render: a
+/// dash when it is null, else its basis, and its time and interval between the two reads (an estimate moves with
+/// the clock as the job waits, never earlier; the times share one format, so they compare as text).
+fn check_expected_start(what: &str, tr: &str, before: &serde_json::Value, after: &serde_json::Value) {
+    if after.is_null() && before.is_null() {
+        assert!(tr.contains("<td class=\"n eta\" data-at=\"\">–</td>"), "{what}: a dash when there is none: {tr}");
+        return;
+    }
+    let shown = |k: &str| {
+        let key = format!("{k}=\"");
+        let v = tr.find(&key).map(|i| i + key.len())?;
+        Some(tr[v..v + tr[v..].find('"')?].to_string())
+    };
+    let basis = shown("data-basis").unwrap_or_else(|| panic!("{what}: no basis in {tr}"));
+    assert!(
+        [before, after].iter().any(|e| e["basis"].as_str() == Some(basis.as_str())),
+        "{what}: basis {basis}, API {} / {}",
+        before["basis"],
+        after["basis"]
+    );
+    for (attr, field) in [("data-at", "at"), ("data-low", "low"), ("data-high", "high")] {
+        let got = shown(attr).unwrap_or_else(|| panic!("{what}: no {attr} in {tr}"));
+        let api: Vec<&str> = [before, after].iter().filter_map(|e| e[field].as_str()).collect();
+        let (lo, hi) = (api.iter().min().copied().unwrap_or(""), api.iter().max().copied().unwrap_or(""));
+        assert!(lo <= got.as_str() && got.as_str() <= hi, "{what}: {attr} {got}, API {lo} .. {hi}");
+    }
+}
+
 #[test]
 fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // Prices for the simulator's pools (managed per use, dedicated amortised over their capacity).
+    // Prices for the simulator's pools (managed per use, dedicated amortised over their capacity; l40s is the Kueue
+    // cluster queue).
     let cfg = dir.path().join("collector.toml");
     std::fs::write(
         &cfg,
@@ -84,6 +119,7 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
          [[cost.price]]\nmatch = \"pool=vertex-a3\"\nper_gpu_hour = 11.0\n\
          [[cost.dedicated]]\npool = \"a100\"\ngpus = 64\nper_gpu_hour = 1.6\n\
          [[cost.dedicated]]\npool = \"h100\"\ngpus = 48\nper_gpu_hour = 2.9\n\
+         [[cost.dedicated]]\npool = \"l40s\"\ngpus = 88\nper_gpu_hour = 0.9\n\
          [[chain_slo]]\nname = \"safety-fix\"\nthreshold = \"1h\"\nobjective = 90\n\
          [chain_slo.selector]\nchain_id_prefix = [\"safety-fix/\"]\n",
     )
@@ -126,6 +162,26 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
         assert!(tr.contains(&format!("<td class=\"n started\">{}</td>", p["started"])), "{tr}");
         assert!(tr.contains(&format!("class=\"n p50\" data-value=\"{}\"", p["p50"])), "{tr} vs {}", p["p50"]);
     }
+
+    // The waiting list: each queued job with its expected start as the API gives it, a dash where it has none.
+    let queued = || c.get("/api/v1/jobs?state=queued&limit=100").1;
+    let before = queued();
+    let dom = render(&c, "queue", dir.path());
+    let after = queued();
+    let jobs = after["jobs"].as_array().expect("jobs");
+    assert!(!jobs.is_empty(), "the simulated fleet leaves jobs waiting");
+    assert!(jobs.iter().any(|j| !j["expected_start"].is_null()), "some waiting job has an expected start");
+    let mut checked = 0;
+    for j in jobs {
+        let id = j["job_id"].as_str().expect("id");
+        let Some(earlier) = before["jobs"].as_array().and_then(|b| b.iter().find(|x| x["job_id"] == id)) else {
+            continue;
+        };
+        let tr = row_of(&dom, &format!("<tr data-job=\"{id}\"")).unwrap_or_else(|| panic!("waiting job {id} missing"));
+        check_expected_start(id, tr, &earlier["expected_start"], &j["expected_start"]);
+        checked += 1;
+    }
+    assert!(checked > 0, "jobs waiting across the render");
 
     // SLOs and alerts.
     let firing_now = || {
@@ -242,6 +298,64 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
         assert!((shown - api).abs() <= 1e-3 * api, "{side}: {shown} vs {api}");
     }
 
+    // Where would a job start now: for the GPU class with the most jobs, each pool the advice names, in its order,
+    // with its expected start, expected cost, goodput and failure rate as the API says.
+    let class = cmp["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|x| x["group"] != "all" && x["group"] != ""))
+        .and_then(|x| x["group"].as_str())
+        .expect("a GPU class")
+        .to_string();
+    let ask = format!("gpus=8&gpu_class={class}&priority=normal&duration=12h");
+    let before = c.get(&format!("/api/v1/advice?{ask}")).1;
+    let dom = render(&c, &format!("compare?{ask}"), dir.path());
+    let after = c.get(&format!("/api/v1/advice?{ask}")).1;
+    let pools = after["pools"].as_array().expect("pools");
+    assert!(!pools.is_empty(), "{class}: some pool can run it: {after}");
+    assert!(pools.iter().any(|p| !p["expected_start"].is_null()), "{after}");
+    let order: Vec<&str> = dom
+        .match_indices("<tr data-advice-pool=\"")
+        .filter(|(i, _)| !dom[i + 22..].starts_with('$'))
+        .map(|(i, _)| &dom[i + 22..i + 22 + dom[i + 22..].find('"').expect("quote")])
+        .collect();
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["pools"].as_array().expect("pools").iter().map(|p| p["pool"].as_str().expect("pool").to_string()).collect()
+    };
+    assert!(order == names(&before) || order == names(&after), "{order:?} vs {:?}", names(&after));
+    for p in pools {
+        let name = p["pool"].as_str().expect("pool");
+        let earlier = before["pools"].as_array().and_then(|b| b.iter().find(|x| x["pool"] == p["pool"]));
+        let tr = row_of(&dom, &format!("<tr data-advice-pool=\"{name}\"")).expect("advice row");
+        check_expected_start(
+            name,
+            tr,
+            &earlier.map_or(serde_json::Value::Null, |e| e["expected_start"].clone()),
+            &p["expected_start"],
+        );
+        for (class, field) in [("goodput", "/goodput"), ("failure", "/failure_rate"), ("cost", "/cost/total")] {
+            let key = format!("class=\"n {class}\" data-value=\"");
+            let at = tr.find(&key).unwrap_or_else(|| panic!("{name}: no {class} in {tr}")) + key.len();
+            let shown = &tr[at..at + tr[at..].find('"').expect("quote")];
+            let api = |v: Option<&serde_json::Value>| v.and_then(|v| v.pointer(field)).and_then(|x| x.as_f64());
+            match (shown.parse::<f64>().ok(), api(Some(p)), api(earlier)) {
+                (None, None, _) => {}
+                // Goodput and cost may move with open jobs between the calls: shown lies between before and after.
+                (Some(v), Some(hi), lo) => {
+                    let lo = lo.unwrap_or(hi);
+                    assert!(
+                        v >= lo.min(hi) * (1.0 - 1e-9) - 1e-12 && v <= lo.max(hi) * (1.0 + 1e-9) + 1e-12,
+                        "{name} {class}: shown {v}, API {lo}..{hi}"
+                    );
+                }
+                other => panic!("{name} {class}: shown {shown:?}, API {other:?}"),
+            }
+        }
+    }
+    // A refused request is shown in the panel, naming the parameter; the rest of the view still renders.
+    let dom = render(&c, &format!("compare?gpus=8&gpu_class={class}&duration=soon"), dir.path());
+    assert!(text_of(&dom, "advice-error").is_some_and(|t| t.starts_with("duration:")), "the error named");
+    assert!(dom.contains("id=\"cmp-left-p50\""), "the comparison still renders");
+
     // GPU time: the total and each pool's row as the API says. Open jobs' time grows with the clock, so what is
     // shown lies between the API's answers before and after the render.
     let before = c.get("/api/v1/goodput?by=pool&window=30d").1;
@@ -280,7 +394,11 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
         within(name, Some(v[..v.find('"').expect("quote")].to_string()), lo, hi);
         if p["model"] == "amortised" {
             // Capacity x price x the hours the collector holds jobs for, whatever the jobs did.
-            let (gpus, price) = if name == "a100" { (64.0, 1.6) } else { (48.0, 2.9) };
+            let (gpus, price) = match name {
+                "a100" => (64.0, 1.6),
+                "h100" => (48.0, 2.9),
+                _ => (88.0, 0.9),
+            };
             let hours = cost_after["covered_seconds"].as_f64().expect("covered") / 3600.0;
             // (`covered_seconds` is whole seconds; the cost is charged to the millisecond.)
             let one_second = gpus * price / 3600.0;
