@@ -125,8 +125,6 @@ struct Nodes {
     bucket: [Vec<u32>; 9],
     /// Each node's index in its bucket.
     pos: Vec<u32>,
-    /// Jobs (slots) running on each node.
-    jobs: Vec<Vec<usize>>,
 }
 
 impl Nodes {
@@ -134,7 +132,7 @@ impl Nodes {
         let mut bucket: [Vec<u32>; 9] = Default::default();
         bucket[8] = (0..n).rev().collect();
         let pos = (0..n).map(|i| n - 1 - i).collect();
-        Nodes { used: vec![0; n as usize], up: vec![true; n as usize], bucket, pos, jobs: vec![Vec::new(); n as usize] }
+        Nodes { used: vec![0; n as usize], up: vec![true; n as usize], bucket, pos }
     }
 
     fn free(&self, n: u32) -> u32 {
@@ -287,6 +285,8 @@ struct PoolState {
     cfg: Pool,
     sched: Scheduler,
     nodes: Nodes,
+    /// Jobs (slots) running on each node.
+    on_node: Vec<Vec<usize>>,
     queue: BTreeMap<QueueKey, usize>,
     /// Running jobs by the end of their time limit.
     ends: BTreeSet<(i64, usize)>,
@@ -356,6 +356,7 @@ impl FleetSim {
                     cfg: p.clone(),
                     sched: p.scheduler(),
                     nodes: Nodes::new(if p.kind == pb::PoolKind::Managed { 0 } else { p.nodes }),
+                    on_node: vec![Vec::new(); if p.kind == pb::PoolKind::Managed { 0 } else { p.nodes as usize }],
                     queue: BTreeMap::new(),
                     ends: BTreeSet::new(),
                     team_used: [0; model::TEAMS.len()],
@@ -439,6 +440,11 @@ impl FleetSim {
     /// The events emitted so far, in time order.
     pub fn take_events(&mut self) -> std::collections::vec_deque::Drain<'_, pb::LifecycleEvent> {
         self.out.drain(..)
+    }
+
+    /// The next event emitted, in time order.
+    pub fn pop_event(&mut self) -> Option<pb::LifecycleEvent> {
+        self.out.pop_front()
     }
 
     /// Runs started so far (kept only with [`FleetConfig::trace`]).
@@ -646,7 +652,10 @@ impl FleetSim {
 
     fn emit_queued(&mut self, slot: usize) {
         let p = self.j_pool(slot);
+        let now = self.clock;
         let j = self.j(slot);
+        // An estimate the clock has passed is no estimate (as the Slurm adapter reads squeue).
+        j.estimate = j.estimate.filter(|e| *e > now);
         let Some((reason, raw)) = j.reason else { return };
         let q = pb::Queued {
             reason: reason as i32,
@@ -787,8 +796,9 @@ impl FleetSim {
         {
             let pool = &self.pools[p];
             let nodes = &pool.nodes;
+            let on_node = &pool.on_node;
             let urgent_on =
-                |n: usize| nodes.jobs[n].iter().any(|v| self.slots[*v].job.as_ref().is_some_and(|j| j.spec.urgent));
+                |n: usize| on_node[n].iter().any(|v| self.slots[*v].job.as_ref().is_some_and(|j| j.spec.urgent));
             // Per candidate node: (normal GPUs to preempt, node).
             let mut cands: Vec<(u32, u32)> = Vec::new();
             for n in 0..nodes.up.len() {
@@ -803,7 +813,7 @@ impl FleetSim {
                     cands.push((GPUS_PER_NODE - free, n as u32));
                 } else {
                     // Youngest normal jobs first until enough is free.
-                    let mut on: Vec<(i64, usize, u32)> = nodes.jobs[n]
+                    let mut on: Vec<(i64, usize, u32)> = on_node[n]
                         .iter()
                         .filter_map(|v| {
                             let j = self.slots[*v].job.as_ref()?;
@@ -832,9 +842,9 @@ impl FleetSim {
             for &(_, n) in cands.iter().take(nc as usize) {
                 let n = n as usize;
                 if nc > 1 {
-                    victims.extend(nodes.jobs[n].iter().copied());
+                    victims.extend(on_node[n].iter().copied());
                 } else {
-                    let mut on: Vec<(i64, usize, u32)> = nodes.jobs[n]
+                    let mut on: Vec<(i64, usize, u32)> = on_node[n]
                         .iter()
                         .filter_map(|v| {
                             let j = self.slots[*v].job.as_ref()?;
@@ -915,31 +925,18 @@ impl FleetSim {
     /// its GPUs at its planned start until its own limit: the earliest time it fits after the ones before it.
     fn plan_starts(&self, p: usize, slots: &[usize]) -> Vec<Option<i64>> {
         let pool = &self.pools[p];
-        let nodes = &pool.nodes;
-        let mut free: Vec<u8> =
-            (0..nodes.up.len()).map(|n| if nodes.up[n] { nodes.free(n as u32) as u8 } else { 0 }).collect();
-        let mut hist = [0u32; 9];
-        for f in &free {
-            hist[*f as usize] += 1;
-        }
-        let fits = |hist: &[u32; 9], per: u32, nc: u32| per <= 8 && hist[per as usize..].iter().sum::<u32>() >= nc;
+        // A copy of the pool's free GPUs (O(nodes) memory copies, then O(1) per placement or release).
+        let mut st = pool.nodes.clone();
         let mut ends = pool.ends.iter().peekable();
         let mut planned: BinaryHeap<Reverse<(i64, usize)>> = BinaryHeap::new();
         let mut allocs: Vec<Vec<(u32, u8)>> = Vec::new();
         let mut t = self.clock;
         let mut out = Vec::with_capacity(slots.len());
-        let release = |free: &mut Vec<u8>, hist: &mut [u32; 9], n: u32, g: u8| {
-            let f = &mut free[n as usize];
-            hist[*f as usize] -= 1;
-            *f = (*f + g).min(8);
-            hist[*f as usize] += 1;
-        };
         for &s in slots {
             let j = self.slots[s].job.as_ref().expect("queued job");
             let (gpus, nc) = (j.spec.gpus, j.spec.node_count());
-            let per = per_node(gpus, nc);
             let mut ok = true;
-            while !fits(&hist, per, nc) {
+            while !st.fits(gpus, nc) {
                 let next_run = ends.peek().map(|(e, _)| *e);
                 let next_plan = planned.peek().map(|Reverse((e, _))| *e);
                 let take_run = match (next_run, next_plan) {
@@ -956,16 +953,16 @@ impl FleetSim {
                     t = t.max(e);
                     if let Some(vj) = self.slots[v].job.as_ref() {
                         for (n, bits) in &vj.placed {
-                            if nodes.up[*n as usize] {
-                                release(&mut free, &mut hist, *n, bits.count_ones() as u8);
+                            if st.up[*n as usize] {
+                                st.give(*n, *bits);
                             }
                         }
                     }
                 } else {
                     let Some(Reverse((e, a))) = planned.pop() else { break };
                     t = t.max(e);
-                    for (n, g) in allocs[a].clone() {
-                        release(&mut free, &mut hist, n, g);
+                    for &(n, bits) in &allocs[a] {
+                        st.give(n, bits);
                     }
                 }
             }
@@ -973,23 +970,7 @@ impl FleetSim {
                 out.push(None);
                 continue;
             }
-            // Take GPUs: the fullest node it fits on, or the freest nodes.
-            let mut alloc = Vec::new();
-            if nc == 1 {
-                if let Some(n) = (0..free.len()).filter(|n| u32::from(free[*n]) >= per).min_by_key(|n| (free[*n], *n)) {
-                    alloc.push((n as u32, per as u8));
-                }
-            } else {
-                let mut c: Vec<usize> = (0..free.len()).filter(|n| u32::from(free[*n]) >= per).collect();
-                c.sort_by_key(|n| (Reverse(free[*n]), *n));
-                alloc.extend(c.into_iter().take(nc as usize).map(|n| (n as u32, per as u8)));
-            }
-            for (n, g) in &alloc {
-                let f = &mut free[*n as usize];
-                hist[*f as usize] -= 1;
-                *f -= g;
-                hist[*f as usize] += 1;
-            }
+            let alloc = st.take(gpus, nc).unwrap_or_default();
             planned.push(Reverse((t + j.spec.limit_ms, allocs.len())));
             allocs.push(alloc);
             out.push(Some(t));
@@ -1019,7 +1000,7 @@ impl FleetSim {
         } else {
             let placed = self.pools[p].nodes.take(gpus, nc).expect("a job started only when it fits");
             for (n, _) in &placed {
-                self.pools[p].nodes.jobs[*n as usize].push(s);
+                self.pools[p].on_node[*n as usize].push(s);
             }
             let names: Vec<String> = placed.iter().map(|(n, _)| model::node_name(pool_name, *n)).collect();
             let ids = placed
@@ -1077,8 +1058,7 @@ impl FleetSim {
     fn make_plan(&mut self, s: usize) {
         let now = self.clock as f64;
         let p = self.j_pool(s);
-        let pool = self.pools[p].cfg.clone();
-        let managed = pool.kind == pb::PoolKind::Managed;
+        let managed = self.pools[p].cfg.kind == pb::PoolKind::Managed;
         let j = self.j(s);
         let r = &mut j.rng;
         let urgent = j.spec.urgent;
@@ -1167,8 +1147,8 @@ impl FleetSim {
     fn plan_step(&mut self, s: usize) {
         let Some((_, item)) = self.j(s).plan.pop_front() else { return };
         let p = self.j_pool(s);
-        let pool = self.pools[p].cfg.clone();
-        let src = runner(&pool);
+        let src = runner(&self.pools[p].cfg);
+        let trainer = model::trainer_reports(&self.pools[p].cfg);
         match item {
             Item::Phase(ph) => {
                 self.emit(s, src, Kind::Preparing(pb::Preparing { phase: ph as i32, message: String::new() }))
@@ -1183,7 +1163,7 @@ impl FleetSim {
                 let j = self.j(s);
                 j.train_ms = Some(now);
                 let step = j.resume_step + 1;
-                if model::trainer_reports(&pool) {
+                if trainer {
                     self.emit(
                         s,
                         "sim/training-process",
@@ -1232,7 +1212,7 @@ impl FleetSim {
             if pool.nodes.up[n as usize] {
                 pool.nodes.give(n, bits);
             }
-            pool.nodes.jobs[n as usize].retain(|v| *v != s);
+            pool.on_node[n as usize].retain(|v| *v != s);
         }
         pool.ends.remove(&(end, s));
         if !urgent {
@@ -1330,7 +1310,7 @@ impl FleetSim {
             return;
         }
         let name = model::node_name(pool.name, n);
-        let mut on = self.pools[p].nodes.jobs[n as usize].clone();
+        let mut on = self.pools[p].on_node[n as usize].clone();
         on.sort_unstable();
         for s in on {
             self.interrupt(
@@ -1496,7 +1476,7 @@ pub fn simulate(mut cfg: FleetConfig, arrivals: &[i64], end_ms: i64) -> Trace {
 /// as they are taken (memory holds only the jobs in flight).
 pub fn events(cfg: FleetConfig, arrivals: Vec<i64>, end_ms: i64) -> Events {
     let clock = cfg.start_ms;
-    Events { sim: FleetSim::new(cfg), arrivals, next: 0, end_ms, clock, buf: VecDeque::new() }
+    Events { sim: FleetSim::new(cfg), arrivals, next: 0, end_ms, clock }
 }
 
 /// See [`events`].
@@ -1506,7 +1486,6 @@ pub struct Events {
     next: usize,
     end_ms: i64,
     clock: i64,
-    buf: VecDeque<pb::LifecycleEvent>,
 }
 
 impl Events {
@@ -1521,7 +1500,7 @@ impl Iterator for Events {
 
     fn next(&mut self) -> Option<pb::LifecycleEvent> {
         loop {
-            if let Some(e) = self.buf.pop_front() {
+            if let Some(e) = self.sim.pop_event() {
                 return Some(e);
             }
             if self.clock >= self.end_ms {
@@ -1535,7 +1514,6 @@ impl Iterator for Events {
                 self.next += 1;
             }
             self.sim.advance(step);
-            self.buf.extend(self.sim.take_events());
             self.clock = step;
         }
     }

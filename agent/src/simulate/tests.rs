@@ -345,6 +345,13 @@ fn replay(pools: &[Pool], events: &[pb::LifecycleEvent], end: i64) -> BTreeMap<S
 #[test]
 #[ignore = "prints figures"]
 fn figures() {
+    // Generation speed: SIM_JOBS jobs over 30 days on a fleet sized for that rate.
+    let jobs: u64 = std::env::var("SIM_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let started = std::time::Instant::now();
+    let times = arrivals(42, jobs, T0, T0 + 30 * DAY);
+    let fleet = model::fleet(0, 0, jobs as f64 / (30.0 * 24.0));
+    let n = engine::events(FleetConfig::new(42, fleet, T0), times, T0 + 30 * DAY).count();
+    eprintln!("{jobs} jobs: {n} events in {:?}", started.elapsed());
     let started = std::time::Instant::now();
     let (pools, tr) = week(42, 60.0, 7);
     eprintln!("{} jobs, {} events in {:?}", tr.jobs, tr.events.len(), started.elapsed());
@@ -488,4 +495,179 @@ mod props {
             }
         }
     }
+}
+
+/// Slurm pools send estimated starts, the Kueue pool queue positions, managed pools neither; estimates lie in the
+/// future when sent and, planned from time limits, mostly at or after the run's true start.
+#[test]
+fn slurm_estimates_kueue_positions_and_managed_pools_neither() {
+    let (pools, tr) = week(42, 60.0, 3);
+    let kind_of: HashMap<&str, model::Scheduler> = pools.iter().map(|p| (p.name, p.scheduler())).collect();
+    let mut pool_of: HashMap<&str, model::Scheduler> = HashMap::new();
+    let starts = tr.true_starts();
+    let (mut estimates, mut late_or_exact, mut positions, mut heads) = (0u32, 0u32, 0u32, 0u32);
+    let mut last_position: HashMap<&str, u32> = HashMap::new();
+    for e in &tr.events {
+        match e.kind.as_ref().expect("kind") {
+            Kind::Submitted(s) => {
+                pool_of.insert(&e.job_id, kind_of[s.pool.as_str()]);
+            }
+            Kind::Queued(q) => {
+                let sched = pool_of[e.job_id.as_str()];
+                if let Some(est) = &q.estimated_start {
+                    assert_eq!(sched, model::Scheduler::Slurm, "{}", e.job_id);
+                    let est = timestamp_to_ms(est);
+                    assert!(est > at(e), "an estimate in the past");
+                    let attempt = e.attempt.unwrap_or(1);
+                    if let Some(start) = starts.get(&(e.job_id.clone(), attempt)) {
+                        estimates += 1;
+                        late_or_exact += u32::from(est + 60_000 >= *start);
+                    }
+                }
+                if let Some(p) = q.queue_position {
+                    assert_eq!(sched, model::Scheduler::Kueue, "{}", e.job_id);
+                    assert!(q.message.contains(&format!("position {p} ")), "{}", q.message);
+                    positions += 1;
+                    last_position.insert(&e.job_id, p);
+                }
+            }
+            Kind::NodeAssigned(_) => {
+                if let Some(p) = last_position.remove(e.job_id.as_str()) {
+                    heads += u32::from(p < 3);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(estimates > 500 && positions > 100, "{estimates} estimates, {positions} positions");
+    assert!(
+        f64::from(late_or_exact) > 0.5 * f64::from(estimates),
+        "{late_or_exact} of {estimates} at or after the start"
+    );
+    assert!(heads > 50, "jobs start from near the head of the queue: {heads}");
+}
+
+/// Urgent jobs start within seconds (by preempting normal work) except in a crunch, which holds even them; the
+/// failing node loses and fails far more of its runs than the rest of its pool.
+#[test]
+fn urgent_jobs_start_at_once_unless_a_crunch_holds_them_and_the_failing_node_fails_more() {
+    let mut pools = model::fleet(0, 0, 60.0);
+    let crunch = (T0 + DAY + 12 * 3_600_000, T0 + DAY + 13 * 3_600_000);
+    for p in pools.iter_mut().filter(|p| p.gpu_class == "h100") {
+        p.crunches = vec![crunch];
+    }
+    let times = arrivals(5, 60 * 24 * 5, T0, T0 + 5 * DAY);
+    let tr = engine::simulate(FleetConfig::new(5, pools.clone(), T0), &times, T0 + 6 * DAY);
+    let mut sub: HashMap<&str, (i64, bool, String)> = HashMap::new();
+    let (mut urgent, mut late, mut crunched) = (0u32, 0u32, Vec::new());
+    let (mut on_failing, mut failing_bad, mut elsewhere, mut elsewhere_bad) = (0u32, 0u32, 0u32, 0u32);
+    let mut placed: HashMap<&str, bool> = HashMap::new();
+    for e in &tr.events {
+        match e.kind.as_ref().expect("kind") {
+            Kind::Submitted(s) => {
+                let u = s.priority == pb::PriorityClass::Urgent as i32;
+                sub.insert(&e.job_id, (at(e), u, s.gpu_class.clone()));
+            }
+            Kind::NodeAssigned(n) => {
+                let (s, u, class) = &sub[e.job_id.as_str()];
+                if *u && e.attempt == Some(1) {
+                    let w = at(e) - s;
+                    if class == "h100" && (crunch.0..crunch.0 + 1_800_000).contains(s) {
+                        crunched.push(w);
+                    } else if !(crunch.0 - 600_000..crunch.1).contains(s) {
+                        urgent += 1;
+                        late += u32::from(w > 600_000);
+                    }
+                }
+                if e.job_id.starts_with("slurm/a100/") {
+                    placed.insert(&e.job_id, n.nodes.iter().any(|x| x == model::FAILING_NODE));
+                }
+            }
+            Kind::NodeLost(_) | Kind::Done(_) | Kind::Preempted(_) => {
+                if let Some(f) = placed.remove(e.job_id.as_str()) {
+                    let bad = matches!(&e.kind, Some(Kind::NodeLost(_)))
+                        || matches!(&e.kind, Some(Kind::Done(d)) if d.outcome == pb::Outcome::Failed as i32);
+                    if f {
+                        (on_failing, failing_bad) = (on_failing + 1, failing_bad + u32::from(bad));
+                    } else {
+                        (elsewhere, elsewhere_bad) = (elsewhere + 1, elsewhere_bad + u32::from(bad));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    assert!(urgent > 800, "{urgent} urgent jobs");
+    assert!(f64::from(late) / f64::from(urgent) < 0.01, "{late} of {urgent} urgent jobs started after 10 minutes");
+    assert!(!crunched.is_empty() && crunched.iter().all(|w| *w >= 30 * 60_000), "crunched: {crunched:?}");
+    let rate = |bad: u32, all: u32| f64::from(bad) / f64::from(all.max(1));
+    assert!(on_failing > 30, "{on_failing} placements on the failing node");
+    assert!(
+        rate(failing_bad, on_failing) > 3.0 * rate(elsewhere_bad, elsewhere),
+        "failing node {failing_bad}/{on_failing} vs the pool {elsewhere_bad}/{elsewhere}"
+    );
+    assert_eq!(model::failing_node_ecc(T0, T0), 40);
+    assert_eq!(model::failing_node_ecc(T0 + 2 * DAY, T0), 160);
+}
+
+/// Managed pools: jobs wait for quota and for stock-outs, reported with the provider's words.
+#[test]
+fn managed_jobs_wait_for_quota_and_stock_outs() {
+    let (_, tr) = week(42, 60.0, 7);
+    let mut seen: BTreeMap<(String, i32), u32> = BTreeMap::new();
+    for e in tr.events.iter().filter(|e| e.job_id.starts_with("sagemaker/") || e.job_id.starts_with("vertex/")) {
+        if let Some(Kind::Queued(q)) = &e.kind {
+            *seen.entry((q.raw_reason.clone(), q.reason)).or_default() += 1;
+        }
+    }
+    let has = |raw: &str, r: pb::WaitReason| seen.get(&(raw.to_string(), r as i32)).copied().unwrap_or(0) > 0;
+    assert!(has("ResourceLimitExceeded", pb::WaitReason::Quota), "{seen:?}");
+    assert!(has("Quota exceeded", pb::WaitReason::Quota), "{seen:?}");
+    assert!(
+        has("CapacityError: Unable to provision requested ML compute capacity", pb::WaitReason::Capacity),
+        "{seen:?}"
+    );
+    assert!(has("Resources are insufficient in region", pb::WaitReason::Capacity), "{seen:?}");
+}
+
+/// Chains run their stages in order, each submitted 2-30 minutes after the previous one ended.
+#[test]
+fn chains_run_their_stages_in_order_each_after_the_previous_one_ended() {
+    let pools = model::fleet(0, 0, 60.0);
+    let times = arrivals(5, 600, T0, T0 + DAY / 2);
+    let cfg = FleetConfig { chains: 0.3, ..FleetConfig::new(5, pools, T0) };
+    let tr = engine::simulate(cfg, &times, T0 + 4 * DAY);
+    let mut chains: BTreeMap<String, Vec<(i64, i64, String, bool)>> = BTreeMap::new();
+    for job in engine::by_job(tr.events.iter().cloned()) {
+        let Some(Kind::Submitted(s)) = &job[0].kind else { panic!("submitted first") };
+        if s.chain_id.is_empty() {
+            continue;
+        }
+        assert!(job[0].job_id.starts_with(&s.chain_id), "members are named after their chain");
+        let end = job.iter().find_map(|e| match &e.kind {
+            Some(Kind::Done(d)) => Some((at(e), d.outcome == pb::Outcome::Succeeded as i32)),
+            _ => None,
+        });
+        let (end, ok) = end.expect("every member ends");
+        chains.entry(s.chain_id.clone()).or_default().push((at(&job[0]), end, s.chain_stage.clone(), ok));
+    }
+    assert!(chains.len() > 100, "{} chains", chains.len());
+    let (mut complete, mut retries) = (0, 0);
+    for members in chains.values_mut() {
+        members.sort_by_key(|m| m.0);
+        for w in members.windows(2) {
+            assert!(w[1].0 >= w[0].1 + 120_000 && w[1].0 <= w[0].1 + 1_800_000, "{members:?}");
+            let (i, j) =
+                (CHAIN_STAGES.iter().position(|s| *s == w[0].2), CHAIN_STAGES.iter().position(|s| *s == w[1].2));
+            if w[0].3 {
+                assert_eq!(j, i.map(|i| i + 1), "{members:?}");
+            } else {
+                assert_eq!(j, i, "a failed stage is retried: {members:?}");
+                retries += 1;
+            }
+        }
+        complete += usize::from(members.last().is_some_and(|m| m.2 == "quantize" && m.3));
+    }
+    assert!(complete * 2 > chains.len(), "most chains reach quantize ({complete} of {})", chains.len());
+    assert!(retries > 0, "some stage failed and was retried");
 }
