@@ -40,6 +40,36 @@ pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
 }
 
+/// `cmd` without the variables cargo and nextest set for this test's own crate (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`,
+/// `CARGO_BIN_EXE_*`, `NEXTEST_*`...), for a command that runs cargo itself. Build scripts of dependencies (ring's)
+/// rerun when those change, so a `cargo build --release` started from a test with them set rebuilt the release tree
+/// `scripts/test.sh` had just built, and everything above ring with it (20 minutes of a CI run on 2 cores).
+/// Cargo's own settings (`CARGO_HOME`, `CARGO_TARGET_DIR`, `CARGO_BUILD_*`, ...) are kept.
+pub fn outside_cargo(cmd: &mut Command) -> &mut Command {
+    const KEEP: [&str; 10] = [
+        "CARGO_HOME",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_",
+        "CARGO_TERM_",
+        "CARGO_NET_",
+        "CARGO_HTTP_",
+        "CARGO_REGISTRIES_",
+        "CARGO_REGISTRY_",
+        "CARGO_PROFILE_",
+        "CARGO_INCREMENTAL",
+    ];
+    for (key, _) in std::env::vars_os() {
+        let Some(k) = key.to_str() else { continue };
+        let set_for_the_test = (k.starts_with("CARGO_") && !KEEP.iter().any(|p| k.starts_with(p)))
+            || k.starts_with("NEXTEST")
+            || k == "OUT_DIR";
+        if set_for_the_test {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
 /// A running collector process.
 pub struct Collector {
     /// The child process.

@@ -5,7 +5,7 @@
 //! the builder stage's build command outside a container and checks what the stage copies exists, that the
 //! image's built-in config validates, and that a time-of-day SLO's zone resolves from `/usr/share/zoneinfo`.
 
-use startline_tests::workspace_root;
+use startline_tests::{outside_cargo, workspace_root};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -176,7 +176,9 @@ fn builder_stage_steps_run_outside_a_container() {
     let words: Vec<&str> = cmd.split_whitespace().collect();
     assert_eq!(words[0], "cargo");
     // The same command the image runs (incremental: nothing to do when the release build is current).
-    let out = Command::new(cargo()).args(&words[1..]).current_dir(workspace_root()).output().expect("cargo build");
+    let out = outside_cargo(Command::new(cargo()).args(&words[1..]).current_dir(workspace_root()))
+        .output()
+        .expect("cargo build");
     assert!(out.status.success(), "`{cmd}` failed:\n{}", String::from_utf8_lossy(&out.stderr));
     let release = target_dir().join("release");
     for bin in ["startline-collector", "startline-agent"] {

@@ -3,7 +3,7 @@
 //! the control fields, the conffiles, the maintainer scripts (syntax, the system user, the state directory), the
 //! binaries (they run), and lintian's verdict when lintian is installed (scripts/test.sh installs it).
 
-use startline_tests::workspace_root;
+use startline_tests::{outside_cargo, workspace_root};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +16,9 @@ fn run(cmd: &mut Command) -> String {
 
 /// Builds both packages once into `dir`; returns (collector .deb, agent .deb).
 fn build(dir: &Path) -> (PathBuf, PathBuf) {
-    let printed = run(Command::new("bash").arg(workspace_root().join("scripts/package-deb.sh")).arg("--out").arg(dir));
+    let printed = run(outside_cargo(
+        Command::new("bash").arg(workspace_root().join("scripts/package-deb.sh")).arg("--out").arg(dir),
+    ));
     let debs: Vec<PathBuf> = printed.lines().map(PathBuf::from).collect();
     assert_eq!(debs.len(), 2, "package-deb.sh prints the two packages it built: {printed}");
     for d in &debs {
