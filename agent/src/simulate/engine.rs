@@ -801,7 +801,7 @@ impl FleetSim {
                 |n: usize| on_node[n].iter().any(|v| self.slots[*v].job.as_ref().is_some_and(|j| j.spec.urgent));
             // Per candidate node: (normal GPUs to preempt, node).
             let mut cands: Vec<(u32, u32)> = Vec::new();
-            for n in 0..nodes.up.len() {
+            for (n, here) in on_node.iter().enumerate().take(nodes.up.len()) {
                 if !nodes.up[n] {
                     continue;
                 }
@@ -813,7 +813,7 @@ impl FleetSim {
                     cands.push((GPUS_PER_NODE - free, n as u32));
                 } else {
                     // Youngest normal jobs first until enough is free.
-                    let mut on: Vec<(i64, usize, u32)> = on_node[n]
+                    let mut on: Vec<(i64, usize, u32)> = here
                         .iter()
                         .filter_map(|v| {
                             let j = self.slots[*v].job.as_ref()?;
