@@ -41,9 +41,11 @@ page_max_age = "2d"
     .expect("config");
     let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf-8")]);
     let out = Command::new(binary("startline-agent"))
-        // Urgent jobs of the default fleet start within minutes; `--crunch` holds the H100 pools' jobs of the
-        // history's last half hour, so some urgent ones are still waiting past their threshold when it ends.
-        .args(["--collector", &c.endpoint(), "simulate", "--seed", "11", "--history", "1d", "--jobs-per-hour", "60"])
+        // Urgent jobs of the default fleet start within minutes; `--crunch` starts nothing in the H100 pools for
+        // the history's last half hour, so urgent jobs sent there in its first 20 minutes are still waiting past
+        // their threshold when it ends (at 60 jobs an hour a day held none for some seeds: 180 makes it certain
+        // for this one, the fleet is sized to the rate).
+        .args(["--collector", &c.endpoint(), "simulate", "--seed", "11", "--history", "1d", "--jobs-per-hour", "180"])
         .arg("--crunch")
         .args(["--batch-size", "500"])
         .output()

@@ -139,8 +139,34 @@ fn folded_jobs(c: &Collector) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// `v` with the clock taken out of every `expected_start`: its times and `waited_seconds` are computed from the
+/// moment of the request, which differs between two collectors asked one after the other. Whether there is an
+/// estimate, its basis, group and number of comparable jobs must still agree.
+fn without_clock(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => serde_json::Value::Object(
+            m.iter()
+                .map(|(k, x)| match (k.as_str(), x) {
+                    ("expected_start", serde_json::Value::Object(e)) => {
+                        let mut e = e.clone();
+                        for t in ["at", "low", "high", "waited_seconds"] {
+                            e.remove(t);
+                        }
+                        (k.clone(), serde_json::Value::Object(e))
+                    }
+                    _ => (k.clone(), without_clock(x)),
+                })
+                .collect(),
+        ),
+        serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(without_clock).collect()),
+        other => other.clone(),
+    }
+}
+
 fn assert_same(plain: &Collector, folding: &Collector, when: &str) {
     let (a, b) = (answers(plain), answers(folding));
+    let a: Vec<_> = a.into_iter().map(|(p, v)| (p, without_clock(&v))).collect();
+    let b: Vec<_> = b.into_iter().map(|(p, v)| (p, without_clock(&v))).collect();
     for ((path, x), (_, y)) in a.iter().zip(&b) {
         assert_eq!(x, y, "{when}: {path} differs between the in-memory and the folding collector");
     }

@@ -172,6 +172,11 @@ fn every_route_answers_as_its_openapi_document_says() {
     r.get(&c, "/api/v1/compare", "/api/v1/compare?by=gpu_class&window=7d", 200);
     r.get(&c, "/api/v1/compare", "/api/v1/compare?left=pool_kind%3Dmanaged%2Cpriority%3Durgent&by=pool", 200);
     r.get(&c, "/api/v1/compare", "/api/v1/compare?left=colour%3Dblue", 400);
+    // Placement advice: every pool that ran a100 jobs, and the parameters refused by name.
+    r.get(&c, "/api/v1/advice", "/api/v1/advice?gpus=8&gpu_class=a100&priority=normal&duration=12h", 200);
+    r.get(&c, "/api/v1/advice", "/api/v1/advice?gpus=8&gpu_class=a100&priority=urgent&duration=2h&window=7d", 200);
+    r.get(&c, "/api/v1/advice", "/api/v1/advice?gpu_class=a100&priority=normal&duration=12h", 400);
+    r.get(&c, "/api/v1/advice", "/api/v1/advice?gpus=8&gpu_class=a100&priority=normal&duration=soon", 400);
     let (status, _) = r.call(&c, "GET", "/api/v1/compare.svg", "/api/v1/compare.svg?by=region", &[], "");
     assert_eq!(status, 200);
 
