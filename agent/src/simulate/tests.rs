@@ -343,67 +343,6 @@ fn replay(pools: &[Pool], events: &[pb::LifecycleEvent], end: i64) -> BTreeMap<S
 }
 
 #[test]
-#[ignore = "prints figures"]
-fn figures() {
-    // Generation speed: SIM_JOBS jobs over 30 days on a fleet sized for that rate.
-    let jobs: u64 = std::env::var("SIM_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
-    let started = std::time::Instant::now();
-    let times = arrivals(42, jobs, T0, T0 + 30 * DAY);
-    let fleet = model::fleet(0, 0, jobs as f64 / (30.0 * 24.0));
-    let n = engine::events(FleetConfig::new(42, fleet, T0), times, T0 + 30 * DAY).count();
-    eprintln!("{jobs} jobs: {n} events in {:?}", started.elapsed());
-    let started = std::time::Instant::now();
-    let (pools, tr) = week(42, 60.0, 7);
-    eprintln!("{} jobs, {} events in {:?}", tr.jobs, tr.events.len(), started.elapsed());
-    let held = replay(&pools, &tr.events, T0 + 7 * DAY);
-    for (pool, h) in &held {
-        let p = pools.iter().find(|p| p.name == pool).expect("pool");
-        eprintln!(
-            "{pool}: max {} of {}, busy {:.1}%",
-            h.max,
-            p.gpus(),
-            100.0 * h.gpu_ms / (f64::from(p.gpus()) * 7.0 * DAY as f64)
-        );
-    }
-    // Waits to start by pool and priority.
-    let mut sub: HashMap<&str, (i64, String, bool)> = HashMap::new();
-    let mut waits: BTreeMap<(String, bool), Vec<i64>> = BTreeMap::new();
-    let mut kinds: BTreeMap<&str, u64> = BTreeMap::new();
-    for e in &tr.events {
-        let k = match e.kind.as_ref().expect("k") {
-            Kind::Submitted(s) => {
-                sub.insert(&e.job_id, (at(e), s.pool.clone(), s.priority == pb::PriorityClass::Urgent as i32));
-                "submitted"
-            }
-            Kind::NodeAssigned(_) => {
-                if e.attempt == Some(1) {
-                    if let Some((t, p, u)) = sub.get(e.job_id.as_str()) {
-                        waits.entry((p.clone(), *u)).or_default().push(at(e) - t);
-                    }
-                }
-                "assigned"
-            }
-            Kind::Queued(q) if q.estimated_start.is_some() => "queued+estimate",
-            Kind::Queued(q) if q.queue_position.is_some() => "queued+position",
-            Kind::Queued(_) => "queued",
-            Kind::Preempted(_) => "preempted",
-            Kind::NodeLost(_) => "node_lost",
-            Kind::Requeued(_) => "requeued",
-            Kind::Checkpoint(_) => "checkpoint",
-            Kind::Done(_) => "done",
-            _ => "other",
-        };
-        *kinds.entry(k).or_default() += 1;
-    }
-    for ((p, u), mut w) in waits {
-        w.sort_unstable();
-        let q = |x: f64| w[((w.len() - 1) as f64 * x) as usize] / 1000;
-        eprintln!("{p} urgent={u}: n={} p50={}s p90={}s p99={}s max={}s", w.len(), q(0.5), q(0.9), q(0.99), q(1.0));
-    }
-    eprintln!("{kinds:?}");
-}
-
-#[test]
 fn same_seed_gives_the_same_events() {
     let (_, a) = week(7, 60.0, 1);
     let (_, b) = week(7, 60.0, 1);
