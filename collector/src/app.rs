@@ -465,6 +465,8 @@ fn spawn_applier(
             feed: feed.clone(),
             stream: config.stream.enabled.then(|| stream.clone()),
             deadlines: deadlines.clone(),
+            history: config.history,
+            seal_stats: Arc::default(),
         },
         core.stats.clone(),
         core.health.clone(),

@@ -24,6 +24,9 @@ pub struct FileConfig {
     /// `[store]`
     #[serde(default)]
     pub store: StoreSection,
+    /// `[history]`: ended jobs as Parquet files, one per day.
+    #[serde(default)]
+    pub history: HistorySection,
     /// `[grpc]`
     #[serde(default)]
     pub grpc: GrpcSection,
@@ -196,6 +199,41 @@ pub struct SelectorSection {
     pub hours: Option<String>,
     /// IANA time zone for `hours`, e.g. `"Europe/Moscow"`. Default `UTC`.
     pub timezone: Option<String>,
+}
+
+/// `[history]`
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistorySection {
+    /// Write ended jobs as Parquet files under `<store.path>/history/end_date=YYYY-MM-DD/jobs.parquet`, one row
+    /// per job, for DuckDB, Spark, Trino, ClickHouse and the like. Default true.
+    pub enabled: Option<bool>,
+    /// A day's file is written once the day ended this long ago (reports arriving later rewrite it), e.g.
+    /// `"1h"`. Default 1h.
+    pub seal_after: Option<String>,
+    /// How often days to write (or write again) are looked for. Default 10m, at least 1s.
+    pub seal_interval: Option<String>,
+}
+
+impl HistorySection {
+    /// Checks the section, naming each bad field; `None` when history files are off.
+    pub fn validate(&self, errs: &mut Vec<String>) -> Option<crate::applier::history::HistorySettings> {
+        let d = crate::applier::history::HistorySettings::default();
+        let seal_after = duration(errs, "history.seal_after", &self.seal_after, d.seal_after, Duration::ZERO);
+        let seal_interval =
+            duration(errs, "history.seal_interval", &self.seal_interval, d.seal_interval, Duration::from_secs(1));
+        self.enabled.unwrap_or(true).then_some(crate::applier::history::HistorySettings { seal_after, seal_interval })
+    }
+
+    /// The section for `settings` (`None`: disabled, with the defaults shown).
+    pub fn of(settings: Option<crate::applier::history::HistorySettings>) -> HistorySection {
+        let s = settings.unwrap_or_default();
+        HistorySection {
+            enabled: Some(settings.is_some()),
+            seal_after: Some(crate::settings::format_duration(s.seal_after)),
+            seal_interval: Some(crate::settings::format_duration(s.seal_interval)),
+        }
+    }
 }
 
 /// `[store]`
@@ -382,6 +420,8 @@ pub struct Config {
     pub retention: Option<Duration>,
     /// How often expired jobs are looked for.
     pub retention_interval: Duration,
+    /// History files (`[history]`; None: off).
+    pub history: Option<crate::applier::history::HistorySettings>,
     /// Most events stored per job.
     pub max_events_per_job: usize,
     /// Ended jobs unchanged for this long are folded out of memory (None: never).
@@ -563,6 +603,7 @@ impl FileConfig {
         let chain_slos = crate::slo::chain::validate(&self.chain_slo, &mut errs);
         let prediction = self.prediction.validate(&mut errs);
         let stream = self.stream.validate(&mut errs);
+        let history = self.history.validate(&mut errs);
         let chain_interval_ms = match self.chains.evaluation_interval.as_deref().map(humantime::parse_duration) {
             None => 60_000,
             Some(Ok(d)) if d.as_millis() >= 1000 && d.as_secs() <= 86_400 => d.as_millis() as i64,
@@ -598,6 +639,7 @@ impl FileConfig {
             checkpoint_interval: store.checkpoint_interval,
             retention: store.retention,
             retention_interval: store.retention_interval,
+            history,
             max_events_per_job: store.max_events_per_job,
             fold_after: store.fold_after,
             fold_interval: store.fold_interval,

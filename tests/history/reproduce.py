@@ -114,7 +114,6 @@ SCHEMA = {
     "productive_gpu_ms": (INT, "BIGINT", False),
     "total_gpu_ms": (INT, "BIGINT", False),
     "nodes": ("list<string>", "VARCHAR[]", True),
-    "cost_usd": ("float64", "DOUBLE", True),
 }
 # The columns compare and goodput read.
 COMPARE_COLUMNS = list(COMPARE_ATTRS) + [

@@ -144,7 +144,6 @@ def make_rows(seed=7):
             requeue_wait_gpu_ms=requeue * gpus, checkpoint_gpu_ms=checkpoint * gpus, lost_gpu_ms=lost * gpus,
             failed_gpu_ms=failed * gpus, productive_gpu_ms=productive * gpus, total_gpu_ms=(end - sub) * gpus,
             nodes=[f"node-{i}" for i in range(max(1, gpus // 8))] if started else [],
-            cost_usd=None,
         )
         rows.append(row)
     return rows
@@ -165,7 +164,7 @@ COLUMNS = [
     ("last_checkpoint_step", "UBIGINT"),
     ("waiting_gpu_ms", "BIGINT"), ("preparing_gpu_ms", "BIGINT"), ("requeue_wait_gpu_ms", "BIGINT"),
     ("checkpoint_gpu_ms", "BIGINT"), ("lost_gpu_ms", "BIGINT"), ("failed_gpu_ms", "BIGINT"),
-    ("productive_gpu_ms", "BIGINT"), ("total_gpu_ms", "BIGINT"), ("nodes", "VARCHAR[]"), ("cost_usd", "DOUBLE"),
+    ("productive_gpu_ms", "BIGINT"), ("total_gpu_ms", "BIGINT"), ("nodes", "VARCHAR[]"),
 ]
 
 

@@ -31,6 +31,7 @@ mod foreign_client;
 mod fuzz_short;
 mod gameday;
 mod ha;
+mod history;
 mod http_hardening;
 mod hygiene;
 mod ingest;

@@ -35,6 +35,7 @@ mod deadlines;
 pub mod fold;
 pub mod halt;
 pub mod health;
+pub mod history;
 mod retention;
 
 /// How often the committer checks folded rows against their budget (`store.folded_budget_mib`).
@@ -49,6 +50,7 @@ use crate::job::CompactEvent;
 use crate::store::{Store, StoreError};
 use checkpoint::Checkpoint;
 use fold::FoldPass;
+use history::SealPass;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -155,6 +157,10 @@ pub struct CommitterSettings {
     pub stream: Option<Arc<crate::stream::Stream>>,
     /// The alert loop's requests to advance the SLO deadline index.
     pub deadlines: Arc<crate::index::deadlines::DeadlineRequests>,
+    /// `[history]`: ended jobs sealed into Parquet files by day (None: no history files).
+    pub history: Option<history::HistorySettings>,
+    /// What the seal passes did.
+    pub seal_stats: Arc<history::SealStats>,
 }
 
 /// Starts the committer thread (call it within the tokio runtime: the thread borrows its timer). It runs until
@@ -183,8 +189,18 @@ pub fn spawn(
                 }
             }
         });
+        let history = settings.history.and_then(|_| match crate::store::history::History::open(store.path()) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot open the history directory; no history files until a restart");
+                None
+            }
+        });
         Committer {
             stream,
+            history,
+            sealed: Arc::default(),
+            seal_busy: Arc::new(AtomicBool::new(false)),
             runtime,
             store,
             index,
@@ -210,6 +226,12 @@ pub fn spawn(
 struct Committer {
     /// The stream's writer, when the stream is kept.
     stream: Option<stream::StreamWriter>,
+    /// The history files' directory, with `[history]`.
+    history: Option<crate::store::history::History>,
+    /// The sealed days the seal passes know of (read from the files' footers by the first pass).
+    sealed: Arc<Mutex<Option<std::collections::BTreeMap<i64, crate::store::history::SealedDay>>>>,
+    /// Set while a seal pass is queued or running.
+    seal_busy: Arc<AtomicBool>,
     runtime: tokio::runtime::Handle,
     store: Store,
     index: SharedIndex,
@@ -276,6 +298,8 @@ impl Committer {
         let mut last_fold = Instant::now();
         let mut last_prune = Instant::now();
         let mut last_trim = Instant::now();
+        // The first seal pass runs soon after the start (days that ended while the collector was down).
+        let mut last_seal: Option<Instant> = None;
         loop {
             // Wake at least every retention and fold interval, so expiry and folding run on an idle collector.
             let mut wait = self.settings.checkpoint_interval.saturating_sub(last_checkpoint.elapsed());
@@ -289,6 +313,9 @@ impl Committer {
                     self.settings.fold_interval.saturating_sub(last_fold.elapsed())
                 };
                 wait = wait.min(fold_wait);
+            }
+            if let Some(h) = self.settings.history {
+                wait = wait.min(last_seal.map_or(Duration::ZERO, |l| h.seal_interval.saturating_sub(l.elapsed())));
             }
             let first = match rx.try_recv() {
                 Ok(r) => Some(r),
@@ -403,6 +430,17 @@ impl Committer {
                     last_fold = Instant::now();
                 }
             }
+            if let Some(pass) = self.seal_pass(halted, last_seal) {
+                // A full queue hands the pass back; it is tried again at the next turn.
+                match task_tx.try_send(Task::Seal(pass)) {
+                    Ok(()) => last_seal = Some(Instant::now()),
+                    Err(std::sync::mpsc::TrySendError::Full(t)) => t.give_back(),
+                    Err(std::sync::mpsc::TrySendError::Disconnected(t)) => {
+                        t.run(&self.store);
+                        last_seal = Some(Instant::now());
+                    }
+                }
+            }
         }
         // A reload waiting for an SLO swap is told it will not happen.
         drop(self.settings.deadlines.take_slos());
@@ -446,6 +484,29 @@ impl Committer {
             Ok(()) => self.write_shutdown_image(),
         }
         tracing::info!("committer stopped");
+    }
+
+    /// A seal pass, when `[history]` is on, one is due and none is running (and store writes are not halted).
+    fn seal_pass(&self, halted: bool, last: Option<Instant>) -> Option<SealPass> {
+        let settings = self.settings.history?;
+        let history = self.history.as_ref()?;
+        let due = last.is_none_or(|l| l.elapsed() >= settings.seal_interval);
+        if halted || !due || self.seal_busy.load(Ordering::Acquire) {
+            return None;
+        }
+        self.seal_busy.store(true, Ordering::Release);
+        Some(SealPass {
+            index: self.index.clone(),
+            history: history.clone(),
+            settings,
+            sealed: self.sealed.clone(),
+            retention: self.settings.retention,
+            folding: self.settings.fold_after.is_some(),
+            now: self.settings.clock.now_ms(),
+            busy: self.seal_busy.clone(),
+            stop: self.stopping.clone(),
+            stats: self.settings.seal_stats.clone(),
+        })
     }
 
     /// Writes the shutdown image (the folded rows, for the next start to read instead of every summary: see
@@ -533,6 +594,7 @@ fn log_upkeep(store: &Store) {
 enum Task {
     Checkpoint(Checkpoint),
     Fold(FoldPass),
+    Seal(SealPass),
 }
 
 impl Task {
@@ -546,6 +608,10 @@ impl Task {
                 f.run(store);
                 log_upkeep(store);
             }
+            Task::Seal(p) => {
+                // Failures are logged and counted by the pass; the next one tries again.
+                let _ = p.run();
+            }
         }
     }
 
@@ -554,6 +620,7 @@ impl Task {
         match self {
             Task::Checkpoint(ck) => ck.give_back(),
             Task::Fold(f) => f.busy.store(false, Ordering::Release),
+            Task::Seal(p) => p.busy.store(false, Ordering::Release),
         }
     }
 }

@@ -92,6 +92,8 @@ fn settings(fold_after: Option<Duration>) -> CommitterSettings {
         // With folding (the model test), the stream out too.
         stream: fold_after.map(|_| crate::stream::Stream::new(crate::stream::StreamSettings::default())),
         deadlines: Arc::default(),
+        history: None,
+        seal_stats: Arc::default(),
     }
 }
 

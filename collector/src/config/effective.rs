@@ -31,6 +31,7 @@ impl Config {
         f.store.hot_budget_mib = Some((self.hot_budget_bytes >> 20) as usize);
         f.store.folded_budget_mib = Some((self.folded_budget_bytes >> 20) as usize);
         f.store.log_segment_kib = Some((self.log_segment_bytes >> 10) as usize);
+        f.history = super::HistorySection::of(self.history);
         f.store.after_write_failure = Some(self.after_write_failure.as_str().to_string());
 
         let c = &self.grpc_connections;

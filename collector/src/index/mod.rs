@@ -710,9 +710,31 @@ impl SharedIndex {
         &self,
         chunk: usize,
         with_slo: bool,
+        pre: impl FnMut(&str, FoldedRef<'_>) -> bool,
+        f: impl FnMut(&str, JobRef<'_>),
+    ) {
+        self.scan_unordered_with(chunk, Needs { slo: with_slo, placements: false }, pre, f)
+    }
+
+    /// [`SharedIndex::scan_unordered`] with the folded jobs `pre` accepts filled in with their placements (the
+    /// history files' `nodes`).
+    pub fn scan_unordered_with_placements(
+        &self,
+        chunk: usize,
+        pre: impl FnMut(&str, FoldedRef<'_>) -> bool,
+        f: impl FnMut(&str, JobRef<'_>),
+    ) {
+        self.scan_unordered_with(chunk, Needs { slo: false, placements: true }, pre, f)
+    }
+
+    fn scan_unordered_with(
+        &self,
+        chunk: usize,
+        needs: Needs,
         mut pre: impl FnMut(&str, FoldedRef<'_>) -> bool,
         mut f: impl FnMut(&str, JobRef<'_>),
     ) {
+        let with_slo = needs.slo;
         let chunk = chunk.max(1);
         let mut after: Option<String> = None;
         let mut scratch = Timeline::default();
@@ -740,7 +762,7 @@ impl SharedIndex {
                     None => true,
                 };
                 if wanted {
-                    idx.cold.fill_with(row, &mut scratch, false);
+                    idx.cold.fill_with(row, &mut scratch, needs.placements);
                     contribs.clear();
                     if with_slo {
                         idx.slo.assess_into(&scratch, now, &mut contribs);

@@ -2300,6 +2300,7 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
 
 pub mod backup;
 mod files;
+pub mod history;
 mod image;
 mod log;
 mod packs;

@@ -1,0 +1,322 @@
+//! Sealing history files (`[history]`, [`crate::store::history`]): on the maintenance thread, every
+//! `seal_interval`, each UTC day that ended more than `seal_after` ago is written as one Parquet file of its
+//! ended jobs, and written again when its jobs changed since (a late event, a retention delete), told by the
+//! day's *fingerprint*: the job count and an order-independent hash of each job's id and version (a folded job's
+//! summary number, which every refold renews; a hot job's timeline). Steps of a pass:
+//!
+//! 1. fingerprint the days from the index (rows only: no timeline is filled in);
+//! 2. pick the days to write (fingerprint differs from the file's footer; while folding, only days whose ended
+//!    jobs have all folded), to remove (no job left, or older than `store.retention`), and leave alone the days
+//!    the folded-row budget deleted jobs from (their file keeps what memory could not);
+//! 3. per group of days, collect their jobs (timelines with placements) in one scan, sort them by end time and
+//!    id, and write each day's file with the fingerprint of what was collected.
+//!
+//! History files are derived from the jobs (the log keeps every event): a pass that fails (a full disk) leaves
+//! the previous files in place and the next pass tries again. Nothing here is on an acknowledgement's path.
+
+use crate::index::{JobRef, SharedIndex};
+use crate::job::Timeline;
+use crate::store::history::columns::Columns;
+use crate::store::history::{day_of, Fingerprint, History, HistoryError, SealedDay};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Jobs per read lock while a pass scans.
+const SCAN_CHUNK: usize = 4096;
+/// Most jobs collected in memory at once (the days written per scan are grouped to stay under it).
+const COLLECT_MAX: u64 = 200_000;
+
+/// `[history]` settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HistorySettings {
+    /// A day is sealed once it ended this long ago (late reports still change it before that).
+    pub seal_after: Duration,
+    /// How often days to seal are looked for.
+    pub seal_interval: Duration,
+}
+
+impl Default for HistorySettings {
+    fn default() -> Self {
+        HistorySettings { seal_after: Duration::from_secs(3600), seal_interval: Duration::from_secs(600) }
+    }
+}
+
+/// What the seal passes did, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct SealStats {
+    /// Passes run.
+    pub passes: AtomicU64,
+    /// Day files written (new or again).
+    pub files_written: AtomicU64,
+    /// Day files removed.
+    pub files_removed: AtomicU64,
+    /// Jobs written.
+    pub jobs_written: AtomicU64,
+    /// Passes that failed.
+    pub failures: AtomicU64,
+    /// Milliseconds the last pass took.
+    pub last_pass_ms: AtomicU64,
+}
+
+/// One seal pass.
+pub(super) struct SealPass {
+    pub index: SharedIndex,
+    pub history: History,
+    pub settings: HistorySettings,
+    /// The days sealed, as the files' footers say: read once, then kept up to date by the passes.
+    pub sealed: Arc<Mutex<Option<BTreeMap<i64, SealedDay>>>>,
+    /// `store.retention`.
+    pub retention: Option<Duration>,
+    /// Whether ended jobs fold (then a day is sealed only once all its jobs folded).
+    pub folding: bool,
+    pub now: i64,
+    pub busy: Arc<AtomicBool>,
+    pub stop: Arc<AtomicBool>,
+    pub stats: Arc<SealStats>,
+}
+
+/// A day's fingerprint as it is built.
+#[derive(Debug, Default, Clone, Copy)]
+struct DayPrint {
+    jobs: u64,
+    hash: u64,
+    /// An ended job of the day is still hot (it may change or fold soon).
+    hot: bool,
+}
+
+impl DayPrint {
+    fn add(&mut self, job_id: &str, version: u64) {
+        self.jobs += 1;
+        self.hash = self.hash.wrapping_add(mix(startline_proto::hash::fnv1a64(job_id.as_bytes()) ^ mix(version)));
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        Fingerprint { jobs: self.jobs, hash: self.hash }
+    }
+}
+
+/// splitmix64's finaliser: spreads a 64-bit value over every bit.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A hot job's version: a hash of its whole timeline (hot jobs are few while folding; without folding every
+/// ended job is hashed each pass).
+fn hot_version(t: &Timeline) -> u64 {
+    startline_proto::hash::fnv1a64(format!("{t:?}").as_bytes()) | 1
+}
+
+/// A folded job's version: its summary number (every refold writes a new one) and end time.
+fn folded_version(summary: u64, done_at: i64) -> u64 {
+    (summary << 1) ^ mix(done_at as u64)
+}
+
+/// A day written: its day, fingerprint and file size.
+type Written = (i64, (Fingerprint, u64));
+
+/// What a pass did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SealReport {
+    /// Days written.
+    pub written: Vec<i64>,
+    /// Days removed.
+    pub removed: Vec<i64>,
+}
+
+impl SealPass {
+    /// Runs the pass (and clears `busy`).
+    pub fn run(self) -> Result<SealReport, HistoryError> {
+        let started = std::time::Instant::now();
+        let out = self.pass();
+        self.stats.passes.fetch_add(1, Ordering::Relaxed);
+        self.stats.last_pass_ms.store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        match &out {
+            Ok(r) => {
+                self.stats.files_written.fetch_add(r.written.len() as u64, Ordering::Relaxed);
+                self.stats.files_removed.fetch_add(r.removed.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "sealing history files failed; the next pass tries again");
+            }
+        }
+        self.busy.store(false, Ordering::Release);
+        out
+    }
+
+    fn pass(&self) -> Result<SealReport, HistoryError> {
+        // The last day that may be sealed: it ended `seal_after` ago.
+        let seal_after_ms = i64::try_from(self.settings.seal_after.as_millis()).unwrap_or(i64::MAX);
+        let last = day_of(self.now.saturating_sub(seal_after_ms)) - 1;
+        let frozen_through = day_of(self.index.read().deleted.over_budget_through_ms);
+        let expired_before = self
+            .retention
+            .map(|r| day_of(self.now.saturating_sub(i64::try_from(r.as_millis()).unwrap_or(i64::MAX))) - 1);
+        let prints = self.fingerprint_days(last);
+        let mut sealed_guard = self.sealed.lock().unwrap_or_else(|p| p.into_inner());
+        if sealed_guard.is_none() {
+            *sealed_guard = Some(self.history.sealed()?);
+        }
+        let sealed = sealed_guard.get_or_insert_with(BTreeMap::new);
+        let (write, remove) = self.plan(&prints, sealed, frozen_through, expired_before);
+        let mut report = SealReport::default();
+        for day in remove {
+            self.history.remove_day(day)?;
+            sealed.remove(&day);
+            report.removed.push(day);
+        }
+        for group in groups(&write, &prints) {
+            if self.stop.load(Ordering::Acquire) {
+                break;
+            }
+            for (day, (fp, bytes)) in self.write_days(&group)? {
+                sealed.insert(day, SealedDay { fingerprint: fp, bytes });
+                report.written.push(day);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Step 1: each day's fingerprint, up to `last`, from rows (and hot ended jobs).
+    fn fingerprint_days(&self, last: i64) -> BTreeMap<i64, DayPrint> {
+        let mut prints: BTreeMap<i64, DayPrint> = BTreeMap::new();
+        let folding = self.folding;
+        let prints_cell = std::cell::RefCell::new(&mut prints);
+        self.index.scan_unordered(
+            SCAN_CHUNK,
+            false,
+            |id, r| {
+                let day = day_of(r.row.done_at());
+                if day <= last {
+                    prints_cell
+                        .borrow_mut()
+                        .entry(day)
+                        .or_default()
+                        .add(id, folded_version(r.row.summary(), r.row.done_at()));
+                }
+                false
+            },
+            |id, job: JobRef<'_>| {
+                let t = job.timeline;
+                let Some(done) = t.done_at.filter(|_| t.submitted_at.is_some()) else { return };
+                let day = day_of(done);
+                if day <= last {
+                    let mut p = prints_cell.borrow_mut();
+                    let e = p.entry(day).or_default();
+                    e.add(id, hot_version(t));
+                    e.hot |= folding;
+                }
+            },
+        );
+        prints
+    }
+
+    /// Step 2: the days to write and the days to remove.
+    fn plan(
+        &self,
+        prints: &BTreeMap<i64, DayPrint>,
+        sealed: &BTreeMap<i64, SealedDay>,
+        frozen_through: i64,
+        expired_before: Option<i64>,
+    ) -> (Vec<i64>, Vec<i64>) {
+        let expired = |d: i64| expired_before.is_some_and(|e| d <= e);
+        let write = prints
+            .iter()
+            .filter(|(d, p)| !p.hot && **d > frozen_through && !expired(**d))
+            .filter(|(d, p)| sealed.get(d).map(|s| s.fingerprint) != Some(p.fingerprint()))
+            .map(|(d, _)| *d)
+            .collect();
+        let remove = sealed
+            .keys()
+            .copied()
+            .filter(|d| expired(*d) || (*d > frozen_through && !prints.contains_key(d) && *d <= self.last_day()))
+            .collect();
+        (write, remove)
+    }
+
+    fn last_day(&self) -> i64 {
+        let seal_after_ms = i64::try_from(self.settings.seal_after.as_millis()).unwrap_or(i64::MAX);
+        day_of(self.now.saturating_sub(seal_after_ms)) - 1
+    }
+
+    /// Step 3: collects the jobs of `days` in one scan and writes each day's file.
+    fn write_days(&self, days: &[i64]) -> Result<Vec<Written>, HistoryError> {
+        let wanted: BTreeSet<i64> = days.iter().copied().collect();
+        let mut jobs: HashMap<i64, Vec<(i64, String, Timeline)>> = HashMap::new();
+        let mut prints: HashMap<i64, DayPrint> = HashMap::new();
+        let cell = std::cell::RefCell::new((&mut jobs, &mut prints));
+        self.index.scan_unordered_with_placements(
+            SCAN_CHUNK,
+            |id, r| {
+                let day = day_of(r.row.done_at());
+                if wanted.contains(&day) {
+                    cell.borrow_mut()
+                        .1
+                        .entry(day)
+                        .or_default()
+                        .add(id, folded_version(r.row.summary(), r.row.done_at()));
+                    true
+                } else {
+                    false
+                }
+            },
+            |id, job: JobRef<'_>| {
+                let t = job.timeline;
+                let Some(done) = t.done_at.filter(|_| t.submitted_at.is_some()) else { return };
+                let day = day_of(done);
+                if !wanted.contains(&day) {
+                    return;
+                }
+                let mut c = cell.borrow_mut();
+                if !job.folded {
+                    c.1.entry(day).or_default().add(id, hot_version(t));
+                }
+                c.0.entry(day).or_default().push((done, id.to_string(), t.clone()));
+            },
+        );
+        let mut out = Vec::new();
+        for day in days {
+            let mut rows = jobs.remove(day).unwrap_or_default();
+            let Some(fp) = prints.get(day).map(DayPrint::fingerprint) else { continue };
+            rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+            let mut cols = Columns::default();
+            for (_, id, t) in &rows {
+                cols.push(id, t);
+            }
+            let batch = cols
+                .finish()
+                .map_err(|e| HistoryError::Format { path: self.history.file_of(*day), message: e.to_string() })?;
+            let bytes = self.history.write_day(*day, &batch, fp)?;
+            self.stats.jobs_written.fetch_add(rows.len() as u64, Ordering::Relaxed);
+            out.push((*day, (fp, bytes)));
+        }
+        Ok(out)
+    }
+}
+
+/// Days grouped so that each group's jobs stay under [`COLLECT_MAX`] (a day larger than that is a group alone).
+fn groups(days: &[i64], prints: &BTreeMap<i64, DayPrint>) -> Vec<Vec<i64>> {
+    let mut out: Vec<Vec<i64>> = Vec::new();
+    let mut size = 0u64;
+    for d in days {
+        let n = prints.get(d).map_or(0, |p| p.jobs);
+        match out.last_mut() {
+            Some(g) if size + n <= COLLECT_MAX => {
+                g.push(*d);
+                size += n;
+            }
+            _ => {
+                out.push(vec![*d]);
+                size = n;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

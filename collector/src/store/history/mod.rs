@@ -1,0 +1,244 @@
+//! History files: ended jobs as Apache Parquet, one row per job ([`columns`]), one file per UTC day of the
+//! jobs' end, laid out as Hive partitions so any warehouse reads the directory as one table:
+//! `<store>/history/end_date=YYYY-MM-DD/jobs.parquet` (DuckDB:
+//! `read_parquet('history/*/*.parquet', hive_partitioning = true)`).
+//!
+//! A day's file is written whole (zstd, row groups of 64k rows, sorted by end time then job id) to
+//! `jobs.parquet.tmp`, synced, renamed over the day's file and the directory synced: a reader (or a crash) sees
+//! the old file or the new one, never half of one; a `.tmp` left by a crash is removed at open. The footer
+//! carries the day's *fingerprint* (job count and a hash of each job's version, see
+//! [`crate::applier`]'s seal pass) and its format number, so a start lists what is sealed by reading footers,
+//! never rows. History files are derived: the log keeps every event, so a damaged or missing file is written
+//! again from the jobs (a file whose footer cannot be read counts as missing).
+
+pub mod columns;
+
+use arrow_array::RecordBatch;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The history files' format, in each footer's `startline.format`.
+pub const FORMAT: &str = "1";
+/// A day's file name inside its partition directory.
+pub const FILE: &str = "jobs.parquet";
+/// Rows per row group.
+const ROW_GROUP: usize = 65_536;
+const DAY_MS: i64 = 86_400_000;
+
+/// What a history file's footer says of its day.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Jobs in the file.
+    pub jobs: u64,
+    /// A hash over the jobs' ids and versions (order-independent).
+    pub hash: u64,
+}
+
+/// A sealed day.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedDay {
+    /// Its fingerprint.
+    pub fingerprint: Fingerprint,
+    /// File size, bytes.
+    pub bytes: u64,
+}
+
+/// Errors of the history files.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    /// A file-system call failed.
+    #[error("history file {path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Arrow or Parquet refused the data.
+    #[error("history file {path}: {message}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> HistoryError + '_ {
+    move |source| HistoryError::Io { path: path.to_path_buf(), source }
+}
+
+/// The UTC day (days since 1970-01-01) of a Unix millisecond time.
+pub fn day_of(ms: i64) -> i64 {
+    ms.div_euclid(DAY_MS)
+}
+
+/// The first millisecond of a day.
+pub fn day_start_ms(day: i64) -> i64 {
+    day.saturating_mul(DAY_MS)
+}
+
+/// `YYYY-MM-DD` of a day.
+pub fn date_of(day: i64) -> String {
+    match time::OffsetDateTime::from_unix_timestamp(day.saturating_mul(86_400)) {
+        Ok(t) => format!("{:04}-{:02}-{:02}", t.year(), u8::from(t.month()), t.day()),
+        Err(_) => format!("day-{day}"),
+    }
+}
+
+/// The day of a `YYYY-MM-DD` partition value.
+fn day_of_date(s: &str) -> Option<i64> {
+    let mut parts = s.splitn(3, '-');
+    let year: i32 = parts.next()?.parse().ok()?;
+    let month = time::Month::try_from(parts.next()?.parse::<u8>().ok()?).ok()?;
+    let day: u8 = parts.next()?.parse().ok()?;
+    let d = time::Date::from_calendar_date(year, month, day).ok()?;
+    Some(d.midnight().assume_utc().unix_timestamp().div_euclid(86_400))
+}
+
+/// The history directory of a store.
+#[derive(Debug, Clone)]
+pub struct History {
+    dir: PathBuf,
+}
+
+impl History {
+    /// Opens (creates) `<store>/history` and removes files a crash left half written.
+    pub fn open(store_dir: &Path) -> Result<History, HistoryError> {
+        let dir = store_dir.join("history");
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let h = History { dir };
+        for (_, part) in h.partitions()? {
+            let tmp = part.join(format!("{FILE}.tmp"));
+            if tmp.exists() {
+                fs::remove_file(&tmp).map_err(io_err(&tmp))?;
+            }
+        }
+        Ok(h)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A day's file.
+    pub fn file_of(&self, day: i64) -> PathBuf {
+        self.dir.join(format!("end_date={}", date_of(day))).join(FILE)
+    }
+
+    fn partitions(&self) -> Result<Vec<(i64, PathBuf)>, HistoryError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(io_err(&self.dir))? {
+            let entry = entry.map_err(io_err(&self.dir))?;
+            let name = entry.file_name();
+            let Some(day) = name.to_str().and_then(|n| n.strip_prefix("end_date=")).and_then(day_of_date) else {
+                continue;
+            };
+            out.push((day, entry.path()));
+        }
+        Ok(out)
+    }
+
+    /// Every sealed day with a readable footer, by day. A file whose footer cannot be read is left out (and
+    /// logged): the next seal pass writes it again.
+    pub fn sealed(&self) -> Result<BTreeMap<i64, SealedDay>, HistoryError> {
+        let mut out = BTreeMap::new();
+        for (day, part) in self.partitions()? {
+            let path = part.join(FILE);
+            if !path.exists() {
+                continue;
+            }
+            match read_footer(&path) {
+                Ok(s) => {
+                    out.insert(day, s);
+                }
+                Err(e) => tracing::warn!(error = %e, "history file unreadable; it is written again"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a day's file (replacing any), with its fingerprint in the footer; returns its size.
+    pub fn write_day(&self, day: i64, batch: &RecordBatch, fp: Fingerprint) -> Result<u64, HistoryError> {
+        let path = self.file_of(day);
+        let part = path.parent().unwrap_or(&self.dir).to_path_buf();
+        let created = !part.exists();
+        fs::create_dir_all(&part).map_err(io_err(&part))?;
+        let tmp = part.join(format!("{FILE}.tmp"));
+        let fmt = |e: parquet::errors::ParquetError| HistoryError::Format { path: tmp.clone(), message: e.to_string() };
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).map_err(fmt)?))
+            .set_max_row_group_row_count(Some(ROW_GROUP))
+            .set_created_by(format!("startline-collector {}", env!("CARGO_PKG_VERSION")))
+            .set_key_value_metadata(Some(vec![
+                KeyValue::new("startline.format".to_string(), FORMAT.to_string()),
+                KeyValue::new("startline.end_date".to_string(), date_of(day)),
+                KeyValue::new("startline.jobs".to_string(), fp.jobs.to_string()),
+                KeyValue::new("startline.fingerprint".to_string(), format!("{:016x}", fp.hash)),
+            ]))
+            .build();
+        let file = File::create(&tmp).map_err(io_err(&tmp))?;
+        let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(fmt)?;
+        w.write(batch).map_err(fmt)?;
+        let file = w.into_inner().map_err(fmt)?;
+        file.sync_all().map_err(io_err(&tmp))?;
+        let bytes = file.metadata().map_err(io_err(&tmp))?.len();
+        drop(file);
+        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        sync_dir(&part)?;
+        if created {
+            sync_dir(&self.dir)?;
+        }
+        Ok(bytes)
+    }
+
+    /// Removes a day's file and its directory.
+    pub fn remove_day(&self, day: i64) -> Result<(), HistoryError> {
+        let path = self.file_of(day);
+        let part = path.parent().unwrap_or(&self.dir).to_path_buf();
+        match fs::remove_dir_all(&part) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(HistoryError::Io { path: part, source: e }),
+        }
+        sync_dir(&self.dir)
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), HistoryError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+}
+
+/// A file's day record from its footer (format, job count, fingerprint).
+pub fn read_footer(path: &Path) -> Result<SealedDay, HistoryError> {
+    let bad = |message: String| HistoryError::Format { path: path.to_path_buf(), message };
+    let file = File::open(path).map_err(io_err(path))?;
+    let bytes = file.metadata().map_err(io_err(path))?.len();
+    let reader = SerializedFileReader::new(file).map_err(|e| bad(e.to_string()))?;
+    let meta = reader.metadata().file_metadata();
+    let kv = |k: &str| {
+        meta.key_value_metadata().and_then(|kvs| kvs.iter().find(|e| e.key == k)).and_then(|e| e.value.clone())
+    };
+    if kv("startline.format").as_deref() != Some(FORMAT) {
+        return Err(bad(format!("not a history file of format {FORMAT}")));
+    }
+    let jobs: u64 = kv("startline.jobs").and_then(|v| v.parse().ok()).ok_or_else(|| bad("no job count".into()))?;
+    let hash = kv("startline.fingerprint")
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
+        .ok_or_else(|| bad("no fingerprint".into()))?;
+    if u64::try_from(meta.num_rows()).ok() != Some(jobs) {
+        return Err(bad(format!("{} rows, footer says {jobs} jobs", meta.num_rows())));
+    }
+    Ok(SealedDay { fingerprint: Fingerprint { jobs, hash }, bytes })
+}
+
+#[cfg(test)]
+mod tests;
