@@ -444,6 +444,8 @@ fn spawn_applier(
     let Started { config, core, telemetry, .. } = *started;
     let stream = crate::stream::Stream::new(config.stream);
     telemetry.observe_stream(stream.clone());
+    let seal_stats = Arc::new(crate::store::history::SealStats::default());
+    telemetry.observe_history(seal_stats.clone());
     // The alert loop's deadline timer asks the committer (the index's one writer) to apply passed deadlines.
     let deadlines = Arc::new(crate::index::deadlines::DeadlineRequests::default());
     let (tx, rx) = tokio::sync::mpsc::channel(config.queue_capacity);
@@ -466,7 +468,7 @@ fn spawn_applier(
             stream: config.stream.enabled.then(|| stream.clone()),
             deadlines: deadlines.clone(),
             history: config.history,
-            seal_stats: Arc::default(),
+            seal_stats,
         },
         core.stats.clone(),
         core.health.clone(),

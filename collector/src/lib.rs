@@ -5,11 +5,12 @@
 //! - [`config`]: the TOML file and CLI flags, validated into [`config::Config`] before any port is bound; each
 //!   section checked by its own `validate(&mut errors)` with the helpers of [`settings`].
 //! - [`job`]: the pure domain: compact events, job records, the timeline state machine and GPU-time accounting.
-//! - [`store`]: sled key layout, codecs, durable append, checkpoints, folds and restore.
+//! - [`store`]: sled key layout, codecs, durable append, checkpoints, folds and restore; the history files
+//!   (ended jobs as Parquet, [`store::history`]).
 //! - [`index`]: the in-memory job index (hot jobs, folded rows, derived SLO and metric state) shared by the
 //!   applier (its only writer) and readers.
-//! - [`applier`]: the committer thread (group commit, acks) and the maintenance thread (checkpoints, folds),
-//!   and retention.
+//! - [`applier`]: the committer thread (group commit, acks) and the maintenance thread (checkpoints, folds,
+//!   history seal passes), and retention.
 //! - [`ingest`]: the gRPC edge (validation, policy when full), handing batches to the applier.
 //! - [`conn_limit`]: connection caps of both listeners (per listener, per client address, one descriptor budget).
 //! - [`slo`]: start objectives: selectors, rolling windows of counts and exact times to first step, the deadline index.

@@ -17,9 +17,9 @@
 use crate::index::{JobRef, SharedIndex};
 use crate::job::Timeline;
 use crate::store::history::columns::Columns;
-use crate::store::history::{day_of, Fingerprint, History, HistoryError, SealedDay};
+use crate::store::history::{day_of, Fingerprint, History, HistoryError, SealStats, SealedDay};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,23 +41,6 @@ impl Default for HistorySettings {
     fn default() -> Self {
         HistorySettings { seal_after: Duration::from_secs(3600), seal_interval: Duration::from_secs(600) }
     }
-}
-
-/// What the seal passes did, for metrics and tests.
-#[derive(Debug, Default)]
-pub struct SealStats {
-    /// Passes run.
-    pub passes: AtomicU64,
-    /// Day files written (new or again).
-    pub files_written: AtomicU64,
-    /// Day files removed.
-    pub files_removed: AtomicU64,
-    /// Jobs written.
-    pub jobs_written: AtomicU64,
-    /// Passes that failed.
-    pub failures: AtomicU64,
-    /// Milliseconds the last pass took.
-    pub last_pass_ms: AtomicU64,
 }
 
 /// One seal pass.

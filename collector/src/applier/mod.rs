@@ -160,7 +160,7 @@ pub struct CommitterSettings {
     /// `[history]`: ended jobs sealed into Parquet files by day (None: no history files).
     pub history: Option<history::HistorySettings>,
     /// What the seal passes did.
-    pub seal_stats: Arc<history::SealStats>,
+    pub seal_stats: Arc<crate::store::history::SealStats>,
 }
 
 /// Starts the committer thread (call it within the tokio runtime: the thread borrows its timer). It runs until

@@ -391,6 +391,30 @@ impl Telemetry {
         }
     }
 
+    /// Registers the history files' seal-pass counters. Called once at start.
+    pub fn observe_history(&self, stats: Arc<crate::store::history::SealStats>) {
+        for provider in &self.providers {
+            let meter = provider.meter("startline-collector");
+            let s = stats.clone();
+            let _ = meter
+                .u64_observable_counter("startline.collector.history.files")
+                .with_unit("{file}")
+                .with_description("History files (one per day of ended jobs) written, written again or removed")
+                .with_callback(move |o| {
+                    o.observe(s.files_written.load(Ordering::Relaxed), &[KeyValue::new("op", "written")]);
+                    o.observe(s.files_removed.load(Ordering::Relaxed), &[KeyValue::new("op", "removed")]);
+                })
+                .build();
+            let s = stats.clone();
+            let _ = meter
+                .u64_observable_counter("startline.collector.history.seal_failures")
+                .with_unit("{pass}")
+                .with_description("Seal passes that failed (the previous files stay; the next pass tries again)")
+                .with_callback(move |o| o.observe(s.failures.load(Ordering::Relaxed), &[]))
+                .build();
+        }
+    }
+
     /// Registers the stream out's self-metrics: records written, live subscribers, subscribers disconnected for
     /// falling behind or for not reading. Called once at start.
     pub fn observe_stream(&self, stream: Arc<crate::stream::Stream>) {

@@ -12,6 +12,8 @@
 //!   its compressed bytes on disk and nothing more (sled keeps superseded pages until a segment of its file is
 //!   mostly garbage).
 //! - tree `log_blocks`: the dead records of the log's blocks (see [`log`]).
+//! - directory `history/` beside sled's files: ended jobs as Parquet, one file per UTC day of their end (derived
+//!   from the jobs; see [`history`]).
 //! - directory `snaps/` beside sled's files: the hot jobs' snapshots, as *parts* (format and names: see
 //!   [`snaps`]): one or more zstd files per checkpoint, each holding the compact events of many jobs. A checkpoint
 //!   writes an *increment*: each dirty job's events past what the store holds of it (the committer keeps that mark

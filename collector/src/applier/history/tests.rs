@@ -6,13 +6,14 @@
 use super::*;
 use crate::index::JobIndex;
 use crate::job::{event_id_hash, CompactEvent, EventKind, JobAttrs};
-use crate::store::history::{date_of, FILE};
+use crate::store::history::{date_of, SealStats, FILE};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int64Type, TimestampMillisecondType};
 use arrow_array::Array;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use proptest::prelude::*;
 use startline_proto::pb;
+use std::sync::atomic::AtomicU64;
 
 const DAY: i64 = 86_400_000;
 /// 2026-01-01T00:00:00Z

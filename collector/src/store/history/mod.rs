@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 
 /// The history files' format, in each footer's `startline.format`.
 pub const FORMAT: &str = "1";
@@ -48,6 +49,23 @@ pub struct SealedDay {
     pub fingerprint: Fingerprint,
     /// File size, bytes.
     pub bytes: u64,
+}
+
+/// What the seal passes did (metrics `startline.collector.history.*`).
+#[derive(Debug, Default)]
+pub struct SealStats {
+    /// Passes run.
+    pub passes: AtomicU64,
+    /// Day files written (new or again).
+    pub files_written: AtomicU64,
+    /// Day files removed.
+    pub files_removed: AtomicU64,
+    /// Jobs written.
+    pub jobs_written: AtomicU64,
+    /// Passes that failed.
+    pub failures: AtomicU64,
+    /// Milliseconds the last pass took.
+    pub last_pass_ms: AtomicU64,
 }
 
 /// Errors of the history files.
