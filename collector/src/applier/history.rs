@@ -25,8 +25,9 @@ use std::time::Duration;
 
 /// Jobs per read lock while a pass scans.
 const SCAN_CHUNK: usize = 4096;
-/// Most jobs collected in memory at once (the days written per scan are grouped to stay under it).
-const COLLECT_MAX: u64 = 200_000;
+/// Most jobs collected in memory at once (the days written per scan are grouped to stay under it): their
+/// timelines are copied out of the index until the day's file is written, about 1 KB each.
+const COLLECT_MAX: u64 = 50_000;
 
 /// `[history]` settings.
 #[derive(Debug, Clone, Copy, PartialEq)]

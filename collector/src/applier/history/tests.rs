@@ -307,3 +307,16 @@ fn retention_removes_whole_days_and_the_memory_budget_never_shrinks_a_file() {
     assert!(!history.file_of(day_of(T0)).exists());
     assert_eq!(read(&history.file_of(day_of(T0) + 2)).len(), 1);
 }
+
+/// Days are written in groups of at most `COLLECT_MAX` jobs, a larger day alone, in day order.
+#[test]
+fn days_are_grouped_under_the_collection_cap() {
+    let print = |jobs| DayPrint { jobs, hash: 0, hot: false };
+    let prints: BTreeMap<i64, DayPrint> =
+        [(1, print(30_000)), (2, print(20_000)), (3, print(1)), (4, print(80_000)), (5, print(10))]
+            .into_iter()
+            .collect();
+    assert_eq!(groups(&[1, 2, 3, 4, 5], &prints), vec![vec![1, 2], vec![3], vec![4], vec![5]]);
+    assert_eq!(groups(&[3, 5], &prints), vec![vec![3, 5]]);
+    assert!(groups(&[], &prints).is_empty());
+}
