@@ -398,7 +398,7 @@ async fn over_the_folded_budget_the_oldest_folded_jobs_are_deleted() {
         let when = when.as_deref().unwrap_or("?");
         assert!(note.is_some_and(|n| n.contains(when)), "the {view} view shows the deletion: {note:?}");
     }
-    let (code, page) = c.get("/api/v1/jobs?state=done&limit=1");
+    let (code, page) = c.get("/api/v1/jobs?state=done&order=job_id&limit=1");
     assert_eq!(code, 200);
     assert_eq!(page["jobs"][0]["job_id"], job(gone), "listings start at the first job kept");
     // A restart: the deleted stay deleted.

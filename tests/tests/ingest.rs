@@ -168,8 +168,8 @@ async fn http_api_filters_paginates_and_answers_errors_as_json() {
     let mut token: Option<String> = None;
     loop {
         let q = match &token {
-            Some(t) => format!("/api/v1/jobs?pool_kind=managed&limit=4&page_token={t}"),
-            None => "/api/v1/jobs?pool_kind=managed&limit=4".to_string(),
+            Some(t) => format!("/api/v1/jobs?pool_kind=managed&order=job_id&limit=4&page_token={t}"),
+            None => "/api/v1/jobs?pool_kind=managed&order=job_id&limit=4".to_string(),
         };
         let (status, page) = c.get(&q);
         assert_eq!(status, 200);
@@ -185,7 +185,7 @@ async fn http_api_filters_paginates_and_answers_errors_as_json() {
     let expected: Vec<String> = (0..25).filter(|i| i % 2 == 0).map(|i| format!("job-{i:02}")).collect();
     assert_eq!(seen, expected);
 
-    let (_, running_urgent) = c.get("/api/v1/jobs?priority=urgent&state=running");
+    let (_, running_urgent) = c.get("/api/v1/jobs?priority=urgent&state=running&order=job_id");
     let ids: Vec<&str> =
         running_urgent["jobs"].as_array().expect("jobs").iter().filter_map(|j| j["job_id"].as_str()).collect();
     assert_eq!(ids, ["job-00", "job-15"]);

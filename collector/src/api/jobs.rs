@@ -1,4 +1,5 @@
-//! `GET /api/v1/jobs` (filtered, paginated by job id) and `GET /api/v1/jobs/{job_id}`.
+//! `GET /api/v1/jobs` (filtered; ordered by submit time, end time or job id, newest first by default; paged by a
+//! token naming the last job shown) and `GET /api/v1/jobs/{job_id}`.
 
 use super::eta::ExpectedStart;
 use super::extract::{quote, ApiPath, Params};
@@ -12,7 +13,7 @@ use axum::extract::State;
 use axum::Json;
 use startline_proto::labels::Label;
 use startline_proto::pb;
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 
 /// Filters of a job listing.
 #[derive(Debug, Default)]
@@ -88,6 +89,108 @@ impl Filter {
     }
 }
 
+/// What a listing is ordered by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    /// Job id (bytewise).
+    JobId,
+    /// Submit time; jobs whose `submitted` is not known come last.
+    SubmittedAt,
+    /// End time; jobs that have not ended come last.
+    EndedAt,
+}
+
+/// A listing's order: the key, its direction, then the job id ascending (a total order, so a page token names
+/// one place in it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Sort {
+    order: Order,
+    desc: bool,
+}
+
+/// A job's place in a [`Sort`]: (the key is missing, the key (bitwise-negated when descending), the job id).
+type Place = (bool, i64, String);
+
+impl Sort {
+    fn parse(order: Option<&str>, desc: Option<&str>) -> Result<Sort, ApiError> {
+        let order = match order.unwrap_or("submitted_at") {
+            "submitted_at" => Order::SubmittedAt,
+            "ended_at" => Order::EndedAt,
+            "job_id" => Order::JobId,
+            v => {
+                return Err(ApiError::bad_request(format!("order: {v:?} is not one of submitted_at, ended_at, job_id")))
+            }
+        };
+        let desc = match desc {
+            None => order != Order::JobId,
+            Some("true") => true,
+            Some("false") => false,
+            Some(v) => return Err(ApiError::bad_request(format!("desc: {v:?} is not true or false"))),
+        };
+        Ok(Sort { order, desc })
+    }
+
+    /// The job-id order the index walks natively (a page is read from the token on, stopping when full).
+    fn is_native(self) -> bool {
+        self.order == Order::JobId && !self.desc
+    }
+
+    fn place(self, id: &str, submitted_at: Option<i64>, done_at: Option<i64>) -> Place {
+        let key = match self.order {
+            Order::JobId => Some(0),
+            Order::SubmittedAt => submitted_at,
+            Order::EndedAt => done_at,
+        };
+        let sortable = key.map_or(0, |k| if self.desc { !k } else { k });
+        (key.is_none(), sortable, id.to_string())
+    }
+
+    /// The token naming `place`: the job id alone in job-id order, else `KEY.JOB_ID` (`-` for a missing key).
+    fn token(self, place: &Place) -> String {
+        if self.order == Order::JobId {
+            return place.2.clone();
+        }
+        match place.0 {
+            true => format!("-.{}", place.2),
+            false => format!("{}.{}", if self.desc { !place.1 } else { place.1 }, place.2),
+        }
+    }
+
+    fn parse_token(self, token: &str) -> Result<Place, ApiError> {
+        if self.order == Order::JobId {
+            return Ok((false, 0, token.to_string()));
+        }
+        let bad = || ApiError::bad_request(format!("page_token: {token:?} is not a token of this order"));
+        let (key, id) = token.split_once('.').ok_or_else(bad)?;
+        if key == "-" {
+            return Ok((true, 0, id.to_string()));
+        }
+        let k: i64 = key.parse().map_err(|_| bad())?;
+        Ok((false, if self.desc { !k } else { k }, id.to_string()))
+    }
+}
+
+/// The `limit + 1` first places after the token, in order: a bounded max-heap over one scan.
+struct FirstPlaces {
+    keep: usize,
+    after: Option<Place>,
+    heap: BinaryHeap<Place>,
+}
+
+impl FirstPlaces {
+    fn offer(&mut self, place: Place) {
+        if self.after.as_ref().is_some_and(|a| place <= *a) {
+            return;
+        }
+        if self.heap.len() < self.keep {
+            self.heap.push(place);
+        } else if self.heap.peek().is_some_and(|top| place < *top) {
+            self.heap.pop();
+            self.heap.push(place);
+        }
+    }
+}
+
 fn enum_param<T: Label>(name: &str, v: &str) -> Result<T, ApiError> {
     T::from_label(v).ok_or_else(|| {
         let names: Vec<&str> = T::all().iter().skip(1).map(|x| x.label()).collect();
@@ -95,11 +198,13 @@ fn enum_param<T: Label>(name: &str, v: &str) -> Result<T, ApiError> {
     })
 }
 
-/// `GET /api/v1/jobs?pool_kind=&provider=&pool=&priority=&gpu_class=&region=&team=&project=&state=&submitted_after=&submitted_before=&limit=&page_token=`
+/// `GET /api/v1/jobs?pool_kind=&provider=&pool=&priority=&gpu_class=&region=&team=&project=&state=&submitted_after=&submitted_before=&order=&desc=&limit=&page_token=`
 pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<JobList>, ApiError> {
     let mut f = Filter::default();
     let mut limit = 100usize;
     let mut page_token: Option<String> = None;
+    let sort = Sort::parse(q.get("order").map(String::as_str), q.get("desc").map(String::as_str))?;
+    let after = page_token_of(&q).map(|t| sort.parse_token(t)).transpose()?;
     for (k, v) in &q {
         match k.as_str() {
             "pool_kind" => f.pool_kind = Some(enum_param(k, v)?),
@@ -129,6 +234,7 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
                 })?
             }
             "page_token" => page_token = Some(v.clone()),
+            "order" | "desc" => {}
             other => return Err(ApiError::bad_request(format!("{other}: unknown query parameter"))),
         }
     }
@@ -142,19 +248,23 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
             let mut next = None;
             // Folded jobs are judged by their rows first: only those that can match have their timelines filled in.
             let mut memo = HashMap::new();
-            let pre = |_: &str, r: FoldedRef<'_>| f.matches_row(r, &mut memo);
-            index.scan_where(page_token.as_deref(), super::compare::SCAN_CHUNK, pre, |id, job| {
-                if !f.matches(job.timeline) {
-                    return true;
-                }
-                if jobs.len() == limit {
-                    // There is at least one more match: the page ends at the previous job.
-                    next = jobs.last().map(|j| j.job_id.clone());
-                    return false;
-                }
-                jobs.push(Job::summary(id, job.timeline, now));
-                true
-            });
+            if !sort.is_native() {
+                (jobs, next) = page_in_order(&index, &f, sort, after, limit, now);
+            } else {
+                let pre = |_: &str, r: FoldedRef<'_>| f.matches_row(r, &mut memo);
+                index.scan_where(page_token.as_deref(), super::compare::SCAN_CHUNK, pre, |id, job| {
+                    if !f.matches(job.timeline) {
+                        return true;
+                    }
+                    if jobs.len() == limit {
+                        // There is at least one more match: the page ends at the previous job.
+                        next = jobs.last().map(|j| j.job_id.clone());
+                        return false;
+                    }
+                    jobs.push(Job::summary(id, job.timeline, now));
+                    true
+                });
+            }
             // Expected starts of the page's waiting jobs (always hot), under one more read lock: the history
             // without queue positions, which only a job's detail reads from the store.
             let idx = index.read();
@@ -167,6 +277,59 @@ pub async fn list(State(s): State<ApiState>, Params(q): Params) -> Result<Json<J
         })
         .await?;
     Ok(Json(JobList { jobs, next_page_token: next }))
+}
+
+fn page_token_of(q: &HashMap<String, String>) -> Option<&str> {
+    q.get("page_token").map(String::as_str)
+}
+
+/// One page of a listing in a time order (or descending ids): one scan keeps the `limit + 1` first matching
+/// places after the token (folded jobs judged and placed from their rows, no timeline filled), then the page's
+/// jobs are read under one read lock (a job deleted in between is left out of the page).
+fn page_in_order(
+    index: &crate::index::SharedIndex,
+    f: &Filter,
+    sort: Sort,
+    after: Option<Place>,
+    limit: usize,
+    now: i64,
+) -> (Vec<Job>, Option<String>) {
+    let mut first = FirstPlaces { keep: limit + 1, after, heap: BinaryHeap::new() };
+    let mut memo = HashMap::new();
+    let cell = std::cell::RefCell::new(&mut first);
+    index.scan_unordered(
+        super::compare::SCAN_CHUNK,
+        false,
+        |id, r| {
+            if f.matches_row(r, &mut memo) {
+                cell.borrow_mut().offer(sort.place(id, Some(r.row.submitted_at()), Some(r.row.done_at())));
+            }
+            false
+        },
+        |id, job| {
+            let t = job.timeline;
+            if f.matches(t) {
+                cell.borrow_mut().offer(sort.place(id, t.submitted_at, t.done_at));
+            }
+        },
+    );
+    let mut places = first.heap.into_sorted_vec();
+    let more = places.len() > limit;
+    places.truncate(limit);
+    let next = if more { places.last().map(|p| sort.token(p)) } else { None };
+    let idx = index.read();
+    let mut t = Timeline::default();
+    let jobs = places
+        .iter()
+        .filter_map(|(_, _, id)| match idx.jobs.get(id) {
+            Some(h) => Some(Job::summary(id, &h.rec.timeline, now)),
+            None => idx.folded(id).map(|row| {
+                idx.cold.fill(row, &mut t);
+                Job::summary(id, &t, now)
+            }),
+        })
+        .collect();
+    (jobs, next)
 }
 
 /// Events one page of a job's detail holds when `events_limit` is not given: a job of a few thousand events

@@ -215,7 +215,8 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
             id: "listJobs",
             tag: "jobs",
             summary: "List jobs, newest first, with filters",
-            description: "Hot and folded jobs alike. Pages are ordered by job id from `page_token`; \
+            description: "Hot and folded jobs alike, newest submitted first unless `order`/`desc` say otherwise \
+                          (jobs without the key come last; ties by job id). Pages continue from `page_token`; \
                           `next_page_token` is absent on the last page.",
             params: vec![
                 query("pool_kind", "only this kind of pool", pool_kinds.clone()),
@@ -246,7 +247,17 @@ fn routes(g: &mut SchemaGenerator) -> Vec<Route> {
                     "page size, 1 to `[http] max_page_size` (default 100)",
                     json!({"type": "integer", "minimum": 1, "default": 100}),
                 ),
-                query("page_token", "`next_page_token` of the previous page", json!({"type": "string"})),
+                query(
+                    "order",
+                    "what the jobs are ordered by (default `submitted_at`)",
+                    json!({"type": "string", "enum": ["submitted_at", "ended_at", "job_id"], "default": "submitted_at"}),
+                ),
+                query(
+                    "desc",
+                    "descending (default true for the times, false for `job_id`)",
+                    json!({"type": "boolean"}),
+                ),
+                query("page_token", "`next_page_token` of the previous page (of the same order)", json!({"type": "string"})),
             ],
             ok: (200, "a page of jobs", Body::Json(schema::<types::JobList>(g))),
             errors: &[(400, "a parameter is unknown or malformed (the error names it)"), (503, "storage unavailable")],

@@ -330,40 +330,47 @@ fn ids(v: &serde_json::Value) -> Vec<&str> {
 async fn jobs_listing_filters_and_pages() {
     let f = fixture();
     // The default page (100) is not capped by the configured maximum (3 here).
-    let v = check(&f, "jobs_all.json", "/api/v1/jobs", StatusCode::OK).await;
+    let v = check(&f, "jobs_all.json", "/api/v1/jobs?order=job_id", StatusCode::OK).await;
     assert_eq!(ids(&v).len(), 6);
     assert!(v["next_page_token"].is_null());
-    let v = check(&f, "jobs_page1.json", "/api/v1/jobs?limit=3", StatusCode::OK).await;
+    let v = check(&f, "jobs_page1.json", "/api/v1/jobs?order=job_id&limit=3", StatusCode::OK).await;
     assert_eq!(ids(&v), ["kubernetes/ns/pod-x", "sagemaker/123/train-2", "slurm/cluster-a/100"]);
     assert_eq!(v["next_page_token"], "slurm/cluster-a/100");
-    let v =
-        check(&f, "jobs_page2.json", "/api/v1/jobs?limit=3&page_token=slurm%2Fcluster-a%2F100", StatusCode::OK).await;
+    let v = check(
+        &f,
+        "jobs_page2.json",
+        "/api/v1/jobs?order=job_id&limit=3&page_token=slurm%2Fcluster-a%2F100",
+        StatusCode::OK,
+    )
+    .await;
     assert_eq!(ids(&v), ["slurm/cluster-a/200", "slurm/cluster-b/7", "vertex/ml-prod/9000001"]);
     assert!(v["next_page_token"].is_null());
-    let v = check(&f, "jobs_limit1.json", "/api/v1/jobs?limit=1", StatusCode::OK).await;
+    let v = check(&f, "jobs_limit1.json", "/api/v1/jobs?order=job_id&limit=1", StatusCode::OK).await;
     assert_eq!(v["next_page_token"], "kubernetes/ns/pod-x");
-    let v = check(&f, "jobs_managed.json", "/api/v1/jobs?pool_kind=managed&priority=urgent", StatusCode::OK).await;
+    let v =
+        check(&f, "jobs_managed.json", "/api/v1/jobs?order=job_id&pool_kind=managed&priority=urgent", StatusCode::OK)
+            .await;
     assert_eq!(ids(&v), ["vertex/ml-prod/9000001"]);
-    let v = check(&f, "jobs_queued.json", "/api/v1/jobs?state=queued", StatusCode::OK).await;
+    let v = check(&f, "jobs_queued.json", "/api/v1/jobs?order=job_id&state=queued", StatusCode::OK).await;
     assert_eq!(ids(&v), ["slurm/cluster-a/200"]);
     assert!(v["jobs"][0]["waiting_seconds"].as_f64().is_some_and(|s| s > 0.0));
     let v = check(
         &f,
         "jobs_provider_time.json",
-        "/api/v1/jobs?provider=slurm&pool=gpu&submitted_after=2026-03-10T00:00:00Z&submitted_before=1773142000",
+        "/api/v1/jobs?order=job_id&provider=slurm&pool=gpu&submitted_after=2026-03-10T00:00:00Z&submitted_before=1773142000",
         StatusCode::OK,
     )
     .await;
     assert_eq!(ids(&v), ["slurm/cluster-a/100"]);
-    let v = check(&f, "jobs_done.json", "/api/v1/jobs?state=done", StatusCode::OK).await;
+    let v = check(&f, "jobs_done.json", "/api/v1/jobs?order=job_id&state=done", StatusCode::OK).await;
     assert_eq!(ids(&v), ["sagemaker/123/train-2", "slurm/cluster-a/100"]);
-    let v = check(&f, "jobs_unsubmitted.json", "/api/v1/jobs?state=unsubmitted", StatusCode::OK).await;
+    let v = check(&f, "jobs_unsubmitted.json", "/api/v1/jobs?order=job_id&state=unsubmitted", StatusCode::OK).await;
     assert_eq!(ids(&v), ["kubernetes/ns/pod-x"]);
     // A job without attributes has no attribute fields at all; nulls stay nulls.
     let j = &v["jobs"][0];
     assert!(j.get("pool").is_none() && j["first_step_at"].is_null() && j["current_wait"].is_null());
     // Attribute filters (gpu_class, region, team, project) against the full listing's own attribute fields.
-    let all = check(&f, "jobs_all.json", "/api/v1/jobs", StatusCode::OK).await;
+    let all = check(&f, "jobs_all.json", "/api/v1/jobs?order=job_id", StatusCode::OK).await;
     let with = |field: &str, value: &str| -> Vec<String> {
         all["jobs"]
             .as_array()
@@ -374,15 +381,89 @@ async fn jobs_listing_filters_and_pages() {
     };
     let h100 = with("gpu_class", "h100");
     assert!(!h100.is_empty() && h100.len() < 6, "a discriminating fixture: {h100:?}");
-    let v = check(&f, "jobs_gpu_class.json", "/api/v1/jobs?gpu_class=h100", StatusCode::OK).await;
+    let v = check(&f, "jobs_gpu_class.json", "/api/v1/jobs?order=job_id&gpu_class=h100", StatusCode::OK).await;
     assert_eq!(ids(&v), h100);
-    let v = check(&f, "jobs_team_region.json", "/api/v1/jobs?team=research&region=site-a", StatusCode::OK).await;
+    let v = check(&f, "jobs_team_region.json", "/api/v1/jobs?order=job_id&team=research&region=site-a", StatusCode::OK)
+        .await;
     let want: Vec<String> =
         with("region", "site-a").into_iter().filter(|id| with("team", "research").contains(id)).collect();
     assert!(!want.is_empty());
     assert_eq!(ids(&v), want);
-    let v = check(&f, "jobs_project.json", "/api/v1/jobs?project=llm&team=nobody", StatusCode::OK).await;
+    let v = check(&f, "jobs_project.json", "/api/v1/jobs?order=job_id&project=llm&team=nobody", StatusCode::OK).await;
     assert!(ids(&v).is_empty());
+}
+
+/// Listings in every order, hot and folded, paged with every limit: the pages, concatenated, are the model's order
+/// of the same jobs (sorted here from the job-id listing's own fields: submit or end time, jobs without one last,
+/// then job id), every page holds at most `limit`, and the default is newest submitted first.
+#[tokio::test(start_paused = true)]
+async fn listings_in_time_order_page_through_exactly_the_models_order() {
+    let jobs = many_job_records();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for fold in [false, true] {
+        let state = state_over(&jobs, fold, &dir);
+        for filter in ["", "state=done", "pool_kind=managed", "team=vision&state=queued", "pool=nothing"] {
+            let all = pages(&state, &format!("order=job_id&{filter}"), 50).await;
+            for (order, field) in [("submitted_at", "submitted_at"), ("ended_at", "done_at")] {
+                for desc in [true, false] {
+                    let mut want: Vec<(bool, String, String)> = all
+                        .iter()
+                        .map(|j| {
+                            let key = j[field].as_str().map(str::to_string);
+                            (key.is_none(), key.unwrap_or_default(), j["job_id"].as_str().expect("id").to_string())
+                        })
+                        .collect();
+                    want.sort_by(|a, b| {
+                        let key = if desc { b.1.cmp(&a.1) } else { a.1.cmp(&b.1) };
+                        a.0.cmp(&b.0).then(key).then_with(|| a.2.cmp(&b.2))
+                    });
+                    let want: Vec<String> = want.into_iter().map(|w| w.2).collect();
+                    for limit in [1, 7, 50] {
+                        let got = pages(&state, &format!("order={order}&desc={desc}&{filter}"), limit).await;
+                        let got: Vec<String> =
+                            got.iter().map(|j| j["job_id"].as_str().expect("id").to_string()).collect();
+                        assert_eq!(got, want, "fold {fold}, {filter:?}, order {order}, desc {desc}, limit {limit}");
+                    }
+                }
+            }
+            // The default: newest submitted first.
+            let default = pages(&state, filter, 7).await;
+            let newest = pages(&state, &format!("order=submitted_at&desc=true&{filter}"), 7).await;
+            assert_eq!(default, newest, "{filter:?}");
+        }
+    }
+}
+
+/// Every job of a listing, following its page tokens; each page holds at most `limit`.
+async fn pages(state: &ApiState, query: &str, limit: usize) -> Vec<serde_json::Value> {
+    let (mut token, mut out) = (None::<String>, Vec::new());
+    for _ in 0..1000 {
+        let mut uri = format!("/api/v1/jobs?limit={limit}&{query}");
+        if let Some(t) = &token {
+            uri.push_str(&format!("&page_token={}", escape(t)));
+        }
+        let (status, _, body) = call(state, "GET", &uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+        let page = v["jobs"].as_array().expect("jobs").clone();
+        assert!(page.len() <= limit, "{uri}");
+        out.extend(page);
+        match v["next_page_token"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => return out,
+        }
+    }
+    panic!("{query}: more than 1000 pages");
+}
+
+/// Percent-encodes a query value.
+fn escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 #[tokio::test(start_paused = true)]
@@ -401,6 +482,20 @@ async fn jobs_listing_errors() {
     check_error(&f, "err_jobs_pool_kind.json", "/api/v1/jobs?pool_kind=cloud", StatusCode::BAD_REQUEST).await;
     check_error(&f, "err_jobs_twice.json", "/api/v1/jobs?limit=1&limit=2", StatusCode::BAD_REQUEST).await;
     check_error(&f, "err_jobs_percent.json", "/api/v1/jobs?pool=%G1", StatusCode::BAD_REQUEST).await;
+    let e = check_error(&f, "err_jobs_order.json", "/api/v1/jobs?order=priority", StatusCode::BAD_REQUEST).await;
+    assert_eq!(e, "order: \"priority\" is not one of submitted_at, ended_at, job_id");
+    let e = check_error(&f, "err_jobs_desc.json", "/api/v1/jobs?desc=yes", StatusCode::BAD_REQUEST).await;
+    assert_eq!(e, "desc: \"yes\" is not true or false");
+    // A token of another order, or made up, is refused naming the parameter.
+    let e = check_error(
+        &f,
+        "err_jobs_token.json",
+        "/api/v1/jobs?page_token=slurm%2Fcluster-a%2F100",
+        StatusCode::BAD_REQUEST,
+    )
+    .await;
+    assert!(e.starts_with("page_token: "), "{e}");
+    check_error(&f, "err_jobs_token_key.json", "/api/v1/jobs?page_token=soon.job", StatusCode::BAD_REQUEST).await;
 }
 
 #[tokio::test(start_paused = true)]
