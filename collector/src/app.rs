@@ -13,8 +13,9 @@
 //! 9. `spawn_reloader`: the reload task;
 //! 10. `serve_http`: the API, the dashboard, `/metrics` and the HTTP ingest edge;
 //! 11. `spawn_alert_loop`: the notifiers and the alert loop;
-//! 12. `spawn_halt_watch`: the restart once the store is writable again after writes halted;
-//! 13. `report_ready`: readiness.
+//! 12. `spawn_history_export`: with `[history.export]`, the uploader of sealed history files;
+//! 13. `spawn_halt_watch`: the restart once the store is writable again after writes halted;
+//! 14. `report_ready`: readiness.
 //!
 //! Shutdown (`shutdown_in_order`), once the token is cancelled:
 //! 1. `stop_accepting`: readiness false, gRPC health NOT_SERVING; gRPC stops accepting (GOAWAY on every
@@ -23,7 +24,8 @@
 //!    gRPC connection still open is closed, whatever it is doing, and ingest's intake closes, so no connection
 //!    can keep the committer's channel open;
 //! 3. `stop_applier`: the committer sees its channel close, writes a final checkpoint and flushes; then
-//!    `stop_log_export`: the OTLP logs exporter sends what it holds;
+//!    `stop_log_export`: the OTLP logs exporter sends what it holds; then `stop_history_export`: the history
+//!    uploader stops (an upload under way is dropped and made again by the next start);
 //! 4. `stop_alerting`: the alert loop and notifiers stop (alert state is already stored), a last metrics export;
 //! 5. `stop_http`: HTTP stops last, so health and the API answer until the store is closed.
 
@@ -144,6 +146,7 @@ pub async fn run_with_clock(
     let reloads = spawn_reloader(&started, &applier, &shutdown);
     let http = serve_http(&started, reloads.reload.clone(), http_ingest, http_listener, budget);
     let alerting = spawn_alert_loop(&started, &applier, reloads.alert_settings, bound);
+    let history_export = spawn_history_export(&started)?;
     let _halt_watch = spawn_halt_watch(&core, &shutdown, bound, on_writable)?;
     report_ready(&core, bound, on_ready);
 
@@ -154,6 +157,7 @@ pub async fn run_with_clock(
         grpc,
         committer: applier.committer,
         logs,
+        history_export,
         alerting,
         telemetry,
         http,
@@ -766,7 +770,36 @@ fn spawn_alert_loop(
     Alerting { stop, tasks }
 }
 
-/// Startup 12. Starts the halt watch (`applier::halt`): after a store write fails, writes halt; once the store is
+/// The history uploader, when `[history.export]` is configured.
+struct HistoryExport {
+    task: Option<tokio::task::JoinHandle<()>>,
+    /// Stops it.
+    stop: CancellationToken,
+}
+
+/// Startup 12. With `[history.export]`, starts the uploader of sealed history files to object storage
+/// (`export::history`): a task on the runtime that reads the files the seal pass renamed into place, never on
+/// the ingest or commit path. A destination the client cannot be built for stops the start.
+fn spawn_history_export(started: &Started<'_>) -> Result<HistoryExport, AppError> {
+    let Started { config, core, telemetry, .. } = *started;
+    let stop = CancellationToken::new();
+    let task = match config.history_export.clone() {
+        Some(settings) => {
+            let stats = Arc::new(crate::export::history::ExportStats::default());
+            telemetry.observe_history_export(stats.clone());
+            let url = settings.url();
+            let collector_id = settings.collector_id.clone();
+            let task = crate::export::history::spawn(core.store.path(), settings, stats, stop.clone())
+                .map_err(|e| AppError::Runtime(format!("cannot start the history export: {e}")))?;
+            tracing::info!(%url, %collector_id, "history files are copied to object storage");
+            Some(task)
+        }
+        None => None,
+    };
+    Ok(HistoryExport { task, stop })
+}
+
+/// Startup 13. Starts the halt watch (`applier::halt`): after a store write fails, writes halt; once the store is
 /// writable again it calls `on_writable` (restart in place, or exit), unless a stop began first.
 fn spawn_halt_watch(
     core: &Core,
@@ -783,7 +816,7 @@ fn spawn_halt_watch(
     .map_err(|e| AppError::Runtime(format!("cannot start the store's halt watch: {e}")))
 }
 
-/// Startup 13. Reports readiness: `/readyz` answers 200, the ready line is logged, and `on_ready` is called
+/// Startup 14. Reports readiness: `/readyz` answers 200, the ready line is logged, and `on_ready` is called
 /// (`main` sends systemd's `READY=1`).
 fn report_ready(core: &Core, bound: Bound, on_ready: impl FnOnce(Bound)) {
     core.ready.store(true, Ordering::Relaxed);
@@ -799,6 +832,7 @@ struct Running {
     grpc: Grpc,
     committer: std::thread::JoinHandle<()>,
     logs: LogExport,
+    history_export: HistoryExport,
     alerting: Alerting,
     telemetry: Arc<Telemetry>,
     http: Http,
@@ -807,11 +841,13 @@ struct Running {
 
 /// Runs the shutdown order of docs/ARCHITECTURE.md once the shutdown token is cancelled: each step a call.
 async fn shutdown_in_order(running: Running) {
-    let Running { core, drain_timeout, mut grpc, committer, logs, alerting, telemetry, http, reloader } = running;
+    let Running { core, drain_timeout, mut grpc, committer, logs, history_export, alerting, telemetry, http, reloader } =
+        running;
     stop_accepting(&core, &grpc).await;
     drain_grpc(&mut grpc, drain_timeout).await;
     stop_applier(committer, &core.store).await;
     stop_log_export(logs).await;
+    stop_history_export(history_export).await;
     stop_alerting(alerting, &telemetry).await;
     stop_http(http, reloader).await;
     tracing::info!("collector stopped");
@@ -883,6 +919,17 @@ async fn stop_log_export(logs: LogExport) {
     }
 }
 
+/// Shutdown 3, end. The history uploader stops within 5 s: an upload under way is dropped (an object is written
+/// whole or not at all) and, not recorded as done, is made again by the next start.
+async fn stop_history_export(export: HistoryExport) {
+    if let Some(task) = export.task {
+        export.stop.cancel();
+        if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+            tracing::warn!("history export did not stop in time");
+        }
+    }
+}
+
 /// Shutdown 4. Stops the alert loop and the notifiers (their state is already stored), then shuts the metrics
 /// provider down (a last OTLP export, if configured).
 async fn stop_alerting(alerting: Alerting, telemetry: &Telemetry) {
@@ -949,7 +996,8 @@ fn listener_url(addr: SocketAddr, tls: bool) -> String {
 }
 
 /// Sections a running collector cannot take without a restart.
-const RESTART_SECTIONS: [&str; 9] = ["store", "grpc", "http", "ingest", "metrics", "logs", "cost", "chains", "nodes"];
+const RESTART_SECTIONS: [&str; 10] =
+    ["store", "history", "grpc", "http", "ingest", "metrics", "logs", "cost", "chains", "nodes"];
 
 /// Longest a reload waits for the applier to install new SLO definitions (they assess every job: seconds at
 /// millions of jobs).

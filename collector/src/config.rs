@@ -213,6 +213,102 @@ pub struct HistorySection {
     pub seal_after: Option<String>,
     /// How often days to write (or write again) are looked for. Default 10m, at least 1s.
     pub seal_interval: Option<String>,
+    /// `[history.export]`: copy the sealed files to an S3-compatible bucket. Absent: no copy.
+    pub export: Option<HistoryExportSection>,
+}
+
+/// `[history.export]`: sealed history files copied to S3-compatible object storage, one object per day and
+/// collector, `<prefix>/end_date=YYYY-MM-DD/<collector_id>.parquet`. Credentials come from the environment (AWS
+/// variables, web identity / IRSA, container or instance credentials), never from this file.
+#[derive(Debug, Default, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryExportSection {
+    /// Destination, `s3://bucket` or `s3://bucket/prefix`. Required.
+    pub url: Option<String>,
+    /// URL of an S3-compatible server (MinIO, Ceph, Cloudflare R2, moto), e.g. `https://minio.internal:9000`.
+    /// Unset: AWS S3 (or `AWS_ENDPOINT`).
+    pub endpoint: Option<String>,
+    /// Region, e.g. `eu-west-1`. Unset: `AWS_REGION` / `AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+    /// Allow an `http://` endpoint (no TLS). Default false.
+    pub allow_http: Option<bool>,
+    /// How often sealed days are compared with what was uploaded. Default 5m, at least 1s.
+    pub interval: Option<String>,
+    /// This collector's object name in each day's directory, unique among the collectors sharing the bucket:
+    /// letters, digits, `.`, `_`, `-`, at most 128. Default: the host name.
+    pub collector_id: Option<String>,
+}
+
+impl HistoryExportSection {
+    /// Checks the section, naming each bad field.
+    pub fn validate(&self, errs: &mut Vec<String>) -> Option<crate::export::history::ExportSettings> {
+        let before = errs.len();
+        let (bucket, prefix) = match self.url.as_deref() {
+            None => {
+                errs.push("history.export.url: required, e.g. \"s3://bucket/startline\"".to_string());
+                (String::new(), String::new())
+            }
+            Some(u) => crate::export::history::parse_url(u).unwrap_or_else(|e| {
+                errs.push(format!("history.export.url: {e}"));
+                (String::new(), String::new())
+            }),
+        };
+        let allow_http = self.allow_http.unwrap_or(false);
+        if let Some(e) = &self.endpoint {
+            let rest = e.strip_prefix("https://").or_else(|| e.strip_prefix("http://"));
+            match rest {
+                Some(r) if !r.is_empty() && !r.starts_with('/') && !r.contains(char::is_whitespace) => {
+                    if e.starts_with("http://") && !allow_http {
+                        errs.push(format!(
+                            "history.export.endpoint: {e:?} is plain http (no TLS): use https://, or set \
+                             history.export.allow_http = true"
+                        ));
+                    }
+                }
+                _ => errs.push(format!("history.export.endpoint: {e:?} must be an http:// or https:// URL")),
+            }
+        }
+        if let Some(r) = &self.region {
+            if r.is_empty() || r.len() > 64 || !r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                errs.push(format!("history.export.region: {r:?} must be 1 to 64 letters, digits and hyphens"));
+            }
+        }
+        let interval =
+            duration(errs, "history.export.interval", &self.interval, Duration::from_secs(300), Duration::from_secs(1));
+        let collector_id = match &self.collector_id {
+            None => crate::export::history::default_collector_id(),
+            Some(id) => {
+                if !crate::export::history::safe_component(id, 128) || id.starts_with('.') {
+                    errs.push(format!(
+                        "history.export.collector_id: {id:?} must be 1 to 128 letters, digits, '.', '_' or '-', \
+                         not starting with '.'"
+                    ));
+                }
+                id.clone()
+            }
+        };
+        (errs.len() == before).then(|| crate::export::history::ExportSettings {
+            bucket,
+            prefix,
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            allow_http,
+            interval,
+            collector_id,
+        })
+    }
+
+    /// The section for validated settings.
+    pub fn of(s: &crate::export::history::ExportSettings) -> HistoryExportSection {
+        HistoryExportSection {
+            url: Some(s.url()),
+            endpoint: s.endpoint.clone(),
+            region: s.region.clone(),
+            allow_http: Some(s.allow_http),
+            interval: Some(crate::settings::format_duration(s.interval)),
+            collector_id: Some(s.collector_id.clone()),
+        }
+    }
 }
 
 impl HistorySection {
@@ -225,13 +321,26 @@ impl HistorySection {
         self.enabled.unwrap_or(true).then_some(crate::applier::history::HistorySettings { seal_after, seal_interval })
     }
 
-    /// The section for `settings` (`None`: disabled, with the defaults shown).
-    pub fn of(settings: Option<crate::applier::history::HistorySettings>) -> HistorySection {
+    /// `[history.export]`, checked (`None`: absent or invalid); it needs history files.
+    pub fn validate_export(&self, errs: &mut Vec<String>) -> Option<crate::export::history::ExportSettings> {
+        let export = self.export.as_ref()?;
+        if !self.enabled.unwrap_or(true) {
+            errs.push("history.export: needs history files; remove it or set history.enabled = true".to_string());
+        }
+        export.validate(errs)
+    }
+
+    /// The section for `settings` (`None`: disabled, with the defaults shown) and the export's.
+    pub fn of(
+        settings: Option<crate::applier::history::HistorySettings>,
+        export: Option<&crate::export::history::ExportSettings>,
+    ) -> HistorySection {
         let s = settings.unwrap_or_default();
         HistorySection {
             enabled: Some(settings.is_some()),
             seal_after: Some(crate::settings::format_duration(s.seal_after)),
             seal_interval: Some(crate::settings::format_duration(s.seal_interval)),
+            export: export.map(HistoryExportSection::of),
         }
     }
 }
@@ -422,6 +531,8 @@ pub struct Config {
     pub retention_interval: Duration,
     /// History files (`[history]`; None: off).
     pub history: Option<crate::applier::history::HistorySettings>,
+    /// Copying the sealed history files to object storage (`[history.export]`; None: no copy).
+    pub history_export: Option<crate::export::history::ExportSettings>,
     /// Most events stored per job.
     pub max_events_per_job: usize,
     /// Ended jobs unchanged for this long are folded out of memory (None: never).
@@ -604,6 +715,7 @@ impl FileConfig {
         let prediction = self.prediction.validate(&mut errs);
         let stream = self.stream.validate(&mut errs);
         let history = self.history.validate(&mut errs);
+        let history_export = self.history.validate_export(&mut errs);
         let chain_interval_ms = match self.chains.evaluation_interval.as_deref().map(humantime::parse_duration) {
             None => 60_000,
             Some(Ok(d)) if d.as_millis() >= 1000 && d.as_secs() <= 86_400 => d.as_millis() as i64,
@@ -640,6 +752,7 @@ impl FileConfig {
             retention: store.retention,
             retention_interval: store.retention_interval,
             history,
+            history_export,
             max_events_per_job: store.max_events_per_job,
             fold_after: store.fold_after,
             fold_interval: store.fold_interval,
@@ -1546,6 +1659,53 @@ mod tests {
         assert_eq!(errs.len(), 5, "{errs:#?}");
         assert_eq!(v.when_full, WhenFull::Wait);
         assert_eq!(v.limits.max_future_skew_ms, 300_000);
+    }
+
+    #[test]
+    fn history_export_reports_each_bad_field() {
+        let errs = |text: &str| match FileConfig::parse(text).expect("parses").validate() {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0,
+        };
+        assert_eq!(
+            errs("[history.export]\ninterval = \"1m\""),
+            vec!["history.export.url: required, e.g. \"s3://bucket/startline\"".to_string()]
+        );
+        let all = errs(
+            "[history.export]\nurl = \"s3://Bad_Bucket/x\"\nendpoint = \"ftp://minio\"\nregion = \"eu west\"\n\
+             interval = \"500ms\"\ncollector_id = \"../up\"",
+        );
+        assert_eq!(all.len(), 5, "{all:#?}");
+        for (e, field) in all.iter().zip(["url", "endpoint", "region", "interval", "collector_id"]) {
+            assert!(e.starts_with(&format!("history.export.{field}: ")), "{e}");
+        }
+        assert!(all[0].contains("\"Bad_Bucket\" is not a bucket name"), "{}", all[0]);
+        assert!(all[3].contains("shorter than 1s"), "{}", all[3]);
+        let http = errs("[history.export]\nurl = \"s3://bucket\"\nendpoint = \"http://127.0.0.1:9000\"");
+        assert_eq!(http.len(), 1, "{http:?}");
+        assert!(http[0].starts_with("history.export.endpoint: \"http://127.0.0.1:9000\" is plain http"), "{http:?}");
+        assert!(http[0].contains("history.export.allow_http = true"), "{http:?}");
+        let off = errs("[history]\nenabled = false\n[history.export]\nurl = \"s3://bucket\"");
+        assert_eq!(off, vec!["history.export: needs history files; remove it or set history.enabled = true"]);
+
+        let c = FileConfig::parse(
+            "[history.export]\nurl = \"s3://bucket/a/b/\"\nendpoint = \"http://127.0.0.1:9000\"\n\
+             allow_http = true\ncollector_id = \"eu-1\"",
+        )
+        .expect("parses")
+        .validate()
+        .expect("valid");
+        let x = c.history_export.expect("export on");
+        assert_eq!((x.bucket.as_str(), x.prefix.as_str(), x.collector_id.as_str()), ("bucket", "a/b", "eu-1"));
+        assert_eq!(x.interval, Duration::from_secs(300));
+        assert!(x.allow_http && x.region.is_none());
+        assert_eq!(x.key_of(0), "a/b/end_date=1970-01-01/eu-1.parquet");
+        let d =
+            FileConfig::parse("[history.export]\nurl = \"s3://bucket\"").expect("parses").validate().expect("valid");
+        let x = d.history_export.expect("export on");
+        assert_eq!(x.collector_id, crate::export::history::default_collector_id());
+        assert!(!x.allow_http);
+        assert!(FileConfig::parse("").expect("parses").validate().expect("valid").history_export.is_none());
     }
 
     #[test]

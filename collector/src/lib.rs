@@ -17,7 +17,7 @@
 //! - [`alert`]: per-job pages and burn-rate alerts, their stored state, Alertmanager and webhook notifiers.
 //! - [`feed`]: accepted events and ended jobs, handed by the committer to subscribers (bounded, never blocking).
 //! - [`export`]: metrics (one OpenTelemetry MeterProvider, Prometheus `/metrics` and OTLP push) and accepted
-//!   events as OTLP logs.
+//!   events as OTLP logs; sealed history files copied to S3-compatible object storage (`export::history`).
 //! - [`compare`]: side-by-side comparison of two job sets (managed vs dedicated) with significance tests.
 //! - [`health`]: whether storage writes fail (and why) and whether the committer lives, for health checks.
 //! - [`time`]: the clock (wall time advanced by tokio's clock, pausable in tests) and the text form of times.

@@ -288,6 +288,8 @@ fn collector_config_keys() -> BTreeSet<String> {
     tables.alerts.webhook = vec![startline_collector::alert::config::TargetEntry::Table(table)];
     // Chain SLOs: the example defines none.
     tables.chain_slo = vec![Default::default()];
+    // The history export: the example shows it commented out (it needs a bucket).
+    tables.history.export = Some(Default::default());
     key_paths(&serde_json::to_value(&tables).expect("serialize"), "", &maps, &mut keys);
     for file in [example, FileConfig::default()] {
         // The example names credential files that exist only where it is deployed: the written form is enough.

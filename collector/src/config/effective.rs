@@ -31,7 +31,7 @@ impl Config {
         f.store.hot_budget_mib = Some((self.hot_budget_bytes >> 20) as usize);
         f.store.folded_budget_mib = Some((self.folded_budget_bytes >> 20) as usize);
         f.store.log_segment_kib = Some((self.log_segment_bytes >> 10) as usize);
-        f.history = super::HistorySection::of(self.history);
+        f.history = super::HistorySection::of(self.history, self.history_export.as_ref());
         f.store.after_write_failure = Some(self.after_write_failure.as_str().to_string());
 
         let c = &self.grpc_connections;
@@ -198,8 +198,9 @@ pub fn changed_sections(old: &FileConfig, new: &FileConfig) -> Vec<&'static str>
     struct ChainSlos<'a> {
         chain_slo: &'a [crate::slo::chain::ChainSloSection],
     }
-    let pairs: [(&'static str, String, String); 16] = [
+    let pairs: [(&'static str, String, String); 17] = [
         ("store", text(&old.store), text(&new.store)),
+        ("history", text(&old.history), text(&new.history)),
         ("grpc", text(&old.grpc), text(&new.grpc)),
         ("http", text(&old.http), text(&new.http)),
         ("ingest", text(&old.ingest), text(&new.ingest)),
@@ -259,6 +260,11 @@ mod tests {
             pools = ["a100"]
             otlp_endpoint = "http://127.0.0.1:4317"
             otlp_headers = { "x-scope-orgid" = "team-secret" }
+            [history.export]
+            url = "s3://warehouse/startline/"
+            endpoint = "http://127.0.0.1:9000"
+            allow_http = true
+            collector_id = "eu-1"
         "#;
         for text in ["", example.as_str(), rich] {
             let once = effective(text);
@@ -284,6 +290,7 @@ mod tests {
             "otlp_protocol = \"grpc\"",
             "X-Key = \"<secret>\"",
             "x-scope-orgid = \"<secret>\"",
+            "[history.export]\nurl = \"s3://warehouse/startline\"\nendpoint = \"http://127.0.0.1:9000\"\nallow_http = true\ninterval = \"5m\"\ncollector_id = \"eu-1\"",
         ] {
             assert!(rich_out.contains(expected), "{expected} missing from:\n{rich_out}");
         }

@@ -15,6 +15,7 @@
 //! instruments and base-2 exponential histograms (Prometheus keeps the explicit buckets, which its text format
 //! needs).
 
+pub mod history;
 pub mod logs;
 pub mod rules;
 pub mod slo_spec;
@@ -411,6 +412,28 @@ impl Telemetry {
                 .with_unit("{pass}")
                 .with_description("Seal passes that failed (the previous files stay; the next pass tries again)")
                 .with_callback(move |o| o.observe(s.failures.load(Ordering::Relaxed), &[]))
+                .build();
+        }
+    }
+
+    /// Registers `startline.collector.history.exports`: the history export's objects by `result` (`uploaded`,
+    /// `deleted`, `failed`). Called once, when the uploader starts.
+    pub fn observe_history_export(&self, stats: Arc<history::ExportStats>) {
+        for provider in &self.providers {
+            let s = stats.clone();
+            let _ = provider
+                .meter("startline-collector")
+                .u64_observable_counter("startline.collector.history.exports")
+                .with_unit("{object}")
+                .with_description(
+                    "History files copied to object storage: days uploaded (new or changed), objects deleted (day \
+                     gone locally), calls failed (retried at the next pass)",
+                )
+                .with_callback(move |o| {
+                    for (result, c) in [("uploaded", &s.uploaded), ("deleted", &s.deleted), ("failed", &s.failed)] {
+                        o.observe(c.load(Ordering::Relaxed), &[KeyValue::new("result", result)]);
+                    }
+                })
                 .build();
         }
     }

@@ -112,7 +112,7 @@ pub fn date_of(day: i64) -> String {
 }
 
 /// The day of a `YYYY-MM-DD` partition value.
-fn day_of_date(s: &str) -> Option<i64> {
+pub fn day_of_date(s: &str) -> Option<i64> {
     let mut parts = s.splitn(3, '-');
     let year: i32 = parts.next()?.parse().ok()?;
     let month = time::Month::try_from(parts.next()?.parse::<u8>().ok()?).ok()?;
@@ -140,6 +140,12 @@ impl History {
             }
         }
         Ok(h)
+    }
+
+    /// `<store>/history` as it is, touching nothing: for a reader beside the seal pass (which alone creates the
+    /// directory and removes what a crash left).
+    pub fn at(store_dir: &Path) -> History {
+        History { dir: store_dir.join("history") }
     }
 
     /// The directory.
@@ -218,6 +224,29 @@ impl History {
         Ok(bytes)
     }
 
+    /// A day's file, whole, with what its footer says (`None`: no file). Both come from one open file, so they
+    /// agree even when a seal pass renames a new file over it meanwhile.
+    pub fn read_day(&self, day: i64) -> Result<Option<(Vec<u8>, SealedDay)>, HistoryError> {
+        use std::io::{Read, Seek};
+        let path = self.file_of(day);
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(HistoryError::Io { path, source: e }),
+        };
+        let sealed = footer_of(file.try_clone().map_err(io_err(&path))?, &path)?;
+        let mut bytes = Vec::with_capacity(usize::try_from(sealed.bytes).unwrap_or(0));
+        file.seek(io::SeekFrom::Start(0)).map_err(io_err(&path))?;
+        file.read_to_end(&mut bytes).map_err(io_err(&path))?;
+        if bytes.len() as u64 != sealed.bytes {
+            return Err(HistoryError::Format {
+                path,
+                message: format!("{} bytes read, the file has {}", bytes.len(), sealed.bytes),
+            });
+        }
+        Ok(Some((bytes, sealed)))
+    }
+
     /// Removes a day's file and its directory.
     pub fn remove_day(&self, day: i64) -> Result<(), HistoryError> {
         let path = self.file_of(day);
@@ -237,8 +266,11 @@ fn sync_dir(dir: &Path) -> Result<(), HistoryError> {
 
 /// A file's day record from its footer (format, job count, fingerprint).
 pub fn read_footer(path: &Path) -> Result<SealedDay, HistoryError> {
+    footer_of(File::open(path).map_err(io_err(path))?, path)
+}
+
+fn footer_of(file: File, path: &Path) -> Result<SealedDay, HistoryError> {
     let bad = |message: String| HistoryError::Format { path: path.to_path_buf(), message };
-    let file = File::open(path).map_err(io_err(path))?;
     let bytes = file.metadata().map_err(io_err(path))?.len();
     let reader = SerializedFileReader::new(file).map_err(|e| bad(e.to_string()))?;
     let meta = reader.metadata().file_metadata();
