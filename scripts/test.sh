@@ -60,6 +60,11 @@ if ! python3 -c 'import duckdb' 2>/dev/null; then
   log "installing Python duckdb (the history files' DuckDB check)"
   python3 -m pip install --quiet --disable-pip-version-check duckdb
 fi
+# moto's S3 server (moto[server] brings Flask, flask-cors and boto3): tests/tests/history_export.rs uploads to it.
+if ! python3 -c 'import moto, flask, flask_cors' 2>/dev/null; then
+  log "installing Python moto[server] (the history export test against moto's S3 server)"
+  python3 -m pip install --quiet --disable-pip-version-check 'moto[server]'
+fi
 # Real PyTorch Lightning and Hugging Face Transformers for the package's callback tests (tests/tests/python_client.rs),
 # in a venv under target/ kept between runs: PyPI's Linux torch wheel brings its CUDA libraries (measured: about
 # 3 min and 5.3 GB for torch, 45 s more and 5.6 GB with lightning and transformers; BENCHMARKS.md).

@@ -104,6 +104,24 @@ impl Collector {
 
     /// [`Collector::try_start`] with a given gRPC listen address.
     pub fn try_start_on(data_dir: &Path, grpc_listen: &str, extra: &[&str]) -> Result<Collector, (String, String)> {
+        Self::try_start_with_env(data_dir, grpc_listen, extra, &[])
+    }
+
+    /// [`Collector::start`] with environment variables set for the process (credentials of an object store).
+    pub fn start_with_env(data_dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Collector {
+        match Self::try_start_with_env(data_dir, "127.0.0.1:0", extra, env) {
+            Ok(c) => c,
+            Err((why, log)) => panic!("collector did not become ready ({why}); log:\n{log}"),
+        }
+    }
+
+    /// [`Collector::try_start_on`] with environment variables set for the process.
+    pub fn try_start_with_env(
+        data_dir: &Path,
+        grpc_listen: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Collector, (String, String)> {
         let log = data_dir.with_extension("log");
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let mut child = Command::new(binary("startline-collector"))
@@ -111,6 +129,7 @@ impl Collector {
             .arg(data_dir)
             .args(["--grpc-listen", grpc_listen, "--http-listen", "127.0.0.1:0"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()

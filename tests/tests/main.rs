@@ -32,6 +32,7 @@ mod fuzz_short;
 mod gameday;
 mod ha;
 mod history;
+mod history_export;
 mod http_hardening;
 mod hygiene;
 mod ingest;
