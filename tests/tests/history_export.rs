@@ -1,11 +1,13 @@
-//! History files copied to object storage (`[history.export]`), end to end: the real collector uploads to a real
+//! History files copied to object storage (`[history.export]`), end to end: real collectors upload to a real
 //! S3-compatible server (moto's, `python3 -m moto.server`, no AWS account) through a TCP relay the test can cut.
-//! Jobs that ended on several past days are sealed into day files; every file reaches the bucket at
-//! `<prefix>/end_date=YYYY-MM-DD/<collector_id>.parquet` with the same bytes (read back with boto3,
-//! `tests/history/s3.py`); a late event uploads its day again and only it; a restart uploads nothing; while the
-//! server is unreachable the failures are counted on `/metrics` and the change waits, then goes up once it is
-//! back; days removed locally (a shorter retention) are deleted from the bucket, and another collector's object
-//! of the same day is left alone.
+//! Two collectors sharing one bucket and prefix seal the jobs they received (ended on five past days) into day
+//! files; every file reaches the bucket at `<prefix>/end_date=YYYY-MM-DD/<collector_id>.parquet` with the same
+//! bytes (read back with boto3, `tests/history/s3.py`), and DuckDB reads the bucket's objects as one table with
+//! every job once. Then, for one collector: a late event uploads its day again and only it; a restart uploads
+//! nothing; while the server is unreachable the failures are counted on `/metrics` and the change waits, then
+//! goes up once it is back; days removed locally (a shorter retention) are deleted from the bucket, and the other
+//! collector's object of the same day is left alone. (DuckDB reads the downloaded objects: its S3 reader,
+//! `httpfs`, is an extension DuckDB downloads at run time, which these machines cannot.)
 
 use startline_proto::pb::{self, ingest_service_client::IngestServiceClient, lifecycle_event::Kind};
 use startline_tests::{event, free_port, http_get_text, submitted, wait_until, workspace_root, ChildGuard, Collector};
@@ -22,6 +24,8 @@ const DAY: i64 = 86_400_000;
 const BUCKET: &str = "startline-warehouse";
 const PREFIX: &str = "fleet/jobs";
 const ID: &str = "eu-1";
+/// A second collector sharing the bucket.
+const OTHER: &str = "us-2";
 const CREDENTIALS: [(&str, &str); 2] = [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")];
 
 /// A TCP relay to `target` that can be cut: while down, every open connection is closed and new ones are closed
@@ -136,22 +140,22 @@ fn sha256(path: &Path) -> String {
     ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The local day files as the bucket should hold them: this collector's key -> sha256.
-fn local(data: &Path) -> BTreeMap<String, String> {
+/// The local day files as the bucket should hold them: collector `id`'s key -> sha256.
+fn local(data: &Path, id: &str) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for p in std::fs::read_dir(data.join("history")).expect("history dir").flatten() {
         let name = p.file_name().to_string_lossy().into_owned();
         let file = p.path().join("jobs.parquet");
         if name.starts_with("end_date=") && file.exists() {
-            out.insert(format!("{PREFIX}/{name}/{ID}.parquet"), sha256(&file));
+            out.insert(format!("{PREFIX}/{name}/{id}.parquet"), sha256(&file));
         }
     }
     out
 }
 
-/// This collector's objects: key -> sha256.
-fn own(moto: SocketAddr) -> BTreeMap<String, String> {
-    bucket(moto).into_iter().filter(|(k, _)| k.ends_with(&format!("/{ID}.parquet"))).map(|(k, v)| (k, v.0)).collect()
+/// Collector `id`'s objects: key -> sha256.
+fn own(moto: SocketAddr, id: &str) -> BTreeMap<String, String> {
+    bucket(moto).into_iter().filter(|(k, _)| k.ends_with(&format!("/{id}.parquet"))).map(|(k, v)| (k, v.0)).collect()
 }
 
 /// `startline_collector_history_exports_total{result}` on `/metrics`.
@@ -173,9 +177,10 @@ async fn publish(endpoint: String, events: Vec<pb::LifecycleEvent>) {
     assert!(r.rejections.is_empty(), "{:?}", r.rejections);
 }
 
-/// Job `j`: submitted, started a minute later, done ten minutes after submit, `2 + j % 5` days before `now`.
-fn job(j: usize, now: i64) -> Vec<pb::LifecycleEvent> {
-    let id = format!("exp/{j}");
+/// Job `j` of collector `c`: submitted, started a minute later, done ten minutes after submit, `2 + j % 5` days
+/// before `now`.
+fn job(c: &str, j: usize, now: i64) -> Vec<pb::LifecycleEvent> {
+    let id = format!("{c}/{j}");
     let s = now - (2 + (j % 5) as i64) * DAY - 3_000_000;
     vec![
         event(&id, "s", s, submitted(pb::PoolKind::Managed, pb::PriorityClass::Normal, 8)),
@@ -196,11 +201,11 @@ fn job(j: usize, now: i64) -> Vec<pb::LifecycleEvent> {
 
 fn late(j: usize, now: i64) -> pb::LifecycleEvent {
     let s = now - (2 + (j % 5) as i64) * DAY - 3_000_000;
-    event(&format!("exp/{j}"), "late", s + 120_000, Kind::Checkpoint(pb::Checkpoint { step: 5, ..Default::default() }))
+    event(&format!("{ID}/{j}"), "late", s + 120_000, Kind::Checkpoint(pb::Checkpoint { step: 5, ..Default::default() }))
 }
 
-fn config(dir: &Path, relay: SocketAddr, retention: &str) -> String {
-    let path = dir.join(format!("collector-{retention}.toml"));
+fn config(dir: &Path, relay: SocketAddr, retention: &str, id: &str) -> String {
+    let path = dir.join(format!("collector-{id}-{retention}.toml"));
     std::fs::write(
         &path,
         format!(
@@ -208,7 +213,7 @@ fn config(dir: &Path, relay: SocketAddr, retention: &str) -> String {
              [[slo]]\nname = \"day\"\nthreshold = \"10m\"\nobjective = 90\nwindow = \"1d\"\n\
              [history]\nseal_after = \"0s\"\nseal_interval = \"1s\"\n\
              [history.export]\nurl = \"s3://{BUCKET}/{PREFIX}\"\nendpoint = \"http://{relay}\"\nallow_http = true\n\
-             region = \"us-east-1\"\ninterval = \"1s\"\ncollector_id = \"{ID}\"\n"
+             region = \"us-east-1\"\ninterval = \"1s\"\ncollector_id = \"{id}\"\n"
         ),
     )
     .expect("config");
@@ -223,21 +228,36 @@ async fn sealed_days_are_copied_to_an_s3_bucket_and_kept_in_step() {
     let relay = Relay::start(moto);
     s3(moto, &["make-bucket"]);
     let now = startline_proto::time::now_ms();
-    // Another collector's object of the oldest day: never touched.
     let oldest = startline_collector::store::history::date_of((now - 6 * DAY - 3_000_000).div_euclid(DAY));
-    let foreign = format!("{PREFIX}/end_date={oldest}/us-2.parquet");
-    s3(moto, &["put", "--key", &foreign, "--text", "another collector's day"]);
-    let foreign_before = bucket(moto)[&foreign].clone();
 
-    let cfg = config(tmp.path(), relay.addr, "30d");
+    // Two collectors share the bucket and the prefix, each with its own jobs.
+    let other_data = tmp.path().join("other");
+    let other = Collector::start_with_env(
+        &other_data,
+        &["--config", &config(tmp.path(), relay.addr, "30d", OTHER)],
+        &CREDENTIALS,
+    );
+    publish(other.endpoint(), (0..25).flat_map(|j| job(OTHER, j, now)).collect()).await;
+    let cfg = config(tmp.path(), relay.addr, "30d", ID);
     let c = Collector::start_with_env(&data, &["--config", &cfg], &CREDENTIALS);
-    publish(c.endpoint(), (0..40).flat_map(|j| job(j, now)).collect()).await;
+    publish(c.endpoint(), (0..40).flat_map(|j| job(ID, j, now)).collect()).await;
 
-    // Every sealed day in the bucket, byte for byte, under this collector's name.
-    wait_until("five days sealed and uploaded", Duration::from_secs(60), || {
-        let l = local(&data);
-        l.len() == 5 && own(moto) == l
+    // Every sealed day in the bucket, byte for byte, under each collector's name.
+    wait_until("five days sealed and uploaded by each collector", Duration::from_secs(60), || {
+        let (l, o) = (local(&data, ID), local(&other_data, OTHER));
+        l.len() == 5 && o.len() == 5 && own(moto, ID) == l && own(moto, OTHER) == o
     });
+    assert_eq!(bucket(moto).len(), 10);
+    // The bucket read as one table (DuckDB over the objects as downloaded, Hive partitions): every job once.
+    let table = s3(moto, &["duckdb", "--prefix", &format!("{PREFIX}/")]);
+    assert_eq!(table["jobs"], 65, "{table}");
+    assert_eq!(table["by_collector"], serde_json::json!({ ID: 40, OTHER: 25 }), "{table}");
+    assert_eq!(table["days"], 5, "{table}");
+    assert_eq!(table["distinct_job_ids"], 65, "{table}");
+    assert_eq!(other.signal_and_wait("TERM").code(), Some(0));
+    // The other collector's object of the oldest day: never touched by this one.
+    let foreign = format!("{PREFIX}/end_date={oldest}/{OTHER}.parquet");
+    let foreign_before = bucket(moto)[&foreign].clone();
     assert_eq!(exports(&c, "uploaded"), 5);
     assert_eq!(exports(&c, "failed"), 0);
     let state: serde_json::Value =
@@ -249,7 +269,7 @@ async fn sealed_days_are_copied_to_an_s3_bucket_and_kept_in_step() {
     let before = bucket(moto);
     publish(c.endpoint(), vec![late(1, now)]).await;
     wait_until("the late job's day uploaded again", Duration::from_secs(60), || {
-        exports(&c, "uploaded") == 6 && own(moto) == local(&data)
+        exports(&c, "uploaded") == 6 && own(moto, ID) == local(&data, ID)
     });
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = bucket(moto);
@@ -272,24 +292,24 @@ async fn sealed_days_are_copied_to_an_s3_bucket_and_kept_in_step() {
     publish(c.endpoint(), vec![late(3, now)]).await;
     wait_until("failed uploads counted", Duration::from_secs(90), || exports(&c, "failed") >= 2);
     assert_ne!(bucket(moto).len(), 0);
-    assert_ne!(own(moto), local(&data), "the changed day cannot have been uploaded");
+    assert_ne!(own(moto, ID), local(&data, ID), "the changed day cannot have been uploaded");
     assert_eq!(exports(&c, "uploaded"), 0);
     relay.set_up(true);
     wait_until("the changed day uploaded once the server is back", Duration::from_secs(90), || {
-        own(moto) == local(&data)
+        own(moto, ID) == local(&data, ID)
     });
     assert_eq!(exports(&c, "uploaded"), 1);
 
     // A shorter retention removes the oldest days locally: their objects go too, the other collector's stays.
     let status = c.signal_and_wait("TERM");
     assert!(status.success(), "{status}");
-    let cfg = config(tmp.path(), relay.addr, "4d");
+    let cfg = config(tmp.path(), relay.addr, "4d", ID);
     let c = Collector::start_with_env(&data, &["--config", &cfg], &CREDENTIALS);
     wait_until("expired days removed locally and from the bucket", Duration::from_secs(60), || {
-        let l = local(&data);
-        l.len() < 5 && own(moto) == l
+        let l = local(&data, ID);
+        l.len() < 5 && own(moto, ID) == l
     });
-    let removed = 5 - local(&data).len() as u64;
+    let removed = 5 - local(&data, ID).len() as u64;
     assert!(removed >= 2, "days 5 and 6 days ago are past a 4d retention");
     wait_until("deletions counted", Duration::from_secs(10), || exports(&c, "deleted") == removed);
     assert_eq!(exports(&c, "uploaded"), 0);
