@@ -17,8 +17,8 @@
 use crate::index::{JobRef, SharedIndex};
 use crate::job::Timeline;
 use crate::store::history::columns::Columns;
-use crate::store::history::{day_of, Fingerprint, History, HistoryError, SealStats, SealedDay};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::store::history::{day_of, DayWriter, Fingerprint, History, HistoryError, SealStats, SealedDay};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,7 +27,7 @@ use std::time::Duration;
 const SCAN_CHUNK: usize = 4096;
 /// Most jobs collected in memory at once (the days written per scan are grouped to stay under it): their
 /// timelines are copied out of the index until the day's file is written, about 1 KB each.
-const COLLECT_MAX: u64 = 50_000;
+pub(super) const COLLECT_MAX: u64 = 50_000;
 
 /// `[history]` settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -59,6 +59,8 @@ pub(super) struct SealPass {
     pub busy: Arc<AtomicBool>,
     pub stop: Arc<AtomicBool>,
     pub stats: Arc<SealStats>,
+    /// Most jobs collected at once ([`COLLECT_MAX`]; tests make it small so days are written in many ranges).
+    pub collect_max: u64,
 }
 
 /// A day's fingerprint as it is built.
@@ -68,17 +70,25 @@ struct DayPrint {
     hash: u64,
     /// An ended job of the day is still hot (it may change or fold soon).
     hot: bool,
+    /// Jobs by the hour (UTC) they ended in: a day is written in ranges of hours of at most [`COLLECT_MAX`] jobs.
+    hours: [u32; 24],
 }
 
 impl DayPrint {
-    fn add(&mut self, job_id: &str, version: u64) {
+    fn add(&mut self, job_id: &str, version: u64, done_at: i64) {
         self.jobs += 1;
+        self.hours[hour_of(done_at)] += 1;
         self.hash = self.hash.wrapping_add(mix(startline_proto::hash::fnv1a64(job_id.as_bytes()) ^ mix(version)));
     }
 
     fn fingerprint(&self) -> Fingerprint {
         Fingerprint { jobs: self.jobs, hash: self.hash }
     }
+}
+
+/// The UTC hour of the day of a time.
+fn hour_of(ms: i64) -> usize {
+    (ms.rem_euclid(86_400_000) / 3_600_000) as usize
 }
 
 /// splitmix64's finaliser: spreads a 64-bit value over every bit.
@@ -153,11 +163,12 @@ impl SealPass {
             sealed.remove(&day);
             report.removed.push(day);
         }
-        for group in groups(&write, &prints) {
+        let mut open: BTreeMap<i64, (DayWriter, DayPrint)> = BTreeMap::new();
+        for scan in scans(&ranges(&write, &prints, self.collect_max), self.collect_max) {
             if self.stop.load(Ordering::Acquire) {
-                break;
+                break; // the open writers are dropped: their partial files removed
             }
-            for (day, (fp, bytes)) in self.write_days(&group)? {
+            for (day, (fp, bytes)) in self.write_ranges(&scan, &mut open)? {
                 sealed.insert(day, SealedDay { fingerprint: fp, bytes });
                 report.written.push(day);
             }
@@ -176,11 +187,11 @@ impl SealPass {
             |id, r| {
                 let day = day_of(r.row.done_at());
                 if day <= last {
-                    prints_cell
-                        .borrow_mut()
-                        .entry(day)
-                        .or_default()
-                        .add(id, folded_version(r.row.summary(), r.row.done_at()));
+                    prints_cell.borrow_mut().entry(day).or_default().add(
+                        id,
+                        folded_version(r.row.summary(), r.row.done_at()),
+                        r.row.done_at(),
+                    );
                 }
                 false
             },
@@ -191,7 +202,7 @@ impl SealPass {
                 if day <= last {
                     let mut p = prints_cell.borrow_mut();
                     let e = p.entry(day).or_default();
-                    e.add(id, hot_version(t));
+                    e.add(id, hot_version(t), done);
                     e.hot |= folding;
                 }
             },
@@ -227,75 +238,121 @@ impl SealPass {
         day_of(self.now.saturating_sub(seal_after_ms)) - 1
     }
 
-    /// Step 3: collects the jobs of `days` in one scan and writes each day's file.
-    fn write_days(&self, days: &[i64]) -> Result<Vec<Written>, HistoryError> {
-        let wanted: BTreeSet<i64> = days.iter().copied().collect();
-        let mut jobs: HashMap<i64, Vec<(i64, String, Timeline)>> = HashMap::new();
-        let mut prints: HashMap<i64, DayPrint> = HashMap::new();
+    /// Step 3, one scan: collects the jobs of `scan`'s ranges (timelines with placements), appends each range's
+    /// jobs, sorted by end and id, to its day's file (opened at the day's first range), and commits the days whose
+    /// last range this was, with the fingerprint of the jobs written.
+    fn write_ranges(
+        &self,
+        scan: &[Range],
+        open: &mut BTreeMap<i64, (DayWriter, DayPrint)>,
+    ) -> Result<Vec<Written>, HistoryError> {
+        let wanted: HashMap<(i64, usize), usize> =
+            scan.iter().enumerate().flat_map(|(i, r)| (r.from..r.to).map(move |h| ((r.day, h), i))).collect();
+        let mut jobs: Vec<Vec<(i64, String, Timeline)>> = vec![Vec::new(); scan.len()];
+        let mut prints: Vec<DayPrint> = vec![DayPrint::default(); scan.len()];
         let cell = std::cell::RefCell::new((&mut jobs, &mut prints));
+        let range_of = |done: i64| wanted.get(&(day_of(done), hour_of(done))).copied();
         self.index.scan_unordered_with_placements(
             SCAN_CHUNK,
-            |id, r| {
-                let day = day_of(r.row.done_at());
-                if wanted.contains(&day) {
-                    cell.borrow_mut()
-                        .1
-                        .entry(day)
-                        .or_default()
-                        .add(id, folded_version(r.row.summary(), r.row.done_at()));
+            |id, r| match range_of(r.row.done_at()) {
+                Some(i) => {
+                    let version = folded_version(r.row.summary(), r.row.done_at());
+                    cell.borrow_mut().1[i].add(id, version, r.row.done_at());
                     true
-                } else {
-                    false
                 }
+                None => false,
             },
             |id, job: JobRef<'_>| {
                 let t = job.timeline;
                 let Some(done) = t.done_at.filter(|_| t.submitted_at.is_some()) else { return };
-                let day = day_of(done);
-                if !wanted.contains(&day) {
-                    return;
-                }
+                let Some(i) = range_of(done) else { return };
                 let mut c = cell.borrow_mut();
                 if !job.folded {
-                    c.1.entry(day).or_default().add(id, hot_version(t));
+                    c.1[i].add(id, hot_version(t), done);
                 }
-                c.0.entry(day).or_default().push((done, id.to_string(), t.clone()));
+                c.0[i].push((done, id.to_string(), t.clone()));
             },
         );
         let mut out = Vec::new();
-        for day in days {
-            let mut rows = jobs.remove(day).unwrap_or_default();
-            let Some(fp) = prints.get(day).map(DayPrint::fingerprint) else { continue };
+        for ((range, mut rows), print) in scan.iter().zip(jobs).zip(prints) {
             rows.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-            let mut cols = Columns::default();
-            for (_, id, t) in &rows {
-                cols.push(id, t);
+            let (writer, day_print) = match open.entry(range.day) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert((self.history.begin_day(range.day)?, DayPrint::default()))
+                }
+            };
+            day_print.jobs += print.jobs;
+            day_print.hash = day_print.hash.wrapping_add(print.hash);
+            if !rows.is_empty() {
+                let mut cols = Columns::default();
+                for (_, id, t) in &rows {
+                    cols.push(id, t);
+                }
+                let batch = cols.finish().map_err(|e| HistoryError::Format {
+                    path: self.history.file_of(range.day),
+                    message: e.to_string(),
+                })?;
+                writer.append(&batch)?;
+                self.stats.jobs_written.fetch_add(rows.len() as u64, Ordering::Relaxed);
             }
-            let batch = cols
-                .finish()
-                .map_err(|e| HistoryError::Format { path: self.history.file_of(*day), message: e.to_string() })?;
-            let bytes = self.history.write_day(*day, &batch, fp)?;
-            self.stats.jobs_written.fetch_add(rows.len() as u64, Ordering::Relaxed);
-            out.push((*day, (fp, bytes)));
+            if range.last {
+                if let Some((writer, print)) = open.remove(&range.day) {
+                    let fp = print.fingerprint();
+                    let bytes = writer.commit(fp)?;
+                    out.push((range.day, (fp, bytes)));
+                }
+            }
         }
         Ok(out)
     }
 }
 
-/// Days grouped so that each group's jobs stay under [`COLLECT_MAX`] (a day larger than that is a group alone).
-fn groups(days: &[i64], prints: &BTreeMap<i64, DayPrint>) -> Vec<Vec<i64>> {
-    let mut out: Vec<Vec<i64>> = Vec::new();
+/// Hours `from..to` of a day's ended jobs, written together; `last`: the day's last range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Range {
+    day: i64,
+    from: usize,
+    to: usize,
+    jobs: u64,
+    last: bool,
+}
+
+/// Each day to write cut into ranges of whole hours holding at most `cap` jobs (an hour holding more
+/// is a range alone), in day and hour order.
+fn ranges(days: &[i64], prints: &BTreeMap<i64, DayPrint>, cap: u64) -> Vec<Range> {
+    let mut out = Vec::new();
+    for day in days {
+        let hours = prints.get(day).map(|p| p.hours).unwrap_or_default();
+        let mut from = 0;
+        let mut jobs = 0u64;
+        for (h, n) in hours.iter().enumerate() {
+            let n = u64::from(*n);
+            if h > from && jobs + n > cap {
+                out.push(Range { day: *day, from, to: h, jobs, last: false });
+                from = h;
+                jobs = 0;
+            }
+            jobs += n;
+        }
+        out.push(Range { day: *day, from, to: 24, jobs, last: true });
+    }
+    out
+}
+
+/// Ranges grouped into scans of at most `cap` jobs each (a larger range is a scan alone), in order.
+fn scans(ranges: &[Range], cap: u64) -> Vec<Vec<Range>> {
+    let mut out: Vec<Vec<Range>> = Vec::new();
     let mut size = 0u64;
-    for d in days {
-        let n = prints.get(d).map_or(0, |p| p.jobs);
+    for r in ranges {
         match out.last_mut() {
-            Some(g) if size + n <= COLLECT_MAX => {
-                g.push(*d);
-                size += n;
+            Some(g) if size + r.jobs <= cap => {
+                g.push(*r);
+                size += r.jobs;
             }
             _ => {
-                out.push(vec![*d]);
-                size = n;
+                out.push(vec![*r]);
+                size = r.jobs;
             }
         }
     }

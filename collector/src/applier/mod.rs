@@ -506,6 +506,7 @@ impl Committer {
             busy: self.seal_busy.clone(),
             stop: self.stopping.clone(),
             stats: self.settings.seal_stats.clone(),
+            collect_max: history::COLLECT_MAX,
         })
     }
 

@@ -13,6 +13,7 @@ use arrow_array::Array;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use proptest::prelude::*;
 use startline_proto::pb;
+use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
 
 const DAY: i64 = 86_400_000;
@@ -93,7 +94,8 @@ fn read(path: &std::path::Path) -> Vec<(String, i64, Option<i64>)> {
     out
 }
 
-fn run(ops: Vec<Op>, folding: bool) {
+/// Runs `ops`; days are written in ranges of at most `cap` jobs (1-4 here: many ranges per day and per scan).
+fn run(ops: Vec<Op>, folding: bool, cap: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let history = History::open(dir.path()).expect("open");
     let index = SharedIndex::new(JobIndex::default());
@@ -179,6 +181,7 @@ fn run(ops: Vec<Op>, folding: bool) {
                     busy: Arc::new(AtomicBool::new(true)),
                     stop: Arc::new(AtomicBool::new(false)),
                     stats: stats.clone(),
+                    collect_max: cap,
                 };
                 pass.run().expect("pass");
                 check(&history, &m, now, folding);
@@ -234,13 +237,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     #[test]
-    fn sealed_days_hold_exactly_their_jobs_through_late_events_and_deletions(ops in prop::collection::vec(op(), 1..60)) {
-        run(ops, false);
+    fn sealed_days_hold_exactly_their_jobs_through_late_events_and_deletions(ops in prop::collection::vec(op(), 1..60), cap in 1u64..5) {
+        run(ops, false, cap);
     }
 
     #[test]
-    fn with_folding_a_day_is_sealed_once_its_jobs_folded_and_again_after_each_refold(ops in prop::collection::vec(op(), 1..60)) {
-        run(ops, true);
+    fn with_folding_a_day_is_sealed_once_its_jobs_folded_and_again_after_each_refold(ops in prop::collection::vec(op(), 1..60), cap in 1u64..5) {
+        run(ops, true, cap);
     }
 }
 
@@ -250,8 +253,8 @@ fn the_folding_sequences_compare_files() {
     CHECKED.store(0, Ordering::Relaxed);
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 24, ..ProptestConfig::default() });
     runner
-        .run(&prop::collection::vec(op(), 20..60), |ops| {
-            run(ops, true);
+        .run(&(prop::collection::vec(op(), 20..60), 1u64..5), |(ops, cap)| {
+            run(ops, true, cap);
             Ok(())
         })
         .expect("sequences");
@@ -287,6 +290,7 @@ fn retention_removes_whole_days_and_the_memory_budget_never_shrinks_a_file() {
         busy: Arc::new(AtomicBool::new(true)),
         stop: Arc::new(AtomicBool::new(false)),
         stats: Arc::new(SealStats::default()),
+        collect_max: COLLECT_MAX,
     };
     let r = pass(T0 + 3 * DAY + 7_200_000, None).run().expect("pass");
     assert_eq!(r.written, vec![day_of(T0), day_of(T0) + 1, day_of(T0) + 2]);
@@ -308,15 +312,37 @@ fn retention_removes_whole_days_and_the_memory_budget_never_shrinks_a_file() {
     assert_eq!(read(&history.file_of(day_of(T0) + 2)).len(), 1);
 }
 
-/// Days are written in groups of at most `COLLECT_MAX` jobs, a larger day alone, in day order.
+/// A day is written in ranges of whole hours of at most `COLLECT_MAX` jobs (an hour holding more alone), the last
+/// range of each day marked; ranges are scanned together up to the cap.
 #[test]
-fn days_are_grouped_under_the_collection_cap() {
-    let print = |jobs| DayPrint { jobs, hash: 0, hot: false };
-    let prints: BTreeMap<i64, DayPrint> =
-        [(1, print(30_000)), (2, print(20_000)), (3, print(1)), (4, print(80_000)), (5, print(10))]
-            .into_iter()
-            .collect();
-    assert_eq!(groups(&[1, 2, 3, 4, 5], &prints), vec![vec![1, 2], vec![3], vec![4], vec![5]]);
-    assert_eq!(groups(&[3, 5], &prints), vec![vec![3, 5]]);
-    assert!(groups(&[], &prints).is_empty());
+fn days_are_cut_into_hour_ranges_and_scans_under_the_collection_cap() {
+    let mut big = DayPrint::default();
+    big.hours[0] = 30_000;
+    big.hours[1] = 20_000;
+    big.hours[2] = 1;
+    big.hours[5] = 80_000;
+    big.hours[23] = 10;
+    let mut small = DayPrint::default();
+    small.hours[12] = 5;
+    let prints: BTreeMap<i64, DayPrint> = [(1, big), (2, small)].into_iter().collect();
+    let r = ranges(&[1, 2], &prints, 50_000);
+    let got: Vec<(i64, usize, usize, u64, bool)> = r.iter().map(|r| (r.day, r.from, r.to, r.jobs, r.last)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, 0, 2, 50_000, false),
+            (1, 2, 5, 1, false),
+            (1, 5, 6, 80_000, false),
+            (1, 6, 24, 10, true),
+            (2, 0, 24, 5, true)
+        ]
+    );
+    // Every hour of each day in exactly one range, in order.
+    for d in [1, 2] {
+        let hours: Vec<usize> = r.iter().filter(|r| r.day == d).flat_map(|r| r.from..r.to).collect();
+        assert_eq!(hours, (0..24).collect::<Vec<_>>());
+    }
+    let sizes: Vec<Vec<u64>> = scans(&r, 50_000).iter().map(|g| g.iter().map(|r| r.jobs).collect()).collect();
+    assert_eq!(sizes, [vec![50_000], vec![1], vec![80_000], vec![10, 5]]);
+    assert!(scans(&[], 50_000).is_empty());
 }

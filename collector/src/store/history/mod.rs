@@ -190,38 +190,22 @@ impl History {
         Ok(out)
     }
 
-    /// Writes a day's file (replacing any), with its fingerprint in the footer; returns its size.
+    /// Writes a day's file (replacing any) from one batch, with its fingerprint in the footer; returns its size.
     pub fn write_day(&self, day: i64, batch: &RecordBatch, fp: Fingerprint) -> Result<u64, HistoryError> {
+        let mut w = self.begin_day(day)?;
+        w.append(batch)?;
+        w.commit(fp)
+    }
+
+    /// Starts writing a day's file in batches ([`DayWriter::append`], in row order); nothing replaces the day's
+    /// file before [`DayWriter::commit`], and a writer dropped uncommitted removes what it wrote.
+    pub fn begin_day(&self, day: i64) -> Result<DayWriter, HistoryError> {
         let path = self.file_of(day);
         let part = path.parent().unwrap_or(&self.dir).to_path_buf();
         let created = !part.exists();
         fs::create_dir_all(&part).map_err(io_err(&part))?;
         let tmp = part.join(format!("{FILE}.tmp"));
-        let fmt = |e: parquet::errors::ParquetError| HistoryError::Format { path: tmp.clone(), message: e.to_string() };
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).map_err(fmt)?))
-            .set_max_row_group_row_count(Some(ROW_GROUP))
-            .set_created_by(format!("startline-collector {}", env!("CARGO_PKG_VERSION")))
-            .set_key_value_metadata(Some(vec![
-                KeyValue::new("startline.format".to_string(), FORMAT.to_string()),
-                KeyValue::new("startline.end_date".to_string(), date_of(day)),
-                KeyValue::new("startline.jobs".to_string(), fp.jobs.to_string()),
-                KeyValue::new("startline.fingerprint".to_string(), format!("{:016x}", fp.hash)),
-            ]))
-            .build();
-        let file = File::create(&tmp).map_err(io_err(&tmp))?;
-        let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(fmt)?;
-        w.write(batch).map_err(fmt)?;
-        let file = w.into_inner().map_err(fmt)?;
-        file.sync_all().map_err(io_err(&tmp))?;
-        let bytes = file.metadata().map_err(io_err(&tmp))?.len();
-        drop(file);
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        sync_dir(&part)?;
-        if created {
-            sync_dir(&self.dir)?;
-        }
-        Ok(bytes)
+        Ok(DayWriter { day, path, part, tmp, created, history_dir: self.dir.clone(), writer: None })
     }
 
     /// A day's file, whole, with what its footer says (`None`: no file). Both come from one open file, so they
@@ -257,6 +241,75 @@ impl History {
             Err(e) => return Err(HistoryError::Io { path: part, source: e }),
         }
         sync_dir(&self.dir)
+    }
+}
+
+/// A day's file being written (see [`History::begin_day`]).
+pub struct DayWriter {
+    day: i64,
+    path: PathBuf,
+    part: PathBuf,
+    tmp: PathBuf,
+    created: bool,
+    history_dir: PathBuf,
+    /// Opened with the first batch (the schema is the batch's).
+    writer: Option<ArrowWriter<File>>,
+}
+
+impl DayWriter {
+    fn format_err(&self) -> impl Fn(parquet::errors::ParquetError) -> HistoryError + '_ {
+        |e| HistoryError::Format { path: self.tmp.clone(), message: e.to_string() }
+    }
+
+    /// Appends rows (after those appended before).
+    pub fn append(&mut self, batch: &RecordBatch) -> Result<(), HistoryError> {
+        if self.writer.is_none() {
+            let props = WriterProperties::builder()
+                .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).map_err(self.format_err())?))
+                .set_max_row_group_row_count(Some(ROW_GROUP))
+                .set_created_by(format!("startline-collector {}", env!("CARGO_PKG_VERSION")))
+                .build();
+            let file = File::create(&self.tmp).map_err(io_err(&self.tmp))?;
+            let w = ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(self.format_err())?;
+            self.writer = Some(w);
+        }
+        let Some(mut w) = self.writer.take() else { return Ok(()) };
+        let r = w.write(batch).map_err(self.format_err());
+        self.writer = Some(w);
+        r
+    }
+
+    /// Writes the footer with the day's fingerprint, syncs, and renames the file over the day's; returns its
+    /// size. A day with no rows written gets no file.
+    pub fn commit(mut self, fp: Fingerprint) -> Result<u64, HistoryError> {
+        let Some(mut w) = self.writer.take() else { return Ok(0) };
+        for (k, v) in [
+            ("startline.format", FORMAT.to_string()),
+            ("startline.end_date", date_of(self.day)),
+            ("startline.jobs", fp.jobs.to_string()),
+            ("startline.fingerprint", format!("{:016x}", fp.hash)),
+        ] {
+            w.append_key_value_metadata(KeyValue::new(k.to_string(), v));
+        }
+        let file = w.into_inner().map_err(self.format_err())?;
+        file.sync_all().map_err(io_err(&self.tmp))?;
+        let bytes = file.metadata().map_err(io_err(&self.tmp))?.len();
+        drop(file);
+        fs::rename(&self.tmp, &self.path).map_err(io_err(&self.path))?;
+        sync_dir(&self.part)?;
+        if self.created {
+            sync_dir(&self.history_dir)?;
+        }
+        Ok(bytes)
+    }
+}
+
+impl Drop for DayWriter {
+    /// An uncommitted file (a failed write: a full disk) is removed at once, not left to the next start.
+    fn drop(&mut self) {
+        if self.writer.take().is_some() || self.tmp.exists() {
+            let _ = fs::remove_file(&self.tmp);
+        }
     }
 }
 

@@ -219,3 +219,52 @@ fn dates_and_days_agree() {
         assert_eq!(day_of(day_start_ms(d)), d);
     }
 }
+
+/// A day written in several batches is one file with the rows in order; a writer dropped before its commit (a
+/// failed write, a stop) leaves the day's previous file and no partial file behind; a day with no rows gets none.
+#[test]
+fn a_day_written_in_batches_is_one_file_and_an_uncommitted_one_leaves_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = History::open(dir.path()).expect("open");
+    let a = attrs(pb::PoolKind::Dedicated, "a100", 2);
+    let day = day_of(T0);
+    let batch = |ids: &[(&str, i64)]| {
+        let mut cols = Columns::default();
+        for (id, sub) in ids {
+            cols.push(id, &ran(&a, *sub, 10, "n"));
+        }
+        cols.finish().expect("batch")
+    };
+    let mut w = h.begin_day(day).expect("begin");
+    w.append(&batch(&[("a", 0), ("b", 60)])).expect("append");
+    w.append(&batch(&[("c", 120)])).expect("append");
+    w.append(&batch(&[])).expect("an empty batch");
+    let bytes = w.commit(Fingerprint { jobs: 3, hash: 7 }).expect("commit");
+    let b = read_all_batches(&h.file_of(day));
+    let ids: Vec<String> =
+        b.iter().flat_map(|b| (0..b.num_rows()).map(|i| b.column(0).as_string::<i32>().value(i).to_string())).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert_eq!(h.sealed().expect("sealed")[&day], SealedDay { fingerprint: Fingerprint { jobs: 3, hash: 7 }, bytes });
+
+    let tmp = h.file_of(day).with_extension("parquet.tmp");
+    let mut w = h.begin_day(day).expect("begin");
+    w.append(&batch(&[("d", 0)])).expect("append");
+    assert!(tmp.exists());
+    drop(w);
+    assert!(!tmp.exists(), "the partial file is removed");
+    assert_eq!(h.sealed().expect("sealed")[&day].fingerprint.hash, 7, "the day's file is untouched");
+
+    let w = h.begin_day(day + 1).expect("begin");
+    assert_eq!(w.commit(Fingerprint { jobs: 0, hash: 0 }).expect("commit"), 0);
+    assert!(!h.file_of(day + 1).exists());
+}
+
+fn read_all_batches(path: &std::path::Path) -> Vec<arrow_array::RecordBatch> {
+    let f = std::fs::File::open(path).expect("open");
+    ParquetRecordBatchReaderBuilder::try_new(f)
+        .expect("reader")
+        .build()
+        .expect("build")
+        .map(|b| b.expect("batch"))
+        .collect()
+}
