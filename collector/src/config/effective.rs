@@ -345,5 +345,8 @@ mod tests {
         .validate()
         .expect("valid");
         assert_eq!(changed_sections(&base, &other.effective()), vec!["grpc", "slo", "alerts"]);
+        let export =
+            FileConfig::parse("[history.export]\nurl = \"s3://bucket/p\"").expect("parses").validate().expect("valid");
+        assert_eq!(changed_sections(&base, &export.effective()), vec!["history"]);
     }
 }
