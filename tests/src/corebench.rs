@@ -10,6 +10,10 @@
 //! - **memory**: the collector's RSS (and peak) after ingest, and per million tracked jobs;
 //! - **API** timings (p50 and max of `--reps` requests after a warm-up): comparison, overview, SLOs, `/metrics`,
 //!   listings with filters (first page and a page after 20,000 matches), job detail of a done and an open job;
+//! - **history files**: how long until the seal passes caught up with the ingest (the collector's config gets
+//!   `[history] seal_interval = "5s"` unless `--collector-config` is given), files, bytes per job, and the same
+//!   two questions (TTFS p50/p90/p99 by pool kind x priority over 30 days; GPU-hours by category by pool kind)
+//!   timed on the API and on DuckDB (Python package) over the files, with DuckDB's peak RSS;
 //! - **restart**: SIGTERM, restart on the same data directory, spawn to `/readyz` 200, RSS after restart, and
 //!   whether job counts by state and time-to-first-step figures over all jobs are the same after it.
 //!
@@ -560,6 +564,151 @@ fn timing_json(t: &Timing) -> Value {
     json!({"status": t.status, "p50_ms": t.p50, "max_ms": t.max, "bytes": t.bytes})
 }
 
+/// The history files: waits until the files' footers count every job that ended before the last sealable day's
+/// end (ended jobs fold `store.fold_after` after the ingest, and a day is sealed once all its jobs folded; at
+/// most 15 minutes), then times the same two questions on the API and on DuckDB over
+/// the files. The files hold the ended jobs of sealed days (UTC days that ended `history.seal_after` ago); the
+/// API answers over every job in its window, open ones included: the sets differ by the open jobs and those
+/// that ended today.
+fn history_files(c: &Collector, db: &Path, a: &CoreArgs, rep: &mut SizeReport) {
+    let t = Instant::now();
+    let history = match startline_collector::store::history::History::open(db) {
+        Ok(h) => h,
+        Err(e) => {
+            rep.cell("history files", format!("unreadable: {e}"));
+            return;
+        }
+    };
+    let total = || -> (u64, u64, usize) {
+        let sealed = history.sealed().unwrap_or_default();
+        (sealed.values().map(|d| d.fingerprint.jobs).sum(), sealed.values().map(|d| d.bytes).sum(), sealed.len())
+    };
+    // What the files must hold once the seal passes caught up: every ended job of the days that ended an hour
+    // (`history.seal_after`'s default) ago: the done jobs less those that ended since, counted by paging the
+    // listing newest end first.
+    let now = startline_proto::time::now_ms();
+    let cutoff = (now - 3_600_000).div_euclid(86_400_000) * 86_400_000;
+    let (_, ov) = http_get(c.http, "/api/v1/overview?window=400d");
+    let done = ov["jobs_by_state"]["done"].as_u64().unwrap_or(0);
+    let mut recent = 0u64;
+    let mut token: Option<String> = None;
+    'pages: loop {
+        let mut path = "/api/v1/jobs?state=done&order=ended_at&desc=true&limit=1000".to_string();
+        if let Some(t) = &token {
+            path.push_str(&format!("&page_token={}", crate::query_escape(t)));
+        }
+        let (_, page) = http_get(c.http, &path);
+        for j in page["jobs"].as_array().cloned().unwrap_or_default() {
+            let ended = j["done_at"].as_str().and_then(|d| humantime::parse_rfc3339(d).ok());
+            let ended_ms =
+                ended.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as i64);
+            if ended_ms < cutoff {
+                break 'pages;
+            }
+            recent += 1;
+        }
+        match page["next_page_token"].as_str() {
+            Some(t) => token = Some(t.to_string()),
+            None => break,
+        }
+    }
+    let expected = done.saturating_sub(recent);
+    let mut last = total();
+    while last.0 != expected && t.elapsed() < Duration::from_secs(900) {
+        std::thread::sleep(Duration::from_secs(1));
+        last = total();
+    }
+    if last.0 != expected {
+        println!("- history files: {} jobs after 15 min, {expected} expected", last.0);
+    }
+    let (jobs, bytes, files) = last;
+    let caught_up = t.elapsed().as_secs_f64();
+    println!(
+        "- history files: {jobs} jobs in {files} day files, {:.1} MiB ({:.0} B/job), all sealed {caught_up:.0} s after the API timings",
+        bytes as f64 / 1048576.0,
+        bytes as f64 / jobs.max(1) as f64
+    );
+    rep.cell(
+        "history files: jobs (days), bytes per job",
+        format!("{} ({files}), {:.0} B", thousands(jobs), bytes as f64 / jobs.max(1) as f64),
+    );
+    rep.json["history"] = json!({"jobs": jobs, "files": files, "bytes": bytes, "caught_up_s": caught_up});
+    if jobs == 0 {
+        return;
+    }
+    let api_compare = time_get(c.http, "/api/v1/compare?window=30d&by=priority", a.reps);
+    let api_goodput = time_get(c.http, "/api/v1/goodput?window=30d&by=pool_kind", a.reps);
+    let dir = history.dir().display().to_string();
+    let script = format!(
+        r#"
+import duckdb, json, resource, time
+files = "{dir}/*/*.parquet"
+q_compare = f"""SELECT pool_kind, priority, count(*), count(time_to_first_step_ms),
+  quantile_disc(time_to_first_step_ms, [0.5, 0.9, 0.99])
+  FROM read_parquet('{{files}}', hive_partitioning = true)
+  WHERE submitted_at >= now() - INTERVAL 30 DAY GROUP BY ALL"""
+q_goodput = f"""SELECT pool_kind, count(*), sum(waiting_gpu_ms), sum(preparing_gpu_ms), sum(requeue_wait_gpu_ms),
+  sum(checkpoint_gpu_ms), sum(lost_gpu_ms), sum(failed_gpu_ms), sum(productive_gpu_ms), sum(total_gpu_ms)
+  FROM read_parquet('{{files}}', hive_partitioning = true)
+  WHERE submitted_at >= now() - INTERVAL 30 DAY GROUP BY ALL"""
+out = {{}}
+t = time.perf_counter(); con = duckdb.connect(); rows = con.execute(q_compare).fetchall()
+out["first_ms"] = (time.perf_counter() - t) * 1000
+for name, q in (("compare", q_compare), ("goodput", q_goodput)):
+    ts = []
+    for _ in range({reps}):
+        t = time.perf_counter(); con.execute(q).fetchall(); ts.append((time.perf_counter() - t) * 1000)
+    ts.sort()
+    out[name] = {{"p50_ms": ts[len(ts) // 2], "max_ms": ts[-1]}}
+out["jobs"] = con.execute(f"SELECT count(*) FROM read_parquet('{{files}}')").fetchone()[0]
+out["max_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"#,
+        reps = a.reps
+    );
+    let out = std::process::Command::new("python3").arg("-c").arg(&script).output();
+    let duck: Option<Value> = match out {
+        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).ok(),
+        Ok(o) => {
+            println!("- DuckDB failed: {}", String::from_utf8_lossy(&o.stderr));
+            None
+        }
+        Err(e) => {
+            println!("- DuckDB not run: {e}");
+            None
+        }
+    };
+    let ms = |v: &Value| {
+        let f = |x: f64| if x >= 100.0 { format!("{x:.0}") } else { format!("{x:.1}") };
+        format!("{} / {} ms", f(v["p50_ms"].as_f64().unwrap_or(0.0)), f(v["max_ms"].as_f64().unwrap_or(0.0)))
+    };
+    match duck {
+        Some(d) => {
+            println!("- DuckDB over the history files: {d}");
+            rep.cell(
+                "compare by priority, 30 d: API / DuckDB on the files (p50 / max)",
+                format!("{} / {}", timing_cell(&api_compare, a.reps), ms(&d["compare"])),
+            );
+            rep.cell(
+                "goodput by pool kind, 30 d: API / DuckDB on the files (p50 / max)",
+                format!("{} / {}", timing_cell(&api_goodput, a.reps), ms(&d["goodput"])),
+            );
+            rep.cell(
+                "DuckDB: open + first query; peak RSS of its process",
+                format!(
+                    "{:.0} ms; {:.0} MiB",
+                    d["first_ms"].as_f64().unwrap_or(0.0),
+                    d["max_rss_mib"].as_f64().unwrap_or(0.0)
+                ),
+            );
+            rep.json["history"]["duckdb"] = d;
+        }
+        None => rep.cell("DuckDB on the history files", "not run"),
+    }
+    rep.json["history"]["api_compare"] = timing_json(&api_compare);
+    rep.json["history"]["api_goodput"] = timing_json(&api_goodput);
+}
+
 /// The listings timed: (label, query without `limit`/`page_token`).
 fn listings(now_s: i64) -> Vec<(&'static str, String)> {
     vec![
@@ -622,6 +771,13 @@ fn start_collector(db: &Path, a: &CoreArgs) -> (Collector, f64) {
     let log = std::env::var("STARTLINE_BENCH_COLLECTOR_LOG").unwrap_or_else(|_| "warn".into());
     let mut extra: Vec<String> = vec!["--log".into(), log];
     if let Some(cfg) = &a.collector_config {
+        extra.push("--config".into());
+        extra.push(cfg.display().to_string());
+    }
+    if a.collector_config.is_none() {
+        // History files sealed every 5 s (not every 10 min), so the bench sees them catch up with the ingest.
+        let cfg = db.with_extension("toml");
+        std::fs::write(&cfg, "[history]\nseal_interval = \"5s\"\n").expect("bench config");
         extra.push("--config".into());
         extra.push(cfg.display().to_string());
     }
@@ -893,6 +1049,7 @@ fn run_size(rt: &tokio::runtime::Runtime, a: &CoreArgs, jobs: u64) -> SizeReport
         api.insert(path.to_string(), timing_json(&t));
     }
     concurrent_reads(&c, &mut rep);
+    history_files(&c, &db, a, &mut rep);
     let now_s = startline_proto::time::now_ms() / 1000;
     const DEEP: usize = 20_000;
     for (label, q) in listings(now_s) {

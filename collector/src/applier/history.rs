@@ -26,8 +26,9 @@ use std::time::Duration;
 /// Jobs per read lock while a pass scans.
 const SCAN_CHUNK: usize = 4096;
 /// Most jobs collected in memory at once (the days written per scan are grouped to stay under it): their
-/// timelines are copied out of the index until the day's file is written, about 1 KB each.
-pub(super) const COLLECT_MAX: u64 = 50_000;
+/// timelines are copied out of the index until their range is written, about 1 KB each (10k: ~10 MB, where 50k
+/// raised RSS after a restart by ~180 MiB at 200k jobs: `startline-bench core`, BENCHMARKS.md).
+pub(super) const COLLECT_MAX: u64 = 10_000;
 
 /// `[history]` settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
