@@ -50,7 +50,8 @@ pub(super) struct SealPass {
     pub index: SharedIndex,
     pub history: History,
     pub settings: HistorySettings,
-    /// The days sealed, as the files' footers say: read once, then kept up to date by the passes.
+    /// The days sealed, as the files' footers said at the last pass (each pass reads them again: a few hundred
+    /// small reads at most, and a file removed or damaged by hand is written again).
     pub sealed: Arc<Mutex<Option<BTreeMap<i64, SealedDay>>>>,
     /// `store.retention`.
     pub retention: Option<Duration>,
@@ -153,9 +154,7 @@ impl SealPass {
             .map(|r| day_of(self.now.saturating_sub(i64::try_from(r.as_millis()).unwrap_or(i64::MAX))) - 1);
         let prints = self.fingerprint_days(last);
         let mut sealed_guard = self.sealed.lock().unwrap_or_else(|p| p.into_inner());
-        if sealed_guard.is_none() {
-            *sealed_guard = Some(self.history.sealed()?);
-        }
+        *sealed_guard = Some(self.history.sealed()?);
         let sealed = sealed_guard.get_or_insert_with(BTreeMap::new);
         let (write, remove) = self.plan(&prints, sealed, frozen_through, expired_before);
         let mut report = SealReport::default();

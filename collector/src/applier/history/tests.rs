@@ -296,6 +296,12 @@ fn retention_removes_whole_days_and_the_memory_budget_never_shrinks_a_file() {
     assert_eq!(r.written, vec![day_of(T0), day_of(T0) + 1, day_of(T0) + 2]);
     // Nothing changed: nothing written.
     assert_eq!(pass(T0 + 3 * DAY + 7_300_000, None).run().expect("pass"), SealReport::default());
+    // A file removed or damaged by hand is written again by the next pass.
+    std::fs::remove_file(history.file_of(day_of(T0) + 1)).expect("remove by hand");
+    std::fs::write(history.file_of(day_of(T0) + 2), b"PAR1 damaged").expect("damage by hand");
+    let r = pass(T0 + 3 * DAY + 7_350_000, None).run().expect("pass");
+    assert_eq!(r.written, vec![day_of(T0) + 1, day_of(T0) + 2]);
+    assert_eq!(read(&history.file_of(day_of(T0) + 2)).len(), 1);
     // The budget deleted day 0's and day 1's jobs from memory (through day 1's end): their files stay.
     {
         let mut idx = index.write();
