@@ -53,14 +53,14 @@ fn crates_in_binary(bin: &Path) -> BTreeSet<(String, String)> {
         let rest = &text[i..];
         let Some(slash) = rest.find('/') else { continue };
         let dir: String = rest[slash + 1..].chars().take_while(|c| *c != '/' && !c.is_control()).collect();
-        // NAME-VERSION: the version is the part after the last '-' that starts a digit run with dots.
-        let mut split = None;
-        for (j, _) in dir.match_indices('-') {
-            if dir[j + 1..].chars().next().is_some_and(|c| c.is_ascii_digit()) && dir[j + 1..].contains('.') {
-                split = Some(j);
-                break;
-            }
-        }
+        // NAME-VERSION: the version is what follows the first '-' after which comes MAJOR.MINOR.PATCH (numbers),
+        // so names with a digit after a '-' (`md-5-0.10.6`) split right.
+        let semver_core = |v: &str| {
+            let core = v.split(['-', '+']).next().unwrap_or("");
+            let parts: Vec<&str> = core.split('.').collect();
+            parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+        };
+        let split = dir.match_indices('-').map(|(j, _)| j).find(|j| semver_core(&dir[j + 1..]));
         if let Some(j) = split {
             let (name, version) = (&dir[..j], &dir[j + 1..]);
             if !name.is_empty()
