@@ -5,11 +5,12 @@
 //! summary number, which every refold renews; a hot job's timeline). Steps of a pass:
 //!
 //! 1. fingerprint the days from the index (rows only: no timeline is filled in);
-//! 2. pick the days to write (fingerprint differs from the file's footer; while folding, only days whose ended
+//! 2. read the files' footers and pick the days to write (fingerprint differs; while folding, only days whose ended
 //!    jobs have all folded), to remove (no job left, or older than `store.retention`), and leave alone the days
 //!    the folded-row budget deleted jobs from (their file keeps what memory could not);
-//! 3. per group of days, collect their jobs (timelines with placements) in one scan, sort them by end time and
-//!    id, and write each day's file with the fingerprint of what was collected.
+//! 3. cut those days into ranges of whole hours of at most [`COLLECT_MAX`] jobs; per scan of a few ranges, collect
+//!    their jobs (timelines with placements), sort each range by end time and id, append it to its day's open
+//!    file, and commit a day after its last range with the fingerprint of what was collected.
 //!
 //! History files are derived from the jobs (the log keeps every event): a pass that fails (a full disk) leaves
 //! the previous files in place and the next pass tries again. Nothing here is on an acknowledgement's path.
@@ -20,7 +21,7 @@ use crate::store::history::columns::Columns;
 use crate::store::history::{day_of, DayWriter, Fingerprint, History, HistoryError, SealStats, SealedDay};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Jobs per read lock while a pass scans.
@@ -50,9 +51,6 @@ pub(super) struct SealPass {
     pub index: SharedIndex,
     pub history: History,
     pub settings: HistorySettings,
-    /// The days sealed, as the files' footers said at the last pass (each pass reads them again: a few hundred
-    /// small reads at most, and a file removed or damaged by hand is written again).
-    pub sealed: Arc<Mutex<Option<BTreeMap<i64, SealedDay>>>>,
     /// `store.retention`.
     pub retention: Option<Duration>,
     /// Whether ended jobs fold (then a day is sealed only once all its jobs folded).
@@ -111,9 +109,6 @@ fn folded_version(summary: u64, done_at: i64) -> u64 {
     (summary << 1) ^ mix(done_at as u64)
 }
 
-/// A day written: its day, fingerprint and file size.
-type Written = (i64, (Fingerprint, u64));
-
 /// What a pass did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct SealReport {
@@ -153,14 +148,13 @@ impl SealPass {
             .retention
             .map(|r| day_of(self.now.saturating_sub(i64::try_from(r.as_millis()).unwrap_or(i64::MAX))) - 1);
         let prints = self.fingerprint_days(last);
-        let mut sealed_guard = self.sealed.lock().unwrap_or_else(|p| p.into_inner());
-        *sealed_guard = Some(self.history.sealed()?);
-        let sealed = sealed_guard.get_or_insert_with(BTreeMap::new);
-        let (write, remove) = self.plan(&prints, sealed, frozen_through, expired_before);
+        // The footers, read again by every pass (a few hundred small reads at most): a file removed or damaged by
+        // hand is written again.
+        let sealed = self.history.sealed()?;
+        let (write, remove) = plan(&prints, &sealed, last, frozen_through, expired_before);
         let mut report = SealReport::default();
         for day in remove {
             self.history.remove_day(day)?;
-            sealed.remove(&day);
             report.removed.push(day);
         }
         let mut open: BTreeMap<i64, (DayWriter, DayPrint)> = BTreeMap::new();
@@ -168,10 +162,7 @@ impl SealPass {
             if self.stop.load(Ordering::Acquire) {
                 break; // the open writers are dropped: their partial files removed
             }
-            for (day, (fp, bytes)) in self.write_ranges(&scan, &mut open)? {
-                sealed.insert(day, SealedDay { fingerprint: fp, bytes });
-                report.written.push(day);
-            }
+            report.written.extend(self.write_ranges(&scan, &mut open)?);
         }
         Ok(report)
     }
@@ -210,34 +201,6 @@ impl SealPass {
         prints
     }
 
-    /// Step 2: the days to write and the days to remove.
-    fn plan(
-        &self,
-        prints: &BTreeMap<i64, DayPrint>,
-        sealed: &BTreeMap<i64, SealedDay>,
-        frozen_through: i64,
-        expired_before: Option<i64>,
-    ) -> (Vec<i64>, Vec<i64>) {
-        let expired = |d: i64| expired_before.is_some_and(|e| d <= e);
-        let write = prints
-            .iter()
-            .filter(|(d, p)| !p.hot && **d > frozen_through && !expired(**d))
-            .filter(|(d, p)| sealed.get(d).map(|s| s.fingerprint) != Some(p.fingerprint()))
-            .map(|(d, _)| *d)
-            .collect();
-        let remove = sealed
-            .keys()
-            .copied()
-            .filter(|d| expired(*d) || (*d > frozen_through && !prints.contains_key(d) && *d <= self.last_day()))
-            .collect();
-        (write, remove)
-    }
-
-    fn last_day(&self) -> i64 {
-        let seal_after_ms = i64::try_from(self.settings.seal_after.as_millis()).unwrap_or(i64::MAX);
-        day_of(self.now.saturating_sub(seal_after_ms)) - 1
-    }
-
     /// Step 3, one scan: collects the jobs of `scan`'s ranges (timelines with placements), appends each range's
     /// jobs, sorted by end and id, to its day's file (opened at the day's first range), and commits the days whose
     /// last range this was, with the fingerprint of the jobs written.
@@ -245,7 +208,7 @@ impl SealPass {
         &self,
         scan: &[Range],
         open: &mut BTreeMap<i64, (DayWriter, DayPrint)>,
-    ) -> Result<Vec<Written>, HistoryError> {
+    ) -> Result<Vec<i64>, HistoryError> {
         let wanted: HashMap<(i64, usize), usize> =
             scan.iter().enumerate().flat_map(|(i, r)| (r.from..r.to).map(move |h| ((r.day, h), i))).collect();
         let mut jobs: Vec<Vec<(i64, String, Timeline)>> = vec![Vec::new(); scan.len()];
@@ -298,14 +261,38 @@ impl SealPass {
             }
             if range.last {
                 if let Some((writer, print)) = open.remove(&range.day) {
-                    let fp = print.fingerprint();
-                    let bytes = writer.commit(fp)?;
-                    out.push((range.day, (fp, bytes)));
+                    writer.commit(print.fingerprint())?;
+                    out.push(range.day);
                 }
             }
         }
         Ok(out)
     }
+}
+
+/// Step 2 of a pass: the days to write (their fingerprint differs from the file's; not while an ended job of the
+/// day is hot; never a day the memory budget deleted from, nor one past retention) and the days to remove (past
+/// retention, or sealable with no job left and not frozen). `last` is the last sealable day.
+fn plan(
+    prints: &BTreeMap<i64, DayPrint>,
+    sealed: &BTreeMap<i64, SealedDay>,
+    last: i64,
+    frozen_through: i64,
+    expired_before: Option<i64>,
+) -> (Vec<i64>, Vec<i64>) {
+    let expired = |d: i64| expired_before.is_some_and(|e| d <= e);
+    let write = prints
+        .iter()
+        .filter(|(d, p)| !p.hot && **d > frozen_through && !expired(**d))
+        .filter(|(d, p)| sealed.get(d).map(|s| s.fingerprint) != Some(p.fingerprint()))
+        .map(|(d, _)| *d)
+        .collect();
+    let remove = sealed
+        .keys()
+        .copied()
+        .filter(|d| expired(*d) || (*d > frozen_through && !prints.contains_key(d) && *d <= last))
+        .collect();
+    (write, remove)
 }
 
 /// Hours `from..to` of a day's ended jobs, written together; `last`: the day's last range.

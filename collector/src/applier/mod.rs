@@ -199,7 +199,6 @@ pub fn spawn(
         Committer {
             stream,
             history,
-            sealed: Arc::default(),
             seal_busy: Arc::new(AtomicBool::new(false)),
             runtime,
             store,
@@ -228,8 +227,6 @@ struct Committer {
     stream: Option<stream::StreamWriter>,
     /// The history files' directory, with `[history]`.
     history: Option<crate::store::history::History>,
-    /// The sealed days the seal passes know of (read from the files' footers by the first pass).
-    sealed: Arc<Mutex<Option<std::collections::BTreeMap<i64, crate::store::history::SealedDay>>>>,
     /// Set while a seal pass is queued or running.
     seal_busy: Arc<AtomicBool>,
     runtime: tokio::runtime::Handle,
@@ -499,7 +496,6 @@ impl Committer {
             index: self.index.clone(),
             history: history.clone(),
             settings,
-            sealed: self.sealed.clone(),
             retention: self.settings.retention,
             folding: self.settings.fold_after.is_some(),
             now: self.settings.clock.now_ms(),

@@ -99,7 +99,6 @@ fn run(ops: Vec<Op>, folding: bool, cap: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let history = History::open(dir.path()).expect("open");
     let index = SharedIndex::new(JobIndex::default());
-    let sealed = Arc::new(Mutex::new(None));
     let stats = Arc::new(SealStats::default());
     let mut m = Model::default();
     let settings = HistorySettings { seal_after: Duration::from_secs(3600), seal_interval: Duration::from_secs(1) };
@@ -174,7 +173,6 @@ fn run(ops: Vec<Op>, folding: bool, cap: u64) {
                     index: index.clone(),
                     history: history.clone(),
                     settings,
-                    sealed: sealed.clone(),
                     retention: None,
                     folding,
                     now,
@@ -278,12 +276,10 @@ fn retention_removes_whole_days_and_the_memory_budget_never_shrinks_a_file() {
             T0,
         );
     }
-    let sealed = Arc::new(Mutex::new(None));
     let pass = |now: i64, retention: Option<Duration>| SealPass {
         index: index.clone(),
         history: history.clone(),
         settings: HistorySettings::default(),
-        sealed: sealed.clone(),
         retention,
         folding: false,
         now,
