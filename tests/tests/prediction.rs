@@ -124,3 +124,77 @@ async fn waiting_urgent_jobs_are_warned_before_their_deadline_from_history_or_th
     });
     assert!(resolved, "{all}");
 }
+
+/// A job of GPU class `class` in `pool`, of `priority`.
+fn sub_class(pool: &str, class: &str, priority: pb::PriorityClass) -> Kind {
+    Kind::Submitted(pb::Submitted {
+        pool_kind: pb::PoolKind::Dedicated as i32,
+        provider: "slurm".into(),
+        pool: pool.into(),
+        gpu_class: class.into(),
+        priority: priority as i32,
+        gpu_count: 8,
+        ..Default::default()
+    })
+}
+
+fn queued_raw(reason: pb::WaitReason, raw: &str) -> Kind {
+    Kind::Queued(pb::Queued { reason: reason as i32, raw_reason: raw.into(), ..Default::default() })
+}
+
+/// A crunch on class h100: three normal jobs of two pools queue for capacity (Slurm's `Resources`, a managed
+/// stock-out) and none starts, so the first urgent job that arrives is warned at once (`basis=capacity`); a job of
+/// the class starting clears it. A class where jobs wait for quota, or where one started, warns nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_urgent_job_of_a_capacity_crunch_is_warned_from_the_capacity_waits_of_its_class() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        "[alerts]\nevaluation_interval = \"1s\"\n[prediction]\nmodel_interval = \"1s\"\ncapacity_jobs = 3\ncapacity_window = \"10m\"\n",
+    )
+    .expect("config");
+    let c = Collector::start(&dir.path().join("db"), &["--config", cfg.to_str().expect("utf8")]);
+    let now = startline_tests::ago(0);
+    let (normal, urgent) = (pb::PriorityClass::Normal, pb::PriorityClass::Urgent);
+    let mut evs = Vec::new();
+    // h100: three normal jobs queued for capacity in the last 6 minutes, two pools; then the urgent one.
+    for (i, (pool, raw)) in
+        [("h100", "Resources"), ("vertex-a3", "Resources are insufficient in region"), ("h100", "Resources")]
+            .iter()
+            .enumerate()
+    {
+        let id = format!("{pool}/n{i}");
+        let t = now - (6 - 2 * i as i64) * MIN;
+        evs.push(event(&id, "s", t, sub_class(pool, "h100", normal)));
+        evs.push(event(&id, "q", t + 1000, queued_raw(pb::WaitReason::Capacity, raw)));
+    }
+    evs.push(event("h100/urgent", "s", now - 30_000, sub_class("h100", "h100", urgent)));
+    evs.push(event("h100/urgent", "q", now - 29_000, queued_raw(pb::WaitReason::Capacity, "Resources")));
+    // l40s: three normal jobs waiting for quota, not capacity: nothing.
+    for i in 0..3 {
+        let id = format!("l40s/q{i}");
+        evs.push(event(&id, "s", now - 5 * MIN, sub_class("l40s", "l40s", normal)));
+        evs.push(event(&id, "q", now - 5 * MIN + 1000, queued_raw(pb::WaitReason::Quota, "QOSGrpGRES")));
+    }
+    evs.push(event("l40s/urgent", "s", now - 30_000, sub_class("l40s", "l40s", urgent)));
+    evs.push(event("l40s/urgent", "q", now - 29_000, queued_raw(pb::WaitReason::Capacity, "Resources")));
+    let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");
+    up.send(evs).await.expect("send");
+    up.flush().await.expect("flush");
+
+    wait_until("the capacity warning", Duration::from_secs(20), || predicted(&c, "h100/urgent").is_some());
+    let w = predicted(&c, "h100/urgent").expect("capacity warning");
+    assert_eq!(w["annotations"]["basis"], "capacity");
+    // The three normal jobs and the urgent one itself, all queued for capacity within 10 minutes.
+    assert_eq!(w["annotations"]["queued_for_capacity"], "4");
+    assert!(w["annotations"]["summary"].as_str().is_some_and(|t| t.contains("queued for capacity")), "{w}");
+    assert!(predicted(&c, "l40s/urgent").is_none(), "quota waits are no capacity signal");
+
+    // A job of the class gets nodes: the class is not out of capacity, the warning resolves.
+    let mut up = Publisher::new(UplinkSettings::new(c.endpoint())).expect("publisher");
+    let nodes = Kind::NodeAssigned(pb::NodeAssigned { nodes: vec!["gpu-01".into()], ..Default::default() });
+    up.send(vec![event("h100/n0", "a", startline_tests::ago(0), nodes)]).await.expect("send");
+    up.flush().await.expect("flush");
+    wait_until("the warning resolves", Duration::from_secs(20), || predicted(&c, "h100/urgent").is_none());
+}

@@ -612,12 +612,12 @@ impl AlertLoop {
             let defs = idx.slo.defs();
             // Jobs waiting past each SLO's threshold, by SLO, GPU class (pool when none) and priority (the stall
             // basis: a capacity crunch hits every pool of a class).
-            let scope = |a: &crate::job::JobAttrs| -> String {
-                if a.gpu_class.is_empty() {
-                    format!("pool:{}", a.pool)
-                } else {
-                    format!("class:{}", a.gpu_class)
-                }
+            let scope = |a: &crate::job::JobAttrs| crate::slo::predict::class_scope(&a.pool, &a.gpu_class);
+            // The capacity basis: jobs of the class queued for capacity lately with none started.
+            let capacity = if self.scans.prediction.capacity_jobs > 0 {
+                idx.capacity_signals(self.scans.prediction.capacity_window_ms, now)
+            } else {
+                crate::slo::predict::CapacitySignals::default()
             };
             let mut past: std::collections::HashMap<(u16, String, startline_proto::pb::PriorityClass), usize> =
                 std::collections::HashMap::new();
@@ -642,6 +642,7 @@ impl AlertLoop {
                         submitted_ms: sub,
                         estimated_start_ms: t.current_estimated_start,
                         others_waiting_past: past.get(&(c.slo, scope(a), a.priority)).copied().unwrap_or(0),
+                        capacity_queued: capacity.out_of_capacity(&scope(a)),
                     };
                     let Some(basis) = predict(model, &self.scans.prediction, job, def.threshold_ms, now) else {
                         continue;
@@ -660,6 +661,15 @@ impl AlertLoop {
                             } else {
                                 format!("GPU class {}", a.gpu_class)
                             }
+                        ),
+                        Basis::Capacity { queued } => format!(
+                            "{queued} job(s) of {} were queued for capacity in the last {} and none started",
+                            if a.gpu_class.is_empty() {
+                                format!("pool {}", a.pool)
+                            } else {
+                                format!("GPU class {}", a.gpu_class)
+                            },
+                            secs_text(self.scans.prediction.capacity_window_ms)
                         ),
                         Basis::History { probability, samples } => format!(
                             "{:.0}% of {samples} recent {} jobs of pool {} that waited this long waited past it",
@@ -712,6 +722,9 @@ impl AlertLoop {
                         }
                         Basis::Stall { waiting_past } => {
                             annotations.insert("waiting_past_threshold".into(), waiting_past.to_string());
+                        }
+                        Basis::Capacity { queued } => {
+                            annotations.insert("queued_for_capacity".into(), queued.to_string());
                         }
                         Basis::History { probability, samples } => {
                             annotations.insert("probability".into(), format!("{probability:.3}"));

@@ -11,6 +11,7 @@
 //! in all (`collector/tests/memory.rs` checks both estimates against what the structures hold); its attributes and node names are shared through tables, and its SLO contributions are recomputed from its row when needed (an ended
 //! job's contributions do not change), not kept.
 
+pub mod capacity;
 pub mod chains;
 pub mod cold;
 pub mod deadlines;

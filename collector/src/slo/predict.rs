@@ -12,7 +12,13 @@
 //! - **stall**: the job's GPU class (its pool, when it names no class) is stalled for its priority now: at least
 //!   `stall_jobs` other jobs of the same class and priority, in any pool, are still waiting past this SLO's
 //!   threshold. What a sudden capacity crunch shows first (it hits every pool of a class, managed and dedicated),
-//!   which history cannot: every job that arrives after the first breach is warned at once.
+//!   which history cannot: every job that arrives after the first breach is warned at once;
+//! - **capacity**: the job's GPU class (its pool, when it names none) is out of capacity now: at least
+//!   `capacity_jobs` jobs of the class, of any priority, were reported queued for capacity (`queued:capacity`:
+//!   Slurm's `Resources`, a pod `Unschedulable`, a managed endpoint's stock-out message) in the last
+//!   `capacity_window` and still wait, and no job of the class started in that window. What a crunch shows before
+//!   any urgent job breaches: the normal jobs that keep arriving queue for capacity and nothing starts, so the
+//!   first urgent job caught by it is warned too ([`CapacitySignals`] counts it from the live jobs).
 
 use startline_proto::pb;
 use std::collections::HashMap;
@@ -34,6 +40,11 @@ pub struct PredictionSection {
     /// Other jobs of the GPU class (or pool) and priority waiting past the threshold that make it stalled
     /// (default 1; 0: off).
     pub stall_jobs: Option<usize>,
+    /// Jobs of the GPU class (or pool) queued for capacity in `capacity_window`, with none started, that make it
+    /// out of capacity (default 3; 0: off).
+    pub capacity_jobs: Option<usize>,
+    /// How far back capacity waits and starts count (default `10m`).
+    pub capacity_window: Option<String>,
 }
 
 impl PredictionSection {
@@ -42,6 +53,9 @@ impl PredictionSection {
         let mut s = PredictSettings { enabled: self.enabled.unwrap_or(true), ..PredictSettings::default() };
         if let Some(n) = self.stall_jobs {
             s.stall_jobs = n;
+        }
+        if let Some(n) = self.capacity_jobs {
+            s.capacity_jobs = n;
         }
         if let Some(c) = self.confidence {
             if (0.5..=0.999).contains(&c) {
@@ -77,6 +91,9 @@ impl PredictionSection {
         if let Some(ms) = dur("model_interval", &self.model_interval, 1, 86_400, errs) {
             s.model_interval_ms = ms;
         }
+        if let Some(ms) = dur("capacity_window", &self.capacity_window, 60, 86_400, errs) {
+            s.capacity_window_ms = ms;
+        }
         s
     }
 
@@ -90,6 +107,8 @@ impl PredictionSection {
             lookback: Some(d(s.lookback_ms)),
             model_interval: Some(d(s.model_interval_ms)),
             stall_jobs: Some(s.stall_jobs),
+            capacity_jobs: Some(s.capacity_jobs),
+            capacity_window: Some(d(s.capacity_window_ms)),
         }
     }
 }
@@ -110,6 +129,11 @@ pub struct PredictSettings {
     /// Other jobs of the same GPU class (or pool) and priority waiting past the threshold that make it stalled
     /// (0: off).
     pub stall_jobs: usize,
+    /// Jobs of the GPU class (or pool) queued for capacity in the window, with none started, that make it out of
+    /// capacity (0: off).
+    pub capacity_jobs: usize,
+    /// How far back capacity waits and starts count, ms.
+    pub capacity_window_ms: i64,
 }
 
 impl Default for PredictSettings {
@@ -121,6 +145,8 @@ impl Default for PredictSettings {
             lookback_ms: 7 * 86_400_000,
             model_interval_ms: 300_000,
             stall_jobs: 1,
+            capacity_jobs: 3,
+            capacity_window_ms: 600_000,
         }
     }
 }
@@ -185,6 +211,11 @@ pub enum Basis {
         /// How many.
         waiting_past: usize,
     },
+    /// Jobs of the GPU class (or pool) queue for capacity and none starts.
+    Capacity {
+        /// Jobs queued for capacity in the window, still waiting.
+        queued: usize,
+    },
     /// The pool's history.
     History {
         /// `P(TTFS > threshold | TTFS > waited)`.
@@ -195,11 +226,12 @@ pub enum Basis {
 }
 
 impl Basis {
-    /// `scheduler` or `history`.
+    /// `scheduler`, `stall`, `capacity` or `history`.
     pub fn label(&self) -> &'static str {
         match self {
             Basis::Scheduler { .. } => "scheduler",
             Basis::Stall { .. } => "stall",
+            Basis::Capacity { .. } => "capacity",
             Basis::History { .. } => "history",
         }
     }
@@ -218,6 +250,9 @@ pub struct Waiting<'a> {
     pub estimated_start_ms: Option<i64>,
     /// Other jobs of its GPU class (its pool when it names none) and priority waiting past this threshold now.
     pub others_waiting_past: usize,
+    /// Jobs of its GPU class (its pool when it names none) queued for capacity in the window with none started
+    /// ([`CapacitySignals::out_of_capacity`]).
+    pub capacity_queued: usize,
 }
 
 /// Whether `job` is predicted to miss the deadline `threshold_ms` after its submit, as of `now`; `None` once the
@@ -233,8 +268,90 @@ pub fn predict(model: &WaitModel, s: &PredictSettings, job: Waiting<'_>, thresho
     if s.stall_jobs > 0 && job.others_waiting_past >= s.stall_jobs {
         return Some(Basis::Stall { waiting_past: job.others_waiting_past });
     }
+    if s.capacity_jobs > 0 && job.capacity_queued >= s.capacity_jobs {
+        return Some(Basis::Capacity { queued: job.capacity_queued });
+    }
     let (p, n) = model.breach_probability(job.pool, job.priority, now - job.submitted_ms, threshold_ms)?;
     (n >= s.min_samples && p >= s.confidence).then_some(Basis::History { probability: p, samples: n })
+}
+
+/// The scope the stall and capacity bases count in: the GPU class (a crunch hits every pool of a class), the pool
+/// when the job names no class.
+pub fn class_scope(pool: &str, gpu_class: &str) -> String {
+    if gpu_class.is_empty() {
+        format!("pool:{pool}")
+    } else {
+        format!("class:{gpu_class}")
+    }
+}
+
+/// What the capacity basis needs of one job at a moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CapacityView {
+    /// Since when it has been reported queued for capacity (the latest such report), when that is where it waits
+    /// now.
+    pub capacity_since_ms: Option<i64>,
+    /// When it last left the queue (nodes assigned, or preparing or its first step when nothing reported the
+    /// nodes), if ever.
+    pub started_ms: Option<i64>,
+}
+
+impl CapacityView {
+    /// The view of a job from its timeline, as it stands now.
+    pub fn of(t: &crate::job::Timeline) -> CapacityView {
+        use crate::job::Segment;
+        let capacity_since_ms = match t.current_wait {
+            Some((Segment::Queued(pb::WaitReason::Capacity), since)) => Some(since),
+            _ => None,
+        };
+        let started_ms = t.placements.last().map(|p| p.assigned_at).or(t.preparing_at).or(t.first_step_at);
+        CapacityView { capacity_since_ms, started_ms }
+    }
+}
+
+/// The capacity signal by scope ([`class_scope`]): jobs reported queued for capacity in the window that still
+/// wait, and jobs that started in it. Fed every live job, one at a time.
+#[derive(Debug, Clone, Default)]
+pub struct CapacitySignals {
+    by_scope: HashMap<String, (usize, usize)>,
+    window_ms: i64,
+    now: i64,
+}
+
+impl CapacitySignals {
+    /// Empty, counting over `(now - window_ms, now]`.
+    pub fn new(window_ms: i64, now: i64) -> CapacitySignals {
+        CapacitySignals { by_scope: HashMap::new(), window_ms, now }
+    }
+
+    /// Counts one job of `scope`.
+    pub fn add(&mut self, scope: &str, v: CapacityView) {
+        let within = |t: Option<i64>| t.is_some_and(|t| t > self.now - self.window_ms && t <= self.now);
+        let (queued, started) = (within(v.capacity_since_ms), within(v.started_ms));
+        if !queued && !started {
+            return;
+        }
+        let e = match self.by_scope.get_mut(scope) {
+            Some(e) => e,
+            None => self.by_scope.entry(scope.to_string()).or_default(),
+        };
+        e.0 += usize::from(queued);
+        e.1 += usize::from(started);
+    }
+
+    /// Jobs of `scope` queued for capacity in the window and still waiting, and jobs of it started in the window.
+    pub fn counts(&self, scope: &str) -> (usize, usize) {
+        self.by_scope.get(scope).copied().unwrap_or_default()
+    }
+
+    /// The capacity basis' signal: the jobs queued for capacity in the window when none of the scope started in
+    /// it, else 0.
+    pub fn out_of_capacity(&self, scope: &str) -> usize {
+        match self.counts(scope) {
+            (queued, 0) => queued,
+            _ => 0,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -267,6 +384,7 @@ mod tests {
             submitted_ms: 0,
             estimated_start_ms: est,
             others_waiting_past: 0,
+            capacity_queued: 0,
         };
         // History, after a minute: of the 99 jobs that waited more than a minute, 90 waited past 10 (>= 0.8).
         assert_eq!(
@@ -294,5 +412,79 @@ mod tests {
         assert_eq!(predict(&few, &PredictSettings { stall_jobs: 0, ..s }, stalled, 10 * MIN, MIN), None);
         // Disabled.
         assert_eq!(predict(&m, &PredictSettings { enabled: false, ..s }, job(None), 10 * MIN, MIN), None);
+    }
+
+    #[test]
+    fn the_capacity_basis_warns_when_jobs_queue_for_capacity_and_none_starts() {
+        let few = WaitModel::build((1..=10).map(|i| ("a".to_string(), pb::PriorityClass::Urgent, 60 * i * MIN)), 0);
+        let s = PredictSettings::default();
+        assert_eq!((s.capacity_jobs, s.capacity_window_ms), (3, 10 * MIN));
+        let job = |queued: usize| Waiting {
+            pool: "a",
+            priority: pb::PriorityClass::Urgent,
+            submitted_ms: 0,
+            estimated_start_ms: None,
+            others_waiting_past: 0,
+            capacity_queued: queued,
+        };
+        // Two queued for capacity: below 3, nothing; three: warned, with nothing else to go on.
+        assert_eq!(predict(&few, &s, job(2), 10 * MIN, MIN), None);
+        assert_eq!(predict(&few, &s, job(3), 10 * MIN, MIN), Some(Basis::Capacity { queued: 3 }));
+        assert_eq!(Basis::Capacity { queued: 3 }.label(), "capacity");
+        // The scheduler's in-time estimate wins; a stall is named first; off with 0; none past the deadline.
+        assert_eq!(predict(&few, &s, Waiting { estimated_start_ms: Some(5 * MIN), ..job(5) }, 10 * MIN, MIN), None);
+        assert_eq!(
+            predict(&few, &s, Waiting { others_waiting_past: 1, ..job(5) }, 10 * MIN, MIN),
+            Some(Basis::Stall { waiting_past: 1 })
+        );
+        assert_eq!(predict(&few, &PredictSettings { capacity_jobs: 0, ..s }, job(5), 10 * MIN, MIN), None);
+        assert_eq!(predict(&few, &s, job(5), 10 * MIN, 10 * MIN), None);
+    }
+
+    #[test]
+    fn capacity_signals_count_recent_capacity_waits_and_any_start_clears_them() {
+        let now = 100 * MIN;
+        let mut c = CapacitySignals::new(10 * MIN, now);
+        let q = |since: i64| CapacityView { capacity_since_ms: Some(since), started_ms: None };
+        // class:h100: capacity reports at 91, 95 and 100 min count; 90 min is on the window's open edge, 80 before it.
+        for since in [80 * MIN, 90 * MIN, 91 * MIN, 95 * MIN, 100 * MIN] {
+            c.add("class:h100", q(since));
+        }
+        // A job that started at 85 min (before the window) and one that waits for another reason: neither counts.
+        c.add("class:h100", CapacityView { capacity_since_ms: None, started_ms: Some(85 * MIN) });
+        c.add("class:h100", CapacityView::default());
+        assert_eq!(c.counts("class:h100"), (3, 0));
+        assert_eq!(c.out_of_capacity("class:h100"), 3);
+        // pool:p: two capacity waits but a start at 99 min in the window: not out of capacity.
+        c.add("pool:p", q(92 * MIN));
+        c.add("pool:p", q(93 * MIN));
+        c.add("pool:p", CapacityView { capacity_since_ms: None, started_ms: Some(99 * MIN) });
+        assert_eq!(c.counts("pool:p"), (2, 1));
+        assert_eq!(c.out_of_capacity("pool:p"), 0);
+        assert_eq!(c.out_of_capacity("class:a100"), 0);
+        assert_eq!(class_scope("p", ""), "pool:p");
+        assert_eq!(class_scope("p", "h100"), "class:h100");
+    }
+
+    #[test]
+    fn the_section_validates_and_writes_back_the_capacity_settings() {
+        let sec = PredictionSection {
+            capacity_jobs: Some(5),
+            capacity_window: Some("15m".to_string()),
+            ..PredictionSection::default()
+        };
+        let mut errs = Vec::new();
+        let s = sec.validate(&mut errs);
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!((s.capacity_jobs, s.capacity_window_ms), (5, 15 * MIN));
+        let back = PredictionSection::of(&s);
+        assert_eq!((back.capacity_jobs, back.capacity_window.as_deref()), (Some(5), Some("15m")));
+        for (bad, what) in [("30s", "out of range"), ("2d", "out of range"), ("soon", "not a duration")] {
+            let mut errs = Vec::new();
+            PredictionSection { capacity_window: Some(bad.to_string()), ..PredictionSection::default() }
+                .validate(&mut errs);
+            assert_eq!(errs.len(), 1, "{bad}: {errs:?}");
+            assert!(errs[0].starts_with("prediction.capacity_window:") && errs[0].contains(what), "{errs:?}");
+        }
     }
 }
