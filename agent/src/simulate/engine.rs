@@ -24,7 +24,9 @@
 //!   hours, back within 15-40 minutes): their jobs get `node_lost` and are requeued.
 //!
 //! Waiting jobs get `queued` with the reason a scheduler would show: the head `capacity` (`Resources`), the jobs
-//! behind it `priority` (`Priority`), `quota`, or `capacity` in a crunch. Slurm pools also send the
+//! behind it `priority` (`Priority`), `quota`; in a crunch, what the provider says when out of capacity: Slurm's
+//! head `Resources` and `Priority` behind it, `Unschedulable` for every Kueue job, a managed endpoint's stock-out
+//! message for every job. Slurm pools also send the
 //! **estimated start** of their first [`ESTIMATED`] waiting jobs, planned every [`PLAN_EVERY_MS`] like Slurm's
 //! backfill planner: from running jobs' time limits (the scheduler does not know when a job will really end),
 //! each job in rank order placed at the earliest time it fits after those ahead of it; a new `queued` goes out
@@ -690,9 +692,16 @@ impl FleetSim {
         let now = self.clock;
         let keys: Vec<(QueueKey, usize)> = self.pools[p].queue.iter().take(SCAN).map(|(k, s)| (*k, *s)).collect();
         if self.pools[p].crunch_until > now {
+            // Nothing fits: Slurm shows `Resources` on the first job in rank order and `Priority` behind it, as
+            // it does when a pool is full; Kueue's pods and managed endpoints report capacity for every job.
             let raw = crunch_raw(&self.pools[p].cfg);
-            for (_, s) in keys {
-                self.set_reason(s, pb::WaitReason::Capacity, raw);
+            let slurm = self.pools[p].sched == Scheduler::Slurm;
+            for (i, (_, s)) in keys.into_iter().enumerate() {
+                if slurm && i > 0 {
+                    self.set_reason(s, pb::WaitReason::Priority, "Priority");
+                } else {
+                    self.set_reason(s, pb::WaitReason::Capacity, raw);
+                }
             }
         } else if self.pools[p].sched == Scheduler::Managed {
             self.pass_managed(p, &keys);
@@ -1419,10 +1428,14 @@ fn managed_raw(provider: &str) -> (&'static str, &'static str, &'static str) {
     }
 }
 
+/// What a crunch shows a waiting job (the head's, on Slurm), as its scheduler or provider reports running out of
+/// capacity: Slurm's `Resources` (nothing fits), a pod `Unschedulable` under Kueue, a managed endpoint's stock-out
+/// message. Nothing a real adapter would not send.
 fn crunch_raw(pool: &Pool) -> &'static str {
-    match pool.gpu_class {
-        "h100" => "capacity crunch: no H100 available",
-        _ => "capacity crunch: no GPU available",
+    match pool.scheduler() {
+        Scheduler::Slurm => "Resources",
+        Scheduler::Kueue => "Unschedulable",
+        Scheduler::Managed => managed_raw(pool.provider).1,
     }
 }
 
