@@ -610,3 +610,71 @@ fn chains_run_their_stages_in_order_each_after_the_previous_one_ended() {
     assert!(complete * 2 > chains.len(), "most chains reach quantize ({complete} of {})", chains.len());
     assert!(retries > 0, "some stage failed and was retried");
 }
+
+/// A crunch reports only what the providers' adapters report when out of capacity: on Slurm the pending reasons
+/// the Slurm adapter maps to the same wait reason (`Resources` on the head, `Priority` behind it), on Kueue a
+/// pod's `Unschedulable`, on SageMaker a status message the SageMaker adapter reads as a capacity wait, on Vertex
+/// AI its stock-out text; never a text of the simulator's own. And the H100 class shows it: several jobs are
+/// reported queued for capacity in the crunch's first 15 minutes while none of the class starts.
+#[test]
+fn a_crunch_reports_what_the_providers_report_when_out_of_capacity() {
+    use crate::provider::{sagemaker::is_capacity_message, slurm::reasons::map_reason};
+    let mut pools = model::fleet(0, 0, 60.0);
+    let crunch = (T0 + DAY + 14 * 3_600_000, T0 + DAY + 15 * 3_600_000);
+    for p in pools.iter_mut() {
+        p.crunches = vec![crunch];
+    }
+    let times = arrivals(9, 60 * 24 * 2, T0, T0 + 2 * DAY);
+    let tr = engine::simulate(FleetConfig::new(9, pools.clone(), T0), &times, T0 + 3 * DAY);
+    let mut pool_of: HashMap<&str, &Pool> = HashMap::new();
+    let mut raws: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+    let (mut h100_capacity, mut h100_starts) = (0u32, 0u32);
+    for e in &tr.events {
+        let t = at(e);
+        match e.kind.as_ref().expect("kind") {
+            Kind::Submitted(s) => {
+                let p = pools.iter().find(|p| p.name == s.pool).expect("pool");
+                pool_of.insert(&e.job_id, p);
+            }
+            Kind::Queued(q) if (crunch.0..crunch.1).contains(&t) => {
+                let p = pool_of[e.job_id.as_str()];
+                let raw = q.raw_reason.as_str();
+                assert!(!raw.to_lowercase().contains("crunch"), "{raw}");
+                let capacity = q.reason == pb::WaitReason::Capacity as i32;
+                match p.scheduler() {
+                    model::Scheduler::Slurm => assert_eq!(map_reason(raw) as i32, q.reason, "{raw}"),
+                    model::Scheduler::Kueue => {
+                        assert!(capacity && ["Pending", "Unschedulable"].contains(&raw), "{raw}")
+                    }
+                    model::Scheduler::Managed if p.provider == "sagemaker" && capacity => {
+                        assert!(raw == "Pending" || is_capacity_message(raw), "{raw}")
+                    }
+                    model::Scheduler::Managed if p.provider == "vertex" && capacity => {
+                        assert!(["JOB_STATE_QUEUED", "Resources are insufficient in region"].contains(&raw), "{raw}")
+                    }
+                    model::Scheduler::Managed => {}
+                }
+                *raws.entry((p.name, raw)).or_default() += 1;
+                if p.gpu_class == "h100" && capacity && t < crunch.0 + 15 * 60_000 {
+                    h100_capacity += 1;
+                }
+            }
+            Kind::NodeAssigned(_) if (crunch.0..crunch.1).contains(&t) => {
+                h100_starts += u32::from(pool_of[e.job_id.as_str()].gpu_class == "h100");
+            }
+            _ => {}
+        }
+    }
+    // Every pool reported its out-of-capacity words in the crunch.
+    for (pool, raw) in [
+        ("h100", "Resources"),
+        ("a100", "Resources"),
+        ("l40s", "Unschedulable"),
+        ("vertex-a3", "Resources are insufficient in region"),
+        ("sm-p4d", "CapacityError: Unable to provision requested ML compute capacity"),
+    ] {
+        assert!(raws.get(&(pool, raw)).is_some_and(|n| *n > 0), "{pool} {raw}: {raws:?}");
+    }
+    assert!(h100_capacity >= 3, "{h100_capacity} capacity reports of the class in the first 15 minutes: {raws:?}");
+    assert_eq!(h100_starts, 0, "nothing of the class starts in the crunch");
+}
