@@ -282,11 +282,13 @@ pub fn main(a: Args) {
     // The first breaching urgent job of each crunch (by submit time, submitted within it), among the judged.
     let breached = |j: &Job| j.first_step.is_none_or(|f| f > j.submitted + threshold);
     let mut first_of_crunch: BTreeMap<i64, usize> = BTreeMap::new();
+    let mut breached_in_crunch: BTreeMap<i64, usize> = BTreeMap::new();
     for (i, j) in judged.iter().enumerate() {
         if j.gpu_class != "h100" || !breached(j) {
             continue;
         }
         if let Some(w) = windows.iter().find(|(from, to)| (*from..*to).contains(&j.submitted)) {
+            *breached_in_crunch.entry(w.0).or_default() += 1;
             let e = first_of_crunch.entry(w.0).or_insert(i);
             if judged[*e].submitted > j.submitted {
                 *e = i;
@@ -367,8 +369,9 @@ pub fn main(a: Args) {
                 first_warned += u64::from(first_warning.is_some());
                 if r == 0 {
                     details.push(format!(
-                        "| {} | +{:.1} min | {} | {} | {} |",
+                        "| {} | {} | +{:.1} min | {} | {} | {} |",
                         fmt_ms(*from),
+                        breached_in_crunch.get(from).copied().unwrap_or(0),
                         (j.submitted - from) as f64 / MIN as f64,
                         j.pool,
                         first_warning.map_or("no".to_string(), |(w, _)| format!(
@@ -403,8 +406,8 @@ pub fn main(a: Args) {
         );
     }
     println!("\nEach crunch's first breaching urgent job, with the bases as given:\n");
-    println!("| crunch from | submitted | pool | warned | basis |");
-    println!("|---|---|---|---|---|");
+    println!("| crunch from | urgent breaches in it | first submitted | pool | warned | basis |");
+    println!("|---|---|---|---|---|---|");
     for d in details {
         println!("{d}");
     }
