@@ -12,8 +12,10 @@ impl JobIndex {
         let mut out = CapacitySignals::new(window_ms, now);
         for h in self.jobs.values() {
             let t = &h.rec.timeline;
-            let Some(a) = t.attrs.as_ref() else { continue };
-            out.add(&class_scope(&a.pool, &a.gpu_class), CapacityView::of(t));
+            let v = CapacityView::of(t);
+            // Most jobs neither queued for capacity nor started lately: no scope to build for them.
+            let Some(a) = t.attrs.as_ref().filter(|_| out.counts_view(&v)) else { continue };
+            out.add(&class_scope(&a.pool, &a.gpu_class), v);
         }
         out
     }

@@ -324,10 +324,18 @@ impl CapacitySignals {
         CapacitySignals { by_scope: HashMap::new(), window_ms, now }
     }
 
+    /// Whether `v` counts at all (it was queued for capacity or started in the window): the others need no scope.
+    pub fn counts_view(&self, v: &CapacityView) -> bool {
+        self.within(v.capacity_since_ms) || self.within(v.started_ms)
+    }
+
+    fn within(&self, t: Option<i64>) -> bool {
+        t.is_some_and(|t| t > self.now - self.window_ms && t <= self.now)
+    }
+
     /// Counts one job of `scope`.
     pub fn add(&mut self, scope: &str, v: CapacityView) {
-        let within = |t: Option<i64>| t.is_some_and(|t| t > self.now - self.window_ms && t <= self.now);
-        let (queued, started) = (within(v.capacity_since_ms), within(v.started_ms));
+        let (queued, started) = (self.within(v.capacity_since_ms), self.within(v.started_ms));
         if !queued && !started {
             return;
         }
@@ -454,6 +462,9 @@ mod tests {
         c.add("class:h100", CapacityView { capacity_since_ms: None, started_ms: Some(85 * MIN) });
         c.add("class:h100", CapacityView::default());
         assert_eq!(c.counts("class:h100"), (3, 0));
+        assert!(
+            c.counts_view(&q(91 * MIN)) && !c.counts_view(&q(90 * MIN)) && !c.counts_view(&CapacityView::default())
+        );
         assert_eq!(c.out_of_capacity("class:h100"), 3);
         // pool:p: two capacity waits but a start at 99 min in the window: not out of capacity.
         c.add("pool:p", q(92 * MIN));
