@@ -104,4 +104,85 @@ mod tests {
         // Long after: nothing recent.
         assert_eq!(f.at(60, h), (0, 0, 0));
     }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// What happens to one job at one minute.
+        #[derive(Debug, Clone, Copy)]
+        enum Step {
+            /// Queued for capacity.
+            Capacity,
+            /// Queued for quota.
+            Quota,
+            /// Nodes assigned.
+            Assigned,
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            prop_oneof![Just(Step::Capacity), Just(Step::Quota), Just(Step::Assigned)]
+        }
+
+        proptest! {
+            /// Long random sequences of capacity waits, quota waits and starts over 6 jobs of two classes, fed
+            /// one event at a time through the index (a job's steps a minute or more apart): at every minute the
+            /// signal equals a plain model's, which reads each job's own steps (its last step is a capacity wait
+            /// reported in the window; its last start lies in the window).
+            #[test]
+            fn the_signal_matches_a_model_of_each_jobs_last_steps(
+                ops in prop::collection::vec((0usize..6, 1i64..4, step()), 1..80),
+                window in 1i64..20,
+            ) {
+                let mut f = Feed { idx: JobIndex::default(), seq: 0 };
+                let class = |j: usize| if j % 2 == 0 { "h100" } else { "a100" };
+                for j in 0..6 {
+                    f.submit(&format!("j{j}"), 0, &format!("p{}", j % 3), class(j));
+                }
+                // Per job: its steps so far, (minute, step).
+                let mut seen: Vec<Vec<(i64, Step)>> = vec![Vec::new(); 6];
+                let mut m = 0i64;
+                for (j, gap, st) in ops {
+                    m += gap;
+                    let id = format!("j{j}");
+                    match st {
+                        Step::Capacity => f.queued(&id, m, pb::WaitReason::Capacity, "Resources"),
+                        Step::Quota => f.queued(&id, m, pb::WaitReason::Quota, "QOSGrpGRES"),
+                        Step::Assigned => f.assigned(&id, m),
+                    }
+                    seen[j].push((m, st));
+                    let now = T0 + m * MIN;
+                    let sig = f.idx.capacity_signals(window * MIN, now);
+                    for c in ["h100", "a100"] {
+                        let (mut queued, mut started) = (0, 0);
+                        for (_, steps) in seen.iter().enumerate().filter(|(k, _)| class(*k) == c) {
+                            let inside = |t: i64| t > m - window && t <= m;
+                            // The last step decides where it waits (events of one minute apply in arrival order).
+                            if let Some((t, Step::Capacity)) = steps.last() {
+                                queued += usize::from(inside(*t));
+                            }
+                            // A start: nodes assigned to a job that was not placed (its first assignment, or
+                            // the first after a wait); more nodes for a placed job are the same start.
+                            let start = steps
+                                .iter()
+                                .enumerate()
+                                .filter(|(i, (_, s))| {
+                                    matches!(s, Step::Assigned)
+                                        && (*i == 0 || !matches!(steps[i - 1].1, Step::Assigned))
+                                })
+                                .map(|(_, (t, _))| *t)
+                                .last();
+                            if let Some(t) = start {
+                                started += usize::from(inside(t));
+                            }
+                        }
+                        let scope = format!("class:{c}");
+                        prop_assert_eq!(sig.counts(&scope), (queued, started), "minute {}, {}", m, c);
+                        let want = if started == 0 { queued } else { 0 };
+                        prop_assert_eq!(sig.out_of_capacity(&scope), want);
+                    }
+                }
+            }
+        }
+    }
 }
