@@ -155,9 +155,9 @@ mod tests {
                     let sig = f.idx.capacity_signals(window * MIN, now);
                     for c in ["h100", "a100"] {
                         let (mut queued, mut started) = (0, 0);
-                        for (_, steps) in seen.iter().enumerate().filter(|(k, _)| class(*k) == c) {
+                        for steps in seen.iter().enumerate().filter(|(k, _)| class(*k) == c).map(|(_, s)| s) {
                             let inside = |t: i64| t > m - window && t <= m;
-                            // The last step decides where it waits (events of one minute apply in arrival order).
+                            // The last step decides where it waits.
                             if let Some((t, Step::Capacity)) = steps.last() {
                                 queued += usize::from(inside(*t));
                             }
@@ -171,7 +171,7 @@ mod tests {
                                         && (*i == 0 || !matches!(steps[i - 1].1, Step::Assigned))
                                 })
                                 .map(|(_, (t, _))| *t)
-                                .last();
+                                .next_back();
                             if let Some(t) = start {
                                 started += usize::from(inside(t));
                             }
