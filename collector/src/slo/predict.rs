@@ -1,7 +1,7 @@
 //! Breach prediction: will a job that is still waiting miss its start SLO's deadline? Pure: the caller builds a
 //! [`WaitModel`] from recent jobs and asks for each waiting job.
 //!
-//! Three bases, the scheduler's word first:
+//! Four bases, asked in this order: scheduler, stall, capacity, history (the first that predicts a breach names it).
 //! - **scheduler**: the latest `queued` event of the current wait carries `estimated_start` (Slurm's `StartTime`
 //!   of a pending job): a breach is predicted when it lies past the deadline, and not otherwise;
 //! - **history**: the pool's recent behaviour for the job's priority. Among the jobs of the same pool and
@@ -11,8 +11,8 @@
 //!   starting are left out of the samples (their start time is unknown);
 //! - **stall**: the job's GPU class (its pool, when it names no class) is stalled for its priority now: at least
 //!   `stall_jobs` other jobs of the same class and priority, in any pool, are still waiting past this SLO's
-//!   threshold. What a sudden capacity crunch shows first (it hits every pool of a class, managed and dedicated),
-//!   which history cannot: every job that arrives after the first breach is warned at once;
+//!   threshold. What a sudden capacity crunch shows once it has caught one job (it hits every pool of a class,
+//!   managed and dedicated), which history cannot: every job that arrives after the first breach is warned at once;
 //! - **capacity**: the job's GPU class (its pool, when it names none) is out of capacity now: at least
 //!   `capacity_jobs` jobs of the class, of any priority, were reported queued for capacity (`queued:capacity`:
 //!   Slurm's `Resources`, a pod `Unschedulable`, a managed endpoint's stock-out message) in the last
