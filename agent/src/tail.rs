@@ -127,6 +127,9 @@ pub fn to_json(r: &pb::StreamRecord) -> serde_json::Value {
                 json!({"event_seq": c.event_seq, "previous_state": c.previous_state, "state": c.state,
                        "previous_segment": c.previous_segment, "segment": c.segment, "outcome": c.outcome,
                        "resync": c.resync,
+                       "expected_start": c.expected_start.as_ref().map(|e| json!({"at": ts(&e.at), "low": ts(&e.low),
+                           "high": ts(&e.high), "basis": e.basis, "comparable_jobs": e.comparable_jobs,
+                           "waited_seconds": e.waited_seconds})),
                        "slo_decisions": c.slo_decisions.iter().map(|d| json!({"slo": d.slo, "verdict": d.verdict,
                            "time_to_first_step_seconds": d.time_to_first_step_seconds,
                            "first_step_origin": pb::StepOrigin::try_from(d.first_step_origin)
@@ -174,6 +177,15 @@ pub fn to_text(r: &pb::StreamRecord) -> String {
             }
             if c.resync {
                 s.push_str(" (resync)");
+            }
+            if let Some(e) = &c.expected_start {
+                s.push_str(&format!(
+                    " expected start {} (80%: {} - {}) basis {}",
+                    ts(&e.at),
+                    ts(&e.low),
+                    ts(&e.high),
+                    e.basis
+                ));
             }
             s
         }
@@ -329,5 +341,43 @@ mod tests {
         assert_eq!(j["change"]["slo_decisions"][0]["time_to_first_step_seconds"], 42.0);
         assert_eq!(j["change"]["slo_decisions"][0]["first_step_origin"], "container_start");
         assert_eq!(j["cursor"], 12);
+        assert!(j["change"]["expected_start"].is_null());
+    }
+
+    #[test]
+    fn an_expected_start_change_prints_the_estimate() {
+        let r = pb::StreamRecord {
+            cursor: 13,
+            job_id: "slurm/a/2".into(),
+            record: Some(Record::Change(pb::JobChange {
+                previous_state: "queued".into(),
+                state: "queued".into(),
+                previous_segment: "queued:capacity".into(),
+                segment: "queued:capacity".into(),
+                expected_start: Some(pb::ExpectedStart {
+                    at: Some(prost_types::Timestamp { seconds: 1_767_225_600, nanos: 0 }),
+                    low: Some(prost_types::Timestamp { seconds: 1_767_225_000, nanos: 0 }),
+                    high: Some(prost_types::Timestamp { seconds: 1_767_229_200, nanos: 0 }),
+                    basis: "history".into(),
+                    comparable_jobs: 40,
+                    waited_seconds: 90.5,
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let line = to_text(&r);
+        assert!(
+            line.ends_with(
+                "change  queued -> queued expected start 2026-01-01T00:00:00.000Z (80%: 2025-12-31T23:50:00.000Z - \
+                 2026-01-01T01:00:00.000Z) basis history"
+            ),
+            "{line}"
+        );
+        let j = to_json(&r);
+        assert_eq!(j["change"]["expected_start"]["at"], "2026-01-01T00:00:00.000Z");
+        assert_eq!(j["change"]["expected_start"]["high"], "2026-01-01T01:00:00.000Z");
+        assert_eq!(j["change"]["expected_start"]["comparable_jobs"], 40);
+        assert_eq!(j["change"]["expected_start"]["waited_seconds"], 90.5);
     }
 }

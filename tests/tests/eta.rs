@@ -1,7 +1,9 @@
 //! `startline-agent eta` against a real collector (auth on, the reader's token from a file): a waiting job's
 //! line says what `GET /api/v1/jobs/{job_id}` says of its `expected_start` (checked with a formatter written
 //! here from the clock arithmetic), `--json` prints that field, a job that started or ended says when, an unknown
-//! job exits 3 with its id named, and no token is a refusal (exit 1).
+//! job exits 3 with its id named, and no token is a refusal (exit 1). The stream carries the waiting job's
+//! expected start as a change of its own, equal to the API's, again when a new scheduler estimate moves it,
+//! and no more once the job started.
 
 use startline_agent::uplink::{Publisher, UplinkSettings};
 use startline_proto::pb::{self, lifecycle_event::Kind};
@@ -94,7 +96,8 @@ async fn eta_prints_what_the_api_says_of_a_waiting_job_and_the_state_of_others()
         &cfg,
         format!(
             "[[auth.identity]]\nname = \"adapters\"\ntoken_hashes = [\"{}\"]\nscopes = [\"ingest\"]\n\
-             [[auth.identity]]\nname = \"people\"\ntoken_hashes = [\"{}\"]\nscopes = [\"read\"]\n",
+             [[auth.identity]]\nname = \"people\"\ntoken_hashes = [\"{}\"]\nscopes = [\"read\"]\n\
+             [stream]\nexpected_start_interval = \"1s\"\n",
             hash(&ingest),
             hash(&reader)
         ),
@@ -207,4 +210,102 @@ async fn eta_prints_what_the_api_says_of_a_waiting_job_and_the_state_of_others()
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("answered 401"), "{err}");
+
+    // The stream: the waiting job's expected start (swept every second here) as a change of its own, the API's.
+    let mut stream = subscribe(&c, &reader).await;
+    let (first, change) = settled_estimate(&mut stream, |_| true).await;
+    assert_eq!((change.previous_state.as_str(), change.state.as_str()), ("queued", "queued"));
+    assert_eq!((change.previous_segment.as_str(), change.segment.as_str()), ("queued:capacity", "queued:capacity"));
+    assert_same_estimate(&first, &get(&c, &reader, "slurm/c/123")["expected_start"]);
+
+    // The scheduler now expects it in 4 hours: the central estimate moves by far more than a tenth of the wait
+    // left (and 5 minutes), so a new estimate follows, again the API's.
+    let now = startline_tests::ago(0);
+    up.send(vec![event(
+        "slurm/c/123",
+        "q2",
+        now,
+        Kind::Queued(pb::Queued {
+            reason: pb::WaitReason::Capacity as i32,
+            raw_reason: "Resources".into(),
+            estimated_start: Some(ms_to_timestamp(now + 240 * MIN)),
+            ..Default::default()
+        }),
+    )])
+    .await
+    .expect("send");
+    up.flush().await.expect("flush");
+    let moved_from = ts_ms(&first.at);
+    let (second, _) = settled_estimate(&mut stream, |e| ts_ms(&e.at) > moved_from + 60 * MIN).await;
+    assert_same_estimate(&second, &get(&c, &reader, "slurm/c/123")["expected_start"]);
+
+    // It starts: the change out of waiting, then no more estimates for it (three sweeps later).
+    up.send(vec![event("slurm/c/123", "f", startline_tests::ago(0), first_step())]).await.expect("send");
+    up.flush().await.expect("flush");
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    let mut started = false;
+    while let Ok(Ok(Some(r))) = tokio::time::timeout_at(until, stream.message()).await {
+        let Some(pb::stream_record::Record::Change(ch)) = r.record else { continue };
+        if ch.state == "running" {
+            assert!(ch.expected_start.is_none(), "{ch:?}");
+            started = true;
+        } else {
+            assert!(!started, "an estimate after the start: {ch:?}");
+        }
+    }
+    assert!(started, "the change to running was streamed");
+}
+
+async fn subscribe(c: &Collector, token: &str) -> tonic::Streaming<pb::StreamRecord> {
+    let mut client = pb::stream_service_client::StreamServiceClient::connect(c.endpoint()).await.expect("connect");
+    let mut req = tonic::Request::new(pb::SubscribeRequest {
+        from_oldest: true,
+        kinds: vec!["change".into()],
+        job_id_prefix: "slurm/c/123".into(),
+        ..Default::default()
+    });
+    req.metadata_mut().insert("authorization", format!("Bearer {token}").parse().expect("metadata"));
+    client.subscribe(req).await.expect("subscribe").into_inner()
+}
+
+/// The first streamed expected start that satisfies `wanted` (within 20 s), or the last one after it within the
+/// next 2.5 s (two sweeps: the first sweep may have seen part of the history).
+async fn settled_estimate(
+    s: &mut tonic::Streaming<pb::StreamRecord>,
+    wanted: impl Fn(&pb::ExpectedStart) -> bool,
+) -> (pb::ExpectedStart, pb::JobChange) {
+    let mut until = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut found = None;
+    loop {
+        let r = match tokio::time::timeout_at(until, s.message()).await {
+            Ok(r) => r.expect("stream").expect("open"),
+            Err(_) => return found.expect("an expected start within 20 s"),
+        };
+        let Some(pb::stream_record::Record::Change(ch)) = r.record else { continue };
+        let Some(e) = ch.expected_start.clone() else { continue };
+        assert_eq!(r.job_id, "slurm/c/123");
+        if found.is_none() && !wanted(&e) {
+            continue;
+        }
+        if found.is_none() {
+            until = tokio::time::Instant::now() + Duration::from_millis(2500);
+        }
+        found = Some((e, ch));
+    }
+}
+
+fn ts_ms(t: &Option<prost_types::Timestamp>) -> i64 {
+    startline_proto::time::timestamp_to_ms(t.as_ref().expect("timestamp"))
+}
+
+/// The stream's estimate is the API's: the same times, basis and group size.
+fn assert_same_estimate(streamed: &pb::ExpectedStart, api: &serde_json::Value) {
+    let ms = |k: &str| parse_ms(api[k].as_str().expect("time")).expect("rfc3339");
+    assert_eq!(
+        (ts_ms(&streamed.at), ts_ms(&streamed.low), ts_ms(&streamed.high)),
+        (ms("at"), ms("low"), ms("high")),
+        "{streamed:?} vs {api}"
+    );
+    assert_eq!(streamed.basis, api["basis"].as_str().expect("basis"));
+    assert_eq!(Some(streamed.comparable_jobs), api["comparable_jobs"].as_u64());
 }

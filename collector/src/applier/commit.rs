@@ -348,6 +348,8 @@ impl Committer {
                         changes.push(sw.change(now, &subject, c));
                     }
                 }
+                // Expected starts posted meanwhile, after the group's changes (so checked against them).
+                changes.extend(sw.estimate_records(&idx, now));
             }
             if feeding {
                 ended.sort();

@@ -15,6 +15,8 @@
 //!   windows pruned.
 //! - [`stream`]: the stream out's writer: cursors, records built after the acks, written and flushed by its
 //!   own thread, published once durable, repaired from the log after a crash or a failed write.
+//! - [`estimates`]: a thread that estimates every waiting job's start now and then, off the commit path, and
+//!   posts the moved estimates for the stream (the committer writes them).
 //! - [`health`]: node agents' GPU health readings, stored and added to the node health book (beside the
 //!   committer: they are not lifecycle events).
 //!
@@ -32,6 +34,7 @@
 mod checkpoint;
 mod commit;
 mod deadlines;
+mod estimates;
 pub mod fold;
 pub mod halt;
 pub mod health;
@@ -290,6 +293,7 @@ impl Committer {
                 None
             }
         };
+        let estimates = self.spawn_estimates();
         let mut last_checkpoint = Instant::now();
         let mut last_retention = Instant::now();
         let mut last_fold = Instant::now();
@@ -321,7 +325,7 @@ impl Committer {
                 // runtime's timer (the committer is a plain thread), which posted alert changes cut short.
                 Err(mpsc::error::TryRecvError::Empty) => {
                     if let Some(sw) = self.stream.as_ref().filter(|s| s.has_work()) {
-                        sw.idle_write(self.settings.clock.now_ms());
+                        sw.idle_write(&self.index, self.settings.clock.now_ms());
                     }
                     let woken = async {
                         match &self.stream {
@@ -441,6 +445,13 @@ impl Committer {
         }
         // A reload waiting for an SLO swap is told it will not happen.
         drop(self.settings.deadlines.take_slos());
+        // The estimate sweep stops after its chunk (it only reads the index).
+        if let Some((stop, h)) = estimates {
+            drop(stop);
+            if !join_within(h, HALTED_JOIN_WAIT) {
+                tracing::warn!("estimate sweep did not stop in time; left behind");
+            }
+        }
         if let Some(cause) = self.store.halted() {
             // Nothing more can be written, and the maintenance and stream threads may be waiting in sled for ever:
             // they are not waited for. Everything acknowledged is in the log's synced files.
@@ -472,7 +483,7 @@ impl Committer {
             ck.write(&self.store);
         }
         if let Some(sw) = &self.stream {
-            sw.idle_write(self.settings.clock.now_ms());
+            sw.idle_write(&self.index, self.settings.clock.now_ms());
             sw.finish();
             sw.stream.hub.close();
         }
@@ -481,6 +492,24 @@ impl Committer {
             Ok(()) => self.write_shutdown_image(),
         }
         tracing::info!("committer stopped");
+    }
+
+    /// The estimate sweep's thread (see [`estimates`]), with the stream and a nonzero `expected_start_interval`:
+    /// its stop (drop it) and handle.
+    fn spawn_estimates(&self) -> Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)> {
+        let sw = self.stream.as_ref()?;
+        let every = sw.stream.settings.expected_start_interval;
+        if every.is_zero() {
+            return None;
+        }
+        let (stop, stopped) = std::sync::mpsc::channel();
+        match estimates::spawn(self.index.clone(), sw.stream.clone(), self.settings.clock, every, stopped) {
+            Ok(h) => Some((stop, h)),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the estimate sweep; the stream carries no expected starts");
+                None
+            }
+        }
     }
 
     /// A seal pass, when `[history]` is on, one is due and none is running (and store writes are not halted).

@@ -226,15 +226,42 @@ impl StreamWriter {
         stream::change_record(self.alloc(), now_ms, subject, change)
     }
 
-    /// Whether alert changes wait for a write.
-    pub(super) fn has_work(&self) -> bool {
-        self.stream.alerts_waiting() && !self.broken()
+    /// The change records of the posted expected starts whose jobs are still in the state and segment they were
+    /// estimated in, with the next cursors (call after the group's own changes took theirs, under the index lock
+    /// the group was applied under, so no later change of the job can precede its estimate); the others are
+    /// named back to the estimate sweep, which estimates them again.
+    pub(super) fn estimate_records(&self, idx: &crate::index::JobIndex, now_ms: i64) -> Vec<Rec> {
+        let notes = self.stream.take_estimates();
+        if notes.is_empty() {
+            return Vec::new();
+        }
+        let mut recs = Vec::with_capacity(notes.len());
+        let mut dropped = Vec::new();
+        for note in notes {
+            match idx.jobs.get(&note.subject.job_id).filter(|h| note.holds_for(&h.rec.timeline)) {
+                Some(h) => {
+                    let last_seq = h.rec.events.iter().map(|e| e.seq).max().unwrap_or(0);
+                    recs.push(self.change(now_ms, &note.subject, stream::expected_start_change(&note, last_seq)));
+                }
+                None => dropped.push(note.subject.job_id),
+            }
+        }
+        self.stream.expected_starts.fetch_add(recs.len() as u64, Ordering::Relaxed);
+        self.stream.estimates_dropped(dropped);
+        recs
     }
 
-    /// With no group commit coming: writes waiting alert changes and hands them to the flusher.
-    pub(super) fn idle_write(&self, now_ms: i64) {
+    /// Whether alert changes or expected starts wait for a write.
+    pub(super) fn has_work(&self) -> bool {
+        (self.stream.alerts_waiting() || self.stream.estimates_waiting()) && !self.broken()
+    }
+
+    /// With no group commit coming: writes waiting alert changes and expected starts and hands them to the
+    /// flusher.
+    pub(super) fn idle_write(&self, index: &SharedIndex, now_ms: i64) {
         if let Some(staged) = self.stage(0) {
-            self.write_group(now_ms, staged, std::iter::empty(), Vec::new());
+            let estimates = self.estimate_records(&index.read(), now_ms);
+            self.write_group(now_ms, staged, std::iter::empty(), estimates);
         }
     }
 

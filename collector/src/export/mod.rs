@@ -476,6 +476,22 @@ impl Telemetry {
                 )
                 .with_callback(move |o| o.observe(s.send_timeouts.load(Ordering::Relaxed), &[]))
                 .build();
+            let s = stream.clone();
+            let _ = meter
+                .u64_observable_counter("startline.collector.stream.expected_start_changes")
+                .with_unit("{record}")
+                .with_description(
+                    "Expected-start changes written to the stream (a waiting job's estimate, first known or moved)",
+                )
+                .with_callback(move |o| o.observe(s.expected_starts.load(Ordering::Relaxed), &[]))
+                .build();
+            let s = stream.clone();
+            let _ = meter
+                .f64_observable_gauge("startline.collector.stream.estimate_sweep_duration")
+                .with_unit("s")
+                .with_description("How long the last sweep estimating every waiting job's start took")
+                .with_callback(move |o| o.observe(s.estimate_sweep_micros.load(Ordering::Relaxed) as f64 / 1e6, &[]))
+                .build();
         }
     }
 

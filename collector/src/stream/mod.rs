@@ -20,6 +20,7 @@
 //! records lack their changes.
 
 use crate::job::{JobAttrs, JobState, Segment, Timeline};
+use crate::slo::eta::Eta;
 use crate::slo::{Contribution, Standing};
 use prost::Message;
 use startline_proto::labels::Label;
@@ -45,6 +46,9 @@ pub struct StreamSection {
     /// Longest a record waits for room toward a subscriber (its client not reading) before the call is ended
     /// (default `10s`, at least `100ms`).
     pub send_timeout: Option<String>,
+    /// How often every waiting job's expected start is estimated for the stream's expected-start changes
+    /// (default `1m`, at least `1s`; `0s` turns them off).
+    pub expected_start_interval: Option<String>,
 }
 
 /// `[stream]` settings.
@@ -62,6 +66,8 @@ pub struct StreamSettings {
     pub progress_interval: Duration,
     /// Longest one send to a subscriber may wait for room before the call is ended.
     pub send_timeout: Duration,
+    /// How often waiting jobs are estimated for expected-start changes (zero: never).
+    pub expected_start_interval: Duration,
 }
 
 impl Default for StreamSettings {
@@ -73,6 +79,7 @@ impl Default for StreamSettings {
             max_subscribers: 64,
             progress_interval: Duration::from_secs(10),
             send_timeout: Duration::from_secs(10),
+            expected_start_interval: Duration::from_secs(60),
         }
     }
 }
@@ -122,6 +129,24 @@ impl StreamSection {
                 d.send_timeout,
                 Duration::from_millis(100),
             ),
+            expected_start_interval: {
+                let v = crate::settings::duration(
+                    errs,
+                    "stream.expected_start_interval",
+                    &self.expected_start_interval,
+                    d.expected_start_interval,
+                    Duration::ZERO,
+                );
+                if !v.is_zero() && v < Duration::from_secs(1) {
+                    errs.push(format!(
+                        "stream.expected_start_interval: {} must be at least 1s (or 0s: off)",
+                        crate::settings::format_duration(v)
+                    ));
+                    d.expected_start_interval
+                } else {
+                    v
+                }
+            },
         }
     }
 
@@ -134,6 +159,7 @@ impl StreamSection {
             max_subscribers: Some(s.max_subscribers),
             progress_interval: Some(crate::settings::format_duration(s.progress_interval)),
             send_timeout: Some(crate::settings::format_duration(s.send_timeout)),
+            expected_start_interval: Some(crate::settings::format_duration(s.expected_start_interval)),
         }
     }
 }
@@ -337,6 +363,7 @@ pub fn change(
         slo_decisions: decisions,
         outcome: after.outcome.map(|o| o.label().to_string()).unwrap_or_default(),
         resync: false,
+        expected_start: None,
     })
 }
 
@@ -346,6 +373,52 @@ pub fn resync(after: &JobView, slo_name: impl Fn(u16) -> String) -> pb::JobChang
     c.resync = true;
     c.state = after.state.map(|s| s.label().to_string()).unwrap_or_default();
     c
+}
+
+/// A waiting job's expected start, estimated for the stream (the applier's estimate sweep posts these; the
+/// committer writes them while the job is still in the state and segment it was estimated in).
+#[derive(Debug, Clone)]
+pub struct EstimateNote {
+    /// The job and its filter attributes.
+    pub subject: Subject,
+    /// Its state when estimated.
+    pub state: JobState,
+    /// Its open waiting segment when estimated.
+    pub segment: Option<Segment>,
+    /// The estimate.
+    pub eta: Eta,
+}
+
+impl EstimateNote {
+    /// Whether the job is still in the view it was estimated in.
+    pub fn holds_for(&self, t: &Timeline) -> bool {
+        t.state == self.state && t.current_wait.map(|(s, _)| s) == self.segment
+    }
+}
+
+/// The change record of an expected start: state and segment unchanged, `expected_start` set; `event_seq` is the
+/// job's newest event.
+pub fn expected_start_change(note: &EstimateNote, event_seq: u64) -> pb::JobChange {
+    use startline_proto::time::ms_to_timestamp;
+    let state = note.state.label().to_string();
+    let segment = note.segment.map(Segment::label).unwrap_or_default();
+    let e = &note.eta;
+    pb::JobChange {
+        event_seq,
+        previous_state: state.clone(),
+        state,
+        previous_segment: segment.clone(),
+        segment,
+        expected_start: Some(pb::ExpectedStart {
+            at: Some(ms_to_timestamp(e.at_ms)),
+            low: Some(ms_to_timestamp(e.low_ms)),
+            high: Some(ms_to_timestamp(e.high_ms)),
+            basis: e.basis.label().to_string(),
+            comparable_jobs: e.comparable_jobs as u64,
+            waited_seconds: e.waited_ms as f64 / 1000.0,
+        }),
+        ..pb::JobChange::default()
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -563,6 +636,15 @@ pub struct Stream {
     /// Live subscribers.
     pub hub: Hub,
     outbox: Mutex<Vec<AlertNote>>,
+    /// Expected starts waiting for the committer, one per job (the newest posted wins).
+    estimates: Mutex<std::collections::HashMap<String, EstimateNote>>,
+    /// Jobs whose posted expected start the committer dropped (the job had moved on): the sweep forgets having
+    /// posted them, so the next sweep posts their estimate again.
+    estimates_dropped: Mutex<Vec<String>>,
+    /// Expected-start changes written (self-metric).
+    pub expected_starts: AtomicU64,
+    /// How long the last estimate sweep took, microseconds (self-metric).
+    pub estimate_sweep_micros: AtomicU64,
     /// Records written (self-metric).
     pub written: AtomicU64,
     /// The newest cursor known durable (flushed, or read back from disk at start): catch-up reads stop there, so
@@ -594,6 +676,10 @@ impl Stream {
             settings,
             hub: Hub::default(),
             outbox: Mutex::new(Vec::new()),
+            estimates: Mutex::new(std::collections::HashMap::new()),
+            estimates_dropped: Mutex::new(Vec::new()),
+            expected_starts: AtomicU64::new(0),
+            estimate_sweep_micros: AtomicU64::new(0),
             written: AtomicU64::new(0),
             durable: AtomicU64::new(0),
             overflows: AtomicU64::new(0),
@@ -639,6 +725,47 @@ impl Stream {
     /// Whether alert changes wait.
     pub fn alerts_waiting(&self) -> bool {
         !self.outbox.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    /// Posts expected starts (the committer writes them with its next group or tick); a job's newer note
+    /// replaces one still waiting.
+    pub fn post_estimates(&self, notes: impl IntoIterator<Item = EstimateNote>) {
+        if !self.settings.enabled {
+            return;
+        }
+        let mut waiting = self.estimates.lock().unwrap_or_else(|p| p.into_inner());
+        let mut posted = false;
+        for n in notes {
+            waiting.insert(n.subject.job_id.clone(), n);
+            posted = true;
+        }
+        drop(waiting);
+        if posted {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Takes the posted expected starts, in job order.
+    pub fn take_estimates(&self) -> Vec<EstimateNote> {
+        let taken = std::mem::take(&mut *self.estimates.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut notes: Vec<EstimateNote> = taken.into_values().collect();
+        notes.sort_by(|a, b| a.subject.job_id.cmp(&b.subject.job_id));
+        notes
+    }
+
+    /// Whether expected starts wait.
+    pub fn estimates_waiting(&self) -> bool {
+        !self.estimates.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    /// Names jobs whose posted expected start was dropped unwritten.
+    pub fn estimates_dropped(&self, jobs: impl IntoIterator<Item = String>) {
+        self.estimates_dropped.lock().unwrap_or_else(|p| p.into_inner()).extend(jobs);
+    }
+
+    /// Takes the jobs whose posted expected start was dropped unwritten.
+    pub fn take_estimates_dropped(&self) -> Vec<String> {
+        std::mem::take(&mut *self.estimates_dropped.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
