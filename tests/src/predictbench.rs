@@ -10,7 +10,9 @@
 //! configuration of the bases: the share of breached jobs warned before their deadline, the median lead time
 //! (deadline minus the first warning), the false-warning rate (jobs warned that started in time) also per 1,000
 //! judged urgent jobs, and whether each crunch's first breaching urgent job was warned. Scheduler estimates are
-//! not replayed (`estimated_start` is left out), so this measures the stall, capacity and history bases. The
+//! not replayed unless `--estimates on` (the simulator's Slurm pools send them; the simulated scheduler knows
+//! when a crunch ends, a real one whose nodes went away may not), so by default this measures the stall,
+//! capacity and history bases. The
 //! stall basis counts, at each step, the other urgent jobs of the GPU class still waiting past the threshold; the
 //! capacity basis counts, with the collector's [`CapacitySignals`] over each job's [`CapacityView`] as it stood
 //! after each of its events, the jobs of the class queued for capacity in the window and the starts in it.
@@ -54,11 +56,13 @@ pub struct Args {
     pub crunch_hour: i64,
     /// How long a crunch lasts, minutes.
     pub crunch_minutes: i64,
+    /// Replay the simulator's scheduler estimates (the Slurm pools' `estimated_start`) as the collector reads them.
+    pub estimates: bool,
 }
 
 /// Parses `predict [--days 28] [--jobs-per-hour 60] [--seed 7] [--min-samples 20] [--lookback-hours 168]
 /// [--threshold-minutes 10] [--confidence 0.8] [--stall-jobs 1] [--capacity-jobs 3] [--capacity-window-minutes 10]
-/// [--crunch-every-days 1] [--crunch-hour 14] [--crunch-minutes 60]`.
+/// [--crunch-every-days 1] [--crunch-hour 14] [--crunch-minutes 60] [--estimates off]`.
 pub fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         days: 28,
@@ -74,6 +78,7 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
         crunch_every_days: 1,
         crunch_hour: 14,
         crunch_minutes: 60,
+        estimates: false,
     };
     let mut it = args.filter(|x| x != "predict");
     while let Some(k) = it.next() {
@@ -91,6 +96,13 @@ pub fn parse_args(args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--crunch-every-days" => a.crunch_every_days = v.parse().map_err(|_| bad())?,
             "--crunch-hour" => a.crunch_hour = v.parse().map_err(|_| bad())?,
             "--crunch-minutes" => a.crunch_minutes = v.parse().map_err(|_| bad())?,
+            "--estimates" => {
+                a.estimates = match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(bad()),
+                }
+            }
             "--threshold-minutes" => a.threshold_min = v.parse().map_err(|_| bad())?,
             "--lookback-hours" => a.lookback_h = v.parse().map_err(|_| bad())?,
             other => return Err(format!("unknown option {other}")),
@@ -114,6 +126,8 @@ struct Job {
     done: Option<i64>,
     /// What the capacity basis sees of it after each of its events: (from, view), in time order.
     views: Vec<(i64, CapacityView)>,
+    /// The scheduler's estimated start of its current wait after each of its events: (from, estimate).
+    estimates: Vec<(i64, Option<i64>)>,
 }
 
 impl Job {
@@ -125,6 +139,11 @@ impl Job {
             self.views[i - 1].1
         }
     }
+
+    fn estimate_at(&self, t: i64) -> Option<i64> {
+        let i = self.estimates.partition_point(|(at, _)| *at <= t);
+        i.checked_sub(1).and_then(|i| self.estimates[i].1)
+    }
 }
 
 const MIN: i64 = 60_000;
@@ -134,6 +153,7 @@ struct Step {
     t: i64,
     waiting_past: usize,
     capacity_queued: usize,
+    estimate: Option<i64>,
 }
 
 /// One row of the table: a configuration of the bases.
@@ -171,6 +191,7 @@ pub fn main(a: Args) {
         // The view after each event, as the collector's timeline of the events so far gives it (the fold applied
         // one event at a time, finished after each, knowing nothing of the events to come).
         let mut views: Vec<(i64, CapacityView)> = Vec::new();
+        let mut estimates: Vec<(i64, Option<i64>)> = Vec::new();
         if let Some((mut fold, mut live)) = TimelineFold::start(&rec.events) {
             for e in &rec.events {
                 fold.apply(&mut live, e, &[]);
@@ -180,6 +201,12 @@ pub fn main(a: Args) {
                     Some(last) if last.0 == e.at_ms => last.1 = v,
                     Some(last) if last.1 == v => {}
                     _ => views.push((e.at_ms, v)),
+                }
+                let est = live.current_estimated_start;
+                match estimates.last_mut() {
+                    Some(last) if last.0 == e.at_ms => last.1 = est,
+                    Some(last) if last.1 == est => {}
+                    _ => estimates.push((e.at_ms, est)),
                 }
             }
         }
@@ -193,6 +220,7 @@ pub fn main(a: Args) {
             first_step: t.first_step_at,
             done: t.done_at,
             views,
+            estimates,
         });
     }
     // Started jobs by first-step time, for the no-look-ahead models.
@@ -273,6 +301,7 @@ pub fn main(a: Args) {
                     t,
                     waiting_past: waiting_past(&key, j.submitted, t),
                     capacity_queued: capacity_at(&key, t),
+                    estimate: if a.estimates { j.estimate_at(t) } else { None },
                 });
                 t += 15_000;
             }
@@ -320,10 +349,10 @@ pub fn main(a: Args) {
         });
     }
     println!(
-        "Breach prediction on the simulator's fleet ({} days, {} jobs/h, seed {}; H100 crunch of {} min at {:02}:00 UTC every {} day(s), {} in the judged half; judged: {} urgent jobs of the last {} days; threshold {} min; confidence {}, history min_samples {}, lookback {} h, model every 5 min; stall_jobs {}; capacity_jobs {}, capacity window {} min)\n",
+        "Breach prediction on the simulator's fleet ({} days, {} jobs/h, seed {}; H100 crunch of {} min at {:02}:00 UTC every {} day(s), {} in the judged half; judged: {} urgent jobs of the last {} days; threshold {} min; confidence {}, history min_samples {}, lookback {} h, model every 5 min; stall_jobs {}; capacity_jobs {}, capacity window {} min; scheduler estimates {})\n",
         a.days, a.jobs_per_hour, a.seed, a.crunch_minutes, a.crunch_hour, a.crunch_every_days, crunches_judged,
         judged.len(), a.days - a.days / 2, a.threshold_min, a.confidence, a.min_samples, a.lookback_h, a.stall_jobs,
-        a.capacity_jobs, a.capacity_window_min
+        a.capacity_jobs, a.capacity_window_min, if a.estimates { "replayed" } else { "left out" }
     );
     println!("| bases | breached | warned in advance | median lead time | not breached | false warnings | false per 1,000 urgent | first breach of a crunch warned | warned by |");
     println!("|---|---|---|---|---|---|---|---|---|");
@@ -343,7 +372,7 @@ pub fn main(a: Args) {
                     pool: &j.pool,
                     priority: j.priority,
                     submitted_ms: j.submitted,
-                    estimated_start_ms: None,
+                    estimated_start_ms: st.estimate,
                     others_waiting_past: st.waiting_past,
                     capacity_queued: st.capacity_queued,
                 };
