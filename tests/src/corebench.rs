@@ -8,6 +8,9 @@
 //!   `--in-flight` batches in flight on one stream: events/s, server CPU per event, bytes on disk per event beside
 //!   the events' mean protobuf encoding;
 //! - **memory**: the collector's RSS (and peak) after ingest, and per million tracked jobs;
+//! - **expected starts for the stream**: jobs waiting after ingest, the last estimate sweep's duration and the
+//!   expected-start changes written (the collector's config gets `[stream] expected_start_interval = "5s"` unless
+//!   `--collector-config` is given, so the ingest figures include the sweeps);
 //! - **API** timings (p50 and max of `--reps` requests after a warm-up): comparison, overview, SLOs, `/metrics`,
 //!   listings with filters (first page and a page after 20,000 matches), job detail of a done and an open job;
 //! - **history files**: how long until the seal passes caught up with the ingest (the collector's config gets
@@ -775,9 +778,11 @@ fn start_collector(db: &Path, a: &CoreArgs) -> (Collector, f64) {
         extra.push(cfg.display().to_string());
     }
     if a.collector_config.is_none() {
-        // History files sealed every 5 s (not every 10 min), so the bench sees them catch up with the ingest.
+        // History files sealed every 5 s (not every 10 min), so the bench sees them catch up with the ingest, and
+        // waiting jobs estimated for the stream every 5 s (not every minute), so the ingest pays for the sweeps.
         let cfg = db.with_extension("toml");
-        std::fs::write(&cfg, "[history]\nseal_interval = \"5s\"\n").expect("bench config");
+        std::fs::write(&cfg, "[history]\nseal_interval = \"5s\"\n[stream]\nexpected_start_interval = \"5s\"\n")
+            .expect("bench config");
         extra.push("--config".into());
         extra.push(cfg.display().to_string());
     }
@@ -1006,6 +1011,7 @@ fn run_size(rt: &tokio::runtime::Runtime, a: &CoreArgs, jobs: u64) -> SizeReport
         format!("{:.1} µs", ingest["collector_cpu_us_per_event"].as_f64().unwrap_or(0.0)),
     );
     rep.cell("jobs in memory / folded (collector self-metrics)", residence(&c));
+    rep.cell("expected-start sweep: jobs waiting, last sweep, changes written", estimate_sweep(&c));
     let disk_ingest = ingest["disk_bytes_after_ingest"].as_f64().unwrap_or(0.0) / events as f64;
     rep.cell(
         "bytes on disk per event, after ingest (x protobuf)",
@@ -1236,6 +1242,23 @@ fn print_table(a: &CoreArgs, reports: &[SizeReport]) {
         "Durable ingest against the sled ceiling of the same run and ack p99 at 10% of max rate are not repeated \
          here: `startline-bench ingest` (or `./scripts/bench.sh ingest`) measures them."
     );
+}
+
+/// Waiting jobs, the last estimate sweep's duration and the expected-start changes written, from `/metrics`.
+fn estimate_sweep(c: &Collector) -> String {
+    let (_, text) = http_get_text(c.http, "/metrics");
+    let sum = |prefix: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+            .sum()
+    };
+    format!(
+        "{} / {:.0} ms / {}",
+        thousands(sum("startline_jobs_waiting{") as u64),
+        sum("startline_collector_stream_estimate_sweep_duration_seconds") * 1000.0,
+        thousands(sum("startline_collector_stream_expected_start_changes_total") as u64),
+    )
 }
 
 /// `hot / folded` jobs and the index's estimated bytes, from the collector's `/metrics`.

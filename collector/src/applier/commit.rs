@@ -10,6 +10,7 @@
 
 use super::{CommitError, CommitRejection, CommitRequest, CommitResult, Committer};
 use crate::health::IngestStats;
+use crate::index::footprint::Observation;
 use crate::index::JobIndex;
 use crate::job::CompactEvent;
 use crate::store::StoreError;
@@ -142,15 +143,18 @@ impl Committer {
         keep
     }
 
+    /// One group commit, as named steps: answer at once while writes are halted; refuse batches over their
+    /// open-jobs budget; read the folded jobs' events the group reaches; sort its events into fresh ones,
+    /// duplicates and events over the per-job cap; append the fresh ones to the log in one synced write (all an
+    /// ack waits for); reserve the stream's cursors; apply the events to the index; answer; hand the stream its
+    /// records.
     pub(super) fn commit_group(&self, group: Vec<CommitRequest>) {
         // Every log line of a group commit (a storage error, a refused event) carries its span in JSON logs.
         let events: usize = group.iter().map(|r| r.events.len()).sum();
         let _span = tracing::info_span!("commit", batches = group.len(), events).entered();
         if let Some(cause) = self.store.halted() {
             // Writes are halted (see `super::halt`): answered at once, without a read or a write.
-            for req in group {
-                let _ = req.reply.send(Err(CommitError { cause }));
-            }
+            answer_failed(group, cause);
             return;
         }
         let mut group = self.refuse_over_budget(group);
@@ -158,97 +162,12 @@ impl Committer {
             return;
         }
         let started = Instant::now();
-        let mut results = vec![CommitResult::default(); group.len()];
-        // Per request, per event: is it new?
-        let mut fresh: Vec<Vec<bool>> = Vec::with_capacity(group.len());
-        let mut failed: Option<&'static str> = None;
-        let folded = match self.folded_events_of(&group) {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read the events of a folded job");
-                failed = Some(e.cause());
-                HashMap::new()
-            }
-        };
-        {
-            let mut seen: HashSet<(&str, &str)> = HashSet::new();
-            // New events of this group per job, for the per-job cap.
-            let mut incoming: HashMap<&str, usize> = HashMap::new();
-            for (ri, req) in group.iter().enumerate() {
-                let mut flags = Vec::with_capacity(req.events.len());
-                for (ei, ev) in req.events.iter().enumerate() {
-                    let dup = !seen.insert((ev.job_id.as_str(), ev.event_id.as_str()))
-                        || match self.is_stored(&ev.job_id, &ev.event_id, ev.compact.id_hash, &folded) {
-                            Ok(d) => d,
-                            Err(e) => {
-                                tracing::error!(error = %e, "duplicate check failed");
-                                failed = Some(e.cause());
-                                false
-                            }
-                        };
-                    // A duplicate is answered as one even when its job is full; a new event of a full job is not
-                    // stored (and a later copy of it in this group is not a duplicate).
-                    let capped = !dup && !self.take_job_room(&ev.job_id, &mut incoming, &folded);
-                    if capped {
-                        seen.remove(&(ev.job_id.as_str(), ev.event_id.as_str()));
-                        results[ri].rejections.push(CommitRejection {
-                            index: ei,
-                            event_id: ev.event_id.clone(),
-                            field: "job_id",
-                            reason: format!(
-                                "job has reached store.max_events_per_job = {} events; event not stored",
-                                self.settings.max_events_per_job
-                            ),
-                        });
-                    } else if dup {
-                        results[ri].duplicates += 1;
-                    } else {
-                        results[ri].accepted += 1;
-                    }
-                    flags.push(!dup && !capped);
-                }
-                fresh.push(flags);
-            }
-        }
+        let (folded, read_failed) = self.read_folded(&group);
+        let Sorted { fresh, results, failed: check_failed } = self.sort_events(&group, &folded);
         let first_seq = self.index.read().last_seq.max(self.used_seq.get()) + 1;
-        let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
-        // The stream's filter subject of each fresh event (only when the stream is kept).
-        let mut subjects = Vec::new();
-        {
-            let idx = self.stream.as_ref().map(|_| self.index.read());
-            // Attributes a `submitted` of this very group brings (its job may not be in the index yet).
-            let mut arriving: HashMap<String, std::sync::Arc<crate::job::JobAttrs>> = HashMap::new();
-            if idx.is_some() {
-                for ev in group.iter().flat_map(|r| r.events.iter()) {
-                    if let crate::job::EventKind::Submitted(a) = &ev.compact.kind {
-                        arriving.entry(ev.job_id.clone()).or_insert_with(|| a.clone());
-                    }
-                }
-            }
-            for (req, flags) in group.iter_mut().zip(&fresh) {
-                for (ev, _) in req.events.iter_mut().zip(flags).filter(|(_, f)| **f) {
-                    entries.push((first_seq + entries.len() as u64, std::mem::take(&mut ev.encoded)));
-                    if let Some(idx) = &idx {
-                        let known = idx
-                            .jobs
-                            .get(&ev.job_id)
-                            .and_then(|h| h.rec.timeline.attrs.clone())
-                            .or_else(|| arriving.get(&ev.job_id).cloned());
-                        subjects.push(super::stream::subject_of(&ev.job_id, &ev.compact.kind, known.as_deref()));
-                    }
-                }
-            }
-        }
+        let (mut entries, subjects) = self.log_entries(&mut group, &fresh, first_seq);
         let now = self.settings.clock.now_ms();
-        if failed.is_none() && !entries.is_empty() {
-            self.used_seq.set(first_seq + entries.len() as u64 - 1);
-            // Synced before anything else: the ack waits for this alone.
-            if let Err(e) = self.store.append_durable(&entries) {
-                tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
-                self.write_failed(&e);
-                failed = Some(e.cause());
-            }
-        }
+        let failed = read_failed.or(check_failed).or_else(|| self.append(&entries, first_seq));
         // The stream's cursors for the durable events (its records are written after the acks went out and
         // flushed off the commit path; see `stream`).
         let staged = match (&self.stream, failed) {
@@ -258,110 +177,245 @@ impl Committer {
         if let Some(cause) = failed {
             // A failed read (the duplicate check) leaves writes going; a failed append halted them.
             self.health.storage_failed(cause);
-            for req in group {
-                let _ = req.reply.send(Err(CommitError { cause }));
-            }
+            answer_failed(group, cause);
             return;
         }
         self.health.storage_ok();
-        // Durable: now visible.
+        // Durable: now visible. The feed takes the stored values when someone subscribes.
         let accepted = entries.len() as u64;
-        // The feed takes the stored values when someone subscribes; otherwise they go now.
         let feeding = self.settings.feed.active();
-        let mut values =
-            if feeding { entries.iter().map(|(_, v)| v.clone()).collect() } else { Vec::new() }.into_iter();
+        let values = if feeding { entries.iter().map(|(_, v)| v.clone()).collect() } else { Vec::new() };
         if staged.is_none() {
             // Not needed any more: freed before the index lock is taken.
             entries = Vec::new();
         }
-        let mut fed = crate::feed::Group::default();
-        let mut replies = Vec::with_capacity(group.len());
-        let mut observations = Vec::new();
-        let mut changes = Vec::new();
-        {
-            let mut idx = self.index.write();
-            // Open jobs per identity, kept with the index under its write lock (see the module notes).
-            let mut book = self.stats.open_jobs.book();
-            let track = !book.is_empty() || group.iter().any(|r| r.owner.is_some());
-            idx.begin_group();
-            let mut seq = first_seq;
-            let mut ended: Vec<String> = Vec::new();
-            // For the stream: each job the group touches, its view before the group's first event of it, and the
-            // group's last event of it (one change per job per group commit: what the collector learned at once).
-            let mut touched: Vec<(String, Option<crate::stream::JobView>, u64)> = Vec::new();
-            let mut touched_at: HashMap<String, usize> = HashMap::new();
-            for ((req, flags), res) in group.into_iter().zip(fresh).zip(&results) {
-                let owner = req.owner.map(|o| o.name);
-                for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
-                    let mut compact = ev.compact;
-                    compact.seq = seq;
-                    if idx.folded(&ev.job_id).is_some() {
-                        self.unfold(&mut idx, &ev.job_id, &folded, now);
-                    }
-                    let at_ms = compact.at_ms;
-                    let done = matches!(compact.kind, crate::job::EventKind::Done { .. });
-                    if self.stream.is_some() {
-                        match touched_at.get(&ev.job_id) {
-                            Some(&i) => touched[i].2 = seq,
-                            None => {
-                                let before = idx
-                                    .jobs
-                                    .get(&ev.job_id)
-                                    .map(|h| crate::stream::JobView::of(&h.rec.timeline, &h.slo));
-                                touched_at.insert(ev.job_id.clone(), touched.len());
-                                touched.push((ev.job_id.clone(), before, seq));
-                            }
-                        }
-                    }
-                    observations.extend(idx.insert(&ev.job_id, compact, now));
-                    idx.note_source(&ev.job_id, ev.source, at_ms, now);
-                    if track {
-                        match idx.jobs.get(&ev.job_id).map(|h| h.rec.timeline.state) {
-                            Some(state) if state != crate::job::JobState::Done => {
-                                if let Some(name) = &owner {
-                                    book.opened(&ev.job_id, name);
-                                }
-                            }
-                            _ => book.closed(&ev.job_id),
-                        }
-                    }
-                    if feeding {
-                        let attrs = idx.jobs.get(&ev.job_id).and_then(|h| h.rec.timeline.attrs.clone());
-                        if done {
-                            ended.push(ev.job_id.clone());
-                        }
-                        let value = values.next().unwrap_or_default();
-                        fed.events.push(crate::feed::Accepted { seq, job_id: ev.job_id, value, attrs });
-                    }
-                    seq += 1;
-                }
-                replies.push((req.reply, res.clone()));
-            }
-            idx.end_group();
-            if let Some(sw) = self.stream.as_ref().filter(|_| staged.is_some()) {
-                let named = |i| super::stream::slo_name(&idx.slo, i);
-                for (job_id, before, last_seq) in touched {
-                    let Some(h) = idx.jobs.get(&job_id) else { continue };
-                    let after = crate::stream::JobView::of(&h.rec.timeline, &h.slo);
-                    if let Some(c) = crate::stream::change(before.as_ref(), &after, last_seq, named) {
-                        let subject = crate::stream::Subject::job(&job_id, h.rec.timeline.attrs.as_deref());
-                        changes.push(sw.change(now, &subject, c));
-                    }
-                }
-                // Expected starts posted meanwhile, after the group's changes (so checked against them).
-                changes.extend(sw.estimate_records(&idx, now));
-            }
-            if feeding {
-                ended.sort();
-                ended.dedup();
-                fed.ended = ended
-                    .into_iter()
-                    .filter_map(|id| idx.jobs.get(&id).map(|h| h.rec.timeline.clone()).map(|t| (id, t)))
-                    .collect();
-                fed.applied_at_ms = now;
+        let values = feeding.then_some(values);
+        let applied = self.apply(group, fresh, &results, &folded, first_seq, now, values, staged.is_some());
+        self.answer(applied.replies, &results, accepted, applied.observations, started, applied.fed);
+        // The stream's records, once the acks are out: they are not part of the ack's promise (see `stream`).
+        if let (Some(sw), Some(staged)) = (&self.stream, staged) {
+            let events = subjects.into_iter().zip(&entries).map(|(s, (seq, v))| (s, *seq, v.as_slice()));
+            sw.write_group(now, staged, events, applied.changes);
+        }
+    }
+
+    /// The stored events of the folded jobs the group reaches (for the duplicate check and to unfold them), and
+    /// the cause when they could not be read.
+    fn read_folded(&self, group: &[CommitRequest]) -> (FoldedEvents, Option<&'static str>) {
+        match self.folded_events_of(group) {
+            Ok(a) => (a, None),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the events of a folded job");
+                (HashMap::new(), Some(e.cause()))
             }
         }
-        if feeding {
+    }
+
+    /// Sorts every event of the group: a duplicate (of this group or of a stored event), over its job's event cap
+    /// (a rejection naming `job_id`), or fresh; counted per batch.
+    fn sort_events(&self, group: &[CommitRequest], folded: &FoldedEvents) -> Sorted {
+        let mut sorted = Sorted {
+            fresh: Vec::with_capacity(group.len()),
+            results: vec![CommitResult::default(); group.len()],
+            failed: None,
+        };
+        let mut seen: HashSet<(&str, &str)> = HashSet::new();
+        // New events of this group per job, for the per-job cap.
+        let mut incoming: HashMap<&str, usize> = HashMap::new();
+        for (ri, req) in group.iter().enumerate() {
+            let mut flags = Vec::with_capacity(req.events.len());
+            for (ei, ev) in req.events.iter().enumerate() {
+                let dup = !seen.insert((ev.job_id.as_str(), ev.event_id.as_str()))
+                    || match self.is_stored(&ev.job_id, &ev.event_id, ev.compact.id_hash, folded) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            tracing::error!(error = %e, "duplicate check failed");
+                            sorted.failed = Some(e.cause());
+                            false
+                        }
+                    };
+                // A duplicate is answered as one even when its job is full; a new event of a full job is not
+                // stored (and a later copy of it in this group is not a duplicate).
+                let capped = !dup && !self.take_job_room(&ev.job_id, &mut incoming, folded);
+                let res = &mut sorted.results[ri];
+                if capped {
+                    seen.remove(&(ev.job_id.as_str(), ev.event_id.as_str()));
+                    res.rejections.push(CommitRejection {
+                        index: ei,
+                        event_id: ev.event_id.clone(),
+                        field: "job_id",
+                        reason: format!(
+                            "job has reached store.max_events_per_job = {} events; event not stored",
+                            self.settings.max_events_per_job
+                        ),
+                    });
+                } else if dup {
+                    res.duplicates += 1;
+                } else {
+                    res.accepted += 1;
+                }
+                flags.push(!dup && !capped);
+            }
+            sorted.fresh.push(flags);
+        }
+        sorted
+    }
+
+    /// The log entries of the fresh events (their encoded values taken, sequences from `first_seq`), and, when
+    /// the stream is kept, each one's filter subject (attributes from the index or from a `submitted` of this
+    /// very group, whose job may not be in the index yet).
+    fn log_entries(
+        &self,
+        group: &mut [CommitRequest],
+        fresh: &[Vec<bool>],
+        first_seq: u64,
+    ) -> (Vec<(u64, Vec<u8>)>, Vec<crate::stream::Subject>) {
+        let mut entries: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut subjects = Vec::new();
+        let idx = self.stream.as_ref().map(|_| self.index.read());
+        let mut arriving: HashMap<String, std::sync::Arc<crate::job::JobAttrs>> = HashMap::new();
+        if idx.is_some() {
+            for ev in group.iter().flat_map(|r| r.events.iter()) {
+                if let crate::job::EventKind::Submitted(a) = &ev.compact.kind {
+                    arriving.entry(ev.job_id.clone()).or_insert_with(|| a.clone());
+                }
+            }
+        }
+        for (req, flags) in group.iter_mut().zip(fresh) {
+            for (ev, _) in req.events.iter_mut().zip(flags).filter(|(_, f)| **f) {
+                entries.push((first_seq + entries.len() as u64, std::mem::take(&mut ev.encoded)));
+                if let Some(idx) = &idx {
+                    let known = idx
+                        .jobs
+                        .get(&ev.job_id)
+                        .and_then(|h| h.rec.timeline.attrs.clone())
+                        .or_else(|| arriving.get(&ev.job_id).cloned());
+                    subjects.push(super::stream::subject_of(&ev.job_id, &ev.compact.kind, known.as_deref()));
+                }
+            }
+        }
+        (entries, subjects)
+    }
+
+    /// Appends the entries to the log in one synced write (nothing to do for none); the cause if it failed (then
+    /// writes are halted). Their sequences are never handed out again, whatever the outcome.
+    fn append(&self, entries: &[(u64, Vec<u8>)], first_seq: u64) -> Option<&'static str> {
+        if entries.is_empty() {
+            return None;
+        }
+        self.used_seq.set(first_seq + entries.len() as u64 - 1);
+        match self.store.append_durable(entries) {
+            Ok(()) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "group commit failed; batches are not acknowledged");
+                self.write_failed(&e);
+                Some(e.cause())
+            }
+        }
+    }
+
+    /// Applies the durable fresh events to the index under one write lock: unfolds folded jobs they reach,
+    /// inserts them, keeps the open jobs per identity, and builds what follows from them: the replies, metric
+    /// observations, the feed's group (with `values`, the stored values, when the feed has subscribers) and, when the
+    /// stream's cursors were reserved (`streaming`), one change per job the group changed and the expected starts
+    /// posted meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        group: Vec<CommitRequest>,
+        fresh: Vec<Vec<bool>>,
+        results: &[CommitResult],
+        folded: &FoldedEvents,
+        first_seq: u64,
+        now: i64,
+        values: Option<Vec<Vec<u8>>>,
+        streaming: bool,
+    ) -> Applied {
+        let feeding = values.is_some();
+        let mut values = values.unwrap_or_default().into_iter();
+        let mut out = Applied {
+            replies: Vec::with_capacity(group.len()),
+            observations: Vec::new(),
+            changes: Vec::new(),
+            fed: feeding.then(crate::feed::Group::default),
+        };
+        let mut idx = self.index.write();
+        // Open jobs per identity, kept with the index under its write lock (see the module notes).
+        let mut book = self.stats.open_jobs.book();
+        let track = !book.is_empty() || group.iter().any(|r| r.owner.is_some());
+        idx.begin_group();
+        let mut seq = first_seq;
+        let mut ended: Vec<String> = Vec::new();
+        // For the stream: each job the group touches, its view before the group's first event of it, and the
+        // group's last event of it (one change per job per group commit: what the collector learned at once).
+        let mut touched = Touched::default();
+        for ((req, flags), res) in group.into_iter().zip(fresh).zip(results) {
+            let owner = req.owner.map(|o| o.name);
+            for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
+                let mut compact = ev.compact;
+                compact.seq = seq;
+                if idx.folded(&ev.job_id).is_some() {
+                    self.unfold(&mut idx, &ev.job_id, folded, now);
+                }
+                let at_ms = compact.at_ms;
+                let done = matches!(compact.kind, crate::job::EventKind::Done { .. });
+                if self.stream.is_some() {
+                    touched.note(&idx, &ev.job_id, seq);
+                }
+                out.observations.extend(idx.insert(&ev.job_id, compact, now));
+                idx.note_source(&ev.job_id, ev.source, at_ms, now);
+                if track {
+                    match idx.jobs.get(&ev.job_id).map(|h| h.rec.timeline.state) {
+                        Some(state) if state != crate::job::JobState::Done => {
+                            if let Some(name) = &owner {
+                                book.opened(&ev.job_id, name);
+                            }
+                        }
+                        _ => book.closed(&ev.job_id),
+                    }
+                }
+                if let Some(fed) = &mut out.fed {
+                    let attrs = idx.jobs.get(&ev.job_id).and_then(|h| h.rec.timeline.attrs.clone());
+                    if done {
+                        ended.push(ev.job_id.clone());
+                    }
+                    let value = values.next().unwrap_or_default();
+                    fed.events.push(crate::feed::Accepted { seq, job_id: ev.job_id, value, attrs });
+                }
+                seq += 1;
+            }
+            out.replies.push((req.reply, res.clone()));
+        }
+        idx.end_group();
+        if let Some(sw) = self.stream.as_ref().filter(|_| streaming) {
+            out.changes = touched.changes(&idx, sw, now);
+            // Expected starts posted meanwhile, after the group's changes (so checked against them).
+            out.changes.extend(sw.estimate_records(&idx, now));
+        }
+        if let Some(fed) = &mut out.fed {
+            ended.sort();
+            ended.dedup();
+            fed.ended = ended
+                .into_iter()
+                .filter_map(|id| idx.jobs.get(&id).map(|h| h.rec.timeline.clone()).map(|t| (id, t)))
+                .collect();
+            fed.applied_at_ms = now;
+        }
+        out
+    }
+
+    /// Publishes the feed's group (when the feed has subscribers), counts the group, records its metrics (before
+    /// the acks: once a client holds an ack, `/metrics` reflects its events), and answers every batch.
+    fn answer(
+        &self,
+        replies: Vec<(tokio::sync::oneshot::Sender<Result<CommitResult, CommitError>>, CommitResult)>,
+        results: &[CommitResult],
+        accepted: u64,
+        observations: Vec<Observation>,
+        started: Instant,
+        fed: Option<crate::feed::Group>,
+    ) {
+        if let Some(fed) = fed {
             self.settings.feed.publish(fed);
         }
         let duplicates: u64 = results.iter().map(|r| u64::from(r.duplicates)).sum();
@@ -371,7 +425,6 @@ impl Committer {
         IngestStats::add(&self.stats.rejected, rejected as u64);
         IngestStats::add(&self.stats.commits, 1);
         IngestStats::add(&self.stats.commit_micros, started.elapsed().as_micros() as u64);
-        // Metrics before acks: once a client holds an ack, /metrics reflects its events.
         if let Some(t) = &self.settings.telemetry {
             t.record(&observations);
             t.record_commit(started.elapsed());
@@ -380,11 +433,6 @@ impl Committer {
             let _ = reply.send(Ok(res));
         }
         self.settings.wake.notify_one();
-        // The stream's records, once the acks are out: they are not part of the ack's promise (see `stream`).
-        if let (Some(sw), Some(staged)) = (&self.stream, staged) {
-            let events = subjects.into_iter().zip(&entries).map(|(s, (seq, v))| (s, *seq, v.as_slice()));
-            sw.write_group(now, staged, events, changes);
-        }
     }
 
     /// Makes a folded job hot before a new event joins it, from the events read for this group or, if the job
@@ -416,5 +464,66 @@ impl Committer {
         };
         let events = archived.iter().filter_map(|(seq, e)| CompactEvent::from_pb(e, *seq)).collect();
         idx.unfold(job_id, events, now);
+    }
+}
+
+/// Every batch of the group answered with `cause`.
+fn answer_failed(group: Vec<CommitRequest>, cause: &'static str) {
+    for req in group {
+        let _ = req.reply.send(Err(CommitError { cause }));
+    }
+}
+
+/// The group's events sorted: per batch, per event, whether it is fresh; the batches' counts and rejections; the
+/// cause when the duplicate check could not read the store.
+struct Sorted {
+    fresh: Vec<Vec<bool>>,
+    results: Vec<CommitResult>,
+    failed: Option<&'static str>,
+}
+
+/// What applying a group to the index built: the replies, metric observations, the stream's records (changes
+/// and expected starts) and the feed's group (when the feed has subscribers).
+struct Applied {
+    replies: Vec<(tokio::sync::oneshot::Sender<Result<CommitResult, CommitError>>, CommitResult)>,
+    observations: Vec<Observation>,
+    changes: Vec<crate::stream::Rec>,
+    fed: Option<crate::feed::Group>,
+}
+
+/// The jobs a group touches, in first-touch order: each one's view before the group's first event of it and the
+/// group's last event of it.
+#[derive(Default)]
+struct Touched {
+    jobs: Vec<(String, Option<crate::stream::JobView>, u64)>,
+    at: HashMap<String, usize>,
+}
+
+impl Touched {
+    /// Notes event `seq` of `job_id`, before it is applied.
+    fn note(&mut self, idx: &JobIndex, job_id: &str, seq: u64) {
+        match self.at.get(job_id) {
+            Some(&i) => self.jobs[i].2 = seq,
+            None => {
+                let before = idx.jobs.get(job_id).map(|h| crate::stream::JobView::of(&h.rec.timeline, &h.slo));
+                self.at.insert(job_id.to_string(), self.jobs.len());
+                self.jobs.push((job_id.to_string(), before, seq));
+            }
+        }
+    }
+
+    /// One change record per touched job whose view changed (after the group was applied).
+    fn changes(self, idx: &JobIndex, sw: &super::stream::StreamWriter, now: i64) -> Vec<crate::stream::Rec> {
+        let named = |i| super::stream::slo_name(&idx.slo, i);
+        let mut out = Vec::new();
+        for (job_id, before, last_seq) in self.jobs {
+            let Some(h) = idx.jobs.get(&job_id) else { continue };
+            let after = crate::stream::JobView::of(&h.rec.timeline, &h.slo);
+            if let Some(c) = crate::stream::change(before.as_ref(), &after, last_seq, named) {
+                let subject = crate::stream::Subject::job(&job_id, h.rec.timeline.attrs.as_deref());
+                out.push(sw.change(now, &subject, c));
+            }
+        }
+        out
     }
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Waiting jobs estimated under one read lock.
-const ESTIMATES_PER_LOCK: usize = 256;
+const ESTIMATES_PER_LOCK: usize = 64;
 /// Hot jobs looked at under one read lock (most hot jobs are running or ended).
 const JOBS_PER_LOCK: usize = 4096;
 
