@@ -1,6 +1,13 @@
 //! The durable store, on sled. Owns the key layout, the value codecs (each value versioned and checksummed)
 //! and restore.
 //!
+//! Its code by concern: this module holds the errors, the key layout, the value codecs, open, the log's append
+//! and reads, and the store's upkeep; [`restore`] what an open gives back; [`checkpoints`] snapshot increments,
+//! bases and the shutdown image (format in [`snaps`] and [`image`]); [`folds`] the summaries of folded jobs
+//! (packed by [`packs`]); [`retention`] deletions; [`stream_tree`] the stream's records; [`side`] the dictionary,
+//! alert records and node health; [`log`] and [`files`] the log's blocks and segment files; [`history`] the
+//! Parquet day files; [`backup`] online backups.
+//!
 //! # Key layout
 //! - tree `alerts`: alert key -> sealed JSON alert record (firing since, resolved at).
 //! - tree `node_health`: `node ++ [0u8] ++ at_ms` (i64 big-endian) -> sealed `postcard(Reading)`: GPU health
@@ -423,97 +430,6 @@ fn base_number(v: &[u8]) -> Result<u64, String> {
     Ok(u64::from_be_bytes(b))
 }
 
-/// What [`read_parts`] found besides the events: the stored bytes and number of increments, the bytes and jobs
-/// of the base, the highest sequence a tombstone covers.
-#[derive(Debug, Default)]
-struct PartsRead {
-    inc_bytes: u64,
-    inc_count: u64,
-    base_bytes: u64,
-    base_jobs: u64,
-    tomb_seq: u64,
-}
-
-/// Reads the snapshot parts (the base the pointer names, then every increment) into `events`, leaving out the
-/// events of deleted jobs their tombstones cover, and notes events past the marker in `beyond`, each job's
-/// highest sequence in [`Restored::snapshot_through`] and the parts' bytes in the store's counters. A value
-/// that cannot be read is returned with its key, printable, and the reason.
-fn read_parts(
-    t: &Trees,
-    marker: u64,
-    events: &mut HashMap<String, Vec<CompactEvent>>,
-    beyond: &mut HashSet<u64>,
-    out: &mut Restored,
-) -> Result<PartsRead, (String, String)> {
-    let shown = |k: &[u8]| format!("{k:02x?}");
-    let sled_err = |e: sled::Error| ("tree jobs".to_string(), e.to_string());
-    let mut tombs: HashMap<String, u64> = HashMap::new();
-    for kv in t.jobs.scan_prefix([snaps::TOMB_PREFIX]) {
-        let (k, v) = kv.map_err(sled_err)?;
-        let id = std::str::from_utf8(&k[1..]).map_err(|_| (shown(&k), "job id is not UTF-8".to_string()))?;
-        let (_, max_seq) = unseal(&v).and_then(snaps::parse_tomb).map_err(|r| (shown(&k), r))?;
-        tombs.insert(id.to_string(), max_seq);
-    }
-    let base = match t.jobs.get(BASE_KEY).map_err(sled_err)? {
-        Some(v) => Some(base_number(&v).map_err(|r| ("base pointer".to_string(), r))?),
-        None => None,
-    };
-    let floor = match t.jobs.get(SNAP_FLOOR_KEY).map_err(sled_err)? {
-        Some(v) => base_number(&v).map_err(|r| ("increments' floor".to_string(), r))?,
-        None => 0,
-    };
-    let mut read = PartsRead { tomb_seq: tombs.values().copied().max().unwrap_or(0), ..PartsRead::default() };
-    // Parts in sled (written by 0.1.0, removed by the next base), then the parts' files: the base
-    // the pointer names, and the increments from the floor up.
-    let base_parts = base.map(|b| t.jobs.scan_prefix(snaps::base_prefix(b)));
-    let incs = t.jobs.scan_prefix([snaps::INC_PREFIX]);
-    let in_sled = base_parts
-        .into_iter()
-        .flatten()
-        .map(|kv| (true, kv))
-        .chain(incs.map(|kv| (false, kv)))
-        .map(|(is_base, kv)| kv.map(|(k, v)| (is_base, shown(&k), v.to_vec())).map_err(sled_err));
-    let files = t.parts.list().map_err(|e| ("snapshot files".to_string(), e.to_string()))?;
-    let in_files = files
-        .into_iter()
-        .filter(|(f, _)| match f {
-            snaps::PartFile::Base(b, _) => Some(*b) == base,
-            snaps::PartFile::Inc(no) => *no >= floor,
-            snaps::PartFile::Temp(_) => false,
-        })
-        .map(|(f, _)| {
-            let name = format!("snapshot file {f:?}");
-            let v = t.parts.read(&f).map_err(|e| (name.clone(), e.to_string()))?;
-            Ok((matches!(f, snaps::PartFile::Base(..)), name, v))
-        });
-    for part in in_sled.chain(in_files) {
-        let (is_base, k, v) = part?;
-        if is_base {
-            read.base_bytes += v.len() as u64;
-        } else {
-            read.inc_bytes += v.len() as u64;
-            read.inc_count += 1;
-        }
-        for (job_id, mut evs) in snaps::decode_part(&v).map_err(|r| (k.clone(), r))? {
-            if is_base {
-                read.base_jobs += 1;
-            }
-            if let Some(dead) = tombs.get(&job_id) {
-                evs.retain(|e| e.seq > *dead);
-                if evs.is_empty() {
-                    continue;
-                }
-            }
-            beyond.extend(evs.iter().filter(|e| e.seq > marker).map(|e| e.seq));
-            let last = evs.iter().map(|e| e.seq).max().unwrap_or(0);
-            let through = out.snapshot_through.entry(job_id.clone()).or_default();
-            *through = (*through).max(last);
-            events.entry(job_id).or_default().extend(evs);
-        }
-    }
-    Ok(read)
-}
-
 /// What one tree holds (see [`Store::tree_stats`]).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TreeStats {
@@ -724,7 +640,7 @@ impl Trees {
             through: [MAX_SEQ_KEY, SNAPSHOT_SEQ_KEY]
                 .iter()
                 .map(|k| stored_seq(&jobs, k))
-                .chain([marker_in(&jobs).unwrap_or(0), stored_seq(&stream, STREAM_LOG_KEY)])
+                .chain([marker_in(&jobs).unwrap_or(0), stored_seq(&stream, stream_tree::STREAM_LOG_KEY)])
                 .max()
                 .unwrap_or(0),
         };
@@ -830,7 +746,6 @@ impl Store {
     pub fn open(path: &Path) -> Result<Store, StoreError> {
         Store::open_with(path, StoreOptions::default())
     }
-
     /// [`Store::open`] with options.
     pub fn open_with(path: &Path, options: StoreOptions) -> Result<Store, StoreError> {
         create_private_dir(path)?;
@@ -875,7 +790,6 @@ impl Store {
             fail_fold: Arc::default(),
         })
     }
-
     /// The store's directory.
     pub fn path(&self) -> &Path {
         &self.path
@@ -893,17 +807,14 @@ impl Store {
             None => Ok(self.inner.clone()),
         }
     }
-
     /// The store's write halt, for health to report.
     pub fn write_halt(&self) -> Arc<WriteHalt> {
         self.halt.clone()
     }
-
     /// The cause, once writes are halted.
     pub fn halted(&self) -> Option<&'static str> {
         self.halt.cause()
     }
-
     /// After a write failed with `e`: halts every later write if `e` is of a kind that must (see
     /// [`StoreError::halts_writes`]); true if this call halted them (the first).
     pub fn halt_after(&self, e: &StoreError) -> bool {
@@ -917,420 +828,16 @@ impl Store {
         }
         first
     }
-
-    /// Writes the shutdown image (see [`image`]): `body` writes what the index needs instead of the summaries.
-    /// Call it at a clean stop, after the last write to the store: any later write makes it wrong (the next
-    /// open discards it only if that open is not the next start).
-    pub fn write_shutdown_image(
-        &self,
-        body: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
-    ) -> Result<(), StoreError> {
-        let marker = self.checkpoint_seq()?;
-        let token =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-                ^ (u64::from(std::process::id()) << 32);
-        image::write(&self.path, token, marker, body)?;
-        let t = self.w()?;
-        let mut record = token.to_be_bytes().to_vec();
-        record.extend_from_slice(&marker.to_be_bytes());
-        t.jobs.insert(IMAGE_KEY, seal(&record))?;
-        t.db.flush()?;
-        Ok(())
-    }
-
-    /// The shutdown image this open found, read by `body` (which reads exactly what the writer's body wrote),
-    /// if there is one and it is this store's as it is now; `None` otherwise (a reason is logged when there was
-    /// an image it could not use). The file is removed either way: an image is used at most once.
-    pub fn take_shutdown_image<T>(&self, body: impl FnOnce(&mut dyn std::io::Read) -> Result<T, String>) -> Option<T> {
-        let record = self.image_record.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let (token, marker) = record?;
-        let result = match self.checkpoint_seq() {
-            Ok(now) if now == marker => image::read(&self.path, token, marker, body),
-            Ok(now) => Err(format!("the checkpoint marker moved from {marker} to {now}")),
-            Err(e) => Err(e.to_string()),
-        };
-        image::remove(&self.path);
-        match result {
-            Ok(Some(v)) => Some(v),
-            Ok(None) => {
-                tracing::warn!("shutdown image missing; the summaries are read instead");
-                None
-            }
-            Err(reason) => {
-                tracing::warn!(%reason, "shutdown image unusable; the summaries are read instead");
-                None
-            }
-        }
-    }
-
-    /// Reads every job snapshot, replays the log after the last checkpoint and collects the summaries of folded
-    /// jobs into [`Restored::summaries`] (see the module doc).
-    pub fn restore(&self) -> Result<Restored, StoreError> {
-        let mut summaries = Vec::new();
-        let mut out = self.restore_with(|id, no, body| {
-            summaries.push((id.to_string(), no, body.to_vec()));
-            Ok(())
-        })?;
-        out.summaries = summaries;
-        Ok(out)
-    }
-
-    /// Like [`Store::restore`], handing each folded job's summary (job id, summary number, body) to
-    /// `on_summary` instead of collecting them, in the store's order (packs by number). A pack that cannot be read is listed in [`Restored::lost_packs`], and every job the
-    /// log holds with neither a snapshot nor a readable summary is rebuilt from the log as a hot job. A summary `on_summary` refuses (it cannot decode it) is set aside: the job is rebuilt from its
-    /// events as a hot job (which the next fold folds again). If a job has two summaries (a failed fold's write
-    /// kept by sled), both are handed over: the one with the higher number is the newer.
-    pub fn restore_with(
-        &self,
-        mut on_summary: impl FnMut(&str, u64, &[u8]) -> Result<(), String>,
-    ) -> Result<Restored, StoreError> {
-        self.restore_from(Summaries::Read(&mut on_summary))
-    }
-
-    /// Like [`Store::restore_with`] when a shutdown image (see [`Store::take_shutdown_image`]) already holds the
-    /// folded jobs: no summary is read. `folded` says whether a job was folded at the stop; `stale` is the
-    /// stale summaries of the jobs that were hot (their events are read, as [`Store::restore_with`] does).
-    pub fn restore_known(
-        &self,
-        folded: &dyn Fn(&str) -> bool,
-        stale: &HashMap<String, Vec<u64>>,
-    ) -> Result<Restored, StoreError> {
-        let mut out = self.restore_from(Summaries::Known { folded, stale })?;
-        out.from_image = true;
-        Ok(out)
-    }
-
-    fn restore_from(&self, summaries: Summaries<'_>) -> Result<Restored, StoreError> {
-        let t = self.t()?;
-        let started = std::time::Instant::now();
-        let mut out = Restored::default();
-        let marker = match self.checkpoint_seq() {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "checkpoint marker unusable; rebuilding every job from the log");
-                out.rebuilt = Some(e.to_string());
-                0
-            }
-        };
-        let mut events: HashMap<String, Vec<CompactEvent>> = HashMap::new();
-        // Events in snapshots past the marker (written by a checkpoint that crashed before its marker).
-        let mut beyond: HashSet<u64> = HashSet::new();
-        if out.rebuilt.is_none() {
-            match read_parts(&t, marker, &mut events, &mut beyond, &mut out) {
-                Ok(read) => {
-                    use std::sync::atomic::Ordering::Release;
-                    // Sequences must stay above a deleted job's: its tombstone hides parts' events up to it.
-                    out.last_seq = read.tomb_seq;
-                    self.snap.inc_bytes.store(read.inc_bytes, Release);
-                    self.snap.inc_count.store(read.inc_count, Release);
-                    self.snap.base_bytes.store(read.base_bytes, Release);
-                    self.snap.base_jobs.store(read.base_jobs, Release);
-                }
-                Err((what, reason)) => {
-                    tracing::warn!(part = %what, reason = %reason, "snapshot part unusable; rebuilding every job from the log");
-                    out.rebuilt = Some(format!("snapshot part {what}: {reason}"));
-                }
-            }
-        }
-        out.snapshots = events.len();
-        let snapshots_done = started.elapsed();
-        // A checkpoint only snapshots events whose log write was acknowledged: one past the log's end means the
-        // log lost it.
-        if let Some(&past) = beyond.iter().filter(|s| **s > t.files.last_seq()).max() {
-            return Err(StoreError::Corrupt {
-                what: "log",
-                key: format!("sequence {past}"),
-                reason: format!(
-                    "a job snapshot holds this event but the log ends at sequence {}: acknowledged log writes are \
-                     missing",
-                    t.files.last_seq()
-                ),
-            });
-        }
-        let from = if out.rebuilt.is_some() {
-            events.clear();
-            beyond.clear();
-            out.snapshot_through.clear();
-            out.snapshots = 0;
-            1
-        } else {
-            marker.saturating_add(1)
-        };
-        // The tail may bring a folded job's own events (its summary lists them): they leave again below.
-        let dead = t.dead();
-        let mut tail = log::Events::from(&t.files, &dead, from)?;
-        while let Some((seq, body)) = tail.next_event()? {
-            out.replayed += 1;
-            if beyond.contains(&seq) {
-                continue;
-            }
-            let ev = decode_log_body(seq, &body)?;
-            if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
-                out.dirty.insert(ev.job_id.clone());
-                events.entry(ev.job_id).or_default().push(ce);
-            }
-        }
-        drop(tail);
-        drop(dead);
-        if out.rebuilt.is_some() {
-            out.dirty.extend(events.keys().cloned());
-        }
-        let log_done = started.elapsed();
-        // Time spent in `on_summary` (building the index's rows), reported apart from reading the summaries.
-        let mut in_callback = std::time::Duration::ZERO;
-        match summaries {
-            Summaries::Known { folded, stale } => {
-                // The shutdown image says which jobs were folded: what snapshot parts still hold of them is their
-                // own (folded) events. A hot job's stale summaries are the image's too; their events join it.
-                events.retain(|id, _| {
-                    let hot = !folded(id);
-                    if !hot {
-                        out.dirty.remove(id);
-                        out.snapshot_through.remove(id);
-                    }
-                    hot
-                });
-                for (job_id, numbers) in stale {
-                    if let Some(evs) = events.get_mut(job_id) {
-                        for &no in numbers {
-                            let folded = self.read_folded(job_id, no, false)?;
-                            evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
-                            out.unfolded += 1;
-                        }
-                        out.dirty.insert(job_id.clone());
-                    }
-                    out.stale_summaries.insert(job_id.clone(), numbers.clone());
-                }
-            }
-            Summaries::Read(on_summary) => {
-                // Folded jobs: a summary each, unless the job is hot again (then its folded events join the rest).
-                let mut damaged: HashSet<String> = HashSet::new();
-                let mut one = |job_id: &str, no: u64, stored: Result<(Vec<u64>, &[u8]), String>| {
-                    let (seqs, body) = match stored {
-                        Ok(x) => x,
-                        Err(reason) => {
-                            tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from the log");
-                            damaged.insert(job_id.to_string());
-                            out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
-                            return Ok(());
-                        }
-                    };
-                    // An event the summary does not list (a late one), in a snapshot or the log's tail. Snapshot parts
-                    // keep a folded job's events until the next base; those the summary lists are its own.
-                    let hot =
-                        events.get(job_id).is_some_and(|evs| evs.iter().any(|e| seqs.binary_search(&e.seq).is_err()));
-                    if !hot && events.remove(job_id).is_some() {
-                        // The snapshots and the tail held only the folded job's own events.
-                        out.dirty.remove(job_id);
-                        out.snapshot_through.remove(job_id);
-                    }
-                    let usable = if hot {
-                        out.unfolded += 1;
-                        Err(String::new())
-                    } else {
-                        let t0 = std::time::Instant::now();
-                        let r = on_summary(job_id, no, body);
-                        in_callback += t0.elapsed();
-                        r
-                    };
-                    match usable {
-                        Ok(()) => out.folded += 1,
-                        Err(reason) => {
-                            if !reason.is_empty() {
-                                tracing::warn!(job_id, reason = %reason, "summary unusable; rebuilding the job from its events");
-                            }
-                            out.stale_summaries.entry(job_id.to_string()).or_default().push(no);
-                            let folded = self.jobs_events(&[(job_id, &seqs)])?.pop().unwrap_or_default();
-                            let evs = events.entry(job_id.to_string()).or_default();
-                            evs.extend(folded.iter().filter_map(|(seq, ev)| CompactEvent::from_pb(ev, *seq)));
-                            out.dirty.insert(job_id.to_string());
-                        }
-                    }
-                    Ok::<(), StoreError>(())
-                };
-                // Packs that cannot be read: which jobs they held is unknown until the log is read (below).
-                let mut lost_packs: Vec<u64> = Vec::new();
-                for kv in t.summaries.range(packs::all_packs()) {
-                    let (k, v) = kv?;
-                    let first = packs::pack_first(&k)?;
-                    let pack = match packs::Pack::decode(first, &v) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
-                            lost_packs.push(first);
-                            continue;
-                        }
-                    };
-                    for entry in pack.entries() {
-                        match entry {
-                            Ok((no, job_id, summary)) => one(job_id, no, parse_summary(summary))?,
-                            Err(e) => {
-                                tracing::warn!(pack = first, error = %e, "summary pack unusable; rebuilding its jobs from the log");
-                                lost_packs.push(first);
-                                break;
-                            }
-                        }
-                    }
-                }
-                // With a pack lost, any job the log holds without a usable summary may have been in it (snapshot parts
-                // may hold some of a folded job's events, the tail an unfolded one's): read the summaries' job ids once
-                // more, and rebuild every other job from the whole log (the union with what it has: the same events).
-                let mut unknown: Option<HashSet<String>> = None;
-                if !lost_packs.is_empty() {
-                    out.lost_packs = lost_packs;
-                    let mut summarized: HashSet<String> = HashSet::new();
-                    for kv in t.summaries.range(packs::all_packs()) {
-                        let (k, v) = kv?;
-                        if let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) {
-                            summarized.extend(pack.entries().filter_map(|e| e.ok()).map(|(_, id, _)| id.to_string()));
-                        }
-                    }
-                    unknown = Some(summarized);
-                }
-                if !damaged.is_empty() || unknown.is_some() {
-                    // Which log entries a damaged summary listed is unknown: the whole log is read for those jobs, and
-                    // each comes back hot.
-                    let lost = |id: &str| unknown.as_ref().is_some_and(|summarized| !summarized.contains(id));
-                    let mut rebuilt: HashSet<String> = HashSet::new();
-                    let dead = t.dead();
-                    let mut all = log::Events::from(&t.files, &dead, 1)?;
-                    while let Some((seq, body)) = all.next_event()? {
-                        let ev = decode_log_body(seq, &body)?;
-                        if damaged.contains(&ev.job_id) || lost(&ev.job_id) {
-                            if let Some(ce) = CompactEvent::from_pb(&ev, seq) {
-                                rebuilt.insert(ev.job_id.clone());
-                                events.entry(ev.job_id).or_default().push(ce);
-                            }
-                        }
-                    }
-                    drop(all);
-                    drop(dead);
-                    for job_id in damaged {
-                        events.entry(job_id.clone()).or_default();
-                        out.dirty.insert(job_id);
-                    }
-                    out.dirty.extend(rebuilt);
-                }
-            }
-        }
-        let summaries_done = started.elapsed();
-        // One derivation per job (records dedupe by sequence number, never by id hash: two events whose ids
-        // collide are both kept).
-        out.jobs = events.into_iter().map(|(id, evs)| (id, JobRecord::from_events(evs))).collect();
-        let last_logged = t.files.last_seq();
-        out.last_seq = last_logged.max(marker).max(self.max_folded_seq()?).max(out.last_seq);
-        if out.rebuilt.is_some() {
-            // The next checkpoint writes a base, so that the next start reads parts again.
-            self.snap.base_due.store(true, std::sync::atomic::Ordering::Release);
-        }
-        tracing::debug!(
-            snapshots_ms = snapshots_done.as_millis() as u64,
-            log_tail_ms = (log_done - snapshots_done).as_millis() as u64,
-            summaries_ms = (summaries_done - log_done).as_millis() as u64,
-            summary_rows_ms = in_callback.as_millis() as u64,
-            derive_ms = (started.elapsed() - summaries_done).as_millis() as u64,
-            "store read"
-        );
-        Ok(out)
-    }
-
-    /// Every dictionary entry, `(number, body)`, in number order.
-    pub fn load_dictionary(&self) -> Result<Vec<(u32, Vec<u8>)>, StoreError> {
-        let t = self.t()?;
-        let mut out = Vec::new();
-        for kv in t.dictionary.iter() {
-            let (k, v) = kv?;
-            if k.as_ref() == DICTIONARY_NEXT_KEY {
-                continue;
-            }
-            let arr: [u8; 4] = k.as_ref().try_into().map_err(|_| corrupt("dictionary", &k, "key is not 4 bytes"))?;
-            let body = unseal(&v).map_err(|r| corrupt("dictionary", &k, r))?;
-            out.push((u32::from_be_bytes(arr), body.to_vec()));
-        }
-        Ok(out)
-    }
-
-    /// Records `next`, the number the dictionary hands out next (not flushed: call it before the writes that use
-    /// numbers below it, which sled keeps in order). A restore never hands out a number below it again.
-    pub fn note_dictionary_next(&self, next: u32) -> Result<(), StoreError> {
-        let t = self.w()?;
-        t.dictionary.insert(DICTIONARY_NEXT_KEY, seal(&next.to_be_bytes()))?;
-        Ok(())
-    }
-
-    /// The next dictionary number last recorded (0 if none: no fold has stored an entry yet).
-    pub fn dictionary_next(&self) -> Result<u32, StoreError> {
-        let t = self.t()?;
-        Ok(sealed_array(&t.dictionary, "dictionary", DICTIONARY_NEXT_KEY)?.map_or(0, u32::from_be_bytes))
-    }
-
-    /// Deletes dictionary entries no summary of a folded job names any more (see `index::cold::Dictionary`).
-    /// Not flushed: call it after the deletions that freed them are durable; an entry a crash keeps is freed
-    /// again at the next restore.
-    pub fn delete_dictionary(&self, ids: &[u32]) -> Result<(), StoreError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let t = self.w()?;
-        let mut batch = sled::Batch::default();
-        for id in ids {
-            batch.remove(&id.to_be_bytes());
-        }
-        t.dictionary.apply_batch(batch)?;
-        Ok(())
-    }
-
-    /// The latest end time (Unix ms) of a job deleted for the memory budget, as last recorded (0 if none).
-    pub fn history_deleted_through(&self) -> Result<i64, StoreError> {
-        let t = self.t()?;
-        Ok(sealed_array(&t.jobs, "jobs", DELETED_THROUGH_KEY)?.map_or(0, i64::from_be_bytes))
-    }
-
-    /// The highest sequence a fold removed from the log (0 if none).
-    fn max_folded_seq(&self) -> Result<u64, StoreError> {
-        let t = self.t()?;
-        Ok(sealed_array(&t.jobs, "jobs", MAX_SEQ_KEY)?.map_or(0, u64::from_be_bytes))
-    }
-
-    /// Every event of a folded job its summary (number `summary`) lists, in sequence order, from the log; empty
-    /// if there is no such summary. An event the summary lists that the log does not hold is an error.
-    pub fn folded_events(&self, job_id: &str, summary: u64) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
-        self.read_folded(job_id, summary, true)
-    }
-
-    /// Like [`Store::folded_events`], leaving out events the log does not hold (for readers racing retention, which
-    /// may delete the job between their reads of its summary and its events).
-    pub fn folded_events_present(
-        &self,
-        job_id: &str,
-        summary: u64,
-    ) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
-        self.read_folded(job_id, summary, false)
-    }
-
-    fn read_folded(&self, job_id: &str, no: u64, strict: bool) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
-        let t = self.t()?;
-        let Some(seqs) = t.summary_seqs(job_id, no)? else { return Ok(Vec::new()) };
-        if strict {
-            // One decode per log block the job's events are in (a job's ~20 events sit in a few blocks).
-            Ok(self.jobs_events(&[(job_id, &seqs)])?.pop().unwrap_or_default())
-        } else {
-            self.read_job_events(job_id, &seqs, false)
-        }
-    }
-
     /// The events of a job at the given sequences (in the order given), from the log. A sequence the log does not
     /// hold is an error: the job's record says the store holds it.
     pub fn job_events(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         self.read_job_events(job_id, seqs, true)
     }
-
     /// Like [`Store::job_events`], leaving out sequences the log does not hold (for readers racing retention,
     /// which may delete a job between their index lookup and this read).
     pub fn job_events_present(&self, job_id: &str, seqs: &[u64]) -> Result<Vec<(u64, pb::LifecycleEvent)>, StoreError> {
         self.read_job_events(job_id, seqs, false)
     }
-
     /// The events of many jobs at once (a folded job's, by its summary): `jobs[i]` gets the events at
     /// `seqs[i]`, in sequence order. The log is read in one pass in sequence order (each block touched is read
     /// and decompressed once, so a chunk of jobs costs one block read per block it touches, not one per event). A
@@ -1387,136 +894,10 @@ impl Store {
         }
         Ok(out)
     }
-
-    /// Folds jobs: writes their summaries (each listing the job's log sequences) and new dictionary entries,
-    /// flushes, then records `max_seq` (the highest sequence used so far), and flushes again. The jobs' events
-    /// stay in the log and in the snapshot parts: restore drops a folded job's own events by its summary, and
-    /// treats one with an event the summary does not list as unfolded. Sets each job's [`FoldWrite::number`]
-    /// (see [`Store::fold_write`]).
-    pub fn fold_jobs(
-        &self,
-        jobs: &mut [FoldWrite],
-        dictionary: &[(u32, Vec<u8>)],
-        max_seq: u64,
-    ) -> Result<(), StoreError> {
-        self.fold_write(jobs, dictionary)?;
-        self.fold_delete(max_seq)
-    }
-
-    /// The first step of [`Store::fold_jobs`]: dictionary entries and summaries (each under a new summary
-    /// number, set in [`FoldWrite::number`], deleting the summaries it replaces in the same batch), flushed.
-    /// Numbers of a write that fails are never handed out again (sled may have kept it).
-    pub fn fold_write(&self, jobs: &mut [FoldWrite], dictionary: &[(u32, Vec<u8>)]) -> Result<(), StoreError> {
-        let first = self.next_summary.fetch_add(jobs.len() as u64, std::sync::atomic::Ordering::AcqRel);
-        for (j, no) in jobs.iter_mut().zip(first..) {
-            j.number = no;
-        }
-        let t = self.w()?;
-        let mut dict = sled::Batch::default();
-        for (id, body) in dictionary {
-            dict.insert(&id.to_be_bytes(), seal(body));
-        }
-        let bytes: Vec<Vec<u8>> = jobs.iter().map(|j| summary_bytes(&j.log_seqs, &j.summary)).collect();
-        let entries: Vec<packs::Entry<'_>> = jobs
-            .iter()
-            .zip(&bytes)
-            .map(|(j, b)| packs::Entry { number: j.number, job_id: &j.job_id, summary: b })
-            .collect();
-        let mut summaries = sled::Batch::default();
-        let replaced: Vec<(&str, u64)> =
-            jobs.iter().flat_map(|j| j.replaces.iter().map(|no| (j.job_id.as_str(), *no))).collect();
-        let lock = t.packs_lock();
-        t.plan_summary_removal(&mut summaries, &replaced)?;
-        for (first, v) in packs::encode_packs(&entries)? {
-            summaries.insert(&packs::pack_key(first), v);
-        }
-        // The dictionary first: a summary never refers to an entry that is not stored.
-        t.dictionary.apply_batch(dict)?;
-        t.summaries.apply_batch(summaries)?;
-        drop(lock);
-        t.db.flush()?;
-        self.injected_fold_failure(FAIL_FOLD_WRITE)
-    }
-
-    /// Tests: fails once if [`Store::fail_fold`] is set to `which`.
-    #[cfg(test)]
-    fn injected_fold_failure(&self, which: u32) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering;
-        if self.fail_fold.compare_exchange(which, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            return Err(StoreError::Sled(sled::Error::Io(std::io::Error::from_raw_os_error(28))));
-        }
-        Ok(())
-    }
-
-    #[cfg(not(test))]
-    fn injected_fold_failure(&self, _: u32) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    /// Tests: flips a byte in the middle of every summary pack (each then fails its checksum).
-    #[cfg(test)]
-    pub(crate) fn damage_summary_packs(&self) -> Result<usize, StoreError> {
-        let t = self.w()?;
-        let mut n = 0;
-        for kv in t.summaries.range(packs::all_packs()) {
-            let (k, v) = kv?;
-            let mut v = v.to_vec();
-            let at = v.len() / 2;
-            v[at] ^= 0x40;
-            t.summaries.insert(k, v)?;
-            n += 1;
-        }
-        t.db.flush()?;
-        Ok(n)
-    }
-
-    /// Every readable stored summary, `(job_id, number)`, in the store's order.
-    #[cfg(test)]
-    pub(crate) fn summary_numbers(&self) -> Result<Vec<(String, u64)>, StoreError> {
-        let t = self.t()?;
-        let mut out = Vec::new();
-        for kv in t.summaries.range(packs::all_packs()) {
-            let (k, v) = kv?;
-            // A damaged pack's summaries cannot be read (restore reports it in `lost_packs`).
-            let Ok(pack) = packs::Pack::decode(packs::pack_first(&k)?, &v) else { continue };
-            for e in pack.entries() {
-                let (no, job_id, _) = e?;
-                out.push((job_id.to_string(), no));
-            }
-        }
-        Ok(out)
-    }
-
-    /// Deletes summaries `(job_id, number)` and flushes: those a restore found superseded (a job with two).
-    pub fn delete_summaries(&self, summaries: &[(String, u64)]) -> Result<(), StoreError> {
-        if summaries.is_empty() {
-            return Ok(());
-        }
-        let t = self.w()?;
-        let mut batch = sled::Batch::default();
-        let wanted: Vec<(&str, u64)> = summaries.iter().map(|(id, no)| (id.as_str(), *no)).collect();
-        let lock = t.packs_lock();
-        t.plan_summary_removal(&mut batch, &wanted)?;
-        t.summaries.apply_batch(batch)?;
-        drop(lock);
-        t.db.flush()?;
-        Ok(())
-    }
-
-    /// The second step of [`Store::fold_jobs`]: `max_seq` is recorded, flushed. (The folded jobs' events in
-    /// snapshot parts stay: restore drops them by the summaries, and the next base leaves them out.)
-    pub fn fold_delete(&self, max_seq: u64) -> Result<(), StoreError> {
-        let t = self.w()?;
-        t.jobs.insert(MAX_SEQ_KEY, seal(&max_seq.to_be_bytes()))?;
-        t.db.flush()?;
-        self.injected_fold_failure(FAIL_FOLD_DELETE)
-    }
-
     /// The log sequence that the job snapshots cover.
     pub fn checkpoint_seq(&self) -> Result<u64, StoreError> {
         marker_in(&self.t()?.jobs)
     }
-
     /// Appends encoded events at the given sequences to the log's files, all or none, and syncs them: when this
     /// returns `Ok`, the events survive a crash of the process and of the machine. sled is not flushed: nothing
     /// it holds is needed to read the log.
@@ -1537,484 +918,10 @@ impl Store {
         }
         Ok(())
     }
-
-    /// Writes stream records holding the event records of log entries (consecutive cursors, recorded at `at_ms`)
-    /// with the stream's log marker (event records are held through log sequence `log_through`) and, when given,
-    /// the changes marker (see [`Store::stream_put`]), in one batch, without a flush: a crash before the next
-    /// flush loses all or none, and the stream's writer adds the missing records from the log at start.
-    pub fn stream_put_events<B: AsRef<[u8]>>(
-        &self,
-        records: &[(u64, B)],
-        log_through: u64,
-        changes_through: Option<u64>,
-        at_ms: i64,
-    ) -> Result<(), StoreError> {
-        let t = self.w()?;
-        let mut batch = stream_batch(records, at_ms)?;
-        batch.insert(STREAM_LOG_KEY, seal(&log_through.to_be_bytes()));
-        if let Some(c) = changes_through {
-            batch.insert(STREAM_CHANGES_KEY, seal(&c.to_be_bytes()));
-        }
-        t.stream.apply_batch(batch)?;
-        Ok(())
-    }
-
-    /// The last log sequence whose event record the stream holds (written with the event records, after the log
-    /// entries: sled may persist the log batch and not the stream's if the process dies between the two, and
-    /// the stream's writer then adds the missing event records at start). `None` before the stream's first write.
-    pub fn stream_log_through(&self) -> Result<Option<u64>, StoreError> {
-        let t = self.t()?;
-        let Some(v) = t.stream.get(STREAM_LOG_KEY)? else { return Ok(None) };
-        let bad = |r: String| corrupt("stream", STREAM_LOG_KEY, r);
-        let body = unseal(&v).map_err(bad)?;
-        let arr: [u8; 8] = body.try_into().map_err(|_| bad("not 8 bytes".to_string()))?;
-        Ok(Some(u64::from_be_bytes(arr)))
-    }
-
-    /// Records that the stream holds event records through log sequence `seq` (no flush).
-    pub fn set_stream_log_through(&self, seq: u64) -> Result<(), StoreError> {
-        let t = self.w()?;
-        t.stream.insert(STREAM_LOG_KEY, seal(&seq.to_be_bytes()))?;
-        Ok(())
-    }
-
-    /// Up to `limit` log entries after `after`, in order: `(seq, job id, stored value)`.
-    pub fn log_after(&self, after: u64, limit: usize) -> Result<Vec<(u64, String, Vec<u8>)>, StoreError> {
-        let t = self.t()?;
-        let mut out = Vec::new();
-        let dead = t.dead();
-        let mut events = log::Events::from(&t.files, &dead, after.saturating_add(1))?;
-        while out.len() < limit {
-            let Some((seq, body)) = events.next_event()? else { break };
-            let ev = decode_log_body(seq, &body)?;
-            out.push((seq, ev.job_id, seal(&body)));
-        }
-        Ok(out)
-    }
-
-    /// Writes stream records (consecutive cursors, recorded at `at_ms`) as one block without a flush (the next
-    /// flush makes them durable), and, when given, the cursor of the last event record whose change records are
-    /// now written.
-    pub fn stream_put<B: AsRef<[u8]>>(
-        &self,
-        records: &[(u64, B)],
-        changes_through: Option<u64>,
-        at_ms: i64,
-    ) -> Result<(), StoreError> {
-        let t = self.w()?;
-        let mut batch = stream_batch(records, at_ms)?;
-        if let Some(c) = changes_through {
-            batch.insert(STREAM_CHANGES_KEY, seal(&c.to_be_bytes()));
-        }
-        t.stream.apply_batch(batch)?;
-        Ok(())
-    }
-
-    /// The cursor of the last event record whose change records were written (0: none).
-    pub fn stream_changes_through(&self) -> Result<u64, StoreError> {
-        let t = self.t()?;
-        Ok(sealed_array(&t.stream, "stream", STREAM_CHANGES_KEY)?.map_or(0, u64::from_be_bytes))
-    }
-
-    /// The oldest and newest retained stream cursors, if any record is retained.
-    pub fn stream_bounds(&self) -> Result<Option<(u64, u64)>, StoreError> {
-        let t = self.t()?;
-        let range = || t.stream.range(stream_key(0)..);
-        let first = match range().next() {
-            Some(kv) => stream_cursor(&kv?.0)?,
-            None => return Ok(None),
-        };
-        let last = match range().next_back() {
-            Some(kv) => {
-                let (k, v) = kv?;
-                let (count, _) = stream_block_meta(&k, &v)?;
-                stream_cursor(&k)? + u64::from(count) - 1
-            }
-            None => return Ok(None),
-        };
-        Ok(Some((first, last)))
-    }
-
-    /// Stream records with cursors above `after`, in order: whole blocks until at least `limit` records (or the
-    /// end).
-    pub fn stream_read(&self, after: u64, limit: usize) -> Result<Vec<pb::StreamRecord>, StoreError> {
-        let t = self.t()?;
-        let want = after.saturating_add(1);
-        // The block holding `want` starts at or before it.
-        let start = match t.stream.range(stream_key(0)..=stream_key(want)).next_back() {
-            Some(kv) => stream_cursor(&kv?.0)?,
-            None => 0,
-        };
-        let mut out = Vec::new();
-        for kv in t.stream.range(stream_key(start)..) {
-            let (k, v) = kv?;
-            for r in decode_stream_block(&k, &v)? {
-                if r.cursor > after {
-                    out.push(r);
-                }
-            }
-            if out.len() >= limit {
-                break;
-            }
-        }
-        Ok(out)
-    }
-
-    /// Deletes stream blocks whose records were all recorded before `before_ms`, oldest first, at most `limit`
-    /// records' worth, never the newest block. Returns how many records went.
-    pub fn stream_trim(&self, before_ms: i64, limit: usize) -> Result<usize, StoreError> {
-        let t = self.w()?;
-        let Some(last_key) = t.stream.range(stream_key(0)..).next_back().transpose()?.map(|(k, _)| k) else {
-            return Ok(0);
-        };
-        let mut batch = sled::Batch::default();
-        let mut n = 0;
-        for kv in t.stream.range(stream_key(0)..) {
-            let (k, v) = kv?;
-            if k == last_key || n >= limit {
-                break;
-            }
-            let (count, newest_ms) = stream_block_meta(&k, &v)?;
-            if newest_ms >= before_ms {
-                break;
-            }
-            batch.remove(k);
-            n += count as usize;
-        }
-        if n > 0 {
-            t.stream.apply_batch(batch)?;
-        }
-        Ok(n)
-    }
-
     /// Reads one logged event.
     pub fn event(&self, seq: u64) -> Result<Option<pb::LifecycleEvent>, StoreError> {
         self.t()?.log_get(seq)
     }
-
-    /// Writes snapshots of the given jobs, then records that snapshots now cover the log through `through_seq`.
-    ///
-    /// Each job's events are written whole, as an increment (parts of up to [`snaps::PART_RAW_BYTES`]), then
-    /// [`Store::finish_checkpoint`]. A crash part-way leaves parts newer than the marker, which is harmless:
-    /// restore skips the log entries a snapshot already holds. For tools and tests: the committer writes only
-    /// what its jobs gained, and bases (see [`snaps`]).
-    pub fn checkpoint<'a>(
-        &self,
-        jobs: impl Iterator<Item = (&'a str, &'a JobRecord)>,
-        through_seq: u64,
-    ) -> Result<usize, StoreError> {
-        let mut w = snaps::PartWriter::default();
-        let mut n = 0;
-        let mut max_seq = 0;
-        for (job_id, rec) in jobs {
-            w.add(job_id, &rec.events).map_err(|r| corrupt("jobs", job_id.as_bytes(), r))?;
-            max_seq = rec.events.iter().map(|e| e.seq).fold(max_seq, u64::max);
-            n += 1;
-        }
-        self.note_snapshot_seq(max_seq)?;
-        self.write_increment(w.finish().map_err(|r| corrupt("jobs", b"", r))?)?;
-        self.finish_checkpoint(through_seq)?;
-        Ok(n)
-    }
-
-    /// The snapshot counter as it stands (see [`snaps`]): retention's tombstones carry it.
-    fn snapshot_counter(&self) -> u64 {
-        self.snap.next.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Records that snapshot parts written from now on may hold events up to sequence `seq` (every one of them
-    /// acknowledged): call it before writing them. sled keeps writes in order, so a part that survives a crash
-    /// has its record too. Writes only when `seq` is above what this process recorded.
-    pub fn note_snapshot_seq(&self, seq: u64) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering::AcqRel;
-        if self.snap.noted_seq.load(std::sync::atomic::Ordering::Acquire) >= seq {
-            return Ok(());
-        }
-        let t = self.w()?;
-        t.jobs.insert(SNAPSHOT_SEQ_KEY, seal(&seq.to_be_bytes()))?;
-        // Durable before the parts' files that may hold `seq` (sled orders its own writes, not the files').
-        t.db.flush()?;
-        self.snap.noted_seq.fetch_max(seq, AcqRel);
-        Ok(())
-    }
-
-    /// Writes a checkpoint's increment (parts from [`snaps::PartWriter`]), each part a file under a new number
-    /// (see [`snaps::PartFiles`]); every one is durable when this returns.
-    pub fn write_increment(&self, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering::AcqRel;
-        let t = self.w()?;
-        let (count, bytes) = (parts.len() as u64, parts.iter().map(|p| p.len() as u64).sum::<u64>());
-        let numbered = parts.into_iter().map(|part| (snaps::PartFile::Inc(self.snap.next.fetch_add(1, AcqRel)), part));
-        t.parts.write(numbered.collect::<Vec<_>>())?;
-        self.snap.inc_bytes.fetch_add(bytes, AcqRel);
-        self.snap.inc_count.fetch_add(count, AcqRel);
-        Ok(())
-    }
-
-    /// Whether the next checkpoint should write a base: the increments since the last one hold more than it
-    /// and more than `min_bytes`, or there are more than `max_count` of them.
-    /// Never while bases are held (see [`Store::hold_bases`]); always after a restore that rebuilt every job.
-    pub fn wants_base(&self, min_bytes: u64, max_count: u64) -> bool {
-        use std::sync::atomic::Ordering::Acquire;
-        if self.snap.hold_bases.load(Acquire) {
-            return false;
-        }
-        let inc = self.snap.inc_bytes.load(Acquire);
-        self.snap.base_due.load(Acquire)
-            || (inc > min_bytes && inc > self.snap.base_bytes.load(Acquire))
-            || self.snap.inc_count.load(Acquire) > max_count
-    }
-
-    /// Whether most jobs of the base have left memory since (folded or deleted: a restart would decode their
-    /// events only to drop them), with `hot_jobs` in memory now: the next checkpoint should write a base, even
-    /// with no job changed. Never while bases are held.
-    pub fn base_stale(&self, hot_jobs: usize) -> bool {
-        use std::sync::atomic::Ordering::Acquire;
-        let base = self.snap.base_jobs.load(Acquire);
-        !self.snap.hold_bases.load(Acquire) && base > 1024 && (hot_jobs as u64).saturating_mul(2) < base
-    }
-
-    /// No more bases until the next start: retention could not delete jobs it dropped from memory, and the
-    /// snapshot parts that hold them must stay for the next start to bring them back (and delete them).
-    pub fn hold_bases(&self) {
-        self.snap.hold_bases.store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// Whether [`Store::hold_bases`] was called since the open.
-    pub fn bases_held(&self) -> bool {
-        self.snap.hold_bases.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Starts a base: its number. Call it under the lock that retention's deletes hold (the applier's
-    /// `store_writes`), before reading the first job: a tombstone numbered up to it belongs to a job deleted
-    /// before, which the base cannot hold, and [`Store::switch_base`] removes it.
-    pub fn begin_base(&self) -> u64 {
-        self.snap.next.fetch_add(1, std::sync::atomic::Ordering::AcqRel)
-    }
-
-    /// Writes parts of base `base` as files, numbered from `first`; durable when this returns, invisible to
-    /// restore until [`Store::switch_base`].
-    pub fn write_base_parts(&self, base: u64, first: u64, parts: Vec<Vec<u8>>) -> Result<(), StoreError> {
-        let t = self.w()?;
-        t.parts
-            .write((first..).zip(parts).map(|(no, part)| (snaps::PartFile::Base(base, no), part)).collect::<Vec<_>>())
-    }
-
-    /// Ends a checkpoint that wrote base `base` (every hot job's events as of `through_seq` or later; its files
-    /// are durable): in one sled batch points restore at it, sets the increments' floor above every increment
-    /// written so far, removes what sled still holds of older parts (0.1.0's) and the tombstones it supersedes, and
-    /// moves the marker; flushes; then removes the files of every increment below the floor and every other base
-    /// (and temporary files a crash left).
-    ///
-    /// Must not interleave with retention's deletes (its tombstones): call it under the applier's `store_writes`.
-    pub fn switch_base(&self, base: u64, through_seq: u64, jobs: u64) -> Result<(), StoreError> {
-        let t = self.w()?;
-        t.db.flush()?;
-        let floor = self.snap.next.load(std::sync::atomic::Ordering::Acquire);
-        let mut batch = sled::Batch::default();
-        let mut base_bytes = 0u64;
-        for kv in t.jobs.scan_prefix([snaps::BASE_PREFIX]) {
-            let (k, v) = kv?;
-            if snaps::key_number(&k, 1) == Some(base) {
-                base_bytes += v.len() as u64;
-            } else {
-                batch.remove(k);
-            }
-        }
-        for k in t.jobs.scan_prefix([snaps::INC_PREFIX]).keys() {
-            batch.remove(k?);
-        }
-        for kv in t.jobs.scan_prefix([snaps::TOMB_PREFIX]) {
-            let (k, v) = kv?;
-            // An unreadable tombstone goes too: restore would refuse it, and its job is gone from the base.
-            if unseal(&v).and_then(snaps::parse_tomb).map_or(true, |(no, _)| no <= base) {
-                batch.remove(k);
-            }
-        }
-        batch.insert(BASE_KEY, seal(&base.to_be_bytes()));
-        batch.insert(SNAP_FLOOR_KEY, seal(&floor.to_be_bytes()));
-        batch.insert(CHECKPOINT_KEY, seal(&through_seq.to_be_bytes()));
-        t.jobs.apply_batch(batch)?;
-        t.db.flush()?;
-        let mut stale = Vec::new();
-        for (file, len) in t.parts.list()? {
-            match file {
-                snaps::PartFile::Base(b, _) if b == base => base_bytes += len,
-                snaps::PartFile::Inc(no) if no >= floor => {}
-                other => stale.push(other),
-            }
-        }
-        t.parts.remove(&stale)?;
-        self.snap.inc_bytes.store(0, std::sync::atomic::Ordering::Release);
-        self.snap.inc_count.store(0, std::sync::atomic::Ordering::Release);
-        self.snap.base_bytes.store(base_bytes, std::sync::atomic::Ordering::Release);
-        self.snap.base_due.store(false, std::sync::atomic::Ordering::Release);
-        self.snap.base_jobs.store(jobs, std::sync::atomic::Ordering::Release);
-        Ok(())
-    }
-
-    /// Ends a checkpoint whose snapshots are all written: flushes them, then records that snapshots cover the log
-    /// through `through_seq`. The flush comes first so a crash can never keep the marker and lose a snapshot it
-    /// depends on; the marker itself is made durable by the next group commit's flush (or shutdown), and until
-    /// then a restore simply replays from the previous marker.
-    pub fn finish_checkpoint(&self, through_seq: u64) -> Result<(), StoreError> {
-        let t = self.w()?;
-        t.db.flush()?;
-        t.jobs.insert(CHECKPOINT_KEY, seal(&through_seq.to_be_bytes()))?;
-        Ok(())
-    }
-
-    /// Saves alert records (by key) and flushes, so a restart neither loses a firing alert nor re-pages a
-    /// resolved one. Each value is `(key, body)`, the body encoded by the alert module; the store seals it.
-    pub fn save_alerts(&self, alerts: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
-        let t = self.w()?;
-        let mut batch = sled::Batch::default();
-        for (key, body) in alerts {
-            batch.insert(key.as_bytes(), seal(body));
-        }
-        t.alerts.apply_batch(batch)?;
-        t.db.flush()?;
-        Ok(())
-    }
-
-    /// Stores node health readings (`node ++ 0 ++ at_ms big-endian` -> sealed body) and flushes: an
-    /// acknowledged reading survives a crash. Readings older than `keep_from_ms` are deleted in the same batch.
-    pub fn save_health(&self, readings: &[(String, i64, Vec<u8>)], keep_from_ms: i64) -> Result<(), StoreError> {
-        let t = self.w()?;
-        let mut batch = sled::Batch::default();
-        for (node, at, body) in readings {
-            let mut k = node.as_bytes().to_vec();
-            k.push(0);
-            k.extend_from_slice(&at.to_be_bytes());
-            batch.insert(k, seal(body));
-            // Each node's readings are in time order after its name: drop those past retention.
-            let mut prefix = node.as_bytes().to_vec();
-            prefix.push(0);
-            for kv in t.node_health.scan_prefix(&prefix) {
-                let (k, _) = kv?;
-                let at_old = k.get(prefix.len()..).and_then(|b| b.try_into().ok()).map(i64::from_be_bytes);
-                match at_old {
-                    Some(a) if a < keep_from_ms => batch.remove(k),
-                    _ => break,
-                }
-            }
-        }
-        t.node_health.apply_batch(batch)?;
-        t.db.flush()?;
-        Ok(())
-    }
-
-    /// Every stored node health reading: `(node, body)` in node and time order; damaged values are reported as
-    /// errors (the caller skips them).
-    pub fn load_health(&self) -> Result<Vec<StoredReading>, StoreError> {
-        let t = self.t()?;
-        let mut out = Vec::new();
-        for kv in t.node_health.iter() {
-            let (k, v) = kv?;
-            let node = k.split(|b| *b == 0).next().map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default();
-            out.push(unseal(&v).map(|b| (node.clone(), b.to_vec())).map_err(|e| format!("node_health {node:?}: {e}")));
-        }
-        Ok(out)
-    }
-
-    /// Forgets alert records.
-    pub fn delete_alerts(&self, keys: &[String]) -> Result<(), StoreError> {
-        let t = self.w()?;
-        let mut batch = sled::Batch::default();
-        for k in keys {
-            batch.remove(k.as_bytes());
-        }
-        t.alerts.apply_batch(batch)?;
-        Ok(())
-    }
-
-    /// Every stored alert record as `(key, body)`, the body unsealed and checked (a legacy bare-JSON value is
-    /// returned as stored), then turned into `T` by its owner's codec; `T = (String, Vec<u8>)` keeps the raw pairs.
-    pub fn load_alerts<T>(&self) -> Result<Vec<T>, StoreError>
-    where
-        T: TryFrom<(String, Vec<u8>)>,
-        T::Error: std::fmt::Display,
-    {
-        let t = self.t()?;
-        let mut out = Vec::new();
-        for kv in t.alerts.iter() {
-            let (k, v) = kv?;
-            let body = unseal(&v).map_err(|r| corrupt("alerts", &k, r))?;
-            let pair = (String::from_utf8_lossy(&k).into_owned(), body.to_vec());
-            out.push(T::try_from(pair).map_err(|e| corrupt("alerts", &k, e))?);
-        }
-        Ok(out)
-    }
-
-    /// Deletes jobs with their logged events and summaries, and tombstones their snapshots, atomically, and
-    /// flushes.
-    pub fn delete_jobs(&self, jobs: &[ExpiredJob]) -> Result<(), StoreError> {
-        self.delete_jobs_noting(jobs, None)
-    }
-
-    /// [`Store::delete_jobs`], recording in the same transaction `deleted_through`: the latest end time (Unix
-    /// ms) of jobs deleted for the memory budget (see [`Store::history_deleted_through`]).
-    pub fn delete_jobs_noting(&self, jobs: &[ExpiredJob], deleted_through: Option<i64>) -> Result<(), StoreError> {
-        use sled::transaction::Transactional;
-        let t = self.w()?;
-        let mut job_batch = sled::Batch::default();
-        if let Some(ms) = deleted_through {
-            job_batch.insert(DELETED_THROUGH_KEY, seal(&ms.to_be_bytes()));
-        }
-        let last_logged = t.files.last_seq();
-        let mut summaries = sled::Batch::default();
-        let mut seqs = Vec::new();
-        for job in jobs {
-            seqs.extend_from_slice(&job.seqs);
-            // Its events in snapshot parts written before now are not restored (see [`snaps`]).
-            job_batch
-                .insert(snaps::tomb_key(&job.job_id), seal(&snaps::tomb_body(self.snapshot_counter(), last_logged)));
-        }
-        let wanted: Vec<(&str, u64)> =
-            jobs.iter().flat_map(|j| j.summaries.iter().map(|no| (j.job_id.as_str(), *no))).collect();
-        let rewrites = t.log_rewrites();
-        let packs_lock = t.packs_lock();
-        // A folded job's events are the log entries its summary lists. (A summary damaged on disk lists none here;
-        // restore will have rebuilt that job as a hot one, whose sequences the caller passes.)
-        for (no, job_id, summary) in t.plan_summary_removal(&mut summaries, &wanted)? {
-            match parse_summary(&summary) {
-                Ok((listed, _)) => seqs.extend_from_slice(&listed),
-                Err(reason) => tracing::warn!(job_id, no, reason = %reason, "retention: summary unusable"),
-            }
-        }
-        let mut dead = t.dead();
-        let mut kill = log::plan_kill(&t.files, &dead, &seqs)?;
-        let log = std::mem::take(&mut kill.batch);
-        tracing::debug!(
-            jobs = jobs.len(),
-            events = seqs.len(),
-            blocks_all_dead = kill.stats.all_dead,
-            blocks_marked = kill.stats.marked,
-            "log entries of deleted jobs"
-        );
-        // One transaction over the trees: a crash keeps all of a job or none of it (deleting the log entries
-        // first would let a restart restore the snapshot without its raw events; the snapshot first, rebuild the
-        // job from just its log tail).
-        let applied = (&t.blocks, &t.jobs, &t.summaries).transaction(|(l, j, s)| {
-            l.apply_batch(&log)?;
-            j.apply_batch(&job_batch)?;
-            s.apply_batch(&summaries)?;
-            Ok(())
-        });
-        transaction_result(applied)?;
-        let touched = kill.touched();
-        kill.commit(&mut dead);
-        drop(dead);
-        drop(packs_lock);
-        t.db.flush()?;
-        // Segments now all or mostly dead go or shrink in the next [`Store::maintain_log`], on the maintenance
-        // thread: a rewrite of a segment takes long enough to hold group commits up.
-        let names = t.files.segments_of(&touched);
-        t.collect_pending.lock().unwrap_or_else(|p| p.into_inner()).extend(names);
-        drop(rewrites);
-        Ok(())
-    }
-
     /// Log upkeep, for a thread off the commit path: deletes or rewrites the segments retention emptied since
     /// the last call (every segment when a collection failed or the store was opened with dead records; a
     /// failure loses nothing, the dead records are durable, and the next call looks at every segment), then
@@ -2072,7 +979,6 @@ impl Store {
         }
         Ok(done)
     }
-
     /// Flushes everything written so far.
     pub fn flush(&self) -> Result<(), StoreError> {
         let t = self.w()?;
@@ -2086,12 +992,10 @@ impl Store {
         t.db.flush()?;
         Ok(())
     }
-
     /// sled's page cache budget, bytes.
     pub fn cache_bytes(&self) -> u64 {
         self.options.cache_bytes
     }
-
     /// What each tree holds: values and bytes of keys plus values (what sled's files hold beyond it is its own
     /// framing, page table and not yet reclaimed space). Reads every value: for `store-stats`, not the data path.
     pub fn tree_stats(&self) -> Result<Vec<TreeStats>, StoreError> {
@@ -2127,7 +1031,6 @@ impl Store {
         }
         Ok(out)
     }
-
     /// Bytes the file system has allocated to the store's directory (every file under it: sled's file and blobs,
     /// the log's segments, snapshot files), as `du` counts them: the space the store really takes.
     pub fn allocated_bytes(&self) -> Result<u64, StoreError> {
@@ -2148,134 +1051,12 @@ impl Store {
         }
         walk(&self.path).map_err(|e| StoreError::Sled(sled::Error::Io(e)))
     }
-
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         let t = self.t()?;
         let parts: u64 = t.parts.list()?.iter().map(|(_, len)| len).sum();
         Ok(t.db.size_on_disk()? + t.files.totals().1 + parts)
     }
-}
-
-const STREAM_CHANGES_KEY: &[u8] = b"\0changes_through";
-const STREAM_LOG_KEY: &[u8] = b"\0log_through";
-
-fn stream_key(cursor: u64) -> [u8; 9] {
-    let mut k = [1u8; 9];
-    k[1..].copy_from_slice(&cursor.to_be_bytes());
-    k
-}
-
-fn stream_cursor(key: &[u8]) -> Result<u64, StoreError> {
-    match key {
-        [1, rest @ ..] if rest.len() == 8 => {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(rest);
-            Ok(u64::from_be_bytes(a))
-        }
-        _ => Err(corrupt("stream", key, "not a stream record key")),
-    }
-}
-
-/// The format of a stream block body (inside the sealed value): `[format] ++ count u32 LE ++ recorded_at ms i64
-/// LE ++ raw length u32 LE ++ payload`, the payload being, per record in cursor order, `varint(len) ++
-/// StreamRecord`; format 1 stores it as is, format 2 zstd-compressed (blocks over 256 bytes).
-const STREAM_RAW: u8 = 1;
-const STREAM_ZSTD: u8 = 2;
-const STREAM_HEADER: usize = 17;
-
-/// One block per run of consecutive cursors (a writer's records always are one run). (Blocks capped at 32 KiB
-/// were tried: smaller blocks compress less, and sled then held more space than it does for the large values it
-/// keeps as blob files; BENCHMARKS.md, run 11.)
-fn stream_batch<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<sled::Batch, StoreError> {
-    let mut batch = sled::Batch::default();
-    for (first, value) in encode_stream_blocks(records, at_ms)? {
-        batch.insert(&stream_key(first), value);
-    }
-    Ok(batch)
-}
-
-/// The sealed blocks of `records`: `(first cursor, value)`.
-fn encode_stream_blocks<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-    use prost::encoding::encode_varint;
-    let mut blocks = Vec::new();
-    let mut i = 0;
-    while i < records.len() {
-        let first = records[i].0;
-        let mut j = i;
-        let mut raw = Vec::new();
-        while j < records.len() && records[j].0 == first + (j - i) as u64 {
-            let bytes = records[j].1.as_ref();
-            encode_varint(bytes.len() as u64, &mut raw);
-            raw.extend_from_slice(bytes);
-            j += 1;
-        }
-        let count = (j - i) as u32;
-        let (format, payload) = if raw.len() > 256 {
-            let z = log::compress(&raw, 1).map_err(|e| corrupt("stream", &stream_key(first), e))?;
-            (STREAM_ZSTD, z)
-        } else {
-            (STREAM_RAW, raw.clone())
-        };
-        let mut body = Vec::with_capacity(STREAM_HEADER + payload.len());
-        body.push(format);
-        body.extend_from_slice(&count.to_le_bytes());
-        body.extend_from_slice(&at_ms.to_le_bytes());
-        body.extend_from_slice(&(raw.len() as u32).to_le_bytes());
-        body.extend_from_slice(&payload);
-        blocks.push((first, seal(&body)));
-        i = j;
-    }
-    Ok(blocks)
-}
-
-/// A block's record count and recording time, without decompressing it.
-fn stream_block_meta(key: &[u8], v: &[u8]) -> Result<(u32, i64), StoreError> {
-    let body = unseal(v).map_err(|r| corrupt("stream", key, r))?;
-    if body.len() < STREAM_HEADER || !matches!(body[0], STREAM_RAW | STREAM_ZSTD) {
-        return Err(corrupt("stream", key, "not a stream block"));
-    }
-    let count = u32::from_le_bytes([body[1], body[2], body[3], body[4]]);
-    let mut at = [0u8; 8];
-    at.copy_from_slice(&body[5..13]);
-    if count == 0 {
-        return Err(corrupt("stream", key, "empty block"));
-    }
-    Ok((count, i64::from_le_bytes(at)))
-}
-
-fn decode_stream_block(key: &[u8], v: &[u8]) -> Result<Vec<pb::StreamRecord>, StoreError> {
-    let first = stream_cursor(key)?;
-    let (count, _) = stream_block_meta(key, v)?;
-    let bad = |r: String| corrupt("stream", key, r);
-    let body = unseal(v).map_err(bad)?;
-    let raw_len = u32::from_le_bytes([body[13], body[14], body[15], body[16]]) as usize;
-    let payload = &body[STREAM_HEADER..];
-    let raw = match body[0] {
-        STREAM_ZSTD => log::decompress(payload, raw_len).map_err(|e| bad(e.to_string()))?,
-        _ => payload.to_vec(),
-    };
-    if raw.len() != raw_len {
-        return Err(bad(format!("{} bytes, header says {raw_len}", raw.len())));
-    }
-    let mut buf = raw.as_slice();
-    let mut out = Vec::with_capacity(count as usize);
-    for i in 0..u64::from(count) {
-        let len = prost::encoding::decode_varint(&mut buf).map_err(|e| bad(e.to_string()))? as usize;
-        if len > buf.len() {
-            return Err(bad("truncated record".into()));
-        }
-        let rec = pb::StreamRecord::decode(&buf[..len]).map_err(|e| bad(e.to_string()))?;
-        if rec.cursor != first + i {
-            return Err(bad(format!("record {i} holds cursor {}, expected {}", rec.cursor, first + i)));
-        }
-        out.push(rec);
-        buf = &buf[len..];
-    }
-    if !buf.is_empty() {
-        return Err(bad("bytes after the last record".into()));
-    }
-    Ok(out)
 }
 
 fn transaction_result(r: Result<(), sled::transaction::TransactionError<()>>) -> Result<(), StoreError> {
@@ -2301,12 +1082,18 @@ fn create_private_dir(path: &Path) -> Result<(), StoreError> {
 }
 
 pub mod backup;
+mod checkpoints;
 mod files;
+mod folds;
 pub mod history;
 mod image;
 mod log;
 mod packs;
+mod restore;
+mod retention;
+mod side;
 pub mod snaps;
+mod stream_tree;
 
 /// The directory of the log's files, under the store's.
 const LOG_DIR: &str = "log";

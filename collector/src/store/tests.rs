@@ -1,5 +1,6 @@
 //! Store tests on a real sled directory: write, close, reopen, identical state.
 
+use super::stream_tree::{encode_stream_blocks, stream_key};
 use super::*;
 use crate::job::JobState;
 use startline_proto::pb::lifecycle_event::Kind;
