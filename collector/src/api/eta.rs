@@ -14,17 +14,24 @@ use startline_proto::pb::{self, lifecycle_event::Kind};
 pub struct ExpectedStart {
     /// Central estimate (RFC 3339).
     pub at: String,
-    /// `history`, `scheduler`, `queue_position`, `history+scheduler` or `history+queue_position`.
+    /// `queue_state`, `history`, `scheduler`, `queue_position`, `queue_state+scheduler`,
+    /// `queue_state+queue_position`, `history+scheduler` or `history+queue_position`.
     pub basis: &'static str,
-    /// Jobs of the group used (started, ended without starting, and waiting), 0 without history.
+    /// Jobs of the group used (started, ended without starting, and waiting; with a queue state, the similar jobs),
+    /// 0 without history.
     pub comparable_jobs: u64,
+    /// GPUs asked for by the jobs ahead (`jobs_ahead`); `null` when the pool has no queue state.
+    pub gpus_ahead: Option<u64>,
     /// The group of comparable jobs used; `null` without history. A field that is `null` was not part of it
-    /// (the narrowest group with enough jobs was wider).
+    /// (the narrowest group with enough jobs was wider; with a queue state, the pool's similar jobs: only `pool`).
     pub group: Option<EtaGroup>,
     /// The interval's high end (90th percentile).
     pub high: String,
     /// The interval's coverage: 0.8.
     pub interval: f64,
+    /// Jobs of the same pool in their first wait ranked ahead of this one (a higher priority, or the same
+    /// submitted earlier); `null` when the pool has no queue state.
+    pub jobs_ahead: Option<u64>,
     /// The interval's low end (10th percentile).
     pub low: String,
     /// How long the job has waited in its current wait, seconds.
@@ -60,8 +67,10 @@ impl ExpectedStart {
                 priority: g.priority.map(|p| p.label()),
                 reason: g.reason,
             }),
+            gpus_ahead: e.ahead.map(|a| a.1),
             high: format_ms(e.high_ms),
             interval: crate::slo::eta::INTERVAL,
+            jobs_ahead: e.ahead.map(|a| a.0 as u64),
             low: format_ms(e.low_ms),
             waited_seconds: e.waited_ms as f64 / 1000.0,
         }

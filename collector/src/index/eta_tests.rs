@@ -97,3 +97,54 @@ proptest! {
         }
     }
 }
+
+/// The API reads expected starts from the index's book (`eta::for_job` on `idx.waits`, as `GET /api/v1/jobs` and
+/// `GET /api/v1/jobs/{job_id}` do): with enough jobs of a pool filed, a waiting job's estimate rests on the pool's
+/// queue state, with the jobs ranked ahead of it counted from what the index holds.
+#[test]
+fn the_api_path_reads_the_queue_state_the_index_keeps() {
+    let t0 = 1_767_225_600_000;
+    let mut idx = JobIndex::default();
+    let mut seq = 0;
+    let mut push = |idx: &mut JobIndex, id: &str, at: i64, kind: EventKind| {
+        seq += 1;
+        idx.insert(id, CompactEvent { at_ms: at, id_hash: seq, seq, attempt: None, kind }, at);
+    };
+    let attrs = |gpus: u32, priority: pb::PriorityClass| {
+        let mut a = JobAttrs::unknown();
+        a.pool = "q".into();
+        a.gpu_class = "h100".into();
+        a.gpu_count = gpus;
+        a.priority = priority;
+        EventKind::Submitted(Arc::new(a))
+    };
+    let queued =
+        || EventKind::Queued { reason: pb::WaitReason::Capacity, raw_reason: "r".into(), estimated_start: None };
+    // 24 jobs of 8 GPUs, one every 10 minutes, each started 4 minutes after its submit.
+    for i in 0..24 {
+        let id = format!("s{i}");
+        push(&mut idx, &id, t0 + i * 600_000, attrs(8, pb::PriorityClass::Normal));
+        push(
+            &mut idx,
+            &id,
+            t0 + i * 600_000 + 240_000,
+            EventKind::FirstStep { step: 0, origin: pb::StepOrigin::TrainingProcess },
+        );
+    }
+    // Waiting: w0 (4 GPUs) and w1 (8 GPUs), then w2 (2 GPUs) behind them.
+    let base = t0 + 240 * 60_000;
+    for (id, m, gpus) in [("w0", 0, 4), ("w1", 1, 8), ("w2", 2, 2)] {
+        push(&mut idx, id, base + m * 60_000, attrs(gpus, pb::PriorityClass::Normal));
+        push(&mut idx, id, base + m * 60_000, queued());
+    }
+    let now = base + 10 * 60_000;
+    let t = &idx.jobs["w2"].rec.timeline;
+    let e = eta::for_job(&idx.waits, t, None, now).expect("an estimate");
+    assert_eq!(e.basis, eta::Basis::QueueState);
+    assert_eq!(e.ahead, Some((2, 12)));
+    let api = crate::api::eta::ExpectedStart::of(&e);
+    assert_eq!((api.basis, api.jobs_ahead, api.gpus_ahead), ("queue_state", Some(2), Some(12)));
+    // The first in line has nothing ahead.
+    let e = eta::for_job(&idx.waits, &idx.jobs["w0"].rec.timeline, None, now).expect("an estimate");
+    assert_eq!(e.ahead, Some((0, 0)));
+}

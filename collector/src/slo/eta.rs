@@ -22,6 +22,23 @@
 //! started; failing that the pool's group if any of its jobs started; failing that there is no history. The
 //! reason level is skipped for a job no longer queued (nodes assigned, preparing).
 //!
+//! **Queue state.** The book also keeps, per pool, its jobs still in their first wait ranked as the simulator's
+//! and most schedulers rank them (a higher priority first, then by submit time), its first steps by time, and its
+//! most recent [`POOL_JOBS`] jobs with their priority and GPUs (none of these is capped by [`MAX_PER_GROUP`]; all are
+//! dropped with the history window). A waiting job's *load* is the time the pool would take, at the rate it
+//! started GPUs in the last [`RATE_WINDOW_MS`], to start the GPUs of the jobs ranked ahead of it and its own:
+//! `load = (GPUs ahead + own GPUs) x window / max(GPUs started in the window, 1)` ([`load_ms`]); a job no longer
+//! queued (nodes assigned, preparing) has nothing ahead. The pool's [`CALIBRATION_JOBS`] most recently submitted
+//! jobs each have the load they met at their submit, computed from the same book (the jobs then in their first
+//! wait ranked ahead of them, the GPUs started in the window before it: all known at that submit). The
+//! [`SIMILAR_JOBS`] of them nearest to this job's load now, by `|ln load - ln load'|` plus 10 for another
+//! priority and 0.5 for another GPU-count bucket, make a Kaplan-Meier curve of their waits (from their submit;
+//! still waiting or ended without starting: censored), and the quantiles are taken from it exactly as from a
+//! group's curve, conditioned on this job's wait `w`. With at least [`MIN_JOBS`] recent jobs in the pool and one
+//! of the similar ones started, the queue state is used in place of the group's history (`queue_state`); else the
+//! group's history is. In the simulator's fleet this halves the error of dedicated pools, where a job's wait is
+//! decided by the queue in front of it (BENCHMARKS.md).
+//!
 //! **The scheduler's estimate** (`Queued.estimated_start`, Slurm's `StartTime`) is calibrated by the pool's
 //! history: for each job that started, the error `first step - the last estimate before it` (an estimate is of
 //! the allocation; the error includes preparation too). With at least [`MIN_CALIBRATION`] errors in the pool's
@@ -33,9 +50,10 @@
 //! `R = position / rate`; the central estimate is then that time, the interval `R / 2 .. 2 R` after it (no
 //! history of positions is kept to calibrate it). No estimate while the position has not fallen.
 //!
-//! **Combined** (quantile by quantile, `c = a * other + (1 - a) * history`, then not before `now`): a calibrated
-//! scheduler weighs by precision, `a = (1/E^2) / (1/E^2 + 1/H^2)`, with `E` the width of its error interval and
-//! `H` the width of the group's unconditional interval (both at least a minute); an uncalibrated scheduler or a
+//! **Combined** (quantile by quantile, `c = a * other + (1 - a) * history`, then not before `now`; "history" is
+//! the queue state's curve when there is one): a calibrated scheduler weighs by precision,
+//! `a = (1/E^2) / (1/E^2 + 1/H^2)`, with `E` the width of its error interval and `H` the width of the curve's
+//! unconditional interval (both at least a minute); an uncalibrated scheduler or a
 //! queue position weighs `a = 1/2`. The scheduler wins over the queue position when a job has both. Either alone,
 //! without history, is the estimate. The weights do not depend on `w`, so the combined estimate keeps the
 //! history's monotony.
@@ -43,6 +61,7 @@
 use crate::job::{CompactEvent, EventKind, JobAttrs, Segment, Timeline};
 use startline_proto::labels::Label;
 use startline_proto::pb;
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -62,8 +81,20 @@ pub const MIN_CALIBRATION: usize = 10;
 pub const TAIL_CAP_MS: i64 = 30 * 86_400_000;
 /// The smallest interval width the weights use (a minute), so a degenerate interval does not take all weight.
 const MIN_WIDTH_MS: f64 = 60_000.0;
+/// How far apart (in the load's natural log) a job of another priority is counted.
+const OTHER_PRIORITY: f64 = 10.0;
+/// How far apart a job of another GPU-count bucket is counted.
+const OTHER_GPU_BUCKET: f64 = 0.5;
 /// Levels of grouping, narrowest first.
 pub const LEVELS: usize = 5;
+/// Jobs of a pool kept for its queue state (the most recently submitted).
+pub const POOL_JOBS: usize = 4096;
+/// The pool's most recent jobs the queue state compares a job with.
+pub const CALIBRATION_JOBS: usize = 256;
+/// Of those, the similar ones whose waits make the queue-state estimate.
+pub const SIMILAR_JOBS: usize = 40;
+/// The window of a pool's recent starts, for its rate: 3 hours.
+pub const RATE_WINDOW_MS: i64 = 3 * 3_600_000;
 
 /// The GPU-count bucket of a job asking for `n` GPUs.
 pub fn gpu_bucket(n: u32) -> &'static str {
@@ -127,6 +158,8 @@ pub struct Entry {
     pub submitted_ms: i64,
     /// Its first wait.
     pub outcome: Outcome,
+    /// The GPUs it asks for.
+    pub gpus: u32,
 }
 
 /// The reason a job is filed under in the book: the queued reason of its longest closed initial-wait segment,
@@ -205,7 +238,7 @@ impl EntrySignature {
             gpus: Some(gpu_bucket(a.gpu_count)),
             reason: Some(self.reason),
         };
-        Some(Entry { key, submitted_ms, outcome })
+        Some(Entry { key, submitted_ms, outcome, gpus: a.gpu_count })
     }
 }
 
@@ -233,10 +266,68 @@ pub fn query_reason(t: &Timeline) -> Option<&'static str> {
     }
 }
 
-/// Recent waits of comparable jobs, by group (see the module's documentation).
+/// Recent waits of comparable jobs, by group, and each pool's queue (see the module's documentation).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WaitBook {
     groups: HashMap<GroupKey, BTreeMap<(i64, u64), Outcome>>,
+    pools: HashMap<String, PoolQueue>,
+}
+
+/// A job as a pool's queue keeps it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Filed {
+    priority: i32,
+    gpus: u32,
+    outcome: Outcome,
+}
+
+/// One pool's jobs, for the queue state: the most recently submitted [`POOL_JOBS`], with every job still in its
+/// first wait by rank and every first step by time (neither capped).
+#[derive(Debug, Clone, Default, PartialEq)]
+struct PoolQueue {
+    /// `(submitted, job)`.
+    jobs: BTreeMap<(i64, u64), Filed>,
+    /// `(higher priority first, submitted, job)` -> GPUs.
+    waiting: BTreeMap<(Reverse<i32>, i64, u64), u32>,
+    /// `(first step, job)` -> GPUs.
+    starts: BTreeMap<(i64, u64), u32>,
+}
+
+impl PoolQueue {
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.waiting.is_empty() && self.starts.is_empty()
+    }
+
+    /// GPUs that had their first step in `[at - RATE_WINDOW_MS, at)`.
+    fn started_gpus(&self, at: i64) -> u64 {
+        self.starts.range((at.saturating_sub(RATE_WINDOW_MS), 0)..(at, 0)).map(|(_, g)| u64::from(*g)).sum()
+    }
+}
+
+/// The queue-state load of a job: the time the pool would take to start the GPUs ahead of it and its own at the
+/// rate it started GPUs in the last [`RATE_WINDOW_MS`] (at least one GPU in that window), ms.
+pub fn load_ms(gpus_ahead: u64, gpus: u32, started_gpus: u64) -> f64 {
+    (gpus_ahead + u64::from(gpus.max(1))) as f64 * RATE_WINDOW_MS as f64 / started_gpus.max(1) as f64
+}
+
+/// What the collector knows of a job's place in its pool's queue, and the pool's recent jobs that met a queue
+/// like it (see the module's documentation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueState {
+    /// Jobs of the pool in their first wait ranked ahead of it.
+    pub jobs_ahead: usize,
+    /// The GPUs they ask for.
+    pub gpus_ahead: u64,
+    /// GPUs the pool started in the last [`RATE_WINDOW_MS`].
+    pub started_gpus: u64,
+    /// Its load ([`load_ms`]).
+    pub load_ms: f64,
+    /// The group the similar jobs come from: the pool.
+    pub group: GroupKey,
+    /// The similar jobs used.
+    pub similar: usize,
+    /// Their waits from their submit.
+    pub km: Km,
 }
 
 impl WaitBook {
@@ -250,6 +341,21 @@ impl WaitBook {
                 g.pop_first();
             }
         }
+        let p = self.pools.entry(e.key.pool.clone()).or_default();
+        let priority = priority_rank(e);
+        p.jobs.insert((e.submitted_ms, job), Filed { priority, gpus: e.gpus, outcome: e.outcome });
+        while p.jobs.len() > POOL_JOBS {
+            p.jobs.pop_first();
+        }
+        match e.outcome {
+            Outcome::Waiting => {
+                p.waiting.insert((Reverse(priority), e.submitted_ms, job), e.gpus);
+            }
+            Outcome::Started { wait_ms, .. } => {
+                p.starts.insert((e.submitted_ms.saturating_add(wait_ms), job), e.gpus);
+            }
+            Outcome::Ended { .. } => {}
+        }
     }
 
     /// Takes a job out of its groups (nothing if they no longer keep it).
@@ -261,6 +367,21 @@ impl WaitBook {
                 if g.is_empty() {
                     self.groups.remove(&key);
                 }
+            }
+        }
+        if let Some(p) = self.pools.get_mut(&e.key.pool) {
+            p.jobs.remove(&(e.submitted_ms, job));
+            match e.outcome {
+                Outcome::Waiting => {
+                    p.waiting.remove(&(Reverse(priority_rank(e)), e.submitted_ms, job));
+                }
+                Outcome::Started { wait_ms, .. } => {
+                    p.starts.remove(&(e.submitted_ms.saturating_add(wait_ms), job));
+                }
+                Outcome::Ended { .. } => {}
+            }
+            if p.is_empty() {
+                self.pools.remove(&e.key.pool);
             }
         }
     }
@@ -286,6 +407,16 @@ impl WaitBook {
                 g.pop_first();
             }
             !g.is_empty()
+        });
+        self.pools.retain(|_, p| {
+            while p.jobs.first_key_value().is_some_and(|((s, _), _)| *s < from) {
+                p.jobs.pop_first();
+            }
+            p.waiting.retain(|(_, s, _), _| *s >= from);
+            while p.starts.first_key_value().is_some_and(|((s, _), _)| *s < from) {
+                p.starts.pop_first();
+            }
+            !p.is_empty()
         });
     }
 
@@ -339,8 +470,175 @@ impl WaitBook {
                 History { group, jobs, km: Km::new(waits) }
             }),
             scheduler_errors: errors,
+            queue: None,
         }
     }
+
+    /// The queue state at `now` of a job of `pool` with `priority` (its rank, [`pb::PriorityClass`] as a number),
+    /// asking for `gpus`, submitted at `submitted` (see the module's documentation); `None` when the pool has
+    /// fewer than [`MIN_JOBS`] recent jobs or none of the similar ones started.
+    pub fn queue_state(
+        &self,
+        pool: &str,
+        priority: i32,
+        gpus: u32,
+        submitted: i64,
+        queued: bool,
+        now: i64,
+    ) -> Option<QueueState> {
+        let p = self.pools.get(pool)?;
+        let from = now.saturating_sub(HISTORY_MS);
+        let (mut jobs_ahead, mut gpus_ahead) = (0usize, 0u64);
+        let me = if queued { (Reverse(priority), submitted, 0) } else { (Reverse(i32::MAX), i64::MIN, 0) };
+        for ((_, s, _), g) in p.waiting.range(..me) {
+            if *s >= from {
+                jobs_ahead += 1;
+                gpus_ahead += u64::from(*g);
+            }
+        }
+        let started_gpus = p.started_gpus(now);
+        let load = load_ms(gpus_ahead, gpus, started_gpus);
+        let past = past_loads(p, from, now);
+        if past.len() < MIN_JOBS {
+            return None;
+        }
+        let mut scored: Vec<(f64, (i64, bool))> = past
+            .iter()
+            .map(|j| {
+                let apart = if j.priority == priority { 0.0 } else { OTHER_PRIORITY }
+                    + if gpu_bucket(j.gpus) == gpu_bucket(gpus) { 0.0 } else { OTHER_GPU_BUCKET };
+                ((j.load_ms.ln() - load.ln()).abs() + apart, j.sample)
+            })
+            .collect();
+        let k = SIMILAR_JOBS.min(scored.len());
+        if k < scored.len() {
+            scored.select_nth_unstable_by(k - 1, |a, b| a.0.total_cmp(&b.0));
+            scored.truncate(k);
+        }
+        let km = Km::new(scored.into_iter().map(|x| x.1).collect());
+        let group = GroupKey { pool: pool.to_string(), priority: None, gpu_class: None, gpus: None, reason: None };
+        (km.events() > 0).then_some(QueueState {
+            jobs_ahead,
+            gpus_ahead,
+            started_gpus,
+            load_ms: load,
+            group,
+            similar: k,
+            km,
+        })
+    }
+}
+
+/// A recent job of a pool with the load it met at its submit, and its wait as a Kaplan-Meier sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PastJob {
+    submitted: i64,
+    priority: i32,
+    gpus: u32,
+    load_ms: f64,
+    sample: (i64, bool),
+}
+
+/// The pool's [`CALIBRATION_JOBS`] most recent jobs submitted in `[from, now)`, newest first, each with the load
+/// it met at its submit (see the module's documentation).
+fn past_loads(p: &PoolQueue, from: i64, now: i64) -> Vec<PastJob> {
+    // The pool's most recent jobs submitted by now, each with when its first wait ended (`None`: still waiting).
+    let recent: Vec<(i64, Filed, Option<i64>)> = p
+        .jobs
+        .range((from, 0)..(now, u64::MAX))
+        .rev()
+        .take(CALIBRATION_JOBS)
+        .map(|((s, _), f)| {
+            let fin = match f.outcome {
+                Outcome::Waiting => None,
+                Outcome::Started { wait_ms, .. } | Outcome::Ended { wait_ms } => Some(s.saturating_add(wait_ms)),
+            };
+            (*s, *f, fin)
+        })
+        .collect();
+    let earliest = recent.last().map_or(now, |r| r.0);
+    // GPUs of the jobs that may have been waiting at one of those submits (not done by the earliest; a job
+    // done by then adds as much as it takes away), by priority: their submits and ends, accumulated.
+    // Per priority: (submit, GPUs) and (end, GPUs).
+    type Times = Vec<(i64, u64)>;
+    let mut by_priority: BTreeMap<i32, (Times, Times)> = BTreeMap::new();
+    for ((s, _), f) in p.jobs.range((from, 0)..(now, u64::MAX)) {
+        let fin = match f.outcome {
+            Outcome::Waiting => None,
+            Outcome::Started { wait_ms, .. } | Outcome::Ended { wait_ms } => Some(s.saturating_add(wait_ms)),
+        };
+        if fin.is_some_and(|x| x <= earliest || x <= *s) {
+            continue;
+        }
+        let (subs, fins) = by_priority.entry(f.priority).or_default();
+        subs.push((*s, u64::from(f.gpus)));
+        fins.extend(fin.map(|x| (x, u64::from(f.gpus))));
+    }
+    let by_priority: Vec<(i32, Cumulative, Cumulative)> =
+        by_priority.into_iter().map(|(pr, (s, f))| (pr, Cumulative::new(s), Cumulative::new(f))).collect();
+    let starts = Cumulative::new(
+        p.starts
+            .range((earliest.saturating_sub(RATE_WINDOW_MS), 0)..(now, 0))
+            .map(|((t, _), g)| (*t, u64::from(*g)))
+            .collect(),
+    );
+    recent
+        .iter()
+        .map(|(s, f, fin)| {
+            // Ranked ahead at its submit: a higher priority submitted by then, or the same submitted before.
+            let ahead: u64 = by_priority
+                .iter()
+                .filter(|(pr, _, _)| *pr >= f.priority)
+                .map(|(pr, subs, fins)| {
+                    let submitted = if *pr > f.priority { subs.upto(*s, true) } else { subs.upto(*s, false) };
+                    submitted.saturating_sub(fins.upto(*s, true))
+                })
+                .sum();
+            let started = starts.upto(*s, false) - starts.upto(s.saturating_sub(RATE_WINDOW_MS), false);
+            let l = load_ms(ahead, f.gpus, started);
+            let sample = match (f.outcome, fin) {
+                (Outcome::Started { wait_ms, .. }, _) => (wait_ms, true),
+                (_, Some(fin)) => (fin - s, false),
+                (_, None) => ((now - s).max(0), false),
+            };
+            PastJob { submitted: *s, priority: f.priority, gpus: f.gpus, load_ms: l, sample }
+        })
+        .collect()
+}
+
+/// Values at times, accumulated: how much came by a time.
+struct Cumulative {
+    times: Vec<i64>,
+    sums: Vec<u64>,
+}
+
+impl Cumulative {
+    fn new(mut v: Vec<(i64, u64)>) -> Cumulative {
+        v.sort_unstable();
+        let mut total = 0;
+        let sums = v.iter().map(|(_, x)| {
+            total += x;
+            total
+        });
+        let sums = sums.collect();
+        Cumulative { times: v.into_iter().map(|x| x.0).collect(), sums }
+    }
+
+    /// The sum of the values at times before `t` (and at `t` when `inclusive`).
+    fn upto(&self, t: i64, inclusive: bool) -> u64 {
+        let i =
+            if inclusive { self.times.partition_point(|x| *x <= t) } else { self.times.partition_point(|x| *x < t) };
+        if i == 0 {
+            0
+        } else {
+            self.sums[i - 1]
+        }
+    }
+}
+
+/// An entry's priority as a rank (higher first).
+fn priority_rank(e: &Entry) -> i32 {
+    e.key.priority.map_or(0, |p| p as i32)
 }
 
 /// A Kaplan-Meier survival curve of waits.
@@ -457,6 +755,8 @@ pub struct Inputs {
     pub history: Option<History>,
     /// The pool's scheduler errors (first step less the last estimate), sorted.
     pub scheduler_errors: Vec<i64>,
+    /// The job's queue state, if the pool has one.
+    pub queue: Option<QueueState>,
 }
 
 /// Positions seen in the current wait: the first and the latest, as `(time, position)`.
@@ -515,6 +815,12 @@ pub enum Basis {
     HistoryScheduler,
     /// History and the queue position.
     HistoryQueuePosition,
+    /// The queue state alone.
+    QueueState,
+    /// The queue state and the scheduler's estimate.
+    QueueStateScheduler,
+    /// The queue state and the queue position.
+    QueueStateQueuePosition,
 }
 
 impl Basis {
@@ -526,6 +832,9 @@ impl Basis {
             Basis::QueuePosition => "queue_position",
             Basis::HistoryScheduler => "history+scheduler",
             Basis::HistoryQueuePosition => "history+queue_position",
+            Basis::QueueState => "queue_state",
+            Basis::QueueStateScheduler => "queue_state+scheduler",
+            Basis::QueueStateQueuePosition => "queue_state+queue_position",
         }
     }
 }
@@ -547,17 +856,25 @@ pub struct Eta {
     pub group: Option<GroupKey>,
     /// How long the job has waited (its current wait).
     pub waited_ms: i64,
+    /// Jobs of its pool in their first wait ranked ahead of it and the GPUs they ask for, when the pool has a
+    /// queue state.
+    pub ahead: Option<(usize, u64)>,
 }
 
 /// The expected start of `q` at `now` from `inputs` (see the module's documentation); `None` when nothing gives
 /// one.
 pub fn estimate(inputs: &Inputs, q: &Query, now: i64) -> Option<Eta> {
     let w = (now - q.wait_started_ms).max(0);
-    let hist = inputs.history.as_ref().and_then(|h| {
-        let at = |p: f64| h.km.quantile(w, p).map(|t| q.wait_started_ms.saturating_add(t));
-        let spread = h.km.quantile(0, QUANTILES[2])? - h.km.quantile(0, QUANTILES[0])?;
+    let curve = |km: &Km| {
+        let at = |p: f64| km.quantile(w, p).map(|t| q.wait_started_ms.saturating_add(t));
+        let spread = km.quantile(0, QUANTILES[2])? - km.quantile(0, QUANTILES[0])?;
         Some(([at(QUANTILES[0])?, at(QUANTILES[1])?, at(QUANTILES[2])?], spread))
-    });
+    };
+    // The queue state's similar jobs, else the group's history.
+    let (hist, from_queue) = match inputs.queue.as_ref().and_then(|s| curve(&s.km)) {
+        Some(c) => (Some(c), true),
+        None => (inputs.history.as_ref().and_then(|h| curve(&h.km)), false),
+    };
     let errs = &inputs.scheduler_errors;
     let sched = q.scheduler_estimate_ms.map(|est| {
         if errs.len() >= MIN_CALIBRATION {
@@ -578,24 +895,33 @@ pub fn estimate(inputs: &Inputs, q: &Query, now: i64) -> Option<Eta> {
                 }
                 None => 0.5,
             };
-            (mix(s, h, a), Basis::HistoryScheduler)
+            (mix(s, h, a), if from_queue { Basis::QueueStateScheduler } else { Basis::HistoryScheduler })
         }
-        (Some((h, _)), None, Some(p)) => (mix(p, h, 0.5), Basis::HistoryQueuePosition),
-        (Some((h, _)), None, None) => (h, Basis::History),
+        (Some((h, _)), None, Some(p)) => {
+            (mix(p, h, 0.5), if from_queue { Basis::QueueStateQueuePosition } else { Basis::HistoryQueuePosition })
+        }
+        (Some((h, _)), None, None) => (h, if from_queue { Basis::QueueState } else { Basis::History }),
         (None, Some((s, _)), _) => (s, Basis::Scheduler),
         (None, None, Some(p)) => (p, Basis::QueuePosition),
         (None, None, None) => return None,
     };
     let [low, at, high] = qs.map(|x| x.max(now));
-    let h = inputs.history.as_ref().filter(|_| !matches!(basis, Basis::Scheduler | Basis::QueuePosition));
+    let with_history = !matches!(basis, Basis::Scheduler | Basis::QueuePosition);
+    let (comparable_jobs, group) = match (&inputs.queue, &inputs.history) {
+        _ if !with_history => (0, None),
+        (Some(s), _) if from_queue => (s.similar, Some(s.group.clone())),
+        (_, Some(h)) => (h.jobs, Some(h.group.clone())),
+        _ => (0, None),
+    };
     Some(Eta {
         at_ms: at,
         low_ms: low,
         high_ms: high,
         basis,
-        comparable_jobs: h.map_or(0, |h| h.jobs),
-        group: h.map(|h| h.group.clone()),
+        comparable_jobs,
+        group,
         waited_ms: w,
+        ahead: inputs.queue.as_ref().map(|s| (s.jobs_ahead, s.gpus_ahead)),
     })
 }
 
@@ -617,7 +943,11 @@ pub fn for_job(book: &WaitBook, t: &Timeline, queue: Option<QueueProgress>, now:
         reason: query_reason(t),
     };
     let query = Query { wait_started_ms, scheduler_estimate_ms: t.current_estimated_start, queue };
-    estimate(&book.history(&key, now), &query, now)
+    let mut inputs = book.history(&key, now);
+    if let Some(submitted) = t.submitted_at {
+        inputs.queue = book.queue_state(&a.pool, a.priority as i32, a.gpu_count, submitted, key.reason.is_some(), now);
+    }
+    estimate(&inputs, &query, now)
 }
 
 /// `a * other + (1 - a) * history`, quantile by quantile.

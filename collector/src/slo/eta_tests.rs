@@ -16,7 +16,7 @@ fn key(pool: &str, reason: &'static str) -> GroupKey {
 }
 
 fn entry(k: &GroupKey, submitted_ms: i64, outcome: Outcome) -> Entry {
-    Entry { key: k.clone(), submitted_ms, outcome }
+    Entry { key: k.clone(), submitted_ms, outcome, gpus: 8 }
 }
 
 fn started(wait_ms: i64) -> Outcome {
@@ -125,6 +125,12 @@ fn waiting_jobs_are_censored_at_now_and_ended_ones_at_their_end() {
     assert_eq!(h.km.survival(10), 0.5);
 }
 
+fn state_of(samples: Vec<(i64, bool)>) -> QueueState {
+    let similar = samples.len();
+    let group = GroupKey { pool: "a".into(), priority: None, gpu_class: None, gpus: None, reason: None };
+    QueueState { jobs_ahead: 3, gpus_ahead: 24, started_gpus: 16, load_ms: 1.0, group, similar, km: Km::new(samples) }
+}
+
 fn hist(samples: Vec<(i64, bool)>) -> History {
     let jobs = samples.len();
     History { group: key("a", "capacity"), jobs, km: Km::new(samples) }
@@ -133,8 +139,11 @@ fn hist(samples: Vec<(i64, bool)>) -> History {
 #[test]
 fn history_alone_by_hand() {
     // Waits of 10, 20, ..., 100 minutes, all started.
-    let inputs =
-        Inputs { history: Some(hist((1..=10).map(|i| (i * 10 * MIN, true)).collect())), scheduler_errors: vec![] };
+    let inputs = Inputs {
+        history: Some(hist((1..=10).map(|i| (i * 10 * MIN, true)).collect())),
+        scheduler_errors: vec![],
+        queue: None,
+    };
     let q = Query { wait_started_ms: 0, scheduler_estimate_ms: None, queue: None };
     // Not waited: 10th at 10 min (S = 0.9), median at 50 (S = 0.5), 90th at 90 (S = 0.1).
     let e = estimate(&inputs, &q, 0).expect("eta");
@@ -146,11 +155,94 @@ fn history_alone_by_hand() {
 }
 
 #[test]
+fn the_queue_state_takes_the_place_of_the_group_history() {
+    // The group's waits 1..10 minutes; the similar jobs' 10, 20, ..., 100 minutes.
+    let inputs = Inputs {
+        history: Some(hist((1..=10).map(|i| (i * MIN, true)).collect())),
+        scheduler_errors: vec![],
+        queue: Some(state_of((1..=10).map(|i| (i * 10 * MIN, true)).collect())),
+    };
+    let q = Query { wait_started_ms: 0, scheduler_estimate_ms: None, queue: None };
+    let e = estimate(&inputs, &q, 0).expect("eta");
+    assert_eq!((e.low_ms, e.at_ms, e.high_ms), (10 * MIN, 50 * MIN, 90 * MIN));
+    assert_eq!((e.basis, e.comparable_jobs, e.ahead), (Basis::QueueState, 10, Some((3, 24))));
+    assert_eq!(e.group.map(|g| g.pool), Some("a".to_string()));
+    // Conditioned on the wait as a group's curve: waited 35 minutes -> 40, 70, 100.
+    let e = estimate(&inputs, &q, 35 * MIN).expect("eta");
+    assert_eq!((e.low_ms, e.at_ms, e.high_ms), (40 * MIN, 70 * MIN, 100 * MIN));
+    // With an uncalibrated scheduler estimate at 30 minutes: half and half.
+    let q = Query { wait_started_ms: 0, scheduler_estimate_ms: Some(30 * MIN), queue: None };
+    let e = estimate(&inputs, &q, 0).expect("eta");
+    assert_eq!((e.low_ms, e.at_ms, e.high_ms, e.basis), (20 * MIN, 40 * MIN, 60 * MIN, Basis::QueueStateScheduler));
+    assert_eq!(Basis::QueueStateScheduler.label(), "queue_state+scheduler");
+}
+
+/// An entry of pool `p` asking for `gpus`, with `priority`.
+fn pool_entry(submitted_min: i64, gpus: u32, priority: pb::PriorityClass, outcome: Outcome) -> Entry {
+    let mut k = key("p", "capacity");
+    k.priority = Some(priority);
+    k.gpus = Some(gpu_bucket(gpus));
+    Entry { key: k, submitted_ms: submitted_min * MIN, outcome, gpus }
+}
+
+#[test]
+fn the_queue_state_by_hand() {
+    use pb::PriorityClass::{Normal, Urgent};
+    let mut book = WaitBook::default();
+    // 20 jobs of 8 GPUs submitted every 10 minutes from minute 700, each started after 5 minutes.
+    for i in 0..20 {
+        book.add(i, &pool_entry(700 + 10 * i as i64, 8, Normal, started(5 * MIN)));
+    }
+    // Waiting: A (900, 8 GPUs), B (950, 4 GPUs, urgent), C (980, 8 GPUs).
+    book.add(100, &pool_entry(900, 8, Normal, Outcome::Waiting));
+    book.add(101, &pool_entry(950, 4, Urgent, Outcome::Waiting));
+    book.add(102, &pool_entry(980, 8, Normal, Outcome::Waiting));
+    let now = 1000 * MIN;
+    // Started in [820, 1000): the starts at 825, 835, ..., 895 -> 8 jobs, 64 GPUs.
+    // A normal job of 8 GPUs submitted at 960: B (urgent) and A (earlier) are ahead, 12 GPUs;
+    // load (12 + 8) x 180 / 64 = 56.25 minutes.
+    let s = book.queue_state("p", Normal as i32, 8, 960 * MIN, true, now).expect("state");
+    assert_eq!((s.jobs_ahead, s.gpus_ahead, s.started_gpus), (2, 12, 64));
+    assert!((s.load_ms - 56.25 * MIN as f64).abs() < 1e-6, "{}", s.load_ms);
+    assert_eq!(s.similar, 23);
+    // No longer queued: nothing ahead, 8 x 180 / 64 = 22.5 minutes.
+    let s = book.queue_state("p", Normal as i32, 8, 960 * MIN, false, now).expect("state");
+    assert_eq!((s.jobs_ahead, s.gpus_ahead), (0, 0));
+    assert!((s.load_ms - 22.5 * MIN as f64).abs() < 1e-6);
+    // An urgent job submitted at 990: only B.
+    let s = book.queue_state("p", Urgent as i32, 8, 990 * MIN, true, now).expect("state");
+    assert_eq!((s.jobs_ahead, s.gpus_ahead), (1, 4));
+    // The loads each job met at its submit.
+    let past = past_loads(&book.pools["p"], now - HISTORY_MS, now);
+    let load_of = |m: i64| past.iter().find(|j| j.submitted == m * MIN).map(|j| j.load_ms / MIN as f64);
+    // Job 0 (700): nothing ahead, nothing started before -> 8 x 180 / 1.
+    assert_eq!(load_of(700), Some(1440.0));
+    // Job 1 (710): the start at 705 -> 8 x 180 / 8.
+    assert_eq!(load_of(710), Some(180.0));
+    // A (900): nothing ahead; starts at 725..895, 18 x 8 = 144 GPUs -> 8 x 180 / 144.
+    assert_eq!(load_of(900), Some(10.0));
+    // B (950, urgent): A is not ahead of it; starts at 775..895, 104 GPUs -> 4 x 180 / 104.
+    assert!((load_of(950).expect("B") - 4.0 * 180.0 / 104.0).abs() < 1e-9);
+    // C (980): A and B ahead (12 GPUs); starts at 805..895, 80 GPUs -> 20 x 180 / 80.
+    assert_eq!(load_of(980), Some(45.0));
+    // Samples: started after 5 minutes; waiting ones censored at now.
+    assert!(past.iter().any(|j| j.submitted == 900 * MIN && j.sample == (100 * MIN, false)));
+    assert!(past.iter().filter(|j| j.sample == (5 * MIN, true)).count() == 20);
+    // Fewer than 20 jobs: no queue state.
+    let mut small = WaitBook::default();
+    for i in 0..19 {
+        small.add(i, &pool_entry(700 + 10 * i as i64, 8, Normal, started(5 * MIN)));
+    }
+    assert!(small.queue_state("p", Normal as i32, 8, 960 * MIN, true, now).is_none());
+    assert!(book.queue_state("other", Normal as i32, 8, 960 * MIN, true, now).is_none());
+}
+
+#[test]
 fn the_scheduler_combines_by_precision_once_calibrated() {
     let samples = (1..=10).map(|i| (i * 10 * MIN, true)).collect();
     // 10 errors: -2, -1, 0, 1, ..., 7 minutes -> 10th: -2 (rank 1), median: 2 (rank 5), 90th: 6 (rank 9).
     let errors: Vec<i64> = (-2..=7).map(|m| m * MIN).collect();
-    let inputs = Inputs { history: Some(hist(samples)), scheduler_errors: errors };
+    let inputs = Inputs { history: Some(hist(samples)), scheduler_errors: errors, queue: None };
     let q = Query { wait_started_ms: 0, scheduler_estimate_ms: Some(30 * MIN), queue: None };
     let e = estimate(&inputs, &q, 0).expect("eta");
     // Scheduler: 28, 32, 36 minutes, width E = 8; history: 10, 50, 90, width H = 80. a = (1/64) / (1/64 + 1/6400)
@@ -164,7 +256,7 @@ fn the_scheduler_combines_by_precision_once_calibrated() {
     let e = estimate(&few, &q, 0).expect("eta");
     assert_eq!((e.low_ms, e.at_ms, e.high_ms), (20 * MIN, 40 * MIN, 60 * MIN));
     // The scheduler alone, without history; past its estimate, now.
-    let alone = Inputs { history: None, scheduler_errors: inputs.scheduler_errors.clone() };
+    let alone = Inputs { history: None, scheduler_errors: inputs.scheduler_errors.clone(), queue: None };
     let e = estimate(&alone, &q, 0).expect("eta");
     assert_eq!((e.low_ms, e.at_ms, e.high_ms, e.basis), (28 * MIN, 32 * MIN, 36 * MIN, Basis::Scheduler));
     assert_eq!((e.comparable_jobs, e.group.clone()), (0, None));
@@ -185,8 +277,11 @@ fn the_queue_position_gives_a_time_to_reach_the_head() {
     assert_eq!((e.low_ms, e.at_ms, e.high_ms), (10 * MIN + r / 2, 10 * MIN + r, 10 * MIN + 2 * r));
     assert_eq!(e.basis, Basis::QueuePosition);
     // With history: half and half.
-    let inputs =
-        Inputs { history: Some(hist((1..=10).map(|i| (i * 10 * MIN, true)).collect())), scheduler_errors: vec![] };
+    let inputs = Inputs {
+        history: Some(hist((1..=10).map(|i| (i * 10 * MIN, true)).collect())),
+        scheduler_errors: vec![],
+        queue: None,
+    };
     let e = estimate(&inputs, &q, 10 * MIN).expect("eta");
     // History having waited 10 minutes: S(10) = 0.9: 10th S <= 0.81 -> 20; median S <= 0.45 -> 60; 90th S <= 0.09
     // -> 100.
@@ -246,6 +341,7 @@ fn the_stream_reports_moves_past_a_tenth_of_the_remaining_wait_or_five_minutes()
         comparable_jobs: 1,
         group: None,
         waited_ms: 0,
+        ahead: None,
     };
     // Two hours left: 12 minutes.
     assert!(!reportable_move(Some(&eta(120 * MIN)), Some(&eta(132 * MIN)), 0));
@@ -287,11 +383,16 @@ fn inputs() -> impl Strategy<Value = (Inputs, Query)> {
     let errs = prop::collection::vec(-100i64..200, 0..30);
     let est = prop::option::of(0i64..1000);
     let queue = prop::option::of(((0i64..300, 0u32..50), (0i64..300, 0u32..50)));
-    (past, errs, est, queue).prop_map(|(h, mut errs, est, queue)| {
+    let similar = prop::option::of(prop::collection::vec((0i64..500, prop::bool::weighted(0.7)), 1..40));
+    (past, errs, est, queue, similar).prop_map(|(h, mut errs, est, queue, similar)| {
         errs.sort_unstable();
         let history = h.map(hist).filter(|h| h.km.events() > 0);
         let queue = queue.map(|((t1, p1), (dt, p2))| QueueProgress { first: (t1, p1), latest: (t1 + dt, p2) });
-        (Inputs { history, scheduler_errors: errs }, Query { wait_started_ms: 0, scheduler_estimate_ms: est, queue })
+        let state = similar.map(state_of).filter(|s| s.km.events() > 0);
+        (
+            Inputs { history, scheduler_errors: errs, queue: state },
+            Query { wait_started_ms: 0, scheduler_estimate_ms: est, queue },
+        )
     })
 }
 
@@ -326,6 +427,92 @@ proptest! {
             }
             prop_assert_eq!(last.is_some() && e.is_none(), false);
             last = e;
+        }
+    }
+
+    #[test]
+    fn the_loads_past_jobs_met_match_a_direct_count(
+        jobs in prop::collection::vec((0i64..400, 1u32..17, any::<bool>(), 0u8..3, 0i64..120), 1..60),
+    ) {
+        use pb::PriorityClass::{Normal, Urgent};
+        let now = 400 * MIN;
+        let mut book = WaitBook::default();
+        let mut model = Vec::new();
+        for (i, (sub, gpus, urgent, kind, wait)) in jobs.into_iter().enumerate() {
+            let outcome = match kind {
+                0 => Outcome::Waiting,
+                1 => started(wait * MIN),
+                _ => Outcome::Ended { wait_ms: wait * MIN },
+            };
+            let e = pool_entry(sub, gpus, if urgent { Urgent } else { Normal }, outcome);
+            book.add(i as u64, &e);
+            model.push(e);
+        }
+        let fin = |e: &Entry| match e.outcome {
+            Outcome::Waiting => i64::MAX,
+            Outcome::Started { wait_ms, .. } | Outcome::Ended { wait_ms } => e.submitted_ms + wait_ms,
+        };
+        let rank = |e: &Entry| (std::cmp::Reverse(priority_rank(e)), e.submitted_ms);
+        let mut got = past_loads(&book.pools["p"], now - HISTORY_MS, now);
+        // Directly: every pair.
+        let mut want: Vec<PastJob> = model
+            .iter()
+            .filter(|k| k.submitted_ms < now)
+            .map(|k| {
+                let s = k.submitted_ms;
+                let ahead: u64 = model
+                    .iter()
+                    .filter(|e| rank(e) < rank(k) && e.submitted_ms <= s && fin(e) > s)
+                    .map(|e| u64::from(e.gpus))
+                    .sum();
+                let started: u64 = model
+                    .iter()
+                    .filter(|e| matches!(e.outcome, Outcome::Started { .. }))
+                    .filter(|e| fin(e) >= s - RATE_WINDOW_MS && fin(e) < s)
+                    .map(|e| u64::from(e.gpus))
+                    .sum();
+                let sample = match k.outcome {
+                    Outcome::Waiting => (now - s, false),
+                    Outcome::Started { wait_ms, .. } => (wait_ms, true),
+                    Outcome::Ended { wait_ms } => (wait_ms, false),
+                };
+                PastJob { submitted: s, priority: priority_rank(k), gpus: k.gpus, load_ms: load_ms(ahead, k.gpus, started), sample }
+            })
+            .collect();
+        let order = |a: &PastJob, b: &PastJob| (a.submitted, a.gpus, a.priority, a.sample).cmp(&(b.submitted, b.gpus, b.priority, b.sample));
+        got.sort_by(order);
+        want.sort_by(order);
+        prop_assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_pools_queue_holds_exactly_the_current_waiting_jobs_and_starts(
+        ops in prop::collection::vec((0u64..12, 0i64..100, 0u8..4, 1u32..9), 1..80),
+    ) {
+        let mut model: std::collections::HashMap<u64, Entry> = Default::default();
+        let mut book = WaitBook::default();
+        for (job, at, kind, gpus) in ops {
+            let outcome = match kind { 0 => Outcome::Waiting, 1 => started(at % 10), _ => Outcome::Ended { wait_ms: at % 10 } };
+            let pr = if job % 2 == 0 { pb::PriorityClass::Normal } else { pb::PriorityClass::Urgent };
+            let after = (kind < 3).then(|| pool_entry(at, gpus, pr, outcome));
+            book.replace(job, model.get(&job), after.as_ref());
+            match after { Some(a) => { model.insert(job, a); } None => { model.remove(&job); } }
+        }
+        let mut waiting: Vec<_> = model.iter().filter(|(_, e)| e.outcome == Outcome::Waiting)
+            .map(|(j, e)| ((std::cmp::Reverse(priority_rank(e)), e.submitted_ms, *j), e.gpus)).collect();
+        let mut starts: Vec<_> = model.iter().filter_map(|(j, e)| match e.outcome {
+            Outcome::Started { wait_ms, .. } => Some(((e.submitted_ms + wait_ms, *j), e.gpus)),
+            _ => None,
+        }).collect();
+        waiting.sort_unstable();
+        starts.sort_unstable();
+        match book.pools.get("p") {
+            Some(p) => {
+                prop_assert_eq!(p.waiting.clone().into_iter().collect::<Vec<_>>(), waiting);
+                prop_assert_eq!(p.starts.clone().into_iter().collect::<Vec<_>>(), starts);
+                prop_assert_eq!(p.jobs.len(), model.len());
+            }
+            None => prop_assert!(model.is_empty()),
         }
     }
 
