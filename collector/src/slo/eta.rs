@@ -462,8 +462,7 @@ impl WaitBook {
                 break;
             }
         }
-        let (_, mut errors) = self.samples(&key.at_level(LEVELS - 1), now);
-        errors.sort_unstable();
+        let errors = self.scheduler_errors(&key.pool, now);
         Inputs {
             history: chosen.map(|(group, waits)| {
                 let jobs = waits.len();
@@ -472,6 +471,14 @@ impl WaitBook {
             scheduler_errors: errors,
             queue: None,
         }
+    }
+
+    /// The pool's scheduler errors in the window, sorted.
+    pub fn scheduler_errors(&self, pool: &str, now: i64) -> Vec<i64> {
+        let key = GroupKey { pool: pool.to_string(), priority: None, gpu_class: None, gpus: None, reason: None };
+        let (_, mut errors) = self.samples(&key, now);
+        errors.sort_unstable();
+        errors
     }
 
     /// The queue state at `now` of a job of `pool` with `priority` (its rank, [`pb::PriorityClass`] as a number),
@@ -943,10 +950,16 @@ pub fn for_job(book: &WaitBook, t: &Timeline, queue: Option<QueueProgress>, now:
         reason: query_reason(t),
     };
     let query = Query { wait_started_ms, scheduler_estimate_ms: t.current_estimated_start, queue };
-    let mut inputs = book.history(&key, now);
-    if let Some(submitted) = t.submitted_at {
-        inputs.queue = book.queue_state(&a.pool, a.priority as i32, a.gpu_count, submitted, key.reason.is_some(), now);
-    }
+    let state = t
+        .submitted_at
+        .and_then(|s| book.queue_state(&a.pool, a.priority as i32, a.gpu_count, s, key.reason.is_some(), now));
+    // With a queue state the group's history is not used: it is not read.
+    let inputs = match state {
+        Some(state) => {
+            Inputs { history: None, scheduler_errors: book.scheduler_errors(&a.pool, now), queue: Some(state) }
+        }
+        None => book.history(&key, now),
+    };
     estimate(&inputs, &query, now)
 }
 
