@@ -175,8 +175,8 @@ async fn eta_prints_what_the_api_says_of_a_waiting_job_and_the_state_of_others()
     let w = |v: &serde_json::Value| v["waited_seconds"].as_f64().expect("waited");
     assert!(w(&after["expected_start"]) <= w(&shown) && w(&shown) <= w(&after_json["expected_start"]), "{shown}");
     let obj = shown.as_object().expect("object");
-    assert_eq!(obj.len(), 8, "{shown}");
-    for k in ["at", "low", "high", "interval", "basis", "comparable_jobs", "group"] {
+    assert_eq!(obj.len(), 10, "{shown}");
+    for k in ["at", "low", "high", "interval", "basis", "comparable_jobs", "group", "jobs_ahead", "gpus_ahead"] {
         let (a, b) = (&after["expected_start"][k], &after_json["expected_start"][k]);
         assert!(&shown[k] == a || &shown[k] == b, "{k}: {} vs {a} / {b}", shown[k]);
     }
