@@ -193,7 +193,10 @@ fn stream_batch<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<sled
 }
 
 /// The sealed blocks of `records`: `(first cursor, value)`.
-pub(super) fn encode_stream_blocks<B: AsRef<[u8]>>(records: &[(u64, B)], at_ms: i64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+pub(super) fn encode_stream_blocks<B: AsRef<[u8]>>(
+    records: &[(u64, B)],
+    at_ms: i64,
+) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     use prost::encoding::encode_varint;
     let mut blocks = Vec::new();
     let mut i = 0;
