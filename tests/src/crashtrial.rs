@@ -806,10 +806,9 @@ async fn check_stream(
         }
     }
     report.stream_records += recs.len() as u64;
-    report.expected_start_records += recs
-        .iter()
-        .filter(|r| matches!(&r.record, Some(Record::Change(ch)) if ch.expected_start.is_some()))
-        .count() as u64;
+    report.expected_start_records +=
+        recs.iter().filter(|r| matches!(&r.record, Some(Record::Change(ch)) if ch.expected_start.is_some())).count()
+            as u64;
     for (i, r) in recs.iter().enumerate() {
         if r.cursor != i as u64 + 1 {
             fail(report, format!("record {i} has cursor {} (gap or repeat)", r.cursor));
