@@ -15,7 +15,7 @@
 
 use crate::index::SharedIndex;
 use crate::job::{JobState, Segment};
-use crate::slo::eta::{self, Eta};
+use crate::slo::eta;
 use crate::stream::{EstimateNote, Stream, Subject};
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -27,18 +27,28 @@ const ESTIMATES_PER_LOCK: usize = 64;
 /// Hot jobs looked at under one read lock (most hot jobs are running or ended).
 const JOBS_PER_LOCK: usize = 4096;
 
-/// The sweep's memory: the estimate last posted per waiting job, with the state and segment it was made in.
+/// The sweep's memory: the central estimate last posted per waiting job, with the state and segment it was made
+/// in, keyed by a hash of the job's id (about 40 bytes a waiting job, whatever its id and attributes; two ids
+/// sharing a 64-bit hash would share an entry, and one of them would be posted less often).
 pub(super) struct Sweeper {
     index: SharedIndex,
     stream: Arc<Stream>,
-    posted: HashMap<String, Posted>,
+    posted: HashMap<u64, Posted>,
 }
 
-/// An estimate posted, and the view it was made in.
+/// An estimate posted: its central time and the view it was made in.
 struct Posted {
     state: JobState,
     segment: Option<Segment>,
-    eta: Eta,
+    at_ms: i64,
+}
+
+/// The key a job's posted estimate is kept under.
+fn key(job_id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    job_id.hash(&mut h);
+    h.finish()
 }
 
 /// What one sweep did.
@@ -60,7 +70,7 @@ impl Sweeper {
     pub(super) fn sweep(&mut self, now: i64, stop: &dyn Fn() -> bool) -> Swept {
         self.forget_dropped();
         let mut swept = Swept::default();
-        let mut waiting_now: Vec<String> = Vec::new();
+        let mut waiting_now: Vec<u64> = Vec::new();
         let mut after: Option<String> = None;
         loop {
             if stop() {
@@ -81,7 +91,7 @@ impl Sweeper {
     /// Jobs whose note the committer dropped are estimated afresh.
     fn forget_dropped(&mut self) {
         for id in self.stream.take_estimates_dropped() {
-            self.posted.remove(&id);
+            self.posted.remove(&key(&id));
         }
     }
 
@@ -92,7 +102,7 @@ impl Sweeper {
         &mut self,
         after: Option<&str>,
         now: i64,
-        waiting_now: &mut Vec<String>,
+        waiting_now: &mut Vec<u64>,
         swept: &mut Swept,
     ) -> (Vec<EstimateNote>, Option<String>) {
         let idx = self.index.read();
@@ -115,35 +125,28 @@ impl Sweeper {
             }
             estimated += 1;
             swept.waiting += 1;
-            waiting_now.push(id.clone());
+            let k = key(id);
+            waiting_now.push(k);
             let Some(e) = eta::for_job(&idx.waits, t, None, now) else {
                 // No estimate now (no history): posted again once there is one.
-                self.posted.remove(id);
+                self.posted.remove(&k);
                 continue;
             };
             let segment = t.current_wait.map(|(s, _)| s);
-            let last = self.posted.get(id).filter(|p| p.state == t.state && p.segment == segment);
-            if !eta::reportable_move(last.map(|p| &p.eta), Some(&e), now) {
+            let last = self.posted.get(&k).filter(|p| p.state == t.state && p.segment == segment);
+            if last.is_some_and(|p| !eta::central_moved(p.at_ms, e.at_ms, now)) {
                 continue;
             }
-            notes.push(EstimateNote {
-                subject: Subject::job(id, t.attrs.as_deref()),
-                state: t.state,
-                segment,
-                eta: e.clone(),
-            });
-            self.posted.insert(id.clone(), Posted { state: t.state, segment, eta: e });
+            self.posted.insert(k, Posted { state: t.state, segment, at_ms: e.at_ms });
+            notes.push(EstimateNote { subject: Subject::job(id, t.attrs.as_deref()), state: t.state, segment, eta: e });
         }
         (notes, None)
     }
 
     /// Jobs no longer waiting (started, ended, deleted) leave the memory: a later wait is estimated afresh.
-    fn forget_not_waiting(&mut self, waiting_now: &[String]) {
-        if self.posted.len() == waiting_now.len() {
-            return;
-        }
-        let waiting: std::collections::HashSet<&str> = waiting_now.iter().map(String::as_str).collect();
-        self.posted.retain(|id, _| waiting.contains(id.as_str()));
+    fn forget_not_waiting(&mut self, waiting_now: &[u64]) {
+        let waiting: std::collections::HashSet<u64> = waiting_now.iter().copied().collect();
+        self.posted.retain(|k, _| waiting.contains(k));
     }
 }
 

@@ -1,7 +1,7 @@
 //! The estimate sweep against a model of what a subscriber holds: after a sweep whose notes the committer
 //! wrote at once, every waiting job that has an estimate has one delivered, made in its current state and
 //! segment, within the reportable move of its estimate now; and none was written for a job that had left the
-//! state or segment it was estimated in; after any sequence of submits, reason changes, starts, ends, deletes,
+//! state or segment it was estimated in; and the sweep remembers no job that stopped waiting; after any sequence of submits, reason changes, starts, ends, deletes,
 //! time passing, and sweeps whose notes race with later events.
 
 use super::*;
@@ -178,6 +178,9 @@ proptest! {
             }
             if matches!(op, Op::SweepAndCommit) {
                 let idx = w.index.read();
+                // The sweep remembers waiting jobs only.
+                let waiting = idx.jobs.values().filter(|h| h.rec.timeline.state.is_waiting()).count();
+                prop_assert!(s.posted.len() <= waiting, "{} remembered, {waiting} waiting", s.posted.len());
                 for (id, h) in &idx.jobs {
                     let Some(e) = eta::for_job(&idx.waits, &h.rec.timeline, None, now) else { continue };
                     let seen = held.get(id);

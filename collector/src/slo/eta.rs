@@ -976,12 +976,15 @@ fn mix(other: [i64; 3], history: [i64; 3], a: f64) -> [i64; 3] {
 pub fn reportable_move(before: Option<&Eta>, after: Option<&Eta>, now: i64) -> bool {
     match (before, after) {
         (None, None) => false,
-        (Some(b), Some(a)) => {
-            let threshold = ((b.at_ms - now).max(0) / 10).max(5 * 60_000);
-            (a.at_ms - b.at_ms).abs() > threshold
-        }
+        (Some(b), Some(a)) => central_moved(b.at_ms, a.at_ms, now),
         _ => true,
     }
+}
+
+/// Whether a central estimate moved from `before_ms` to `after_ms` by more than [`reportable_move`] reports.
+pub fn central_moved(before_ms: i64, after_ms: i64, now: i64) -> bool {
+    let threshold = ((before_ms - now).max(0) / 10).max(5 * 60_000);
+    (after_ms - before_ms).abs() > threshold
 }
 
 #[cfg(test)]

@@ -246,4 +246,20 @@ fn settings_validate_and_write_back() {
     let mut none = Vec::new();
     assert_eq!(StreamSection::of(&s).validate(&mut none), s);
     assert!(none.is_empty());
+    // The estimate sweep: at least a second, or 0s for none; a bad value is named and the default kept.
+    let interval = |v: &str| {
+        let mut errs = Vec::new();
+        let s = StreamSection { expected_start_interval: Some(v.into()), ..Default::default() }.validate(&mut errs);
+        (s.expected_start_interval, errs)
+    };
+    assert_eq!(interval("0s"), (Duration::ZERO, vec![]));
+    assert_eq!(interval("90s"), (Duration::from_secs(90), vec![]));
+    let (kept, errs) = interval("500ms");
+    assert_eq!(kept, Duration::from_secs(60));
+    assert_eq!(errs, ["stream.expected_start_interval: 500ms must be at least 1s (or 0s: off)"]);
+    let (kept, errs) = interval("often");
+    assert_eq!(kept, Duration::from_secs(60));
+    assert!(errs.len() == 1 && errs[0].starts_with("stream.expected_start_interval"), "{errs:?}");
+    let off = StreamSettings { expected_start_interval: Duration::ZERO, ..StreamSettings::default() };
+    assert_eq!(StreamSection::of(&off).validate(&mut none), off);
 }
