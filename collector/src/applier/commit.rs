@@ -163,11 +163,11 @@ impl Committer {
         }
         let started = Instant::now();
         let (folded, read_failed) = self.read_folded(&group);
-        let Sorted { fresh, results, failed: check_failed } = self.sort_events(&group, &folded);
+        let sorted = self.sort_events(&group, &folded);
         let first_seq = self.index.read().last_seq.max(self.used_seq.get()) + 1;
-        let (mut entries, subjects) = self.log_entries(&mut group, &fresh, first_seq);
+        let (mut entries, subjects) = self.log_entries(&mut group, &sorted.fresh, first_seq);
         let now = self.settings.clock.now_ms();
-        let failed = read_failed.or(check_failed).or_else(|| self.append(&entries, first_seq));
+        let failed = read_failed.or(sorted.failed).or_else(|| self.append(&entries, first_seq));
         // The stream's cursors for the durable events (its records are written after the acks went out and
         // flushed off the commit path; see `stream`).
         let staged = match (&self.stream, failed) {
@@ -183,15 +183,13 @@ impl Committer {
         self.health.storage_ok();
         // Durable: now visible. The feed takes the stored values when someone subscribes.
         let accepted = entries.len() as u64;
-        let feeding = self.settings.feed.active();
-        let values = if feeding { entries.iter().map(|(_, v)| v.clone()).collect() } else { Vec::new() };
+        let values = self.settings.feed.active().then(|| entries.iter().map(|(_, v)| v.clone()).collect());
         if staged.is_none() {
             // Not needed any more: freed before the index lock is taken.
             entries = Vec::new();
         }
-        let values = feeding.then_some(values);
-        let applied = self.apply(group, fresh, &results, &folded, first_seq, now, values, staged.is_some());
-        self.answer(applied.replies, &results, accepted, applied.observations, started, applied.fed);
+        let applied = self.apply(group, &sorted, &folded, first_seq, now, values);
+        self.answer(applied.replies, &sorted.results, accepted, applied.observations, started, applied.fed);
         // The stream's records, once the acks are out: they are not part of the ack's promise (see `stream`).
         if let (Some(sw), Some(staged)) = (&self.stream, staged) {
             let events = subjects.into_iter().zip(&entries).map(|(s, (seq, v))| (s, *seq, v.as_slice()));
@@ -316,20 +314,17 @@ impl Committer {
 
     /// Applies the durable fresh events to the index under one write lock: unfolds folded jobs they reach,
     /// inserts them, keeps the open jobs per identity, and builds what follows from them: the replies, metric
-    /// observations, the feed's group (with `values`, the stored values, when the feed has subscribers) and, when the
-    /// stream's cursors were reserved (`streaming`), one change per job the group changed and the expected starts
-    /// posted meanwhile.
-    #[allow(clippy::too_many_arguments)]
+    /// observations, the feed's group (with `values`, the stored values, when the feed has subscribers) and, while
+    /// the stream is kept and not broken, one change per job the group changed and the expected starts posted
+    /// meanwhile.
     fn apply(
         &self,
         group: Vec<CommitRequest>,
-        fresh: Vec<Vec<bool>>,
-        results: &[CommitResult],
+        sorted: &Sorted,
         folded: &FoldedEvents,
         first_seq: u64,
         now: i64,
         values: Option<Vec<Vec<u8>>>,
-        streaming: bool,
     ) -> Applied {
         let feeding = values.is_some();
         let mut values = values.unwrap_or_default().into_iter();
@@ -349,9 +344,9 @@ impl Committer {
         // For the stream: each job the group touches, its view before the group's first event of it, and the
         // group's last event of it (one change per job per group commit: what the collector learned at once).
         let mut touched = Touched::default();
-        for ((req, flags), res) in group.into_iter().zip(fresh).zip(results) {
+        for ((req, flags), res) in group.into_iter().zip(&sorted.fresh).zip(&sorted.results) {
             let owner = req.owner.map(|o| o.name);
-            for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| *f) {
+            for (ev, _) in req.events.into_iter().zip(flags).filter(|(_, f)| **f) {
                 let mut compact = ev.compact;
                 compact.seq = seq;
                 if idx.folded(&ev.job_id).is_some() {
@@ -387,7 +382,8 @@ impl Committer {
             out.replies.push((req.reply, res.clone()));
         }
         idx.end_group();
-        if let Some(sw) = self.stream.as_ref().filter(|_| streaming) {
+        // Not while the stream is broken (its cursors were not reserved, or nothing more is written).
+        if let Some(sw) = self.stream.as_ref().filter(|sw| !sw.broken()) {
             out.changes = touched.changes(&idx, sw, now);
             // Expected starts posted meanwhile, after the group's changes (so checked against them).
             out.changes.extend(sw.estimate_records(&idx, now));
