@@ -540,9 +540,16 @@ fn every_dashboard_view_renders_the_api_numbers_in_chromium() {
     let drawn = dom.match_indices(key).filter(|(i, _)| !dom[i + key.len()..].starts_with("\"$")).count();
     assert_eq!(drawn, d["incidents"].as_array().map_or(0, Vec::len));
 
-    // Job timeline, for a job that started.
-    let (_, jobs) = c.get("/api/v1/jobs?state=done&limit=1");
-    let id = jobs["jobs"][0]["job_id"].as_str().expect("a finished job").to_string();
+    // Job timeline, for a job that started (the newest done jobs may include one that ended without starting).
+    let (_, jobs) = c.get("/api/v1/jobs?state=done&limit=100");
+    let id = jobs["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .find(|j| j["time_to_first_step_seconds"].is_number())
+        .and_then(|j| j["job_id"].as_str())
+        .expect("a finished job that started")
+        .to_string();
     let dom = render(&c, &format!("job/{id}"), dir.path());
     let (_, j) = c.get(&format!("/api/v1/jobs/{id}"));
     assert_eq!(text_of(&dom, "job-id"), Some(id.clone()));
