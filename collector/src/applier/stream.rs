@@ -240,8 +240,10 @@ impl StreamWriter {
         for note in notes {
             match idx.jobs.get(&note.subject.job_id).filter(|h| note.holds_for(&h.rec.timeline)) {
                 Some(h) => {
+                    // The subject as the job's attributes are now (a later `submitted` may have changed them).
+                    let subject = Subject::job(&note.subject.job_id, h.rec.timeline.attrs.as_deref());
                     let last_seq = h.rec.events.iter().map(|e| e.seq).max().unwrap_or(0);
-                    recs.push(self.change(now_ms, &note.subject, stream::expected_start_change(&note, last_seq)));
+                    recs.push(self.change(now_ms, &subject, stream::expected_start_change(&note, last_seq)));
                 }
                 None => dropped.push(note.subject.job_id),
             }
