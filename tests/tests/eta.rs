@@ -261,6 +261,8 @@ async fn subscribe(c: &Collector, token: &str) -> tonic::Streaming<pb::StreamRec
     let mut req = tonic::Request::new(pb::SubscribeRequest {
         from_oldest: true,
         kinds: vec!["change".into()],
+        // The pool filter too: an estimate's record carries the job's pool.
+        pools: vec!["gpu".into()],
         job_id_prefix: "slurm/c/123".into(),
         ..Default::default()
     });

@@ -16,7 +16,7 @@
 use crate::index::SharedIndex;
 use crate::job::{JobState, Segment};
 use crate::slo::eta;
-use crate::stream::{EstimateNote, Stream, Subject};
+use crate::stream::{EstimateNote, Stream};
 use std::collections::HashMap;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -138,7 +138,7 @@ impl Sweeper {
                 continue;
             }
             self.posted.insert(k, Posted { state: t.state, segment, at_ms: e.at_ms });
-            notes.push(EstimateNote { subject: Subject::job(id, t.attrs.as_deref()), state: t.state, segment, eta: e });
+            notes.push(EstimateNote { job_id: id.clone(), state: t.state, segment, eta: e });
         }
         (notes, None)
     }

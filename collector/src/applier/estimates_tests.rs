@@ -69,9 +69,9 @@ impl World {
         let mut written = Vec::new();
         let mut dropped = Vec::new();
         for n in self.stream.take_estimates() {
-            match idx.jobs.get(&n.subject.job_id).filter(|h| n.holds_for(&h.rec.timeline)) {
+            match idx.jobs.get(&n.job_id).filter(|h| n.holds_for(&h.rec.timeline)) {
                 Some(_) => written.push(n),
-                None => dropped.push(n.subject.job_id),
+                None => dropped.push(n.job_id),
             }
         }
         self.stream.estimates_dropped(dropped);
@@ -90,14 +90,13 @@ fn a_first_sweep_posts_every_waiting_job_and_an_unchanged_one_nothing() {
     let swept = s.sweep(now, &|| false);
     assert_eq!(swept, Swept { waiting: 2, posted: 2 });
     let notes = w.commit();
-    let ids: Vec<&str> = notes.iter().map(|n| n.subject.job_id.as_str()).collect();
+    let ids: Vec<&str> = notes.iter().map(|n| n.job_id.as_str()).collect();
     assert_eq!(ids, ["a", "b"]);
     // The same estimates as the job listing's, and the view they were made in.
     for n in &notes {
         let idx = w.index.read();
-        let t = &idx.jobs[&n.subject.job_id].rec.timeline;
+        let t = &idx.jobs[&n.job_id].rec.timeline;
         assert_eq!(Some(&n.eta), eta::for_job(&idx.waits, t, None, now).as_ref());
-        assert_eq!(n.subject.pool, "p");
     }
     assert_eq!(notes[0].segment.map(crate::job::Segment::label).as_deref(), Some("queued:capacity"));
     // A second sweep a second later: nothing moved.
@@ -172,9 +171,9 @@ proptest! {
             // A delivered note is true of its job at delivery.
             for n in delivered {
                 let idx = w.index.read();
-                let h = idx.jobs.get(&n.subject.job_id);
+                let h = idx.jobs.get(&n.job_id);
                 prop_assert!(h.is_some_and(|h| n.holds_for(&h.rec.timeline) && h.rec.timeline.state.is_waiting()));
-                held.insert(n.subject.job_id.clone(), n);
+                held.insert(n.job_id.clone(), n);
             }
             if matches!(op, Op::SweepAndCommit) {
                 let idx = w.index.read();

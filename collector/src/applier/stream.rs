@@ -238,14 +238,14 @@ impl StreamWriter {
         let mut recs = Vec::with_capacity(notes.len());
         let mut dropped = Vec::new();
         for note in notes {
-            match idx.jobs.get(&note.subject.job_id).filter(|h| note.holds_for(&h.rec.timeline)) {
+            match idx.jobs.get(&note.job_id).filter(|h| note.holds_for(&h.rec.timeline)) {
                 Some(h) => {
                     // The subject as the job's attributes are now (a later `submitted` may have changed them).
-                    let subject = Subject::job(&note.subject.job_id, h.rec.timeline.attrs.as_deref());
+                    let subject = Subject::job(&note.job_id, h.rec.timeline.attrs.as_deref());
                     let last_seq = h.rec.events.iter().map(|e| e.seq).max().unwrap_or(0);
                     recs.push(self.change(now_ms, &subject, stream::expected_start_change(&note, last_seq)));
                 }
-                None => dropped.push(note.subject.job_id),
+                None => dropped.push(note.job_id),
             }
         }
         self.stream.expected_starts.fetch_add(recs.len() as u64, Ordering::Relaxed);

@@ -379,8 +379,8 @@ pub fn resync(after: &JobView, slo_name: impl Fn(u16) -> String) -> pb::JobChang
 /// committer writes them while the job is still in the state and segment it was estimated in).
 #[derive(Debug, Clone)]
 pub struct EstimateNote {
-    /// The job and its filter attributes.
-    pub subject: Subject,
+    /// The job (its filter subject is taken when the record is written, from its attributes then).
+    pub job_id: String,
     /// Its state when estimated.
     pub state: JobState,
     /// Its open waiting segment when estimated.
@@ -736,7 +736,7 @@ impl Stream {
         let mut waiting = self.estimates.lock().unwrap_or_else(|p| p.into_inner());
         let mut posted = false;
         for n in notes {
-            waiting.insert(n.subject.job_id.clone(), n);
+            waiting.insert(n.job_id.clone(), n);
             posted = true;
         }
         drop(waiting);
@@ -749,7 +749,7 @@ impl Stream {
     pub fn take_estimates(&self) -> Vec<EstimateNote> {
         let taken = std::mem::take(&mut *self.estimates.lock().unwrap_or_else(|p| p.into_inner()));
         let mut notes: Vec<EstimateNote> = taken.into_values().collect();
-        notes.sort_by(|a, b| a.subject.job_id.cmp(&b.subject.job_id));
+        notes.sort_by(|a, b| a.job_id.cmp(&b.job_id));
         notes
     }
 
